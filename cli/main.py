@@ -1,0 +1,18 @@
+"""The `gpuq` command: users' commands (submit, status, explain, queues, report), operators' (up, demo),
+and the benchmarks and the simulator."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="gpuq",
+    help="gpuq: GPU training-job scheduling for shared clusters. Run `gpuq COMMAND --help` for details.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
+bench_app = typer.Typer(help="Benchmarks that print figures (placement, admission, metering, ...).",
+                        no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+# Each area registers its commands below, one line each (keep the list sorted by area).

@@ -1,0 +1,342 @@
+"""`cluster.yaml` and `queues.yaml`: the canonical configuration formats (architecture guide, section 4).
+
+Both are validated with pydantic; any problem raises `ConfigError` naming the file, the path inside the file
+and what is wrong. Load-time warnings flag the classic mistakes (guarantees above capacity, a queue that can
+borrow nothing, preemption enabled for production classes) without refusing the file.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterable
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from shared.domain import NAME_RE, MigLayout, NodeSpec, Taint
+
+
+class ConfigError(ValueError):
+    """A configuration file is invalid. `problems` holds (path, message) pairs."""
+
+    def __init__(self, source: str, problems: list[tuple[str, str]]):
+        self.source = source
+        self.problems = problems
+        lines = "\n".join(f"  {source}: {path or '<root>'}: {msg}" for path, msg in problems)
+        super().__init__(f"invalid configuration in {source}:\n{lines}")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------- cluster.yaml
+
+
+class NodeGroup(_Strict):
+    name: str
+    count: int = Field(ge=1, le=100_000)
+    gpus_per_node: int = Field(ge=0, le=64)
+    gpu_model: str = Field(min_length=1)
+    cpu_milli: int = Field(ge=0)
+    memory_mib: int = Field(ge=0)
+    nodes_per_rack: int = Field(default=4, ge=1)
+    racks_per_block: int | None = Field(default=None, ge=1)
+    mig: MigLayout | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    datasets: tuple[str, ...] = ()
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError(f"{v!r} is not a valid name (lower-case letters, digits, '.', '_', '-')")
+        return v
+
+
+class ClusterConfig(_Strict):
+    node_groups: tuple[NodeGroup, ...] = Field(min_length=1)
+    topology_file: str | None = None
+
+    @model_validator(mode="after")
+    def _unique(self) -> ClusterConfig:
+        names = [g.name for g in self.node_groups]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"node group names must be unique; repeated: {', '.join(dupes)}")
+        return self
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(g.count * g.gpus_per_node for g in self.node_groups)
+
+    def gpus_by_model(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for g in self.node_groups:
+            out[g.gpu_model] = out.get(g.gpu_model, 0) + g.count * g.gpus_per_node
+        return dict(sorted(out.items()))
+
+    def nodes(self, base_dir: Path | None = None) -> list[NodeSpec]:
+        """Expand the groups into nodes `<group>-<index>` with a generated node -> rack -> block path.
+
+        With `topology_file`, the CSV's mapping overrides the generated one (see `load_topology_csv`).
+        """
+        nodes: list[NodeSpec] = []
+        for g in self.node_groups:
+            racks_per_block = g.racks_per_block or 1_000_000
+            for i in range(g.count):
+                rack_index = i // g.nodes_per_rack
+                nodes.append(
+                    NodeSpec(
+                        name=f"{g.name}-{i}",
+                        gpus=g.gpus_per_node,
+                        gpu_model=g.gpu_model,
+                        cpu_milli=g.cpu_milli,
+                        memory_mib=g.memory_mib,
+                        mig=g.mig,
+                        labels=g.labels,
+                        taints=g.taints,
+                        rack=f"{g.name}-rack{rack_index}",
+                        block=f"{g.name}-block{rack_index // racks_per_block}",
+                        datasets=g.datasets,
+                    )
+                )
+        if self.topology_file:
+            path = Path(self.topology_file)
+            if not path.is_absolute() and base_dir is not None:
+                path = base_dir / path
+            nodes = apply_topology(nodes, load_topology_csv(path))
+        return nodes
+
+
+def load_topology_csv(path: Path) -> list[tuple[str, str, str]]:
+    """Read a host -> rack -> block CSV. Accepts `host,rack,block` or the Clos form `ip,DSW,PSW,ASW`
+    (top-of-rack switch ASW = rack, aggregation switch PSW = block). Rows are returned sorted so that
+    hosts sharing a rack are adjacent, which makes the order-based assignment below keep racks whole."""
+    try:
+        with path.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            fields = set(reader.fieldnames or [])
+            rows: list[tuple[str, str, str]] = []
+            if {"host", "rack", "block"} <= fields:
+                rows = [(r["host"], r["rack"], r["block"]) for r in reader]
+            elif {"ip", "PSW", "ASW"} <= fields:
+                rows = [(r["ip"], f"{r['PSW']}/{r['ASW']}", r["PSW"]) for r in reader]
+            else:
+                raise ConfigError(str(path), [("", "expected columns host,rack,block or ip,DSW,PSW,ASW")])
+    except OSError as exc:
+        raise ConfigError(str(path), [("", f"cannot read topology file: {exc.strerror}")]) from exc
+    return sorted(rows, key=lambda r: (r[2], r[1], r[0]))
+
+
+def apply_topology(nodes: list[NodeSpec], rows: list[tuple[str, str, str]]) -> list[NodeSpec]:
+    """Hosts named like nodes take their own row; otherwise nodes take rows in order (real topology files
+    name hosts by IP or hash, not by our generated names). Nodes beyond the file keep the generated path."""
+    by_host = {h: (r, b) for h, r, b in rows}
+    if any(n.name in by_host for n in nodes):
+        return [n.model_copy(update=dict(zip(("rack", "block"), by_host[n.name], strict=True)))
+                if n.name in by_host else n for n in nodes]
+    return [
+        n.model_copy(update={"rack": rows[i][1], "block": rows[i][2]}) if i < len(rows) else n
+        for i, n in enumerate(nodes)
+    ]
+
+
+# --------------------------------------------------------------------------- queues.yaml
+
+
+class PriorityClass(_Strict):
+    name: str
+    value: int
+    preemptible: bool = True
+
+
+class Cohort(_Strict):
+    name: str
+    parent: str | None = None  # reserved for hierarchical cohorts; flat today
+
+
+class FlavorQuota(_Strict):
+    nominal: int = Field(ge=0)
+    borrowing_limit: int | None = Field(default=None, ge=0)  # None = unlimited
+    lending_limit: int | None = Field(default=None, ge=0)  # None = all unused nominal is lendable
+
+    @model_validator(mode="after")
+    def _lending_within_nominal(self) -> FlavorQuota:
+        if self.lending_limit is not None and self.lending_limit > self.nominal:
+            raise ValueError(f"lending_limit {self.lending_limit} exceeds nominal {self.nominal}")
+        return self
+
+
+class PreemptionPolicy(StrEnum):
+    NEVER = "Never"
+    LOWER_PRIORITY = "LowerPriority"
+    ANY = "Any"  # reclaim any borrower regardless of priority (Kueue's `Any`)
+
+
+class QueuePreemption(_Strict):
+    within_queue: PreemptionPolicy = PreemptionPolicy.LOWER_PRIORITY
+    reclaim_within_cohort: PreemptionPolicy = PreemptionPolicy.LOWER_PRIORITY
+
+
+class QueueingStrategy(StrEnum):
+    STRICT_FIFO = "StrictFIFO"
+    BEST_EFFORT_FIFO = "BestEffortFIFO"
+
+
+class QueueConfig(_Strict):
+    name: str
+    cohort: str | None = None
+    teams: tuple[str, ...] = ()
+    weight: float = Field(default=1.0, ge=0)
+    quotas: dict[str, FlavorQuota] = Field(default_factory=dict)
+    max_running_jobs: int | None = Field(default=None, ge=0)
+    preemption: QueuePreemption = QueuePreemption()
+    queueing_strategy: QueueingStrategy = QueueingStrategy.BEST_EFFORT_FIFO
+    max_preemptions_per_hour: int | None = Field(default=None, ge=0)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError(f"{v!r} is not a valid name (lower-case letters, digits, '.', '_', '-')")
+        return v
+
+
+class GpuFlavor(_Strict):
+    """Per GPU model: weight for fair share (one H100 is not one T4) and price for metering."""
+
+    weight: float = Field(default=1.0, gt=0)
+    cost_per_gpu_hour: float = Field(default=1.0, ge=0)
+
+
+class Policy(_Strict):
+    protection_window_s: int = Field(default=600, ge=0)
+    checkpoint_grace_s: int = Field(default=300, ge=0)
+
+
+class QueuesConfig(_Strict):
+    priority_classes: tuple[PriorityClass, ...] = Field(min_length=1)
+    cohorts: tuple[Cohort, ...] = ()
+    queues: tuple[QueueConfig, ...] = Field(min_length=1)
+    policy: Policy = Policy()
+    gpu_flavors: dict[str, GpuFlavor] = Field(default_factory=dict)
+    default_priority_class: str | None = None
+
+    @model_validator(mode="after")
+    def _references(self) -> QueuesConfig:
+        problems: list[str] = []
+        for what, names in (("priority class", [p.name for p in self.priority_classes]),
+                            ("cohort", [c.name for c in self.cohorts]),
+                            ("queue", [q.name for q in self.queues])):
+            dupes = sorted({n for n in names if names.count(n) > 1})
+            if dupes:
+                problems.append(f"{what} names must be unique; repeated: {', '.join(dupes)}")
+        cohorts = {c.name for c in self.cohorts}
+        for i, q in enumerate(self.queues):
+            if q.cohort is not None and q.cohort not in cohorts:
+                problems.append(f"queues[{i}] ({q.name}): cohort {q.cohort!r} is not declared under cohorts")
+        if self.default_priority_class and self.default_priority_class not in self.priority_class_map:
+            problems.append(f"default_priority_class {self.default_priority_class!r} is not a priority class")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @property
+    def priority_class_map(self) -> dict[str, PriorityClass]:
+        return {p.name: p for p in self.priority_classes}
+
+    @property
+    def queue_map(self) -> dict[str, QueueConfig]:
+        return {q.name: q for q in self.queues}
+
+    def flavor(self, gpu_model: str) -> GpuFlavor:
+        return self.gpu_flavors.get(gpu_model, GpuFlavor())
+
+    def warnings(self, cluster: ClusterConfig | None = None) -> list[str]:
+        """The seed's classic mistakes: legal, but almost certainly not what the platform team meant."""
+        out: list[str] = []
+        if cluster is not None:
+            capacity = cluster.gpus_by_model()
+            guaranteed: dict[str, int] = {}
+            for q in self.queues:
+                for model, quota in q.quotas.items():
+                    guaranteed[model] = guaranteed.get(model, 0) + quota.nominal
+            for model, total in sorted(guaranteed.items()):
+                have = capacity.get(model, 0)
+                if total > have:
+                    out.append(f"guaranteed {model} quota sums to {total} GPUs but the cluster has {have}: "
+                               "guarantees cannot all be honoured at once")
+        for q in self.queues:
+            if q.cohort is None:
+                continue
+            if q.quotas and all(f.borrowing_limit == 0 for f in q.quotas.values()):
+                out.append(f"queue {q.name}: borrowing_limit is 0 for every flavor, so it can borrow nothing "
+                           f"from cohort {q.cohort}")
+            peers = [p for p in self.queues if p.cohort == q.cohort and p.name != q.name]
+            if peers and all(f.lending_limit == 0 for p in peers for f in p.quotas.values()):
+                out.append(f"queue {q.name}: every other queue of cohort {q.cohort} lends 0, "
+                           "so it can borrow nothing")
+        for p in self.priority_classes:
+            if p.preemptible and p.name.startswith("prod"):
+                out.append(f"priority class {p.name} is preemptible: production work can be evicted")
+        return out
+
+
+# --------------------------------------------------------------------------- loading
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _loc(loc: Iterable[Any]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _validate(model: type[_M], data: Any, source: str) -> _M:
+    if data is None:
+        raise ConfigError(source, [("", "the file is empty")])
+    if not isinstance(data, dict):
+        raise ConfigError(source, [("", f"expected a mapping at the top level, got {type(data).__name__}")])
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = [(_loc(e["loc"]), e["msg"].removeprefix("Value error, ")) for e in exc.errors()]
+        raise ConfigError(source, problems) from None
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(str(path), [("", f"cannot read file: {exc.strerror}")]) from exc
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(str(path), [(where, f"not valid YAML: {getattr(exc, 'problem', exc)}")]) from None
+
+
+def parse_cluster(data: Any, source: str = "<cluster.yaml>") -> ClusterConfig:
+    return _validate(ClusterConfig, data, source)
+
+
+def parse_queues(data: Any, source: str = "<queues.yaml>") -> QueuesConfig:
+    return _validate(QueuesConfig, data, source)
+
+
+def load_cluster(path: str | Path) -> ClusterConfig:
+    path = Path(path)
+    return parse_cluster(_read_yaml(path), str(path))
+
+
+def load_queues(path: str | Path) -> QueuesConfig:
+    path = Path(path)
+    return parse_queues(_read_yaml(path), str(path))

@@ -1,0 +1,222 @@
+"""The domain model every service and the simulator share: the job spec and the node description.
+
+Quantities are integers in fixed units (GPUs, MIG slices, milli-CPU, MiB): quota arithmetic never
+uses floats. Models are frozen so a pure core can hold them in snapshots without defensive copies.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,126}[a-z0-9])?$")
+JOB_ID_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._:-]{0,190}[A-Za-z0-9])?$")
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class JobKind(StrEnum):
+    TRAINING = "training"
+    INFERENCE = "inference"
+    NOTEBOOK = "notebook"
+
+
+class TopologyLevel(StrEnum):
+    """Levels of the topology tree, smallest first: node -> rack -> block."""
+
+    NODE = "node"
+    RACK = "rack"
+    BLOCK = "block"
+
+    @property
+    def rank(self) -> int:
+        return TOPOLOGY_LEVELS.index(self)
+
+
+TOPOLOGY_LEVELS: tuple[TopologyLevel, ...] = (TopologyLevel.NODE, TopologyLevel.RACK, TopologyLevel.BLOCK)
+
+
+class TaintEffect(StrEnum):
+    NO_SCHEDULE = "NoSchedule"
+    PREFER_NO_SCHEDULE = "PreferNoSchedule"
+    NO_EXECUTE = "NoExecute"
+
+
+class Taint(Frozen):
+    key: str
+    value: str = ""
+    effect: TaintEffect = TaintEffect.NO_SCHEDULE
+
+
+class Toleration(Frozen):
+    """Kubernetes semantics: `Exists` tolerates any value of the key; an empty key with Exists tolerates all."""
+
+    key: str = ""
+    operator: str = Field(default="Equal", pattern="^(Equal|Exists)$")
+    value: str = ""
+    effect: TaintEffect | None = None
+
+    def tolerates(self, taint: Taint) -> bool:
+        if self.effect is not None and self.effect != taint.effect:
+            return False
+        if self.operator == "Exists":
+            return self.key == "" or self.key == taint.key
+        return self.key == taint.key and self.value == taint.value
+
+
+class PodSet(Frozen):
+    name: str = "main"
+    count: int = Field(default=1, ge=1, le=4096)
+    gpus_per_pod: int = Field(default=1, ge=0, le=64)
+    gpu_models: tuple[str, ...] = ()  # any-of; empty = any model
+    mig_profile: str | None = None  # e.g. "1g.10gb": each pod takes one slice of this profile
+    cpu_milli: int = Field(default=1000, ge=0)
+    memory_mib: int = Field(default=4096, ge=0)
+
+    @model_validator(mode="after")
+    def _mig_pods_take_one_slice(self) -> PodSet:
+        if self.mig_profile is not None and self.gpus_per_pod not in (0, 1):
+            raise ValueError("a pod with mig_profile takes exactly one slice: set gpus_per_pod to 1")
+        return self
+
+    @property
+    def gpus(self) -> int:
+        """Whole GPUs this pod set asks for (MIG pods count as 0 whole GPUs)."""
+        return 0 if self.mig_profile else self.count * self.gpus_per_pod
+
+    @property
+    def mig_slices(self) -> int:
+        return self.count if self.mig_profile else 0
+
+
+class TopologyRequest(Frozen):
+    required_level: TopologyLevel | None = None
+    preferred_level: TopologyLevel | None = None
+
+    @model_validator(mode="after")
+    def _one_of(self) -> TopologyRequest:
+        if self.required_level is not None and self.preferred_level is not None:
+            raise ValueError("set either required_level or preferred_level, not both")
+        return self
+
+
+class CheckpointSpec(Frozen):
+    supported: bool = False
+    interval_s: int | None = Field(default=None, ge=1)
+
+
+class JobSpec(Frozen):
+    """What a user asks for. The scheduler knows only this and `max_runtime_s`, never the true duration."""
+
+    job_id: str
+    team: str
+    queue: str
+    priority_class: str = "normal"
+    kind: JobKind = JobKind.TRAINING
+    pod_sets: tuple[PodSet, ...] = Field(min_length=1, max_length=16)
+    min_members: int | None = Field(default=None, ge=1)
+    topology: TopologyRequest = TopologyRequest()
+    tolerations: tuple[Toleration, ...] = ()
+    datasets: tuple[str, ...] = ()
+    checkpoint: CheckpointSpec = CheckpointSpec()
+    max_runtime_s: int = Field(default=86_400, ge=1)
+    labels: dict[str, str] = Field(default_factory=dict)
+    preemptible: bool | None = None  # None = the priority class decides
+    user: str | None = None
+
+    @field_validator("job_id")
+    @classmethod
+    def _job_id_shape(cls, v: str) -> str:
+        if not JOB_ID_RE.match(v):
+            raise ValueError("job_id must be 1-192 characters of letters, digits, '.', '_', ':' or '-'")
+        return v
+
+    @field_validator("team", "queue", "priority_class")
+    @classmethod
+    def _names(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError(f"{v!r} is not a valid name (lower-case letters, digits, '.', '_', '-')")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> JobSpec:
+        names = [p.name for p in self.pod_sets]
+        if len(set(names)) != len(names):
+            raise ValueError(f"pod set names must be unique, got {names}")
+        if self.min_members is not None and self.min_members > self.total_pods:
+            raise ValueError(f"min_members={self.min_members} exceeds the job's {self.total_pods} pods")
+        return self
+
+    @property
+    def total_pods(self) -> int:
+        return sum(p.count for p in self.pod_sets)
+
+    @property
+    def gang_size(self) -> int:
+        return self.min_members if self.min_members is not None else self.total_pods
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(p.gpus for p in self.pod_sets)
+
+    @property
+    def total_mig_slices(self) -> int:
+        return sum(p.mig_slices for p in self.pod_sets)
+
+    @property
+    def gpu_models(self) -> tuple[str, ...]:
+        """Models acceptable to every pod set (intersection of any-of lists; empty = any)."""
+        acceptable: list[str] | None = None
+        for p in self.pod_sets:
+            if not p.gpu_models:
+                continue
+            acceptable = list(p.gpu_models) if acceptable is None else [m for m in acceptable if m in p.gpu_models]
+        return tuple(acceptable or ())
+
+
+class NodeHealth(StrEnum):
+    READY = "ready"
+    CORDONED = "cordoned"
+    FAILED = "failed"
+
+
+class MigLayout(Frozen):
+    profile: str
+    slices_per_gpu: int = Field(ge=1, le=7)
+
+
+class NodeSpec(Frozen):
+    """One node as the scheduler sees it (from cluster.yaml, NodeInventory or the Kubernetes API)."""
+
+    name: str
+    gpus: int = Field(ge=0)
+    gpu_model: str
+    cpu_milli: int = Field(ge=0)
+    memory_mib: int = Field(ge=0)
+    mig: MigLayout | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    health: NodeHealth = NodeHealth.READY
+    rack: str
+    block: str
+    datasets: tuple[str, ...] = ()
+
+    def domain(self, level: TopologyLevel) -> str:
+        if level is TopologyLevel.NODE:
+            return self.name
+        if level is TopologyLevel.RACK:
+            return self.rack
+        return self.block
+
+
+class GpuBinding(Frozen):
+    """Where one pod runs: node, whole-GPU indices, or one MIG slice (gpu index + slice index)."""
+
+    pod: str  # "<pod_set>-<index>"
+    node: str
+    gpu_indices: tuple[int, ...] = ()
+    mig_slice: tuple[int, int] | None = None
