@@ -1,0 +1,84 @@
+"""Postgres plumbing: an asyncpg pool and a minimal versioned-migration runner.
+
+Why a minimal runner instead of Alembic/yoyo: each service owns one schema and a short list of plain SQL
+files; the runner applies `NNN_name.sql` in order inside a transaction, records each in
+`<schema>.schema_migrations`, and takes an advisory lock so two replicas starting together do not race.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+import asyncpg
+
+MIGRATION_RE = re.compile(r"^(\d{3,})_[a-z0-9_]+\.sql$")
+SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]*$")
+
+
+class MigrationError(RuntimeError):
+    pass
+
+
+async def create_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
+    try:
+        pool = await asyncpg.create_pool(url, min_size=min_size, max_size=max_size, command_timeout=60)
+    except (OSError, asyncpg.PostgresError) as exc:
+        raise ConnectionError(f"cannot connect to Postgres at {redact(url)}: {exc}") from exc
+    assert pool is not None
+    return pool
+
+
+def redact(url: str) -> str:
+    return re.sub(r"://([^:/@]+):[^@]+@", r"://\1:***@", url)
+
+
+def migration_files(directory: Path) -> list[tuple[int, Path]]:
+    files: list[tuple[int, Path]] = []
+    for path in sorted(directory.glob("*.sql")):
+        m = MIGRATION_RE.match(path.name)
+        if not m:
+            raise MigrationError(f"{path}: migration files must be named NNN_name.sql")
+        files.append((int(m.group(1)), path))
+    versions = [v for v, _ in files]
+    if len(set(versions)) != len(versions):
+        raise MigrationError(f"{directory}: two migrations share a version number")
+    return files
+
+
+async def apply_migrations(pool: asyncpg.Pool, schema: str, directory: Path) -> list[str]:
+    """Apply pending migrations of `schema`; returns the names applied now. Safe to call concurrently."""
+    if not SCHEMA_RE.match(schema):
+        raise MigrationError(f"invalid schema name {schema!r}")
+    files = migration_files(directory)
+    applied_now: list[str] = []
+    lock_key = int.from_bytes(hashlib.sha256(f"gpuq-migrate-{schema}".encode()).digest()[:8], "big", signed=True)
+    async with pool.acquire() as conn:
+        await conn.execute("SELECT pg_advisory_lock($1)", lock_key)
+        try:
+            await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+            await conn.execute(
+                f"""CREATE TABLE IF NOT EXISTS {schema}.schema_migrations (
+                        version integer PRIMARY KEY, name text NOT NULL, checksum text NOT NULL,
+                        applied_at timestamptz NOT NULL DEFAULT now())"""
+            )
+            done = {r["version"]: r["checksum"] for r in
+                    await conn.fetch(f"SELECT version, checksum FROM {schema}.schema_migrations")}
+            for version, path in files:
+                sql = path.read_text()
+                checksum = hashlib.sha256(sql.encode()).hexdigest()
+                if version in done:
+                    if done[version] != checksum:
+                        raise MigrationError(f"{path.name} was changed after it was applied to schema {schema}; "
+                                             "add a new migration instead")
+                    continue
+                async with conn.transaction():
+                    await conn.execute(sql)
+                    await conn.execute(
+                        f"INSERT INTO {schema}.schema_migrations(version, name, checksum) VALUES ($1, $2, $3)",
+                        version, path.name, checksum)
+                applied_now.append(path.name)
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock($1)", lock_key)
+    return applied_now

@@ -1,0 +1,335 @@
+"""The event catalogue: pydantic payload models, the CloudEvents 1.0 envelope, and the type registry.
+
+Each payload class declares its `aggregate` and `fact`; from them follow the CloudEvents type
+`io.gpuq.<aggregate>.<fact>.v1` and the NATS subject `gpuq.<aggregate>.<fact>`. Within v1 only
+additive, optional changes are allowed: `tests/unit/test_event_schemas.py` compares every model's JSON
+Schema with the committed file under `shared/schemas/`.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from shared.domain import GpuBinding, JobSpec, NodeSpec
+
+SPEC_VERSION = "1.0"
+TYPE_PREFIX = "io.gpuq."
+SUBJECT_PREFIX = "gpuq."
+
+
+class Payload(BaseModel):
+    """Base of every event payload. Unknown fields are ignored so that additive v1 changes stay compatible."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    aggregate: ClassVar[str]
+    fact: ClassVar[str]
+    version: ClassVar[int] = 1
+
+    @classmethod
+    def event_type(cls) -> str:
+        return f"{TYPE_PREFIX}{cls.aggregate}.{cls.fact}.v{cls.version}"
+
+    @classmethod
+    def subject(cls) -> str:
+        return f"{SUBJECT_PREFIX}{cls.aggregate}.{cls.fact}"
+
+
+class ExitReason(StrEnum):
+    SUCCEEDED = "Succeeded"
+    OOM_KILLED = "OOMKilled"
+    ERROR = "Error"
+    CANCELLED = "Cancelled"
+    DEADLINE_EXCEEDED = "DeadlineExceeded"
+    NODE_FAILURE = "NodeFailure"
+
+
+class PreemptionReason(StrEnum):
+    PRIORITY = "PriorityPreemption"
+    RECLAIM = "ReclaimQuota"
+
+
+# --------------------------------------------------------------------------- job lifecycle
+
+
+class JobSubmitted(Payload):
+    aggregate, fact = "job", "submitted"
+    spec: JobSpec
+    submitted_at: datetime | None = None  # producer's clock; admission stamps its own if missing
+
+
+class JobRejected(Payload):
+    aggregate, fact = "job", "rejected"
+    job_id: str
+    team: str | None = None
+    queue: str | None = None
+    reason: str
+    message: str
+
+
+class JobQueued(Payload):
+    aggregate, fact = "job", "queued"
+    job_id: str
+    queue: str
+    team: str
+    position: int | None = None
+
+
+class JobPending(Payload):
+    """Why a job waits, where it stands, and when it is expected to start."""
+
+    aggregate, fact = "job", "pending"
+    job_id: str
+    queue: str
+    stage: str = "admission"  # admission | placement
+    reason: str
+    message: str
+    position_in_queue: int | None = None
+    position_in_cohort: int | None = None
+    eta: datetime | None = None
+
+
+class JobAdmitted(Payload):
+    aggregate, fact = "job", "admitted"
+    job_id: str
+    spec: JobSpec
+    flavors: dict[str, str] = Field(default_factory=dict)  # pod set -> GPU model
+    quota: dict[str, int] = Field(default_factory=dict)  # resource -> amount reserved
+    borrowing: bool = False
+    submitted_at: datetime | None = None
+    admitted_at: datetime
+
+
+class JobPlaced(Payload):
+    aggregate, fact = "job", "placed"
+    job_id: str
+    spec: JobSpec
+    bindings: tuple[GpuBinding, ...]
+    racks_spanned: int = 1
+    blocks_spanned: int = 1
+    placed_at: datetime
+    fencing_token: int | None = None  # the scheduler leader's term that decided it
+    resume_from: str | None = None  # checkpoint URI when resuming after preemption
+
+
+class JobStarted(Payload):
+    aggregate, fact = "job", "started"
+    job_id: str
+    nodes: tuple[str, ...] = ()
+    started_at: datetime
+
+
+class JobCompleted(Payload):
+    aggregate, fact = "job", "completed"
+    job_id: str
+    exit_reason: ExitReason = ExitReason.SUCCEEDED
+    finished_at: datetime
+
+
+class JobFailed(Payload):
+    aggregate, fact = "job", "failed"
+    job_id: str
+    exit_reason: ExitReason = ExitReason.ERROR
+    message: str = ""
+    finished_at: datetime
+
+
+class JobCancelled(Payload):
+    aggregate, fact = "job", "cancelled"
+    job_id: str
+    by: str
+    reason: str = ""
+    cancelled_at: datetime | None = None
+
+
+class CheckpointRequested(Payload):
+    aggregate, fact = "job", "checkpoint_requested"
+    job_id: str
+    preemption_id: str
+    deadline: datetime
+
+
+class JobCheckpointed(Payload):
+    aggregate, fact = "job", "checkpointed"
+    job_id: str
+    uri: str
+    step: int | None = None
+    checkpointed_at: datetime
+    preemption_id: str | None = None
+
+
+class JobPreempted(Payload):
+    aggregate, fact = "job", "preempted"
+    job_id: str
+    reason: PreemptionReason
+    preemptor: str | None = None
+    preemption_id: str | None = None
+    lost_gpu_seconds: float = 0.0
+    checkpoint_uri: str | None = None
+    preempted_at: datetime
+
+
+class JobRequeued(Payload):
+    aggregate, fact = "job", "requeued"
+    job_id: str
+    spec: JobSpec
+    resume_from: str | None = None
+    submitted_at: datetime  # the original submit time, kept for ordering
+
+
+# --------------------------------------------------------------------------- preemption
+
+
+class PreemptionRequested(Payload):
+    aggregate, fact = "preemption", "requested"
+    preemptor: str
+    queue: str
+    reason: PreemptionReason
+    need: dict[str, int] = Field(default_factory=dict)  # resource -> amount that must be freed
+    candidates: tuple[str, ...] = ()  # suggested victims, best first
+    message: str = ""
+
+
+# --------------------------------------------------------------------------- utilisation and inventory
+
+
+class GpuSample(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    job_id: str | None = None
+    gpu_index: int
+    utilization_pct: float = Field(ge=0, le=100)
+    memory_used_mib: int = Field(default=0, ge=0)
+    power_w: float = Field(default=0.0, ge=0)
+    temperature_c: float | None = None
+
+
+class UtilizationSampled(Payload):
+    """One event per node per interval, carrying every GPU of the node (batched for rate)."""
+
+    aggregate, fact = "utilization", "sampled"
+    node: str
+    gpu_model: str | None = None
+    sampled_at: datetime
+    interval_s: float = Field(gt=0)
+    samples: tuple[GpuSample, ...]
+
+
+class NodeInventory(Payload):
+    aggregate, fact = "node", "inventory"
+    nodes: tuple[NodeSpec, ...]
+    source: str = "sim"
+
+
+class NodeChanged(Payload):
+    aggregate, fact = "node", "changed"
+    node: NodeSpec
+    change: str = "updated"  # added | updated | removed
+
+
+class QueueConfigChanged(Payload):
+    aggregate, fact = "queue", "config_changed"
+    config: dict[str, Any]  # a queues.yaml document, validated by admission before use
+    changed_by: str = "admin"
+
+
+CATALOGUE: tuple[type[Payload], ...] = (
+    JobSubmitted, JobRejected, JobQueued, JobPending, JobAdmitted, JobPlaced, JobStarted, JobCompleted,
+    JobFailed, JobCancelled, CheckpointRequested, JobCheckpointed, JobPreempted, JobRequeued,
+    PreemptionRequested, UtilizationSampled, NodeInventory, NodeChanged, QueueConfigChanged,
+)
+BY_TYPE: dict[str, type[Payload]] = {cls.event_type(): cls for cls in CATALOGUE}
+
+
+# --------------------------------------------------------------------------- envelope
+
+
+class CloudEvent(BaseModel):
+    """CloudEvents 1.0 structured-mode envelope. `traceparent` is the W3C trace context extension."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    specversion: str = SPEC_VERSION
+    id: str
+    source: str
+    type: str
+    time: datetime
+    subject: str | None = None
+    datacontenttype: str = "application/json"
+    traceparent: str | None = None
+    data: dict[str, Any]
+
+    def payload(self) -> Payload:
+        """The typed payload (validated on `parse_event`; this re-validates cheaply)."""
+        return BY_TYPE[self.type].model_validate(self.data)
+
+
+class InvalidEvent(ValueError):
+    """Raised for bytes that are not a valid gpuq event; `reason` is a short machine code."""
+
+    def __init__(self, reason: str, message: str):
+        self.reason = reason
+        self.message = message
+        super().__init__(f"{reason}: {message}")
+
+
+def new_event_id() -> str:
+    return str(uuid.uuid4())
+
+
+def make_event(payload: Payload, *, source: str, time: datetime, subject: str | None = None,
+               event_id: str | None = None, traceparent: str | None = None) -> CloudEvent:
+    return CloudEvent(
+        id=event_id or new_event_id(),
+        source=source,
+        type=payload.event_type(),
+        time=time,
+        subject=subject if subject is not None else getattr(payload, "job_id", None),
+        traceparent=traceparent,
+        data=payload.model_dump(mode="json"),
+    )
+
+
+def encode_event(event: CloudEvent) -> bytes:
+    return event.model_dump_json(exclude_none=True).encode()
+
+
+def parse_event(raw: bytes | str | dict[str, Any]) -> tuple[CloudEvent, Payload]:
+    """Decode and validate an event. Raises InvalidEvent with a precise reason; never anything else."""
+    try:
+        doc = raw if isinstance(raw, dict) else json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidEvent("MalformedJson", f"body is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidEvent("MalformedEnvelope", "body is not a JSON object")
+    try:
+        envelope = CloudEvent.model_validate(doc)
+    except ValidationError as exc:
+        raise InvalidEvent("MalformedEnvelope", _first_errors(exc)) from None
+    if envelope.specversion != SPEC_VERSION:
+        raise InvalidEvent("UnsupportedSpecVersion", f"specversion {envelope.specversion!r}, expected 1.0")
+    cls = BY_TYPE.get(envelope.type)
+    if cls is None:
+        raise InvalidEvent("UnknownEventType", f"unknown event type {envelope.type!r}")
+    try:
+        payload = cls.model_validate(envelope.data)
+    except ValidationError as exc:
+        raise InvalidEvent("InvalidPayload", f"{envelope.type}: {_first_errors(exc)}") from None
+    return envelope, payload
+
+
+def _first_errors(exc: ValidationError, limit: int = 3) -> str:
+    parts = []
+    for err in exc.errors()[:limit]:
+        loc = ".".join(str(p) for p in err["loc"]) or "<root>"
+        parts.append(f"{loc}: {err['msg']}")
+    more = len(exc.errors()) - limit
+    return "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")
+
+
+def utcnow_from(ts: float) -> datetime:
+    """Datetime for a clock reading in seconds since the epoch (clocks are injected, see shared.clock)."""
+    return datetime.fromtimestamp(ts, tz=UTC)

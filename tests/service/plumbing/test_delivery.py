@@ -1,0 +1,201 @@
+"""Delivery guarantees of the shared runtime, proven against a real JetStream server and real Postgres."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import asyncpg
+import nats
+import pytest
+import pytest_asyncio
+
+from shared.clock import ManualClock
+from shared.db import create_pool
+from shared.domain import JobSpec, PodSet
+from shared.events import CloudEvent, JobCompleted, JobSubmitted, encode_event, make_event
+from shared.service import ServiceRuntime, ServiceSpec, Tx, publish_event
+
+SCHEMA = "plumbing_test"
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def submitted(job_id: str) -> CloudEvent:
+    spec = JobSpec(job_id=job_id, team="team-a", queue="team-a", pod_sets=(PodSet(count=1, gpus_per_pod=1),))
+    return make_event(JobSubmitted(spec=spec), source="test", time=T0)
+
+
+class CountingService:
+    """A toy service: counts submissions per job and emits JobCompleted for each; can be told to crash."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.crash_next = 0
+
+    async def on_submitted(self, tx: Tx, event: CloudEvent, payload: JobSubmitted) -> None:
+        self.calls += 1
+        await tx.conn.execute(
+            f"INSERT INTO {SCHEMA}.counts(job_id, n) VALUES ($1, 1) "
+            "ON CONFLICT (job_id) DO UPDATE SET n = counts.n + 1", payload.spec.job_id)
+        await tx.emit(JobCompleted(job_id=payload.spec.job_id, finished_at=T0))
+        if self.crash_next > 0:
+            self.crash_next -= 1
+            raise RuntimeError("simulated crash before commit")
+
+    def spec(self) -> ServiceSpec:
+        return ServiceSpec(name="plumbingtest", schema=SCHEMA, handlers={JobSubmitted: self.on_submitted})
+
+
+@pytest_asyncio.fixture
+async def pool(fresh: tuple[str, str]) -> AsyncIterator[asyncpg.Pool]:
+    _, db_url = fresh
+    p = await create_pool(db_url)
+    await p.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
+    await p.execute(f"CREATE TABLE IF NOT EXISTS {SCHEMA}.counts(job_id text PRIMARY KEY, n int NOT NULL)")
+    yield p
+    await p.close()
+
+
+async def count(pool: asyncpg.Pool, job_id: str) -> int:
+    return await pool.fetchval(f"SELECT n FROM {SCHEMA}.counts WHERE job_id = $1", job_id) or 0
+
+
+async def wait_for(predicate, timeout: float = 15.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        if await predicate():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition not reached in time")
+
+
+async def stream_messages(nats_url: str, subject: str) -> list[dict]:
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        sub = await js.subscribe(subject, ordered_consumer=True)
+        out = []
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=0.5)
+            except TimeoutError:
+                break
+            out.append({"body": json.loads(msg.data), "headers": msg.headers or {}})
+        await sub.unsubscribe()
+        return out
+    finally:
+        await nc.close()
+
+
+async def test_redelivered_event_changes_nothing_twice(fresh: tuple[str, str], pool: asyncpg.Pool) -> None:
+    nats_url, _ = fresh
+    svc = CountingService()
+    runtime = ServiceRuntime(svc.spec(), nats_url=nats_url, pool=pool, clock=ManualClock())
+    await runtime.start()
+    try:
+        event = submitted("job-1")
+        # The same event twice, with different Nats-Msg-Ids so JetStream's dedup does not hide the second:
+        # this is what an ack lost after commit looks like to the consumer.
+        nc = await nats.connect(nats_url)
+        js = nc.jetstream()
+        for msg_id in ("a", "b"):
+            await js.publish("gpuq.job.submitted", encode_event(event), headers={"Nats-Msg-Id": msg_id})
+        await nc.close()
+        await wait_for(lambda: _eq(lambda: runtime.counters.duplicates, 1))
+        assert await count(pool, "job-1") == 1
+        assert svc.calls == 1
+        await wait_for(lambda: _eq(lambda: runtime.counters.published, 1))
+        completed = await stream_messages(nats_url, "gpuq.job.completed")
+        assert len(completed) == 1
+    finally:
+        await runtime.stop()
+
+
+async def _eq(get, value) -> bool:  # type: ignore[no-untyped-def]
+    return get() == value
+
+
+async def test_handler_crash_before_commit_gets_event_again(fresh: tuple[str, str], pool: asyncpg.Pool) -> None:
+    nats_url, _ = fresh
+    svc = CountingService()
+    svc.crash_next = 2
+    runtime = ServiceRuntime(svc.spec(), nats_url=nats_url, pool=pool, clock=ManualClock())
+    await runtime.start()
+    try:
+        await publish_event(runtime.broker, submitted("job-2"), "gpuq.job.submitted")
+        await wait_for(lambda: _eq(lambda: runtime.counters.handled, 1))
+        assert svc.calls == 3  # two crashed attempts, rolled back, then the one that committed
+        assert runtime.counters.retried == 2
+        assert await count(pool, "job-2") == 1
+        await wait_for(lambda: _eq(lambda: runtime.counters.published, 1))
+        # The rolled-back attempts left no outbox row behind: exactly one JobCompleted.
+        assert len(await stream_messages(nats_url, "gpuq.job.completed")) == 1
+    finally:
+        await runtime.stop()
+
+
+async def test_publish_interrupted_after_commit_is_published_once_after_restart(
+        fresh: tuple[str, str], pool: asyncpg.Pool) -> None:
+    nats_url, _ = fresh
+    svc = CountingService()
+    runtime = ServiceRuntime(svc.spec(), nats_url=nats_url, pool=pool, clock=ManualClock())
+    await runtime.prepare()
+    # Commit a unit of work that emitted an event, without any relay running.
+    async with pool.acquire() as conn, conn.transaction():
+        tx = Tx(conn=conn, now=0.0, source="test", schema=SCHEMA)
+        event = await tx.emit(JobCompleted(job_id="job-3", finished_at=T0))
+
+    # First relay publishes, then "crashes" before marking the row published.
+    published: list[str] = []
+    original = runtime.publish_raw
+
+    async def publish_then_crash(subject: str, body: bytes, event_id: str) -> None:
+        await original(subject, body, event_id)
+        published.append(event_id)
+        raise ConnectionError("process killed after publish, before marking the outbox row")
+
+    runtime.publish_raw = publish_then_crash  # type: ignore[method-assign]
+    with pytest.raises(ConnectionError):
+        await runtime.relay_once()
+    assert published == [event.id]
+    assert await pool.fetchval(f"SELECT count(*) FROM {SCHEMA}.outbox WHERE published_at IS NULL") == 1
+    await runtime.stop()
+
+    # Restart: a fresh runtime relays the row again; JetStream drops the copy by Nats-Msg-Id.
+    restarted = ServiceRuntime(svc.spec(), nats_url=nats_url, pool=pool, clock=ManualClock())
+    await restarted.prepare()
+    assert await restarted.relay_once() == 1
+    assert await restarted.relay_once() == 0
+    await restarted.stop()
+    messages = await stream_messages(nats_url, "gpuq.job.completed")
+    assert [m["body"]["id"] for m in messages] == [event.id]
+    assert messages[0]["headers"].get("Nats-Msg-Id") == event.id
+
+
+async def test_poison_messages_are_dead_lettered_with_reason(fresh: tuple[str, str], pool: asyncpg.Pool) -> None:
+    nats_url, _ = fresh
+    svc = CountingService()
+    runtime = ServiceRuntime(svc.spec(), nats_url=nats_url, pool=pool, clock=ManualClock())
+    await runtime.start()
+    try:
+        nc = await nats.connect(nats_url)
+        js = nc.jetstream()
+        await js.publish("gpuq.job.submitted", b"{not json")
+        unknown = submitted("job-4").model_copy(update={"type": "io.gpuq.job.teleported.v1"})
+        await js.publish("gpuq.job.submitted", encode_event(unknown))
+        bad = submitted("job-5").model_dump(mode="json")
+        bad["data"]["spec"]["pod_sets"] = []
+        await js.publish("gpuq.job.submitted", json.dumps(bad).encode())
+        await publish_event(js, submitted("job-6"), "gpuq.job.submitted")  # a good one after the bad ones
+        await nc.close()
+        await wait_for(lambda: _eq(lambda: runtime.counters.handled, 1))
+        rows = await pool.fetch(f"SELECT reason, message FROM {SCHEMA}.dead_letters ORDER BY id")
+        assert [r["reason"] for r in rows] == ["MalformedJson", "UnknownEventType", "InvalidPayload"]
+        assert "pod_sets" in rows[2]["message"]
+        dlq = await stream_messages(nats_url, "gpuq.dlq.plumbingtest")
+        assert [m["body"]["reason"] for m in dlq] == ["MalformedJson", "UnknownEventType", "InvalidPayload"]
+        assert await count(pool, "job-6") == 1
+    finally:
+        await runtime.stop()
