@@ -39,6 +39,13 @@ class Payload(BaseModel):
     def subject(cls) -> str:
         return f"{SUBJECT_PREFIX}{cls.aggregate}.{cls.fact}"
 
+    def job_key(self) -> str | None:
+        """The job this event is about (the CloudEvents `subject`), if any."""
+        job_id = getattr(self, "job_id", None)
+        if job_id is None and (spec := getattr(self, "spec", None)) is not None:
+            job_id = spec.job_id
+        return job_id
+
 
 class ExitReason(StrEnum):
     SUCCEEDED = "Succeeded"
@@ -287,7 +294,7 @@ def make_event(payload: Payload, *, source: str, time: datetime, subject: str | 
         source=source,
         type=payload.event_type(),
         time=time,
-        subject=subject if subject is not None else getattr(payload, "job_id", None),
+        subject=subject if subject is not None else payload.job_key(),
         traceparent=traceparent,
         data=payload.model_dump(mode="json"),
     )

