@@ -16,3 +16,6 @@ bench_app = typer.Typer(help="Benchmarks that print figures (placement, admissio
 app.add_typer(bench_app, name="bench")
 
 # Each area registers its commands below, one line each (keep the list sorted by area).
+from services.metering.bench import bench_metering; bench_app.command("metering")(bench_metering)  # noqa: E402, E702, I001
+from services.metering.report import report; app.command("report")(report)  # noqa: E402, E702, I001
+from sim.cli import simulate; app.command("simulate")(simulate)  # noqa: E402, E702, I001

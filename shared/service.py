@@ -35,6 +35,7 @@ from shared.bus import DLQ_SUBJECT_PREFIX, consumer_plan, ensure_streams, stream
 from shared.clock import Clock, SystemClock
 from shared.db import apply_migrations
 from shared.events import CloudEvent, InvalidEvent, Payload, encode_event, make_event, parse_event, utcnow_from
+from shared.leader import LeaderLease
 
 log = logging.getLogger("gpuq.service")
 
@@ -107,6 +108,8 @@ class ServiceSpec:
     # Handle events one at a time, in stream order (the cores rely on per-job ordering).
     max_workers: int = 1
     consumer_suffix: str = ""
+    # Single active instance: consume only while holding the leader lease (standbys wait).
+    singleton: bool = False
 
 
 @dataclass
@@ -121,8 +124,13 @@ class Counters:
 
 class ServiceRuntime:
     def __init__(self, spec: ServiceSpec, *, nats_url: str, pool: asyncpg.Pool, clock: Clock | None = None,
-                 instance: str = "0"):
+                 instance: str = "0", database_url: str | None = None):
         self.spec = spec
+        self.lease: LeaderLease | None = None
+        if spec.singleton:
+            if database_url is None:
+                raise ValueError(f"{spec.name} is a singleton service: pass database_url for its leader lease")
+            self.lease = LeaderLease(database_url, spec.schema, spec.name)
         self.pool = pool
         self.clock = clock or SystemClock()
         self.source = f"gpuq/{spec.name}/{instance}"
@@ -158,6 +166,9 @@ class ServiceRuntime:
 
     async def start(self) -> None:
         await self.prepare()
+        if self.lease is not None:
+            await self.lease.acquire()
+            self._tasks.append(asyncio.create_task(self._watch_lease(), name=f"{self.spec.name}-lease"))
         if self.spec.on_start is not None:
             await self.spec.on_start(self)
         self._tasks.append(asyncio.create_task(self._relay_loop(), name=f"{self.spec.name}-outbox"))
@@ -175,7 +186,20 @@ class ServiceRuntime:
                 await task
         self._tasks.clear()
         await self.broker.stop()
+        if self.lease is not None:
+            with contextlib.suppress(Exception):
+                await self.lease.release()
         self._started = False
+
+    async def _watch_lease(self) -> None:
+        """Stop consuming the moment the lease connection is gone: another instance may lead now."""
+        assert self.lease is not None
+        while True:
+            await asyncio.sleep(2.0)
+            if not await self.lease.alive():
+                log.error("%s: lost the leader lease; stopping consumption", self.spec.name)
+                await self.broker.stop()
+                return
 
     async def _guard(self, loop: Callable[[ServiceRuntime], Awaitable[None]]) -> None:
         while True:

@@ -1,0 +1,129 @@
+"""`gpuq status` and `gpuq explain`: a read model over the services' own tables.
+
+Admission knows every job (pending, admitted, finished, rejected and why); the scheduler knows placements
+and placement reasons; the executor knows what runs. The CLI joins them read-only; it never writes.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+
+STATUS_SQL = """
+SELECT a.job_id, a.team, a.queue, a.status AS admission_status, a.reason, a.message, a.position_in_queue,
+       a.position_in_cohort, a.eta, a.submitted_at, a.admitted_at, a.finished_at, a.outcome, a.borrowing,
+       a.spec, {sched} , {run}
+FROM admission.jobs a
+{sched_join}
+{run_join}
+{where}
+ORDER BY a.submitted_at, a.job_id
+"""
+
+SCHED_COLS = ("s.status AS sched_status, s.reason AS sched_reason, s.message AS sched_message, s.planned_start, "
+              "s.bindings, s.racks_spanned, s.blocks_spanned, s.placed_at")
+SCHED_NULL = ("NULL AS sched_status, NULL AS sched_reason, NULL AS sched_message, NULL AS planned_start, "
+              "NULL AS bindings, NULL AS racks_spanned, NULL AS blocks_spanned, NULL AS placed_at")
+RUN_COLS = "r.status AS run_status, r.nodes AS run_nodes, r.started_at"
+RUN_NULL = "NULL AS run_status, NULL AS run_nodes, NULL AS started_at"
+
+
+def derive_state(row: dict[str, Any]) -> str:
+    status = row["admission_status"]
+    if status == "rejected":
+        return "rejected"
+    if status == "finished":
+        outcome = row.get("outcome") or ""
+        return {"Succeeded": "completed", "Cancelled": "cancelled"}.get(outcome, "failed")
+    if status == "pending":
+        return "pending"
+    if row.get("run_status") == "running":
+        return "running"
+    if row.get("sched_status") == "placed":
+        return "placed"
+    return "admitted"
+
+
+async def _exists(conn: asyncpg.Connection, table: str) -> bool:
+    return bool(await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table))
+
+
+async def fetch_status(database_url: str, job_id: str | None, *, limit: int | None = None) -> list[dict[str, Any]]:
+    conn = await asyncpg.connect(database_url)
+    try:
+        if not await _exists(conn, "admission.jobs"):
+            return []
+        has_sched = await _exists(conn, "scheduler.jobs")
+        has_run = await _exists(conn, "executor.runs")
+        sql = STATUS_SQL.format(
+            sched=SCHED_COLS if has_sched else SCHED_NULL, run=RUN_COLS if has_run else RUN_NULL,
+            sched_join="LEFT JOIN scheduler.jobs s USING (job_id)" if has_sched else "",
+            run_join="LEFT JOIN executor.runs r USING (job_id)" if has_run else "",
+            where="WHERE a.job_id = $1" if job_id else "")
+        if limit:
+            sql += f" LIMIT {int(limit)}"
+        rows = await conn.fetch(sql, *([job_id] if job_id else []))
+    finally:
+        await conn.close()
+    out = []
+    for r in rows:
+        d = dict(r)
+        d["state"] = derive_state(d)
+        bindings = json.loads(d["bindings"]) if d.get("bindings") else []
+        d["nodes"] = sorted({b["node"] for b in bindings})
+        d["spec"] = json.loads(d["spec"]) if isinstance(d["spec"], str) else d["spec"]
+        out.append(d)
+    return out
+
+
+def fmt_time(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def wait_seconds(row: dict[str, Any], now: float) -> float | None:
+    start = row.get("admitted_at") if row.get("admitted_at") is not None else None
+    end = row.get("placed_at") or start
+    if row["state"] == "pending":
+        return now - row["submitted_at"]
+    if end is not None:
+        return end - row["submitted_at"]
+    return None
+
+
+def explain_lines(row: dict[str, Any], now: float) -> list[str]:
+    """Why, where and when, in words, for one job."""
+    state = row["state"]
+    lines = [f"job {row['job_id']} (team {row['team']}, queue {row['queue']}): {state}"]
+    spec = row["spec"]
+    gpus = sum(p["count"] * p["gpus_per_pod"] for p in spec["pod_sets"] if not p.get("mig_profile"))
+    lines.append(f"  asks for {gpus} GPU(s) in {sum(p['count'] for p in spec['pod_sets'])} pod(s), "
+                 f"priority class {spec['priority_class']}, limit {spec['max_runtime_s']} s")
+    lines.append(f"  submitted {fmt_time(row['submitted_at'])}")
+    if state == "rejected":
+        lines.append(f"  rejected: {row['reason']}: {row['message']}")
+    elif state == "pending":
+        lines.append(f"  waiting for admission: {row['reason'] or 'not yet evaluated'}"
+                     + (f": {row['message']}" if row.get("message") else ""))
+        if row.get("position_in_queue"):
+            lines.append(f"  position {row['position_in_queue']} in queue {row['queue']}, "
+                         f"{row['position_in_cohort']} in its cohort")
+        lines.append(f"  waited {now - row['submitted_at']:.0f} s so far; expected start "
+                     f"{fmt_time(row.get('eta')) if row.get('eta') else 'unknown'}")
+    elif state == "admitted":
+        lines.append(f"  admitted {fmt_time(row['admitted_at'])}" + (" (borrowing)" if row.get("borrowing") else ""))
+        lines.append(f"  waiting for placement: {row.get('sched_reason') or 'next cycle'}"
+                     + (f": {row['sched_message']}" if row.get("sched_message") else ""))
+        if row.get("planned_start"):
+            lines.append(f"  reserved to start at {fmt_time(row['planned_start'])}")
+    else:
+        if row.get("placed_at"):
+            lines.append(f"  placed {fmt_time(row['placed_at'])} on {', '.join(row['nodes'])} "
+                         f"({row.get('racks_spanned')} rack(s), {row.get('blocks_spanned')} block(s))")
+        if state in ("completed", "failed", "cancelled"):
+            lines.append(f"  finished {fmt_time(row['finished_at'])}: {row.get('outcome')}")
+    return lines

@@ -1,0 +1,228 @@
+"""The admission service: a thin adapter between the bus, Postgres and the pure admission core.
+
+Every handled event runs one admission cycle in the same transaction, so the jobs table, the quota
+reservations and the emitted events (JobAdmitted, JobPending, JobRejected, PreemptionRequested) commit
+together. The in-memory `AdmissionState` is rebuilt from the jobs table at start, and again whenever a
+transaction fails after the state was touched, so memory never runs ahead of Postgres.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from services.admission.core import AdmissionState, AdmittedWorkload, Workload, admission_cycle
+from shared.config import ConfigError, QueuesConfig, parse_queues
+from shared.domain import JobSpec
+from shared.events import (
+    CloudEvent,
+    JobAdmitted,
+    JobCancelled,
+    JobCompleted,
+    JobFailed,
+    JobPending,
+    JobPreempted,
+    JobQueued,
+    JobRejected,
+    JobRequeued,
+    JobSubmitted,
+    PreemptionReason,
+    PreemptionRequested,
+    QueueConfigChanged,
+    utcnow_from,
+)
+from shared.service import ServiceRuntime, ServiceSpec, Tx
+
+log = logging.getLogger("gpuq.admission")
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+# Callable computing planned starts for pending jobs (the forward simulation); injected so the service
+# stays thin and tests can run without it.
+EtaFn = Callable[[AdmissionState, float], dict[str, float]]
+
+
+class AdmissionService:
+    def __init__(self, config: QueuesConfig, eta: EtaFn | None = None):
+        self.initial_config = config
+        self.state = AdmissionState(config)
+        self.eta = eta
+        self._dirty = False
+        self._published: dict[str, tuple[str, str, int, int]] = {}
+        self._reclaims_sent: set[str] = set()
+
+    def spec(self) -> ServiceSpec:
+        return ServiceSpec(
+            name="admission", schema="admission", migrations=MIGRATIONS, singleton=True,
+            handlers={JobSubmitted: self.on_submitted, JobCompleted: self.on_finished, JobFailed: self.on_finished,
+                      JobCancelled: self.on_finished, JobPreempted: self.on_preempted,
+                      QueueConfigChanged: self.on_config_changed},
+            on_start=self.load,
+        )
+
+    # ------------------------------------------------------------------ state
+
+    async def load(self, runtime: ServiceRuntime) -> None:
+        async with runtime.pool.acquire() as conn:
+            await self._rebuild(conn)
+
+    async def _rebuild(self, conn) -> None:  # type: ignore[no-untyped-def]
+        row = await conn.fetchrow("SELECT document FROM admission.config ORDER BY version DESC LIMIT 1")
+        config = parse_queues(json.loads(row["document"]), "admission.config") if row else self.initial_config
+        state = AdmissionState(config)
+        rows = await conn.fetch(
+            "SELECT spec, status, submitted_at, admitted_at, flavors, usage, borrowing FROM admission.jobs "
+            "WHERE status IN ('pending', 'admitted') ORDER BY submitted_at, job_id")
+
+        for r in rows:
+            spec = JobSpec.model_validate_json(r["spec"])
+            if r["status"] == "admitted":
+                state.restore_admitted(AdmittedWorkload(
+                    spec=spec, submitted_at=r["submitted_at"], admitted_at=r["admitted_at"],
+                    flavors=json.loads(r["flavors"] or "{}"), usage=json.loads(r["usage"] or "{}"),
+                    borrowing=bool(r["borrowing"])))
+            else:
+                state.requeue(Workload(spec, r["submitted_at"]))
+        self.state = state
+        self._published.clear()
+        self._dirty = False
+
+    async def _guarded(self, tx: Tx, body) -> None:  # type: ignore[no-untyped-def]
+        if self._dirty:
+            await self._rebuild(tx.conn)
+        self._dirty = True  # until the handler returns cleanly, memory may be ahead of the transaction
+        await body()
+        await self.cycle(tx)
+        self._dirty = False
+
+    # ------------------------------------------------------------------ handlers
+
+    async def on_submitted(self, tx: Tx, event: CloudEvent, payload: JobSubmitted) -> None:
+        spec = payload.spec
+        submitted_at = payload.submitted_at.timestamp() if payload.submitted_at else tx.now
+
+        async def body() -> None:
+            existing = await tx.conn.fetchval("SELECT status FROM admission.jobs WHERE job_id = $1", spec.job_id)
+            if existing is not None:
+                rejection_reason, message = "DuplicateJobId", f"job id {spec.job_id} was already submitted"
+            else:
+                rejection = self.state.submit(Workload(spec, submitted_at))
+                if rejection is None:
+                    await tx.conn.execute(
+                        "INSERT INTO admission.jobs(job_id, team, queue, spec, status, submitted_at) "
+                        "VALUES ($1, $2, $3, $4, 'pending', $5)",
+                        spec.job_id, spec.team, spec.queue, spec.model_dump_json(), submitted_at)
+                    await tx.emit(JobQueued(job_id=spec.job_id, queue=spec.queue, team=spec.team))
+                    return
+                rejection_reason, message = rejection.reason, rejection.message
+                await tx.conn.execute(
+                    "INSERT INTO admission.jobs(job_id, team, queue, spec, status, submitted_at, reason, message) "
+                    "VALUES ($1, $2, $3, $4, 'rejected', $5, $6, $7)",
+                    spec.job_id, spec.team, spec.queue, spec.model_dump_json(), submitted_at,
+                    rejection_reason, message)
+            await tx.conn.execute(
+                "INSERT INTO admission.audit(at, actor, action, job_id, detail) VALUES ($1, $2, 'reject', $3, $4)",
+                tx.now, spec.user or spec.team, spec.job_id,
+                json.dumps({"reason": rejection_reason, "message": message, "team": spec.team, "queue": spec.queue,
+                            "event_id": event.id, "source": event.source}))
+            await tx.emit(JobRejected(job_id=spec.job_id, team=spec.team, queue=spec.queue,
+                                      reason=rejection_reason, message=message))
+
+        await self._guarded(tx, body)
+
+    async def on_finished(self, tx: Tx, event: CloudEvent, payload: JobCompleted | JobFailed | JobCancelled) -> None:
+        outcome = getattr(payload, "exit_reason", None) or "Cancelled"
+
+        async def body() -> None:
+            self.state.finish(payload.job_id)
+            await tx.conn.execute(
+                "UPDATE admission.jobs SET status = 'finished', finished_at = $2, outcome = $3, reason = NULL, "
+                "message = NULL WHERE job_id = $1 AND status IN ('pending', 'admitted')",
+                payload.job_id, tx.now, str(outcome))
+
+        await self._guarded(tx, body)
+
+    async def on_preempted(self, tx: Tx, event: CloudEvent, payload: JobPreempted) -> None:
+        """A preempted job goes back to pending with its original submit time and resumes from its checkpoint."""
+
+        async def body() -> None:
+            row = await tx.conn.fetchrow("SELECT spec, submitted_at FROM admission.jobs WHERE job_id = $1",
+                                         payload.job_id)
+            if row is None:
+                return
+
+            spec = JobSpec.model_validate_json(row["spec"])
+            self.state.requeue(Workload(spec, row["submitted_at"]))
+            self._reclaims_sent.discard(payload.job_id)
+            await tx.conn.execute(
+                "UPDATE admission.jobs SET status = 'pending', admitted_at = NULL, flavors = NULL, usage = NULL, "
+                "borrowing = NULL, resume_from = $2 WHERE job_id = $1", payload.job_id, payload.checkpoint_uri)
+            await tx.emit(JobRequeued(job_id=payload.job_id, spec=spec, resume_from=payload.checkpoint_uri,
+                                      submitted_at=utcnow_from(row["submitted_at"])))
+
+        await self._guarded(tx, body)
+
+    async def on_config_changed(self, tx: Tx, event: CloudEvent, payload: QueueConfigChanged) -> None:
+        try:
+            config = parse_queues(payload.config, f"QueueConfigChanged {event.id}")
+        except (ConfigError, ValidationError) as exc:
+            # Refused: the old configuration keeps running; the refusal is audited with its reason.
+            await tx.conn.execute(
+                "INSERT INTO admission.audit(at, actor, action, detail) VALUES ($1, $2, 'config_refused', $3)",
+                tx.now, payload.changed_by, json.dumps({"error": str(exc), "event_id": event.id}))
+            log.error("refused queue configuration change: %s", exc)
+            return
+
+        async def body() -> None:
+            messages = self.state.set_config(config)
+            await tx.conn.execute(
+                "INSERT INTO admission.config(applied_at, document, applied_by) VALUES ($1, $2, $3)",
+                tx.now, json.dumps(payload.config), payload.changed_by)
+            await tx.conn.execute(
+                "INSERT INTO admission.audit(at, actor, action, detail) VALUES ($1, $2, 'config_applied', $3)",
+                tx.now, payload.changed_by, json.dumps({"messages": messages, "warnings": config.warnings()}))
+
+        await self._guarded(tx, body)
+
+    # ------------------------------------------------------------------ the cycle
+
+    async def cycle(self, tx: Tx) -> None:
+        decision = admission_cycle(self.state, tx.now)
+        for a in decision.admitted:
+            await tx.conn.execute(
+                "UPDATE admission.jobs SET status = 'admitted', admitted_at = $2, flavors = $3, usage = $4, "
+                "borrowing = $5, reason = NULL, message = NULL, position_in_queue = NULL, position_in_cohort = NULL "
+                "WHERE job_id = $1",
+                a.job_id, a.admitted_at, json.dumps(a.flavors), json.dumps(a.usage), a.borrowing)
+            self._published.pop(a.job_id, None)
+            await tx.emit(JobAdmitted(job_id=a.job_id, spec=a.spec, flavors=a.flavors, quota=a.usage,
+                                      borrowing=a.borrowing, submitted_at=utcnow_from(a.submitted_at),
+                                      admitted_at=utcnow_from(a.admitted_at)))
+        etas = self.eta(self.state, tx.now) if self.eta is not None and decision.pending else {}
+        changed = []
+        for job_id in sorted(decision.pending):
+            st = decision.pending[job_id]
+            key = (st.reason, st.message, st.position_in_queue, st.position_in_cohort)
+            if self._published.get(job_id) == key and job_id not in etas:
+                continue
+            self._published[job_id] = key
+            changed.append((job_id, st.reason, st.message, st.position_in_queue, st.position_in_cohort,
+                            etas.get(job_id)))
+            await tx.emit(JobPending(job_id=job_id, queue=st.queue, stage="admission", reason=st.reason,
+                                     message=st.message, position_in_queue=st.position_in_queue,
+                                     position_in_cohort=st.position_in_cohort,
+                                     eta=utcnow_from(etas[job_id]) if job_id in etas else None))
+        if changed:
+            await tx.conn.executemany(
+                "UPDATE admission.jobs SET reason = $2, message = $3, position_in_queue = $4, "
+                "position_in_cohort = $5, eta = $6 WHERE job_id = $1", changed)
+        for r in decision.reclaims:
+            if r.preemptor in self._reclaims_sent:
+                continue
+            self._reclaims_sent.add(r.preemptor)
+            await tx.emit(PreemptionRequested(preemptor=r.preemptor, queue=r.queue, reason=PreemptionReason.RECLAIM,
+                                              need=r.need, candidates=r.candidates,
+                                              message=f"queue {r.queue} reclaims its nominal quota"))

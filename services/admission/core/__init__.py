@@ -1,0 +1,33 @@
+"""Admission's pure core: team queues, cohorts, quotas with borrowing and lending limits, fair share,
+priorities, StrictFIFO/BestEffortFIFO, reclaim requests, and a reason for every pending job.
+
+No asyncio, no I/O, no clock reads: callers pass `now`. Same input, same output.
+"""
+
+from services.admission.core.cycle import admission_cycle
+from services.admission.core.model import (
+    AdmissionDecision,
+    AdmittedWorkload,
+    PendingStatus,
+    QueueSummary,
+    Reason,
+    ReclaimRequest,
+    Rejection,
+    Workload,
+)
+from services.admission.core.state import AdmissionState
+from services.admission.core.summary import queue_summaries
+
+__all__ = [
+    "AdmissionDecision",
+    "AdmissionState",
+    "AdmittedWorkload",
+    "PendingStatus",
+    "QueueSummary",
+    "Reason",
+    "ReclaimRequest",
+    "Rejection",
+    "Workload",
+    "admission_cycle",
+    "queue_summaries",
+]

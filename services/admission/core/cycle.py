@@ -1,0 +1,396 @@
+"""One admission cycle, in Kueue's named phases (pkg/scheduler/scheduler.go `schedule()`), but admitting as
+many jobs per cycle as fit instead of one head per queue:
+
+  1 heads     per queue, the pending jobs in order (priority, then submit time, then id)
+  2 snapshot  the live QuotaBook plus this cycle's copy of free physical capacity
+  3 nominate  per queue, the next job that fits (flavor assignment); jobs before it get their reason now
+  4 order     a heap of the nominated heads: priority, then dominant resource share / weight after admission
+              (Kueue fair_sharing.go), then submit time, then job id
+  5 admit     pop the best head, re-check it (usage only grows within a cycle, so a head can stop fitting
+              but a job that failed never starts fitting), charge it, nominate that queue's next job
+  6 requeue   everything left pending gets a reason, a message with the numbers and its positions
+
+Why scanning ahead is sound: availability only shrinks while a cycle admits, so a job that does not fit when
+its queue is scanned would not fit at its turn either. The heap then only ever holds one fitting job per
+queue, so a cycle costs O(pending) cheap memoised checks plus O(admitted · log queues) heap work.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping
+from itertools import chain
+from operator import attrgetter
+
+from services.admission.core.model import (
+    AdmissionDecision,
+    AdmittedWorkload,
+    PendingStatus,
+    Reason,
+    ReclaimRequest,
+)
+from services.admission.core.quota import QueueQuota
+from services.admission.core.reclaim import reclaim_candidates
+from services.admission.core.resources import GpuOption, Signature
+from services.admission.core.state import AdmissionState, Entry
+from shared.config import PreemptionPolicy
+
+
+class _Fit:
+    __slots__ = ("borrowing", "choice", "usage")
+
+    def __init__(self, choice: tuple[GpuOption, ...], usage: dict[str, int], borrowing: bool):
+        self.choice = choice
+        self.usage = usage
+        self.borrowing = borrowing
+
+
+class _NoFit:
+    __slots__ = ("message", "need", "reason")
+
+    def __init__(self, reason: str, message: str, need: dict[str, int] | None):
+        self.reason = reason
+        self.message = message
+        self.need = need  # set when the job fits its nominal quota and only borrowers stand in the way
+
+
+def admission_cycle(state: AdmissionState, now: float, *, capacity: Mapping[str, int] | None = None,
+                    max_admissions: int | None = None) -> AdmissionDecision:
+    """Admit what fits, in order, and explain everything that still waits. Applies the admissions to `state`.
+
+    `capacity`: free physical GPUs (or MIG slices, keyed "<model>:<profile>") per resource; a resource missing
+    from it has none free. `max_admissions`: stop after that many admissions (the rest wait for the next
+    cycle)."""
+    return _Cycle(state, now, capacity, max_admissions).run()
+
+
+class _Cycle:
+    def __init__(self, state: AdmissionState, now: float, capacity: Mapping[str, int] | None,
+                 max_admissions: int | None):
+        self.state = state
+        self.book = state._book
+        self.now = now
+        self.cap_left = dict(capacity) if capacity is not None else None
+        self.max_admissions = max_admissions
+        self.lists: dict[str, list[Entry]] = {}
+        self.idx: dict[str, int] = {}
+        self.heap: list[tuple[tuple[int, float, float, str], str]] = []
+        self.version = 0  # bumped by every admission: memoised fit checks are valid within one version
+        self.memo: dict[tuple[str, Signature], tuple[int, _Fit | _NoFit]] = {}
+        self.decision = AdmissionDecision()
+        self.admitted_queues: set[str] = set()
+        # reclaim candidates only change when a job is admitted in the cohort
+        self.cohort_version: dict[str | None, int] = {}
+        self.reclaim_memo: dict[tuple, tuple[str, ...]] = {}
+        self.reclaimed: dict[str, str] = {}  # queue -> preemptor named in this cycle's reclaim request
+
+    # ------------------------------------------------------------------ phases
+
+    def run(self) -> AdmissionDecision:
+        # 1 heads
+        self.lists = self.state._ordered_pending()
+        # 2 snapshot: the QuotaBook is the live snapshot; capacity was copied in __init__
+        # 3 nominate
+        for q in sorted(self.lists):
+            self.idx[q] = 0
+            self._nominate(q)
+        # 4 order + 5 admit
+        while self.heap:
+            _, q = heapq.heappop(self.heap)
+            qq = self.book.queues[q]
+            e = self.lists[q][self.idx[q]]
+            result = self._evaluate(qq, e)
+            if isinstance(result, _Fit):
+                fresh = self._key(qq, e, result)
+                if self.heap and fresh > self.heap[0][0]:
+                    heapq.heappush(self.heap, (fresh, q))  # someone else's admission changed its flavor
+                    continue
+                self._admit(qq, e, result)
+                self.idx[q] += 1
+                if self.max_admissions is not None and len(self.decision.admitted) >= self.max_admissions:
+                    break
+            else:
+                self._fail(qq, e, result)
+                self.idx[q] += 1
+                if qq.strict_fifo:
+                    self._block_rest(q, Reason.WAITING_IN_STRICT_FIFO, self._strict_message(qq, e))
+                    continue
+            self._nominate(q)
+        # 6 requeue
+        self._requeue()
+        return self.decision
+
+    def _nominate(self, q: str) -> None:
+        """Give `q`'s pending jobs their reasons up to the next job that fits, and push that one.
+        This loop runs for every pending job every cycle, hence the hoisting and the inlined memo lookup."""
+        lst = self.lists[q]
+        i = self.idx[q]
+        qq = self.book.queues.get(q)
+        if qq is None:  # queue deleted by a config change: every job carries its verdict
+            for e in lst[i:]:
+                e.reason, e.message = e.verdict or (Reason.QUEUE_DELETED, f"queue {q} no longer exists")
+            self.idx[q] = len(lst)
+            return
+        if self.max_admissions is not None and len(self.decision.admitted) >= self.max_admissions:
+            return  # _requeue explains the rest
+        # nothing is admitted while this loop runs, so the running count and the memo version are fixed
+        running = self.book.running.get(q, 0)
+        full = qq.max_running is not None and running >= qq.max_running
+        memo = self.memo
+        version = self.version
+        n = len(lst)
+        while i < n:
+            e = lst[i]
+            if e.verdict is not None:
+                # statically inadmissible jobs never block a queue, StrictFIFO included: they could not
+                # be admitted by waiting
+                e.reason, e.message = e.verdict
+                i += 1
+                continue
+            if full:
+                self.idx[q] = i
+                self._block_rest(q, Reason.WAITING_FOR_MAX_RUNNING_JOBS,
+                                 f"queue {q} runs {running}/{qq.max_running} jobs (max_running_jobs)")
+                return
+            hit = memo.get((q, e.sig))
+            result = hit[1] if hit is not None and hit[0] == version else self._evaluate(qq, e)
+            if type(result) is _Fit:
+                self.idx[q] = i
+                heapq.heappush(self.heap, (self._key(qq, e, result), q))
+                return
+            if result.need is None:  # type: ignore[union-attr]
+                e.reason = result.reason  # type: ignore[union-attr]
+                e.message = result.message  # type: ignore[union-attr]
+            else:
+                self._fail(qq, e, result)  # type: ignore[arg-type]
+            i += 1
+            if qq.strict_fifo:
+                self.idx[q] = i
+                self._block_rest(q, Reason.WAITING_IN_STRICT_FIFO, self._strict_message(qq, e))
+                return
+        self.idx[q] = i
+
+    def _admit(self, qq: QueueQuota, e: Entry, fit: _Fit) -> None:
+        flavors = {name: opt[0] for name, opt in zip(e.gpu_pod_sets, fit.choice, strict=True)}
+        w = e.workload
+        a = AdmittedWorkload(spec=w.spec, submitted_at=w.submitted_at, admitted_at=self.now,
+                             flavors=flavors, usage=dict(fit.usage), borrowing=fit.borrowing)
+        self.state._admit(e, a)
+        self.admitted_queues.add(qq.name)
+        if qq.cohort is not None:
+            self.cohort_version[qq.cohort] = self.cohort_version.get(qq.cohort, 0) + 1
+        if self.cap_left is not None:
+            for r, amount in fit.usage.items():
+                self.cap_left[r] = self.cap_left.get(r, 0) - amount
+        self.decision.admitted.append(a)
+        self.version += 1
+
+    def _requeue(self) -> None:
+        """Phase 6: reasons for jobs never reached, the pending lists without the admitted, positions and a
+        PendingStatus for every pending job."""
+        state = self.state
+        by_cohort: dict[str | None, list[list[Entry]]] = {}
+        for q in sorted(self.lists):
+            lst = self.lists[q]
+            i = self.idx.get(q, 0)
+            if i < len(lst):  # only after max_admissions stopped the cycle
+                for e in lst[i:]:
+                    if e.verdict is not None:
+                        e.reason, e.message = e.verdict
+                    elif e.admitted is None:
+                        e.reason = Reason.WAITING_FOR_NEXT_CYCLE
+                        e.message = f"this cycle admitted its maximum of {self.max_admissions} jobs"
+            remaining = [e for e in lst if e.admitted is None] if self.idx_admitted(q) else lst
+            for pos, e in enumerate(remaining, 1):
+                e.qpos = pos
+            qq = self.book.queues.get(q)
+            if remaining:
+                state._pending_by_queue[q] = remaining
+                by_cohort.setdefault(qq.cohort if qq is not None else None, []).append(remaining)
+            else:
+                state._pending_by_queue.pop(q, None)
+        # PendingStatus instances are built without the frozen dataclass __init__ (six object.__setattr__
+        # calls): one per pending job per cycle made that __init__ a third of a 50k-job cycle. Each instance
+        # is identical to PendingStatus(...): same __dict__, so same eq, hash and repr.
+        pending = self.decision.pending
+        new = object.__new__
+        cls = PendingStatus
+        for cohort in sorted(by_cohort, key=lambda c: (c is not None, c or "")):
+            lists = by_cohort[cohort]
+            if cohort is None or len(lists) == 1:
+                merged: list[Entry] = list(chain.from_iterable(lists))
+                for e in merged:
+                    e.cpos = e.qpos
+            else:
+                # position in cohort: the cohort's pending jobs merged in queue order (priority, time, id)
+                merged = sorted(chain.from_iterable(lists), key=_order)
+                for cpos, e in enumerate(merged, 1):
+                    e.cpos = cpos
+            for e in merged:
+                st = new(cls)
+                d = st.__dict__
+                d["job_id"] = e.job_id
+                d["queue"] = e.queue
+                d["reason"] = e.reason
+                d["message"] = e.message
+                d["position_in_queue"] = e.qpos
+                d["position_in_cohort"] = e.cpos
+                pending[e.job_id] = st
+
+    def idx_admitted(self, q: str) -> bool:
+        return q in self.admitted_queues
+
+    # ------------------------------------------------------------------ fit
+
+    def _evaluate(self, qq: QueueQuota, e: Entry) -> _Fit | _NoFit:
+        key = (qq.name, e.sig)
+        hit = self.memo.get(key)
+        if hit is not None and hit[0] == self.version:
+            return hit[1]
+        result = self._assign(qq, e.sig)
+        self.memo[key] = (self.version, result)
+        return result
+
+    def _assign(self, qq: QueueQuota, sig: Signature) -> _Fit | _NoFit:
+        """Flavor assignment: per pod set, the first option that fits without borrowing, else the first that
+        fits by borrowing (Kueue's 'prefer a fit without borrowing'), within the free capacity if given."""
+        book = self.book
+        used = book.usage[qq.name]
+        cap = self.cap_left
+        taken: dict[str, int] = {}
+        choice: list[GpuOption] = []
+        borrowing = False
+        for demand in sig:
+            options = self.state.options(qq, demand)
+            if not options:  # config changed under a pending job; its verdict says so, this is a guard
+                return _NoFit(Reason.NO_FLAVOR, f"queue {qq.name} has no quota for this request", None)
+            best: GpuOption | None = None
+            best_borrows = False
+            for opt in options:
+                r = opt[1]
+                total = taken.get(r, 0) + opt[2]
+                if total > book.available(qq, r):
+                    continue
+                if cap is not None and total > cap.get(r, 0):
+                    continue
+                borrows = used.get(r, 0) + total > qq.nominal[r]
+                if not borrows:
+                    best, best_borrows = opt, False
+                    break
+                if best is None:
+                    best, best_borrows = opt, True
+            if best is None:
+                return self._explain(qq, sig, demand, options, taken)
+            choice.append(best)
+            taken[best[1]] = taken.get(best[1], 0) + best[2]
+            borrowing = borrowing or best_borrows
+        return _Fit(tuple(choice), taken, borrowing)
+
+    def _key(self, qq: QueueQuota, e: Entry, fit: _Fit) -> tuple[int, float, float, str]:
+        return (-e.priority, self.book.share(qq, fit.usage), e.workload.submitted_at, e.job_id)
+
+    # ------------------------------------------------------------------ reasons
+
+    def _explain(self, qq: QueueQuota, sig: Signature, demand: tuple, options: tuple[GpuOption, ...],
+                 taken: Mapping[str, int]) -> _NoFit:
+        """Why pod set `demand` fits none of its options; numbers from the first (preferred) option."""
+        book = self.book
+        q = qq.name
+        parts = []
+        capacity_only = None
+        for _m, r, amount in options:
+            total = taken.get(r, 0) + amount
+            used, nominal = book.used(q, r), qq.nominal[r]
+            text = f"needs {total} {r}; {q} uses {used}/{nominal} {r}"
+            if total <= book.available(qq, r) and self.cap_left is not None:
+                capacity_only = capacity_only or (r, total)
+                text += f"; the cluster has {max(0, self.cap_left.get(r, 0))} {r} free"
+            elif qq.cohort is None:
+                text += " and has no cohort to borrow from"
+            else:
+                limit = qq.borrowing_limit[r]
+                if limit is not None and used + total > nominal + limit:
+                    text += f" and may borrow at most {limit}"
+                text += f"; cohort {qq.cohort} has {max(0, book.cohort_available(qq.cohort, r))} lendable"
+                if used + total <= nominal:
+                    lent = sum(book.borrowed(o, r) for o in book.cohort_members[qq.cohort] if o != q)
+                    text += f", {lent} borrowed by other queues"
+            parts.append(text)
+        message = " | ".join(parts)
+        if capacity_only is not None:
+            return _NoFit(Reason.WAITING_FOR_CAPACITY, message, None)
+        _m, r, amount = options[0]
+        total = taken.get(r, 0) + amount
+        used, nominal = book.used(q, r), qq.nominal[r]
+        if used + total <= nominal and qq.cohort is not None:
+            return _NoFit(Reason.WAITING_FOR_QUOTA, message, self._reclaim_need(qq, sig))
+        if qq.cohort is None:
+            return _NoFit(Reason.WAITING_FOR_QUOTA, message, None)
+        limit = qq.borrowing_limit[r]
+        if limit is not None and used + total > nominal + limit:
+            return _NoFit(Reason.WAITING_FOR_QUOTA, message, None)
+        return _NoFit(Reason.WAITING_FOR_BORROWABLE_QUOTA, message, None)
+
+    def _reclaim_need(self, qq: QueueQuota, sig: Signature) -> dict[str, int] | None:
+        """If the whole job fits the queue's nominal quota (first such flavor per pod set), what borrowers must
+        give back for it to fit: per resource, request minus what is available now."""
+        book = self.book
+        used = book.usage[qq.name]
+        taken: dict[str, int] = {}
+        for demand in sig:
+            for _m, r, amount in self.state.options(qq, demand):
+                if used.get(r, 0) + taken.get(r, 0) + amount <= qq.nominal[r]:
+                    taken[r] = taken.get(r, 0) + amount
+                    break
+            else:
+                return None
+        need = {r: t - max(0, book.available(qq, r)) for r, t in sorted(taken.items())}
+        need = {r: n for r, n in need.items() if n > 0}
+        return need or None
+
+    def _fail(self, qq: QueueQuota, e: Entry, result: _NoFit) -> None:
+        e.reason, e.message = result.reason, result.message
+        if result.need is None or not qq.can_reclaim:
+            return
+        q = qq.name
+        earlier = self.reclaimed.get(q)
+        if earlier is not None:
+            # one reclaim request per queue per cycle: overlapping requests would let the preemption
+            # service evict twice for one shortfall
+            e.reason = Reason.WAITING_FOR_RECLAIM
+            e.message = f"{result.message}; capacity is being reclaimed for {earlier} first"
+            return
+        # memoised per (priority, resources needed): a deep queue fails many jobs against the same borrowers
+        key = (q, e.priority, tuple(result.need), self.cohort_version.get(qq.cohort, 0))
+        candidates = self.reclaim_memo.get(key)
+        if candidates is None:
+            candidates = reclaim_candidates(self.state, qq, e.priority, result.need)
+            self.reclaim_memo[key] = candidates
+        if not candidates:
+            policy = qq.reclaim_policy
+            who = "lower-priority preemptible" if policy is PreemptionPolicy.LOWER_PRIORITY else "preemptible"
+            e.message = (f"{result.message}; borrowers hold the quota but none is {who} "
+                         f"(reclaim_within_cohort: {policy.value})")
+            return
+        self.reclaimed[q] = e.job_id
+        self.decision.reclaims.append(ReclaimRequest(preemptor=e.job_id, queue=q, need=dict(result.need),
+                                                     candidates=candidates))
+        need = ", ".join(f"{n} {r}" for r, n in result.need.items())
+        e.reason = Reason.WAITING_FOR_RECLAIM
+        e.message = f"{result.message}; reclaim of {need} requested from {len(candidates)} borrowing job(s)"
+
+    def _block_rest(self, q: str, reason: str, message: str) -> None:
+        lst = self.lists[q]
+        for e in lst[self.idx[q]:]:
+            if e.verdict is not None:
+                e.reason, e.message = e.verdict
+            else:
+                e.reason, e.message = reason, message
+        self.idx[q] = len(lst)
+
+    @staticmethod
+    def _strict_message(qq: QueueQuota, head: Entry) -> str:
+        return f"StrictFIFO queue {qq.name} is blocked by its head {head.job_id} ({head.reason})"
+
+
+_order = attrgetter("order")

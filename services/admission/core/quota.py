@@ -1,0 +1,165 @@
+"""Kueue's quota arithmetic for queues in flat cohorts, kept incrementally.
+
+Per queue q and resource r (Kueue pkg/cache resource_node.go, `available()`):
+  nominal N, borrowing limit B (None = unlimited), lending limit L (None = N), guaranteed G = N - L
+  (the part of nominal that is never lent), usage U.
+  A cohort pools every member's lendable part:  lendable_c = sum(N - G),  used_c = sum(max(0, U - G)).
+  available(q) = max(0, G - U) + min(lendable_c - used_c,  (N - G) - max(0, U - G) + B)
+  A queue without cohort has available = N - U and can never borrow.
+A request fits if it is <= available; it borrows if U + request > N. Because the cohort only ever hands out
+`lendable_c`, what others borrow from a queue never exceeds its lending limit, and usage never exceeds
+N + B. Everything is integers. The data model keeps `Cohort.parent` open for hierarchy: only the cohort
+aggregates would become a tree walk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from services.admission.core.resources import GpuOption, base_model, quota_models
+from shared.config import PreemptionPolicy, QueueConfig, QueueingStrategy, QueuesConfig
+
+INF = float("inf")
+
+
+class QueueQuota:
+    """The static, per-queue part of the arithmetic, pre-digested from QueueConfig."""
+
+    __slots__ = ("borrowing_limit", "can_reclaim", "cohort", "config", "guaranteed", "max_running", "models", "name",
+                 "nominal", "reclaim_policy", "strict_fifo", "teams", "weight")
+
+    def __init__(self, q: QueueConfig):
+        self.config = q
+        self.name = q.name
+        self.cohort = q.cohort
+        self.nominal = {r: f.nominal for r, f in q.quotas.items()}
+        self.guaranteed = {r: (f.nominal - f.lending_limit if f.lending_limit is not None else 0)
+                           for r, f in q.quotas.items()}
+        self.borrowing_limit = {r: f.borrowing_limit for r, f in q.quotas.items()}
+        self.models = quota_models(q.quotas)
+        self.weight = q.weight
+        self.max_running = q.max_running_jobs
+        self.strict_fifo = q.queueing_strategy is QueueingStrategy.STRICT_FIFO
+        self.reclaim_policy = q.preemption.reclaim_within_cohort
+        self.teams = frozenset(q.teams)
+        self.can_reclaim = self.cohort is not None and self.reclaim_policy is not PreemptionPolicy.NEVER
+
+    @property
+    def quotas(self) -> Mapping[str, object]:
+        return self.config.quotas
+
+
+
+class QuotaBook:
+    """Quotas of a QueuesConfig plus the usage of admitted work, per queue and per cohort."""
+
+    def __init__(self, config: QueuesConfig):
+        self.config = config
+        self.queues: dict[str, QueueQuota] = {q.name: QueueQuota(q) for q in config.queues}
+        self.cohort_members: dict[str, tuple[str, ...]] = {}
+        for q in sorted(self.queues):
+            c = self.queues[q].cohort
+            if c is not None:
+                self.cohort_members[c] = (*self.cohort_members.get(c, ()), q)
+        self.cohort_lendable: dict[str, dict[str, int]] = {c: {} for c in self.cohort_members}
+        self.cohort_used: dict[str, dict[str, int]] = {c: {} for c in self.cohort_members}
+        for qq in self.queues.values():
+            if qq.cohort is not None:
+                lend = self.cohort_lendable[qq.cohort]
+                for r, n in qq.nominal.items():
+                    lend[r] = lend.get(r, 0) + n - qq.guaranteed[r]
+        # usage survives for queues that a config change deleted (admitted jobs stay admitted)
+        self.usage: dict[str, dict[str, int]] = {q: {} for q in self.queues}
+        self.running: dict[str, int] = dict.fromkeys(self.queues, 0)
+        self.flavor_weight: dict[str, float] = {m: f.weight for m, f in config.gpu_flavors.items()}
+        # pod set options per (queue, demand); static for a given config
+        self.options_cache: dict[tuple[str, object], tuple[GpuOption, ...]] = {}
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def add(self, queue: str, usage: Mapping[str, int], sign: int = 1) -> None:
+        """Charge (sign=+1) or release (sign=-1) an admitted job's usage; O(resources)."""
+        own = self.usage.setdefault(queue, {})
+        qq = self.queues.get(queue)
+        cohort_used = self.cohort_used[qq.cohort] if qq is not None and qq.cohort is not None else None
+        for r, amount in usage.items():
+            old = own.get(r, 0)
+            new = old + sign * amount
+            own[r] = new
+            if cohort_used is not None:
+                g = qq.guaranteed.get(r, 0)  # type: ignore[union-attr]
+                cohort_used[r] = cohort_used.get(r, 0) + max(0, new - g) - max(0, old - g)
+        self.running[queue] = self.running.get(queue, 0) + sign
+
+    # ------------------------------------------------------------------ arithmetic
+
+    def nominal(self, queue: str, r: str) -> int:
+        qq = self.queues.get(queue)
+        return qq.nominal.get(r, 0) if qq is not None else 0
+
+    def used(self, queue: str, r: str) -> int:
+        return self.usage.get(queue, {}).get(r, 0)
+
+    def cohort_available(self, cohort: str, r: str) -> int:
+        """Unused lendable quota left in the cohort's pool."""
+        return self.cohort_lendable[cohort].get(r, 0) - self.cohort_used[cohort].get(r, 0)
+
+    def available(self, qq: QueueQuota, r: str) -> int:
+        n = qq.nominal.get(r)
+        if n is None:
+            return 0
+        u = self.usage[qq.name].get(r, 0)
+        if qq.cohort is None:
+            return n - u
+        g = qq.guaranteed[r]
+        parent = self.cohort_lendable[qq.cohort].get(r, 0) - self.cohort_used[qq.cohort].get(r, 0)
+        b = qq.borrowing_limit[r]
+        if b is not None:
+            parent = min(parent, (n - g) - max(0, u - g) + b)
+        return max(0, g - u) + parent
+
+    def max_available(self, qq: QueueQuota, r: str) -> int:
+        """What `available` would be with nothing admitted anywhere: the most this queue can ever hold."""
+        n = qq.nominal.get(r)
+        if n is None:
+            return 0
+        if qq.cohort is None:
+            return n
+        g = qq.guaranteed[r]
+        parent = self.cohort_lendable[qq.cohort].get(r, 0)
+        b = qq.borrowing_limit[r]
+        if b is not None:
+            parent = min(parent, (n - g) + b)
+        return g + parent
+
+    def borrowed(self, queue: str, r: str) -> int:
+        return max(0, self.used(queue, r) - self.nominal(queue, r))
+
+    def share(self, qq: QueueQuota, extra: Mapping[str, int]) -> float:
+        """Kueue fair_sharing.go dominant resource share after admitting `extra`, divided by the queue weight:
+        per resource borrowed = max(0, U + request - N); DRS = max(borrowed * w_model * 1000 / lendable_cohort),
+        where w_model is the GPU model's fair-share weight (QueuesConfig.gpu_flavors). Lower is served first.
+        A float is fine here: it only orders queues, it never enters quota arithmetic."""
+        if qq.cohort is None:
+            return 0.0
+        own = self.usage[qq.name]
+        lendable = self.cohort_lendable[qq.cohort]
+        drs = 0.0
+        for r in _union(own, extra):
+            borrowed = own.get(r, 0) + extra.get(r, 0) - qq.nominal.get(r, 0)
+            if borrowed <= 0:
+                continue
+            pool = lendable.get(r, 0)
+            ratio = borrowed * self.flavor_weight.get(base_model(r), 1.0) * 1000 / (pool if pool > 0 else 1)
+            drs = max(drs, ratio)
+        if drs == 0.0:
+            return 0.0
+        return drs / qq.weight if qq.weight > 0 else INF
+
+
+def _union(a: Mapping[str, int], b: Mapping[str, int]) -> Iterable[str]:
+    if not b:
+        return a
+    if not a:
+        return b
+    return set(a) | set(b)

@@ -1,0 +1,344 @@
+"""The admission core's state: pending and admitted workloads, with usage kept incrementally in a QuotaBook.
+
+`submit` validates and authorises; `finish` releases quota; `requeue` puts a job back with its original submit
+time; `set_config` swaps the configuration keeping every job. The admission cycle (cycle.py) reads and updates
+this state; nothing here reads a clock or does I/O.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from services.admission.core.model import AdmittedWorkload, Reason, Rejection, Workload
+from services.admission.core.quota import QueueQuota, QuotaBook
+from services.admission.core.resources import (
+    Signature,
+    gpu_pod_set_names,
+    pod_set_options,
+    request_signature,
+)
+from shared.config import QueuesConfig
+from shared.domain import JobSpec
+
+# A pending job's order inside its queue (and cohort): higher priority first, then older, then job id.
+Order = tuple[int, float, str]
+
+
+class Entry:
+    """Internal record of one job (pending or admitted). Mutable and slotted because the cycle touches every
+    pending job every cycle; never handed out."""
+
+    __slots__ = ("admitted", "cpos", "gpu_pod_sets", "job_id", "message", "order", "preemptible", "priority",
+                 "qpos", "queue", "reason", "sig", "verdict", "workload")
+
+    def __init__(self, workload: Workload, priority: int, preemptible: bool):
+        spec = workload.spec
+        self.workload = workload
+        self.job_id = spec.job_id
+        self.queue = spec.queue
+        self.priority = priority
+        self.preemptible = preemptible
+        self.order: Order = (-priority, workload.submitted_at, spec.job_id)
+        self.sig: Signature = request_signature(spec)
+        self.gpu_pod_sets = gpu_pod_set_names(spec)
+        self.verdict: tuple[str, str] | None = None  # static inadmissibility under the current config
+        self.admitted: AdmittedWorkload | None = None
+        # scratch written by the cycle
+        self.reason = ""
+        self.message = ""
+        self.qpos = 0
+        self.cpos = 0
+
+
+def _spec_key(spec: JobSpec) -> str:
+    return spec.model_dump_json()
+
+
+class AdmissionState:
+    """The core's snapshot of queues: pending + admitted workloads, usage per queue kept incrementally."""
+
+    def __init__(self, config: QueuesConfig):
+        self._config = config
+        self._book = QuotaBook(config)
+        self._entries: dict[str, Entry] = {}
+        self._pending: dict[str, Workload] = {}
+        self._admitted: dict[str, AdmittedWorkload] = {}
+        self._pending_by_queue: dict[str, list[Entry]] = {}
+        self._admitted_by_queue: dict[str, dict[str, Entry]] = {}
+        self._dirty: set[str] = set()  # queues whose pending list must be re-filtered/re-sorted
+
+    # ------------------------------------------------------------------ views
+
+    @property
+    def config(self) -> QueuesConfig:
+        return self._config
+
+    @property
+    def pending(self) -> Mapping[str, Workload]:
+        """job_id -> Workload, every job waiting for admission (including inadmissible ones)."""
+        return MappingProxyType(self._pending)
+
+    @property
+    def admitted(self) -> Mapping[str, AdmittedWorkload]:
+        """job_id -> AdmittedWorkload, every job holding quota (placed, running or about to be)."""
+        return MappingProxyType(self._admitted)
+
+    def usage(self, queue: str) -> dict[str, int]:
+        """Resource -> amount reserved by the queue's admitted jobs (zeros omitted)."""
+        return {r: v for r, v in sorted(self._book.usage.get(queue, {}).items()) if v}
+
+    def running(self, queue: str) -> int:
+        return self._book.running.get(queue, 0)
+
+    def borrowed(self, queue: str) -> dict[str, int]:
+        return {r: b for r in sorted(self._book.usage.get(queue, {})) if (b := self._book.borrowed(queue, r))}
+
+    def available(self, queue: str, resource: str) -> int:
+        """What one more job of `queue` could take of `resource` right now (0 for an unknown queue)."""
+        qq = self._book.queues.get(queue)
+        return max(0, self._book.available(qq, resource)) if qq is not None else 0
+
+    def priority(self, job_id: str) -> int | None:
+        e = self._entries.get(job_id)
+        return e.priority if e is not None else None
+
+    def preemptible(self, job_id: str) -> bool | None:
+        e = self._entries.get(job_id)
+        return e.preemptible if e is not None else None
+
+    def inadmissible(self, job_id: str) -> Rejection | None:
+        """Why a pending job cannot be admitted under the current config, if it cannot."""
+        e = self._entries.get(job_id)
+        if e is None or e.admitted is not None or e.verdict is None:
+            return None
+        return Rejection(job_id, *e.verdict)
+
+    def copy(self) -> AdmissionState:
+        """An independent copy (for what-if runs such as the ETA forward simulation). Workloads, specs and the
+        config are immutable and shared; the mutable bookkeeping is copied."""
+        other = copy.copy(self)
+        other._book = copy.copy(self._book)
+        other._book.usage = {q: dict(u) for q, u in self._book.usage.items()}
+        other._book.running = dict(self._book.running)
+        other._book.cohort_used = {c: dict(u) for c, u in self._book.cohort_used.items()}
+        entries = {}
+        for j, e in self._entries.items():
+            n = copy.copy(e)
+            entries[j] = n
+        other._entries = entries
+        other._pending = dict(self._pending)
+        other._admitted = dict(self._admitted)
+        other._pending_by_queue = {q: [entries[e.job_id] for e in lst if e.job_id in entries]
+                                   for q, lst in self._pending_by_queue.items()}
+        other._admitted_by_queue = {q: {j: entries[j] for j in m} for q, m in self._admitted_by_queue.items()}
+        other._dirty = set(self._dirty)
+        return other
+
+    # ------------------------------------------------------------------ commands
+
+    def submit(self, w: Workload) -> Rejection | None:
+        """Validate and authorise a new job; None = queued. Re-submitting the same spec is a no-op (handlers
+        see events at least once); another spec under a known job id is rejected."""
+        spec = w.spec
+        known = self._entries.get(spec.job_id)
+        if known is not None:
+            if _spec_key(known.workload.spec) == _spec_key(spec):
+                return None
+            return Rejection(spec.job_id, Reason.DUPLICATE_JOB_ID,
+                             f"job id {spec.job_id} is already {'admitted' if known.admitted else 'pending'} "
+                             "with a different spec")
+        qq = self._book.queues.get(spec.queue)
+        if qq is None:
+            known_queues = ", ".join(sorted(self._book.queues)) or "none"
+            return Rejection(spec.job_id, Reason.UNKNOWN_QUEUE,
+                             f"queue {spec.queue!r} does not exist (queues: {known_queues})")
+        if qq.teams and spec.team not in qq.teams:
+            return Rejection(spec.job_id, Reason.UNAUTHORIZED,
+                             f"team {spec.team!r} may not submit to queue {spec.queue!r} "
+                             f"(allowed: {', '.join(sorted(qq.teams))})")
+        klass = self._priority_class(spec)
+        if klass is None:
+            return Rejection(spec.job_id, Reason.UNKNOWN_PRIORITY_CLASS,
+                             f"priority class {spec.priority_class!r} does not exist (classes: "
+                             f"{', '.join(p.name for p in self._config.priority_classes)})")
+        verdict = self._fit_verdict(qq, request_signature(spec))
+        if verdict is not None:
+            return Rejection(spec.job_id, *verdict)
+        self._add_pending(w)
+        return None
+
+    def finish(self, job_id: str) -> None:
+        """Completed, failed, cancelled or preempted: forget the job and release its quota. Idempotent."""
+        e = self._entries.pop(job_id, None)
+        if e is None:
+            return
+        if e.admitted is not None:
+            self._release(e)
+        else:
+            self._pending.pop(job_id, None)
+            self._dirty.add(e.queue)
+
+    def requeue(self, w: Workload) -> None:
+        """Back to pending (after preemption or a failed placement) with its original submit time."""
+        self.finish(w.spec.job_id)
+        self._add_pending(w)
+
+    def restore_admitted(self, a: AdmittedWorkload) -> None:
+        """Rebuild after a restart: record a job admitted earlier (from the store) without a cycle."""
+        self.finish(a.spec.job_id)
+        e = self._new_entry(Workload(a.spec, a.submitted_at))
+        self._entries[e.job_id] = e
+        self._mark_admitted(e, a)
+
+    def set_config(self, config: QueuesConfig) -> list[str]:
+        """Swap to a new configuration keeping every job. Admitted jobs stay admitted even if their queue is
+        now over quota or gone; pending jobs are re-judged (a deleted queue makes them inadmissible until it
+        returns). Returns one human message per affected job or queue, sorted."""
+        old_verdicts = {j: e.verdict for j, e in self._entries.items() if e.admitted is None}
+        self._config = config
+        self._book = QuotaBook(config)
+        messages: list[str] = []
+        klasses = config.priority_class_map
+        for j in sorted(self._entries):
+            e = self._entries[j]
+            k = klasses.get(e.workload.spec.priority_class)
+            if k is not None and k.value != e.priority:
+                self._reprioritise(e, k.value)
+            if e.admitted is not None:
+                self._book.add(e.queue, e.admitted.usage)
+                if e.queue not in self._book.queues:
+                    messages.append(f"admitted job {j} stays admitted although its queue {e.queue} was deleted")
+                continue
+            e.verdict = self._verdict(e.workload.spec)
+            if e.verdict is not None and e.verdict != old_verdicts.get(j):
+                messages.append(f"pending job {j} is now inadmissible ({e.verdict[0]}): {e.verdict[1]}")
+            elif e.verdict is None and old_verdicts.get(j) is not None:
+                messages.append(f"pending job {j} is admissible again")
+        for q in sorted(self._book.queues):
+            qq = self._book.queues[q]
+            for r in sorted(self._book.usage.get(q, {})):
+                u = self._book.used(q, r)
+                limit = self._book.max_available(qq, r)
+                if u > limit:
+                    messages.append(f"queue {q} now holds {u} {r}, above the {limit} its new quota allows: "
+                                    "admitted jobs stay admitted, new work waits until usage falls")
+        self._dirty.update(self._pending_by_queue)
+        return sorted(messages)
+
+    # ------------------------------------------------------------------ internals used by the cycle
+
+    def _ordered_pending(self) -> dict[str, list[Entry]]:
+        """Per queue, its pending entries in order; lists are re-filtered and re-sorted only when touched."""
+        for q in sorted(self._dirty):
+            lst = [e for e in self._pending_by_queue.get(q, ()) if e.admitted is None
+                   and self._entries.get(e.job_id) is e]
+            lst.sort(key=_order_of)
+            if lst:
+                self._pending_by_queue[q] = lst
+            else:
+                self._pending_by_queue.pop(q, None)
+        self._dirty.clear()
+        return self._pending_by_queue
+
+    def _admit(self, e: Entry, a: AdmittedWorkload) -> None:
+        """Move a pending entry to admitted. The caller rebuilds the queue's pending list afterwards."""
+        del self._pending[e.job_id]
+        self._mark_admitted(e, a)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _priority_class(self, spec: JobSpec):  # -> PriorityClass | None
+        klasses = self._config.priority_class_map
+        k = klasses.get(spec.priority_class)
+        if k is None and spec.priority_class == "normal" and self._config.default_priority_class:
+            # "normal" is JobSpec's built-in default: honour the config's own default class instead
+            k = klasses.get(self._config.default_priority_class)
+        return k
+
+    def _new_entry(self, w: Workload) -> Entry:
+        k = self._priority_class(w.spec)
+        value = k.value if k is not None else 0
+        preemptible = k.preemptible if k is not None else True
+        if w.spec.preemptible is not None:
+            preemptible = w.spec.preemptible
+        return Entry(w, value, preemptible)
+
+    def _add_pending(self, w: Workload) -> None:
+        e = self._new_entry(w)
+        e.verdict = self._verdict(w.spec)
+        self._entries[e.job_id] = e
+        self._pending[e.job_id] = w
+        lst = self._pending_by_queue.setdefault(e.queue, [])
+        if lst and _order_of(lst[-1]) > e.order:
+            self._dirty.add(e.queue)  # arrivals are mostly in order: append, sort only when needed
+        lst.append(e)
+
+    def _mark_admitted(self, e: Entry, a: AdmittedWorkload) -> None:
+        e.admitted = a
+        self._admitted[e.job_id] = a
+        self._admitted_by_queue.setdefault(e.queue, {})[e.job_id] = e
+        self._book.add(e.queue, a.usage)
+
+    def _release(self, e: Entry) -> None:
+        assert e.admitted is not None
+        self._book.add(e.queue, e.admitted.usage, -1)
+        self._admitted.pop(e.job_id, None)
+        by_queue = self._admitted_by_queue.get(e.queue)
+        if by_queue is not None:
+            by_queue.pop(e.job_id, None)
+        e.admitted = None
+
+    def _reprioritise(self, e: Entry, value: int) -> None:
+        e.priority = value
+        e.order = (-value, e.workload.submitted_at, e.job_id)
+
+    def _verdict(self, spec: JobSpec) -> tuple[str, str] | None:
+        """Why a pending job cannot be admitted under the current config (None = it can, some day)."""
+        qq = self._book.queues.get(spec.queue)
+        if qq is None:
+            return (Reason.QUEUE_DELETED,
+                    f"queue {spec.queue!r} no longer exists; the job waits until it is configured again")
+        if qq.teams and spec.team not in qq.teams:
+            return (Reason.INADMISSIBLE_UNAUTHORIZED,
+                    f"team {spec.team!r} may no longer submit to queue {spec.queue!r}")
+        if self._priority_class(spec) is None:
+            return (Reason.INADMISSIBLE_UNKNOWN_PRIORITY_CLASS,
+                    f"priority class {spec.priority_class!r} no longer exists")
+        return self._fit_verdict(qq, request_signature(spec))
+
+    def _fit_verdict(self, qq: QueueQuota, sig: Signature) -> tuple[str, str] | None:
+        """No acceptable flavor, or more than the queue could hold even with the whole cohort idle."""
+        taken: dict[str, int] = {}
+        for demand in sig:
+            options = self.options(qq, demand)
+            if not options:
+                amount, models, profile = demand
+                asked = ", ".join(models) if models else "any model"
+                kind = f" with MIG profile {profile}" if profile else ""
+                return (Reason.NO_FLAVOR,
+                        f"queue {qq.name} has no quota for {asked}{kind} "
+                        f"(it has: {', '.join(qq.quotas) or 'nothing'})")
+            for _model, r, amount in options:
+                if taken.get(r, 0) + amount <= self._book.max_available(qq, r):
+                    taken[r] = taken.get(r, 0) + amount
+                    break
+            else:
+                limits = ", ".join(f"{r} at most {self._book.max_available(qq, r)}" for _m, r, _a in options)
+                return (Reason.EXCEEDS_LIMITS,
+                        f"asks {options[0][2]} but queue {qq.name} can never hold that much "
+                        f"(nominal + borrowing, with its cohort idle: {limits})")
+        return None
+
+    def options(self, qq: QueueQuota, demand: object):  # -> tuple[GpuOption, ...]
+        key = (qq.name, demand)
+        opts = self._book.options_cache.get(key)
+        if opts is None:
+            opts = pod_set_options(demand, qq.quotas, qq.models)  # type: ignore[arg-type]
+            self._book.options_cache[key] = opts
+        return opts
+
+
+def _order_of(e: Entry) -> Order:
+    return e.order

@@ -1,0 +1,71 @@
+"""Per-queue summary for `gpuq queues`: nominal, used, borrowed, lent, pending, running, oldest wait."""
+
+from __future__ import annotations
+
+from services.admission.core.model import QueueSummary
+from services.admission.core.quota import QuotaBook
+from services.admission.core.state import AdmissionState
+
+
+def queue_summaries(state: AdmissionState, now: float) -> list[QueueSummary]:
+    """One row per configured queue, sorted by name."""
+    book = state._book
+    lent = _lent(book)
+    pending: dict[str, list[float]] = {}
+    inadmissible: dict[str, int] = {}
+    for w in state.pending.values():
+        pending.setdefault(w.spec.queue, []).append(w.submitted_at)
+        if state.inadmissible(w.spec.job_id) is not None:
+            inadmissible[w.spec.queue] = inadmissible.get(w.spec.queue, 0) + 1
+    rows = []
+    for q in sorted(book.queues):
+        qq = book.queues[q]
+        waits = pending.get(q, [])
+        rows.append(QueueSummary(
+            queue=q,
+            cohort=qq.cohort,
+            weight=qq.weight,
+            strategy=qq.config.queueing_strategy.value,
+            nominal=dict(sorted(qq.nominal.items())),
+            used=state.usage(q),
+            borrowed=state.borrowed(q),
+            lent={r: v for r, v in sorted(lent.get(q, {}).items()) if v},
+            pending=len(waits),
+            inadmissible=inadmissible.get(q, 0),
+            running=book.running.get(q, 0),
+            max_running_jobs=qq.max_running,
+            oldest_wait_s=max(0.0, now - min(waits)) if waits else None,
+        ))
+    return rows
+
+
+def _lent(book: QuotaBook) -> dict[str, dict[str, int]]:
+    """A flat cohort pools lendable quota, so who lent to whom is a convention: the cohort's total borrowing
+    per resource is attributed to the lenders in proportion to their unused lendable quota (largest remainder,
+    ties by queue name), integers only."""
+    out: dict[str, dict[str, int]] = {}
+    for members in (book.cohort_members[c] for c in sorted(book.cohort_members)):
+        resources = sorted({r for q in members for r in book.queues[q].nominal})
+        for r in resources:
+            borrowed = sum(book.borrowed(q, r) for q in members)
+            if borrowed <= 0:
+                continue
+            unused = {}
+            for q in members:
+                qq = book.queues[q]
+                n = qq.nominal.get(r, 0)
+                lendable = n - qq.guaranteed.get(r, 0)
+                unused[q] = max(0, min(lendable, n - book.used(q, r)))
+            pool = sum(unused.values())
+            if pool <= 0:
+                continue
+            borrowed = min(borrowed, pool)
+            shares = {q: borrowed * u // pool for q, u in unused.items()}
+            left = borrowed - sum(shares.values())
+            by_remainder = sorted(unused, key=lambda q: (-(borrowed * unused[q] % pool), q))
+            for q in by_remainder[:left]:
+                shares[q] += 1
+            for q, v in shares.items():
+                if v:
+                    out.setdefault(q, {})[r] = v
+    return out

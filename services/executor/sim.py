@@ -1,0 +1,221 @@
+"""`executor/sim`: the embedded simulated cluster built from `cluster.yaml`.
+
+It announces its nodes (NodeInventory), runs each placed job for its duration on the services' clock
+(the demo speeds that clock up, so a job runs for its duration divided by the speed-up factor), emits
+JobStarted, UtilizationSampled (one batch per node) and JobCompleted/JobFailed, and honours checkpoint
+requests after a configurable delay.
+
+The true duration of a simulated job comes from the label `sim.gpuq.io/duration-s` that workload
+generators set; only this executor reads it (the scheduler plans with `max_runtime_s`). Optional labels:
+`sim.gpuq.io/utilization` (mean GPU utilisation %), `sim.gpuq.io/outcome` (e.g. OOMKilled).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from shared.config import ClusterConfig
+from shared.domain import JobSpec
+from shared.events import (
+    CheckpointRequested,
+    CloudEvent,
+    ExitReason,
+    GpuSample,
+    JobCancelled,
+    JobCheckpointed,
+    JobCompleted,
+    JobFailed,
+    JobPlaced,
+    JobPreempted,
+    JobStarted,
+    NodeInventory,
+    UtilizationSampled,
+    utcnow_from,
+)
+from shared.service import ServiceRuntime, ServiceSpec, Tx
+
+DURATION_LABEL = "sim.gpuq.io/duration-s"
+UTILIZATION_LABEL = "sim.gpuq.io/utilization"
+OUTCOME_LABEL = "sim.gpuq.io/outcome"
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+@dataclass
+class SimExecutorSettings:
+    cluster: ClusterConfig
+    cluster_dir: Path | None = None
+    tick_s: float = 0.1  # wall seconds between completion checks
+    sample_every_s: float = 1.0  # wall seconds between utilisation batches
+    checkpoint_delay_s: float = 30.0  # virtual seconds a job takes to write a checkpoint
+
+
+def true_duration(spec: JobSpec) -> float:
+    raw = spec.labels.get(DURATION_LABEL)
+    return float(raw) if raw is not None else float(spec.max_runtime_s)
+
+
+def mean_utilization(spec: JobSpec) -> float:
+    return min(100.0, max(0.0, float(spec.labels.get(UTILIZATION_LABEL, "70"))))
+
+
+def jitter(job_id: str, gpu: int, t: float) -> float:
+    """Deterministic ±10 points of noise so samples look alive without a random generator."""
+    digest = hashlib.blake2b(f"{job_id}/{gpu}/{int(t)}".encode(), digest_size=2).digest()
+    return (int.from_bytes(digest, "big") / 65535.0 - 0.5) * 20.0
+
+
+class SimExecutor:
+    def __init__(self, settings: SimExecutorSettings):
+        self.settings = settings
+        self.nodes = {n.name: n for n in settings.cluster.nodes(settings.cluster_dir)}
+        self._last_sample: float | None = None
+        self._last_sample_at: float | None = None
+
+    def spec(self) -> ServiceSpec:
+        return ServiceSpec(
+            name="executor", schema="executor", migrations=MIGRATIONS,
+            handlers={JobPlaced: self.on_placed, CheckpointRequested: self.on_checkpoint_requested,
+                      JobPreempted: self.on_stopped, JobCancelled: self.on_stopped},
+            on_start=self.announce_inventory, background=(self.run_loop,), singleton=False,
+        )
+
+    # ------------------------------------------------------------------ inventory
+
+    async def announce_inventory(self, runtime: ServiceRuntime) -> None:
+        nodes = tuple(sorted(self.nodes.values(), key=lambda n: n.name))
+        digest = hashlib.sha256(json.dumps([n.model_dump(mode="json") for n in nodes]).encode()).hexdigest()
+        async with runtime.transaction() as tx:
+            last = await tx.conn.fetchval("SELECT value FROM executor.meta WHERE key = 'inventory'")
+            if last == digest:
+                return
+            await tx.emit(NodeInventory(nodes=nodes, source="sim"))
+            await tx.conn.execute(
+                "INSERT INTO executor.meta(key, value) VALUES ('inventory', $1) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value", digest)
+
+    # ------------------------------------------------------------------ handlers
+
+    async def on_placed(self, tx: Tx, event: CloudEvent, placed: JobPlaced) -> None:
+        spec = placed.spec
+        nodes = sorted({b.node for b in placed.bindings})
+        unknown = [n for n in nodes if n not in self.nodes]
+        if unknown:
+            await tx.emit(JobFailed(job_id=spec.job_id, exit_reason=ExitReason.NODE_FAILURE,
+                                    message=f"placed on nodes this cluster does not have: {', '.join(unknown)}",
+                                    finished_at=utcnow_from(tx.now)))
+            return
+        gpus = sum(max(1, len(b.gpu_indices)) for b in placed.bindings)
+        row = await tx.conn.fetchrow("SELECT status, done_s, attempt FROM executor.runs WHERE job_id = $1",
+                                     spec.job_id)
+        if row is not None and row["status"] == "running":
+            return  # the same placement seen twice: nothing to start again
+        done_s = float(row["done_s"]) if row is not None and placed.resume_from else 0.0
+        remaining = max(0.0, true_duration(spec) - done_s)
+        ends_at = tx.now + min(remaining, float(spec.max_runtime_s))
+        await tx.conn.execute(
+            """INSERT INTO executor.runs(job_id, spec, nodes, gpus, status, started_at, ends_at, done_s)
+               VALUES ($1, $2, $3, $4, 'running', $5, $6, $7)
+               ON CONFLICT (job_id) DO UPDATE SET spec = excluded.spec, nodes = excluded.nodes, gpus = excluded.gpus,
+                 status = 'running', outcome = NULL, started_at = excluded.started_at, ends_at = excluded.ends_at,
+                 done_s = excluded.done_s, attempt = executor.runs.attempt + 1""",
+            spec.job_id, spec.model_dump_json(), nodes, gpus, tx.now, ends_at, done_s)
+        await tx.emit(JobStarted(job_id=spec.job_id, nodes=tuple(nodes), started_at=utcnow_from(tx.now)))
+
+    async def on_checkpoint_requested(self, tx: Tx, event: CloudEvent, req: CheckpointRequested) -> None:
+        row = await tx.conn.fetchrow("SELECT spec FROM executor.runs WHERE job_id = $1 AND status = 'running'",
+                                     req.job_id)
+        if row is None:
+            return
+        spec = JobSpec.model_validate_json(row["spec"])
+        if not spec.checkpoint.supported:
+            return  # the job cannot checkpoint: preemption proceeds after its grace period
+        await tx.conn.execute(
+            "INSERT INTO executor.checkpoints(job_id, preemption_id, due_at) VALUES ($1, $2, $3) "
+            "ON CONFLICT DO NOTHING", req.job_id, req.preemption_id, tx.now + self.settings.checkpoint_delay_s)
+
+    async def on_stopped(self, tx: Tx, event: CloudEvent, payload: JobPreempted | JobCancelled) -> None:
+        status = "preempted" if isinstance(payload, JobPreempted) else "cancelled"
+        await tx.conn.execute(
+            "UPDATE executor.runs SET status = $2, ends_at = $3 WHERE job_id = $1 AND status = 'running'",
+            payload.job_id, status, tx.now)
+
+    # ------------------------------------------------------------------ the running cluster
+
+    async def run_loop(self, runtime: ServiceRuntime) -> None:
+        while True:
+            await self.step(runtime)
+            await asyncio.sleep(self.settings.tick_s)
+
+    async def step(self, runtime: ServiceRuntime) -> None:
+        async with runtime.transaction() as tx:
+            await self._finish_due(tx)
+            await self._checkpoint_due(tx)
+            wall = asyncio.get_running_loop().time()
+            if self._last_sample is None or wall - self._last_sample >= self.settings.sample_every_s:
+                await self._sample(tx, wall)
+
+    async def _finish_due(self, tx: Tx) -> None:
+        rows = await tx.conn.fetch(
+            "SELECT job_id, spec, started_at, done_s FROM executor.runs WHERE status = 'running' AND ends_at <= $1 "
+            "ORDER BY ends_at, job_id FOR UPDATE", tx.now)
+        for row in rows:
+            spec = JobSpec.model_validate_json(row["spec"])
+            finished = utcnow_from(tx.now)
+            outcome = spec.labels.get(OUTCOME_LABEL)
+            ran = tx.now - row["started_at"] + row["done_s"]
+            if outcome and outcome != ExitReason.SUCCEEDED.value:
+                reason = ExitReason(outcome) if outcome in ExitReason.__members__.values() else ExitReason.ERROR
+                await tx.emit(JobFailed(job_id=spec.job_id, exit_reason=reason, message=f"simulated {outcome}",
+                                        finished_at=finished))
+                status = "failed"
+            elif ran + 1e-6 < true_duration(spec):
+                await tx.emit(JobFailed(job_id=spec.job_id, exit_reason=ExitReason.DEADLINE_EXCEEDED,
+                                        message=f"ran past max_runtime_s={spec.max_runtime_s}", finished_at=finished))
+                status, outcome = "failed", ExitReason.DEADLINE_EXCEEDED.value
+            else:
+                await tx.emit(JobCompleted(job_id=spec.job_id, finished_at=finished))
+                status, outcome = "completed", ExitReason.SUCCEEDED.value
+            await tx.conn.execute("UPDATE executor.runs SET status = $2, outcome = $3 WHERE job_id = $1",
+                                  spec.job_id, status, outcome)
+
+    async def _checkpoint_due(self, tx: Tx) -> None:
+        rows = await tx.conn.fetch(
+            """SELECT c.job_id, c.preemption_id, c.due_at, r.started_at, r.done_s, r.attempt
+               FROM executor.checkpoints c JOIN executor.runs r USING (job_id)
+               WHERE NOT c.done AND c.due_at <= $1 AND r.status = 'running' ORDER BY c.due_at, c.job_id""", tx.now)
+        for row in rows:
+            progress = row["done_s"] + (row["due_at"] - row["started_at"])
+            await tx.conn.execute(
+                "UPDATE executor.runs SET done_s = $2, started_at = $3 WHERE job_id = $1",
+                row["job_id"], progress, row["due_at"])
+            await tx.conn.execute(
+                "UPDATE executor.checkpoints SET done = true WHERE job_id = $1 AND preemption_id = $2",
+                row["job_id"], row["preemption_id"])
+            step = int(progress)
+            await tx.emit(JobCheckpointed(
+                job_id=row["job_id"], uri=f"sim://checkpoints/{row['job_id']}/attempt-{row['attempt']}/step-{step}",
+                step=step, checkpointed_at=utcnow_from(row["due_at"]), preemption_id=row["preemption_id"]))
+
+    async def _sample(self, tx: Tx, wall: float) -> None:
+        # The interval is in the services' (possibly accelerated) time, which metering integrates over.
+        interval = max(1.0, tx.now - self._last_sample_at) if self._last_sample_at is not None else 1.0
+        self._last_sample, self._last_sample_at = wall, tx.now
+        rows = await tx.conn.fetch("SELECT job_id, spec, nodes FROM executor.runs WHERE status = 'running'")
+        per_node: dict[str, list[GpuSample]] = {}
+        for row in sorted(rows, key=lambda r: r["job_id"]):
+            spec = JobSpec.model_validate_json(row["spec"])
+            util = mean_utilization(spec)
+            for node in row["nodes"]:
+                samples = per_node.setdefault(node, [])
+                for gpu in range(max(1, spec.total_gpus // max(1, len(row["nodes"])))):
+                    value = min(100.0, max(0.0, util + jitter(spec.job_id, gpu, tx.now)))
+                    samples.append(GpuSample(job_id=spec.job_id, gpu_index=len(samples), utilization_pct=value,
+                                             memory_used_mib=int(value * 600), power_w=round(80 + 6 * value, 1)))
+        for node in sorted(per_node):
+            await tx.emit(UtilizationSampled(node=node, gpu_model=self.nodes[node].gpu_model,
+                                             sampled_at=utcnow_from(tx.now), interval_s=interval,
+                                             samples=tuple(per_node[node])), subject_suffix=None)

@@ -1,0 +1,100 @@
+"""Event handlers: each turns one event into ledger writes (the runtime wraps it in a transaction with the
+inbox row). Handlers are idempotent on their own as well (see store.py), so replays and producer retries
+under new event ids are harmless too."""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+import asyncpg
+
+from services.metering import store
+from services.metering.core.segments import FactKind
+from shared.config import ConfigError, parse_queues
+from shared.events import (
+    CloudEvent,
+    JobCancelled,
+    JobCompleted,
+    JobFailed,
+    JobPlaced,
+    JobPreempted,
+    JobStarted,
+    NodeChanged,
+    NodeInventory,
+    QueueConfigChanged,
+    UtilizationSampled,
+)
+
+log = logging.getLogger("gpuq.metering")
+
+
+class TxLike(Protocol):
+    """What a handler needs of shared.service.Tx (tests pass a small stand-in)."""
+
+    conn: asyncpg.Connection
+    now: float
+
+
+async def on_placed(tx: TxLike, event: CloudEvent, p: JobPlaced) -> None:
+    await store.record_placed(tx.conn, p)
+
+
+async def on_started(tx: TxLike, event: CloudEvent, p: JobStarted) -> None:
+    await store.record_fact(tx.conn, p.job_id, FactKind.STARTED, p.started_at)
+
+
+async def on_completed(tx: TxLike, event: CloudEvent, p: JobCompleted) -> None:
+    await store.record_fact(tx.conn, p.job_id, FactKind.COMPLETED, p.finished_at,
+                            {"exit_reason": p.exit_reason.value})
+
+
+async def on_failed(tx: TxLike, event: CloudEvent, p: JobFailed) -> None:
+    await store.record_fact(tx.conn, p.job_id, FactKind.FAILED, p.finished_at, {"exit_reason": p.exit_reason.value})
+
+
+async def on_cancelled(tx: TxLike, event: CloudEvent, p: JobCancelled) -> None:
+    # cancelled_at is optional; the envelope's time is the producer's statement of when it happened.
+    await store.record_fact(tx.conn, p.job_id, FactKind.CANCELLED, p.cancelled_at or event.time, {"by": p.by})
+
+
+async def on_preempted(tx: TxLike, event: CloudEvent, p: JobPreempted) -> None:
+    await store.record_fact(tx.conn, p.job_id, FactKind.PREEMPTED, p.preempted_at, {
+        "lost_ms": round(p.lost_gpu_seconds * 1000), "reason": p.reason.value, "preemptor": p.preemptor})
+
+
+async def on_sampled(tx: TxLike, event: CloudEvent, p: UtilizationSampled) -> None:
+    await store.record_samples(tx.conn, [p])
+
+
+async def on_inventory(tx: TxLike, event: CloudEvent, p: NodeInventory) -> None:
+    await store.record_nodes(tx.conn, list(p.nodes), source=p.source)
+
+
+async def on_node_changed(tx: TxLike, event: CloudEvent, p: NodeChanged) -> None:
+    if p.change != "removed":  # a removed node's past allocations keep their model
+        await store.record_nodes(tx.conn, [p.node], source="changed")
+
+
+async def on_queue_config(tx: TxLike, event: CloudEvent, p: QueueConfigChanged) -> None:
+    try:
+        config = parse_queues(p.config, source=f"QueueConfigChanged {event.id}")
+    except ConfigError as exc:
+        # Admission rejects and reports an invalid document; metering keeps the prices it has.
+        log.warning("metering: ignoring the prices of an invalid queue configuration: %s", exc)
+        return
+    await store.set_rates(tx.conn, {m: f.cost_per_gpu_hour for m, f in config.gpu_flavors.items()}, event.time)
+
+
+HANDLERS = {
+    JobPlaced: on_placed,
+    JobStarted: on_started,
+    JobCompleted: on_completed,
+    JobFailed: on_failed,
+    JobCancelled: on_cancelled,
+    JobPreempted: on_preempted,
+    UtilizationSampled: on_sampled,
+    NodeInventory: on_inventory,
+    NodeChanged: on_node_changed,
+    QueueConfigChanged: on_queue_config,
+}

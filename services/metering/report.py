@@ -1,0 +1,241 @@
+"""`gpuq report`: usage and cost rollups from the metering ledger, and the FinOps FOCUS export."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import json
+import re
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from services.metering.core.focus import FOCUS_COLUMNS, focus_rows
+from services.metering.core.rollup import (
+    ALL_DIMENSIONS,
+    Granularity,
+    RollupRow,
+    Totals,
+    aligned_window,
+    build_cells,
+    grand_total,
+    rollup,
+)
+from services.metering.core.units import HOUR_MS, from_ms, mj_to_kwh, to_ms
+
+_RELATIVE = re.compile(r"^-?(\d+)\s*([smhdw])$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
+
+
+class OutputFormat(StrEnum):
+    TABLE = "table"
+    CSV = "csv"
+    JSON = "json"
+
+
+class Export(StrEnum):
+    FOCUS = "focus"
+
+
+class ReportError(Exception):
+    """A problem the user can fix (bad option, no database); printed without a traceback."""
+
+
+def parse_when(text: str, now: datetime) -> datetime:
+    """`now`, `today`, a duration ago (`7d`, `-12h`, `30m`, `2w`), or an ISO date/datetime (naive = UTC)."""
+    t = text.strip().lower()
+    if t == "now":
+        return now
+    if t == "today":
+        return now.replace(hour=0, minute=0, second=0, microsecond=0)
+    m = _RELATIVE.match(t)
+    if m:
+        return now - timedelta(seconds=int(m.group(1)) * _UNIT_S[m.group(2)])
+    try:
+        parsed = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise ReportError(f"cannot read the time {text!r}: use an ISO date or datetime (2025-01-31, "
+                          "2025-01-31T12:00Z), 'now', 'today', or a duration ago such as 7d, 12h, 30m") from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def parse_by(text: str) -> tuple[str, ...]:
+    """Dimensions to group by: job, team, queue, priority_class, kind, user, gpu_model, or a job label
+    (`feature`, `project`, or `label:KEY` for any other key), comma-separated."""
+    dims = tuple(d.strip() for d in text.split(",") if d.strip())
+    if not dims:
+        raise ReportError("--by needs at least one dimension")
+    for d in dims:
+        if not re.match(r"^(label:)?[A-Za-z0-9_.\-/]+$", d):
+            raise ReportError(f"--by {d!r} is not a dimension; use one of {', '.join(ALL_DIMENSIONS)}, "
+                              "a label name such as feature or project, or label:KEY")
+    return dims
+
+
+def _figures(t: Totals) -> dict[str, Any]:
+    util = t.used_gpu_ms / t.allocated_gpu_ms if t.allocated_gpu_ms else 0.0
+    return {
+        "jobs": len(t.jobs),
+        "allocated_gpu_hours": round(t.allocated_gpu_ms / HOUR_MS, 4),
+        "used_gpu_hours": round(t.used_gpu_ms / HOUR_MS, 4),
+        "idle_gpu_hours": round(t.idle_gpu_ms / HOUR_MS, 4),
+        "utilization": round(util, 4),
+        "lost_gpu_hours": round(t.lost_gpu_ms / HOUR_MS, 4),
+        "energy_kwh": round(mj_to_kwh(t.energy_mj), 4),
+        "cost": round(t.cost, 2),
+        "idle_cost": round(t.idle_cost, 2),
+    }
+
+
+def row_dicts(rows: list[RollupRow], by: tuple[str, ...], granularity: Granularity) -> list[dict[str, Any]]:
+    out = []
+    for r in rows:
+        d: dict[str, Any] = dict(zip(by, r.key, strict=True))
+        if granularity is not Granularity.TOTAL:
+            d["period_start"] = from_ms(r.period_start_ms).isoformat()
+        d.update(_figures(r.totals))
+        out.append(d)
+    return out
+
+
+def render(rows: list[RollupRow], *, by: tuple[str, ...], granularity: Granularity, fmt: OutputFormat,
+           since_ms: int, until_ms: int, rates: dict[str, float], console: Console) -> None:
+    dicts = row_dicts(rows, by, granularity)
+    total = _figures(grand_total(rows))
+    if fmt is OutputFormat.JSON:
+        doc = {"since": from_ms(since_ms).isoformat(), "until": from_ms(until_ms).isoformat(), "by": list(by),
+               "granularity": granularity.value, "rates": rates, "rows": dicts, "total": total}
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        return
+    if fmt is OutputFormat.CSV:
+        columns = [*by, *(["period_start"] if granularity is not Granularity.TOTAL else []), *total]
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(dicts)
+        sys.stdout.write(buf.getvalue())
+        return
+    table = Table(title=f"GPU usage and cost by {', '.join(by)}  "
+                        f"[{from_ms(since_ms):%Y-%m-%d %H:%M} → {from_ms(until_ms):%Y-%m-%d %H:%M} UTC]")
+    for d in by:
+        table.add_column(d)
+    if granularity is not Granularity.TOTAL:
+        table.add_column("period")
+    for name in ("jobs", "allocated GPU-h", "used GPU-h", "idle GPU-h", "util", "lost GPU-h", "energy kWh",
+                 "cost", "idle cost"):
+        table.add_column(name, justify="right")
+
+    def cells(f: dict[str, Any]) -> list[str]:
+        return [str(f["jobs"]), f"{f['allocated_gpu_hours']:,.2f}", f"{f['used_gpu_hours']:,.2f}",
+                f"{f['idle_gpu_hours']:,.2f}", f"{f['utilization']:.0%}", f"{f['lost_gpu_hours']:,.2f}",
+                f"{f['energy_kwh']:,.2f}", f"{f['cost']:,.2f}", f"{f['idle_cost']:,.2f}"]
+
+    for d in dicts:
+        period = [d["period_start"][:16].replace("T", " ")] if granularity is not Granularity.TOTAL else []
+        table.add_row(*[str(d[k]) for k in by], *period, *cells(d))
+    pad = [""] * (len(by) - 1 + (granularity is not Granularity.TOTAL))
+    table.add_section()
+    table.add_row("total", *pad, *cells(total), style="bold")
+    console.print(table)
+
+
+async def _load(database_url: str, since: str | None, until: str | None, queues: Path | None,
+                now: datetime) -> tuple[Any, dict[str, float], int, int]:
+    import asyncpg  # the shell only: keeps `gpuq --help` fast
+
+    from services.metering import store
+
+    try:
+        conn = await asyncpg.connect(database_url)
+    except (OSError, asyncpg.PostgresError) as exc:
+        raise ReportError(f"cannot connect to Postgres: {exc}") from None
+    try:
+        lo = parse_when(since, now) if since else None
+        hi = parse_when(until, now) if until else None
+        try:
+            ledger = await store.load_ledger(conn, lo, hi)
+            rates = await store.load_rates(conn)
+        except asyncpg.UndefinedTableError:
+            raise ReportError("this database holds no metering ledger (schema `metering` is missing): "
+                              "point DATABASE_URL at the database the gpuq services use") from None
+    finally:
+        await conn.close()
+    if queues is not None:
+        from shared.config import ConfigError, load_queues
+
+        try:
+            config = load_queues(queues)
+        except ConfigError as exc:
+            raise ReportError(str(exc)) from None
+        rates = {m: f.cost_per_gpu_hour for m, f in config.gpu_flavors.items()}
+    # Without bounds the report covers what the ledger holds: its first record up to its horizon
+    # (accelerated or replayed time may be far from the wall clock).
+    horizon = ledger.horizon_ms if ledger.horizon_ms is not None else to_ms(now)
+    starts = [a.placed_at_ms for a in ledger.allocations] + [u.hour_ms for u in ledger.usage]
+    since_ms = to_ms(lo) if lo else (min(starts) if starts else horizon)
+    until_ms = to_ms(hi) if hi else max(horizon, since_ms + 1)
+    cells = build_cells(ledger.allocations, ledger.usage, since_ms=since_ms, until_ms=until_ms,
+                        horizon_ms=min(horizon, until_ms))
+    return (cells, ledger.dims), rates, since_ms, until_ms
+
+
+def report(
+    by: str = typer.Option("team", "--by", help="Group by: team, queue, feature, project, gpu_model, "
+                           "priority_class, job, kind, user, or label:KEY; comma-separate several."),
+    since: str | None = typer.Option(None, "--since", help="Start: ISO date/time (UTC if no zone), 'today', "
+                                     "or a duration ago (7d, 12h). Default: the ledger's first record."),
+    until: str | None = typer.Option(None, "--until", help="End (same forms). Default: the ledger's latest "
+                                     "record. The window is widened to whole hours."),
+    granularity: Granularity = typer.Option(Granularity.TOTAL, "--granularity", "-g",
+                                            help="One row per group (total), or per hour or day."),
+    fmt: OutputFormat = typer.Option(OutputFormat.TABLE, "--format", "-f", help="table, csv or json."),
+    export: Export | None = typer.Option(None, "--export", help="Write a FinOps FOCUS CSV to --output "
+                                         "(one row per job, GPU model and day; --granularity hour for hourly)."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="File for --export."),
+    queues: Path | None = typer.Option(None, "--queues", help="Price GPUs with this queues.yaml's gpu_flavors "
+                                       "cost_per_gpu_hour instead of the prices stored by the service."),
+    database_url: str | None = typer.Option(None, "--database-url", envvar="DATABASE_URL",
+                                            help="Postgres holding the metering ledger (env DATABASE_URL)."),
+) -> None:
+    """GPU usage and cost: allocated, used, idle and lost GPU-hours, energy and cost, grouped by team,
+    queue, label, GPU model or priority class, from the metering ledger in Postgres."""
+    console = Console()
+    err = Console(stderr=True)
+    try:
+        if not database_url:
+            raise ReportError("gpuq report reads the metering ledger in Postgres: set DATABASE_URL (or pass "
+                              "--database-url) to the database the gpuq services write to")
+        dims_by = parse_by(by)
+        if export is not None and output is None:
+            raise ReportError("--export focus needs --output FILE.csv")
+        now = datetime.fromtimestamp(time.time(), tz=UTC)
+        (cells, dims), rates, since_ms, until_ms = asyncio.run(_load(database_url, since, until, queues, now))
+        if until_ms <= since_ms:
+            raise ReportError("--until must be later than --since")
+    except ReportError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    if export is Export.FOCUS:
+        assert output is not None
+        gran = Granularity.DAY if granularity is Granularity.TOTAL else granularity
+        rows = focus_rows(cells, dims, since_ms=since_ms, until_ms=until_ms, granularity=gran, rates=rates)
+        with output.open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(FOCUS_COLUMNS))
+            writer.writeheader()
+            writer.writerows(rows)
+        total = sum(float(r["BilledCost"]) for r in rows)
+        err.print(f"wrote {len(rows)} FOCUS rows ({total:,.2f} billed) to {output}")
+        return
+    rows = rollup(cells, dims, by=dims_by, granularity=granularity, since_ms=since_ms, until_ms=until_ms,
+                  rates=rates)
+    lo, hi = aligned_window(since_ms, until_ms)
+    render(rows, by=dims_by, granularity=granularity, fmt=fmt, since_ms=lo, until_ms=hi, rates=rates,
+           console=console)

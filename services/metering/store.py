@@ -1,0 +1,279 @@
+"""Metering's Postgres store (schema `metering`): idempotent ledger writes and the reads reports need.
+
+Idempotence does not rest on the runtime's inbox alone: facts are keyed by what they say
+(job, kind, instant) and samples by what they measure (node, GPU, instant), so the same fact or sample
+arriving again under a new event id — a producer retry, a replay — changes nothing either.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from services.metering.core.rollup import UNKNOWN, AllocationRow, JobDims, UsageRow, team_summary_table
+from services.metering.core.samples import sample_columns
+from services.metering.core.segments import Fact, FactKind, build_segments
+from services.metering.core.units import HOUR_MS, from_ms, model_hint, node_shares, to_ms
+from shared.db import apply_migrations
+from shared.domain import NodeSpec
+from shared.events import JobPlaced, UtilizationSampled
+
+SCHEMA = "metering"
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+
+Conn = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
+
+
+async def migrate(pool: asyncpg.Pool) -> list[str]:
+    return await apply_migrations(pool, SCHEMA, MIGRATIONS)
+
+
+# --------------------------------------------------------------------------- lifecycle facts
+
+
+async def _lock_job(conn: Conn, job_id: str) -> None:
+    # Serialise writers of one job (replicas, or a retried delivery racing the first) so a segment rebuild
+    # always sees every committed fact of the job.
+    await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", f"metering:{job_id}")
+
+
+async def record_placed(conn: Conn, p: JobPlaced) -> bool:
+    """Record a placement and the job's dimensions. Returns False when the fact was already known."""
+    spec = p.spec
+    await _lock_job(conn, spec.job_id)
+    await conn.execute(
+        """INSERT INTO metering.jobs AS j (job_id, team, queue, priority_class, kind, user_name, labels, spec_at)
+           VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8)
+           ON CONFLICT (job_id) DO UPDATE SET team = EXCLUDED.team, queue = EXCLUDED.queue,
+               priority_class = EXCLUDED.priority_class, kind = EXCLUDED.kind, user_name = EXCLUDED.user_name,
+               labels = EXCLUDED.labels, spec_at = EXCLUDED.spec_at
+           WHERE EXCLUDED.spec_at < j.spec_at""",
+        spec.job_id, spec.team, spec.queue, spec.priority_class, spec.kind.value, spec.user,
+        json.dumps(dict(sorted(spec.labels.items()))), p.placed_at)
+    detail = {"shares": [list(s) for s in node_shares(p.bindings, spec)], "model_hint": model_hint(spec)}
+    return await _add_fact(conn, spec.job_id, FactKind.PLACED, p.placed_at, detail, locked=True)
+
+
+async def record_fact(conn: Conn, job_id: str, kind: FactKind, at: datetime,
+                      detail: Mapping[str, Any] | None = None) -> bool:
+    """Record a start, end or preemption fact (`detail` of a preemption carries `lost_ms`)."""
+    return await _add_fact(conn, job_id, kind, at, dict(detail or {}), locked=False)
+
+
+async def _add_fact(conn: Conn, job_id: str, kind: FactKind, at: datetime, detail: dict[str, Any],
+                    *, locked: bool) -> bool:
+    if not locked:
+        await _lock_job(conn, job_id)
+    inserted = await conn.fetchval(
+        """INSERT INTO metering.job_facts (job_id, kind, at, detail) VALUES ($1, $2, $3, $4::jsonb)
+           ON CONFLICT DO NOTHING RETURNING true""",
+        job_id, kind.value, at, json.dumps(detail, sort_keys=True))
+    if not inserted:
+        return False
+    await rebuild_allocations(conn, job_id)
+    return True
+
+
+def _fact_from_row(row: asyncpg.Record) -> Fact:
+    detail = json.loads(row["detail"])
+    return Fact(
+        kind=FactKind(row["kind"]),
+        at_ms=to_ms(row["at"]),
+        shares=tuple((str(n), int(m)) for n, m in detail.get("shares", [])),
+        model_hint=detail.get("model_hint"),
+        lost_ms=int(detail.get("lost_ms", 0)),
+    )
+
+
+async def rebuild_allocations(conn: Conn, job_id: str) -> None:
+    """Recompute a job's allocation rows from all its facts (order-independent by construction)."""
+    rows = await conn.fetch("SELECT kind, at, detail FROM metering.job_facts WHERE job_id = $1", job_id)
+    parts = build_segments([_fact_from_row(r) for r in rows])
+    await conn.execute("DELETE FROM metering.allocations WHERE job_id = $1", job_id)
+    if not parts:
+        return
+    await conn.execute(
+        """INSERT INTO metering.allocations
+               (job_id, placed_at, node, milli_gpus, model_hint, started_at, ended_at, end_kind, lost_ms)
+           SELECT $1, * FROM unnest($2::timestamptz[], $3::text[], $4::int[], $5::text[], $6::timestamptz[],
+                                    $7::timestamptz[], $8::text[], $9::bigint[])""",
+        job_id,
+        [from_ms(p.placed_at_ms) for p in parts], [p.node for p in parts], [p.milli_gpus for p in parts],
+        [p.model_hint for p in parts],
+        [from_ms(p.started_at_ms) if p.started_at_ms is not None else None for p in parts],
+        [from_ms(p.ended_at_ms) if p.ended_at_ms is not None else None for p in parts],
+        [p.end_kind for p in parts], [p.lost_ms for p in parts])
+
+
+# --------------------------------------------------------------------------- samples
+
+_INSERT_SAMPLES = """
+WITH s AS (
+    SELECT * FROM unnest($1::text[], $2::int[], $3::timestamptz[], $4::text[], $5::int[], $6::real[],
+                         $7::int[], $8::real[], $9::real[], $10::bigint[], $11::bigint[])
+        AS t(node, gpu_index, sampled_at, job_id, interval_ms, utilization_pct, memory_used_mib, power_w,
+             temperature_c, used_gpu_ms, energy_mj)
+), ins AS (
+    INSERT INTO metering.gpu_samples SELECT * FROM s ON CONFLICT DO NOTHING
+    RETURNING job_id, node, sampled_at, interval_ms, used_gpu_ms, energy_mj
+), agg AS (
+    SELECT job_id, node, date_bin('1 hour', sampled_at, timestamptz '1970-01-01 00:00:00+00') AS hour,
+           count(*) AS samples, sum(interval_ms)::bigint AS sampled_gpu_ms, sum(used_gpu_ms)::bigint AS used,
+           sum(energy_mj)::bigint AS energy, max(sampled_at) AS last_at
+    FROM ins WHERE job_id IS NOT NULL GROUP BY 1, 2, 3
+), up AS (
+    -- Rows are upserted in key order so concurrent batches lock them in the same order (no deadlock).
+    INSERT INTO metering.usage_hourly AS u
+        (job_id, node, hour, samples, sampled_gpu_ms, used_gpu_ms, energy_mj, last_sample_at)
+    SELECT job_id, node, hour, samples, sampled_gpu_ms, used, energy, last_at FROM agg
+    ORDER BY job_id, node, hour
+    ON CONFLICT (job_id, node, hour) DO UPDATE SET
+        samples = u.samples + EXCLUDED.samples,
+        sampled_gpu_ms = u.sampled_gpu_ms + EXCLUDED.sampled_gpu_ms,
+        used_gpu_ms = u.used_gpu_ms + EXCLUDED.used_gpu_ms,
+        energy_mj = u.energy_mj + EXCLUDED.energy_mj,
+        last_sample_at = GREATEST(u.last_sample_at, EXCLUDED.last_sample_at)
+), nm AS (
+    INSERT INTO metering.nodes (node, gpu_model, source)
+    SELECT DISTINCT node, model, 'samples' FROM unnest($12::text[], $13::text[]) AS m(node, model)
+    ON CONFLICT DO NOTHING
+)
+SELECT count(*) FROM ins
+"""
+
+
+async def record_samples(conn: Conn, events: Sequence[UtilizationSampled]) -> int:
+    """Insert every GPU sample of `events` in one statement; returns how many were new.
+
+    Only newly inserted samples increment the hourly rollup (the CTE feeds on INSERT … RETURNING), so a
+    redelivered or replayed sample is counted exactly once, whatever the order of arrival."""
+    cols = sample_columns(events)
+    if not len(cols):
+        return 0
+    return int(await conn.fetchval(_INSERT_SAMPLES, *cols.arrays()))
+
+
+async def record_nodes(conn: Conn, nodes: Sequence[NodeSpec], source: str = "inventory") -> None:
+    """Node → GPU model from inventory: authoritative, so it overrides a model learnt from samples."""
+    ordered = sorted(nodes, key=lambda n: n.name)
+    if not ordered:
+        return
+    await conn.execute(
+        """INSERT INTO metering.nodes (node, gpu_model, source)
+           SELECT * FROM unnest($1::text[], $2::text[], $3::text[])
+           ON CONFLICT (node) DO UPDATE SET gpu_model = EXCLUDED.gpu_model, source = EXCLUDED.source""",
+        [n.name for n in ordered], [n.gpu_model for n in ordered], [source] * len(ordered))
+
+
+async def prune_samples(conn: Conn, older_than: datetime) -> int:
+    """Drop raw samples older than `older_than` (the hourly rollups stay). Keep at least the utilisation
+    stream's max age (2 days): a sample redelivered after its raw row is gone would be counted twice."""
+    status = await conn.execute("DELETE FROM metering.gpu_samples WHERE sampled_at < $1", older_than)
+    return int(status.split()[-1])
+
+
+# --------------------------------------------------------------------------- rates
+
+
+async def set_rates(conn: Conn, rates: Mapping[str, float], at: datetime) -> bool:
+    """Replace the price list (queues.yaml gpu_flavors) unless a newer one was already set."""
+    latest = await conn.fetchval("SELECT max(set_at) FROM metering.rates")
+    if latest is not None and latest > at:
+        return False
+    await conn.execute("DELETE FROM metering.rates")
+    models = sorted(rates)
+    await conn.execute(
+        "INSERT INTO metering.rates (gpu_model, cost_per_gpu_hour, set_at) "
+        "SELECT m, r, $3 FROM unnest($1::text[], $2::float8[]) AS t(m, r)",
+        models, [float(rates[m]) for m in models], at)
+    return True
+
+
+async def load_rates(conn: Conn) -> dict[str, float]:
+    rows = await conn.fetch("SELECT gpu_model, cost_per_gpu_hour FROM metering.rates ORDER BY gpu_model")
+    return {r["gpu_model"]: float(r["cost_per_gpu_hour"]) for r in rows}
+
+
+# --------------------------------------------------------------------------- reads
+
+
+@dataclass(frozen=True)
+class LedgerSlice:
+    allocations: list[AllocationRow]
+    usage: list[UsageRow]
+    dims: dict[str, JobDims]
+    horizon_ms: int | None  # latest instant the ledger has heard of (None = empty ledger)
+
+
+async def ledger_horizon(conn: Conn) -> int | None:
+    row = await conn.fetchrow(
+        """SELECT (SELECT max(at) FROM metering.job_facts) AS facts,
+                  (SELECT max(last_sample_at) FROM metering.usage_hourly
+                    WHERE hour = (SELECT max(hour) FROM metering.usage_hourly)) AS samples""")
+    known = [to_ms(t) for t in (row["facts"], row["samples"]) if t is not None]
+    return max(known) if known else None
+
+
+async def load_ledger(conn: Conn, since: datetime | None = None, until: datetime | None = None) -> LedgerSlice:
+    """Allocations overlapping [since, until), hourly usage inside it, and the dimensions of their jobs."""
+    lo = since or datetime.fromisoformat("1970-01-01T00:00:00+00:00")
+    hi = until or datetime.fromisoformat("9999-01-01T00:00:00+00:00")
+    arows = await conn.fetch(
+        """SELECT a.job_id, COALESCE(n.gpu_model, a.model_hint, $3) AS gpu_model, a.milli_gpus, a.placed_at,
+                  a.ended_at, a.lost_ms
+           FROM metering.allocations a LEFT JOIN metering.nodes n ON n.node = a.node
+           WHERE a.placed_at < $2 AND (a.ended_at IS NULL OR a.ended_at >= $1)
+           ORDER BY a.job_id, a.placed_at, a.node""", lo, hi, UNKNOWN)
+    urows = await conn.fetch(
+        """SELECT u.job_id, COALESCE(n.gpu_model, h.model_hint, $3) AS gpu_model, u.hour,
+                  sum(u.used_gpu_ms)::bigint AS used, sum(u.sampled_gpu_ms)::bigint AS sampled,
+                  sum(u.energy_mj)::bigint AS energy, sum(u.samples)::bigint AS samples
+           FROM metering.usage_hourly u
+           LEFT JOIN metering.nodes n ON n.node = u.node
+           LEFT JOIN LATERAL (SELECT a.model_hint FROM metering.allocations a
+                              WHERE a.job_id = u.job_id AND a.model_hint IS NOT NULL LIMIT 1) h ON true
+           WHERE u.hour >= date_bin('1 hour', $1, timestamptz '1970-01-01 00:00:00+00') AND u.hour < $2
+           GROUP BY 1, 2, 3 ORDER BY 1, 2, 3""", lo, hi, UNKNOWN)
+    allocations = [AllocationRow(r["job_id"], r["gpu_model"], r["milli_gpus"], to_ms(r["placed_at"]),
+                                 to_ms(r["ended_at"]) if r["ended_at"] is not None else None, r["lost_ms"])
+                   for r in arows]
+    usage = [UsageRow(r["job_id"], r["gpu_model"], to_ms(r["hour"]), r["used"], r["sampled"], r["energy"],
+                      r["samples"]) for r in urows]
+    job_ids = sorted({a.job_id for a in allocations} | {u.job_id for u in usage})
+    drows = await conn.fetch(
+        "SELECT job_id, team, queue, priority_class, kind, user_name, labels FROM metering.jobs "
+        "WHERE job_id = ANY($1::text[])", job_ids)
+    dims = {r["job_id"]: JobDims(r["job_id"], r["team"], r["queue"], r["priority_class"], r["kind"],
+                                 r["user_name"] or "(none)", tuple(sorted(json.loads(r["labels"]).items())))
+            for r in drows}
+    return LedgerSlice(allocations, usage, dims, await ledger_horizon(conn))
+
+
+async def team_summary(conn_or_pool: Conn | asyncpg.Pool, *, rates: Mapping[str, float] | None = None,
+                       horizon_ms: int | None = None) -> list[dict[str, Any]]:
+    """Per team: jobs, allocated / used / idle / lost GPU-hours and cost over the whole ledger.
+
+    Rates default to the stored price list; allocations still open count until the ledger's horizon
+    (the latest fact or sample it holds), so accelerated or replayed time gives the same table."""
+    if isinstance(conn_or_pool, asyncpg.Pool):
+        async with conn_or_pool.acquire() as conn:
+            return await team_summary(conn, rates=rates, horizon_ms=horizon_ms)
+    conn = conn_or_pool
+    ledger = await load_ledger(conn)
+    if rates is None:
+        rates = await load_rates(conn)
+    horizon = horizon_ms if horizon_ms is not None else (ledger.horizon_ms or 0)
+    return team_summary_table(ledger.allocations, ledger.usage, ledger.dims, horizon_ms=horizon, rates=rates)
+
+
+__all__ = [
+    "HOUR_MS", "MIGRATIONS", "SCHEMA", "LedgerSlice", "load_ledger", "load_rates", "migrate", "prune_samples",
+    "rebuild_allocations", "record_fact", "record_nodes", "record_placed", "record_samples", "set_rates",
+    "team_summary",
+]

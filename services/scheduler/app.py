@@ -1,0 +1,192 @@
+"""The scheduler service: owns the cluster's allocation state and runs the pure placement core.
+
+Each handled event (inventory, admission, end of a job) updates the snapshot and runs one scheduling
+cycle in the same transaction: placements are written and JobPlaced events emitted together, after a
+fencing check that this instance still holds the leader term. A single active instance is guaranteed by
+the leader lease; a standby takes over when the leader's lease connection goes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from services.scheduler.core import ClusterState, PendingJob, RunningJob, schedule_cycle
+from shared.domain import GpuBinding, JobSpec, NodeHealth, NodeSpec
+from shared.events import (
+    CloudEvent,
+    JobAdmitted,
+    JobCancelled,
+    JobCompleted,
+    JobFailed,
+    JobPending,
+    JobPlaced,
+    JobPreempted,
+    JobRequeued,
+    JobStarted,
+    NodeChanged,
+    NodeInventory,
+    utcnow_from,
+)
+from shared.service import ServiceRuntime, ServiceSpec, Tx
+
+log = logging.getLogger("gpuq.scheduler")
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+class SchedulerService:
+    def __init__(self, *, backfill: bool = True, strategy: str = "binpack"):
+        self.backfill = backfill
+        self.strategy = strategy
+        self.cluster = ClusterState.from_nodes([], strategy=strategy)
+        self.runtime: ServiceRuntime | None = None
+        self._dirty = False
+        self._published: dict[str, tuple[str, str]] = {}
+
+    def spec(self) -> ServiceSpec:
+        return ServiceSpec(
+            name="scheduler", schema="scheduler", migrations=MIGRATIONS, singleton=True,
+            handlers={NodeInventory: self.on_inventory, NodeChanged: self.on_node_changed,
+                      JobAdmitted: self.on_admitted, JobStarted: self.on_started, JobCompleted: self.on_finished,
+                      JobFailed: self.on_finished, JobCancelled: self.on_finished, JobPreempted: self.on_finished,
+                      JobRequeued: self.on_requeued},
+            on_start=self.load,
+        )
+
+    # ------------------------------------------------------------------ state
+
+    async def load(self, runtime: ServiceRuntime) -> None:
+        self.runtime = runtime
+        async with runtime.pool.acquire() as conn:
+            await self._rebuild(conn)
+
+    async def _rebuild(self, conn) -> None:  # type: ignore[no-untyped-def]
+        nodes = [NodeSpec.model_validate_json(r["spec"]) for r in
+                 await conn.fetch("SELECT spec FROM scheduler.nodes WHERE NOT removed ORDER BY name")]
+        cluster = ClusterState.from_nodes(nodes, strategy=self.strategy)
+        for r in await conn.fetch("SELECT spec, bindings FROM scheduler.jobs WHERE status = 'placed' "
+                                  "ORDER BY placed_at, job_id"):
+            spec = JobSpec.model_validate_json(r["spec"])
+            bindings = [GpuBinding.model_validate(b) for b in json.loads(r["bindings"])]
+            try:
+                cluster.commit(cluster.make_placement(spec, bindings))
+            except Exception as exc:  # a node vanished while we were down: the executor reports the job's fate
+                log.warning("could not restore placement of %s: %s", spec.job_id, exc)
+        self.cluster = cluster
+        self._published.clear()
+        self._dirty = False
+
+    async def _guarded(self, tx: Tx, body) -> None:  # type: ignore[no-untyped-def]
+        if self._dirty:
+            await self._rebuild(tx.conn)
+        self._dirty = True
+        await body()
+        await self.cycle(tx)
+        self._dirty = False
+
+    # ------------------------------------------------------------------ handlers
+
+    async def on_inventory(self, tx: Tx, event: CloudEvent, payload: NodeInventory) -> None:
+        async def body() -> None:
+            for node in sorted(payload.nodes, key=lambda n: n.name):
+                await self._upsert_node(tx, node)
+
+        await self._guarded(tx, body)
+
+    async def on_node_changed(self, tx: Tx, event: CloudEvent, payload: NodeChanged) -> None:
+        async def body() -> None:
+            if payload.change == "removed":
+                await self._upsert_node(tx, payload.node.model_copy(update={"health": NodeHealth.FAILED}),
+                                        removed=True)
+            else:
+                await self._upsert_node(tx, payload.node)
+
+        await self._guarded(tx, body)
+
+    async def _upsert_node(self, tx: Tx, node: NodeSpec, removed: bool = False) -> None:
+        self.cluster.upsert_node(node)
+        await tx.conn.execute(
+            "INSERT INTO scheduler.nodes(name, spec, removed, updated_at) VALUES ($1, $2, $3, $4) "
+            "ON CONFLICT (name) DO UPDATE SET spec = excluded.spec, removed = excluded.removed, "
+            "updated_at = excluded.updated_at", node.name, node.model_dump_json(), removed, tx.now)
+
+    async def on_admitted(self, tx: Tx, event: CloudEvent, payload: JobAdmitted) -> None:
+        async def body() -> None:
+            await tx.conn.execute(
+                """INSERT INTO scheduler.jobs(job_id, spec, flavors, status, admitted_at)
+                   VALUES ($1, $2, $3, 'waiting', $4)
+                   ON CONFLICT (job_id) DO UPDATE SET spec = excluded.spec, flavors = excluded.flavors,
+                     status = 'waiting', admitted_at = excluded.admitted_at, bindings = NULL, placed_at = NULL
+                   WHERE scheduler.jobs.status <> 'placed'""",
+                payload.job_id, payload.spec.model_dump_json(), json.dumps(payload.flavors),
+                payload.admitted_at.timestamp())
+
+        await self._guarded(tx, body)
+
+    async def on_requeued(self, tx: Tx, event: CloudEvent, payload: JobRequeued) -> None:
+        # Remember where a preempted job resumes from; it is placed again once admission re-admits it.
+        await tx.conn.execute("UPDATE scheduler.jobs SET resume_from = $2 WHERE job_id = $1",
+                              payload.job_id, payload.resume_from)
+
+    async def on_started(self, tx: Tx, event: CloudEvent, payload: JobStarted) -> None:
+        # Expected end from the real start and the user's limit (never the true duration).
+        await tx.conn.execute(
+            "UPDATE scheduler.jobs SET expected_end = $2 + (spec->>'max_runtime_s')::double precision "
+            "WHERE job_id = $1 AND status = 'placed'", payload.job_id, payload.started_at.timestamp())
+
+    async def on_finished(self, tx: Tx, event: CloudEvent,
+                          payload: JobCompleted | JobFailed | JobCancelled | JobPreempted) -> None:
+        async def body() -> None:
+            self.cluster.release(payload.job_id)
+            self._published.pop(payload.job_id, None)
+            await tx.conn.execute("UPDATE scheduler.jobs SET status = 'finished' WHERE job_id = $1",
+                                  payload.job_id)
+
+        await self._guarded(tx, body)
+
+    # ------------------------------------------------------------------ the cycle
+
+    async def cycle(self, tx: Tx) -> None:
+        waiting = await tx.conn.fetch(
+            "SELECT job_id, spec, flavors, resume_from FROM scheduler.jobs WHERE status = 'waiting' "
+            "ORDER BY admitted_at, job_id")
+        if not waiting:
+            return
+        pending = [PendingJob(spec=JobSpec.model_validate_json(r["spec"]),
+                              allowed_models=tuple(sorted(set(json.loads(r["flavors"]).values()))))
+                   for r in waiting]
+        resume = {r["job_id"]: r["resume_from"] for r in waiting}
+        running = [RunningJob(job_id=r["job_id"], expected_end=r["expected_end"])
+                   for r in await tx.conn.fetch(
+                       "SELECT job_id, coalesce(expected_end, placed_at + (spec->>'max_runtime_s')::double precision)"
+                       " AS expected_end FROM scheduler.jobs WHERE status = 'placed' ORDER BY job_id")]
+        result = schedule_cycle(self.cluster, pending, running, tx.now, backfill=self.backfill)
+        if result.placed and self.runtime is not None and self.runtime.lease is not None:
+            await self.runtime.lease.check_fence(tx.conn)
+        term = self.runtime.lease.term if self.runtime is not None and self.runtime.lease is not None else None
+        specs = {p.spec.job_id: p.spec for p in pending}
+        for placement in result.placed:
+            spec = specs[placement.job_id]
+            await tx.conn.execute(
+                "UPDATE scheduler.jobs SET status = 'placed', placed_at = $2, bindings = $3, racks_spanned = $4, "
+                "blocks_spanned = $5, fencing_token = $6, reason = NULL, message = NULL, planned_start = NULL, "
+                "expected_end = $2::double precision + $7::double precision WHERE job_id = $1",
+                placement.job_id, tx.now, json.dumps([b.model_dump(mode="json") for b in placement.bindings]),
+                placement.racks_spanned, placement.blocks_spanned, term, float(spec.max_runtime_s))
+            self._published.pop(placement.job_id, None)
+            await tx.emit(JobPlaced(job_id=placement.job_id, spec=spec, bindings=placement.bindings,
+                                    racks_spanned=placement.racks_spanned, blocks_spanned=placement.blocks_spanned,
+                                    placed_at=utcnow_from(tx.now), fencing_token=term,
+                                    resume_from=resume.get(placement.job_id)))
+        for u in result.unplaceable:
+            planned = result.reservations.get(u.job_id)
+            await tx.conn.execute(
+                "UPDATE scheduler.jobs SET reason = $2, message = $3, planned_start = $4 WHERE job_id = $1",
+                u.job_id, u.reason, u.message, planned)
+            if self._published.get(u.job_id) == (u.reason, u.message):
+                continue
+            self._published[u.job_id] = (u.reason, u.message)
+            await tx.emit(JobPending(job_id=u.job_id, queue=specs[u.job_id].queue, stage="placement",
+                                     reason=u.reason, message=u.message,
+                                     eta=utcnow_from(planned) if planned is not None else None))

@@ -1,0 +1,153 @@
+"""Why a gang cannot be placed: a machine reason and a human message that names the numbers.
+
+Only runs on the failure path, checking from the most fundamental cause to the most circumstantial:
+model/profile exists -> taints tolerated -> nodes ready -> enough free units -> pod shapes fit on nodes
+-> CPU/memory -> topology -> fragmentation. The first failing check is the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from shared.domain import JobSpec, TopologyLevel
+
+from .placer import Exclusion, PodReq, Stage, _Job, domain_free
+from .state import ClusterState, _Class
+from .types import Reason, Unplaceable
+
+
+def _models(models: tuple[str, ...]) -> str:
+    return "/".join(models) if models else "any model"
+
+
+def _what(req: PodReq) -> str:
+    if req.mig:
+        return f"{req.need}×{req.mig} MIG slices ({_models(req.models)})"
+    if req.gpus:
+        return f"{req.need}×{_models(req.models)}" if req.models else f"{req.need} GPUs"
+    return f"{req.count} CPU-only pod(s)"
+
+
+def _inventory(state: ClusterState) -> str:
+    by_model: dict[str, int] = {}
+    for c in state._classes.values():
+        by_model[c.model] = by_model.get(c.model, 0) + sum(
+            state._nodes[n].gpus for n in _class_nodes(state, c))
+    return ", ".join(f"{m} ({g} GPUs)" for m, g in sorted(by_model.items())) or "no nodes"
+
+
+def _class_nodes(state: ClusterState, c: _Class) -> list[str]:
+    out: list[str] = []
+    for names in state._dom_nodes.get((c.key, TopologyLevel.RACK), {}).values():
+        out.extend(names)
+    return out
+
+
+def _taint(t: object) -> str:
+    key, value, effect = t.key, t.value, t.effect.value  # type: ignore[attr-defined]
+    return f"{key}={value}:{effect}" if value else f"{key}:{effect}"
+
+
+def _check_pod_set(state: ClusterState, spec: JobSpec, req: PodReq, elig: tuple[tuple[int, tuple[object, ...]], ...],
+                   exclude: Mapping[str, Exclusion] | None) -> Unplaceable | None:
+    jid = spec.job_id
+    classes = sorted(state._classes.values(), key=lambda c: repr(c.key))
+    of_model = [c for c in classes if not req.models or c.model in req.models]
+    if req.mig:
+        shaped = [c for c in of_model if c.mig == req.mig]
+        if not shaped:
+            profiles = sorted({c.mig for c in classes if c.mig})
+            have = f"partitioned nodes offer {', '.join(profiles)}" if profiles else "no node is MIG-partitioned"
+            return Unplaceable(jid, Reason.NO_MIG_SLICES,
+                               f"pod set {req.pod_set} needs {req.mig} MIG slices on {_models(req.models)}; {have}")
+    elif req.gpus:
+        shaped = [c for c in of_model if c.mig is None]
+        if not shaped:
+            if of_model:
+                return Unplaceable(jid, Reason.NO_GPU_MODEL,
+                                   f"pod set {req.pod_set} needs whole {_models(req.models)} GPUs but every such "
+                                   "node is MIG-partitioned")
+            return Unplaceable(jid, Reason.NO_GPU_MODEL,
+                               f"pod set {req.pod_set} needs {_models(req.models)}; the cluster has "
+                               f"{_inventory(state)}")
+    else:
+        shaped = of_model
+        if not shaped:
+            return Unplaceable(jid, Reason.NO_GPU_MODEL,
+                               f"pod set {req.pod_set} is restricted to {_models(req.models)} nodes; the cluster "
+                               f"has {_inventory(state)}")
+    keys = {k for _, k in elig}
+    tolerated = [c for c in shaped if c.key in keys]
+    if not tolerated:
+        taints = sorted({_taint(t) for c in shaped for t in c.hard
+                         if not any(tol.tolerates(t) for tol in spec.tolerations)})
+        return Unplaceable(jid, Reason.UNTOLERATED,
+                           f"every node with {_models(req.models)} carries a taint the job does not tolerate "
+                           f"({', '.join(taints)})")
+    if sum(c.ready_nodes for c in tolerated) == 0:
+        total = sum(c.total_nodes for c in tolerated)
+        return Unplaceable(jid, Reason.NO_READY_NODES,
+                           f"all {total} node(s) with {_models(req.models)} usable by the job are cordoned or failed")
+    free = sum(c.free for c in tolerated)
+    cap = sum(c.cap for c in tolerated)
+    if req.unit and free < req.need:
+        reason = Reason.NO_MIG_SLICES if req.mig else Reason.INSUFFICIENT_GPUS
+        return Unplaceable(jid, reason, f"needs {_what(req)}; {free} free of {cap}")
+    if req.gpus > 1:
+        pods = sum(len(ranks) * (b // req.gpus) for c in tolerated for b, ranks in c.buckets.items())
+        if pods < req.count:
+            largest = max((b for c in tolerated for b in c.buckets), default=0)
+            return Unplaceable(jid, Reason.INSUFFICIENT_GPUS,
+                               f"needs {req.count} pod(s) × {req.gpus} {_models(req.models)} GPUs, each pod on "
+                               f"one node; free GPUs ({free}) allow only {pods} such pod(s), largest free on a "
+                               f"node is {largest}")
+    # CPU and memory (and exclusions): count the pods that really fit, node by node.
+    stage = Stage(state, exclude)
+    fit = 0
+    for c in tolerated:
+        for b, ranks in c.buckets.items():
+            if b < req.unit:
+                continue
+            for r in ranks:
+                fit += stage.fits(state._order[r], req)
+                if fit >= req.count:
+                    return None
+    if exclude:
+        return None  # the reserved capacity is the obstacle: the caller names the reservation
+    return Unplaceable(jid, Reason.INSUFFICIENT_CPU_MEMORY,
+                       f"needs {req.count} pod(s) of {req.cpu}m CPU and {req.mem} MiB memory with "
+                       f"{_what(req)}; the nodes with free GPUs have CPU/memory for only {fit} pod(s)")
+
+
+def diagnose(state: ClusterState, spec: JobSpec, job: _Job, exclude: Mapping[str, Exclusion] | None
+             ) -> Unplaceable:
+    jid = spec.job_id
+    for req, elig in zip(job.reqs, job.eligs, strict=True):
+        found = _check_pod_set(state, spec, req, elig, exclude)
+        if found is not None:
+            return found
+    models = tuple(sorted({m for r in job.reqs for m in r.models}))
+    units = "slices" if all(r.mig for r in job.reqs) else "GPUs"
+    if units != "GPUs":
+        what = f"{job.need} MIG slices"
+    else:
+        what = f"{job.need}×{_models(models)}" if models else f"{job.need} GPUs"
+    free_total = sum(state._classes[k].free for k in job.union)
+    if free_total < job.need:
+        return Unplaceable(jid, Reason.INSUFFICIENT_GPUS,
+                           f"needs {what} in all; {free_total} free on the nodes the job may use")
+    level = spec.topology.required_level
+    if level is not None:
+        if level is TopologyLevel.NODE:
+            best = max((b for k in job.union for b in state._classes[k].buckets), default=0)
+        else:
+            best = max(domain_free(state, job.union, level).values(), default=0)
+        if best < job.need:
+            return Unplaceable(jid, Reason.TOPOLOGY_UNSATISFIABLE,
+                               f"needs {what} in one {level.value}; largest free {level.value} has {best}")
+        return Unplaceable(jid, Reason.TOPOLOGY_UNSATISFIABLE,
+                           f"needs {what} in one {level.value}; the {level.value}s with {job.need}+ free "
+                           f"{units} cannot host the pods (per-node GPU, CPU or memory shapes)")
+    return Unplaceable(jid, Reason.INSUFFICIENT_GPUS,
+                       f"needs {what} for {job.pods} pods at once; {free_total} {units} are free but "
+                       "fragmented across nodes that cannot host the pods together")

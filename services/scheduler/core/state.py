@@ -1,0 +1,519 @@
+"""The cluster snapshot the placement core decides on: nodes, their free GPUs/slices/CPU/memory, and indexes.
+
+Indexes (so that a decision does not scan every node):
+- nodes are grouped into *classes* (same GPU model, MIG profile and taints: the nodes a pod either can or
+  cannot use as a whole); every class keeps `buckets[free_units] -> sorted node ranks` of its READY nodes,
+  so best fit for a pod of g GPUs is "the first rank of the first non-empty bucket >= g";
+- every class keeps free units per rack and per block (for topology best fit) and its total free units.
+
+A *unit* is a whole GPU on a plain node and a MIG slice on a partitioned node.
+
+Node *rank* orders nodes by (block, rack, name) with numbers compared as numbers: the deterministic
+tie-break. Because nodes of a rack are adjacent in that order, equal-score choices fill racks one after
+another, which keeps the remaining racks whole (rack-level binpack for free).
+
+Copies are copy-on-write: `copy()` copies the name -> node and key -> class maps and gives both states a
+new generation token; a node or class shared with another state is cloned before its first mutation.
+"""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_left, insort
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from shared.domain import GpuBinding, JobSpec, NodeHealth, NodeSpec, TaintEffect, TopologyLevel
+
+from .types import Placement, PlacementConflict, Unplaceable
+
+if TYPE_CHECKING:
+    pass
+
+STRATEGIES = ("binpack", "spread")
+_HARD_EFFECTS = (TaintEffect.NO_SCHEDULE, TaintEffect.NO_EXECUTE)
+_DIGITS = re.compile(r"(\d+)")
+
+
+def natural_key(text: str) -> tuple[object, ...]:
+    """'node-10' sorts after 'node-9' (split on digit runs; str and int parts alternate, so they compare)."""
+    return tuple(int(part) if i % 2 else part for i, part in enumerate(_DIGITS.split(text)))
+
+
+class CallableInt(int):
+    """An int that can also be called: `state.free_gpus` and `state.free_gpus()` both work, so callers
+    written against either spelling of the helper agree."""
+
+    def __call__(self) -> int:
+        return int(self)
+
+
+class _Node:
+    __slots__ = ("block", "cls", "cpu", "free_mask", "gpus", "jobs", "mem", "name", "owner", "rack", "rank",
+                 "ready", "slice_free", "slices_per_gpu", "spec", "units")
+
+    spec: NodeSpec
+    name: str
+    rank: int
+    rack: str
+    block: str
+    cls: tuple[object, ...]
+    ready: bool
+    gpus: int
+    slices_per_gpu: int  # 0 on a plain node
+    free_mask: int  # bit i set = whole GPU i free (plain nodes only)
+    slice_free: list[int] | None  # per GPU, bit s set = slice s free (MIG nodes only)
+    units: int  # free whole GPUs, or free slices on a MIG node
+    cpu: int
+    mem: int
+    jobs: set[str]
+    owner: object
+
+    @classmethod
+    def fresh(cls, spec: NodeSpec, owner: object) -> _Node:
+        n = cls()
+        n.spec = spec
+        n.name = spec.name
+        n.rank = 0
+        n.rack = spec.rack
+        n.block = spec.block
+        n.cls = class_key(spec)
+        n.ready = spec.health is NodeHealth.READY
+        n.gpus = spec.gpus
+        if spec.mig is not None:
+            n.slices_per_gpu = spec.mig.slices_per_gpu
+            n.free_mask = 0
+            n.slice_free = [(1 << spec.mig.slices_per_gpu) - 1] * spec.gpus
+            n.units = spec.gpus * spec.mig.slices_per_gpu
+        else:
+            n.slices_per_gpu = 0
+            n.free_mask = (1 << spec.gpus) - 1
+            n.slice_free = None
+            n.units = spec.gpus
+        n.cpu = spec.cpu_milli
+        n.mem = spec.memory_mib
+        n.jobs = set()
+        n.owner = owner
+        return n
+
+    def clone(self, owner: object) -> _Node:
+        n = _Node()
+        for attr in _Node.__slots__:
+            setattr(n, attr, getattr(self, attr))
+        n.slice_free = list(self.slice_free) if self.slice_free is not None else None
+        n.jobs = set(self.jobs)
+        n.owner = owner
+        return n
+
+    @property
+    def cap_units(self) -> int:
+        return self.gpus * self.slices_per_gpu if self.slices_per_gpu else self.gpus
+
+    def domain(self, level: TopologyLevel) -> str:
+        if level is TopologyLevel.NODE:
+            return self.name
+        return self.rack if level is TopologyLevel.RACK else self.block
+
+
+def class_key(spec: NodeSpec) -> tuple[object, ...]:
+    taints = tuple(sorted((t.key, t.value, t.effect.value) for t in spec.taints))
+    return (spec.gpu_model, spec.mig.profile if spec.mig else "", taints)
+
+
+class _Class:
+    """Nodes interchangeable for eligibility: same model, MIG profile and taints. Aggregates count READY nodes."""
+
+    __slots__ = ("buckets", "cap", "dom_free", "free", "hard", "key", "max_units", "mig", "model", "owner",
+                 "ready_nodes", "soft", "total_nodes")
+
+    def __init__(self, key: tuple[object, ...], spec: NodeSpec, owner: object):
+        self.key = key
+        self.model = spec.gpu_model
+        self.mig = spec.mig.profile if spec.mig else None
+        self.hard = tuple(t for t in spec.taints if t.effect in _HARD_EFFECTS)
+        self.soft = tuple(t for t in spec.taints if t.effect is TaintEffect.PREFER_NO_SCHEDULE)
+        self.buckets: dict[int, list[int]] = {}
+        self.free = 0
+        self.cap = 0
+        self.max_units = 0
+        self.ready_nodes = 0
+        self.total_nodes = 0
+        self.dom_free: dict[TopologyLevel, dict[str, int]] = {TopologyLevel.RACK: {}, TopologyLevel.BLOCK: {}}
+        self.owner = owner
+
+    def clone(self, owner: object) -> _Class:
+        c = _Class.__new__(_Class)
+        for attr in _Class.__slots__:
+            setattr(c, attr, getattr(self, attr))
+        c.buckets = {k: list(v) for k, v in self.buckets.items()}
+        c.dom_free = {lvl: dict(d) for lvl, d in self.dom_free.items()}
+        c.owner = owner
+        return c
+
+
+class ClusterState:
+    """A mutable snapshot of the cluster's nodes and the placements committed on them."""
+
+    def __init__(self, strategy: str = "binpack") -> None:
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+        self.strategy = strategy
+        self._gen: object = object()
+        self._nodes: dict[str, _Node] = {}
+        self._classes: dict[tuple[object, ...], _Class] = {}
+        self._alloc: dict[str, Placement] = {}
+        self._order: list[str] = []  # rank -> node name
+        self._dom_nodes: dict[tuple[tuple[object, ...], TopologyLevel], dict[str, list[str]]] = {}
+        self._dom_rank: dict[TopologyLevel, dict[str, int]] = {}
+        self._ds_index: dict[str, tuple[str, ...]] = {}
+        self._elig_cache: dict[object, tuple[tuple[int, tuple[object, ...]], ...]] = {}
+        self._dirty = True
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_nodes(cls, nodes: Iterable[NodeSpec], *, strategy: str = "binpack") -> ClusterState:
+        state = cls(strategy)
+        for spec in nodes:
+            if spec.name in state._nodes:
+                raise ValueError(f"duplicate node name {spec.name!r}")
+            state._nodes[spec.name] = _Node.fresh(spec, state._gen)
+        state._rebuild()
+        return state
+
+    def upsert_node(self, node: NodeSpec) -> None:
+        """Add a node, or update it (labels, health, taints, datasets, even capacity) keeping its allocations.
+
+        Allocations whose GPUs no longer exist on the new spec are kept in `allocations()` but not re-applied.
+        The indexes are rebuilt lazily on the next decision, so a burst of updates costs one rebuild.
+        """
+        old = self._nodes.get(node.name)
+        if old is not None and old.spec == node:
+            return
+        fresh = _Node.fresh(node, self._gen)
+        if old is not None:
+            for job_id in sorted(old.jobs):
+                placement = self._alloc.get(job_id)
+                if placement is not None:
+                    self._reapply(fresh, placement)
+        self._nodes[node.name] = fresh
+        self._dirty = True
+
+    def _reapply(self, node: _Node, placement: Placement) -> None:
+        for i, b in enumerate(placement.bindings):
+            if b.node != node.name:
+                continue
+            cpu, mem = placement.requests[i] if placement.requests else (0, 0)
+            if node.slice_free is not None and b.mig_slice is not None:
+                g, s = b.mig_slice
+                if g < node.gpus and s < node.slices_per_gpu and node.slice_free[g] >> s & 1:
+                    node.slice_free[g] &= ~(1 << s)
+                    node.units -= 1
+            elif node.slice_free is None:
+                for g in b.gpu_indices:
+                    if g < node.gpus and node.free_mask >> g & 1:
+                        node.free_mask &= ~(1 << g)
+                        node.units -= 1
+            node.cpu -= cpu
+            node.mem -= mem
+            node.jobs.add(placement.job_id)
+
+    def _rebuild(self) -> None:
+        """Recompute ranks and every index from the nodes' current free state."""
+        ordered = sorted(self._nodes.values(),
+                         key=lambda n: (natural_key(n.block), natural_key(n.rack), natural_key(n.name)))
+        self._order = [n.name for n in ordered]
+        classes: dict[tuple[object, ...], _Class] = {}
+        dom_nodes: dict[tuple[tuple[object, ...], TopologyLevel], dict[str, list[str]]] = {}
+        ds: dict[str, list[str]] = {}
+        for rank, n in enumerate(ordered):
+            if n.owner is not self._gen:
+                n = n.clone(self._gen)
+                self._nodes[n.name] = n
+            n.rank = rank
+            c = classes.get(n.cls)
+            if c is None:
+                c = classes[n.cls] = _Class(n.cls, n.spec, self._gen)
+            c.total_nodes += 1
+            c.max_units = max(c.max_units, n.cap_units)
+            for lvl in (TopologyLevel.RACK, TopologyLevel.BLOCK):
+                dom_nodes.setdefault((n.cls, lvl), {}).setdefault(n.domain(lvl), []).append(n.name)
+                c.dom_free[lvl].setdefault(n.domain(lvl), 0)
+            for d in n.spec.datasets:
+                ds.setdefault(d, []).append(n.name)
+            if not n.ready:
+                continue
+            c.ready_nodes += 1
+            c.cap += n.cap_units
+            c.free += n.units
+            c.buckets.setdefault(n.units, []).append(rank)  # ranks ascend: lists stay sorted
+            c.dom_free[TopologyLevel.RACK][n.rack] += n.units
+            c.dom_free[TopologyLevel.BLOCK][n.block] += n.units
+        self._classes = classes
+        self._dom_nodes = dom_nodes
+        self._dom_rank = {
+            lvl: {d: i for i, d in enumerate(sorted({n.domain(lvl) for n in ordered}, key=natural_key))}
+            for lvl in (TopologyLevel.RACK, TopologyLevel.BLOCK)
+        }
+        self._ds_index = {d: tuple(names) for d, names in ds.items()}
+        self._elig_cache = {}
+        self._dirty = False
+
+    def _ensure_index(self) -> None:
+        if self._dirty:
+            self._rebuild()
+
+    # ------------------------------------------------------------------ copy-on-write
+
+    def copy(self) -> ClusterState:
+        """An independent state; O(nodes) pointer copies, node and class data is cloned only when written."""
+        self._ensure_index()
+        other = ClusterState.__new__(ClusterState)
+        other.strategy = self.strategy
+        other._nodes = dict(self._nodes)
+        other._classes = dict(self._classes)
+        other._alloc = dict(self._alloc)
+        # Immutable between rebuilds (a rebuild assigns new objects), so sharing them is safe.
+        other._order = self._order
+        other._dom_nodes = self._dom_nodes
+        other._dom_rank = self._dom_rank
+        other._ds_index = self._ds_index
+        other._elig_cache = self._elig_cache
+        other._dirty = False
+        # Both sides get a new generation: from now on neither owns the shared nodes and classes.
+        self._gen = object()
+        other._gen = object()
+        return other
+
+    def _own_node(self, name: str) -> _Node:
+        n = self._nodes[name]
+        if n.owner is not self._gen:
+            n = n.clone(self._gen)
+            self._nodes[name] = n
+        return n
+
+    def _own_class(self, key: tuple[object, ...]) -> _Class:
+        c = self._classes[key]
+        if c.owner is not self._gen:
+            c = c.clone(self._gen)
+            self._classes[key] = c
+        return c
+
+    def _units_changed(self, node: _Node, old_units: int) -> None:
+        if not node.ready or node.units == old_units:
+            return
+        c = self._own_class(node.cls)
+        bucket = c.buckets[old_units]
+        del bucket[bisect_left(bucket, node.rank)]
+        if not bucket:
+            del c.buckets[old_units]
+        insort(c.buckets.setdefault(node.units, []), node.rank)
+        delta = node.units - old_units
+        c.free += delta
+        c.dom_free[TopologyLevel.RACK][node.rack] += delta
+        c.dom_free[TopologyLevel.BLOCK][node.block] += delta
+
+    # ------------------------------------------------------------------ decisions
+
+    def place(self, job: JobSpec, allowed_models: Sequence[str] | None = None) -> Placement | Unplaceable:
+        """Where the whole gang would go now, or why it cannot. A pure query: the state is not changed."""
+        from .placer import place_job
+
+        return place_job(self, job, tuple(allowed_models or ()))
+
+    def fits_if_released(self, job: JobSpec, victims: Sequence[str],
+                         allowed_models: Sequence[str] | None = None) -> Placement | Unplaceable:
+        """Would `job` fit if the running jobs `victims` were released? Decided on a copy: `self` is untouched."""
+        what_if = self.copy()
+        for job_id in sorted(set(victims)):
+            what_if.release(job_id)
+        return what_if.place(job, allowed_models)
+
+    def commit(self, placement: Placement) -> None:
+        """Take every resource of the placement, or nothing: raises PlacementConflict if anything is taken."""
+        self._ensure_index()
+        if placement.job_id in self._alloc:
+            raise PlacementConflict(f"job {placement.job_id} is already placed")
+        if placement.requests and len(placement.requests) != len(placement.bindings):
+            raise PlacementConflict(f"job {placement.job_id}: requests do not match bindings")
+        # Phase 1: aggregate per node and validate against the current free state (no mutation yet).
+        need: dict[str, list[object]] = {}
+        for i, b in enumerate(placement.bindings):
+            n = self._nodes.get(b.node)
+            if n is None:
+                raise PlacementConflict(f"job {placement.job_id}: node {b.node} does not exist")
+            if not n.ready:
+                raise PlacementConflict(f"job {placement.job_id}: node {b.node} is {n.spec.health.value}")
+            entry = need.setdefault(b.node, [0, {}, 0, 0])
+            if b.mig_slice is not None:
+                g, s = b.mig_slice
+                if n.slice_free is None or g >= n.gpus or s >= n.slices_per_gpu:
+                    raise PlacementConflict(f"job {placement.job_id}: node {b.node} has no MIG slice {g}/{s}")
+                slices: dict[int, int] = entry[1]  # type: ignore[assignment]
+                if slices.get(g, 0) >> s & 1:
+                    raise PlacementConflict(f"job {placement.job_id}: MIG slice {g}/{s} on {b.node} bound twice")
+                slices[g] = slices.get(g, 0) | (1 << s)
+            for g in b.gpu_indices:
+                if n.slice_free is not None or g >= n.gpus:
+                    raise PlacementConflict(f"job {placement.job_id}: node {b.node} has no whole GPU {g}")
+                if entry[0] >> g & 1:  # type: ignore[operator]
+                    raise PlacementConflict(f"job {placement.job_id}: GPU {g} on {b.node} bound twice")
+                entry[0] = entry[0] | (1 << g)  # type: ignore[operator]
+            if placement.requests:
+                entry[2] = entry[2] + placement.requests[i][0]  # type: ignore[operator]
+                entry[3] = entry[3] + placement.requests[i][1]  # type: ignore[operator]
+        for name, (mask, slices, cpu, mem) in need.items():  # type: ignore[misc]
+            n = self._nodes[name]
+            if mask & ~n.free_mask:
+                raise PlacementConflict(f"job {placement.job_id}: GPUs {_bits(mask & ~n.free_mask)} on {name} "
+                                        "are taken")
+            for g, smask in slices.items():
+                if smask & ~n.slice_free[g]:
+                    raise PlacementConflict(f"job {placement.job_id}: MIG slices on GPU {g} of {name} are taken")
+            if cpu > n.cpu or mem > n.mem:
+                raise PlacementConflict(f"job {placement.job_id}: {name} lacks CPU/memory "
+                                        f"(needs {cpu}m/{mem}MiB, free {n.cpu}m/{n.mem}MiB)")
+        # Phase 2: apply.
+        for name, (mask, slices, cpu, mem) in need.items():  # type: ignore[misc]
+            n = self._own_node(name)
+            old = n.units
+            if mask:
+                n.free_mask &= ~mask
+                n.units -= mask.bit_count()
+            for g, smask in slices.items():
+                n.slice_free[g] &= ~smask
+                n.units -= smask.bit_count()
+            n.cpu -= cpu
+            n.mem -= mem
+            n.jobs.add(placement.job_id)
+            self._units_changed(n, old)
+        self._alloc[placement.job_id] = placement
+
+    def release(self, job_id: str) -> None:
+        """Give back everything the job holds. Unknown or already released jobs are ignored (idempotent)."""
+        placement = self._alloc.pop(job_id, None)
+        if placement is None:
+            return
+        self._ensure_index()
+        per_node: dict[str, list[int]] = {}
+        for i, b in enumerate(placement.bindings):
+            per_node.setdefault(b.node, []).append(i)
+        for name in sorted(per_node):
+            if name not in self._nodes:
+                continue
+            n = self._own_node(name)
+            if job_id not in n.jobs:
+                continue  # the node was replaced by a spec that could not hold this allocation
+            old = n.units
+            for i in per_node[name]:
+                b = placement.bindings[i]
+                if b.mig_slice is not None and n.slice_free is not None:
+                    g, s = b.mig_slice
+                    if g < n.gpus and s < n.slices_per_gpu and not n.slice_free[g] >> s & 1:
+                        n.slice_free[g] |= 1 << s
+                        n.units += 1
+                elif n.slice_free is None:
+                    for g in b.gpu_indices:
+                        if g < n.gpus and not n.free_mask >> g & 1:
+                            n.free_mask |= 1 << g
+                            n.units += 1
+                if placement.requests:
+                    n.cpu += placement.requests[i][0]
+                    n.mem += placement.requests[i][1]
+            n.jobs.discard(job_id)
+            self._units_changed(n, old)
+
+    def make_placement(self, job: JobSpec, bindings: Sequence[GpuBinding]) -> Placement:
+        """Rebuild a Placement from stored bindings (e.g. after a restart), with per-pod CPU/memory from the spec."""
+        self._ensure_index()
+        by_set = {p.name: p for p in job.pod_sets}
+        requests = []
+        for b in bindings:
+            ps = by_set.get(b.pod.rsplit("-", 1)[0])
+            requests.append((ps.cpu_milli, ps.memory_mib) if ps else (0, 0))
+        return build_placement(self, job.job_id, tuple(bindings), tuple(requests))
+
+    # ------------------------------------------------------------------ read helpers
+
+    def allocations(self) -> Mapping[str, Placement]:
+        return dict(self._alloc)
+
+    def nodes(self) -> list[NodeSpec]:
+        return [self._nodes[name].spec for name in sorted(self._nodes)]
+
+    def node(self, name: str) -> NodeSpec:
+        return self._nodes[name].spec
+
+    def free_on(self, name: str) -> dict[str, int]:
+        """Free resources of one node: whole GPUs (or slices), CPU, memory."""
+        n = self._nodes[name]
+        return {"gpus": n.free_mask.bit_count(), "mig_slices": sum(s.bit_count() for s in n.slice_free or ()),
+                "cpu_milli": n.cpu, "memory_mib": n.mem}
+
+    @property
+    def total_gpus(self) -> CallableInt:
+        """Physical GPUs on READY nodes (MIG-partitioned GPUs included)."""
+        return CallableInt(sum(n.gpus for n in self._nodes.values() if n.ready))
+
+    @property
+    def free_gpus(self) -> CallableInt:
+        """Free whole GPUs on READY nodes; a partitioned GPU counts when all of its slices are free."""
+        return CallableInt(sum(_free_whole(n) for n in self._nodes.values() if n.ready))
+
+    @property
+    def free_mig_slices(self) -> CallableInt:
+        return CallableInt(sum(sum(s.bit_count() for s in n.slice_free or ()) for n in self._nodes.values()
+                               if n.ready))
+
+    def free_gpus_by_model(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for n in self._nodes.values():
+            if n.ready:
+                out[n.spec.gpu_model] = out.get(n.spec.gpu_model, 0) + _free_whole(n)
+        return dict(sorted(out.items()))
+
+    def total_gpus_by_model(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for n in self._nodes.values():
+            if n.ready:
+                out[n.spec.gpu_model] = out.get(n.spec.gpu_model, 0) + n.gpus
+        return dict(sorted(out.items()))
+
+    def used_gpus(self) -> int:
+        return int(self.total_gpus) - int(self.free_gpus)
+
+    def fingerprint(self) -> tuple[object, ...]:
+        """Everything observable about the state, for equality checks in tests and what-if proofs."""
+        nodes = tuple((n.name, n.ready, n.free_mask, tuple(n.slice_free or ()), n.cpu, n.mem, n.units,
+                       tuple(sorted(n.jobs))) for n in (self._nodes[k] for k in sorted(self._nodes)))
+        return nodes, tuple(sorted(self._alloc.items(), key=lambda kv: kv[0]))
+
+
+def _free_whole(n: _Node) -> int:
+    if n.slice_free is None:
+        return n.units
+    full = (1 << n.slices_per_gpu) - 1
+    return sum(1 for s in n.slice_free if s == full)
+
+
+def _bits(mask: int) -> list[int]:
+    return [i for i in range(mask.bit_length()) if mask >> i & 1]
+
+
+def build_placement(state: ClusterState, job_id: str, bindings: tuple[GpuBinding, ...],
+                    requests: tuple[tuple[int, int], ...]) -> Placement:
+    nodes = {b.node for b in bindings}
+    racks = {state._nodes[n].rack for n in nodes if n in state._nodes}
+    blocks = {state._nodes[n].block for n in nodes if n in state._nodes}
+    return Placement(
+        job_id=job_id,
+        bindings=bindings,
+        racks_spanned=len(racks),
+        blocks_spanned=len(blocks),
+        gpus=sum(len(b.gpu_indices) for b in bindings),
+        mig_slices=sum(1 for b in bindings if b.mig_slice is not None),
+        requests=requests,
+    )
+
+
+__all__ = ["STRATEGIES", "CallableInt", "ClusterState", "Unplaceable", "natural_key"]

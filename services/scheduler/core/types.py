@@ -1,0 +1,78 @@
+"""Value types of the placement core: what a decision returns and what a scheduling cycle consumes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared.domain import GpuBinding, JobSpec
+
+
+class Reason:
+    """Machine reasons carried by every `Unplaceable` (stable strings: events and dashboards use them)."""
+
+    NO_GPU_MODEL = "NoGpuModel"
+    NO_MIG_SLICES = "NoMigSlices"
+    UNTOLERATED = "Untolerated"
+    NO_READY_NODES = "NoReadyNodes"
+    INSUFFICIENT_GPUS = "InsufficientGpus"
+    INSUFFICIENT_CPU_MEMORY = "InsufficientCpuMemory"
+    TOPOLOGY_UNSATISFIABLE = "TopologyUnsatisfiable"
+    WAITING_FOR_RESERVATION = "WaitingForReservation"
+
+
+class PlacementConflict(Exception):
+    """`commit` found a GPU, slice, CPU or memory of the placement already taken (or the node gone/unready)."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where every pod of a gang runs. Committed whole or not at all.
+
+    `requests` holds (cpu_milli, memory_mib) per binding, in the same order, so that `commit`/`release`
+    can account CPU and memory without the job spec. It is empty for placements rebuilt from bare
+    bindings (then only GPUs are accounted); `ClusterState.make_placement` fills it from the spec.
+    """
+
+    job_id: str
+    bindings: tuple[GpuBinding, ...]
+    racks_spanned: int
+    blocks_spanned: int
+    gpus: int
+    mig_slices: int
+    requests: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(sorted({b.node for b in self.bindings}))
+
+    @property
+    def nodes_spanned(self) -> int:
+        return len({b.node for b in self.bindings})
+
+
+@dataclass(frozen=True)
+class Unplaceable:
+    job_id: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class PendingJob:
+    """A job admitted and waiting for placement. The caller gives the order (admission order)."""
+
+    spec: JobSpec
+    allowed_models: tuple[str, ...] = ()  # flavors chosen by admission; empty = the job's own any-of list
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    job_id: str
+    expected_end: float  # started_at + max_runtime_s: the user's limit, never the true duration
+
+
+@dataclass
+class CycleResult:
+    placed: list[Placement] = field(default_factory=list)
+    reservations: dict[str, float] = field(default_factory=dict)  # job_id -> planned start (feeds ETA)
+    unplaceable: list[Unplaceable] = field(default_factory=list)

@@ -1,0 +1,132 @@
+"""Wiring: build the services from configuration and run them (all in one process, or a chosen subset).
+
+`gpuq up`, `make demo` and the system tests all start the platform through `Stack`, so what the tests
+exercise is what operators run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import asyncpg
+
+from shared.clock import Clock, SystemClock
+from shared.config import ClusterConfig, QueuesConfig
+from shared.db import create_pool
+from shared.service import ServiceRuntime, ServiceSpec
+
+log = logging.getLogger("gpuq.stack")
+
+ALL_SERVICES = ("admission", "scheduler", "preemption", "metering", "telemetry", "executor")
+
+
+@dataclass
+class StackSettings:
+    nats_url: str
+    database_url: str
+    queues: QueuesConfig
+    cluster: ClusterConfig | None = None  # needed by the simulated executor
+    cluster_dir: Path | None = None
+    services: Sequence[str] = ALL_SERVICES
+    clock: Clock = field(default_factory=SystemClock)
+    metrics_port: int | None = None  # telemetry's /metrics; None = no HTTP endpoint
+    instance: str = "0"
+
+
+def build_specs(settings: StackSettings) -> list[ServiceSpec]:
+    """The ServiceSpec of every requested service that exists in this build."""
+    specs: list[ServiceSpec] = []
+    wanted = set(settings.services)
+    if "admission" in wanted:
+        from services.admission.app import AdmissionService
+
+        specs.append(AdmissionService(settings.queues, eta=_eta_function()).spec())
+    if "scheduler" in wanted:
+        from services.scheduler.app import SchedulerService
+
+        specs.append(SchedulerService().spec())
+    if "executor" in wanted:
+        if settings.cluster is None:
+            raise ValueError("the simulated executor needs a cluster.yaml (--cluster)")
+        from services.executor.sim import SimExecutor, SimExecutorSettings
+
+        specs.append(SimExecutor(SimExecutorSettings(cluster=settings.cluster,
+                                                     cluster_dir=settings.cluster_dir)).spec())
+    for optional in ("preemption", "metering", "telemetry"):
+        if optional in wanted:
+            spec = _optional_spec(optional, settings)
+            if spec is not None:
+                specs.append(spec)
+    return specs
+
+
+def _eta_function():  # type: ignore[no-untyped-def]
+    """The forward-simulation ETA when the simulator provides it (sim/eta.py)."""
+    try:
+        from sim.eta import admission_eta  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return admission_eta
+
+
+def _optional_spec(name: str, settings: StackSettings) -> ServiceSpec | None:
+    """Services whose app module exposes `build_spec(settings)`; absent ones are reported, not fatal."""
+    import importlib
+
+    try:
+        module = importlib.import_module(f"services.{name}.app")
+    except ImportError as exc:
+        log.warning("service %s is not available in this build: %s", name, exc)
+        return None
+    build = getattr(module, "build_spec", None)
+    if build is None:
+        log.warning("service %s has no build_spec(settings)", name)
+        return None
+    spec: ServiceSpec = build(settings)
+    return spec
+
+
+class Stack:
+    def __init__(self, settings: StackSettings):
+        self.settings = settings
+        self.pool: asyncpg.Pool | None = None
+        self.runtimes: list[ServiceRuntime] = []
+
+    async def start(self) -> None:
+        self.pool = await create_pool(self.settings.database_url, max_size=20)
+        try:
+            for spec in build_specs(self.settings):
+                runtime = ServiceRuntime(spec, nats_url=self.settings.nats_url, pool=self.pool,
+                                         clock=self.settings.clock, instance=self.settings.instance,
+                                         database_url=self.settings.database_url)
+                await runtime.start()
+                self.runtimes.append(runtime)
+        except BaseException:
+            await self.stop()
+            raise
+
+    def runtime(self, name: str) -> ServiceRuntime:
+        for r in self.runtimes:
+            if r.spec.name == name:
+                return r
+        raise KeyError(name)
+
+    async def stop(self) -> None:
+        for runtime in reversed(self.runtimes):
+            with contextlib.suppress(Exception):
+                await runtime.stop()
+        self.runtimes.clear()
+        if self.pool is not None:
+            await self.pool.close()
+            self.pool = None
+
+    async def __aenter__(self) -> Stack:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

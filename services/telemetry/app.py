@@ -1,0 +1,159 @@
+"""The telemetry service: folds events into the pure core, persists what the gauges need, serves
+`/metrics`, queues webhook deliveries for subscribed events and runs the delivery worker.
+
+    svc = TelemetryService(metrics_port=9464, queues=load_queues("queues.yaml"))
+    runtime = ServiceRuntime(svc.spec(), nats_url=..., pool=...)
+
+The HTTP endpoint runs in a thread (prometheus_client); a lock keeps a scrape from reading the core
+while a handler changes it. The core's state is written in the handler's transaction, so a restart
+rebuilds the same gauges (`on_start`). If a transaction rolls back after the core was changed, the
+redelivered event re-applies state idempotently; only its counter increments may count twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from services.telemetry.core.state import Effects, Gauges, TelemetryState
+from services.telemetry.metrics import DEFAULT_PORT, TelemetryMetrics
+from services.telemetry.webhooks import store
+from services.telemetry.webhooks.backoff import RetryPolicy
+from services.telemetry.webhooks.delivery import DeliveryWorker
+from services.telemetry.webhooks.ssrf import AllowList
+from shared.clock import Clock, SystemClock
+from shared.config import QueuesConfig, parse_queues
+from shared.events import (
+    CATALOGUE,
+    CloudEvent,
+    NodeChanged,
+    NodeInventory,
+    Payload,
+    QueueConfigChanged,
+    UtilizationSampled,
+)
+from shared.service import ServiceRuntime, ServiceSpec, Tx
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+# Every job lifecycle event (also the webhook-able ones), plus utilisation, inventory and queue config.
+HANDLED: tuple[type[Payload], ...] = (*(c for c in CATALOGUE if c.aggregate == "job"), UtilizationSampled,
+                                      NodeInventory, NodeChanged, QueueConfigChanged)
+_QUEUES_KEY = "queues"
+
+
+class TelemetryService:
+    def __init__(self, *, metrics_port: int | None = DEFAULT_PORT, metrics_addr: str = "0.0.0.0",
+                 queues: QueuesConfig | None = None, clock: Clock | None = None,
+                 allow: AllowList | None = None, retry: RetryPolicy | None = None,
+                 webhook_worker: bool = True):
+        self.state = TelemetryState()
+        if queues is not None:
+            self.state.set_queues(queues)
+        self.clock: Clock = clock or SystemClock()
+        self.lock = threading.Lock()
+        self.metrics = TelemetryMetrics(self.snapshot)
+        self.metrics_port = metrics_port
+        self.metrics_addr = metrics_addr
+        self.bound_port: int | None = None
+        self.allow = allow if allow is not None else AllowList.from_env()
+        self.retry = retry or RetryPolicy()
+        self.webhook_worker = webhook_worker
+
+    # ------------------------------------------------------------------ wiring
+
+    def spec(self) -> ServiceSpec:
+        background = [self._serve_metrics]
+        if self.webhook_worker:
+            background.append(self._deliver_webhooks)
+        return ServiceSpec(name="telemetry", schema="telemetry", migrations=MIGRATIONS,
+                           handlers={cls: self.on_event for cls in HANDLED}, on_start=self.on_start,
+                           background=background)
+
+    def snapshot(self) -> Gauges:
+        with self.lock:
+            return self.state.gauges(self.clock.now())
+
+    # ------------------------------------------------------------------ events
+
+    def apply(self, payload: Payload, now: float) -> tuple[Effects, str | None]:
+        """Fold one event into the core (no I/O) and record its counters; returns the effects and the
+        team the event concerns (looked up before a finishing job's record is dropped)."""
+        with self.lock:
+            team = self.state.team_of(payload)
+            fx = self.state.apply(payload, now)
+        self.metrics.record(fx.observations)
+        return fx, team
+
+    async def on_event(self, tx: Tx, event: CloudEvent, payload: Payload) -> None:
+        fx, team = self.apply(payload, tx.now)
+        await self.persist(tx.conn, fx)
+        if fx.quotas and isinstance(payload, QueueConfigChanged):
+            await self.persist_queues(tx.conn, payload.config)
+        if payload.aggregate == "job":
+            await store.enqueue(tx.conn, event, team, tx.now)
+
+    async def persist(self, conn: asyncpg.Connection, fx: Effects) -> None:
+        with self.lock:
+            jobs = [(j, self.state.job_doc(j)) for j in sorted(fx.jobs)]
+            nodes = [(n, self.state.node_doc(n)) for n in sorted(fx.nodes)]
+            samples = [(n, self.state.sample_doc(n)) for n in sorted(fx.samples)]
+        for table, key, rows in (("jobs", "job_id", jobs), ("nodes", "name", nodes), ("samples", "node", samples)):
+            for k, doc in rows:
+                if doc is None:
+                    await conn.execute(f"DELETE FROM telemetry.{table} WHERE {key} = $1", k)
+                else:
+                    await conn.execute(
+                        f"INSERT INTO telemetry.{table}({key}, doc) VALUES ($1, $2::jsonb) "
+                        f"ON CONFLICT ({key}) DO UPDATE SET doc = excluded.doc", k, json.dumps(doc))
+
+    async def persist_queues(self, conn: asyncpg.Connection, config: dict[str, Any]) -> None:
+        await conn.execute("INSERT INTO telemetry.settings(key, doc) VALUES ($1, $2::jsonb) "
+                           "ON CONFLICT (key) DO UPDATE SET doc = excluded.doc", _QUEUES_KEY, json.dumps(config))
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def load(self, conn: asyncpg.Connection) -> None:
+        """Rebuild the core from its tables (after a restart)."""
+        state = TelemetryState(self.state.job_series_cap)
+        state.guaranteed, state.prices = self.state.guaranteed, self.state.prices
+        for row in await conn.fetch("SELECT doc FROM telemetry.jobs ORDER BY job_id"):
+            state.load_job(json.loads(row["doc"]))
+        for row in await conn.fetch("SELECT doc FROM telemetry.nodes ORDER BY name"):
+            state.load_node(json.loads(row["doc"]))
+        for row in await conn.fetch("SELECT doc FROM telemetry.samples ORDER BY node"):
+            state.load_sample(json.loads(row["doc"]))
+        doc = await conn.fetchval("SELECT doc FROM telemetry.settings WHERE key = $1", _QUEUES_KEY)
+        if doc is not None:
+            state.set_queues(parse_queues(json.loads(doc), "<telemetry.settings queues>"))
+        with self.lock:
+            self.state = state
+
+    async def on_start(self, runtime: ServiceRuntime) -> None:
+        self.clock = runtime.clock
+        async with runtime.pool.acquire() as conn:
+            await self.load(conn)
+
+    async def _serve_metrics(self, runtime: ServiceRuntime) -> None:
+        if self.metrics_port is None:
+            return
+        self.bound_port = self.metrics.serve(self.metrics_port, self.metrics_addr)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            with contextlib.suppress(Exception):
+                self.metrics.shutdown()
+
+    async def _deliver_webhooks(self, runtime: ServiceRuntime) -> None:
+        worker = DeliveryWorker(runtime.pool, runtime.clock, allow=self.allow, policy=self.retry)
+        await worker.run_forever()
+
+
+def service_spec(**kwargs: Any) -> ServiceSpec:
+    """The ServiceSpec with default settings (metrics on :9464, allow-list from GPUQ_WEBHOOK_ALLOW_CIDRS)."""
+    return TelemetryService(**kwargs).spec()

@@ -1,0 +1,73 @@
+"""What the telemetry core remembers between events: one record per live job, per node and per node's
+latest utilisation sample. Records are plain pydantic models so the shell can persist each one as a JSON
+document (`telemetry.jobs`, `telemetry.nodes`, `telemetry.samples`) and rebuild the core after a restart.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.domain import JobSpec, NodeSpec
+from shared.events import GpuSample
+
+UNKNOWN = "unknown"
+DEFAULT_POOL = "default"
+
+
+class JobPhase(StrEnum):
+    PENDING = "pending"  # waiting for admission (quota) or, once admitted, for placement
+    PLACED = "placed"  # GPUs bound, pods starting
+    RUNNING = "running"
+
+
+class JobRecord(BaseModel):
+    """One job the cluster has not finished with. Times are epoch seconds."""
+
+    model_config = ConfigDict(extra="ignore")
+    job_id: str
+    queue: str = UNKNOWN
+    team: str = UNKNOWN
+    priority_class: str = UNKNOWN
+    feature: str = ""
+    spec: JobSpec | None = None
+    phase: JobPhase = JobPhase.PENDING
+    stage: str = "admission"  # admission | placement, while pending
+    reason: str = "Queued"
+    position: int | None = None
+    eta: float | None = None
+    submitted_at: float | None = None  # first submission: start of the job completion time
+    queued_at: float | None = None  # start of the current wait (resets on requeue): admission wait
+    admitted_at: float | None = None
+    started_at: float | None = None
+    last_checkpoint_at: float | None = None
+    # Whole GPUs held, as (node, gpu index); a MIG slice holds its parent GPU index here too.
+    gpus: list[tuple[str, int]] = Field(default_factory=list)
+
+    @property
+    def holds_gpus(self) -> bool:
+        return self.phase in (JobPhase.PLACED, JobPhase.RUNNING)
+
+    def labels(self) -> dict[str, str]:
+        return {"queue": self.queue, "team": self.team}
+
+
+class NodeRecord(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    node: NodeSpec
+
+    @property
+    def pool(self) -> str:
+        return self.node.labels.get("pool", DEFAULT_POOL)
+
+
+class NodeSample(BaseModel):
+    """The latest `UtilizationSampled` of one node."""
+
+    model_config = ConfigDict(extra="ignore")
+    node: str
+    gpu_model: str | None = None
+    sampled_at: float
+    interval_s: float
+    samples: tuple[GpuSample, ...]

@@ -1,0 +1,429 @@
+"""The telemetry core: folds lifecycle, utilisation and inventory events into the state behind the gauges,
+and turns each event into counter increments and histogram observations.
+
+Pure: no I/O, no clock reads (`now` is an argument), deterministic (every iteration that produces output
+is sorted). The shell persists the records this core reports as dirty and rebuilds the core from them
+after a restart (`load_*`); counters and histograms restart from zero, which Prometheus' `rate()` and
+`increase()` handle as a counter reset.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from services.telemetry.core.fragmentation import fragmented_gpus
+from services.telemetry.core.names import JOB_SERIES_CAP
+from services.telemetry.core.records import DEFAULT_POOL, UNKNOWN, JobPhase, JobRecord, NodeRecord, NodeSample
+from shared.config import ConfigError, QueuesConfig, parse_queues
+from shared.domain import JobSpec, NodeHealth, NodeSpec
+from shared.events import (
+    ExitReason,
+    JobAdmitted,
+    JobCancelled,
+    JobCheckpointed,
+    JobCompleted,
+    JobFailed,
+    JobPending,
+    JobPlaced,
+    JobPreempted,
+    JobQueued,
+    JobRejected,
+    JobRequeued,
+    JobStarted,
+    JobSubmitted,
+    NodeChanged,
+    NodeInventory,
+    Payload,
+    QueueConfigChanged,
+    UtilizationSampled,
+)
+
+MIB = 1024 * 1024
+STALE_SAMPLE_INTERVALS = 3  # a node whose latest sample is older than this many intervals reports nothing
+
+Labels = tuple[tuple[str, str], ...]
+
+
+def labels(**kv: str) -> Labels:
+    return tuple(sorted(kv.items()))
+
+
+@dataclass(frozen=True)
+class Observation:
+    """A counter increment (`kind="counter"`) or a histogram observation (`kind="histogram"`)."""
+
+    kind: str
+    name: str
+    value: float
+    labels: Labels
+
+
+@dataclass
+class Effects:
+    """What one event changed: observations for the metrics layer, and which records to persist."""
+
+    observations: list[Observation] = field(default_factory=list)
+    jobs: set[str] = field(default_factory=set)  # upsert if still present, else delete
+    nodes: set[str] = field(default_factory=set)
+    samples: set[str] = field(default_factory=set)
+    quotas: bool = False
+
+    def count(self, name: str, value: float = 1.0, **kv: str) -> None:
+        self.observations.append(Observation("counter", name, value, labels(**kv)))
+
+    def observe(self, name: str, value: float, **kv: str) -> None:
+        self.observations.append(Observation("histogram", name, max(0.0, value), labels(**kv)))
+
+
+Gauges = dict[str, dict[Labels, float]]
+
+
+def _ts(dt: datetime | None) -> float | None:
+    return dt.timestamp() if dt is not None else None
+
+
+class TelemetryState:
+    def __init__(self, job_series_cap: int = JOB_SERIES_CAP):
+        self.jobs: dict[str, JobRecord] = {}
+        self.nodes: dict[str, NodeRecord] = {}
+        self.samples: dict[str, NodeSample] = {}
+        self.guaranteed: dict[str, int] = {}  # gpu model -> sum of nominal quotas
+        self.prices: dict[str, float] = {}  # gpu model -> cost per GPU-hour
+        self.job_series_cap = job_series_cap
+
+    # ------------------------------------------------------------------ configuration and rebuild
+
+    def set_queues(self, config: QueuesConfig) -> None:
+        guaranteed: dict[str, int] = defaultdict(int)
+        for q in config.queues:
+            for model, quota in q.quotas.items():
+                guaranteed[model] += quota.nominal
+        self.guaranteed = dict(sorted(guaranteed.items()))
+        self.prices = {m: f.cost_per_gpu_hour for m, f in sorted(config.gpu_flavors.items())}
+
+    def load_job(self, doc: dict[str, Any]) -> None:
+        rec = JobRecord.model_validate(doc)
+        self.jobs[rec.job_id] = rec
+
+    def load_node(self, doc: dict[str, Any]) -> None:
+        rec = NodeRecord.model_validate(doc)
+        self.nodes[rec.node.name] = rec
+
+    def load_sample(self, doc: dict[str, Any]) -> None:
+        rec = NodeSample.model_validate(doc)
+        self.samples[rec.node] = rec
+
+    def job_doc(self, job_id: str) -> dict[str, Any] | None:
+        rec = self.jobs.get(job_id)
+        return rec.model_dump(mode="json") if rec is not None else None
+
+    def node_doc(self, name: str) -> dict[str, Any] | None:
+        rec = self.nodes.get(name)
+        return rec.model_dump(mode="json") if rec is not None else None
+
+    def sample_doc(self, name: str) -> dict[str, Any] | None:
+        rec = self.samples.get(name)
+        return rec.model_dump(mode="json") if rec is not None else None
+
+    # ------------------------------------------------------------------ lookups the shell needs
+
+    def team_of(self, payload: Payload) -> str | None:
+        """The team an event concerns (for webhook routing), from the payload or the job's record."""
+        spec = getattr(payload, "spec", None)
+        if isinstance(spec, JobSpec):
+            return spec.team
+        team = getattr(payload, "team", None)
+        if isinstance(team, str) and team:
+            return team
+        job_id = getattr(payload, "job_id", None)
+        rec = self.jobs.get(job_id) if isinstance(job_id, str) else None
+        return rec.team if rec is not None and rec.team != UNKNOWN else None
+
+    # ------------------------------------------------------------------ events
+
+    def apply(self, payload: Payload, now: float) -> Effects:
+        fx = Effects()
+        handler = getattr(self, f"_on_{type(payload).__name__}", None)
+        if handler is not None:
+            handler(payload, now, fx)
+        return fx
+
+    def _record(self, job_id: str, fx: Effects) -> tuple[JobRecord, bool]:
+        rec = self.jobs.get(job_id)
+        fresh = rec is None
+        if rec is None:
+            rec = self.jobs[job_id] = JobRecord(job_id=job_id)
+        fx.jobs.add(job_id)
+        return rec, fresh
+
+    @staticmethod
+    def _take_spec(rec: JobRecord, spec: JobSpec) -> None:
+        rec.spec = spec
+        rec.queue, rec.team, rec.priority_class = spec.queue, spec.team, spec.priority_class
+        rec.feature = spec.labels.get("feature", "")
+
+    def _on_JobSubmitted(self, p: JobSubmitted, now: float, fx: Effects) -> None:
+        rec, fresh = self._record(p.spec.job_id, fx)
+        self._take_spec(rec, p.spec)
+        if fresh:
+            rec.submitted_at = rec.queued_at = _ts(p.submitted_at) or now
+            fx.count("gpuq_jobs_submitted", queue=rec.queue, team=rec.team)
+
+    def _on_JobQueued(self, p: JobQueued, now: float, fx: Effects) -> None:
+        rec, fresh = self._record(p.job_id, fx)
+        rec.queue, rec.team = p.queue, p.team
+        rec.position = p.position
+        if fresh:
+            rec.submitted_at = rec.queued_at = now
+            fx.count("gpuq_jobs_submitted", queue=rec.queue, team=rec.team)
+
+    def _on_JobPending(self, p: JobPending, now: float, fx: Effects) -> None:
+        rec, fresh = self._record(p.job_id, fx)
+        if fresh:
+            rec.submitted_at = rec.queued_at = now
+        if rec.holds_gpus:
+            return  # a late "still pending" after placement: the placement is the newer fact
+        rec.queue, rec.stage, rec.reason = p.queue, p.stage, p.reason
+        rec.position = p.position_in_queue
+        rec.eta = _ts(p.eta)
+
+    def _on_JobRejected(self, p: JobRejected, now: float, fx: Effects) -> None:
+        rec = self.jobs.pop(p.job_id, None)
+        fx.jobs.add(p.job_id)
+        queue = p.queue or (rec.queue if rec is not None else UNKNOWN)
+        fx.count("gpuq_jobs_rejected", queue=queue, reason=p.reason)
+
+    def _on_JobAdmitted(self, p: JobAdmitted, now: float, fx: Effects) -> None:
+        rec, _ = self._record(p.job_id, fx)
+        self._take_spec(rec, p.spec)
+        admitted = _ts(p.admitted_at) or now
+        start = rec.queued_at if rec.queued_at is not None else (_ts(p.submitted_at) or admitted)
+        if rec.submitted_at is None:
+            rec.submitted_at = _ts(p.submitted_at) or start
+        fx.observe("gpuq_admission_wait_seconds", admitted - start,
+                   queue=rec.queue, priority_class=rec.priority_class)
+        fx.count("gpuq_jobs_admitted", queue=rec.queue, priority_class=rec.priority_class)
+        rec.admitted_at = admitted
+        if not rec.holds_gpus:
+            rec.phase, rec.stage, rec.reason, rec.eta = JobPhase.PENDING, "placement", "AwaitingPlacement", None
+
+    def _on_JobPlaced(self, p: JobPlaced, now: float, fx: Effects) -> None:
+        rec, _ = self._record(p.job_id, fx)
+        self._take_spec(rec, p.spec)
+        held: set[tuple[str, int]] = set()
+        for b in p.bindings:
+            held.update((b.node, i) for i in b.gpu_indices)
+            if b.mig_slice is not None:
+                held.add((b.node, b.mig_slice[0]))
+        rec.gpus = sorted(held)
+        rec.phase = JobPhase.PLACED
+        rec.position = rec.eta = None
+
+    def _on_JobStarted(self, p: JobStarted, now: float, fx: Effects) -> None:
+        rec, _ = self._record(p.job_id, fx)
+        rec.phase = JobPhase.RUNNING
+        rec.started_at = _ts(p.started_at) or now
+
+    def _finish(self, job_id: str, reason: ExitReason, finished_at: float, fx: Effects) -> None:
+        rec = self.jobs.pop(job_id, None)
+        fx.jobs.add(job_id)
+        if rec is None:
+            rec = JobRecord(job_id=job_id)
+        fx.count("gpuq_jobs_finished", queue=rec.queue, team=rec.team, exit_reason=str(reason))
+        if reason is ExitReason.OOM_KILLED:
+            fx.count("gpuq_oom_kills", queue=rec.queue, team=rec.team)
+        if rec.submitted_at is not None:
+            fx.observe("gpuq_job_completion_seconds", finished_at - rec.submitted_at,
+                       queue=rec.queue, priority_class=rec.priority_class, exit_reason=str(reason))
+
+    def _on_JobCompleted(self, p: JobCompleted, now: float, fx: Effects) -> None:
+        self._finish(p.job_id, p.exit_reason, _ts(p.finished_at) or now, fx)
+
+    def _on_JobFailed(self, p: JobFailed, now: float, fx: Effects) -> None:
+        self._finish(p.job_id, p.exit_reason, _ts(p.finished_at) or now, fx)
+
+    def _on_JobCancelled(self, p: JobCancelled, now: float, fx: Effects) -> None:
+        self._finish(p.job_id, ExitReason.CANCELLED, _ts(p.cancelled_at) or now, fx)
+
+    def _on_JobCheckpointed(self, p: JobCheckpointed, now: float, fx: Effects) -> None:
+        rec = self.jobs.get(p.job_id)
+        if rec is not None:
+            rec.last_checkpoint_at = max(rec.last_checkpoint_at or 0.0, _ts(p.checkpointed_at) or now)
+            fx.jobs.add(p.job_id)
+
+    def _on_JobPreempted(self, p: JobPreempted, now: float, fx: Effects) -> None:
+        rec, _ = self._record(p.job_id, fx)
+        reason = str(p.reason)
+        fx.count("gpuq_preemptions", queue=rec.queue, reason=reason)
+        if p.lost_gpu_seconds > 0:
+            fx.count("gpuq_preemption_lost_gpu_seconds", p.lost_gpu_seconds, queue=rec.queue, reason=reason)
+        rec.gpus = []
+        rec.phase, rec.stage, rec.reason = JobPhase.PENDING, "admission", "Preempted"
+        rec.queued_at = _ts(p.preempted_at) or now
+        rec.started_at = rec.last_checkpoint_at = rec.admitted_at = None
+
+    def _on_JobRequeued(self, p: JobRequeued, now: float, fx: Effects) -> None:
+        rec, fresh = self._record(p.job_id, fx)
+        self._take_spec(rec, p.spec)
+        if rec.submitted_at is None:
+            rec.submitted_at = _ts(p.submitted_at)
+        if fresh or rec.holds_gpus:
+            rec.gpus, rec.queued_at = [], now
+        rec.phase, rec.stage, rec.reason = JobPhase.PENDING, "admission", "Requeued"
+
+    def _on_UtilizationSampled(self, p: UtilizationSampled, now: float, fx: Effects) -> None:
+        node = self.nodes.get(p.node)
+        model = p.gpu_model or (node.node.gpu_model if node is not None else UNKNOWN)
+        self.samples[p.node] = NodeSample(node=p.node, gpu_model=model, sampled_at=_ts(p.sampled_at) or now,
+                                          interval_s=p.interval_s, samples=p.samples)
+        fx.samples.add(p.node)
+        for s in sorted(p.samples, key=lambda s: s.gpu_index):
+            if s.job_id is None:
+                continue
+            rec = self.jobs.get(s.job_id)
+            kv = {"queue": rec.queue if rec else UNKNOWN, "team": rec.team if rec else UNKNOWN,
+                  "gpu_model": model, "feature": rec.feature if rec else ""}
+            fx.count("gpuq_gpu_allocated_seconds", p.interval_s, **kv)
+            fx.count("gpuq_gpu_used_seconds", p.interval_s * s.utilization_pct / 100.0, **kv)
+
+    def _on_NodeInventory(self, p: NodeInventory, now: float, fx: Effects) -> None:
+        names = {n.name for n in p.nodes}
+        for gone in sorted(set(self.nodes) - names):
+            del self.nodes[gone]
+            fx.nodes.add(gone)
+        for n in p.nodes:
+            self.nodes[n.name] = NodeRecord(node=n)
+            fx.nodes.add(n.name)
+
+    def _on_NodeChanged(self, p: NodeChanged, now: float, fx: Effects) -> None:
+        fx.nodes.add(p.node.name)
+        if p.change == "removed":
+            self.nodes.pop(p.node.name, None)
+        else:
+            self.nodes[p.node.name] = NodeRecord(node=p.node)
+
+    def _on_QueueConfigChanged(self, p: QueueConfigChanged, now: float, fx: Effects) -> None:
+        try:
+            self.set_queues(parse_queues(p.config, "<QueueConfigChanged>"))
+        except ConfigError:
+            return  # admission rejects invalid configs and says why; telemetry keeps the last good one
+        fx.quotas = True
+
+    # ------------------------------------------------------------------ gauges
+
+    def _node_labels(self, name: str, fallback_model: str | None = None) -> tuple[str, str]:
+        rec = self.nodes.get(name)
+        if rec is None:
+            return DEFAULT_POOL, fallback_model or UNKNOWN
+        return rec.pool, rec.node.gpu_model
+
+    def _fresh_samples(self, now: float) -> list[NodeSample]:
+        return [s for _, s in sorted(self.samples.items())
+                if now - s.sampled_at <= STALE_SAMPLE_INTERVALS * s.interval_s]
+
+    def gauges(self, now: float) -> Gauges:
+        """Every gauge's current series. Series with a value of zero are kept where their label set is
+        stable (capacity, quotas) and dropped where they would only accumulate (per job, per reason)."""
+        g: Gauges = defaultdict(lambda: defaultdict(float))
+        jobs = [self.jobs[j] for j in sorted(self.jobs)]
+        owner: dict[tuple[str, int], JobRecord] = {}
+        for rec in jobs:
+            if rec.holds_gpus:
+                g["gpuq_running_jobs"][labels(**rec.labels())] += 1
+                for node, gpu in rec.gpus:
+                    owner[(node, gpu)] = rec
+                    pool, model = self._node_labels(node)
+                    g["gpuq_gpus_allocated"][labels(**rec.labels(), pool=pool, gpu_model=model)] += 1
+                    g["gpuq_node_gpu_allocated"][labels(node=node, gpu=str(gpu), **rec.labels())] = 1
+            else:
+                g["gpuq_pending_jobs"][labels(**rec.labels(), stage=rec.stage, reason=rec.reason)] += 1
+        self._checkpoint_ages(jobs, now, g)
+        self._sample_gauges(now, owner, g)
+        self._capacity_gauges(g)
+        self._job_gauges(jobs, now, g)
+        for model, total in self.guaranteed.items():
+            g["gpuq_quota_guaranteed_gpus"][labels(gpu_model=model)] = total
+        for model, price in self.prices.items():
+            g["gpuq_gpu_hourly_cost"][labels(gpu_model=model)] = price
+        return {name: dict(series) for name, series in sorted(g.items())}
+
+    def _checkpoint_ages(self, jobs: list[JobRecord], now: float, g: Gauges) -> None:
+        for rec in jobs:
+            if rec.phase is not JobPhase.RUNNING or rec.spec is None or not rec.spec.checkpoint.supported:
+                continue
+            since = rec.last_checkpoint_at or rec.started_at
+            if since is None:
+                continue
+            key = labels(queue=rec.queue)
+            g["gpuq_checkpoint_age_max_seconds"][key] = max(g["gpuq_checkpoint_age_max_seconds"].get(key, 0.0),
+                                                             max(0.0, now - since))
+
+    def _sample_gauges(self, now: float, owner: dict[tuple[str, int], JobRecord], g: Gauges) -> None:
+        for sample in self._fresh_samples(now):
+            pool, model = self._node_labels(sample.node, sample.gpu_model)
+            for s in sorted(sample.samples, key=lambda s: s.gpu_index):
+                gpu_key = labels(node=sample.node, gpu=str(s.gpu_index), pool=pool, gpu_model=model)
+                g["gpuq_node_gpu_utilization_ratio"][gpu_key] = s.utilization_pct / 100.0
+                g["gpuq_node_gpu_memory_used_bytes"][gpu_key] = float(s.memory_used_mib * MIB)
+                # Bindings say who holds the GPU; the sample's job id covers placements we never saw
+                # (e.g. after a restart mid-flight), but only while that job still holds GPUs.
+                rec = owner.get((sample.node, s.gpu_index))
+                if rec is None and s.job_id is not None:
+                    rec = self.jobs.get(s.job_id)
+                if rec is None or not rec.holds_gpus:
+                    continue
+                key = labels(**rec.labels(), pool=pool, gpu_model=model)
+                g["gpuq_gpus_used"][key] += s.utilization_pct / 100.0
+                g["gpuq_gpu_memory_used_bytes"][key] += float(s.memory_used_mib * MIB)
+
+    def _free_by_node(self) -> dict[str, int]:
+        held: dict[str, int] = defaultdict(int)
+        for rec in self.jobs.values():
+            if rec.holds_gpus:
+                for node, _ in rec.gpus:
+                    held[node] += 1
+        return {name: max(0, r.node.gpus - held.get(name, 0)) for name, r in sorted(self.nodes.items())}
+
+    def _capacity_gauges(self, g: Gauges) -> None:
+        free = self._free_by_node()
+        waiting = [r.spec for _, r in sorted(self.jobs.items()) if not r.holds_gpus and r.spec is not None]
+        nodes: list[NodeSpec] = [r.node for _, r in sorted(self.nodes.items())]
+        fragmented = fragmented_gpus(nodes, free, waiting)
+        for rec in (self.nodes[n] for n in sorted(self.nodes)):
+            node = rec.node
+            key = labels(pool=rec.pool, gpu_model=node.gpu_model)
+            g["gpuq_nodes"][labels(pool=rec.pool, gpu_model=node.gpu_model, health=str(node.health))] += 1
+            # Keep the pool's series present at zero so dashboards show 0 rather than "no data".
+            for name in ("gpuq_gpus_capacity", "gpuq_gpus_free", "gpuq_gpus_fragmented"):
+                g[name][key] += 0
+            if node.health is not NodeHealth.READY:
+                continue
+            g["gpuq_gpus_capacity"][key] += node.gpus
+            g["gpuq_gpus_free"][key] += free[node.name]
+            g["gpuq_gpus_fragmented"][key] += fragmented.get(node.name, 0)
+
+    def _job_gauges(self, jobs: list[JobRecord], now: float, g: Gauges) -> None:
+        util: dict[tuple[str, int], float] = {}
+        for sample in self._fresh_samples(now):
+            for s in sample.samples:
+                util[(sample.node, s.gpu_index)] = s.utilization_pct / 100.0
+        chosen = sorted(jobs, key=lambda r: (r.queue, r.job_id))[: self.job_series_cap]
+        for rec in chosen:
+            key = labels(job_id=rec.job_id, **rec.labels())
+            if rec.holds_gpus:
+                g["gpuq_job_gpus_allocated"][key] = len(rec.gpus)
+                seen = [util[k] for k in (tuple(x) for x in rec.gpus) if k in util]
+                if seen:
+                    g["gpuq_job_gpu_utilization_ratio"][key] = sum(seen) / len(seen)
+                continue
+            g["gpuq_job_pending_info"][labels(job_id=rec.job_id, **rec.labels(), stage=rec.stage,
+                                              reason=rec.reason)] = 1
+            if rec.position is not None:
+                g["gpuq_job_queue_position"][key] = rec.position
+            if rec.eta is not None:
+                g["gpuq_job_eta_timestamp_seconds"][key] = rec.eta
+            if rec.queued_at is not None:
+                g["gpuq_job_waiting_seconds"][key] = max(0.0, now - rec.queued_at)

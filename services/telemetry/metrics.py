@@ -1,0 +1,107 @@
+"""Prometheus metrics through the OpenTelemetry SDK and its Prometheus exporter.
+
+Counters and histograms are fed with the core's `Observation`s as events arrive; gauges are observable
+instruments whose callbacks read one snapshot of the core (`TelemetryState.gauges(now)`), taken once per
+scrape. The exporter writes into a registry of our own (not prometheus_client's global one) so several
+instances can live in one process (tests) and `/metrics` shows only gpuq's series.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.metrics import Counter, Histogram, MeterProvider, ObservableGauge
+from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
+from opentelemetry.sdk.resources import Resource
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+
+from services.telemetry.core.names import COUNTER, GAUGE, HISTOGRAM, JCT_BUCKETS_S, METRICS, WAIT_BUCKETS_S
+from services.telemetry.core.state import Gauges
+from services.telemetry.core.state import Observation as CoreObservation
+
+DEFAULT_PORT = 9464
+_BUCKETS = {"gpuq_admission_wait_seconds": WAIT_BUCKETS_S, "gpuq_job_completion_seconds": JCT_BUCKETS_S}
+# Per-GPU series of a large cluster exceed the SDK's default of 2000 points per instrument.
+_CARDINALITY = {Counter: 50_000, Histogram: 20_000, ObservableGauge: 200_000}
+
+
+class _SnapshotRefresher:
+    """Registered before the exporter's collector, so each scrape takes exactly one fresh snapshot
+    (prometheus_client calls collectors in registration order) that every gauge callback then reads."""
+
+    def __init__(self, refresh: Callable[[], None]):
+        self._refresh = refresh
+
+    def collect(self) -> Iterable[Any]:
+        self._refresh()
+        return []
+
+
+class TelemetryMetrics:
+    def __init__(self, snapshot: Callable[[], Gauges], service_name: str = "gpuq-telemetry"):
+        self._snapshot_fn = snapshot
+        self._snapshot: Gauges = {}
+        self._lock = threading.Lock()
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_SnapshotRefresher(self.refresh))
+        self.reader = PrometheusMetricReader(scope_info_enabled=False, registry=self.registry,
+                                             cardinality_limits=_CARDINALITY)
+        views = [View(instrument_name=name, aggregation=ExplicitBucketHistogramAggregation(list(buckets)))
+                 for name, buckets in _BUCKETS.items()]
+        self.provider = MeterProvider(metric_readers=[self.reader], views=views,
+                                      resource=Resource.create({"service.name": service_name}))
+        meter = self.provider.get_meter("gpuq.telemetry")
+        self._counters: dict[str, Any] = {}
+        self._histograms: dict[str, Any] = {}
+        for name, d in sorted(METRICS.items()):
+            if d.kind == COUNTER:
+                self._counters[name] = meter.create_counter(name, unit=d.unit, description=d.help)
+            elif d.kind == HISTOGRAM:
+                self._histograms[name] = meter.create_histogram(name, unit=d.unit, description=d.help)
+            elif d.kind == GAUGE:
+                meter.create_observable_gauge(name, callbacks=[self._gauge_callback(name)], unit=d.unit,
+                                              description=d.help)
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    def refresh(self) -> None:
+        snap = self._snapshot_fn()
+        with self._lock:
+            self._snapshot = snap
+
+    def _gauge_callback(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def callback(options: CallbackOptions) -> Iterable[Observation]:
+            with self._lock:
+                series = self._snapshot.get(name, {})
+            return [Observation(value, dict(lbls)) for lbls, value in series.items()]
+
+        return callback
+
+    def record(self, observations: Iterable[CoreObservation]) -> None:
+        for o in observations:
+            attrs = dict(o.labels)
+            if o.kind == "counter":
+                if o.value > 0:
+                    self._counters[o.name].add(o.value, attrs)
+            else:
+                self._histograms[o.name].record(o.value, attrs)
+
+    def render(self) -> bytes:
+        """The /metrics body (what a scrape returns)."""
+        return generate_latest(self.registry)
+
+    def serve(self, port: int = DEFAULT_PORT, addr: str = "0.0.0.0") -> int:
+        """Start the `/metrics` HTTP endpoint in a daemon thread; returns the bound port."""
+        self._server, self._thread = start_http_server(port, addr=addr, registry=self.registry)
+        return int(self._server.server_port)
+
+    def shutdown(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        self.provider.shutdown()

@@ -1,0 +1,1 @@
+"""Webhook notifications: subscriptions, signed CloudEvents deliveries, retries, dead letters, SSRF guard."""

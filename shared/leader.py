@@ -1,0 +1,77 @@
+"""Single active instance per scope: a Postgres advisory lock held on a dedicated connection, plus a
+monotonically increasing term used as a fencing token.
+
+Why Postgres and not a NATS KV lease: Postgres is already the source of truth, and checking the term in
+the same transaction as a write makes a deposed leader's late write fail instead of landing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+
+import asyncpg
+
+log = logging.getLogger("gpuq.leader")
+
+
+class LostLeadership(RuntimeError):
+    pass
+
+
+def lock_key(scope: str) -> int:
+    return int.from_bytes(hashlib.sha256(f"gpuq-leader-{scope}".encode()).digest()[:8], "big", signed=True)
+
+
+class LeaderLease:
+    def __init__(self, database_url: str, schema: str, scope: str):
+        self.database_url = database_url
+        self.schema = schema
+        self.scope = scope
+        self.term: int | None = None
+        self._conn: asyncpg.Connection | None = None
+
+    async def try_acquire(self) -> bool:
+        if self._conn is None or self._conn.is_closed():
+            self._conn = await asyncpg.connect(self.database_url)
+        got = await self._conn.fetchval("SELECT pg_try_advisory_lock($1)", lock_key(self.scope))
+        if not got:
+            return False
+        await self._conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {self.schema}.leader_terms(scope text PRIMARY KEY, term bigint NOT NULL)")
+        self.term = await self._conn.fetchval(
+            f"INSERT INTO {self.schema}.leader_terms(scope, term) VALUES ($1, 1) "
+            "ON CONFLICT (scope) DO UPDATE SET term = leader_terms.term + 1 RETURNING term", self.scope)
+        log.info("leader for %s with term %s", self.scope, self.term)
+        return True
+
+    async def acquire(self, poll_s: float = 1.0) -> int:
+        """Wait until this instance leads; returns the term. A standby polls until the leader's lock goes."""
+        while not await self.try_acquire():
+            await asyncio.sleep(poll_s)
+        assert self.term is not None
+        return self.term
+
+    async def alive(self) -> bool:
+        if self._conn is None or self._conn.is_closed():
+            return False
+        try:
+            await self._conn.fetchval("SELECT 1", timeout=5)
+        except (OSError, asyncpg.PostgresError, TimeoutError):
+            return False
+        return True
+
+    async def check_fence(self, conn: asyncpg.Connection) -> None:
+        """Inside a write transaction: fail unless this instance's term is still the current one."""
+        current = await conn.fetchval(f"SELECT term FROM {self.schema}.leader_terms WHERE scope = $1", self.scope)
+        if current != self.term:
+            raise LostLeadership(f"{self.scope}: term {self.term} was superseded by {current}")
+
+    async def release(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.is_closed():
+            try:
+                await conn.execute("SELECT pg_advisory_unlock($1)", lock_key(self.scope))
+            finally:
+                await conn.close()

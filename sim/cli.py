@@ -1,0 +1,101 @@
+"""`gpuq simulate`: replay a trace in virtual time under one or more policies."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from shared.config import ConfigError
+from sim.loaders import TraceError
+from sim.run import POLICIES, TraceOptions, load_trace, run_policies, trace_summary
+
+
+def simulate(
+    trace: Path = typer.Option(..., "--trace", help="Trace file: generic CSV "
+                               "(job_id,submit_time,duration,gpus,team[,priority_class,gpu_model,max_runtime_s]), "
+                               "philly.csv or the openb pod list (detected from the header)."),
+    cluster: Path | None = typer.Option(None, "--cluster", help="cluster.yaml (required for the generic CSV; "
+                                        "Philly and openb build their own cluster when omitted)."),
+    queues: Path | None = typer.Option(None, "--queues", help="queues.yaml (default: one queue per team; Philly: "
+                                       "VC quotas from philly_vc.csv). A changed queues.yaml is a what-if."),
+    policy: str = typer.Option("gpuq,quota-fifo,pod-fifo", "--policy",
+                               help=f"Comma-separated policies among {', '.join(POLICIES)}."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the results as JSON here ('-' = stdout)."),
+    report: Path | None = typer.Option(None, "--report", help="Write report.md and PNG plots into this folder."),
+    fmt: str = typer.Option("auto", "--format", help="auto | generic | philly | openb."),
+    start: str | None = typer.Option(None, "--start", help="Keep submissions from this time (ISO date or "
+                                     "seconds, in the trace's clock)."),
+    end: str | None = typer.Option(None, "--end", help="Keep submissions before this time."),
+    month: str | None = typer.Option(None, "--month", help="Keep one month of submissions, e.g. 2017-10."),
+    cluster_scale: float = typer.Option(1.0, "--cluster-scale", help="Multiply node counts and quotas."),
+    load: float | None = typer.Option(None, "--load", help="Scale the cluster (and quotas) so the offered load "
+                                      "≈ this value (GPU-seconds asked ÷ capacity × submission span)."),
+    arrival_scale: float = typer.Option(1.0, "--arrival-scale", help="Compress inter-arrival times by this factor."),
+    topology: Path | None = typer.Option(None, "--topology", help="host,rack,block or ip,DSW,PSW,ASW CSV "
+                                         "(e.g. lingjun_topo.csv) overriding the generated topology."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the synthesised estimates and priority classes."),
+    max_jobs: int | None = typer.Option(None, "--max-jobs", help="Replay only the first N jobs of the window."),
+) -> None:
+    """Replay a GPU job trace through the same cores as production and compare policies."""
+    console = Console(stderr=True)
+    names = [p.strip() for p in policy.split(",") if p.strip()]
+    opts = TraceOptions(trace=trace, fmt=fmt, cluster=cluster, queues=queues, start=start, end=end, month=month,
+                        cluster_scale=cluster_scale, load=load, arrival_scale=arrival_scale, topology=topology,
+                        seed=seed, max_jobs=max_jobs)
+    try:
+        unknown = [n for n in names if n not in POLICIES]
+        if unknown or not names:
+            raise TraceError(f"unknown policy {', '.join(unknown) or '(none)'}; choose from {', '.join(POLICIES)}")
+        tr = load_trace(opts)
+        console.print(f"[bold]{tr.name}[/]: {len(tr.jobs):,} jobs, {len(tr.nodes):,} nodes, "
+                      f"{tr.capacity_gpus:,} GPUs, offered load {tr.offered_load():.2f}")
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console, transient=False) as progress:
+            tasks = {n: progress.add_task(f"{n:>10}", total=len(tr.jobs)) for n in names}
+            last: dict[str, int] = dict.fromkeys(names, -1)
+            step = max(1, len(tr.jobs) // 200)
+
+            def tick(name: str, done: int) -> None:
+                if done - last[name] >= step or done == len(tr.jobs):  # throttle: repainting is not free
+                    last[name] = done
+                    progress.update(tasks[name], completed=done)
+
+            runs = run_policies(tr, names, progress=tick)
+    except (TraceError, ConfigError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    doc = {"trace": trace_summary(tr), "results": [r.metrics for r in runs]}
+    _print_table(console, runs)
+    if json_out is not None:
+        text = json.dumps(doc, indent=2, sort_keys=False)
+        if str(json_out) == "-":
+            sys.stdout.write(text + "\n")
+        else:
+            json_out.parent.mkdir(parents=True, exist_ok=True)
+            json_out.write_text(text + "\n")
+            console.print(f"results written to {json_out}")
+    if report is not None:
+        from sim.report import write_report
+
+        files = write_report(runs, report, command="gpuq simulate " + shlex.join(sys.argv[2:]))
+        console.print(f"report written: {', '.join(str(f) for f in files)}")
+
+
+def _print_table(console: Console, runs: list) -> None:  # type: ignore[type-arg]
+    keys = ("completed", "avg_jct_s", "p50_wait_s", "p99_wait_s", "gpu_utilization", "busy_gpu_utilization",
+            "idle_partial_gang_gpu_hours", "jain_fairness", "themis_rho_worst", "fragmentation_avg_gpus",
+            "sim_wall_s", "events_per_s")
+    table = Table(title="simulation results")
+    table.add_column("metric")
+    for r in runs:
+        table.add_column(r.metrics["policy"], justify="right")
+    for k in keys:
+        table.add_row(k, *[f"{r.metrics[k]:,}" for r in runs])
+    console.print(table)

@@ -1,0 +1,95 @@
+"""What the simulator replays: a trace of jobs plus the cluster and queues it runs against.
+
+Times are integer seconds since the start of the replay window (virtual time); `epoch0` keeps the wall-clock
+origin for reports. A `TraceJob` carries the true `duration` (only the engine sees it) and the user's estimate
+`max_runtime_s` (what the schedulers see).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared.config import QueuesConfig
+from shared.domain import JobSpec, NodeSpec, PodSet, TopologyLevel, TopologyRequest
+
+
+@dataclass(frozen=True)
+class TraceJob:
+    job_id: str
+    submit_time: int  # seconds since the replay origin
+    duration: int  # true run time, seconds (never shown to a scheduler)
+    team: str
+    queue: str
+    pods: int = 1
+    gpus_per_pod: int = 1
+    mig_profile: str | None = None  # fractional GPU as one MIG-like slice (openb)
+    gpu_models: tuple[str, ...] = ()  # any-of; empty = any
+    priority_class: str = "normal"
+    max_runtime_s: int = 86_400  # the user's estimate
+    cpu_milli: int = 0  # per pod
+    memory_mib: int = 0  # per pod
+    preferred_level: TopologyLevel | None = None
+
+    @property
+    def gpus(self) -> int:
+        """Whole GPUs of the gang (MIG-slice pods count 0)."""
+        return 0 if self.mig_profile else self.pods * self.gpus_per_pod
+
+    @property
+    def slices(self) -> int:
+        return self.pods if self.mig_profile else 0
+
+    def spec(self) -> JobSpec:
+        return JobSpec(
+            job_id=self.job_id,
+            team=self.team,
+            queue=self.queue,
+            priority_class=self.priority_class,
+            pod_sets=(
+                PodSet(
+                    name="main",
+                    count=self.pods,
+                    gpus_per_pod=1 if self.mig_profile else self.gpus_per_pod,
+                    gpu_models=self.gpu_models,
+                    mig_profile=self.mig_profile,
+                    cpu_milli=self.cpu_milli,
+                    memory_mib=self.memory_mib,
+                ),
+            ),
+            topology=TopologyRequest(preferred_level=self.preferred_level),
+            max_runtime_s=self.max_runtime_s,
+        )
+
+
+@dataclass
+class Trace:
+    """A replayable workload: jobs sorted by (submit_time, job_id), the nodes and the queues."""
+
+    name: str
+    jobs: list[TraceJob]
+    nodes: list[NodeSpec]
+    queues: QueuesConfig
+    epoch0: float = 0.0  # wall-clock epoch seconds of virtual time 0
+    info: dict[str, object] = field(default_factory=dict)  # what the loader did (dropped rows, scale, ...)
+
+    @property
+    def capacity_gpus(self) -> int:
+        return sum(n.gpus for n in self.nodes)
+
+    def gpu_milli(self, job: TraceJob) -> int:
+        """A job's footprint in milli-GPUs: whole GPUs, or slices as their fraction of a GPU."""
+        if not job.mig_profile:
+            return job.gpus * 1000
+        return job.slices * self.slice_milli()
+
+    def slice_milli(self) -> int:
+        per_gpu = max((n.mig.slices_per_gpu for n in self.nodes if n.mig), default=1)
+        return 1000 // per_gpu
+
+    def offered_load(self) -> float:
+        """GPU-seconds asked for ÷ (capacity × span of submissions); 0 when the trace is empty."""
+        if not self.jobs or self.capacity_gpus == 0:
+            return 0.0
+        span = max(1, self.jobs[-1].submit_time - self.jobs[0].submit_time)
+        demand = sum(self.gpu_milli(j) * j.duration for j in self.jobs) / 1000
+        return demand / (self.capacity_gpus * span)

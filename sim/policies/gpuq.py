@@ -1,0 +1,169 @@
+"""`gpuq`: the production pipeline, driven through the SAME pure cores the services use.
+
+Each cycle: (1) admission — `services.admission.core.admission_cycle` (quotas, borrowing, fair share,
+priorities) capped by the free GPUs per model; (2) placement — `services.scheduler.core.schedule_cycle` over
+the admitted-but-unplaced jobs (gang, topology, binpack, backfill with reservations from `max_runtime_s`);
+(3) preemption — a hook called when admitted jobs cannot be placed or admission asks to reclaim quota.
+No scheduling logic lives here: only the bookkeeping that the services' shells do with events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from shared.domain import JobSpec
+from sim.engine import CycleOutput, Preempted
+from sim.model import Trace, TraceJob
+
+
+def cores_available() -> bool:
+    try:
+        import services.admission.core  # noqa: F401
+        import services.scheduler.core  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class RunningInfo:
+    spec: JobSpec
+    started_at: float
+    expected_end: float  # started_at + max_runtime_s: what the schedulers believe
+
+
+@dataclass(frozen=True)
+class PreemptionContext:
+    """What a preemption core needs to pick victims: the snapshot after this cycle's placements."""
+
+    now: float
+    cluster: Any  # services.scheduler.core.ClusterState (do not mutate: return victims instead)
+    admission: Any  # services.admission.core.AdmissionState
+    unplaceable: Sequence[Any]  # scheduler Unplaceable of admitted jobs still waiting, in order
+    reclaims: Sequence[Any]  # admission ReclaimRequest list of this cycle
+    running: dict[str, RunningInfo]
+    protection_window_s: int
+    checkpoint_grace_s: int
+
+
+PreemptionHook = Callable[[PreemptionContext], list[Preempted]]
+
+
+def no_preemption(ctx: PreemptionContext) -> list[Preempted]:
+    """The hook until the preemption core lands: never preempts (preemptions and lost work stay 0)."""
+    return []
+
+
+class GpuqPolicy:
+    name = "gpuq"
+
+    def __init__(self, preemption_hook: PreemptionHook = no_preemption, *, backfill: bool = True):
+        self.preemption_hook = preemption_hook
+        self.backfill = backfill
+
+    def setup(self, trace: Trace) -> None:
+        from services.admission.core import AdmissionState
+        from services.scheduler.core import ClusterState
+
+        self.trace = trace
+        self.adm = AdmissionState(trace.queues)
+        self.cluster = ClusterState.from_nodes(trace.nodes)
+        self.prio = {p.name: p.value for p in trace.queues.priority_classes}
+        self.submitted: dict[str, tuple[JobSpec, float]] = {}
+        self.waiting: dict[str, tuple[tuple[int, int], Any]] = {}  # admitted, unplaced: job -> (order, AdmittedWorkload)
+        self.running: dict[str, RunningInfo] = {}
+        self.milli: dict[str, int] = {}
+        self._allocated = 0
+        self._admit_seq = 0
+        self._pending_admission = 0
+
+    # -- engine hooks
+    def on_arrival(self, job: TraceJob, now: float) -> str | None:
+        from services.admission.core import Workload
+
+        spec = job.spec()
+        rejection = self.adm.submit(Workload(spec=spec, submitted_at=now))
+        if rejection is not None:
+            return rejection.reason
+        self.submitted[job.job_id] = (spec, now)
+        self.milli[job.job_id] = self.trace.gpu_milli(job)
+        self._pending_admission += 1
+        return None
+
+    def on_completion(self, job_id: str, now: float) -> None:
+        self.cluster.release(job_id)
+        self.adm.finish(job_id)
+        self.running.pop(job_id, None)
+        self.submitted.pop(job_id, None)
+        self._allocated -= self.milli.pop(job_id, 0)
+
+    def cycle(self, now: float) -> CycleOutput:
+        from services.admission.core import admission_cycle
+        from services.scheduler.core import PendingJob, RunningJob, schedule_cycle
+
+        reclaims: Sequence[Any] = ()
+        # 1. admission (only when someone waits for it)
+        if self._pending_admission:
+            decision = admission_cycle(self.adm, now, capacity=self.cluster.free_gpus_by_model())
+            for a in decision.admitted:
+                job_id = a.spec.job_id
+                self.waiting[job_id] = ((-self.prio.get(a.spec.priority_class, 0), self._admit_seq), a)
+                self._admit_seq += 1
+            self._pending_admission -= len(decision.admitted)
+            reclaims = decision.reclaims
+            # Jobs the admission core cannot ever admit are refused at submit(); pending statuses of the
+            # rest are not scanned here (O(pending) per cycle), only the ETA/explain paths need them.
+        if not self.waiting:
+            return CycleOutput()
+        # 2. placement: admitted jobs in (priority, admission) order; reservations from estimates
+        order = sorted(self.waiting.items(), key=lambda kv: kv[1][0])
+        pending = [PendingJob(spec=a.spec, allowed_models=tuple(sorted(set(a.flavors.values()))))
+                   for _, (_, a) in order]
+        running = [RunningJob(job_id=j, expected_end=max(r.expected_end, now + 1.0))
+                   for j, r in sorted(self.running.items())]
+        result = schedule_cycle(self.cluster, pending, running, now, backfill=self.backfill)
+        started: list[str] = []
+        for placement in result.placed:
+            job_id = placement.job_id
+            _, a = self.waiting.pop(job_id)
+            self.running[job_id] = RunningInfo(a.spec, now, now + a.spec.max_runtime_s)
+            self._allocated += self.milli[job_id]
+            started.append(job_id)
+        # 3. preemption hook: admitted work that cannot be placed, or a queue reclaiming its quota
+        victims: list[Preempted] = []
+        if result.unplaceable or reclaims:
+            policy = self.trace.queues.policy
+            ctx = PreemptionContext(now=now, cluster=self.cluster, admission=self.adm,
+                                    unplaceable=result.unplaceable, reclaims=reclaims, running=self.running,
+                                    protection_window_s=policy.protection_window_s,
+                                    checkpoint_grace_s=policy.checkpoint_grace_s)
+            victims = self.preemption_hook(ctx)
+            for v in victims:
+                self._requeue(v.job_id)
+        return CycleOutput(started=started, preempted=victims)
+
+    def _requeue(self, job_id: str) -> None:
+        from services.admission.core import Workload
+
+        info = self.running.pop(job_id, None)
+        if info is None:
+            return
+        self.cluster.release(job_id)
+        self.adm.finish(job_id)
+        spec, submitted_at = self.submitted[job_id]
+        self.adm.requeue(Workload(spec=spec, submitted_at=submitted_at))
+        self._allocated -= self.milli[job_id]
+        self._pending_admission += 1
+
+    def allocated_milli(self) -> int:
+        return self._allocated
+
+    def fragmentation(self) -> int:
+        from services.scheduler.core import fragmentation
+
+        waiting = [a.spec for _, (_, a) in sorted(self.waiting.items())]
+        waiting += [spec for job_id, (spec, _) in sorted(self.submitted.items())
+                    if job_id not in self.running and job_id not in self.waiting][:200]
+        return int(fragmentation(self.cluster, waiting)) if waiting else 0

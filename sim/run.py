@@ -1,0 +1,174 @@
+"""Load a trace the way the command line asks, and replay it under each policy."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from shared.config import ClusterConfig, QueuesConfig, load_cluster, load_queues
+from sim.engine import Engine, Policy, SimResult
+from sim.loaders import (
+    TraceError,
+    Window,
+    load_generic_csv,
+    load_openb,
+    load_philly,
+    month_window,
+    parse_time,
+)
+from sim.metrics import compute_metrics, isolated_finish_times
+from sim.model import Trace
+from sim.policies.baselines import PodFifo, QuotaFifo
+from sim.policies.gpuq import GpuqPolicy, cores_available
+
+POLICIES = ("gpuq", "quota-fifo", "pod-fifo")
+
+
+def make_policy(name: str) -> Policy:
+    if name == "gpuq":
+        if not cores_available():
+            raise TraceError("policy gpuq needs services.admission.core and services.scheduler.core")
+        return GpuqPolicy()
+    if name == "quota-fifo":
+        return QuotaFifo()
+    if name == "pod-fifo":
+        return PodFifo()
+    raise TraceError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
+
+
+@dataclass(frozen=True)
+class TraceOptions:
+    trace: Path
+    fmt: str = "auto"  # auto | generic | philly | openb
+    cluster: Path | None = None
+    queues: Path | None = None
+    start: str | None = None
+    end: str | None = None
+    month: str | None = None
+    cluster_scale: float = 1.0
+    load: float | None = None
+    arrival_scale: float = 1.0  # > 1 compresses inter-arrival times (more load on the same cluster)
+    topology: Path | None = None
+    seed: int = 0
+    max_jobs: int | None = None
+
+
+def detect_format(path: Path) -> str:
+    with path.open() as fh:
+        header = fh.readline().strip().split(",")
+    if header[:3] == ["timestamp", "duration", "num_gpus"]:
+        return "philly"
+    if "gpu_milli" in header and "qos" in header:
+        return "openb"
+    if header[:5] == ["job_id", "submit_time", "duration", "gpus", "team"]:
+        return "generic"
+    raise TraceError(f"{path}: unknown trace format (header {','.join(header[:6])}); expected the generic CSV "
+                     "job_id,submit_time,duration,gpus,team[,...], philly.csv or the openb pod list")
+
+
+def _window(opts: TraceOptions) -> Window:
+    if opts.month:
+        return month_window(opts.month)
+    return Window(parse_time(opts.start) if opts.start else None, parse_time(opts.end) if opts.end else None)
+
+
+def scale_cluster(cfg: ClusterConfig, scale: float) -> ClusterConfig:
+    groups = tuple(g.model_copy(update={"count": max(1, round(g.count * scale))}) for g in cfg.node_groups)
+    return cfg.model_copy(update={"node_groups": groups})
+
+
+def scale_queues(cfg: QueuesConfig, scale: float) -> QueuesConfig:
+    def q(x: int | None) -> int | None:
+        return None if x is None else round(x * scale)
+
+    queues = tuple(
+        qc.model_copy(update={"quotas": {m: f.model_copy(update={
+            "nominal": round(f.nominal * scale), "borrowing_limit": q(f.borrowing_limit),
+            "lending_limit": None if f.lending_limit is None else min(q(f.lending_limit) or 0,
+                                                                      round(f.nominal * scale))})
+            for m, f in qc.quotas.items()}})
+        for qc in cfg.queues)
+    return cfg.model_copy(update={"queues": queues})
+
+
+def _load_once(opts: TraceOptions, fmt: str, scale: float) -> Trace:
+    window = _window(opts)
+    if fmt == "philly":
+        trace = load_philly(opts.trace, window=window, seed=opts.seed, cluster_scale=scale)
+    elif fmt == "openb":
+        if scale != 1.0:
+            raise TraceError("--cluster-scale/--load are not supported for the openb trace (a fixed real cluster)")
+        trace = load_openb(opts.trace, topology_path=opts.topology, window=window, seed=opts.seed)
+    else:
+        if opts.cluster is None:
+            raise TraceError("the generic CSV needs --cluster cluster.yaml")
+        cluster = scale_cluster(load_cluster(opts.cluster), scale)
+        nodes = cluster.nodes(base_dir=opts.cluster.parent)
+        trace = load_generic_csv(opts.trace, nodes, None, window=window, seed=opts.seed)
+    if opts.cluster is not None and fmt != "generic":
+        cluster = scale_cluster(load_cluster(opts.cluster), scale)
+        trace.nodes = cluster.nodes(base_dir=opts.cluster.parent)
+    if opts.queues is not None:
+        trace.queues = scale_queues(load_queues(opts.queues), scale)
+    if opts.topology is not None and fmt != "openb":
+        from shared.config import apply_topology, load_topology_csv
+
+        trace.nodes = apply_topology(trace.nodes, load_topology_csv(opts.topology))
+    if opts.max_jobs is not None:
+        trace.jobs = trace.jobs[: opts.max_jobs]
+    if opts.arrival_scale != 1.0:
+        trace.jobs = [replace(j, submit_time=round(j.submit_time / opts.arrival_scale)) for j in trace.jobs]
+    trace.info["cluster_scale"] = scale
+    return trace
+
+
+def load_trace(opts: TraceOptions) -> Trace:
+    """The trace, windowed and scaled. `load` picks the cluster scale so offered load ≈ load."""
+    fmt = detect_format(opts.trace) if opts.fmt == "auto" else opts.fmt
+    trace = _load_once(opts, fmt, opts.cluster_scale)
+    if opts.load is not None:
+        # Offered load scales as 1/scale; node counts are rounded (and each Philly VC keeps a node), so a
+        # few fixed-point steps land closer to the target than one.
+        scale = opts.cluster_scale
+        for _ in range(3):
+            offered = trace.offered_load()
+            if offered <= 0:
+                raise TraceError("--load: the window holds no work")
+            if abs(offered / opts.load - 1) < 0.01:
+                break
+            scale *= offered / opts.load
+            trace = _load_once(opts, fmt, scale)
+    # Jobs no cluster of this size could ever hold are dropped for every policy alike.
+    biggest = trace.capacity_gpus
+    too_big = [j.job_id for j in trace.jobs if j.gpus > biggest]
+    if too_big:
+        trace.jobs = [j for j in trace.jobs if j.gpus <= biggest]
+    trace.info.update({"dropped_larger_than_cluster": len(too_big), "offered_load": round(trace.offered_load(), 4),
+                       "jobs": len(trace.jobs), "capacity_gpus": trace.capacity_gpus, "nodes": len(trace.nodes)})
+    return trace
+
+
+@dataclass
+class PolicyRun:
+    metrics: dict
+    result: SimResult
+
+
+def run_policies(trace: Trace, policies: Sequence[str],
+                 progress: Callable[[str, int], None] | None = None) -> list[PolicyRun]:
+    isolated = isolated_finish_times(trace)
+    runs: list[PolicyRun] = []
+    for name in policies:
+        policy = make_policy(name)
+        cb = (lambda done, _n=name: progress(_n, done)) if progress else None
+        t0 = time.perf_counter()
+        result = Engine(trace, policy, progress=cb).run()
+        wall = time.perf_counter() - t0
+        runs.append(PolicyRun(compute_metrics(result, wall, isolated), result))
+    return runs
+
+
+def trace_summary(trace: Trace) -> dict:
+    return {"name": trace.name, "epoch0": trace.epoch0, **{k: trace.info[k] for k in sorted(trace.info)}}
