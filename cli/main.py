@@ -19,3 +19,14 @@ app.add_typer(bench_app, name="bench")
 from services.metering.bench import bench_metering; bench_app.command("metering")(bench_metering)  # noqa: E402, E702, I001
 from services.metering.report import report; app.command("report")(report)  # noqa: E402, E702, I001
 from sim.cli import simulate; app.command("simulate")(simulate)  # noqa: E402, E702, I001
+from services.telemetry.cli import webhooks_app; app.add_typer(webhooks_app, name="webhooks")  # noqa: E402, E702, I001
+from cli.jobs import cancel, explain, queues, status, submit  # noqa: E402, I001
+from cli.platform import demo, up  # noqa: E402, I001
+
+app.command("submit")(submit)
+app.command("status")(status)
+app.command("explain")(explain)
+app.command("queues")(queues)
+app.command("cancel")(cancel)
+app.command("up")(up)
+app.command("demo")(demo)

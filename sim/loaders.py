@@ -315,7 +315,7 @@ def load_openb(pods_path: Path, *, nodes_path: Path | None = None, topology_path
                 ))
             except (KeyError, ValueError) as exc:
                 raise TraceError(f"{pods_path}: line {lineno}: {exc}") from None
-    jobs, t0 = _rebase(jobs)
+    jobs, _t0 = _rebase(jobs)
     slice_demand = sum(j.duration for j in jobs if j.mig_profile) / OPENB_SLICES_PER_GPU
     whole_demand = sum(j.duration * j.gpus for j in jobs)
     shared_fraction = slice_demand / (slice_demand + whole_demand) if jobs else 0.0

@@ -7,6 +7,8 @@ Definitions (docs/simulator.md repeats them):
   window [0, last submit]; busy_gpu_utilization counts only GPUs of gangs that run; the difference is idle
   partial-gang GPU time (pods placed, gang incomplete), reported in GPU-hours over the whole replay.
   gpu_utilization_to_makespan uses [0, makespan] instead.
+- per_team: gpu_hours = GPU-hours of the team's completed jobs; usage_share = the team's share of GPU-hours
+  allocated inside the replay window (where teams compete); quota_share = its queue's nominal ÷ all nominal.
 - Themis finish-time fairness ρ = JCT ÷ T_isolated, with T_isolated the job's completion time (from submit)
   if its team ran alone, strict FIFO, on an isolated cluster of 1/N of the capacity (N = teams in the trace);
   a gang larger than the share runs on the whole share, slowed in proportion.
@@ -17,6 +19,7 @@ Definitions (docs/simulator.md repeats them):
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -79,7 +82,7 @@ def _integrals(res: SimResult, until: float) -> tuple[float, float]:
     """(allocated, busy) milli-GPU-seconds over [0, until], from the step function of samples."""
     alloc = busy = 0.0
     s = res.samples
-    for a, b in zip(s, s[1:], strict=False):
+    for a, b in itertools.pairwise(s):
         if a.t >= until:
             break
         dt = min(b.t, until) - a.t
@@ -124,7 +127,15 @@ def compute_metrics(res: SimResult, sim_wall_s: float, isolated: dict[str, float
     team_hours = {t: 0.0 for t in teams}
     for r in completed:
         team_hours[r.job.team] += trace.gpu_milli(r.job) * r.job.duration / 1000 / 3600
-    total_hours = sum(team_hours.values()) or 1.0
+    # Usage share is measured inside the replay window, where teams compete: once every job has finished,
+    # delivered GPU-hours are the same under any policy.
+    window_hours = {t: 0.0 for t in teams}
+    for r in considered:
+        if r.start is not None:
+            upto = min(r.end if r.end is not None else end, window)
+            if upto > r.start:
+                window_hours[r.job.team] += trace.gpu_milli(r.job) * (upto - r.start) / 1000 / 3600
+    total_window = sum(window_hours.values()) or 1.0
     per_team: dict[str, dict] = {}
     team_x: list[float] = []
     for t in teams:
@@ -134,7 +145,8 @@ def compute_metrics(res: SimResult, sim_wall_s: float, isolated: dict[str, float
         per_team[t] = {
             "jobs": len(rs), "avg_wait_s": _mean(w), "p99_wait_s": _pct(w, 99),
             "gpu_hours": _r(team_hours[t]), "quota_share": _r(nominal.get(queue, 0) / total_nominal, 4),
-            "usage_share": _r(team_hours[t] / total_hours, 4),
+            "window_gpu_hours": _r(window_hours[t]),
+            "usage_share": _r(window_hours[t] / total_window, 4),
         }
         inv = [min(1.0, 1.0 / rho[r.job.job_id]) for r in rs if r.job.job_id in rho]
         if inv:

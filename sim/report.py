@@ -12,10 +12,12 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import itertools
 
-from sim.run import PolicyRun, trace_summary  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+
+from sim.run import PolicyRun, trace_summary
 
 HEADLINE = ("jobs", "completed", "avg_jct_s", "p50_wait_s", "p99_wait_s", "gpu_utilization",
             "busy_gpu_utilization", "idle_partial_gang_gpu_hours", "jain_fairness", "themis_rho_worst",
@@ -29,7 +31,7 @@ def _hourly_util(run: PolicyRun, bucket_s: float) -> tuple[np.ndarray, np.ndarra
     n = max(1, int(np.ceil(end / bucket_s)))
     acc = np.zeros(n)
     s = res.samples
-    for a, b in zip(s, s[1:], strict=False):
+    for a, b in itertools.pairwise(s):
         t, t_end = a.t, b.t
         while t < t_end:  # spread the step over the buckets it covers
             i = min(int(t // bucket_s), n - 1)

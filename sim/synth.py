@@ -33,7 +33,7 @@ def round_up_to_bucket(seconds: float) -> int:
     for b in RUNTIME_BUCKETS_S:
         if seconds <= b:
             return b
-    return int(math.ceil(seconds / WEEK_S)) * WEEK_S
+    return math.ceil(seconds / WEEK_S) * WEEK_S
 
 
 def estimate_runtime(duration: int, job_id: str, seed: int) -> int:

@@ -67,26 +67,17 @@ class AdmissionService:
 
     async def load(self, runtime: ServiceRuntime) -> None:
         async with runtime.pool.acquire() as conn:
+            # The file's configuration is recorded once, so that every reader (the CLI, a standby) sees the
+            # configuration in force; later changes arrive as QueueConfigChanged and are recorded too.
+            has_config = await conn.fetchval("SELECT count(*) FROM admission.config")
+            if not has_config:
+                await conn.execute(
+                    "INSERT INTO admission.config(applied_at, document, applied_by) VALUES ($1, $2, 'startup')",
+                    runtime.clock.now(), self.initial_config.model_dump_json(exclude_none=False))
             await self._rebuild(conn)
 
     async def _rebuild(self, conn) -> None:  # type: ignore[no-untyped-def]
-        row = await conn.fetchrow("SELECT document FROM admission.config ORDER BY version DESC LIMIT 1")
-        config = parse_queues(json.loads(row["document"]), "admission.config") if row else self.initial_config
-        state = AdmissionState(config)
-        rows = await conn.fetch(
-            "SELECT spec, status, submitted_at, admitted_at, flavors, usage, borrowing FROM admission.jobs "
-            "WHERE status IN ('pending', 'admitted') ORDER BY submitted_at, job_id")
-
-        for r in rows:
-            spec = JobSpec.model_validate_json(r["spec"])
-            if r["status"] == "admitted":
-                state.restore_admitted(AdmittedWorkload(
-                    spec=spec, submitted_at=r["submitted_at"], admitted_at=r["admitted_at"],
-                    flavors=json.loads(r["flavors"] or "{}"), usage=json.loads(r["usage"] or "{}"),
-                    borrowing=bool(r["borrowing"])))
-            else:
-                state.requeue(Workload(spec, r["submitted_at"]))
-        self.state = state
+        self.state = await load_state(conn, self.initial_config)
         self._published.clear()
         self._dirty = False
 
@@ -226,3 +217,28 @@ class AdmissionService:
             await tx.emit(PreemptionRequested(preemptor=r.preemptor, queue=r.queue, reason=PreemptionReason.RECLAIM,
                                               need=r.need, candidates=r.candidates,
                                               message=f"queue {r.queue} reclaims its nominal quota"))
+
+
+async def load_state(conn, fallback: QueuesConfig | None = None) -> AdmissionState:  # type: ignore[no-untyped-def]
+    """Rebuild the core's state from admission's tables: the configuration in force, pending and admitted jobs."""
+    row = await conn.fetchrow("SELECT document FROM admission.config ORDER BY version DESC LIMIT 1")
+    if row is not None:
+        config = parse_queues(json.loads(row["document"]), "admission.config")
+    elif fallback is not None:
+        config = fallback
+    else:
+        raise LookupError("admission has no queue configuration recorded yet")
+    state = AdmissionState(config)
+    rows = await conn.fetch(
+        "SELECT spec, status, submitted_at, admitted_at, flavors, usage, borrowing FROM admission.jobs "
+        "WHERE status IN ('pending', 'admitted') ORDER BY submitted_at, job_id")
+    for r in rows:
+        spec = JobSpec.model_validate_json(r["spec"])
+        if r["status"] == "admitted":
+            state.restore_admitted(AdmittedWorkload(
+                spec=spec, submitted_at=r["submitted_at"], admitted_at=r["admitted_at"],
+                flavors=json.loads(r["flavors"] or "{}"), usage=json.loads(r["usage"] or "{}"),
+                borrowing=bool(r["borrowing"])))
+        else:
+            state.requeue(Workload(spec, r["submitted_at"]))
+    return state

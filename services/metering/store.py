@@ -123,7 +123,10 @@ WITH s AS (
     INSERT INTO metering.gpu_samples SELECT * FROM s ON CONFLICT DO NOTHING
     RETURNING job_id, node, sampled_at, interval_ms, used_gpu_ms, energy_mj
 ), agg AS (
-    SELECT job_id, node, date_bin('1 hour', sampled_at, timestamptz '1970-01-01 00:00:00+00') AS hour,
+    -- A sample covers (sampled_at - interval, sampled_at]: it belongs to the hour its interval starts in.
+    SELECT job_id, node,
+           date_bin('1 hour', sampled_at - interval_ms * interval '1 millisecond',
+                    timestamptz '1970-01-01 00:00:00+00') AS hour,
            count(*) AS samples, sum(interval_ms)::bigint AS sampled_gpu_ms, sum(used_gpu_ms)::bigint AS used,
            sum(energy_mj)::bigint AS energy, max(sampled_at) AS last_at
     FROM ins WHERE job_id IS NOT NULL GROUP BY 1, 2, 3

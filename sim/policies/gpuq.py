@@ -20,7 +20,7 @@ from sim.model import Trace, TraceJob
 
 def cores_available() -> bool:
     try:
-        import services.admission.core  # noqa: F401
+        import services.admission.core
         import services.scheduler.core  # noqa: F401
     except ImportError:
         return False
@@ -72,8 +72,10 @@ class GpuqPolicy:
         self.cluster = ClusterState.from_nodes(trace.nodes)
         self.prio = {p.name: p.value for p in trace.queues.priority_classes}
         self.submitted: dict[str, tuple[JobSpec, float]] = {}
-        self.waiting: dict[str, tuple[tuple[int, int], Any]] = {}  # admitted, unplaced: job -> (order, AdmittedWorkload)
+        # admitted but not placed: job -> ((-priority, admission seq), AdmittedWorkload)
+        self.waiting: dict[str, tuple[tuple[int, int], Any]] = {}
         self.running: dict[str, RunningInfo] = {}
+        self._running_jobs: dict[str, Any] = {}  # job_id -> scheduler RunningJob
         self.milli: dict[str, int] = {}
         self._allocated = 0
         self._admit_seq = 0
@@ -96,6 +98,7 @@ class GpuqPolicy:
         self.cluster.release(job_id)
         self.adm.finish(job_id)
         self.running.pop(job_id, None)
+        self._running_jobs.pop(job_id, None)
         self.submitted.pop(job_id, None)
         self._allocated -= self.milli.pop(job_id, 0)
 
@@ -121,14 +124,16 @@ class GpuqPolicy:
         order = sorted(self.waiting.items(), key=lambda kv: kv[1][0])
         pending = [PendingJob(spec=a.spec, allowed_models=tuple(sorted(set(a.flavors.values()))))
                    for _, (_, a) in order]
-        running = [RunningJob(job_id=j, expected_end=max(r.expected_end, now + 1.0))
-                   for j, r in sorted(self.running.items())]
-        result = schedule_cycle(self.cluster, pending, running, now, backfill=self.backfill)
+        # Expected ends come from estimates; an overrunning job's end is in the past, which the scheduler
+        # reads as "ends any moment" (Slurm does the same). RunningJob objects are made once per start.
+        result = schedule_cycle(self.cluster, pending, list(self._running_jobs.values()), now,
+                                backfill=self.backfill)
         started: list[str] = []
         for placement in result.placed:
             job_id = placement.job_id
             _, a = self.waiting.pop(job_id)
             self.running[job_id] = RunningInfo(a.spec, now, now + a.spec.max_runtime_s)
+            self._running_jobs[job_id] = RunningJob(job_id=job_id, expected_end=now + a.spec.max_runtime_s)
             self._allocated += self.milli[job_id]
             started.append(job_id)
         # 3. preemption hook: admitted work that cannot be placed, or a queue reclaiming its quota
@@ -150,6 +155,7 @@ class GpuqPolicy:
         info = self.running.pop(job_id, None)
         if info is None:
             return
+        self._running_jobs.pop(job_id, None)
         self.cluster.release(job_id)
         self.adm.finish(job_id)
         spec, submitted_at = self.submitted[job_id]

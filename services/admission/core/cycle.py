@@ -18,7 +18,7 @@ queue, so a cycle costs O(pending) cheap memoised checks plus O(admitted · log 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from itertools import chain
 from operator import attrgetter
 
@@ -46,28 +46,32 @@ class _Fit:
 
 
 class _NoFit:
-    __slots__ = ("message", "need", "reason")
+    __slots__ = ("message", "need", "reason", "variants")
 
     def __init__(self, reason: str, message: str, need: dict[str, int] | None):
         self.reason = reason
         self.message = message
+        self.variants: dict[str, str] = {}
         self.need = need  # set when the job fits its nominal quota and only borrowers stand in the way
 
 
 def admission_cycle(state: AdmissionState, now: float, *, capacity: Mapping[str, int] | None = None,
-                    max_admissions: int | None = None) -> AdmissionDecision:
+                    max_admissions: int | None = None, explain: bool = True) -> AdmissionDecision:
     """Admit what fits, in order, and explain everything that still waits. Applies the admissions to `state`.
 
     `capacity`: free physical GPUs (or MIG slices, keyed "<model>:<profile>") per resource; a resource missing
     from it has none free. `max_admissions`: stop after that many admissions (the rest wait for the next
-    cycle)."""
-    return _Cycle(state, now, capacity, max_admissions).run()
+    cycle). `explain=False` skips building `decision.pending` (positions and PendingStatus objects, about
+    half of a cycle with a deep backlog) for callers that only need the admissions, such as the simulator
+    or the ETA forward simulation; admissions and reclaims are identical either way."""
+    return _Cycle(state, now, capacity, max_admissions, explain).run()
 
 
 class _Cycle:
     def __init__(self, state: AdmissionState, now: float, capacity: Mapping[str, int] | None,
-                 max_admissions: int | None):
+                 max_admissions: int | None, explain: bool = True):
         self.state = state
+        self.explain = explain
         self.book = state._book
         self.now = now
         self.cap_left = dict(capacity) if capacity is not None else None
@@ -76,7 +80,7 @@ class _Cycle:
         self.idx: dict[str, int] = {}
         self.heap: list[tuple[tuple[int, float, float, str], str]] = []
         self.version = 0  # bumped by every admission: memoised fit checks are valid within one version
-        self.memo: dict[tuple[str, Signature], tuple[int, _Fit | _NoFit]] = {}
+        self.memo: dict[tuple[str, int], tuple[int, _Fit | _NoFit]] = {}
         self.decision = AdmissionDecision()
         self.admitted_queues: set[str] = set()
         # reclaim candidates only change when a job is admitted in the cohort
@@ -152,13 +156,13 @@ class _Cycle:
                 self._block_rest(q, Reason.WAITING_FOR_MAX_RUNNING_JOBS,
                                  f"queue {q} runs {running}/{qq.max_running} jobs (max_running_jobs)")
                 return
-            hit = memo.get((q, e.sig))
+            hit = memo.get((q, e.sid))
             result = hit[1] if hit is not None and hit[0] == version else self._evaluate(qq, e)
             if type(result) is _Fit:
                 self.idx[q] = i
                 heapq.heappush(self.heap, (self._key(qq, e, result), q))
                 return
-            if result.need is None:  # type: ignore[union-attr]
+            if result.need is None or not qq.can_reclaim:  # type: ignore[union-attr]
                 e.reason = result.reason  # type: ignore[union-attr]
                 e.message = result.message  # type: ignore[union-attr]
             else:
@@ -200,21 +204,25 @@ class _Cycle:
                     elif e.admitted is None:
                         e.reason = Reason.WAITING_FOR_NEXT_CYCLE
                         e.message = f"this cycle admitted its maximum of {self.max_admissions} jobs"
-            remaining = [e for e in lst if e.admitted is None] if self.idx_admitted(q) else lst
-            for pos, e in enumerate(remaining, 1):
-                e.qpos = pos
+            remaining = [e for e in lst if e.admitted is None] if q in self.admitted_queues else lst
+            if self.explain:
+                for pos, e in enumerate(remaining, 1):
+                    e.qpos = pos
             qq = self.book.queues.get(q)
             if remaining:
                 state._pending_by_queue[q] = remaining
                 by_cohort.setdefault(qq.cohort if qq is not None else None, []).append(remaining)
             else:
                 state._pending_by_queue.pop(q, None)
+        if not self.explain:
+            return
         # PendingStatus instances are built without the frozen dataclass __init__ (six object.__setattr__
-        # calls): one per pending job per cycle made that __init__ a third of a 50k-job cycle. Each instance
-        # is identical to PendingStatus(...): same __dict__, so same eq, hash and repr.
+        # calls behind frozen checks): one per pending job per cycle made that __init__ a third of a 50k-job
+        # cycle. The slot setters store exactly what __init__ would, so eq, hash and repr are the same.
         pending = self.decision.pending
         new = object.__new__
         cls = PendingStatus
+        set_job, set_queue, set_reason, set_message, set_qpos, set_cpos = _STATUS_SETTERS
         for cohort in sorted(by_cohort, key=lambda c: (c is not None, c or "")):
             lists = by_cohort[cohort]
             if cohort is None or len(lists) == 1:
@@ -228,22 +236,18 @@ class _Cycle:
                     e.cpos = cpos
             for e in merged:
                 st = new(cls)
-                d = st.__dict__
-                d["job_id"] = e.job_id
-                d["queue"] = e.queue
-                d["reason"] = e.reason
-                d["message"] = e.message
-                d["position_in_queue"] = e.qpos
-                d["position_in_cohort"] = e.cpos
+                set_job(st, e.job_id)
+                set_queue(st, e.queue)
+                set_reason(st, e.reason)
+                set_message(st, e.message)
+                set_qpos(st, e.qpos)
+                set_cpos(st, e.cpos)
                 pending[e.job_id] = st
-
-    def idx_admitted(self, q: str) -> bool:
-        return q in self.admitted_queues
 
     # ------------------------------------------------------------------ fit
 
     def _evaluate(self, qq: QueueQuota, e: Entry) -> _Fit | _NoFit:
-        key = (qq.name, e.sig)
+        key = (qq.name, e.sid)
         hit = self.memo.get(key)
         if hit is not None and hit[0] == self.version:
             return hit[1]
@@ -358,7 +362,8 @@ class _Cycle:
             # one reclaim request per queue per cycle: overlapping requests would let the preemption
             # service evict twice for one shortfall
             e.reason = Reason.WAITING_FOR_RECLAIM
-            e.message = f"{result.message}; capacity is being reclaimed for {earlier} first"
+            e.message = self._message(result, earlier, lambda: (
+                f"{result.message}; capacity is being reclaimed for {earlier} first"))
             return
         # memoised per (priority, resources needed): a deep queue fails many jobs against the same borrowers
         key = (q, e.priority, tuple(result.need), self.cohort_version.get(qq.cohort, 0))
@@ -369,8 +374,9 @@ class _Cycle:
         if not candidates:
             policy = qq.reclaim_policy
             who = "lower-priority preemptible" if policy is PreemptionPolicy.LOWER_PRIORITY else "preemptible"
-            e.message = (f"{result.message}; borrowers hold the quota but none is {who} "
-                         f"(reclaim_within_cohort: {policy.value})")
+            e.message = self._message(result, "", lambda: (
+                f"{result.message}; borrowers hold the quota but none is {who} "
+                f"(reclaim_within_cohort: {policy.value})"))
             return
         self.reclaimed[q] = e.job_id
         self.decision.reclaims.append(ReclaimRequest(preemptor=e.job_id, queue=q, need=dict(result.need),
@@ -378,6 +384,15 @@ class _Cycle:
         need = ", ".join(f"{n} {r}" for r, n in result.need.items())
         e.reason = Reason.WAITING_FOR_RECLAIM
         e.message = f"{result.message}; reclaim of {need} requested from {len(candidates)} borrowing job(s)"
+
+    @staticmethod
+    def _message(result: _NoFit, variant: str, build: Callable[[], str]) -> str:
+        """Messages shared by every job that failed the same way (one string, not one per job); kept on
+        the memoised result itself so it dies with it."""
+        msg = result.variants.get(variant)
+        if msg is None:
+            msg = result.variants[variant] = build()
+        return msg
 
     def _block_rest(self, q: str, reason: str, message: str) -> None:
         lst = self.lists[q]
@@ -394,3 +409,5 @@ class _Cycle:
 
 
 _order = attrgetter("order")
+_STATUS_SETTERS = tuple(getattr(PendingStatus, f).__set__ for f in (
+    "job_id", "queue", "reason", "message", "position_in_queue", "position_in_cohort"))

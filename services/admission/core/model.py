@@ -66,7 +66,7 @@ class Rejection:
     message: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PendingStatus:
     job_id: str
     queue: str

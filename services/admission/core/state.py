@@ -31,7 +31,7 @@ class Entry:
     pending job every cycle; never handed out."""
 
     __slots__ = ("admitted", "cpos", "gpu_pod_sets", "job_id", "message", "order", "preemptible", "priority",
-                 "qpos", "queue", "reason", "sig", "verdict", "workload")
+                 "qpos", "queue", "reason", "sid", "sig", "verdict", "workload")
 
     def __init__(self, workload: Workload, priority: int, preemptible: bool):
         spec = workload.spec
@@ -42,6 +42,7 @@ class Entry:
         self.preemptible = preemptible
         self.order: Order = (-priority, workload.submitted_at, spec.job_id)
         self.sig: Signature = request_signature(spec)
+        self.sid = 0  # small int standing for `sig` (cheap memo keys); set by AdmissionState
         self.gpu_pod_sets = gpu_pod_set_names(spec)
         self.verdict: tuple[str, str] | None = None  # static inadmissibility under the current config
         self.admitted: AdmittedWorkload | None = None
@@ -68,6 +69,7 @@ class AdmissionState:
         self._pending_by_queue: dict[str, list[Entry]] = {}
         self._admitted_by_queue: dict[str, dict[str, Entry]] = {}
         self._dirty: set[str] = set()  # queues whose pending list must be re-filtered/re-sorted
+        self._sig_ids: dict[Signature, int] = {}  # interned request signatures (bounded by distinct shapes)
 
     # ------------------------------------------------------------------ views
 
@@ -263,7 +265,9 @@ class AdmissionState:
         preemptible = k.preemptible if k is not None else True
         if w.spec.preemptible is not None:
             preemptible = w.spec.preemptible
-        return Entry(w, value, preemptible)
+        e = Entry(w, value, preemptible)
+        e.sid = self._sig_ids.setdefault(e.sig, len(self._sig_ids))
+        return e
 
     def _add_pending(self, w: Workload) -> None:
         e = self._new_entry(w)

@@ -12,7 +12,7 @@ DIMS = {"a1": JobDims("a1", "team-a", "team-a", "normal", "training", labels=(("
 
 
 def _cells():
-    allocations = [AllocationRow("a1", "H100-80GB", 8000, ms(23 * H), ms(26 * H))]  # crosses midnight? no: 09:00+23h
+    allocations = [AllocationRow("a1", "H100-80GB", 8000, ms(23 * H), ms(26 * H))]  # Jan 7, 08:00-11:00 UTC
     usage = [UsageRow("a1", "H100-80GB", T0_MS + 23 * HOUR_MS, used_gpu_ms=4 * HOUR_MS, energy_mj=7_200_000_000)]
     return build_cells(allocations, usage, since_ms=ms(0), until_ms=ms(48 * H), horizon_ms=ms(48 * H))
 

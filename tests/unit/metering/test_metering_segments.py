@@ -1,3 +1,5 @@
+import itertools
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -85,7 +87,7 @@ def test_segments_depend_only_on_the_set_of_facts(facts, rnd):
 def test_segments_never_overlap_and_lost_work_is_conserved(facts):
     parts = build_segments(facts)
     spans = sorted({(p.placed_at_ms, p.ended_at_ms) for p in parts if p.node})
-    for (a0, a1), (b0, _) in zip(spans, spans[1:], strict=False):
+    for (a0, a1), (b0, _) in itertools.pairwise(spans):
         assert a1 is not None and a1 <= b0
         assert a0 <= a1
     preempted_at: dict[int, int] = {}

@@ -1,0 +1,257 @@
+"""Operators' commands: `gpuq up` (run the services long-lived) and `gpuq demo` (the whole platform on a
+synthetic Philly-shaped workload at accelerated time, ending with a report)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import statistics
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import nats
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from cli.runtime import STATE_DIR, forget_servers, record_servers
+from cli.status import fetch_status
+from services.stack import ALL_SERVICES, Stack, StackSettings
+from shared.clock import ScaledClock, SystemClock
+from shared.config import ConfigError, load_cluster, load_queues, parse_cluster, parse_queues
+from shared.events import JobSubmitted, make_event, utcnow_from
+from shared.servers import EmbeddedServerError, resolve_servers
+from shared.service import publish_event
+from sim.synthetic_workload import generate
+
+console = Console()
+EXAMPLES = Path(__file__).resolve().parents[1] / "deploy" / "examples"
+
+
+def up(
+    cluster: Path = typer.Option(EXAMPLES / "cluster.yaml", help="cluster.yaml of the simulated executor"),
+    queues: Path = typer.Option(EXAMPLES / "queues.yaml", help="queues.yaml: teams, quotas, policy"),
+    services: str = typer.Option(",".join(ALL_SERVICES), help="Comma-separated services to run here"),
+    data_dir: Path = typer.Option(STATE_DIR, help="Where embedded NATS/Postgres keep their data"),
+    speedup: float = typer.Option(1.0, help="Run the services' clock this many times faster (simulation)"),
+    metrics_port: int = typer.Option(9464, help="Port of telemetry's Prometheus /metrics"),
+    log_level: str = typer.Option("INFO", help="Logging level"),
+) -> None:
+    """Run the services until interrupted. Uses NATS_URL / DATABASE_URL when set, else embedded servers."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cluster_cfg = load_cluster(cluster)
+        queues_cfg = load_queues(queues)
+    except ConfigError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
+    for warning in queues_cfg.warnings(cluster_cfg):
+        console.print(f"[yellow]warning:[/] {warning}")
+    try:
+        servers = resolve_servers(data_dir)
+    except EmbeddedServerError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
+    record_servers(servers.nats_url, servers.database_url)
+    settings = StackSettings(
+        nats_url=servers.nats_url, database_url=servers.database_url, queues=queues_cfg, cluster=cluster_cfg,
+        cluster_dir=cluster.parent, services=[s.strip() for s in services.split(",") if s.strip()],
+        clock=ScaledClock(speedup) if speedup != 1.0 else SystemClock(), metrics_port=metrics_port)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        async with Stack(settings) as stack:
+            names = ", ".join(r.spec.name for r in stack.runtimes)
+            console.print(f"gpuq up: {names} (NATS {servers.origin['nats']}, Postgres {servers.origin['postgres']})")
+            await stop.wait()
+        console.print("stopped")
+
+    try:
+        asyncio.run(run())
+    finally:
+        servers.close()
+        forget_servers()
+
+
+DEMO_CLUSTER = {"node_groups": [
+    {"name": "gpu", "count": 16, "gpus_per_node": 8, "gpu_model": "A100-80GB", "cpu_milli": 96000,
+     "memory_mib": 1048576, "nodes_per_rack": 4, "racks_per_block": 2, "labels": {"pool": "training"}},
+]}
+DEMO_TEAMS = ("vision", "speech", "nlp", "recsys")
+DEMO_QUEUES = {
+    "priority_classes": [{"name": "high", "value": 500, "preemptible": False},
+                         {"name": "normal", "value": 100, "preemptible": True},
+                         {"name": "low", "value": 0, "preemptible": True}],
+    "cohorts": [{"name": "research"}],
+    "queues": [{"name": t, "cohort": "research", "teams": [t], "weight": w,
+                "quotas": {"A100-80GB": {"nominal": q, "borrowing_limit": None, "lending_limit": None}}}
+               for t, w, q in (("vision", 1, 48), ("speech", 1, 32), ("nlp", 2, 32), ("recsys", 1, 16))],
+    "gpu_flavors": {"A100-80GB": {"weight": 2.5, "cost_per_gpu_hour": 2.60}},
+    "policy": {"protection_window_s": 600, "checkpoint_grace_s": 300},
+}
+
+
+def demo(
+    jobs: int = typer.Option(300, help="Jobs in the synthetic workload"),
+    speedup: float = typer.Option(400.0, help="Virtual seconds per wall second"),
+    load: float = typer.Option(0.9, help="Offered load on the demo cluster"),
+    seed: int = typer.Option(7, help="Workload seed"),
+    time_limit: float = typer.Option(150.0, help="Stop waiting for stragglers after this many wall seconds"),
+) -> None:
+    """Start everything on embedded servers (or NATS_URL/DATABASE_URL), replay a synthetic Philly-shaped
+    workload through the bus at accelerated time, and print a report."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    cluster_cfg = parse_cluster(DEMO_CLUSTER, "demo cluster")
+    queues_cfg = parse_queues(DEMO_QUEUES, "demo queues")
+    capacity = cluster_cfg.total_gpus
+    workload = generate(teams=list(DEMO_TEAMS), jobs=jobs, capacity_gpus=capacity, load=load, seed=seed,
+                        max_duration_s=3 * 3_600.0)
+    with tempfile.TemporaryDirectory(prefix="gpuq-demo-") as tmp:
+        servers = resolve_servers(Path(tmp))
+        try:
+            console.print(f"[bold]gpuq demo[/]: {jobs} jobs on {capacity} GPUs, {speedup:g}× time "
+                          f"(NATS {servers.origin['nats']}, Postgres {servers.origin['postgres']})")
+            asyncio.run(_run_demo(servers.nats_url, servers.database_url, cluster_cfg, queues_cfg, workload,
+                                  speedup, time_limit))
+        finally:
+            servers.close()
+
+
+async def _reset(nats_url: str, database_url: str) -> None:
+    """The demo starts from an empty bus and empty service schemas, whatever servers it was given."""
+    from shared.bus import STREAMS, ensure_streams
+
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    for stream in STREAMS:
+        with contextlib.suppress(Exception):
+            await js.delete_stream(stream.name)
+    await ensure_streams(js)
+    await nc.close()
+    conn = await asyncpg.connect(database_url)
+    for schema in ALL_SERVICES:
+        await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    await conn.close()
+
+
+async def _run_demo(nats_url: str, database_url: str, cluster_cfg: Any, queues_cfg: Any, workload: list[Any],
+                    speedup: float, time_limit: float) -> None:
+    await _reset(nats_url, database_url)
+    clock = ScaledClock(speedup)
+    settings = StackSettings(nats_url=nats_url, database_url=database_url, queues=queues_cfg, cluster=cluster_cfg,
+                             clock=clock)
+    origin = clock.now()
+    wall0 = time.monotonic()
+    async with Stack(settings) as stack:
+        nc = await nats.connect(nats_url)
+        js = nc.jetstream()
+        total = len(workload)
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console) as progress:
+            submitted_task = progress.add_task("submitted", total=total)
+            done_task = progress.add_task("finished ", total=total)
+            running_task = progress.add_task("running  ", total=None)
+            i = 0
+            while True:
+                now = clock.now()
+                while i < total and origin + workload[i].submit_offset_s <= now:
+                    job = workload[i]
+                    at = utcnow_from(origin + job.submit_offset_s)
+                    await publish_event(js, make_event(JobSubmitted(spec=job.spec, submitted_at=at),
+                                                       source="gpuq-demo", time=at), JobSubmitted.subject())
+                    i += 1
+                progress.update(submitted_task, completed=i)
+                counts = await _state_counts(database_url)
+                finished = counts.get("completed", 0) + counts.get("failed", 0) + counts.get("rejected", 0) + \
+                    counts.get("cancelled", 0)
+                progress.update(done_task, completed=finished)
+                progress.update(running_task, description=f"running {counts.get('running', 0):>4}  pending "
+                                f"{counts.get('pending', 0) + counts.get('admitted', 0):>4}")
+                if i == total and finished >= total:
+                    break
+                if time.monotonic() - wall0 > time_limit:
+                    console.print(f"[yellow]time limit reached: {total - finished} job(s) still active[/]")
+                    break
+                await asyncio.sleep(0.25)
+        await nc.close()
+        end = clock.now()
+        await _report(database_url, cluster_cfg.total_gpus, origin, end, stack)
+
+
+async def _state_counts(database_url: str) -> dict[str, int]:
+    rows = await fetch_status(database_url, None)
+    out: dict[str, int] = {}
+    for r in rows:
+        out[r["state"]] = out.get(r["state"], 0) + 1
+    return out
+
+
+async def _report(database_url: str, capacity: int, origin: float, end: float, stack: Stack) -> None:
+    rows = await fetch_status(database_url, None)
+    conn = await asyncpg.connect(database_url)
+    runs = {r["job_id"]: r for r in await conn.fetch(
+        "SELECT job_id, gpus, started_at, ends_at, status FROM executor.runs")}
+    await conn.close()
+    span = max(1.0, end - origin)
+    gpu_s = sum(r["gpus"] * (min(r["ends_at"], end) - r["started_at"]) for r in runs.values()
+                if r["status"] != "running") + sum(r["gpus"] * (end - r["started_at"]) for r in runs.values()
+                                                   if r["status"] == "running")
+    table = Table(title=f"gpuq demo report: {span / 3600:.1f} virtual hours, {capacity} GPUs")
+    for col in ("team", "jobs", "completed", "failed", "rejected", "avg wait s", "p90 wait s", "GPU-hours"):
+        table.add_column(col, justify="right")
+    teams = sorted({r["team"] for r in rows})
+    waits_all: list[float] = []
+    for team in [*teams, "all"]:
+        mine = [r for r in rows if team in ("all", r["team"])]
+        waits = [r["placed_at"] - r["submitted_at"] for r in mine if r.get("placed_at")]
+        if team != "all":
+            waits_all.extend(waits)
+        hours = sum(runs[r["job_id"]]["gpus"] * (min(runs[r["job_id"]]["ends_at"], end) -
+                                                 runs[r["job_id"]]["started_at"])
+                    for r in mine if r["job_id"] in runs) / 3600
+        table.add_row(team, str(len(mine)), str(sum(r["state"] == "completed" for r in mine)),
+                      str(sum(r["state"] == "failed" for r in mine)), str(sum(r["state"] == "rejected" for r in mine)),
+                      f"{statistics.fmean(waits):.0f}" if waits else "-",
+                      f"{statistics.quantiles(waits, n=10)[-1]:.0f}" if len(waits) >= 10 else "-", f"{hours:.1f}")
+    console.print(table)
+    console.print(f"GPU utilisation (allocated GPU-seconds ÷ capacity over the run): "
+                  f"[bold]{gpu_s / (capacity * span):.1%}[/]")
+    await _metering_table(database_url)
+    counters = {r.spec.name: r.counters for r in stack.runtimes}
+    dead = sum(c.dead_lettered for c in counters.values())
+    console.print(f"events handled: {sum(c.handled for c in counters.values())}, duplicates skipped: "
+                  f"{sum(c.duplicates for c in counters.values())}, dead-lettered: {dead}")
+    console.print(f"finished at {datetime.now(UTC):%H:%M:%S} UTC")
+
+
+async def _metering_table(database_url: str) -> None:
+    """The metering ledger's view per team, when the metering service ran."""
+    try:
+        from services.metering.store import team_summary
+    except ImportError:
+        return
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    try:
+        rows = await team_summary(pool)
+    except asyncpg.UndefinedTableError:
+        return
+    finally:
+        await pool.close()
+    table = Table(title="metering per team")
+    for col in ("team", "allocated GPU-h", "used GPU-h", "idle GPU-h", "cost"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(str(r.get("team")), *(f"{float(r.get(k) or 0):.1f}" for k in
+                                           ("allocated_gpu_hours", "used_gpu_hours", "idle_gpu_hours")),
+                      f"{float(r.get('cost') or 0):.2f}")
+    console.print(table)

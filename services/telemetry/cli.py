@@ -1,0 +1,97 @@
+"""`gpuq webhooks add|list|remove`: manage webhook subscriptions (stored in Postgres, schema telemetry)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from services.telemetry.app import MIGRATIONS
+from services.telemetry.webhooks import store
+from services.telemetry.webhooks.ssrf import ALLOW_ENV, AllowList, TargetRefused, resolve_target
+from shared.db import apply_migrations, create_pool
+
+webhooks_app = typer.Typer(help="Webhook subscriptions: signed CloudEvents POSTed to your URL when your "
+                                "jobs change state.", no_args_is_help=True)
+console = Console()
+
+DbOption = typer.Option(None, "--database-url", envvar="DATABASE_URL",
+                        help="Postgres URL of the gpuq database (env DATABASE_URL).")
+
+
+def _url(database_url: str | None) -> str:
+    if not database_url:
+        console.print("[red]no database: pass --database-url or set DATABASE_URL[/red]")
+        raise typer.Exit(2)
+    return database_url
+
+
+async def _with_conn(database_url: str, fn: Any) -> Any:
+    pool = await create_pool(database_url, min_size=1, max_size=2)
+    try:
+        await apply_migrations(pool, "telemetry", MIGRATIONS)
+        async with pool.acquire() as conn:
+            return await fn(conn)
+    finally:
+        await pool.close()
+
+
+@webhooks_app.command("add")
+def add(url: str = typer.Argument(..., help="Receiver URL (http or https, public address)."),
+        team: str | None = typer.Option(None, "--team", help="Only this team's jobs (omit: every team)."),
+        events: str = typer.Option("job.completed,job.failed,job.preempted", "--events",
+                                   help="Comma-separated events, or *. Choose from: "
+                                        + ", ".join(store.WEBHOOK_EVENTS)),
+        as_json: bool = typer.Option(False, "--json", help="Print the subscription as JSON."),
+        database_url: str | None = DbOption) -> None:
+    """Subscribe URL to events; prints the subscription id and its signing secret (shown once).
+
+    Keep the secret to verify the `webhook-signature` header (Standard Webhooks)."""
+    try:
+        names = store.validate_events(events.split(","))
+        asyncio.run(resolve_target(url, AllowList.from_env()))
+    except TargetRefused as exc:
+        console.print(f"[red]refused: {exc}[/red] (allow-list env: {ALLOW_ENV})")
+        raise typer.Exit(1) from None
+    except ValueError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from None
+    sub = asyncio.run(_with_conn(_url(database_url), lambda c: store.add_subscription(c, url, team, names)))
+    if as_json:
+        typer.echo(json.dumps({"id": sub.id, "url": sub.url, "team": sub.team, "events": list(sub.events),
+                               "secret": sub.secret}))
+        return
+    console.print(f"subscription [bold]{sub.id}[/bold] → {sub.url} ({', '.join(sub.events)}; "
+                  f"team {sub.team or 'all'})")
+    console.print(f"signing secret: [bold]{sub.secret}[/bold]  (shown once)")
+
+
+@webhooks_app.command("list")
+def list_(team: str | None = typer.Option(None, "--team", help="Only this team's subscriptions."),
+          as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+          database_url: str | None = DbOption) -> None:
+    """List subscriptions (secrets are not shown)."""
+    subs = asyncio.run(_with_conn(_url(database_url), lambda c: store.list_subscriptions(c, team)))
+    if as_json:
+        typer.echo(json.dumps([{"id": s.id, "url": s.url, "team": s.team, "events": list(s.events),
+                                "active": s.active, "created_at": s.created_at.isoformat()} for s in subs]))
+        return
+    table = Table("id", "url", "team", "events", "created")
+    for s in subs:
+        table.add_row(s.id, s.url, s.team or "(all)", ",".join(s.events), s.created_at.isoformat(timespec="seconds"))
+    console.print(table)
+
+
+@webhooks_app.command("remove")
+def remove(sub_id: str = typer.Argument(..., metavar="ID", help="Subscription id (from `gpuq webhooks list`)."),
+           database_url: str | None = DbOption) -> None:
+    """Remove a subscription and its pending deliveries."""
+    removed = asyncio.run(_with_conn(_url(database_url), lambda c: store.remove_subscription(c, sub_id)))
+    if not removed:
+        console.print(f"[red]no subscription {sub_id}[/red]")
+        raise typer.Exit(1)
+    console.print(f"removed {sub_id}")

@@ -1,0 +1,47 @@
+"""Metering service tests run on a real Postgres: a dedicated database on the server the suite resolved
+(`database_url`), with the `metering` schema dropped and migrated afresh for every test."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest_asyncio
+
+from services.metering import store
+from shared.db import create_pool
+from shared.service import PLUMBING_SQL
+
+TEST_DB = "gpuq_test_metering"
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def metering_db_url(database_url: str) -> str:
+    # A database of its own keeps these tests apart from other areas' tests on a shared server.
+    conn = await asyncpg.connect(database_url)
+    try:
+        if not await conn.fetchval("SELECT true FROM pg_database WHERE datname = $1", TEST_DB):
+            try:
+                await conn.execute(f"CREATE DATABASE {TEST_DB}")
+            except asyncpg.InsufficientPrivilegeError:
+                return database_url  # no CREATEDB right: use the given database (schema reset below)
+            except asyncpg.DuplicateDatabaseError:
+                pass
+    finally:
+        await conn.close()
+    parts = urlsplit(database_url)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{TEST_DB}", parts.query, parts.fragment))
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def pool(metering_db_url: str) -> AsyncIterator[asyncpg.Pool]:
+    p = await create_pool(metering_db_url, min_size=1, max_size=4)
+    async with p.acquire() as conn:
+        await conn.execute(f"DROP SCHEMA IF EXISTS {store.SCHEMA} CASCADE")
+        await conn.execute(PLUMBING_SQL.format(s=store.SCHEMA))
+    await store.migrate(p)
+    try:
+        yield p
+    finally:
+        await p.close()

@@ -1,0 +1,124 @@
+"""The ledger on a real Postgres, fed through the service's handlers."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+import pytest
+
+from services.metering import store
+from services.metering.testing import QUEUES_DOC, T0_MS, at, deliver, event, placed, sampled, scenario, spec
+from shared.domain import NodeSpec
+from shared.events import (
+    JobFailed,
+    NodeInventory,
+    QueueConfigChanged,
+    make_event,
+)
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+H = 3600
+
+
+async def snapshot(pool: asyncpg.Pool) -> dict[str, Any]:
+    async with pool.acquire() as conn:
+        return {
+            "summary": await store.team_summary(conn),
+            "allocations": [tuple(r) for r in await conn.fetch(
+                "SELECT * FROM metering.allocations ORDER BY job_id, placed_at, node")],
+            "usage": [tuple(r) for r in await conn.fetch(
+                "SELECT * FROM metering.usage_hourly ORDER BY job_id, node, hour")],
+            "jobs": [tuple(r) for r in await conn.fetch("SELECT * FROM metering.jobs ORDER BY job_id")],
+        }
+
+
+async def test_lifecycle_ledger_figures(pool):
+    await deliver(pool, scenario())
+    snap = await snapshot(pool)
+    assert snap["summary"] == [
+        {"team": "team-a", "jobs": 1, "allocated_gpu_hours": 16.0, "used_gpu_hours": 8.0, "idle_gpu_hours": 8.0,
+         "lost_gpu_hours": 0.0, "cost": 64.0},
+        {"team": "team-b", "jobs": 1, "allocated_gpu_hours": 8.0, "used_gpu_hours": 0.0, "idle_gpu_hours": 8.0,
+         "lost_gpu_hours": 0.25, "cost": 32.0},
+    ]
+    async with pool.acquire() as conn:
+        ledger = await store.load_ledger(conn)
+        energy = await conn.fetchval("SELECT sum(energy_mj) FROM metering.usage_hourly")
+        ends = await conn.fetch("SELECT node, end_kind, lost_ms, started_at FROM metering.allocations "
+                                "WHERE job_id = 'b-train' ORDER BY placed_at")
+    assert energy == 16 * 400 * H * 1000  # 16 GPUs at 400 W for an hour = 6.4 kWh
+    assert [(r["node"], r["end_kind"], r["lost_ms"]) for r in ends] == [
+        ("h-2", "preempted", 900_000), ("h-3", "completed", 0)]
+    assert ledger.dims["a-train"].labels == (("feature", "search"), ("project", "p1"))
+    assert ledger.horizon_ms == T0_MS + 4200 * 1000
+
+
+async def test_replayed_twice_and_shuffled_gives_identical_totals(pool, metering_db_url):
+    events = scenario()
+    await deliver(pool, events)
+    first = await snapshot(pool)
+
+    # Same ledger, built again from scratch from the stream delivered twice, in a random order.
+    async with pool.acquire() as conn:
+        await conn.execute("TRUNCATE metering.jobs, metering.job_facts, metering.allocations, metering.nodes, "
+                           "metering.gpu_samples, metering.usage_hourly, metering.rates")
+    replay = events + events
+    random.Random(7).shuffle(replay)
+    await deliver(pool, replay)
+    assert await snapshot(pool) == first
+
+    # And the whole stream once more on top (a consumer reset): nothing changes.
+    shuffled = list(events)
+    random.Random(11).shuffle(shuffled)
+    await deliver(pool, shuffled)
+    assert await snapshot(pool) == first
+
+
+async def test_samples_before_placement_still_count(pool):
+    job = spec("early", team="team-a", gpus=8)
+    await deliver(pool, [event(sampled("h-9", 60, "early", [100.0] * 8), 60)])
+    async with pool.acquire() as conn:
+        before = await store.team_summary(conn)
+    assert before == [{"team": "(unknown)", "jobs": 1, "allocated_gpu_hours": 0.0, "used_gpu_hours": 0.1333,
+                       "idle_gpu_hours": 0.0, "lost_gpu_hours": 0.0, "cost": 0.0}]
+    await deliver(pool, [event(placed(job, 0, ["h-9"]), 0), event(JobFailed(job_id="early", finished_at=at(60)), 60)])
+    async with pool.acquire() as conn:
+        after = await store.team_summary(conn)
+    assert after == [{"team": "team-a", "jobs": 1, "allocated_gpu_hours": 0.1333, "used_gpu_hours": 0.1333,
+                      "idle_gpu_hours": 0.0, "lost_gpu_hours": 0.0, "cost": 0.13}]
+
+
+async def test_open_allocation_runs_to_the_ledger_horizon_and_model_from_inventory(pool):
+    node = NodeSpec(name="a100-0", gpus=8, gpu_model="A100-40GB", cpu_milli=1, memory_mib=1, rack="r", block="b")
+    job = spec("open", team="team-b", gpus=8, model=None)
+    await deliver(pool, [event(QueueConfigChanged(config=QUEUES_DOC)), event(NodeInventory(nodes=(node,))),
+                         event(placed(job, 0, ["a100-0"]), 0),
+                         event(sampled("a100-0", 1800, "open", [0.0] * 8, model=None, interval_s=1800), 1800)])
+    async with pool.acquire() as conn:
+        table = await store.team_summary(conn)
+        ledger = await store.load_ledger(conn)
+    assert {a.gpu_model for a in ledger.allocations} == {"A100-40GB"}
+    assert table == [{"team": "team-b", "jobs": 1, "allocated_gpu_hours": 4.0, "used_gpu_hours": 0.0,
+                      "idle_gpu_hours": 4.0, "lost_gpu_hours": 0.0, "cost": 8.0}]
+
+
+async def test_an_older_price_list_does_not_replace_a_newer_one(pool):
+    newer = dict(QUEUES_DOC, gpu_flavors={"H100-80GB": {"cost_per_gpu_hour": 5.0}})
+    await deliver(pool, [make_event(QueueConfigChanged(config=newer), source="t", time=at(100)),
+                         make_event(QueueConfigChanged(config=QUEUES_DOC), source="t", time=at(50)),
+                         make_event(QueueConfigChanged(config={"queues": "not a list"}), source="t", time=at(200))])
+    async with pool.acquire() as conn:
+        assert await store.load_rates(conn) == {"H100-80GB": 5.0}
+
+
+async def test_batched_samples_count_once_and_prune_keeps_rollups(pool):
+    batch = [sampled(f"n{i}", 60 * k, "j", [float(k)] * 4) for i in range(3) for k in range(1, 5)]
+    async with pool.acquire() as conn:
+        assert await store.record_samples(conn, batch) == 48
+        assert await store.record_samples(conn, batch[::-1] + batch) == 0
+        assert await conn.fetchval("SELECT sum(used_gpu_ms) FROM metering.usage_hourly") == 3 * 4 * 600 * 10
+        assert await store.prune_samples(conn, datetime(2030, 1, 1, tzinfo=UTC)) == 48
+        assert await conn.fetchval("SELECT sum(samples) FROM metering.usage_hourly") == 48

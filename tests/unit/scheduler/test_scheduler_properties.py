@@ -1,0 +1,214 @@
+"""Invariants over random clusters and jobs (hypothesis): no partial starts, nothing given twice, every
+constraint respected, queries pure, backfill never delays the reservation."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from services.scheduler.core import (
+    ClusterState,
+    PendingJob,
+    Placement,
+    RunningJob,
+    Unplaceable,
+    schedule_cycle,
+)
+from shared.domain import (
+    JobSpec,
+    MigLayout,
+    NodeHealth,
+    NodeSpec,
+    PodSet,
+    Taint,
+    TaintEffect,
+    Toleration,
+    TopologyLevel,
+    TopologyRequest,
+)
+
+MODELS = ("H100-80GB", "A100-80GB")
+MIG = MigLayout(profile="1g.10gb", slices_per_gpu=7)
+TAINT = Taint(key="pool", value="inference", effect=TaintEffect.NO_SCHEDULE)
+SOFT = Taint(key="spot", value="yes", effect=TaintEffect.PREFER_NO_SCHEDULE)
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def clusters(draw: st.DrawFn) -> list[NodeSpec]:
+    count = draw(st.integers(1, 12))
+    per_rack = draw(st.integers(1, 4))
+    out = []
+    for i in range(count):
+        rack = i // per_rack
+        out.append(NodeSpec(
+            name=f"n-{i}", gpus=draw(st.sampled_from((0, 1, 2, 4, 8))), gpu_model=draw(st.sampled_from(MODELS)),
+            cpu_milli=draw(st.sampled_from((4000, 16000, 96000))), memory_mib=draw(st.sampled_from((16384, 262144))),
+            mig=MIG if draw(st.integers(0, 5)) == 0 else None,
+            taints=draw(st.sampled_from(((), (), (TAINT,), (SOFT,)))),
+            health=draw(st.sampled_from((NodeHealth.READY,) * 5 + (NodeHealth.CORDONED, NodeHealth.FAILED))),
+            rack=f"rack{rack}", block=f"block{rack // 2}"))
+    return out
+
+
+@st.composite
+def jobs(draw: st.DrawFn, job_id: str) -> JobSpec:
+    sets = []
+    for k in range(draw(st.integers(1, 2))):
+        mig = draw(st.integers(0, 4)) == 0
+        sets.append(PodSet(
+            name=f"ps{k}", count=draw(st.integers(1, 5)), gpus_per_pod=1 if mig else draw(st.integers(0, 4)),
+            gpu_models=draw(st.sampled_from(((), ("H100-80GB",), ("A100-80GB",), MODELS))),
+            mig_profile="1g.10gb" if mig else None,
+            cpu_milli=draw(st.sampled_from((0, 1000, 8000))), memory_mib=draw(st.sampled_from((0, 4096, 65536)))))
+    total = sum(p.count for p in sets)
+    level = draw(st.sampled_from((None, *TopologyLevel)))
+    required = draw(st.booleans())
+    topo = TopologyRequest(required_level=level if required else None, preferred_level=None if required else level)
+    return JobSpec(
+        job_id=job_id, team="t", queue="q", pod_sets=tuple(sets), topology=topo,
+        min_members=draw(st.one_of(st.none(), st.integers(1, total))),
+        tolerations=draw(st.sampled_from(((), (Toleration(key="pool", operator="Exists"),)))),
+        datasets=draw(st.sampled_from(((), ("imagenet",)))),
+        max_runtime_s=draw(st.integers(60, 10_000)))
+
+
+def check_placement(state: ClusterState, spec: JobSpec, p: Placement, allowed: tuple[str, ...] = ()) -> None:
+    """Every constraint of the spec holds and every resource bound is free in `state`."""
+    assert p.job_id == spec.job_id
+    assert spec.gang_size <= len(p.bindings) <= spec.total_pods  # the gang, never less
+    assert len({b.pod for b in p.bindings}) == len(p.bindings)
+    sets = {ps.name: ps for ps in spec.pod_sets}
+    used: Counter[tuple[str, object]] = Counter()
+    cpu: Counter[str] = Counter()
+    mem: Counter[str] = Counter()
+    for b in p.bindings:
+        name, index = b.pod.rsplit("-", 1)
+        ps = sets[name]
+        assert 0 <= int(index) < ps.count
+        node = state.node(b.node)
+        assert node.health is NodeHealth.READY
+        models = tuple(m for m in allowed if not ps.gpu_models or m in ps.gpu_models) if allowed else ps.gpu_models
+        if ps.gpus_per_pod or ps.mig_profile:
+            assert not models or node.gpu_model in models
+        for t in node.taints:
+            if t.effect is not TaintEffect.PREFER_NO_SCHEDULE:
+                assert any(tol.tolerates(t) for tol in spec.tolerations)
+        if ps.mig_profile:
+            assert node.mig is not None and node.mig.profile == ps.mig_profile
+            assert b.mig_slice is not None and not b.gpu_indices
+            used[(b.node, ("slice", *b.mig_slice))] += 1
+        else:
+            assert b.mig_slice is None and len(b.gpu_indices) == ps.gpus_per_pod
+            if ps.gpus_per_pod:
+                assert node.mig is None  # whole-GPU pods never on a partitioned node
+            for g in b.gpu_indices:
+                assert 0 <= g < node.gpus
+                used[(b.node, g)] += 1
+        cpu[b.node] += ps.cpu_milli
+        mem[b.node] += ps.memory_mib
+    assert all(v == 1 for v in used.values()), "a GPU or slice bound twice in one placement"
+    for name in cpu:
+        free = state.free_on(name)
+        assert cpu[name] <= free["cpu_milli"] and mem[name] <= free["memory_mib"]
+    level = spec.topology.required_level
+    if level is not None:
+        assert len({state.node(b.node).domain(level) for b in p.bindings}) == 1
+    assert p.racks_spanned == len({state.node(b.node).rack for b in p.bindings})
+    assert p.blocks_spanned == len({state.node(b.node).block for b in p.bindings})
+
+
+def check_no_double_allocation(state: ClusterState) -> None:
+    seen: set[tuple[str, object]] = set()
+    for p in state.allocations().values():
+        for b in p.bindings:
+            keys = [(b.node, g) for g in b.gpu_indices] + ([(b.node, b.mig_slice)] if b.mig_slice else [])
+            for k in keys:
+                assert k not in seen, f"{k} given twice"
+                seen.add(k)
+    for n in state.nodes():
+        free = state.free_on(n.name)
+        assert free["cpu_milli"] >= 0 and free["memory_mib"] >= 0
+
+
+@given(data=st.data(), cluster=clusters(), strategy=st.sampled_from(("binpack", "spread")))
+@SETTINGS
+def test_random_place_commit_release_keeps_every_invariant(data: st.DataObject, cluster: list[NodeSpec],
+                                                           strategy: str) -> None:
+    state = ClusterState.from_nodes(cluster, strategy=strategy)
+    empty = state.fingerprint()
+    for i in range(data.draw(st.integers(1, 10))):
+        spec = data.draw(jobs(f"j{i}"))
+        allowed = data.draw(st.sampled_from(((), ("H100-80GB",), MODELS)))
+        before = state.fingerprint()
+        result = state.place(spec, allowed)
+        assert state.fingerprint() == before  # place is a pure query
+        if isinstance(result, Placement):
+            check_placement(state, spec, result, allowed)
+            state.commit(result)
+        else:
+            assert isinstance(result, Unplaceable) and result.reason and result.message
+            assert spec.job_id not in state.allocations()  # no partial start
+        check_no_double_allocation(state)
+        if data.draw(st.booleans()) and state.allocations():
+            victim = data.draw(st.sampled_from(sorted(state.allocations())))
+            state.release(victim)
+    for job_id in sorted(state.allocations()):
+        state.release(job_id)
+    assert state.fingerprint() == empty
+
+
+@given(data=st.data(), cluster=clusters())
+@SETTINGS
+def test_what_if_queries_leave_the_state_unchanged(data: st.DataObject, cluster: list[NodeSpec]) -> None:
+    state = ClusterState.from_nodes(cluster)
+    for i in range(6):
+        p = state.place(data.draw(jobs(f"r{i}")))
+        if isinstance(p, Placement):
+            state.commit(p)
+    before = state.fingerprint()
+    spec = data.draw(jobs("new"))
+    victims = data.draw(st.lists(st.sampled_from([*sorted(state.allocations()), "ghost"]), max_size=3))
+    answer = state.fits_if_released(spec, victims)
+    assert state.fingerprint() == before
+    manual = state.copy()
+    for v in victims:
+        manual.release(v)
+    assert manual.place(spec) == answer
+    if isinstance(answer, Placement):
+        check_placement(manual, spec, answer)
+        manual.commit(answer)
+    assert state.fingerprint() == before
+
+
+@given(data=st.data(), cluster=clusters(), backfill=st.booleans())
+@SETTINGS
+def test_backfill_never_delays_the_reservation(data: st.DataObject, cluster: list[NodeSpec], backfill: bool) -> None:
+    state = ClusterState.from_nodes(cluster)
+    running = []
+    for i in range(data.draw(st.integers(0, 12))):  # a busy cluster, so heads block and reservations exist
+        p = state.place(data.draw(jobs(f"r{i}")))
+        if isinstance(p, Placement):
+            state.commit(p)
+            running.append(RunningJob(p.job_id, float(data.draw(st.integers(1, 5000)))))
+    pending = [PendingJob(data.draw(jobs(f"p{i}"))) for i in range(data.draw(st.integers(1, 8)))]
+    result = schedule_cycle(state, pending, running, 0.0, backfill=backfill)
+    placed = {p.job_id for p in result.placed}
+    refused = [u.job_id for u in result.unplaceable]
+    assert sorted([*placed, *refused]) == sorted(pj.spec.job_id for pj in pending)  # every job answered once
+    assert set(result.reservations) <= set(refused)
+    check_no_double_allocation(state)
+    specs = {pj.spec.job_id: pj.spec for pj in pending}
+    for p in result.placed:
+        assert state.allocations()[p.job_id] == p
+    for job_id, start in result.reservations.items():
+        # Replay: at the planned start, every job expected to have ended is gone; the head must fit.
+        future = state.copy()
+        ends = [(r.expected_end, r.job_id) for r in running]
+        ends += [(specs[j].max_runtime_s, j) for j in placed]
+        for end, jid in sorted(ends):
+            if end <= start:
+                future.release(jid)
+        assert isinstance(future.place(specs[job_id]), Placement), (job_id, start)

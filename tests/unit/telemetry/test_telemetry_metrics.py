@@ -1,0 +1,70 @@
+"""The OpenTelemetry → Prometheus exposition: names, units, labels, and gauges that follow the core."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+from telemetry_builders import T0, inventory, life, node, spec
+
+from services.telemetry.core.names import COUNTER, METRICS
+from services.telemetry.core.state import TelemetryState
+from services.telemetry.metrics import TelemetryMetrics
+from shared.events import ExitReason, JobCancelled
+
+NAME_RE = re.compile(r"^gpuq_[a-z0-9_]+$")
+
+
+def test_metric_definitions_follow_prometheus_conventions() -> None:
+    for name, d in METRICS.items():
+        assert NAME_RE.match(name), name
+        assert not name.endswith("_total"), f"{name}: the exporter adds _total to counters"
+        if d.unit == "s":
+            assert name.endswith("_seconds"), name
+        if d.unit == "By":
+            assert name.endswith("_bytes"), name
+        if d.kind != COUNTER and not name.startswith("gpuq_job_"):
+            assert "job_id" not in d.labels, name
+
+
+def feed(state: TelemetryState, metrics: TelemetryMetrics, events: list) -> None:
+    for t, p in sorted(events, key=lambda e: e[0]):
+        metrics.record(state.apply(p, T0 + t).observations)
+
+
+def test_exposition_has_counters_histograms_and_gauges_and_gauges_disappear() -> None:
+    state = TelemetryState()
+    now = [T0 + 100]
+    metrics = TelemetryMetrics(lambda: state.gauges(now[0]))
+    try:
+        state.apply(inventory(node("n0")), T0)
+        feed(state, metrics, life(spec("a"), {"n0": [0]}, 0, 42, 600, end=ExitReason.OOM_KILLED))
+        feed(state, metrics, life(spec("b", team="team-b"), {"n0": [1]}, 0, 5, 1, end=None))
+        text = metrics.render().decode()
+        assert 'gpuq_oom_kills_total{queue="team-a",team="team-a"} 1.0' in text
+        assert 'gpuq_admission_wait_seconds_bucket{le="60",priority_class="normal",queue="team-a"} 1.0' in text
+        assert 'gpuq_admission_wait_seconds_bucket{le="30",priority_class="normal",queue="team-a"} 0.0' in text
+        assert 'gpuq_job_completion_seconds_count{exit_reason="OOMKilled",priority_class="normal",queue="team-a"}' \
+            in text
+        assert "# TYPE gpuq_gpu_allocated_seconds_total counter" in text
+        assert 'gpuq_running_jobs{queue="team-b",team="team-b"} 1.0' in text
+        assert "otel_scope_name" not in text
+        metrics.record(state.apply(JobCancelled(job_id="b", by="x"), T0 + 50).observations)
+        text = metrics.render().decode()
+        assert "gpuq_running_jobs{" not in text  # no stale series once the job is gone
+        assert 'gpuq_jobs_finished_total{exit_reason="Cancelled",queue="team-b",team="team-b"} 1.0' in text
+    finally:
+        metrics.shutdown()
+
+
+def test_http_endpoint_serves_metrics_on_the_configured_port() -> None:
+    state = TelemetryState()
+    state.apply(inventory(node("n0")), T0)
+    metrics = TelemetryMetrics(lambda: state.gauges(T0))
+    try:
+        port = metrics.serve(0, "127.0.0.1")
+        resp = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+        assert resp.status_code == 200
+        assert 'gpuq_gpus_capacity{gpu_model="H100",pool="training"} 8.0' in resp.text
+    finally:
+        metrics.shutdown()
