@@ -322,8 +322,13 @@ def load_openb(pods_path: Path, *, nodes_path: Path | None = None, topology_path
     nodes = _openb_nodes(nodes_path, shared_fraction)
     if topology_path is not None:
         nodes = apply_topology(nodes, load_topology_csv(topology_path))
-    capacity = _capacity_by_model(nodes)
-    queues = queues_for_teams([OPENB_QUEUE], capacity, cohort="openb")
+    # Quota per resource as the admission core names them: whole GPUs under the model, slices of shared
+    # nodes under "<model>:<profile>" (so a fractional pod is charged one slice, not a whole GPU).
+    capacity: dict[str, int] = {}
+    for n in nodes:
+        key = f"{n.gpu_model}:{n.mig.profile}" if n.mig else n.gpu_model
+        capacity[key] = capacity.get(key, 0) + n.gpus * (n.mig.slices_per_gpu if n.mig else 1)
+    queues = queues_for_teams([OPENB_QUEUE], dict(sorted(capacity.items())), cohort="openb")
     info: dict[str, object] = {"format": "openb", "rows_kept": len(jobs), "cpu_only_dropped": cpu_only,
                                "shared_node_fraction": round(shared_fraction, 4)}
     return Trace(name=pods_path.stem, jobs=jobs, nodes=nodes, queues=queues, epoch0=0.0, info=info)

@@ -51,7 +51,7 @@ def _with_database(url: str, name: str) -> str:
 
 
 async def _run(base_url: str, nodes: int, gpus: int, intervals: int, batch: int, interval_s: float,
-               keep: bool, progress: Progress) -> dict[str, Any]:
+               replicas: int, keep: bool, progress: Progress) -> dict[str, Any]:
     import asyncpg
 
     from services.metering import store
@@ -68,7 +68,7 @@ async def _run(base_url: str, nodes: int, gpus: int, intervals: int, batch: int,
     finally:
         await admin.close()
     url = _with_database(base_url, BENCH_DB)
-    pool = await create_pool(url, min_size=1, max_size=4)
+    pool = await create_pool(url, min_size=1, max_size=max(4, replicas + 1))
     try:
         async with pool.acquire() as conn:
             await conn.execute(PLUMBING_SQL.format(s=store.SCHEMA))
@@ -83,17 +83,26 @@ async def _run(base_url: str, nodes: int, gpus: int, intervals: int, batch: int,
                     job_id=spec.job_id, spec=spec, placed_at=t0,
                     bindings=(GpuBinding(pod="main-0", node=f"bench-{n}", gpu_indices=tuple(range(gpus))),)))
 
-        # 1. Runtime path: one event per transaction through ServiceRuntime.handle (parse + inbox + ledger).
-        runtime = ServiceRuntime(SPEC, nats_url="nats://127.0.0.1:1", pool=pool)
+        # 1. Runtime path: one event per transaction through ServiceRuntime.handle (parse + inbox + ledger),
+        #    first with one replica, then with `replicas` sharing the consumer (they split the messages).
         first = _events(nodes, gpus, intervals, interval_s, t0, 0)
         raws = [encode_event(make_event(ev, source="bench", time=ev.sampled_at)) for ev in first]
-        task = progress.add_task("runtime path (1 event / tx)", total=len(raws))
-        start = time.perf_counter()
-        for raw in raws:
-            outcome = await runtime.handle(raw)
-            assert outcome == "handled", outcome
-            progress.advance(task)
-        runtime_s = time.perf_counter() - start
+        half = len(raws) // 2
+        runtime_s: dict[int, float] = {}
+        for count, chunk in ((1, raws[:half]), (replicas, raws[half:])):
+            runtimes = [ServiceRuntime(SPEC, nats_url="nats://127.0.0.1:1", pool=pool, instance=str(i))
+                        for i in range(count)]
+            task = progress.add_task(f"runtime path, {count} replica(s), 1 event / tx", total=len(chunk))
+
+            async def consume(rt: Any, mine: list[bytes], task: Any = task) -> None:
+                for raw in mine:
+                    outcome = await rt.handle(raw)
+                    assert outcome == "handled", outcome
+                    progress.advance(task)
+
+            start = time.perf_counter()
+            await asyncio.gather(*(consume(rt, chunk[i::count]) for i, rt in enumerate(runtimes)))
+            runtime_s[count] = time.perf_counter() - start
 
         # 2. Batched path: `batch` events per statement, one transaction each.
         second = _events(nodes, gpus, intervals, interval_s, t0, intervals)
@@ -137,9 +146,10 @@ async def _run(base_url: str, nodes: int, gpus: int, intervals: int, batch: int,
     expected = 2 * intervals * per_interval
     return {
         "nodes": nodes, "gpus_per_node": gpus, "intervals": 2 * intervals, "batch_events": batch,
-        "runtime_path": {"events": len(raws), "samples": len(raws) * gpus, "seconds": round(runtime_s, 3),
-                         "events_per_s": round(len(raws) / runtime_s, 1),
-                         "samples_per_s": round(len(raws) * gpus / runtime_s, 1)},
+        "runtime_path": {
+            str(count): {"replicas": count, "events": half, "samples": half * gpus, "seconds": round(sec, 3),
+                         "events_per_s": round(half / sec, 1), "samples_per_s": round(half * gpus / sec, 1)}
+            for count, sec in runtime_s.items()},
         "batched_path": {"events": len(second), "samples": len(second) * gpus, "seconds": round(batched_s, 3),
                          "samples_per_s": round(len(second) * gpus / batched_s, 1)},
         "redelivery": {"samples": expected, "newly_counted": again, "seconds": round(redelivery_s, 3),
@@ -156,6 +166,7 @@ def bench_metering(
     gpus_per_node: int = typer.Option(8, help="GPU samples carried by each event."),
     intervals: int = typer.Option(20, help="Sampling intervals per path (runtime path, then batched)."),
     batch: int = typer.Option(64, help="Events per statement on the batched path."),
+    replicas: int = typer.Option(4, help="Service replicas sharing the consumer on the second runtime run."),
     interval_s: float = typer.Option(10.0, help="Sampling interval, seconds."),
     keep: bool = typer.Option(False, help=f"Keep the scratch database {BENCH_DB} afterwards."),
     database_url: str | None = typer.Option(None, "--database-url", envvar="DATABASE_URL",
@@ -177,8 +188,8 @@ def bench_metering(
             embedded = EmbeddedPostgres(Path(tmp.name))
             database_url = embedded.start()
         with Progress(console=console, transient=True) as progress:
-            result = asyncio.run(_run(database_url, nodes, gpus_per_node, intervals, batch, interval_s, keep,
-                                      progress))
+            result = asyncio.run(_run(database_url, nodes, gpus_per_node, intervals, batch, interval_s,
+                                      replicas, keep, progress))
     finally:
         if embedded is not None:
             embedded.stop()
@@ -188,12 +199,13 @@ def bench_metering(
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
         return
     out = Console()
-    rp, bp, rd = result["runtime_path"], result["batched_path"], result["redelivery"]
+    bp, rd = result["batched_path"], result["redelivery"]
     out.print(f"metering ingest, {nodes} nodes × {gpus_per_node} GPUs, {result['intervals']} intervals")
-    out.print(f"  runtime path (1 event/tx):  {rp['samples_per_s']:>10,.0f} GPU samples/s "
-              f"({rp['events_per_s']:,.0f} events/s)")
-    out.print(f"  batched path ({batch} events/tx): {bp['samples_per_s']:>10,.0f} GPU samples/s")
-    out.print(f"  redelivery (all again, new ids): {rd['samples_per_s']:>10,.0f} samples/s, "
+    for rp in result["runtime_path"].values():
+        out.print(f"  runtime path, {rp['replicas']} replica(s), 1 event/tx: "
+                  f"{rp['samples_per_s']:>9,.0f} GPU samples/s ({rp['events_per_s']:,.0f} events/s)")
+    out.print(f"  batched path, {batch} events/tx:          {bp['samples_per_s']:>9,.0f} GPU samples/s")
+    out.print(f"  redelivery (all again, new ids):      {rd['samples_per_s']:>9,.0f} samples/s, "
               f"{rd['newly_counted']} counted twice")
     out.print(f"  exactly once: {result['ledger']['exactly_once']}  "
               f"(team summary over the ledger: {result['team_summary_s'] * 1000:.0f} ms)")

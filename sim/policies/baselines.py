@@ -146,7 +146,7 @@ class QuotaFifo(PodFifo):
         models = self._models(q.config, gang.job)
         if not models:
             return "InadmissibleNoFlavor"
-        req = gang.job.pods * gang.units * (self._slice_milli if gang.slices else 1000)
+        req = gang.job.pods * gang.units * 1000  # a slice is one unit of its "<model>:<profile>" quota
         if all(req > self._ceiling(q, m) for m in models):
             return "InadmissibleExceedsLimits"
         self.gangs[gang.job.job_id] = gang
@@ -165,13 +165,19 @@ class QuotaFifo(PodFifo):
             waiting.extend(self.gangs[jid] for _, _, jid in q.heap)
         return waiting
 
-    @property
-    def _slice_milli(self) -> int:
-        return self.trace.slice_milli()
-
     @staticmethod
     def _models(q: QueueConfig, job: TraceJob) -> list[str]:
-        return [m for m in (job.gpu_models or tuple(sorted(q.quotas))) if m in q.quotas]
+        """Quota resources the job may be charged to, in its any-of order: the model, or for a MIG-slice pod
+        "<model>:<profile>" when the queue has such a quota (the admission core's naming)."""
+        models = job.gpu_models or tuple(sorted({k.split(":", 1)[0] for k in q.quotas}))
+        out = []
+        for m in models:
+            key = f"{m}:{job.mig_profile}" if job.mig_profile else m
+            if key in q.quotas:
+                out.append(key)
+            elif m in q.quotas:
+                out.append(m)
+        return out
 
     def _ceiling(self, q: _QueueState, model: str) -> int:
         """The most this queue could ever hold of `model`: nominal + borrowing, capped by the cohort."""
@@ -207,7 +213,7 @@ class QuotaFifo(PodFifo):
         return req <= available
 
     def _choose_flavor(self, q: _QueueState, gang: _Gang) -> tuple[str, int] | None:
-        req = gang.job.pods * gang.units * (self._slice_milli if gang.slices else 1000)
+        req = gang.job.pods * gang.units * 1000  # a slice is one unit of its "<model>:<profile>" quota
         models = self._models(q.config, gang.job)
         for borrow in (False, True):  # Kueue: prefer a fit without borrowing
             for m in models:
@@ -236,7 +242,7 @@ class QuotaFifo(PodFifo):
             self.flavor[head[2]] = (model, milli)
             gang = self.gangs[head[2]]
             # Kueue admits the workload for one flavor: its pods are then restricted to that model.
-            gang.job = _restrict(gang.job, model)
+            gang.job = _restrict(gang.job, model.split(":", 1)[0])
             self.placing[head[2]] = gang
 
 

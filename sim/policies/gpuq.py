@@ -78,6 +78,14 @@ class GpuqPolicy:
         self._running_jobs: dict[str, Any] = {}  # job_id -> scheduler RunningJob
         self.milli: dict[str, int] = {}
         self._allocated = 0
+        # Free MIG slices per admission resource "<model>:<profile>", kept here from placements so the
+        # capacity cap passed to admission covers slices too (the scheduler reports whole GPUs per model).
+        self._slices_free: dict[str, int] = {}
+        for n in trace.nodes:
+            if n.mig is not None and n.health == "ready":
+                key = f"{n.gpu_model}:{n.mig.profile}"
+                self._slices_free[key] = self._slices_free.get(key, 0) + n.gpus * n.mig.slices_per_gpu
+        self._slice_usage: dict[str, dict[str, int]] = {}
         self._admit_seq = 0
         self._pending_admission = 0
 
@@ -94,7 +102,12 @@ class GpuqPolicy:
         self._pending_admission += 1
         return None
 
+    def _free_slices(self, job_id: str) -> None:
+        for k, v in self._slice_usage.pop(job_id, {}).items():
+            self._slices_free[k] += v
+
     def on_completion(self, job_id: str, now: float) -> None:
+        self._free_slices(job_id)
         self.cluster.release(job_id)
         self.adm.finish(job_id)
         self.running.pop(job_id, None)
@@ -109,7 +122,8 @@ class GpuqPolicy:
         reclaims: Sequence[Any] = ()
         # 1. admission (only when someone waits for it)
         if self._pending_admission:
-            decision = admission_cycle(self.adm, now, capacity=self.cluster.free_gpus_by_model())
+            decision = admission_cycle(self.adm, now,
+                                       capacity={**self.cluster.free_gpus_by_model(), **self._slices_free})
             for a in decision.admitted:
                 job_id = a.spec.job_id
                 self.waiting[job_id] = ((-self.prio.get(a.spec.priority_class, 0), self._admit_seq), a)
@@ -135,6 +149,11 @@ class GpuqPolicy:
             self.running[job_id] = RunningInfo(a.spec, now, now + a.spec.max_runtime_s)
             self._running_jobs[job_id] = RunningJob(job_id=job_id, expected_end=now + a.spec.max_runtime_s)
             self._allocated += self.milli[job_id]
+            slices = {k: v for k, v in a.usage.items() if k in self._slices_free}
+            if slices:
+                self._slice_usage[job_id] = slices
+                for k, v in slices.items():
+                    self._slices_free[k] -= v
             started.append(job_id)
         # 3. preemption hook: admitted work that cannot be placed, or a queue reclaiming its quota
         victims: list[Preempted] = []
@@ -156,6 +175,7 @@ class GpuqPolicy:
         if info is None:
             return
         self._running_jobs.pop(job_id, None)
+        self._free_slices(job_id)
         self.cluster.release(job_id)
         self.adm.finish(job_id)
         spec, submitted_at = self.submitted[job_id]

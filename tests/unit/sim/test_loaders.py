@@ -102,7 +102,10 @@ def test_openb_slice(traces_dir, tmp_path):
     assert multi and all(list(j.gpu_models) == sorted(j.gpu_models) for j in multi)
     # the first 847 nodes take the Clos topology: rack = PSW/ASW, block = PSW
     assert tr.nodes[0].rack.count("/") == 1 and tr.nodes[0].rack.startswith(tr.nodes[0].block)
-    assert tr.queues.queues[0].quotas.keys() == {n.gpu_model for n in tr.nodes}
+    quotas = tr.queues.queues[0].quotas
+    assert {k for k in quotas if ":" not in k} == {n.gpu_model for n in tr.nodes if n.mig is None}
+    assert {k for k in quotas if ":" in k} == {f"{n.gpu_model}:{OPENB_SLICE_PROFILE}" for n in shared}
+    assert sum(v.nominal for k, v in quotas.items() if ":" in k) == sum(n.gpus * 2 for n in shared)
     assert all(j.duration >= 1 for j in tr.jobs)
 
 

@@ -1,0 +1,69 @@
+"""Embedded servers start, stop without orphans and fail clearly; the leader lease admits one instance."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from pathlib import Path
+
+import asyncpg
+import nats
+import pytest
+
+from shared.leader import LeaderLease, LostLeadership
+from shared.servers import EmbeddedNats, EmbeddedServerError
+
+
+async def test_embedded_nats_runs_jetstream_and_stops_cleanly(tmp_path: Path) -> None:
+    server = EmbeddedNats(tmp_path / "nats")
+    url = server.start()
+    proc = server._proc
+    assert proc is not None
+    nc = await nats.connect(url)
+    info = await nc.jetstream().account_info()
+    assert info.limits is not None  # JetStream answers
+    await nc.close()
+    server.stop()
+    assert proc.poll() is not None  # no orphan process left behind
+    with pytest.raises(ProcessLookupError):
+        os.kill(proc.pid, 0)
+
+
+def test_embedded_nats_refuses_a_busy_port(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(EmbeddedServerError, match=f"port {port} .* already in use"):
+            EmbeddedNats(tmp_path / "nats", port=port).start()
+
+
+def test_embedded_nats_refuses_an_unusable_directory(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(EmbeddedServerError, match="cannot create the NATS data directory"):
+        EmbeddedNats(blocker / "nats").start()
+
+
+async def test_only_one_leader_and_fencing(database_url: str) -> None:
+    conn = await asyncpg.connect(database_url)
+    await conn.execute("CREATE SCHEMA IF NOT EXISTS plumbing_test")
+    first = LeaderLease(database_url, "plumbing_test", "leader-test")
+    second = LeaderLease(database_url, "plumbing_test", "leader-test")
+    try:
+        assert await first.try_acquire()
+        assert not await second.try_acquire()  # the standby waits
+        async with conn.transaction():
+            await first.check_fence(conn)
+        await first.release()  # the leader goes away (or its connection dies)
+        term = await asyncio.wait_for(second.acquire(poll_s=0.05), timeout=10)
+        assert term == (first.term or 0) + 1
+        # The deposed leader's late write is refused by the fence.
+        with pytest.raises(LostLeadership):
+            async with conn.transaction():
+                await first.check_fence(conn)
+    finally:
+        await first.release()
+        await second.release()
+        await conn.close()

@@ -1,0 +1,53 @@
+"""Telemetry service tests run on a real Postgres: a database of their own on the server the suite
+resolved (`database_url`), with the `telemetry` schema dropped and migrated afresh for every test."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest_asyncio
+
+from services.telemetry.app import MIGRATIONS
+from shared.db import apply_migrations, create_pool
+from shared.service import PLUMBING_SQL
+
+# The unit tests' builders (events of a job's life) serve here too.
+_BUILDERS = str(Path(__file__).resolve().parents[2] / "unit" / "telemetry")
+if _BUILDERS not in sys.path:
+    sys.path.insert(0, _BUILDERS)
+
+TEST_DB = "gpuq_test_telemetry"
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def telemetry_db_url(database_url: str) -> str:
+    conn = await asyncpg.connect(database_url)
+    try:
+        if not await conn.fetchval("SELECT true FROM pg_database WHERE datname = $1", TEST_DB):
+            try:
+                await conn.execute(f"CREATE DATABASE {TEST_DB}")
+            except asyncpg.InsufficientPrivilegeError:
+                return database_url  # no CREATEDB right: share the database (the schema is reset below)
+            except asyncpg.DuplicateDatabaseError:
+                pass
+    finally:
+        await conn.close()
+    parts = urlsplit(database_url)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{TEST_DB}", parts.query, parts.fragment))
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def pool(telemetry_db_url: str) -> AsyncIterator[asyncpg.Pool]:
+    p = await create_pool(telemetry_db_url, min_size=1, max_size=4)
+    async with p.acquire() as conn:
+        await conn.execute("DROP SCHEMA IF EXISTS telemetry CASCADE")
+        await conn.execute(PLUMBING_SQL.format(s="telemetry"))
+    await apply_migrations(p, "telemetry", MIGRATIONS)
+    try:
+        yield p
+    finally:
+        await p.close()

@@ -1,0 +1,210 @@
+"""Webhook delivery against a real HTTP receiver on 127.0.0.1 that verifies Standard Webhooks signatures
+with the reference `standardwebhooks` package: retries with backoff, dead letters, SSRF refusals."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import asyncpg
+import pytest
+from standardwebhooks import Webhook
+from telemetry_builders import T0, spec
+
+from services.telemetry.app import TelemetryService
+from services.telemetry.webhooks import store
+from services.telemetry.webhooks.backoff import RetryPolicy
+from services.telemetry.webhooks.delivery import DeliveryWorker
+from services.telemetry.webhooks.signing import CONTENT_TYPE
+from services.telemetry.webhooks.ssrf import AllowList
+from shared.clock import ManualClock
+from shared.events import JobCompleted, JobSubmitted, Payload, make_event, parse_event, utcnow_from
+from shared.service import Tx
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+LOOPBACK = AllowList.parse(["127.0.0.0/8"])
+
+
+class Receiver:
+    """Answers with the scripted statuses (then 200), verifying each request's signature."""
+
+    def __init__(self, statuses: list[int], redirect_to: str | None = None):
+        self.statuses = list(statuses)
+        self.redirect_to = redirect_to
+        self.secret: str | None = None
+        self.requests: list[tuple[dict[str, str], bytes, bool]] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                try:
+                    Webhook(receiver.secret or "").verify(body, headers, json_parse=False)
+                    verified = True
+                except Exception:
+                    verified = False
+                receiver.requests.append((headers, body, verified))
+                status = receiver.statuses.pop(0) if receiver.statuses else 200
+                self.send_response(status)
+                if 300 <= status < 400 and receiver.redirect_to:
+                    self.send_header("location", receiver.redirect_to)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hooks/gpuq?src=test"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receivers() -> Iterator[list[Receiver]]:
+    made: list[Receiver] = []
+    yield made
+    for r in made:
+        r.close()
+
+
+async def handle(svc: TelemetryService, pool: asyncpg.Pool, payload: Payload, t: float, event=None):  # type: ignore[no-untyped-def]
+    event = event or make_event(payload, source="test", time=utcnow_from(T0 + t))
+    async with pool.acquire() as conn, conn.transaction():
+        await svc.on_event(Tx(conn=conn, now=T0 + t, source="test", schema="telemetry"), event, payload)
+    return event
+
+
+async def subscribe(pool: asyncpg.Pool, r: Receiver, team: str | None = "team-a",
+                    events: tuple[str, ...] = ("job.completed",)) -> store.Subscription:
+    async with pool.acquire() as conn:
+        sub = await store.add_subscription(conn, r.url, team, list(events))
+    r.secret = sub.secret
+    return sub
+
+
+async def completed_job(svc: TelemetryService, pool: asyncpg.Pool, job_id: str, team: str, t: float):  # type: ignore[no-untyped-def]
+    await handle(svc, pool, JobSubmitted(spec=spec(job_id, team=team)), t)
+    return await handle(svc, pool, JobCompleted(job_id=job_id, finished_at=utcnow_from(T0 + t + 60)), t + 60)
+
+
+def worker(pool: asyncpg.Pool, clock: ManualClock, allow: AllowList, attempts: int) -> DeliveryWorker:
+    return DeliveryWorker(pool, clock, allow=allow, rng=random.Random(7), timeout_s=5,
+                          policy=RetryPolicy(max_attempts=attempts, base_s=10, factor=3, jitter=0.25))
+
+
+async def delivery_row(pool: asyncpg.Pool, event_id: str) -> asyncpg.Record:
+    return await pool.fetchrow("SELECT * FROM telemetry.webhook_deliveries WHERE event_id = $1", event_id)
+
+
+async def test_receiver_fails_twice_then_gets_it_with_the_same_id(pool: asyncpg.Pool, receivers: list) -> None:
+    svc = TelemetryService(metrics_port=None, webhook_worker=False)
+    r = Receiver([500, 503])
+    receivers.append(r)
+    await subscribe(pool, r)
+    event = await completed_job(svc, pool, "job-1", "team-a", 0)
+    await completed_job(svc, pool, "other", "team-b", 0)  # another team: not delivered
+    await handle(svc, pool, JobCompleted(job_id="job-1", finished_at=utcnow_from(T0)), 61, event)  # redelivery
+    clock = ManualClock(T0 + 60)
+    w = worker(pool, clock, LOOPBACK, attempts=5)
+
+    assert await w.run_once() == 1
+    assert await w.run_once() == 0  # backed off: not due yet
+    clock.advance(10 * 1.25 + 0.1)
+    assert await w.run_once() == 1
+    clock.advance(30 * 1.25 + 0.1)
+    assert await w.run_once() == 1
+    clock.advance(3600)
+    assert await w.run_once() == 0
+
+    assert len(r.requests) == 3
+    assert {h["webhook-id"] for h, _, _ in r.requests} == {event.id}
+    assert all(ok for _, _, ok in r.requests), "every attempt carries a valid signature"
+    headers, body, _ = r.requests[-1]
+    assert headers["content-type"] == CONTENT_TYPE
+    received, payload = parse_event(body)
+    assert received.id == event.id and received.type == "io.gpuq.job.completed.v1"
+    assert isinstance(payload, JobCompleted) and payload.job_id == "job-1"
+    row = await delivery_row(pool, event.id)
+    assert (row["status"], row["attempts"], row["last_status"]) == ("delivered", 3, 200)
+    svc.metrics.shutdown()
+
+
+async def test_dead_letter_after_the_last_try(pool: asyncpg.Pool, receivers: list) -> None:
+    svc = TelemetryService(metrics_port=None, webhook_worker=False)
+    r = Receiver([500] * 10)
+    receivers.append(r)
+    sub = await subscribe(pool, r, team=None, events=("*",))
+    event = await completed_job(svc, pool, "job-2", "team-c", 0)
+    clock = ManualClock(T0 + 60)
+    w = worker(pool, clock, LOOPBACK, attempts=3)
+    for _ in range(6):
+        await w.run_once()
+        clock.advance(3600)
+    # Subscribed to everything: JobSubmitted and JobCompleted were both queued; each tried 3 times.
+    assert len(r.requests) == 6
+    row = await delivery_row(pool, event.id)
+    assert (row["status"], row["attempts"]) == ("dead", 3)
+    dead = await pool.fetchrow("SELECT * FROM telemetry.webhook_dead_letters WHERE event_id = $1", event.id)
+    assert (dead["subscription_id"], dead["attempts"], dead["last_error"], dead["last_status"]) == \
+        (sub.id, 3, "HTTP 500", 500)
+    svc.metrics.shutdown()
+
+
+async def test_loopback_refused_without_allow_list_and_rechecked_on_every_retry(
+        pool: asyncpg.Pool, receivers: list) -> None:
+    svc = TelemetryService(metrics_port=None, webhook_worker=False)
+    r = Receiver([500])
+    receivers.append(r)
+    await subscribe(pool, r)
+    event = await completed_job(svc, pool, "job-3", "team-a", 0)
+    clock = ManualClock(T0 + 60)
+    w = worker(pool, clock, LOOPBACK, attempts=3)
+    await w.run_once()  # allowed: reaches the receiver, which fails
+    assert len(r.requests) == 1
+    w.allow = AllowList()  # the allow-list no longer covers loopback: the retry must be refused
+    for _ in range(3):
+        clock.advance(3600)
+        await w.run_once()
+    assert len(r.requests) == 1
+    row = await delivery_row(pool, event.id)
+    assert row["status"] == "dead"
+    assert row["last_error"].startswith("refused:") and "loopback" in row["last_error"]
+    svc.metrics.shutdown()
+
+
+async def test_redirects_are_not_followed(pool: asyncpg.Pool, receivers: list) -> None:
+    svc = TelemetryService(metrics_port=None, webhook_worker=False)
+    elsewhere = Receiver([])
+    r = Receiver([302], redirect_to=elsewhere.url)
+    receivers.extend([r, elsewhere])
+    await subscribe(pool, r)
+    event = await completed_job(svc, pool, "job-4", "team-a", 0)
+    w = worker(pool, ManualClock(T0 + 60), LOOPBACK, attempts=3)
+    await w.run_once()
+    assert len(r.requests) == 1 and elsewhere.requests == []
+    row = await delivery_row(pool, event.id)
+    assert (row["status"], row["last_status"], row["last_error"]) == ("pending", 302, "HTTP 302")
+    svc.metrics.shutdown()
+
+
+async def test_subscription_crud_and_event_validation(pool: asyncpg.Pool) -> None:
+    async with pool.acquire() as conn:
+        a = await store.add_subscription(conn, "https://example.com/a", "team-a", ["job.preempted", "job.completed"])
+        await store.add_subscription(conn, "https://example.com/b", None, ["*"])
+        assert a.secret.startswith("whsec_") and a.events == ("job.completed", "job.preempted")
+        assert [s.id for s in await store.list_subscriptions(conn, "team-a")] == [a.id]
+        assert len(await store.list_subscriptions(conn)) == 2
+        assert await store.remove_subscription(conn, a.id)
+        assert not await store.remove_subscription(conn, a.id)
+        with pytest.raises(ValueError, match="unknown event"):
+            await store.add_subscription(conn, "https://example.com/c", "t", ["job.exploded"])
+    assert json.loads(json.dumps(store.WEBHOOK_EVENTS))

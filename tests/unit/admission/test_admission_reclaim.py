@@ -1,0 +1,97 @@
+"""Reclaim: a queue under its nominal quota takes back what borrowers hold (reason ReclaimQuota)."""
+
+from __future__ import annotations
+
+from admission_core_builders import H100, config, job, queue, submit, submit_many
+
+from services.admission.core import AdmissionState, Reason, admission_cycle
+
+
+def borrowed_by_b(reclaim: str = "LowerPriority", **jobs_kw) -> AdmissionState:  # type: ignore[no-untyped-def]
+    """team-b (nominal 4) has borrowed all 8 idle GPUs of team-a."""
+    s = AdmissionState(config(queue("team-a", {H100: 8}, reclaim=reclaim), queue("team-b", {H100: 4})))
+    for i in range(6):
+        submit(s, job(f"b{i}", "team-b", 2, **jobs_kw), float(i))
+        admission_cycle(s, 10.0 + i)  # one admission per cycle: distinct admission times
+    assert s.usage("team-b") == {H100: 12} and s.borrowed("team-b") == {H100: 8}
+    return s
+
+
+def test_reclaim_request_names_borrowers_lowest_priority_then_newest() -> None:
+    s = borrowed_by_b(priority="low")
+    submit(s, job("a0", "team-a", 6), 100)
+    d = admission_cycle(s, 101.0)
+    assert not d.admitted
+    [r] = d.reclaims
+    assert (r.preemptor, r.queue, r.need, r.reason) == ("a0", "team-a", {H100: 6}, "ReclaimQuota")
+    assert r.candidates == ("b5", "b4", "b3", "b2", "b1", "b0")  # most recently admitted first
+    st = d.pending["a0"]
+    assert st.reason == Reason.WAITING_FOR_RECLAIM
+    assert "team-a uses 0/8" in st.message and "8 borrowed by other queues" in st.message
+
+
+def test_need_is_only_the_shortfall() -> None:
+    s = AdmissionState(config(queue("team-a", {H100: 8}), queue("team-b", {H100: 4}), queue("c", {H100: 2})))
+    submit_many(s, "team-b", 7, 2, priority="low")  # 14 = 4 own + 8 of a + 2 of c
+    admission_cycle(s, 0.0)
+    s.finish("team-b-6")  # frees 2
+    submit(s, job("a0", "team-a", 5), 10)
+    d = admission_cycle(s, 11.0)
+    assert d.reclaims[0].need == {H100: 3}
+
+
+def test_lower_priority_policy_spares_equal_priority_borrowers() -> None:
+    s = borrowed_by_b()
+    submit(s, job("a0", "team-a", 2), 100)
+    d = admission_cycle(s, 101.0)
+    assert d.reclaims == []
+    st = d.pending["a0"]
+    assert st.reason == Reason.WAITING_FOR_QUOTA and "none is lower-priority preemptible" in st.message
+
+
+def test_any_policy_reclaims_equal_priority() -> None:
+    s = borrowed_by_b(reclaim="Any")
+    submit(s, job("a0", "team-a", 2), 100)
+    assert admission_cycle(s, 101.0).reclaims[0].candidates[0] == "b5"
+
+
+def test_never_policy_does_not_reclaim() -> None:
+    s = borrowed_by_b(reclaim="Never", priority="low")
+    submit(s, job("a0", "team-a", 2), 100)
+    d = admission_cycle(s, 101.0)
+    assert d.reclaims == [] and d.pending["a0"].reason == Reason.WAITING_FOR_QUOTA
+
+
+def test_non_preemptible_borrowers_are_not_candidates() -> None:
+    s = borrowed_by_b(reclaim="Any", preemptible=False)
+    submit(s, job("a0", "team-a", 2), 100)
+    assert admission_cycle(s, 101.0).reclaims == []
+
+
+def test_one_reclaim_per_queue_per_cycle() -> None:
+    s = borrowed_by_b(priority="low")
+    submit(s, job("a0", "team-a", 2), 100)
+    submit(s, job("a1", "team-a", 2), 101)
+    d = admission_cycle(s, 102.0)
+    assert [r.preemptor for r in d.reclaims] == ["a0"]
+    assert d.pending["a1"].reason == Reason.WAITING_FOR_RECLAIM and "a0" in d.pending["a1"].message
+
+
+def test_a_job_that_must_borrow_does_not_reclaim() -> None:
+    s = borrowed_by_b(priority="low")
+    submit(s, job("a-big", "team-a", 10), 100)  # above team-a's nominal 8: it would borrow, not reclaim
+    d = admission_cycle(s, 101.0)
+    assert d.reclaims == []
+    assert d.pending["a-big"].reason == Reason.WAITING_FOR_BORROWABLE_QUOTA
+
+
+def test_candidates_come_only_from_queues_above_nominal() -> None:
+    s = AdmissionState(config(queue("team-a", {H100: 8}), queue("team-b", {H100: 4}), queue("team-c", {H100: 4})))
+    submit_many(s, "team-c", 2, 2, priority="low")  # within its nominal
+    submit_many(s, "team-b", 6, 2, priority="low", t0=10)  # 12 = 4 + 8 borrowed
+    admission_cycle(s, 20.0)
+    assert s.usage("team-b") == {H100: 12} and s.usage("team-c") == {H100: 4}
+    submit(s, job("a0", "team-a", 8), 30)
+    [r] = admission_cycle(s, 31.0).reclaims
+    assert r.need == {H100: 8}
+    assert set(r.candidates) == {f"team-b-{i}" for i in range(6)}
