@@ -16,12 +16,16 @@ bench_app = typer.Typer(help="Benchmarks that print figures (placement, admissio
 app.add_typer(bench_app, name="bench")
 
 # Each area registers its commands below, one line each (keep the list sorted by area).
+from services.admission.bench import bench_admission; bench_app.command("admission")(bench_admission)  # noqa: E402, E702, I001
 from services.metering.bench import bench_metering; bench_app.command("metering")(bench_metering)  # noqa: E402, E702, I001
 from services.metering.report import report; app.command("report")(report)  # noqa: E402, E702, I001
+from services.scheduler.bench import bench_placement; bench_app.command("placement")(bench_placement)  # noqa: E402, E702, I001
+from services.preemption.cli import preemptible; app.command("preemptible")(preemptible)  # noqa: E402, E702, I001
 from sim.cli import simulate; app.command("simulate")(simulate)  # noqa: E402, E702, I001
 from services.telemetry.cli import webhooks_app; app.add_typer(webhooks_app, name="webhooks")  # noqa: E402, E702, I001
-from cli.jobs import cancel, explain, queues, status, submit  # noqa: E402, I001
-from cli.platform import demo, up  # noqa: E402, I001
+from services.telemetry.bench import bench_telemetry; bench_app.command("telemetry")(bench_telemetry)  # noqa: E402, E702, I001
+from cli.jobs import cancel, explain, queues, status, submit  # noqa: E402
+from cli.platform import demo, up  # noqa: E402
 
 app.command("submit")(submit)
 app.command("status")(status)

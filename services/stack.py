@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ from shared.clock import Clock, SystemClock
 from shared.config import ClusterConfig, QueuesConfig
 from shared.db import create_pool
 from shared.service import ServiceRuntime, ServiceSpec
+from shared.tracing import setup_tracing
 
 log = logging.getLogger("gpuq.stack")
 
@@ -48,7 +50,7 @@ def build_specs(settings: StackSettings) -> list[ServiceSpec]:
     if "scheduler" in wanted:
         from services.scheduler.app import SchedulerService
 
-        specs.append(SchedulerService().spec())
+        specs.append(SchedulerService(queues=settings.queues).spec())
     if "executor" in wanted:
         if settings.cluster is None:
             raise ValueError("the simulated executor needs a cluster.yaml (--cluster)")
@@ -97,6 +99,7 @@ class Stack:
         self.runtimes: list[ServiceRuntime] = []
 
     async def start(self) -> None:
+        setup_tracing("gpuq", exporter=os.environ.get("GPUQ_TRACE_EXPORTER", "none"))
         self.pool = await create_pool(self.settings.database_url, max_size=20)
         try:
             for spec in build_specs(self.settings):

@@ -34,8 +34,18 @@ from faststream.nats import ConsumerConfig, JStream, NatsBroker, NatsMessage, Pu
 from shared.bus import DLQ_SUBJECT_PREFIX, consumer_plan, ensure_streams, stream_for_subject
 from shared.clock import Clock, SystemClock
 from shared.db import apply_migrations
-from shared.events import CloudEvent, InvalidEvent, Payload, encode_event, make_event, parse_event, utcnow_from
+from shared.events import (
+    BY_TYPE,
+    CloudEvent,
+    InvalidEvent,
+    Payload,
+    encode_event,
+    make_event,
+    parse_event,
+    utcnow_from,
+)
 from shared.leader import LeaderLease
+from shared.tracing import current_traceparent, start_span_from_event
 
 log = logging.getLogger("gpuq.service")
 
@@ -85,8 +95,12 @@ class Tx:
     traceparent: str | None = None
     emitted: list[CloudEvent] = field(default_factory=list)
 
-    async def emit(self, payload: Payload, subject_suffix: str | None = None) -> CloudEvent:
-        event = make_event(payload, source=self.source, time=utcnow_from(self.now), traceparent=self.traceparent)
+    async def emit(self, payload: Payload, subject_suffix: str | None = None,
+                   traceparent: str | None = None) -> CloudEvent:
+        """Write `payload` to the outbox. `traceparent` continues a job's trace from work not driven by an
+        event (timers); by default the handled event's trace continues."""
+        event = make_event(payload, source=self.source, time=utcnow_from(self.now),
+                           traceparent=traceparent or self.traceparent)
         subject = payload.subject() + (f".{subject_suffix}" if subject_suffix else "")
         await self.conn.execute(
             f"INSERT INTO {self.schema}.outbox(event_id, subject, body) VALUES ($1, $2, $3)",
@@ -242,9 +256,12 @@ class ServiceRuntime:
             if not fresh:
                 self.counters.duplicates += 1
                 return "duplicate"
-            tx = Tx(conn=conn, now=self.clock.now(), source=self.source, schema=self.spec.schema,
-                    traceparent=event.traceparent)
-            await handler(tx, event, payload)
+            # One span per hop, child of the event's trace context; emitted events carry this span's
+            # context, so a job's life from JobSubmitted to JobCompleted is one trace across services.
+            with start_span_from_event(event, name=f"{self.spec.name} {BY_TYPE[event.type].__name__}"):
+                tx = Tx(conn=conn, now=self.clock.now(), source=self.source, schema=self.spec.schema,
+                        traceparent=current_traceparent() or event.traceparent)
+                await handler(tx, event, payload)
         self.counters.handled += 1
         if tx.emitted:
             self._outbox_wakeup.set()

@@ -74,3 +74,13 @@ async def fresh(nats_url: str, database_url: str) -> AsyncIterator[tuple[str, st
     await reset_bus(nats_url)
     await reset_db(database_url)
     yield nats_url, database_url
+
+
+@pytest.fixture
+def fresh_sync(nats_url: str, database_url: str) -> tuple[str, str]:
+    """`fresh` for synchronous tests (CLI commands run their own event loop)."""
+    import asyncio
+
+    asyncio.run(reset_bus(nats_url))
+    asyncio.run(reset_db(database_url))
+    return nats_url, database_url

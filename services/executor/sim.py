@@ -117,12 +117,12 @@ class SimExecutor:
         remaining = max(0.0, true_duration(spec) - done_s)
         ends_at = tx.now + min(remaining, float(spec.max_runtime_s))
         await tx.conn.execute(
-            """INSERT INTO executor.runs(job_id, spec, nodes, gpus, status, started_at, ends_at, done_s)
-               VALUES ($1, $2, $3, $4, 'running', $5, $6, $7)
+            """INSERT INTO executor.runs(job_id, spec, nodes, gpus, status, started_at, ends_at, done_s, traceparent)
+               VALUES ($1, $2, $3, $4, 'running', $5, $6, $7, $8)
                ON CONFLICT (job_id) DO UPDATE SET spec = excluded.spec, nodes = excluded.nodes, gpus = excluded.gpus,
                  status = 'running', outcome = NULL, started_at = excluded.started_at, ends_at = excluded.ends_at,
-                 done_s = excluded.done_s, attempt = executor.runs.attempt + 1""",
-            spec.job_id, spec.model_dump_json(), nodes, gpus, tx.now, ends_at, done_s)
+                 done_s = excluded.done_s, attempt = executor.runs.attempt + 1, traceparent = excluded.traceparent""",
+            spec.job_id, spec.model_dump_json(), nodes, gpus, tx.now, ends_at, done_s, tx.traceparent)
         await tx.emit(JobStarted(job_id=spec.job_id, nodes=tuple(nodes), started_at=utcnow_from(tx.now)))
 
     async def on_checkpoint_requested(self, tx: Tx, event: CloudEvent, req: CheckpointRequested) -> None:
@@ -160,7 +160,8 @@ class SimExecutor:
 
     async def _finish_due(self, tx: Tx) -> None:
         rows = await tx.conn.fetch(
-            "SELECT job_id, spec, started_at, done_s FROM executor.runs WHERE status = 'running' AND ends_at <= $1 "
+            "SELECT job_id, spec, started_at, done_s, traceparent FROM executor.runs "
+            "WHERE status = 'running' AND ends_at <= $1 "
             "ORDER BY ends_at, job_id FOR UPDATE", tx.now)
         for row in rows:
             spec = JobSpec.model_validate_json(row["spec"])
@@ -170,21 +171,22 @@ class SimExecutor:
             if outcome and outcome != ExitReason.SUCCEEDED.value:
                 reason = ExitReason(outcome) if outcome in ExitReason.__members__.values() else ExitReason.ERROR
                 await tx.emit(JobFailed(job_id=spec.job_id, exit_reason=reason, message=f"simulated {outcome}",
-                                        finished_at=finished))
+                                        finished_at=finished), traceparent=row["traceparent"])
                 status = "failed"
             elif ran + 1e-6 < true_duration(spec):
                 await tx.emit(JobFailed(job_id=spec.job_id, exit_reason=ExitReason.DEADLINE_EXCEEDED,
-                                        message=f"ran past max_runtime_s={spec.max_runtime_s}", finished_at=finished))
+                                        message=f"ran past max_runtime_s={spec.max_runtime_s}", finished_at=finished),
+                              traceparent=row["traceparent"])
                 status, outcome = "failed", ExitReason.DEADLINE_EXCEEDED.value
             else:
-                await tx.emit(JobCompleted(job_id=spec.job_id, finished_at=finished))
+                await tx.emit(JobCompleted(job_id=spec.job_id, finished_at=finished), traceparent=row["traceparent"])
                 status, outcome = "completed", ExitReason.SUCCEEDED.value
             await tx.conn.execute("UPDATE executor.runs SET status = $2, outcome = $3 WHERE job_id = $1",
                                   spec.job_id, status, outcome)
 
     async def _checkpoint_due(self, tx: Tx) -> None:
         rows = await tx.conn.fetch(
-            """SELECT c.job_id, c.preemption_id, c.due_at, r.started_at, r.done_s, r.attempt
+            """SELECT c.job_id, c.preemption_id, c.due_at, r.started_at, r.done_s, r.attempt, r.traceparent
                FROM executor.checkpoints c JOIN executor.runs r USING (job_id)
                WHERE NOT c.done AND c.due_at <= $1 AND r.status = 'running' ORDER BY c.due_at, c.job_id""", tx.now)
         for row in rows:
@@ -198,7 +200,8 @@ class SimExecutor:
             step = int(progress)
             await tx.emit(JobCheckpointed(
                 job_id=row["job_id"], uri=f"sim://checkpoints/{row['job_id']}/attempt-{row['attempt']}/step-{step}",
-                step=step, checkpointed_at=utcnow_from(row["due_at"]), preemption_id=row["preemption_id"]))
+                step=step, checkpointed_at=utcnow_from(row["due_at"]), preemption_id=row["preemption_id"]),
+                traceparent=row["traceparent"])
 
     async def _sample(self, tx: Tx, wall: float) -> None:
         # The interval is in the services' (possibly accelerated) time, which metering integrates over.

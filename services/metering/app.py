@@ -4,8 +4,31 @@ Wiring only: the handlers live in handlers.py, the SQL in store.py, the arithmet
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+from services.metering import store
 from services.metering.handlers import HANDLERS
 from services.metering.store import MIGRATIONS, SCHEMA
-from shared.service import ServiceSpec
+from shared.events import utcnow_from
+from shared.service import ServiceRuntime, ServiceSpec
+
+if TYPE_CHECKING:
+    from shared.config import QueuesConfig
 
 SPEC = ServiceSpec(name="metering", schema=SCHEMA, migrations=MIGRATIONS, handlers=HANDLERS)
+
+
+def build_spec(settings: Any) -> ServiceSpec:
+    """The spec the stack runs: prices are seeded from the stack's queues.yaml at start (a later
+    QueueConfigChanged replaces them)."""
+    queues: QueuesConfig | None = getattr(settings, "queues", None)
+    rates = {m: f.cost_per_gpu_hour for m, f in queues.gpu_flavors.items()} if queues is not None else None
+
+    async def seed_prices(runtime: ServiceRuntime) -> None:
+        if rates is None:
+            return
+        async with runtime.transaction() as tx:
+            await store.set_rates(tx.conn, rates, utcnow_from(tx.now))
+
+    return ServiceSpec(name="metering", schema=SCHEMA, migrations=MIGRATIONS, handlers=HANDLERS,
+                       on_start=seed_prices)

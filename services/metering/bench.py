@@ -4,7 +4,8 @@ Two paths are measured against a scratch database (created and dropped on the Po
 on an embedded Postgres when none is set):
 - runtime: one UtilizationSampled event (one node, all its GPUs) per transaction through the real service
   runtime's `handle()` — envelope parsing, inbox row, the ledger insert, commit — as in production;
-- batched: many events per statement (`store.record_samples`), for a consumer that batches pulls.
+- batched: a pulled batch of events per transaction (`batch.handle_sample_batch`: parse, inbox rows and
+  one samples statement), for a consumer that hands over whole pulls.
 Then every event is delivered again under a new id (what an inbox cannot catch) and the ledger is checked
 to have counted each sample once.
 """
@@ -56,6 +57,7 @@ async def _run(base_url: str, nodes: int, gpus: int, intervals: int, batch: int,
 
     from services.metering import store
     from services.metering.app import SPEC
+    from services.metering.batch import handle_sample_batch
     from shared.db import create_pool
     from shared.domain import GpuBinding, JobSpec, PodSet
     from shared.events import JobPlaced, encode_event, make_event
@@ -104,16 +106,16 @@ async def _run(base_url: str, nodes: int, gpus: int, intervals: int, batch: int,
             await asyncio.gather(*(consume(rt, chunk[i::count]) for i, rt in enumerate(runtimes)))
             runtime_s[count] = time.perf_counter() - start
 
-        # 2. Batched path: `batch` events per statement, one transaction each.
+        # 2. Batched path: a pulled batch of `batch` messages per transaction (parse + inbox + samples).
         second = _events(nodes, gpus, intervals, interval_s, t0, intervals)
+        second_raws = [encode_event(make_event(ev, source="bench", time=ev.sampled_at)) for ev in second]
         task = progress.add_task(f"batched path ({batch} events / tx)", total=len(second))
         start = time.perf_counter()
         async with pool.acquire() as conn:
-            for i in range(0, len(second), batch):
-                chunk = second[i:i + batch]
-                async with conn.transaction():
-                    await store.record_samples(conn, chunk)
-                progress.advance(task, len(chunk))
+            for i in range(0, len(second_raws), batch):
+                outcome = await handle_sample_batch(conn, second_raws[i:i + batch])
+                assert outcome.handled == len(second_raws[i:i + batch]), outcome
+                progress.advance(task, outcome.handled)
         batched_s = time.perf_counter() - start
 
         # 3. Redelivery under new event ids: nothing may be counted twice.
@@ -165,7 +167,7 @@ def bench_metering(
     nodes: int = typer.Option(64, help="Nodes reporting (one UtilizationSampled per node per interval)."),
     gpus_per_node: int = typer.Option(8, help="GPU samples carried by each event."),
     intervals: int = typer.Option(20, help="Sampling intervals per path (runtime path, then batched)."),
-    batch: int = typer.Option(64, help="Events per statement on the batched path."),
+    batch: int = typer.Option(32, help="Events per transaction on the batched path (a pulled batch)."),
     replicas: int = typer.Option(4, help="Service replicas sharing the consumer on the second runtime run."),
     interval_s: float = typer.Option(10.0, help="Sampling interval, seconds."),
     keep: bool = typer.Option(False, help=f"Keep the scratch database {BENCH_DB} afterwards."),

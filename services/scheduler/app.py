@@ -13,6 +13,7 @@ import logging
 from pathlib import Path
 
 from services.scheduler.core import ClusterState, PendingJob, RunningJob, schedule_cycle
+from shared.config import QueuesConfig
 from shared.domain import GpuBinding, JobSpec, NodeHealth, NodeSpec
 from shared.events import (
     CloudEvent,
@@ -27,6 +28,8 @@ from shared.events import (
     JobStarted,
     NodeChanged,
     NodeInventory,
+    PreemptionReason,
+    PreemptionRequested,
     utcnow_from,
 )
 from shared.service import ServiceRuntime, ServiceSpec, Tx
@@ -36,8 +39,9 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 
 
 class SchedulerService:
-    def __init__(self, *, backfill: bool = True, strategy: str = "binpack"):
+    def __init__(self, *, backfill: bool = True, strategy: str = "binpack", queues: QueuesConfig | None = None):
         self.backfill = backfill
+        self.queues = queues  # priority classes: when set, unplaceable jobs may ask for preemption
         self.strategy = strategy
         self.cluster = ClusterState.from_nodes([], strategy=strategy)
         self.runtime: ServiceRuntime | None = None
@@ -190,3 +194,24 @@ class SchedulerService:
             await tx.emit(JobPending(job_id=u.job_id, queue=specs[u.job_id].queue, stage="placement",
                                      reason=u.reason, message=u.message,
                                      eta=utcnow_from(planned) if planned is not None else None))
+            await self._ask_preemption(tx, specs[u.job_id], u.reason)
+
+    async def _ask_preemption(self, tx: Tx, spec: JobSpec, reason: str) -> None:
+        """An unplaceable admitted job of strictly higher priority than some running preemptible job asks the
+        preemption service (which applies every rule); sent when its pending reason changes, not every cycle."""
+        from services.scheduler.core import Reason
+
+        if self.queues is None or reason not in (Reason.INSUFFICIENT_GPUS, Reason.INSUFFICIENT_CPU_MEMORY,
+                                                 Reason.TOPOLOGY_UNSATISFIABLE):
+            return
+        classes = self.queues.priority_class_map
+        mine = classes.get(spec.priority_class)
+        rows = await tx.conn.fetch("SELECT spec->>'priority_class' AS pc, spec->>'preemptible' AS pre "
+                                   "FROM scheduler.jobs WHERE status = 'placed'")
+        lower = [r for r in rows if (k := classes.get(r["pc"])) is not None and mine is not None
+                 and k.value < mine.value and (k.preemptible if r["pre"] is None else r["pre"] == "true")]
+        if lower:
+            await tx.emit(PreemptionRequested(
+                preemptor=spec.job_id, queue=spec.queue, reason=PreemptionReason.PRIORITY,
+                need={m: spec.total_gpus for m in spec.gpu_models} or {"gpus": spec.total_gpus},
+                message=f"{spec.job_id} ({spec.priority_class}) cannot be placed: {reason}"))

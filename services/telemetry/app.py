@@ -17,7 +17,7 @@ import contextlib
 import json
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
@@ -39,6 +39,9 @@ from shared.events import (
     UtilizationSampled,
 )
 from shared.service import ServiceRuntime, ServiceSpec, Tx
+
+if TYPE_CHECKING:
+    from services.stack import StackSettings
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 # Every job lifecycle event (also the webhook-able ones), plus utilisation, inventory and queue config.
@@ -157,3 +160,8 @@ class TelemetryService:
 def service_spec(**kwargs: Any) -> ServiceSpec:
     """The ServiceSpec with default settings (metrics on :9464, allow-list from GPUQ_WEBHOOK_ALLOW_CIDRS)."""
     return TelemetryService(**kwargs).spec()
+
+
+def build_spec(settings: StackSettings) -> ServiceSpec:
+    """What `services.stack` calls: telemetry with the stack's queues, clock and metrics port."""
+    return TelemetryService(metrics_port=settings.metrics_port, queues=settings.queues, clock=settings.clock).spec()

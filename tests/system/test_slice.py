@@ -6,6 +6,7 @@ redelivery of every event changes nothing."""
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -60,8 +61,9 @@ async def test_submit_to_completed_over_the_bus(fresh: tuple[str, str], tmp_path
         job("quad-4", "team-b", pods=1, gpus=4, duration_s=150),
         JobSpec(job_id="intruder", team="team-b", queue="team-a", pod_sets=(PodSet(),)),
     ]
-    events = [make_event(JobSubmitted(spec=s, submitted_at=datetime.now(UTC)), source="test",
-                         time=datetime.now(UTC)) for s in jobs]
+    trace_ids = {s.job_id: f"{i + 1:032x}" for i, s in enumerate(jobs)}
+    events = [make_event(JobSubmitted(spec=s, submitted_at=datetime.now(UTC)), source="test", time=datetime.now(UTC),
+                         traceparent=f"00-{trace_ids[s.job_id]}-{'a' * 16}-01") for s in jobs]
     async with Stack(settings):
         nc = await nats.connect(nats_url)
         js = nc.jetstream()
@@ -90,6 +92,14 @@ async def test_submit_to_completed_over_the_bus(fresh: tuple[str, str], tmp_path
         assert await conn.fetch("SELECT job_id, attempt FROM executor.runs ORDER BY job_id") == runs_before
         placed = await conn.fetchval("SELECT count(*) FROM scheduler.outbox WHERE subject = 'gpuq.job.placed'")
         assert placed == 3
+        # Trace context crossed every hop: each completion belongs to its submission's trace.
+        sub = await js.subscribe("gpuq.job.completed", ordered_consumer=True)
+        completed = {}
+        for _ in range(3):
+            msg = await sub.next_msg(timeout=5)
+            body = json.loads(msg.data)
+            completed[body["subject"]] = body["traceparent"].split("-")[1]
+        assert completed == {j: trace_ids[j] for j in ("gang-8x2", "single-1", "quad-4")}
         audit = await conn.fetch("SELECT actor, action, job_id FROM admission.audit")
         assert [(a["action"], a["job_id"]) for a in audit] == [("reject", "intruder")]
         await conn.close()

@@ -45,6 +45,26 @@ class _Fit:
         self.borrowing = borrowing
 
 
+class _Pledge:
+    """What this cycle's reclaim requests in one cohort already count on."""
+
+    __slots__ = ("demand", "first", "freed", "queue_demand", "victims")
+
+    def __init__(self) -> None:
+        self.demand: dict[str, int] = {}  # resource -> requests of the reclaiming jobs
+        self.freed: dict[str, int] = {}  # resource -> usage of the victims earmarked for them
+        self.queue_demand: dict[str, dict[str, int]] = {}  # queue -> resource -> its reclaiming jobs' requests
+        self.first: dict[str, str] = {}  # queue -> its first reclaiming job
+        self.victims: set[str] = set()
+
+    def add(self, queue: str, job_id: str, request: Mapping[str, int]) -> None:
+        self.first.setdefault(queue, job_id)
+        mine = self.queue_demand.setdefault(queue, {})
+        for r, n in request.items():
+            self.demand[r] = self.demand.get(r, 0) + n
+            mine[r] = mine.get(r, 0) + n
+
+
 class _NoFit:
     __slots__ = ("message", "need", "reason", "variants")
 
@@ -79,14 +99,17 @@ class _Cycle:
         self.lists: dict[str, list[Entry]] = {}
         self.idx: dict[str, int] = {}
         self.heap: list[tuple[tuple[int, float, float, str], str]] = []
-        self.version = 0  # bumped by every admission: memoised fit checks are valid within one version
+        # Memoised fit checks are valid while nothing they read changes: an admission changes its cohort's
+        # pool (or, without cohort, only its queue), and with `capacity` the free GPUs every queue reads.
+        self.version = 0  # admissions so far
+        self.scope_version: dict[str, int] = {}
         self.memo: dict[tuple[str, int], tuple[int, _Fit | _NoFit]] = {}
         self.decision = AdmissionDecision()
         self.admitted_queues: set[str] = set()
         # reclaim candidates only change when a job is admitted in the cohort
         self.cohort_version: dict[str | None, int] = {}
         self.reclaim_memo: dict[tuple, tuple[str, ...]] = {}
-        self.reclaimed: dict[str, str] = {}  # queue -> preemptor named in this cycle's reclaim request
+        self.pledges: dict[str, _Pledge] = {}  # cohort -> this cycle's reclaims
 
     # ------------------------------------------------------------------ phases
 
@@ -141,7 +164,7 @@ class _Cycle:
         running = self.book.running.get(q, 0)
         full = qq.max_running is not None and running >= qq.max_running
         memo = self.memo
-        version = self.version
+        version = self._version(qq)
         n = len(lst)
         while i < n:
             e = lst[i]
@@ -188,6 +211,10 @@ class _Cycle:
                 self.cap_left[r] = self.cap_left.get(r, 0) - amount
         self.decision.admitted.append(a)
         self.version += 1
+        self.scope_version[qq.scope] = self.scope_version.get(qq.scope, 0) + 1
+
+    def _version(self, qq: QueueQuota) -> int:
+        return self.version if self.cap_left is not None else self.scope_version.get(qq.scope, 0)
 
     def _requeue(self) -> None:
         """Phase 6: reasons for jobs never reached, the pending lists without the admitted, positions and a
@@ -249,10 +276,11 @@ class _Cycle:
     def _evaluate(self, qq: QueueQuota, e: Entry) -> _Fit | _NoFit:
         key = (qq.name, e.sid)
         hit = self.memo.get(key)
-        if hit is not None and hit[0] == self.version:
+        version = self._version(qq)
+        if hit is not None and hit[0] == version:
             return hit[1]
         result = self._assign(qq, e.sig)
-        self.memo[key] = (self.version, result)
+        self.memo[key] = (version, result)
         return result
 
     def _assign(self, qq: QueueQuota, sig: Signature) -> _Fit | _NoFit:
@@ -327,7 +355,7 @@ class _Cycle:
         total = taken.get(r, 0) + amount
         used, nominal = book.used(q, r), qq.nominal[r]
         if used + total <= nominal and qq.cohort is not None:
-            return _NoFit(Reason.WAITING_FOR_QUOTA, message, self._reclaim_need(qq, sig))
+            return _NoFit(Reason.WAITING_FOR_QUOTA, message, self._reclaim_need(qq, sig))  # set: may reclaim
         if qq.cohort is None:
             return _NoFit(Reason.WAITING_FOR_QUOTA, message, None)
         limit = qq.borrowing_limit[r]
@@ -335,38 +363,34 @@ class _Cycle:
             return _NoFit(Reason.WAITING_FOR_QUOTA, message, None)
         return _NoFit(Reason.WAITING_FOR_BORROWABLE_QUOTA, message, None)
 
-    def _reclaim_need(self, qq: QueueQuota, sig: Signature) -> dict[str, int] | None:
-        """If the whole job fits the queue's nominal quota (first such flavor per pod set), what borrowers must
-        give back for it to fit: per resource, request minus what is available now."""
-        book = self.book
-        used = book.usage[qq.name]
+    def _reclaim_need(self, qq: QueueQuota, sig: Signature,
+                      pledged: Mapping[str, int] | None = None) -> dict[str, int] | None:
+        """If the whole job fits the queue's nominal quota (first such flavor per pod set), the request per
+        resource; None if it does not fit nominal. `pledged`: this queue's earlier reclaiming jobs this cycle,
+        counted as if already admitted."""
+        used = self.book.usage[qq.name]
+        pledged = pledged or {}
         taken: dict[str, int] = {}
         for demand in sig:
             for _m, r, amount in self.state.options(qq, demand):
-                if used.get(r, 0) + taken.get(r, 0) + amount <= qq.nominal[r]:
+                if used.get(r, 0) + pledged.get(r, 0) + taken.get(r, 0) + amount <= qq.nominal[r]:
                     taken[r] = taken.get(r, 0) + amount
                     break
             else:
                 return None
-        need = {r: t - max(0, book.available(qq, r)) for r, t in sorted(taken.items())}
-        need = {r: n for r, n in need.items() if n > 0}
-        return need or None
+        return dict(sorted(taken.items()))
 
     def _fail(self, qq: QueueQuota, e: Entry, result: _NoFit) -> None:
+        """Record why `e` waits; if it fits its queue's nominal quota and only borrowers stand in the way,
+        ask for a reclaim. Several jobs of a cohort may reclaim in one cycle: each request counts the
+        earlier ones' demand and the victims already named for them (`_Pledge`), so two requests never
+        name the same victim and the needs add up to what the jobs really lack."""
         e.reason, e.message = result.reason, result.message
         if result.need is None or not qq.can_reclaim:
             return
-        q = qq.name
-        earlier = self.reclaimed.get(q)
-        if earlier is not None:
-            # one reclaim request per queue per cycle: overlapping requests would let the preemption
-            # service evict twice for one shortfall
-            e.reason = Reason.WAITING_FOR_RECLAIM
-            e.message = self._message(result, earlier, lambda: (
-                f"{result.message}; capacity is being reclaimed for {earlier} first"))
-            return
+        q, cohort = qq.name, qq.cohort
         # memoised per (priority, resources needed): a deep queue fails many jobs against the same borrowers
-        key = (q, e.priority, tuple(result.need), self.cohort_version.get(qq.cohort, 0))
+        key = (q, e.priority, tuple(result.need), self.cohort_version.get(cohort, 0))
         candidates = self.reclaim_memo.get(key)
         if candidates is None:
             candidates = reclaim_candidates(self.state, qq, e.priority, result.need)
@@ -378,12 +402,42 @@ class _Cycle:
                 f"{result.message}; borrowers hold the quota but none is {who} "
                 f"(reclaim_within_cohort: {policy.value})"))
             return
-        self.reclaimed[q] = e.job_id
-        self.decision.reclaims.append(ReclaimRequest(preemptor=e.job_id, queue=q, need=dict(result.need),
-                                                     candidates=candidates))
-        need = ", ".join(f"{n} {r}" for r, n in result.need.items())
+        pledge = self.pledges.get(cohort)  # type: ignore[arg-type]
+        if pledge is None:
+            pledge = self.pledges[cohort] = _Pledge()  # type: ignore[index]
+        request = self._reclaim_need(qq, e.sig, pledge.queue_demand.get(q))
+        if request is None:  # fits nominal alone, not after the jobs already reclaiming in its queue
+            e.message = f"{result.message}; waits behind this queue's reclaims ({pledge.first[q]})"
+            return
+        book = self.book
+        need = {}
+        for r, amount in request.items():
+            short = pledge.demand.get(r, 0) + amount - max(0, book.available(qq, r)) - pledge.freed.get(r, 0)
+            if short > 0:
+                need[r] = short
+        pledge.add(q, e.job_id, request)
         e.reason = Reason.WAITING_FOR_RECLAIM
-        e.message = f"{result.message}; reclaim of {need} requested from {len(candidates)} borrowing job(s)"
+        if not need:
+            e.message = f"{result.message}; fits once the capacity reclaimed for {pledge.first[q]} is freed"
+            return
+        free = tuple(c for c in candidates if c not in pledge.victims) if pledge.victims else candidates
+        if not free:
+            e.message = f"{result.message}; every reclaimable borrower is already being reclaimed"
+            return
+        self.decision.reclaims.append(ReclaimRequest(preemptor=e.job_id, queue=q, need=need, candidates=free))
+        # earmark victims in candidate order until the need is covered, so the next request names others
+        freed = dict.fromkeys(need, 0)
+        for victim in free:
+            if all(freed[r] >= n for r, n in need.items()):
+                break
+            usage = self.state._admitted[victim].usage
+            pledge.victims.add(victim)
+            for r in need:
+                got = usage.get(r, 0)
+                freed[r] += got
+                pledge.freed[r] = pledge.freed.get(r, 0) + got
+        text = ", ".join(f"{n} {r}" for r, n in need.items())
+        e.message = f"{result.message}; reclaim of {text} requested from {len(free)} borrowing job(s)"
 
     @staticmethod
     def _message(result: _NoFit, variant: str, build: Callable[[], str]) -> str:

@@ -25,13 +25,29 @@ INF = float("inf")
 class QueueQuota:
     """The static, per-queue part of the arithmetic, pre-digested from QueueConfig."""
 
-    __slots__ = ("borrowing_limit", "can_reclaim", "cohort", "config", "guaranteed", "max_running", "models", "name",
-                 "nominal", "reclaim_policy", "strict_fifo", "teams", "weight")
+    __slots__ = (
+        "borrowing_limit",
+        "can_reclaim",
+        "cohort",
+        "config",
+        "guaranteed",
+        "max_running",
+        "models",
+        "name",
+        "nominal",
+        "reclaim_policy",
+        "scope",
+        "strict_fifo",
+        "teams",
+        "weight",
+    )
 
     def __init__(self, q: QueueConfig):
         self.config = q
         self.name = q.name
         self.cohort = q.cohort
+        # what an admission elsewhere can change for this queue: its cohort's pool, or only itself
+        self.scope = f"cohort/{q.cohort}" if q.cohort is not None else f"queue/{q.name}"
         self.nominal = {r: f.nominal for r, f in q.quotas.items()}
         self.guaranteed = {r: (f.nominal - f.lending_limit if f.lending_limit is not None else 0)
                            for r, f in q.quotas.items()}

@@ -9,7 +9,8 @@ CREATE TABLE executor.runs (
     started_at    double precision NOT NULL,
     ends_at       double precision NOT NULL,
     done_s        double precision NOT NULL DEFAULT 0,   -- work saved by checkpoints across attempts
-    attempt       integer NOT NULL DEFAULT 1
+    attempt       integer NOT NULL DEFAULT 1,
+    traceparent   text                                   -- the job's trace, continued by later events
 );
 CREATE INDEX runs_running_by_end ON executor.runs (ends_at) WHERE status = 'running';
 

@@ -87,7 +87,7 @@ def schedule_cycle(state: ClusterState, pending: Sequence[PendingJob], running: 
         if isinstance(got, Placement):
             end = now + spec.max_runtime_s
             # Only reservations that start before this job would end can be delayed by it.
-            in_the_way = []
+            in_the_way = [r for r in reservations if r.start < end]
             if in_the_way and not _disjoint(got, in_the_way):
                 retry = place_job(state, spec, pj.allowed_models, exclusions_for(r.placement for r in in_the_way))
                 if not isinstance(retry, Placement):

@@ -240,46 +240,24 @@ def _groups(state: ClusterState, elig: Sequence[tuple[int, tuple[object, ...]]])
     return out
 
 
-def _dataset_first(state: ClusterState, datasets: tuple[str, ...], elig_keys: set[tuple[object, ...]]
-                   ) -> dict[tuple[tuple[object, ...], int], list[str]]:
-    """Ready eligible nodes caching one of the datasets, grouped by (class, free units), in rank order."""
-    if not datasets:
-        return {}
-    names: set[str] = set()
-    for d in datasets:
-        names.update(state._ds_index.get(d, ()))
-    out: dict[tuple[tuple[object, ...], int], list[str]] = {}
-    for name in names:
-        n = state._nodes[name]
-        if n.ready and n.cls in elig_keys:
-            out.setdefault((n.cls, n.units), []).append(name)
-    for v in out.values():
-        v.sort(key=lambda nm: state._nodes[nm].rank)
-    return out
-
-
 def iter_index(state: ClusterState, elig: Sequence[tuple[int, tuple[object, ...]]], unit_min: int,
                datasets: tuple[str, ...] = ()) -> Iterator[str]:
     """Ready nodes of the eligible classes with at least `unit_min` free units, in score order, from the
     buckets: a 1-GPU decision reads one bucket head instead of scanning the cluster."""
     binpack = state.strategy == "binpack"
     order = state._order
-    ds = _dataset_first(state, datasets, {k for _, k in elig})
+    datasets = tuple(sorted(set(datasets)))
     for group in _groups(state, elig):
         top = max(c.max_units for c in group)
         levels = range(unit_min, top + 1) if binpack else range(top, unit_min - 1, -1)
         for b in levels:
-            first: list[str] = []
-            for c in group:
-                first.extend(ds.get((c.key, b), ()))
-            if len(group) > 1 and first:
-                first.sort(key=lambda nm: state._nodes[nm].rank, reverse=not binpack)
-            elif not binpack:
-                first.reverse()
-            yield from first
-            seen = set(first)
             lists = [c.buckets[b] for c in group if b in c.buckets]
             if not lists:
+                continue
+            cached = [c.ds_buckets[d][b] for c in group for d in datasets
+                      if d in c.ds_buckets and b in c.ds_buckets[d]] if datasets else []
+            if cached:
+                yield from _with_cached_first(order, lists, cached, binpack)
                 continue
             ranks: Iterable[int]
             if len(lists) == 1:
@@ -289,10 +267,22 @@ def iter_index(state: ClusterState, elig: Sequence[tuple[int, tuple[object, ...]
             else:
                 ranks = heapq.merge(*(reversed(x) for x in lists), reverse=True)
             for r in ranks:
-                name = order[r]
-                if seen and name in seen:
-                    continue
-                yield name
+                yield order[r]
+
+
+def _with_cached_first(order: list[str], lists: list[list[int]], cached: list[list[int]], binpack: bool
+                       ) -> Iterator[str]:
+    """One bucket: the nodes caching a dataset first, then the others (lazily: usually one node is read)."""
+    merged = heapq.merge(*cached) if binpack else heapq.merge(*(reversed(x) for x in cached), reverse=True)
+    seen: set[int] = set()
+    for r in merged:
+        if r not in seen:
+            seen.add(r)
+            yield order[r]
+    rest = heapq.merge(*lists) if binpack else heapq.merge(*(reversed(x) for x in lists), reverse=True)
+    for r in rest:
+        if r not in seen:
+            yield order[r]
 
 
 def _binpack_sorted(state: ClusterState, names: Iterable[str], penalty: Mapping[tuple[object, ...], int],
@@ -394,12 +384,50 @@ def _domain_nodes(state: ClusterState, job: _Job, level: TopologyLevel, domain: 
     return [n for n in names if state._nodes[n].ready]
 
 
+def _shapes_fit(state: ClusterState, job: _Job, names: list[str]) -> bool:
+    """Necessary condition, GPUs only: every pod set finds enough pod-sized pieces of free units."""
+    nodes = state._nodes
+    for req, elig in zip(job.reqs, job.eligs, strict=True):
+        if req.unit <= 1:
+            continue  # any free unit fits a pod: the units check already covered it
+        keys = {k for _, k in elig}
+        pods = 0
+        for name in names:
+            n = nodes[name]
+            if n.cls in keys:
+                pods += n.units // req.unit
+        if pods < req.count:
+            return False
+    return True
+
+
 def domain_free(state: ClusterState, keys: Iterable[tuple[object, ...]], level: TopologyLevel) -> dict[str, int]:
     totals: dict[str, int] = {}
     for key in keys:
         for d, f in state._classes[key].dom_free[level].items():
             totals[d] = totals.get(d, 0) + f
     return totals
+
+
+def _best_fit_domains(state: ClusterState, job: _Job, level: TopologyLevel) -> Iterator[str]:
+    """Domains with at least the gang's units free, smallest sufficient first (spread: largest first).
+
+    One eligible class (the common case): read its per-level buckets. Several: sum their free units."""
+    binpack = state.strategy == "binpack"
+    if len(job.union) == 1:
+        c = state._classes[next(iter(job.union))]
+        order = state._dom_order[level]
+        by_free = c.dom_buckets[level]
+        frees = sorted((f for f in by_free if f >= job.need), reverse=not binpack)
+        for f in frees:
+            for r in (by_free[f] if binpack else reversed(by_free[f])):
+                yield order[r]
+        return
+    totals = domain_free(state, job.union, level)
+    ranks = state._dom_rank.get(level, {})
+    sign = 1 if binpack else -1
+    yield from sorted((d for d, f in totals.items() if f >= job.need),
+                      key=lambda d: (sign * totals[d], ranks.get(d, 0), d))
 
 
 def _in_one_domain(state: ClusterState, job: _Job, level: TopologyLevel, group_levels: list[TopologyLevel],
@@ -412,13 +440,11 @@ def _in_one_domain(state: ClusterState, job: _Job, level: TopologyLevel, group_l
             if got is not None:
                 return got
         return None
-    totals = domain_free(state, job.union, level)
-    ranks = state._dom_rank.get(level, {})
-    sign = 1 if state.strategy == "binpack" else -1
-    candidates = sorted((d for d, f in totals.items() if f >= job.need),
-                        key=lambda d: (sign * totals[d], ranks.get(d, 0), d))
+    candidates = _best_fit_domains(state, job, level)
     for d in candidates:
         names = _domain_nodes(state, job, level, d)
+        if not _shapes_fit(state, job, names):
+            continue  # enough free units, but not in pod-sized pieces: skip the costly dry run
         ordered = _grouped_order(state, names, group_levels, job.need, job.union, job.spec.datasets)
         got = _fill_all(state, job, ordered, exclude)
         if got is not None:

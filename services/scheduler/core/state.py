@@ -123,8 +123,8 @@ def class_key(spec: NodeSpec) -> tuple[object, ...]:
 class _Class:
     """Nodes interchangeable for eligibility: same model, MIG profile and taints. Aggregates count READY nodes."""
 
-    __slots__ = ("buckets", "cap", "dom_free", "free", "hard", "key", "max_units", "mig", "model", "owner",
-                 "ready_nodes", "soft", "total_nodes")
+    __slots__ = ("buckets", "cap", "dom_buckets", "dom_free", "ds_buckets", "free", "hard", "key", "max_units",
+                 "mig", "model", "owner", "ready_nodes", "soft", "total_nodes")
 
     def __init__(self, key: tuple[object, ...], spec: NodeSpec, owner: object):
         self.key = key
@@ -133,12 +133,17 @@ class _Class:
         self.hard = tuple(t for t in spec.taints if t.effect in _HARD_EFFECTS)
         self.soft = tuple(t for t in spec.taints if t.effect is TaintEffect.PREFER_NO_SCHEDULE)
         self.buckets: dict[int, list[int]] = {}
+        # The same buckets restricted to the nodes caching each dataset: dataset preference without a scan.
+        self.ds_buckets: dict[str, dict[int, list[int]]] = {}
         self.free = 0
         self.cap = 0
         self.max_units = 0
         self.ready_nodes = 0
         self.total_nodes = 0
         self.dom_free: dict[TopologyLevel, dict[str, int]] = {TopologyLevel.RACK: {}, TopologyLevel.BLOCK: {}}
+        # Per level: free units -> sorted domain ranks, for best-fit domain search without a scan.
+        self.dom_buckets: dict[TopologyLevel, dict[int, list[int]]] = {TopologyLevel.RACK: {},
+                                                                        TopologyLevel.BLOCK: {}}
         self.owner = owner
 
     def clone(self, owner: object) -> _Class:
@@ -146,7 +151,9 @@ class _Class:
         for attr in _Class.__slots__:
             setattr(c, attr, getattr(self, attr))
         c.buckets = {k: list(v) for k, v in self.buckets.items()}
+        c.ds_buckets = {d: {k: list(v) for k, v in b.items()} for d, b in self.ds_buckets.items()}
         c.dom_free = {lvl: dict(d) for lvl, d in self.dom_free.items()}
+        c.dom_buckets = {lvl: {k: list(v) for k, v in b.items()} for lvl, b in self.dom_buckets.items()}
         c.owner = owner
         return c
 
@@ -165,7 +172,7 @@ class ClusterState:
         self._order: list[str] = []  # rank -> node name
         self._dom_nodes: dict[tuple[tuple[object, ...], TopologyLevel], dict[str, list[str]]] = {}
         self._dom_rank: dict[TopologyLevel, dict[str, int]] = {}
-        self._ds_index: dict[str, tuple[str, ...]] = {}
+        self._dom_order: dict[TopologyLevel, list[str]] = {}
         self._elig_cache: dict[object, tuple[tuple[int, tuple[object, ...]], ...]] = {}
         self._dirty = True
 
@@ -225,7 +232,6 @@ class ClusterState:
         self._order = [n.name for n in ordered]
         classes: dict[tuple[object, ...], _Class] = {}
         dom_nodes: dict[tuple[tuple[object, ...], TopologyLevel], dict[str, list[str]]] = {}
-        ds: dict[str, list[str]] = {}
         for rank, n in enumerate(ordered):
             if n.owner is not self._gen:
                 n = n.clone(self._gen)
@@ -239,23 +245,26 @@ class ClusterState:
             for lvl in (TopologyLevel.RACK, TopologyLevel.BLOCK):
                 dom_nodes.setdefault((n.cls, lvl), {}).setdefault(n.domain(lvl), []).append(n.name)
                 c.dom_free[lvl].setdefault(n.domain(lvl), 0)
-            for d in n.spec.datasets:
-                ds.setdefault(d, []).append(n.name)
             if not n.ready:
                 continue
             c.ready_nodes += 1
             c.cap += n.cap_units
             c.free += n.units
             c.buckets.setdefault(n.units, []).append(rank)  # ranks ascend: lists stay sorted
+            for d in n.spec.datasets:
+                c.ds_buckets.setdefault(d, {}).setdefault(n.units, []).append(rank)
             c.dom_free[TopologyLevel.RACK][n.rack] += n.units
             c.dom_free[TopologyLevel.BLOCK][n.block] += n.units
         self._classes = classes
         self._dom_nodes = dom_nodes
-        self._dom_rank = {
-            lvl: {d: i for i, d in enumerate(sorted({n.domain(lvl) for n in ordered}, key=natural_key))}
-            for lvl in (TopologyLevel.RACK, TopologyLevel.BLOCK)
-        }
-        self._ds_index = {d: tuple(names) for d, names in ds.items()}
+        self._dom_order = {lvl: sorted({n.domain(lvl) for n in ordered}, key=natural_key)
+                           for lvl in (TopologyLevel.RACK, TopologyLevel.BLOCK)}
+        self._dom_rank = {lvl: {d: i for i, d in enumerate(names)} for lvl, names in self._dom_order.items()}
+        for c in classes.values():
+            for lvl, frees in c.dom_free.items():
+                ranks = self._dom_rank[lvl]
+                for d in sorted(frees, key=ranks.__getitem__):
+                    c.dom_buckets[lvl].setdefault(frees[d], []).append(ranks[d])
         self._elig_cache = {}
         self._dirty = False
 
@@ -277,7 +286,7 @@ class ClusterState:
         other._order = self._order
         other._dom_nodes = self._dom_nodes
         other._dom_rank = self._dom_rank
-        other._ds_index = self._ds_index
+        other._dom_order = self._dom_order
         other._elig_cache = self._elig_cache
         other._dirty = False
         # Both sides get a new generation: from now on neither owns the shared nodes and classes.
@@ -308,10 +317,26 @@ class ClusterState:
         if not bucket:
             del c.buckets[old_units]
         insort(c.buckets.setdefault(node.units, []), node.rank)
+        for d in node.spec.datasets:
+            by_units = c.ds_buckets[d]
+            bucket = by_units[old_units]
+            del bucket[bisect_left(bucket, node.rank)]
+            if not bucket:
+                del by_units[old_units]
+            insort(by_units.setdefault(node.units, []), node.rank)
         delta = node.units - old_units
         c.free += delta
-        c.dom_free[TopologyLevel.RACK][node.rack] += delta
-        c.dom_free[TopologyLevel.BLOCK][node.block] += delta
+        for lvl, d in ((TopologyLevel.RACK, node.rack), (TopologyLevel.BLOCK, node.block)):
+            frees = c.dom_free[lvl]
+            before = frees[d]
+            frees[d] = before + delta
+            by_free = c.dom_buckets[lvl]
+            rank = self._dom_rank[lvl][d]
+            bucket = by_free[before]
+            del bucket[bisect_left(bucket, rank)]
+            if not bucket:
+                del by_free[before]
+            insort(by_free.setdefault(before + delta, []), rank)
 
     # ------------------------------------------------------------------ decisions
 

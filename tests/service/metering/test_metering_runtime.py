@@ -32,3 +32,20 @@ async def test_runtime_handles_each_event_once(pool):
     assert [(r["team"], r["allocated_gpu_hours"], r["used_gpu_hours"]) for r in summary] == [
         ("team-a", 16.0, 8.0), ("team-b", 8.0, 0.0)]
     assert sum(1 for ev in scenario() if ev.type == UtilizationSampled.event_type()) == 120
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_build_spec_seeds_prices_from_the_stack_queues(pool):
+    from types import SimpleNamespace
+
+    from services.metering.app import build_spec
+    from services.metering.testing import QUEUES_DOC
+    from shared.clock import ManualClock
+    from shared.config import parse_queues
+
+    spec = build_spec(SimpleNamespace(queues=parse_queues(QUEUES_DOC)))
+    runtime = ServiceRuntime(spec, nats_url="nats://127.0.0.1:1", pool=pool, clock=ManualClock())
+    assert spec.on_start is not None
+    await spec.on_start(runtime)
+    async with pool.acquire() as conn:
+        assert await store.load_rates(conn) == {"A100-40GB": 2.0, "H100-80GB": 4.0}

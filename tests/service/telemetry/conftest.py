@@ -17,8 +17,10 @@ from shared.service import PLUMBING_SQL
 
 # The unit tests' builders (events of a job's life) serve here too.
 _BUILDERS = str(Path(__file__).resolve().parents[2] / "unit" / "telemetry")
-if _BUILDERS not in sys.path:
-    sys.path.insert(0, _BUILDERS)
+_HERE = str(Path(__file__).resolve().parent)
+for _path in (_BUILDERS, _HERE):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
 TEST_DB = "gpuq_test_telemetry"
 

@@ -68,13 +68,28 @@ def test_non_preemptible_borrowers_are_not_candidates() -> None:
     assert admission_cycle(s, 101.0).reclaims == []
 
 
-def test_one_reclaim_per_queue_per_cycle() -> None:
+def test_several_reclaims_in_one_cycle_name_disjoint_victims() -> None:
     s = borrowed_by_b(priority="low")
     submit(s, job("a0", "team-a", 2), 100)
-    submit(s, job("a1", "team-a", 2), 101)
+    submit(s, job("a1", "team-a", 3), 101)
     d = admission_cycle(s, 102.0)
-    assert [r.preemptor for r in d.reclaims] == ["a0"]
-    assert d.pending["a1"].reason == Reason.WAITING_FOR_RECLAIM and "a0" in d.pending["a1"].message
+    assert [(r.preemptor, r.need) for r in d.reclaims] == [("a0", {H100: 2}), ("a1", {H100: 3})]
+    assert d.reclaims[0].candidates[0] == "b5"
+    assert "b5" not in d.reclaims[1].candidates and d.reclaims[1].candidates[:2] == ("b4", "b3")
+    assert {st.reason for st in d.pending.values()} == {Reason.WAITING_FOR_RECLAIM}
+
+
+def test_reclaim_needs_add_up_and_stop_at_the_nominal_quota() -> None:
+    s = AdmissionState(config(queue("team-a", {H100: 8}), queue("team-b", {H100: 4})))
+    submit_many(s, "team-b", 6, 2, priority="low")  # 12 = 4 + 8 borrowed
+    admission_cycle(s, 0.0)
+    s.finish("team-b-5")  # 2 lendable now
+    submit_many(s, "team-a", 4, 3, t0=10)  # 12 > nominal 8: only two of them can reclaim
+    d = admission_cycle(s, 11.0)
+    assert [a.job_id for a in d.admitted] == []
+    # a0 lacks 1 (2 lendable); the 2-GPU victim earmarked for it frees 1 more than that, so a1 lacks 2
+    assert [(r.preemptor, r.need) for r in d.reclaims] == [("team-a-0", {H100: 1}), ("team-a-1", {H100: 2})]
+    assert "waits behind this queue's reclaims (team-a-0)" in d.pending["team-a-2"].message
 
 
 def test_a_job_that_must_borrow_does_not_reclaim() -> None:

@@ -120,6 +120,17 @@ def check_placement(state: ClusterState, spec: JobSpec, p: Placement, allowed: t
     assert p.blocks_spanned == len({state.node(b.node).block for b in p.bindings})
 
 
+def index_view(state: ClusterState) -> dict[object, object]:
+    return {key: (c.free, c.buckets, c.ds_buckets, c.dom_free, c.dom_buckets) for key, c in state._classes.items()}
+
+
+def check_index_matches_a_rebuild(state: ClusterState) -> None:
+    """The incrementally kept buckets equal the ones a full rebuild computes from the nodes."""
+    rebuilt = state.copy()
+    rebuilt._rebuild()
+    assert index_view(state) == index_view(rebuilt)
+
+
 def check_no_double_allocation(state: ClusterState) -> None:
     seen: set[tuple[str, object]] = set()
     for p in state.allocations().values():
@@ -155,6 +166,7 @@ def test_random_place_commit_release_keeps_every_invariant(data: st.DataObject, 
         if data.draw(st.booleans()) and state.allocations():
             victim = data.draw(st.sampled_from(sorted(state.allocations())))
             state.release(victim)
+        check_index_matches_a_rebuild(state)
     for job_id in sorted(state.allocations()):
         state.release(job_id)
     assert state.fingerprint() == empty

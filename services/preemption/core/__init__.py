@@ -1,0 +1,33 @@
+"""The preemption service's pure core: victim rules, victim selection, guard rails.
+
+No I/O, no clock, no asyncio: callers pass `now` and snapshots. The service (services/preemption/app.py)
+and the simulator (core/sim_adapter.py) drive the same functions.
+"""
+
+from .guards import cooldown_s, cooldown_verdict, rate_limit_verdict
+from .model import PRIORITY, RECLAIM, Outcome, Preemptor, RunningJob, Selection, Why, priority_of, usage_by_queue
+from .policy import class_verdict, is_borrowing, needed_resources, protection, victim_verdict
+from .select import candidate_key, select_victims, set_key
+
+__all__ = [
+    "PRIORITY",
+    "RECLAIM",
+    "Outcome",
+    "Preemptor",
+    "RunningJob",
+    "Selection",
+    "Why",
+    "candidate_key",
+    "class_verdict",
+    "cooldown_s",
+    "cooldown_verdict",
+    "is_borrowing",
+    "needed_resources",
+    "priority_of",
+    "protection",
+    "rate_limit_verdict",
+    "select_victims",
+    "set_key",
+    "usage_by_queue",
+    "victim_verdict",
+]

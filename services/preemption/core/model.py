@@ -1,0 +1,125 @@
+"""Value types of the preemption core: who runs (possible victims), who asks (the preemptor), and decisions.
+
+Everything is a frozen snapshot built by the caller (the service from its tables, the simulator from its
+state); the core never reads a clock or a database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from shared.config import QueuesConfig
+from shared.domain import JobKind, JobSpec
+
+PRIORITY = "PriorityPreemption"
+RECLAIM = "ReclaimQuota"
+
+
+class Why:
+    """Machine reasons a running job is not a victim (stable strings: the CLI and explain print them)."""
+
+    PRODUCTION = "ProductionClass"
+    NOT_PREEMPTIBLE = "NotPreemptible"
+    NOT_LOWER_PRIORITY = "NotLowerPriority"
+    INFERENCE = "InferenceNotPreemptedByTraining"
+    JUST_STARTED = "ProtectedJustStarted"
+    NEAR_END = "ProtectedNearEnd"
+    WITHIN_QUEUE_NEVER = "WithinQueueNever"
+    RECLAIM_NEVER = "ReclaimNever"
+    RECLAIM_SAME_QUEUE = "ReclaimTakesFromOtherQueues"
+    OTHER_COHORT = "DifferentCohort"
+    NOT_BORROWING = "QueueWithinNominal"
+    BEING_PREEMPTED = "AlreadyBeingPreempted"
+    SELF = "IsThePreemptor"
+
+
+class Outcome:
+    """What became of a PreemptionRequested (recorded per request)."""
+
+    STARTED = "started"
+    NO_VICTIMS = "no_victims"
+    FITS = "fits_without_preemption"
+    RATE_LIMITED = "rate_limited"
+    COOLDOWN = "cooldown"
+    DUPLICATE = "duplicate"
+    NOT_WAITING = "preemptor_not_waiting"
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    """A job holding resources now, as a possible victim."""
+
+    job_id: str
+    queue: str
+    priority_class: str
+    priority: int
+    preemptible: bool  # resolved: JobSpec.preemptible overrides the class
+    production: bool  # production classes are never preempted, whatever the override says
+    kind: JobKind
+    gpus: float  # whole GPUs plus MIG slices as their fraction of a GPU (lost-work weight)
+    usage: Mapping[str, int]  # quota resource (GPU model, or "<model>:<profile>") -> amount held
+    started_at: float  # start of the current run (placement time until the executor reports the start)
+    max_runtime_s: int
+    last_checkpoint_at: float | None = None
+    checkpointable: bool = False
+
+    @property
+    def expected_end(self) -> float:
+        return self.started_at + self.max_runtime_s
+
+    def lost_gpu_seconds(self, now: float) -> float:
+        """Work lost if stopped now: GPU-seconds since the last checkpoint of this run, or since its start."""
+        since = self.started_at if self.last_checkpoint_at is None else max(self.started_at, self.last_checkpoint_at)
+        return self.gpus * max(0.0, now - since)
+
+
+@dataclass(frozen=True)
+class Preemptor:
+    """A job that cannot get what it needs without taking it from running jobs."""
+
+    job_id: str
+    queue: str
+    priority: int
+    kind: JobKind
+    spec: JobSpec
+    reason: str  # PRIORITY or RECLAIM
+    allowed_models: tuple[str, ...] = ()  # flavors admission chose (empty = the job's own any-of list)
+    need: Mapping[str, int] = field(default_factory=dict)  # quota resource -> amount that must be freed
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The victims chosen for one preemptor (empty with `why` when there is no sufficient set)."""
+
+    victims: tuple[str, ...]
+    lost_gpu_seconds: float
+    why: str = ""  # machine reason when `victims` is empty
+    message: str = ""
+    rejected: Mapping[str, str] = field(default_factory=dict)  # running job -> why it is not a candidate
+    fits_checks: int = 0  # what-if placements evaluated (a cost figure for benchmarks)
+
+
+def priority_of(config: QueuesConfig, spec: JobSpec) -> tuple[int, bool, bool]:
+    """(priority value, preemptible, production) for a job under the configuration.
+
+    Production = a non-preemptible class whose name starts with "prod" (the seed's `production`), or any
+    class named so: such jobs are never victims, even if their spec says `preemptible: true`."""
+    classes = config.priority_class_map
+    klass = classes.get(spec.priority_class)
+    if klass is None and spec.priority_class == "normal" and config.default_priority_class:
+        klass = classes.get(config.default_priority_class)
+    value = klass.value if klass is not None else 0
+    class_preemptible = klass.preemptible if klass is not None else True
+    production = spec.priority_class.startswith("prod")
+    preemptible = class_preemptible if spec.preemptible is None else spec.preemptible
+    return value, preemptible and not production, production
+
+
+def usage_by_queue(running: list[RunningJob] | tuple[RunningJob, ...]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for job in sorted(running, key=lambda j: j.job_id):
+        q = out.setdefault(job.queue, {})
+        for r, amount in sorted(job.usage.items()):
+            q[r] = q.get(r, 0) + amount
+    return out

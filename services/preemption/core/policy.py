@@ -1,0 +1,104 @@
+"""Who may be a victim of whom: the rules of the issue, each returning a machine reason when it says no.
+
+Order of the checks (first failing rule is reported, so the reason a user sees is the most fundamental one):
+  1 class      production never; non-preemptible classes never (JobSpec.preemptible overrides the class)
+  2 kind       training never preempts inference
+  3 queue      same queue: the preemptor queue's `within_queue`; other queue: same cohort, the victim's
+               queue above its nominal quota on a resource the preemptor needs (a borrower), and the
+               preemptor queue's `reclaim_within_cohort`; ReclaimQuota only ever takes from other queues
+  4 priority   strictly lower priority, except `reclaim_within_cohort: Any` which may take any borrower
+               (Kueue's reclaimWithinCohort: Any)
+  5 window     not younger than `protection_window_s`, not within it of its expected end
+               (started_at + max_runtime_s) — Slurm's PreemptExemptTime and KAI's minimum runtime, plus
+               the end-of-run protection Kueue lacks
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from shared.config import PreemptionPolicy, QueuesConfig
+from shared.domain import JobKind
+
+from .model import RECLAIM, Preemptor, RunningJob, Why
+
+
+def needed_resources(preemptor: Preemptor) -> tuple[str, ...]:
+    """Quota resources the preemptor needs: the request's `need`, else the models it may run on."""
+    if preemptor.need:
+        return tuple(sorted(preemptor.need))
+    return tuple(sorted(preemptor.allowed_models or preemptor.spec.gpu_models))
+
+
+def is_borrowing(queue: str, resources: Iterable[str], usage: Mapping[str, Mapping[str, int]],
+                 config: QueuesConfig) -> bool:
+    """The queue uses more than its nominal quota of one of `resources` (any resource when none given)."""
+    q = config.queue_map.get(queue)
+    used = usage.get(queue, {})
+    if q is None:
+        return False
+    wanted = tuple(resources)
+    keys = wanted if wanted else tuple(sorted(used))
+    for r in keys:
+        for key in sorted(used):
+            # a need for a model covers the MIG slices of that model too ("<model>:<profile>")
+            if key == r or key.split(":", 1)[0] == r:
+                nominal = q.quotas[key].nominal if key in q.quotas else 0
+                if used[key] > nominal:
+                    return True
+    return False
+
+
+def protection(job: RunningJob, now: float, window_s: int) -> tuple[str, float] | None:
+    """(reason, until) while the job is inside its protection window, else None."""
+    if window_s <= 0:
+        return None
+    if now - job.started_at < window_s:
+        return Why.JUST_STARTED, job.started_at + window_s
+    if job.expected_end - now < window_s:
+        return Why.NEAR_END, job.expected_end
+    return None
+
+
+def class_verdict(job: RunningJob) -> str | None:
+    if job.production:
+        return Why.PRODUCTION
+    if not job.preemptible:
+        return Why.NOT_PREEMPTIBLE
+    return None
+
+
+def victim_verdict(preemptor: Preemptor, job: RunningJob, config: QueuesConfig,
+                   usage: Mapping[str, Mapping[str, int]], now: float) -> str | None:
+    """None when `job` may be taken for `preemptor` now, else the first rule that forbids it."""
+    if job.job_id == preemptor.job_id:
+        return Why.SELF
+    verdict = class_verdict(job)
+    if verdict is not None:
+        return verdict
+    if preemptor.kind is JobKind.TRAINING and job.kind is JobKind.INFERENCE:
+        return Why.INFERENCE
+    pq = config.queue_map.get(preemptor.queue)
+    if pq is None:
+        return Why.OTHER_COHORT
+    any_priority = False
+    if job.queue == preemptor.queue:
+        if preemptor.reason == RECLAIM:
+            return Why.RECLAIM_SAME_QUEUE
+        if pq.preemption.within_queue is PreemptionPolicy.NEVER:
+            return Why.WITHIN_QUEUE_NEVER
+    else:
+        vq = config.queue_map.get(job.queue)
+        if pq.cohort is None or vq is None or vq.cohort != pq.cohort:
+            return Why.OTHER_COHORT
+        if pq.preemption.reclaim_within_cohort is PreemptionPolicy.NEVER:
+            return Why.RECLAIM_NEVER
+        if not is_borrowing(job.queue, needed_resources(preemptor), usage, config):
+            return Why.NOT_BORROWING
+        any_priority = pq.preemption.reclaim_within_cohort is PreemptionPolicy.ANY
+    if not any_priority and job.priority >= preemptor.priority:
+        return Why.NOT_LOWER_PRIORITY
+    window = protection(job, now, config.policy.protection_window_s)
+    if window is not None:
+        return window[0]
+    return None

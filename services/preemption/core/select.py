@@ -1,0 +1,178 @@
+"""Victim selection: the least-lost-work set of eligible jobs whose release makes the preemptor placeable.
+
+1 filter     every running job through `policy.victim_verdict` (the reason is kept for visibility)
+2 tiers      borrowers of other queues first, then the preemptor's own queue (reclaim takes from
+             borrowers first; ReclaimQuota only from borrowers): a later tier is tried only when the
+             earlier ones together are not sufficient
+3 choose     sufficient = the placement core places the preemptor on a what-if copy with the victims
+             released (`ClusterState.fits_if_released`, the live state untouched) and, for ReclaimQuota,
+             the victims free at least `need` of every quota resource, and no borrowing queue is taken
+             below its nominal quota by more than its last victim (Kueue picks a victim only while its
+             queue still borrows).
+             Among sufficient sets: least lost GPU-seconds, then lowest priority, then most recently
+             started, then job ids. Small pools are searched exactly (subsets in that order); large pools
+             greedily in candidate order (least lost work, lowest priority, newest, id) as Kueue does.
+4 minimise   walk the picks in reverse and drop every victim whose removal keeps the set sufficient
+             (Kueue preemption.go: greedy then reverse minimisation)
+
+Gangs are preempted whole: a victim is a job and releasing it frees every pod of its gang.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import combinations
+
+from services.scheduler.core import ClusterState, Placement
+from shared.config import QueuesConfig
+
+from .model import RECLAIM, Preemptor, RunningJob, Selection, usage_by_queue
+from .policy import needed_resources, victim_verdict
+
+EXACT_POOL = 8  # pools up to this size are searched exhaustively (2^8 subsets, most pruned cheaply)
+MAX_FITS_CHECKS = 512
+
+
+def candidate_key(job: RunningJob, now: float) -> tuple[float, int, float, str]:
+    return (job.lost_gpu_seconds(now), job.priority, -job.started_at, job.job_id)
+
+
+def set_key(jobs: Sequence[RunningJob], now: float) -> tuple[object, ...]:
+    """Order of victim sets: least lost work, lowest priorities, most recently started, fewest, ids."""
+    return (round(sum(j.lost_gpu_seconds(now) for j in jobs), 6),
+            max((j.priority for j in jobs), default=0), sum(j.priority for j in jobs),
+            -min((j.started_at for j in jobs), default=0.0), len(jobs), tuple(sorted(j.job_id for j in jobs)))
+
+
+class _Checker:
+    """Sufficiency of a victim set, memoised, counting the what-if placements it costs."""
+
+    def __init__(self, preemptor: Preemptor, cluster: ClusterState, usage: Mapping[str, Mapping[str, int]],
+                 config: QueuesConfig):
+        self.p = preemptor
+        self.cluster = cluster
+        self.usage = usage
+        self.config = config
+        self.memo: dict[frozenset[str], bool] = {}
+        self.checks = 0
+
+    def need_ok(self, jobs: Sequence[RunningJob]) -> bool:
+        if self.p.reason == RECLAIM and self.p.need:
+            for r, amount in sorted(self.p.need.items()):
+                freed = sum(j.usage.get(r, 0) for j in jobs)
+                if freed < amount:
+                    return False
+        return True
+
+    def guarantees_ok(self, jobs: Sequence[RunningJob]) -> bool:
+        # No borrower may end more than one victim below its nominal quota (each pick while it borrows).
+        by_queue: dict[str, list[RunningJob]] = {}
+        for j in jobs:
+            if j.queue != self.p.queue:
+                by_queue.setdefault(j.queue, []).append(j)
+        for q, taken in sorted(by_queue.items()):
+            qc = self.config.queue_map.get(q)
+            if qc is None:
+                continue
+            for r in sorted({r for j in taken for r in j.usage}):
+                used = self.usage.get(q, {}).get(r, 0)
+                nominal = qc.quotas[r].nominal if r in qc.quotas else 0
+                amounts = [j.usage.get(r, 0) for j in taken if j.usage.get(r, 0) > 0]
+                if amounts and used - (sum(amounts) - min(amounts)) <= nominal:
+                    return False
+        return True
+
+    def fits(self, jobs: Sequence[RunningJob], *, guarantees: bool = True) -> bool:
+        """Sufficient set. `guarantees=False` gives the necessary condition used to prune a whole pool."""
+        key = frozenset(j.job_id for j in jobs)
+        if guarantees and key in self.memo:
+            return self.memo[key]
+        ok = self.need_ok(jobs) and (not guarantees or self.guarantees_ok(jobs))
+        if ok:
+            self.checks += 1
+            result = self.cluster.fits_if_released(self.p.spec, sorted(key), self.p.allowed_models or None)
+            ok = isinstance(result, Placement)
+        if guarantees:
+            self.memo[key] = ok
+        return ok
+
+
+def _minimise(picks: list[RunningJob], check: _Checker) -> list[RunningJob]:
+    kept = list(picks)
+    for job in reversed(picks):
+        trial = [j for j in kept if j.job_id != job.job_id]
+        if trial and check.fits(trial):
+            kept = trial
+    return kept
+
+
+def _greedy(pool: Sequence[RunningJob], check: _Checker) -> list[RunningJob] | None:
+    picks: list[RunningJob] = []
+    for job in pool:
+        if not check.guarantees_ok([*picks, job]):
+            continue  # its queue no longer borrows once the earlier picks are gone (Kueue does the same)
+        picks.append(job)
+        if check.fits(picks):
+            return _minimise(picks, check)
+    return None
+
+
+def _exact(pool: Sequence[RunningJob], check: _Checker, now: float) -> list[RunningJob] | None:
+    subsets = [list(c) for k in range(1, len(pool) + 1) for c in combinations(pool, k)]
+    subsets.sort(key=lambda s: set_key(s, now))
+    for s in subsets:
+        if check.checks >= MAX_FITS_CHECKS:
+            return None
+        if check.fits(s):
+            return _minimise(s, check)
+    return None
+
+
+def select_victims(preemptor: Preemptor, running: Sequence[RunningJob], cluster: ClusterState,
+                   config: QueuesConfig, now: float, *, busy: Iterable[str] = (),
+                   exact_pool: int = EXACT_POOL) -> Selection:
+    """Choose victims for `preemptor`. `busy`: jobs already in a preemption protocol (never chosen twice).
+
+    `cluster` is only queried (what-if copies); the caller acts on the returned selection."""
+    busy_set = set(busy)
+    ordered = sorted(running, key=lambda j: j.job_id)
+    usage = usage_by_queue(ordered)
+    rejected: dict[str, str] = {}
+    eligible: list[RunningJob] = []
+    for job in ordered:
+        if job.job_id in busy_set:
+            rejected[job.job_id] = "AlreadyBeingPreempted"
+            continue
+        why = victim_verdict(preemptor, job, config, usage, now)
+        if why is None:
+            eligible.append(job)
+        else:
+            rejected[job.job_id] = why
+    check = _Checker(preemptor, cluster, usage, config)
+    if preemptor.reason != RECLAIM or not preemptor.need:
+        already = cluster.place(preemptor.spec, preemptor.allowed_models or None)
+        if isinstance(already, Placement):
+            return Selection((), 0.0, "FitsWithoutPreemption", "the preemptor fits without taking anything",
+                             rejected, 1)
+    borrowers = [j for j in eligible if j.queue != preemptor.queue]
+    own = [j for j in eligible if j.queue == preemptor.queue]
+    tiers = [borrowers, borrowers + own] if borrowers and own else [eligible]
+    for pool in tiers:
+        pool = sorted(pool, key=lambda j: candidate_key(j, now))
+        if not pool or not check.fits(pool, guarantees=False):
+            continue
+        chosen = _exact(pool, check, now) if len(pool) <= exact_pool else None
+        if chosen is None:
+            chosen = _greedy(pool, check)
+        if chosen is not None:
+            chosen.sort(key=lambda j: candidate_key(j, now))
+            return Selection(tuple(j.job_id for j in chosen), sum(j.lost_gpu_seconds(now) for j in chosen),
+                             rejected=rejected, fits_checks=check.checks)
+    resources = ", ".join(needed_resources(preemptor)) or "GPUs"
+    if not eligible:
+        return Selection((), 0.0, "NoCandidates",
+                         f"no running job may be preempted for {preemptor.job_id} ({len(rejected)} protected "
+                         "or not eligible)", rejected, check.checks)
+    return Selection((), 0.0, "InsufficientVictims",
+                     f"even all {len(eligible)} eligible jobs would not free enough {resources} for "
+                     f"{preemptor.job_id}", rejected, check.checks)

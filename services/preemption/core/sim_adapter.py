@@ -1,0 +1,107 @@
+"""The preemption step of the simulator's `gpuq` policy: the same core, driven from sim/policies/gpuq.py.
+
+Wiring (one line in sim, by the simulator's owner):
+    from services.preemption.core.sim_adapter import SimPreemption
+    GpuqPolicy(preemption_hook=SimPreemption(trace.queues, checkpointing=True))
+`SimPreemption` is a `PreemptionHook`: called with the cycle's `PreemptionContext`, it returns the victims as
+`sim.engine.Preempted` (the policy's `_requeue` frees them and admission requeues them).
+
+The simulator has no checkpoint round trip, so the protocol is folded into the instant: with
+`checkpointing=True` a checkpointable victim loses only `checkpoint_write_s` of its GPUs' time (the
+checkpoint it writes on request; nothing since is lost); without, it loses every GPU-second since its
+start (or since its last periodic checkpoint when its spec has `checkpoint.interval_s`).
+Guard rails are kept across cycles: the per-queue hourly limit and the no-cascade cool-down.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared.config import QueuesConfig
+from shared.domain import JobSpec
+
+from .guards import cooldown_verdict, rate_limit_verdict
+from .model import PRIORITY, RECLAIM, Preemptor, RunningJob, priority_of
+from .select import select_victims
+
+
+class SimPreemption:
+    def __init__(self, queues: QueuesConfig, *, checkpointing: bool = True, checkpoint_write_s: float = 30.0,
+                 max_preemptors_per_cycle: int = 4):
+        self.config = queues
+        self.checkpointing = checkpointing
+        self.checkpoint_write_s = checkpoint_write_s
+        self.max_preemptors_per_cycle = max_preemptors_per_cycle
+        self.last_preempted: dict[str, float] = {}
+        self.by_queue: dict[str, list[float]] = {}
+        self.protected_violations = 0  # victims inside the window or of non-preemptible classes (must stay 0)
+
+    def _running(self, ctx: Any) -> list[RunningJob]:
+        out = []
+        for job_id in sorted(ctx.running):
+            info = ctx.running[job_id]
+            spec: JobSpec = info.spec
+            value, preemptible, production = priority_of(self.config, spec)
+            interval = spec.checkpoint.interval_s
+            last = None
+            if interval:
+                last = info.started_at + ((ctx.now - info.started_at) // interval) * interval
+            model = spec.gpu_models[0] if spec.gpu_models else "gpu"
+            usage = {model: spec.total_gpus} if spec.total_gpus else {}
+            out.append(RunningJob(job_id=job_id, queue=spec.queue, priority_class=spec.priority_class,
+                                  priority=value, preemptible=preemptible, production=production, kind=spec.kind,
+                                  gpus=float(spec.total_gpus or 1), usage=usage, started_at=info.started_at,
+                                  max_runtime_s=spec.max_runtime_s, last_checkpoint_at=last,
+                                  checkpointable=spec.checkpoint.supported))
+        return out
+
+    def __call__(self, ctx: Any) -> list[Any]:
+        from sim.engine import Preempted
+
+        running = self._running(ctx)
+        usage_by_allocation = ctx.cluster.allocations()
+        requests: list[tuple[str, str, dict[str, int]]] = []
+        for u in ctx.unplaceable:
+            requests.append((u.job_id, PRIORITY, {}))
+        for r in ctx.reclaims:
+            requests.append((r.preemptor, RECLAIM, dict(r.need)))
+        taken: set[str] = set()
+        out: list[Any] = []
+        cluster = ctx.cluster.copy()  # victims of earlier preemptors this cycle are released on the copy
+        for job_id, reason, need in requests[: self.max_preemptors_per_cycle]:
+            spec = self._spec(ctx, job_id)
+            if spec is None or cooldown_verdict(self.config, self.last_preempted.get(job_id), ctx.now):
+                continue
+            preemptor = Preemptor(job_id=job_id, queue=spec.queue, priority=priority_of(self.config, spec)[0],
+                                  kind=spec.kind, spec=spec, reason=reason,
+                                  allowed_models=tuple(sorted({k.split(":", 1)[0] for k in need})), need=need)
+            alive = [j for j in running if j.job_id not in taken and j.job_id in usage_by_allocation]
+            sel = select_victims(preemptor, alive, cluster, self.config, ctx.now, exact_pool=6)
+            if not sel.victims:
+                continue
+            recent = self.by_queue.setdefault(spec.queue, [])
+            if rate_limit_verdict(self.config, spec.queue, recent, ctx.now, len(sel.victims)):
+                continue
+            for v in sel.victims:
+                job = next(j for j in alive if j.job_id == v)
+                if job.production or not job.preemptible or ctx.now - job.started_at < ctx.protection_window_s:
+                    self.protected_violations += 1
+                if self.checkpointing and job.checkpointable:
+                    lost = job.gpus * min(self.checkpoint_write_s, ctx.now - job.started_at)
+                else:
+                    lost = job.lost_gpu_seconds(ctx.now)
+                out.append(Preempted(job_id=v, lost_gpu_s=lost, reason=reason))
+                taken.add(v)
+                cluster.release(v)
+                recent.append(ctx.now)
+                self.last_preempted[v] = ctx.now
+        return out
+
+    @staticmethod
+    def _spec(ctx: Any, job_id: str) -> JobSpec | None:
+        adm = ctx.admission
+        for source in (adm.admitted, adm.pending):
+            w = source.get(job_id)
+            if w is not None:
+                return w.spec  # type: ignore[no-any-return]
+        return None

@@ -1,0 +1,175 @@
+"""Properties of the admission core over random configurations and random submit/finish/cycle sequences:
+usage within nominal + borrowing limit, lending limits hold, nobody admitted twice, quota accounting exact,
+max_running_jobs and capacity honoured, every pending job explained, same input -> same output."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from admission_core_builders import A100, H100, config, job, quota
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from services.admission.core import AdmissionState, Workload, admission_cycle
+from shared.config import QueuesConfig
+
+MODELS = (H100, A100)
+
+
+@st.composite
+def configs(draw: st.DrawFn) -> QueuesConfig:
+    n = draw(st.integers(2, 4))
+    queues = []
+    for i in range(n):
+        quotas: dict[str, Any] = {}
+        for m in MODELS:
+            if draw(st.booleans()) or (m == H100 and not quotas):
+                nominal = draw(st.integers(0, 8))
+                lending = draw(st.one_of(st.none(), st.integers(0, nominal)))
+                quotas[m] = quota(nominal, draw(st.one_of(st.none(), st.integers(0, 6))), lending)
+        queues.append({
+            "name": f"q{i}",
+            "cohort": draw(st.sampled_from(["c1", "c1", "c2", None])),
+            "weight": draw(st.sampled_from([0, 1, 2])),
+            "quotas": quotas,
+            "queueing_strategy": draw(st.sampled_from(["StrictFIFO", "BestEffortFIFO"])),
+            "max_running_jobs": draw(st.one_of(st.none(), st.integers(0, 4))),
+            "preemption": {"within_queue": "LowerPriority",
+                           "reclaim_within_cohort": draw(st.sampled_from(["Never", "LowerPriority", "Any"]))},
+        })
+    return config(*queues, cohorts=("c1", "c2"))
+
+
+op = st.one_of(
+    st.tuples(st.just("submit"), st.integers(0, 3), st.integers(1, 3), st.integers(1, 2),
+              st.sampled_from([(H100,), (A100,), (H100, A100), (A100, H100)]),
+              st.sampled_from(["low", "normal", "high"])),
+    st.tuples(st.just("finish"), st.integers(0, 10_000)),
+    st.tuples(st.just("requeue"), st.integers(0, 10_000)),
+    st.tuples(st.just("cycle"), st.one_of(st.none(), st.fixed_dictionaries({H100: st.integers(0, 12),
+                                                                             A100: st.integers(0, 12)})),
+              st.one_of(st.none(), st.integers(1, 4))),
+)
+
+
+def run(cfg: QueuesConfig, ops: list[tuple]) -> list[tuple]:
+    """Apply the ops, checking invariants after every cycle; return everything the core said."""
+    s = AdmissionState(cfg)
+    queues = [q.name for q in cfg.queues]
+    said: list[tuple] = []
+    admitted_ever: set[str] = set()
+    requeued: set[str] = set()
+    now = 0.0
+    n = 0
+    for o in ops:
+        now += 1.0
+        if o[0] == "submit":
+            _, qi, gpus, count, models, prio = o
+            q = queues[qi % len(queues)]
+            r = s.submit(Workload(job(f"j{n}", q, gpus, count=count, models=models, priority=prio), now))
+            said.append(("submit", f"j{n}", r))
+            n += 1
+        elif o[0] in ("finish", "requeue") and s.admitted:
+            ids = sorted(s.admitted)
+            victim = ids[o[1] % len(ids)]
+            if o[0] == "finish":
+                s.finish(victim)
+            else:
+                a = s.admitted[victim]
+                s.requeue(Workload(a.spec, a.submitted_at))
+                requeued.add(victim)
+        elif o[0] == "cycle":
+            _, capacity, max_adm = o
+            before = set(s.admitted)
+            d = admission_cycle(s, now, capacity=capacity, max_admissions=max_adm)
+            said.append(("cycle", d.admitted, d.pending, d.reclaims))
+            check(s, cfg, d, before, capacity, max_adm)
+            for a in d.admitted:
+                # no job admitted twice, unless it was requeued (preempted) in between
+                assert a.job_id not in admitted_ever or a.job_id in requeued, a.job_id
+                admitted_ever.add(a.job_id)
+                requeued.discard(a.job_id)
+    return said
+
+
+def check(s: AdmissionState, cfg: QueuesConfig, d, before: set[str], capacity, max_adm) -> None:  # type: ignore[no-untyped-def]
+    ids = [a.job_id for a in d.admitted]
+    assert len(ids) == len(set(ids)) and not (set(ids) & before)
+    assert not (set(s.admitted) & set(s.pending))
+    assert set(d.pending) == set(s.pending)  # every pending job explained
+    assert all(st.reason and st.message for st in d.pending.values())
+    if max_adm is not None:
+        assert len(ids) <= max_adm
+    if capacity is not None:
+        for m in MODELS:
+            assert sum(a.usage.get(m, 0) for a in d.admitted) <= capacity.get(m, 0)
+    # quota accounting is exact: usage == sum of the admitted jobs' usage
+    for q in cfg.queues:
+        total: dict[str, int] = {}
+        running = 0
+        for a in s.admitted.values():
+            if a.spec.queue == q.name:
+                running += 1
+                for r, v in a.usage.items():
+                    total[r] = total.get(r, 0) + v
+        assert s.usage(q.name) == {r: v for r, v in sorted(total.items()) if v}
+        if q.max_running_jobs is not None:
+            assert running <= q.max_running_jobs
+        for r, fq in q.quotas.items():
+            used = total.get(r, 0)
+            if q.cohort is None:
+                assert used <= fq.nominal
+            elif fq.borrowing_limit is not None:
+                assert used <= fq.nominal + fq.borrowing_limit
+    # lending limits: in each cohort, what borrowers take never exceeds what lenders may lend
+    for c in ("c1", "c2"):
+        members = [q for q in cfg.queues if q.cohort == c]
+        for m in MODELS:
+            borrowed = lendable = 0
+            for q in members:
+                fq = q.quotas.get(m)
+                nominal = fq.nominal if fq else 0
+                used = s.usage(q.name).get(m, 0)
+                if used > nominal:
+                    borrowed += used - nominal
+                elif fq is not None:
+                    limit = fq.lending_limit if fq.lending_limit is not None else fq.nominal
+                    lendable += min(limit, nominal - used)
+            assert borrowed <= lendable, (c, m, borrowed, lendable)
+    # reclaim requests: positive needs, victims admitted in another queue of the preemptor's cohort
+    cohort_of = {q.name: q.cohort for q in cfg.queues}
+    for r in d.reclaims:
+        assert r.need and all(v > 0 for v in r.need.values()) and r.candidates
+        for v in r.candidates:
+            a = s.admitted[v]
+            assert a.spec.queue != r.queue and cohort_of[a.spec.queue] == cohort_of[r.queue]
+
+
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(configs(), st.lists(op, min_size=5, max_size=40))
+def test_invariants_hold(cfg: QueuesConfig, ops: list[tuple]) -> None:
+    run(cfg, ops)
+
+
+@settings(max_examples=60, deadline=None)
+@given(configs(), st.lists(op, min_size=5, max_size=30))
+def test_same_input_same_output(cfg: QueuesConfig, ops: list[tuple]) -> None:
+    assert run(cfg, ops) == run(cfg, ops)
+
+
+@settings(max_examples=60, deadline=None)
+@given(configs(), st.lists(op, min_size=5, max_size=30))
+def test_copy_is_independent_and_equivalent(cfg: QueuesConfig, ops: list[tuple]) -> None:
+    s = AdmissionState(cfg)
+    for i, o in enumerate(ops):
+        if o[0] == "submit":
+            s.submit(Workload(job(f"j{i}", cfg.queues[o[1] % len(cfg.queues)].name, o[2], models=o[4]), i))
+    twin = s.copy()
+    a, b = admission_cycle(s, 100.0), admission_cycle(twin, 100.0)
+    assert (a.admitted, a.pending, a.reclaims) == (b.admitted, b.pending, b.reclaims)
+    assert admission_cycle(twin, 101.0).admitted == []  # twin's admissions did not leak into s or back
+    for q in cfg.queues:
+        assert s.usage(q.name) == twin.usage(q.name)

@@ -1,0 +1,148 @@
+"""The victim rules, one situation each."""
+
+from __future__ import annotations
+
+from builders import MODEL, World, queues, spec
+
+from services.preemption.core import RECLAIM, Why, protection, select_victims, usage_by_queue, victim_verdict
+from shared.domain import JobKind
+
+NOW = 100_000.0
+
+
+def verdict(world: World, preemptor_spec, victim, reason: str = "PriorityPreemption", need=None) -> str | None:  # type: ignore[no-untyped-def]
+    p = world.preemptor(preemptor_spec, reason, need)
+    return victim_verdict(p, victim, world.config, usage_by_queue(world.running), NOW)
+
+
+def test_only_strictly_lower_priority_and_preemptible_classes() -> None:
+    w = World(queues())
+    low = w.run(spec("low", klass="low"), NOW - 5000)
+    normal = w.run(spec("normal", klass="normal"), NOW - 5000)
+    high = w.run(spec("high", klass="high"), NOW - 5000)
+    boss = spec("boss", klass="normal", gpus=1)
+    assert verdict(w, boss, low) is None
+    assert verdict(w, boss, normal) == Why.NOT_LOWER_PRIORITY
+    assert verdict(w, spec("prod", klass="production"), high) == Why.NOT_PREEMPTIBLE
+
+
+def test_production_is_never_preempted_even_when_the_spec_says_preemptible() -> None:
+    w = World(queues())
+    prod = w.run(spec("p", klass="production", preemptible=True), NOW - 5000)
+    assert prod.production and not prod.preemptible
+    assert verdict(w, spec("x", klass="production"), prod) == Why.PRODUCTION
+
+
+def test_spec_override_makes_a_low_job_unpreemptible() -> None:
+    w = World(queues())
+    pinned = w.run(spec("pinned", klass="low", preemptible=False), NOW - 5000)
+    assert verdict(w, spec("boss", klass="high"), pinned) == Why.NOT_PREEMPTIBLE
+
+
+def test_training_never_preempts_inference() -> None:
+    w = World(queues())
+    serving = w.run(spec("serve", klass="low", kind=JobKind.INFERENCE), NOW - 5000)
+    assert verdict(w, spec("train", klass="high"), serving) == Why.INFERENCE
+    assert verdict(w, spec("infer", klass="high", kind=JobKind.INFERENCE), serving) is None
+
+
+def test_protection_window_just_started_and_near_end() -> None:
+    w = World(queues(window=600))
+    young = w.run(spec("young"), NOW - 100)
+    # a job 5 minutes from its expected end is left alone
+    ending = w.run(spec("ending", max_runtime_s=3600), NOW - 3600 + 300)
+    middle = w.run(spec("middle", max_runtime_s=3600), NOW - 1800)
+    boss = spec("boss", klass="high")
+    assert verdict(w, boss, young) == Why.JUST_STARTED
+    assert verdict(w, boss, ending) == Why.NEAR_END
+    assert verdict(w, boss, middle) is None
+    assert protection(young, NOW, 600) == (Why.JUST_STARTED, NOW - 100 + 600)
+
+
+def test_other_queue_only_while_it_borrows_and_reclaim_never_takes_own_queue() -> None:
+    w = World(queues(a_nominal=4, b_nominal=12))
+    a1 = w.run(spec("a1", queue="team-a", gpus=4), NOW - 5000)
+    a2 = w.run(spec("a2", queue="team-a", gpus=4), NOW - 5000)  # team-a now uses 8 > nominal 4: borrowing
+    b1 = w.run(spec("b1", queue="team-b", gpus=2), NOW - 5000)
+    boss_b = spec("boss", queue="team-b", klass="high", gpus=8)
+    assert verdict(w, boss_b, a1, RECLAIM, {MODEL: 8}) is None
+    assert verdict(w, boss_b, b1, RECLAIM, {MODEL: 8}) == Why.RECLAIM_SAME_QUEUE
+    boss_a = spec("boss-a", queue="team-a", klass="high")
+    assert verdict(w, boss_a, b1) == Why.NOT_BORROWING  # team-b within nominal: its guarantee holds
+    assert verdict(w, boss_a, a2) is None  # own queue, lower priority
+
+
+def test_queue_policies_never_and_any() -> None:
+    never = queues(a_nominal=4, preemption={"within_queue": "Never", "reclaim_within_cohort": "Never"})
+    w = World(never)
+    a1 = w.run(spec("a1", queue="team-a", gpus=8), NOW - 5000)
+    assert verdict(w, spec("x", queue="team-a", klass="high"), a1) == Why.WITHIN_QUEUE_NEVER
+    assert verdict(w, spec("y", queue="team-b", klass="high"), a1) == Why.RECLAIM_NEVER
+    anyq = queues(a_nominal=4, preemption={"within_queue": "LowerPriority", "reclaim_within_cohort": "Any"})
+    w2 = World(anyq)
+    a_normal = w2.run(spec("a-normal", queue="team-a", gpus=8, klass="normal"), NOW - 5000)
+    # Any: a borrower is reclaimed whatever its priority (equal here)
+    assert verdict(w2, spec("b", queue="team-b", klass="normal"), a_normal, RECLAIM, {MODEL: 1}) is None
+
+
+def test_reclaim_takes_borrowers_first_and_only_what_is_needed() -> None:
+    w = World(queues(a_nominal=4, b_nominal=12))
+    w.run(spec("a-old", queue="team-a", gpus=4), NOW - 9000)
+    w.run(spec("a-new", queue="team-a", gpus=4), NOW - 2000)
+    w.run(spec("a-mid", queue="team-a", gpus=4), NOW - 4000)
+    w.run(spec("a-rest", queue="team-a", gpus=4), NOW - 8000)
+    boss = spec("b-boss", queue="team-b", klass="normal", gpus=4, pods=2)  # any two 4-GPU holes will do
+    sel = select_victims(w.preemptor(boss, RECLAIM, {MODEL: 8}), w.running, w.cluster, w.config, NOW)
+    # least lost work: the two most recent jobs (team-a keeps its 8 >= nominal 4)
+    assert sel.victims == ("a-new", "a-mid")
+    assert sel.lost_gpu_seconds == 4 * 2000 + 4 * 4000
+
+
+def test_reclaim_never_takes_a_borrower_far_below_its_nominal() -> None:
+    w = World(queues(a_nominal=12, b_nominal=4))
+    for i in range(4):
+        w.run(spec(f"a{i}", queue="team-a", gpus=4), NOW - 5000 - i)  # 16 used, nominal 12: borrows 4
+    boss = spec("b-boss", queue="team-b", klass="normal", gpus=8)
+    sel = select_victims(w.preemptor(boss, RECLAIM, {MODEL: 8}), w.running, w.cluster, w.config, NOW)
+    assert sel.victims == ()  # one victim frees only 4, a second would take team-a below its guarantee
+
+
+def test_placement_decides_which_set_is_sufficient() -> None:
+    w = World(queues(a_nominal=4, b_nominal=12))
+    w.run(spec("a-old", queue="team-a", gpus=4), NOW - 9000)  # n-0 with a-new
+    w.run(spec("a-new", queue="team-a", gpus=4), NOW - 2000)
+    w.run(spec("a-mid", queue="team-a", gpus=4), NOW - 4000)  # n-1 with a-rest
+    w.run(spec("a-rest", queue="team-a", gpus=4), NOW - 8000)
+    boss = spec("b-boss", queue="team-b", klass="normal", gpus=8)  # one pod: needs a whole node
+    sel = select_victims(w.preemptor(boss, RECLAIM, {MODEL: 8}), w.running, w.cluster, w.config, NOW)
+    assert sorted(sel.victims) == ["a-new", "a-old"]  # 44,000 GPU-s lost beats n-1's 48,000
+
+
+def test_checkpoint_reduces_lost_work_and_drives_the_choice() -> None:
+    w = World(queues())
+    w.run(spec("fresh-ckpt", gpus=8), NOW - 7000, last_checkpoint_at=NOW - 60)
+    w.run(spec("no-ckpt", gpus=8), NOW - 3000)
+    sel = select_victims(w.preemptor(spec("boss", klass="high", gpus=8)), w.running, w.cluster, w.config, NOW)
+    assert sel.victims == ("fresh-ckpt",)
+    assert sel.lost_gpu_seconds == 8 * 60
+
+
+def test_a_gang_is_preempted_whole() -> None:
+    w = World(queues())
+    w.run(spec("gang", gpus=4, pods=2), NOW - 5000)  # 2 pods x 4 GPUs, on one or two nodes
+    w.run(spec("other", gpus=8), NOW - 5000, last_checkpoint_at=NOW - 10)
+    sel = select_victims(w.preemptor(spec("boss", klass="high", gpus=8, pods=2)), w.running, w.cluster,
+                         w.config, NOW)
+    assert sorted(sel.victims) == ["gang", "other"]
+
+
+def test_nothing_is_taken_when_the_preemptor_fits_or_nothing_suffices() -> None:
+    w = World(queues())
+    w.run(spec("small", gpus=2), NOW - 5000)
+    sel = select_victims(w.preemptor(spec("boss", klass="high", gpus=4)), w.running, w.cluster, w.config, NOW)
+    assert sel.victims == () and sel.why == "FitsWithoutPreemption"
+    w.run(spec("protected", gpus=8), NOW - 10)
+    w.run(spec("big", gpus=6), NOW - 5000)
+    sel = select_victims(w.preemptor(spec("boss2", klass="high", gpus=16)), w.running, w.cluster, w.config, NOW)
+    assert sel.victims == () and sel.why == "InsufficientVictims"
+    assert sel.rejected["protected"] == Why.JUST_STARTED
