@@ -133,12 +133,29 @@ def _public(row: dict[str, Any]) -> dict[str, Any]:
 
 def explain(job_id: str = typer.Argument(..., help="The job to explain")) -> None:
     """Why a job waits, where it stands, and when it is expected to start (or what happened to it)."""
-    rows = asyncio.run(fetch_status(database_url(), job_id))
+    url = database_url()
+    rows = asyncio.run(fetch_status(url, job_id))
     if not rows:
         console.print(f"[red]no job {job_id!r}[/]")
         raise typer.Exit(1)
     for line in explain_lines(rows[0], time.time()):
         console.print(line)
+    if rows[0]["state"] in ("running", "placed"):
+        for line in asyncio.run(_preemption_lines(url, job_id)):
+            console.print(f"  {line}")
+
+
+async def _preemption_lines(url: str, job_id: str) -> list[str]:
+    """Whether a running job may be preempted, and by what (from the preemption service's tables)."""
+    from services.preemption.visibility import preemption_status
+
+    conn = await asyncpg.connect(url)
+    try:
+        return await preemption_status(conn, job_id)
+    except asyncpg.UndefinedTableError:
+        return ["preemption: the preemption service has not run here"]
+    finally:
+        await conn.close()
 
 
 def queues(output: str = typer.Option("table", "--format", help="table or json")) -> None:

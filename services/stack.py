@@ -67,12 +67,10 @@ def build_specs(settings: StackSettings) -> list[ServiceSpec]:
 
 
 def _eta_function():  # type: ignore[no-untyped-def]
-    """The forward-simulation ETA when the simulator provides it (sim/eta.py)."""
-    try:
-        from sim.eta import admission_eta  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return admission_eta
+    """The forward-simulation ETA with the production cores (sim/eta.py)."""
+    from sim.eta import estimate_starts
+
+    return estimate_starts
 
 
 def _optional_spec(name: str, settings: StackSettings) -> ServiceSpec | None:

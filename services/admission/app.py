@@ -8,16 +8,18 @@ transaction fails after the state was touched, so memory never runs ahead of Pos
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from services.admission.core import AdmissionState, AdmittedWorkload, Workload, admission_cycle
+from services.scheduler.core import ClusterState
 from shared.config import ConfigError, QueuesConfig, parse_queues
-from shared.domain import JobSpec
+from shared.domain import GpuBinding, JobSpec, NodeHealth, NodeSpec
 from shared.events import (
     CloudEvent,
     JobAdmitted,
@@ -25,11 +27,15 @@ from shared.events import (
     JobCompleted,
     JobFailed,
     JobPending,
+    JobPlaced,
     JobPreempted,
     JobQueued,
     JobRejected,
     JobRequeued,
+    JobStarted,
     JobSubmitted,
+    NodeChanged,
+    NodeInventory,
     PreemptionReason,
     PreemptionRequested,
     QueueConfigChanged,
@@ -40,18 +46,24 @@ from shared.service import ServiceRuntime, ServiceSpec, Tx
 log = logging.getLogger("gpuq.admission")
 MIGRATIONS = Path(__file__).parent / "migrations"
 
-# Callable computing planned starts for pending jobs (the forward simulation); injected so the service
-# stays thin and tests can run without it.
-EtaFn = Callable[[AdmissionState, float], dict[str, float]]
+# Computes planned starts {job_id: epoch s} from (cluster, admission state, running expected ends, now): the
+# forward simulation with the production cores (sim/eta.py). Injected so the service stays thin.
+EtaFn = Callable[[ClusterState, AdmissionState, Mapping[str, float], float], dict[str, float]]
+ETA_INTERVAL_S = 2.0  # wall seconds between ETA refreshes (only when something changed)
 
 
 class AdmissionService:
-    def __init__(self, config: QueuesConfig, eta: EtaFn | None = None):
+    def __init__(self, config: QueuesConfig, eta: EtaFn | None = None, eta_interval_s: float = ETA_INTERVAL_S):
         self.initial_config = config
         self.state = AdmissionState(config)
+        self.cluster = ClusterState.from_nodes([])
+        self.expected_end: dict[str, float] = {}  # running job -> started_at + max_runtime_s
         self.eta = eta
+        self.eta_interval_s = eta_interval_s
+        self._version = 0  # bumped by every handled event; the ETA loop recomputes only when it moved
         self._dirty = False
         self._published: dict[str, tuple[str, str, int, int]] = {}
+        self._etas: dict[str, float] = {}
         self._reclaims_sent: set[str] = set()
 
     def spec(self) -> ServiceSpec:
@@ -59,8 +71,9 @@ class AdmissionService:
             name="admission", schema="admission", migrations=MIGRATIONS, singleton=True,
             handlers={JobSubmitted: self.on_submitted, JobCompleted: self.on_finished, JobFailed: self.on_finished,
                       JobCancelled: self.on_finished, JobPreempted: self.on_preempted,
-                      QueueConfigChanged: self.on_config_changed},
-            on_start=self.load,
+                      QueueConfigChanged: self.on_config_changed, NodeInventory: self.on_inventory,
+                      NodeChanged: self.on_node_changed, JobPlaced: self.on_placed, JobStarted: self.on_started},
+            on_start=self.load, background=(self.eta_loop,) if self.eta is not None else (),
         )
 
     # ------------------------------------------------------------------ state
@@ -78,7 +91,10 @@ class AdmissionService:
 
     async def _rebuild(self, conn) -> None:  # type: ignore[no-untyped-def]
         self.state = await load_state(conn, self.initial_config)
+        self.cluster, self.expected_end = await load_cluster_view(conn)
         self._published.clear()
+        self._etas.clear()
+        self._version += 1
         self._dirty = False
 
     async def _guarded(self, tx: Tx, body) -> None:  # type: ignore[no-untyped-def]
@@ -87,6 +103,7 @@ class AdmissionService:
         self._dirty = True  # until the handler returns cleanly, memory may be ahead of the transaction
         await body()
         await self.cycle(tx)
+        self._version += 1
         self._dirty = False
 
     # ------------------------------------------------------------------ handlers
@@ -129,6 +146,9 @@ class AdmissionService:
 
         async def body() -> None:
             self.state.finish(payload.job_id)
+            self.cluster.release(payload.job_id)
+            self.expected_end.pop(payload.job_id, None)
+            self._etas.pop(payload.job_id, None)
             await tx.conn.execute(
                 "UPDATE admission.jobs SET status = 'finished', finished_at = $2, outcome = $3, reason = NULL, "
                 "message = NULL WHERE job_id = $1 AND status IN ('pending', 'admitted')",
@@ -147,10 +167,13 @@ class AdmissionService:
 
             spec = JobSpec.model_validate_json(row["spec"])
             self.state.requeue(Workload(spec, row["submitted_at"]))
+            self.cluster.release(payload.job_id)
+            self.expected_end.pop(payload.job_id, None)
             self._reclaims_sent.discard(payload.job_id)
             await tx.conn.execute(
                 "UPDATE admission.jobs SET status = 'pending', admitted_at = NULL, flavors = NULL, usage = NULL, "
-                "borrowing = NULL, resume_from = $2 WHERE job_id = $1", payload.job_id, payload.checkpoint_uri)
+                "borrowing = NULL, bindings = NULL, started_at = NULL, expected_end = NULL, resume_from = $2 "
+                "WHERE job_id = $1", payload.job_id, payload.checkpoint_uri)
             await tx.emit(JobRequeued(job_id=payload.job_id, spec=spec, resume_from=payload.checkpoint_uri,
                                       submitted_at=utcnow_from(row["submitted_at"])))
 
@@ -178,6 +201,85 @@ class AdmissionService:
 
         await self._guarded(tx, body)
 
+    # ------------------------------------------------------------------ the cluster view (for ETAs)
+
+    async def on_inventory(self, tx: Tx, event: CloudEvent, payload: NodeInventory) -> None:
+        for node in sorted(payload.nodes, key=lambda n: n.name):
+            await self._upsert_node(tx, node, removed=False)
+        self._version += 1
+
+    async def on_node_changed(self, tx: Tx, event: CloudEvent, payload: NodeChanged) -> None:
+        removed = payload.change == "removed"
+        node = payload.node.model_copy(update={"health": NodeHealth.FAILED}) if removed else payload.node
+        await self._upsert_node(tx, node, removed=removed)
+        self._version += 1
+
+    async def _upsert_node(self, tx: Tx, node: NodeSpec, *, removed: bool) -> None:
+        self.cluster.upsert_node(node)
+        await tx.conn.execute(
+            "INSERT INTO admission.nodes(name, spec, removed) VALUES ($1, $2, $3) ON CONFLICT (name) DO UPDATE "
+            "SET spec = excluded.spec, removed = excluded.removed", node.name, node.model_dump_json(), removed)
+
+    async def on_placed(self, tx: Tx, event: CloudEvent, payload: JobPlaced) -> None:
+        updated = await tx.conn.fetchval(
+            "UPDATE admission.jobs SET bindings = $2 WHERE job_id = $1 AND status = 'admitted' RETURNING true",
+            payload.job_id, json.dumps([b.model_dump(mode="json") for b in payload.bindings]))
+        if updated:
+            _commit_quietly(self.cluster, payload.spec, payload.bindings)
+            self.expected_end[payload.job_id] = payload.placed_at.timestamp() + payload.spec.max_runtime_s
+            self._etas.pop(payload.job_id, None)
+            self._version += 1
+
+    async def on_started(self, tx: Tx, event: CloudEvent, payload: JobStarted) -> None:
+        row = await tx.conn.fetchrow(
+            "UPDATE admission.jobs SET started_at = $2, expected_end = $2 + (spec->>'max_runtime_s')::double precision"
+            " WHERE job_id = $1 AND status = 'admitted' RETURNING expected_end", payload.job_id,
+            payload.started_at.timestamp())
+        if row is not None:
+            self.expected_end[payload.job_id] = row["expected_end"]
+            self._version += 1
+
+    async def eta_loop(self, runtime: ServiceRuntime) -> None:
+        """Refresh every waiting job's expected start by forward simulation, off the event path."""
+        seen = -1
+        while True:
+            await asyncio.sleep(self.eta_interval_s)
+            if self._version == seen or self._dirty or self.eta is None:
+                continue
+            seen = self._version
+            async with runtime.transaction() as tx:
+                await self.publish_etas(tx)
+
+    async def publish_etas(self, tx: Tx) -> None:
+        assert self.eta is not None
+        etas = self.eta(self.cluster, self.state, dict(self.expected_end), tx.now)
+        waiting = [j for j in self.state.pending] + [j for j in self.state.admitted if j not in self.expected_end]
+        changed = []
+        for job_id in sorted(waiting):
+            eta = etas.get(job_id)
+            old = self._etas.get(job_id)
+            # Publish when an ETA appears, disappears or moves by more than a minute or 10% of the wait left.
+            if (eta is None) == (old is None) and (eta is None or abs(eta - old) <= max(60.0, 0.1 * (eta - tx.now))):
+                continue
+            if eta is None:
+                self._etas.pop(job_id, None)
+            else:
+                self._etas[job_id] = eta
+            changed.append((job_id, eta))
+        if not changed:
+            return
+        await tx.conn.executemany("UPDATE admission.jobs SET eta = $2 WHERE job_id = $1", changed)
+        rows = await tx.conn.fetch(
+            "SELECT job_id, queue, status, reason, message, position_in_queue, position_in_cohort FROM admission.jobs "
+            "WHERE job_id = ANY($1::text[]) ORDER BY job_id", [j for j, _ in changed])
+        for r in rows:
+            eta = self._etas.get(r["job_id"])
+            await tx.emit(JobPending(
+                job_id=r["job_id"], queue=r["queue"], stage="admission" if r["status"] == "pending" else "placement",
+                reason=r["reason"] or ("WaitingForPlacement" if r["status"] == "admitted" else "Pending"),
+                message=r["message"] or "", position_in_queue=r["position_in_queue"],
+                position_in_cohort=r["position_in_cohort"], eta=utcnow_from(eta) if eta is not None else None))
+
     # ------------------------------------------------------------------ the cycle
 
     async def cycle(self, tx: Tx) -> None:
@@ -192,24 +294,23 @@ class AdmissionService:
             await tx.emit(JobAdmitted(job_id=a.job_id, spec=a.spec, flavors=a.flavors, quota=a.usage,
                                       borrowing=a.borrowing, submitted_at=utcnow_from(a.submitted_at),
                                       admitted_at=utcnow_from(a.admitted_at)))
-        etas = self.eta(self.state, tx.now) if self.eta is not None and decision.pending else {}
         changed = []
         for job_id in sorted(decision.pending):
             st = decision.pending[job_id]
             key = (st.reason, st.message, st.position_in_queue, st.position_in_cohort)
-            if self._published.get(job_id) == key and job_id not in etas:
+            if self._published.get(job_id) == key:
                 continue
             self._published[job_id] = key
-            changed.append((job_id, st.reason, st.message, st.position_in_queue, st.position_in_cohort,
-                            etas.get(job_id)))
+            changed.append((job_id, st.reason, st.message, st.position_in_queue, st.position_in_cohort))
+            eta = self._etas.get(job_id)
             await tx.emit(JobPending(job_id=job_id, queue=st.queue, stage="admission", reason=st.reason,
                                      message=st.message, position_in_queue=st.position_in_queue,
                                      position_in_cohort=st.position_in_cohort,
-                                     eta=utcnow_from(etas[job_id]) if job_id in etas else None))
+                                     eta=utcnow_from(eta) if eta is not None else None))
         if changed:
             await tx.conn.executemany(
                 "UPDATE admission.jobs SET reason = $2, message = $3, position_in_queue = $4, "
-                "position_in_cohort = $5, eta = $6 WHERE job_id = $1", changed)
+                "position_in_cohort = $5 WHERE job_id = $1", changed)
         for r in decision.reclaims:
             if r.preemptor in self._reclaims_sent:
                 continue
@@ -242,3 +343,28 @@ async def load_state(conn, fallback: QueuesConfig | None = None) -> AdmissionSta
         else:
             state.requeue(Workload(spec, r["submitted_at"]))
     return state
+
+
+def _commit_quietly(cluster: ClusterState, spec: JobSpec, bindings: Sequence[GpuBinding]) -> None:
+    """Mirror a placement into admission's cluster view; a conflict (a stale view) must not fail the event."""
+    try:
+        cluster.release(spec.job_id)
+        cluster.commit(cluster.make_placement(spec, list(bindings)))
+    except Exception as exc:  # the scheduler is authoritative; the ETA view tolerates drift
+        log.warning("ETA cluster view could not mirror placement of %s: %s", spec.job_id, exc)
+
+
+async def load_cluster_view(conn) -> tuple[ClusterState, dict[str, float]]:  # type: ignore[no-untyped-def]
+    """Admission's view of the cluster for ETAs: nodes as announced, admitted jobs where they were placed."""
+    nodes = [NodeSpec.model_validate_json(r["spec"]) for r in
+             await conn.fetch("SELECT spec FROM admission.nodes WHERE NOT removed ORDER BY name")]
+    cluster = ClusterState.from_nodes(nodes)
+    expected: dict[str, float] = {}
+    for r in await conn.fetch(
+            "SELECT job_id, spec, bindings, coalesce(expected_end, admitted_at + (spec->>'max_runtime_s')::double "
+            "precision) AS expected_end FROM admission.jobs WHERE status = 'admitted' AND bindings IS NOT NULL "
+            "ORDER BY job_id"):
+        spec = JobSpec.model_validate_json(r["spec"])
+        _commit_quietly(cluster, spec, [GpuBinding.model_validate(b) for b in json.loads(r["bindings"])])
+        expected[r["job_id"]] = r["expected_end"]
+    return cluster, expected

@@ -84,6 +84,15 @@ def run_bench(queues: int, pending: int, cycles: int, churn: float, seed: int,
         gc.freeze()
     times: list[float] = []
     cpu: list[float] = []
+    gc_time = [0.0, 0.0]  # total, start of the current collection
+
+    def on_gc(phase: str, info: dict) -> None:  # the collector's share of a cycle, reported separately
+        if phase == "start":
+            gc_time[1] = time.perf_counter()
+        else:
+            gc_time[0] += time.perf_counter() - gc_time[1]
+
+    gc_in_cycles = 0.0
     admitted: list[int] = []
     statuses: list[int] = []
     now = float(n)
@@ -98,10 +107,14 @@ def run_bench(queues: int, pending: int, cycles: int, churn: float, seed: int,
                     state.submit(random_job(rng, n, queues, now))
                     n += 1
             now += 1.0
+            gc_time[0] = 0.0
+            gc.callbacks.append(on_gc)
             t0, c0 = time.perf_counter(), time.process_time()
             decision = admission_cycle(state, now, explain=explain)
             times.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
+            gc.callbacks.remove(on_gc)
+            gc_in_cycles += gc_time[0]
             admitted.append(len(decision.admitted))
             statuses.append(len(decision.pending))
             bar.advance(task)
@@ -124,6 +137,7 @@ def run_bench(queues: int, pending: int, cycles: int, churn: float, seed: int,
         "first_cycle_ms": round(times[0] * 1000, 2),
         "cycle_p50_ms": round(_percentile(times, 50) * 1000, 2),
         "cycle_p99_ms": round(_percentile(times, 99) * 1000, 2),
+        "gc_share_of_cycles": round(gc_in_cycles / total, 3),
         "statuses_per_cycle": round(statistics.fmean(statuses)),
     }
 

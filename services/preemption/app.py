@@ -148,10 +148,15 @@ class PreemptionService:
         await self._abort_open(tx, "preemptor = $1", payload.job_id, "preemptor placed before the checkpoint")
 
     async def on_started(self, tx: Tx, event: CloudEvent, payload: JobStarted) -> None:
-        await tx.conn.execute(
+        status = await tx.conn.fetchval(
             "UPDATE preemption.jobs SET started_at = $2, status = CASE WHEN status = 'placed' THEN 'running' "
-            "ELSE status END WHERE job_id = $1 AND status IN ('placed', 'running', 'preempting')",
+            "ELSE status END WHERE job_id = $1 AND status IN ('placed', 'running', 'preempting') RETURNING status",
             payload.job_id, payload.started_at.timestamp())
+        if status is None and await tx.conn.fetchval(
+                "SELECT 1 FROM preemption.jobs WHERE job_id = $1 AND status IN ('submitted', 'admitted')",
+                payload.job_id):
+            # JobPlaced travels on another subject and has not arrived yet: retry (bounded, with delay).
+            raise LookupError(f"{payload.job_id} started before its placement reached us")
 
     async def on_ended(self, tx: Tx, event: CloudEvent, payload: JobCompleted | JobFailed | JobCancelled) -> None:
         await tx.conn.execute("UPDATE preemption.jobs SET status = 'finished', bindings = NULL WHERE job_id = $1",

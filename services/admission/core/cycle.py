@@ -79,11 +79,13 @@ def admission_cycle(state: AdmissionState, now: float, *, capacity: Mapping[str,
                     max_admissions: int | None = None, explain: bool = True) -> AdmissionDecision:
     """Admit what fits, in order, and explain everything that still waits. Applies the admissions to `state`.
 
-    `capacity`: free physical GPUs (or MIG slices, keyed "<model>:<profile>") per resource; a resource missing
-    from it has none free. `max_admissions`: stop after that many admissions (the rest wait for the next
-    cycle). `explain=False` skips building `decision.pending` (positions and PendingStatus objects, about
-    half of a cycle with a deep backlog) for callers that only need the admissions, such as the simulator
-    or the ETA forward simulation; admissions and reclaims are identical either way."""
+    `capacity`: free physical GPUs per model, an extra cap so admission does not admit more than the cluster
+    could hold; a model missing from it has none free. MIG slices ("<model>:<profile>") are capped only when
+    their key is present (free whole GPUs say nothing about free slices; placement decides).
+    `max_admissions`: stop after that many admissions (the rest wait for the next cycle).
+    `explain=False` skips building `decision.pending` (positions and PendingStatus objects, about half of a
+    cycle with a deep backlog) for callers that only need the admissions, such as the simulator or the ETA
+    forward simulation; admissions and reclaims are identical either way."""
     return _Cycle(state, now, capacity, max_admissions, explain).run()
 
 
@@ -206,9 +208,11 @@ class _Cycle:
         self.admitted_queues.add(qq.name)
         if qq.cohort is not None:
             self.cohort_version[qq.cohort] = self.cohort_version.get(qq.cohort, 0) + 1
-        if self.cap_left is not None:
+        cap = self.cap_left
+        if cap is not None:
             for r, amount in fit.usage.items():
-                self.cap_left[r] = self.cap_left.get(r, 0) - amount
+                if r in cap or ":" not in r:
+                    cap[r] = cap.get(r, 0) - amount
         self.decision.admitted.append(a)
         self.version += 1
         self.scope_version[qq.scope] = self.scope_version.get(qq.scope, 0) + 1
@@ -303,7 +307,7 @@ class _Cycle:
                 total = taken.get(r, 0) + opt[2]
                 if total > book.available(qq, r):
                     continue
-                if cap is not None and total > cap.get(r, 0):
+                if cap is not None and total > cap.get(r, 0) and (r in cap or ":" not in r):
                     continue
                 borrows = used.get(r, 0) + total > qq.nominal[r]
                 if not borrows:
@@ -334,7 +338,8 @@ class _Cycle:
             total = taken.get(r, 0) + amount
             used, nominal = book.used(q, r), qq.nominal[r]
             text = f"needs {total} {r}; {q} uses {used}/{nominal} {r}"
-            if total <= book.available(qq, r) and self.cap_left is not None:
+            if total <= book.available(qq, r) and self.cap_left is not None and (
+                    r in self.cap_left or ":" not in r):
                 capacity_only = capacity_only or (r, total)
                 text += f"; the cluster has {max(0, self.cap_left.get(r, 0))} {r} free"
             elif qq.cohort is None:

@@ -219,6 +219,16 @@ def test_capacity_caps_admission_and_missing_model_has_none_free() -> None:
     assert d.pending["a100"].reason == Reason.WAITING_FOR_CAPACITY
 
 
+def test_capacity_caps_mig_slices_only_when_their_key_is_given() -> None:
+    s = AdmissionState(config(queue("team-a", {"A100-40GB:1g.5gb": 14}, cohort=None)))
+    submit(s, job("m0", "team-a", count=4, models=("A100-40GB",), mig="1g.5gb"))
+    submit(s, job("m1", "team-a", count=4, models=("A100-40GB",), mig="1g.5gb"), 1)
+    assert len(admission_cycle(s.copy(), 0.0, capacity={"A100-40GB": 0}).admitted) == 2
+    d = admission_cycle(s, 0.0, capacity={"A100-40GB:1g.5gb": 5})
+    assert [a.job_id for a in d.admitted] == ["m0"]
+    assert d.pending["m1"].reason == Reason.WAITING_FOR_CAPACITY
+
+
 def test_max_admissions_stops_the_cycle() -> None:
     s = AdmissionState(config(queue("team-a", {H100: 16}), queue("team-b", {H100: 16})))
     submit_many(s, "team-a", 5, 1)

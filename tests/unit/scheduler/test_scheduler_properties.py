@@ -49,7 +49,7 @@ def clusters(draw: st.DrawFn) -> list[NodeSpec]:
             mig=MIG if draw(st.integers(0, 5)) == 0 else None,
             taints=draw(st.sampled_from(((), (), (TAINT,), (SOFT,)))),
             health=draw(st.sampled_from((NodeHealth.READY,) * 5 + (NodeHealth.CORDONED, NodeHealth.FAILED))),
-            rack=f"rack{rack}", block=f"block{rack // 2}"))
+            datasets=draw(st.sampled_from(((), ("imagenet",)))), rack=f"rack{rack}", block=f"block{rack // 2}"))
     return out
 
 

@@ -1,0 +1,64 @@
+"""The simulator hook applies the same rules and reports less lost work with checkpointing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from builders import World, queues, spec
+
+from services.preemption.core.sim_adapter import SimPreemption
+from shared.domain import CheckpointSpec
+
+NOW = 50_000.0
+
+
+@dataclass
+class _Info:
+    spec: object
+    started_at: float
+    expected_end: float
+
+
+@dataclass
+class _Unplaceable:
+    job_id: str
+
+
+class _Adm:
+    def __init__(self, specs):  # type: ignore[no-untyped-def]
+        self.admitted = {s.job_id: type("W", (), {"spec": s})() for s in specs}
+        self.pending: dict[str, object] = {}
+
+
+@dataclass
+class _Ctx:
+    now: float
+    cluster: object
+    admission: object
+    unplaceable: list
+    reclaims: list
+    running: dict
+    protection_window_s: int
+    checkpoint_grace_s: int
+
+
+def _ctx(world: World, specs, boss) -> _Ctx:  # type: ignore[no-untyped-def]
+    running = {s.job_id: _Info(s, NOW - age, NOW - age + s.max_runtime_s) for s, age in specs}
+    return _Ctx(NOW, world.cluster, _Adm([boss]), [_Unplaceable(boss.job_id)], [], running, 600, 300)
+
+
+def test_hook_takes_the_unprotected_low_job_and_checkpointing_cuts_lost_work() -> None:
+    lost = {}
+    for checkpointing in (True, False):
+        w = World(queues(), node_count=1)
+        young = spec("young", gpus=4, checkpoint=CheckpointSpec(supported=True))
+        old = spec("old", gpus=4, checkpoint=CheckpointSpec(supported=True))
+        w.run(young, NOW - 100)
+        w.run(old, NOW - 5000)
+        boss = spec("boss", klass="high", gpus=4)
+        hook = SimPreemption(w.config, checkpointing=checkpointing)
+        out = hook(_ctx(w, [(young, 100), (old, 5000)], boss))
+        assert [p.job_id for p in out] == ["old"]  # "young" is inside its protection window
+        assert hook.protected_violations == 0
+        lost[checkpointing] = out[0].lost_gpu_s
+    assert lost[True] == 4 * 30 and lost[False] == 4 * 5000
