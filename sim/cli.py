@@ -14,7 +14,7 @@ from rich.table import Table
 
 from shared.config import ConfigError
 from sim.loaders import TraceError
-from sim.run import POLICIES, TraceOptions, load_trace, run_policies, trace_summary
+from sim.run import POLICIES, TraceOptions, load_trace, queues_yaml, run_policies, trace_summary
 
 
 def simulate(
@@ -42,6 +42,8 @@ def simulate(
                                          "(e.g. lingjun_topo.csv) overriding the generated topology."),
     seed: int = typer.Option(0, "--seed", help="Seed of the synthesised estimates and priority classes."),
     max_jobs: int | None = typer.Option(None, "--max-jobs", help="Replay only the first N jobs of the window."),
+    write_queues: Path | None = typer.Option(None, "--write-queues", help="Also write the queues the replay "
+                                             "used as a queues.yaml (a starting point for a what-if)."),
 ) -> None:
     """Replay a GPU job trace through the same cores as production and compare policies."""
     console = Console(stderr=True)
@@ -72,6 +74,9 @@ def simulate(
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
     doc = {"trace": trace_summary(tr), "results": [r.metrics for r in runs]}
+    if write_queues is not None:
+        write_queues.write_text(queues_yaml(tr))
+        console.print(f"queues written to {write_queues}")
     _print_table(console, runs)
     if json_out is not None:
         text = json.dumps(doc, indent=2, sort_keys=False)

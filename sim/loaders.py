@@ -320,6 +320,22 @@ def load_openb(pods_path: Path, *, nodes_path: Path | None = None, topology_path
     whole_demand = sum(j.duration * j.gpus for j in jobs)
     shared_fraction = slice_demand / (slice_demand + whole_demand) if jobs else 0.0
     nodes = _openb_nodes(nodes_path, shared_fraction)
+    # A fractional pod may only land on a model that has shared nodes: its any-of list is narrowed to those
+    # models (empty list = any of them); when none is left it takes a whole GPU instead.
+    shared_models = tuple(sorted({n.gpu_model for n in nodes if n.mig is not None}))
+    narrowed = 0
+    for i, j in enumerate(jobs):
+        if j.mig_profile is None:
+            continue
+        models = tuple(m for m in (j.gpu_models or shared_models) if m in shared_models)
+        if not models:
+            jobs[i] = replace(j, mig_profile=None)
+            narrowed += 1
+        elif models != (j.gpu_models or shared_models):
+            jobs[i] = replace(j, gpu_models=models)
+            narrowed += 1
+        else:
+            jobs[i] = replace(j, gpu_models=models)
     if topology_path is not None:
         nodes = apply_topology(nodes, load_topology_csv(topology_path))
     # Quota per resource as the admission core names them: whole GPUs under the model, slices of shared
@@ -330,7 +346,8 @@ def load_openb(pods_path: Path, *, nodes_path: Path | None = None, topology_path
         capacity[key] = capacity.get(key, 0) + n.gpus * (n.mig.slices_per_gpu if n.mig else 1)
     queues = queues_for_teams([OPENB_QUEUE], dict(sorted(capacity.items())), cohort="openb")
     info: dict[str, object] = {"format": "openb", "rows_kept": len(jobs), "cpu_only_dropped": cpu_only,
-                               "shared_node_fraction": round(shared_fraction, 4)}
+                               "shared_node_fraction": round(shared_fraction, 4),
+                               "fractional_pods_narrowed": narrowed}
     return Trace(name=pods_path.stem, jobs=jobs, nodes=nodes, queues=queues, epoch0=0.0, info=info)
 
 

@@ -83,8 +83,13 @@ class Trace:
         return job.slices * self.slice_milli()
 
     def slice_milli(self) -> int:
-        per_gpu = max((n.mig.slices_per_gpu for n in self.nodes if n.mig), default=1)
-        return 1000 // per_gpu
+        # Cached per node list (loaders may swap `nodes`): called for every MIG job's footprint.
+        cached = self.__dict__.get("_slice_milli")
+        if cached is None or cached[0] is not self.nodes:
+            per_gpu = max((n.mig.slices_per_gpu for n in self.nodes if n.mig), default=1)
+            cached = (self.nodes, 1000 // per_gpu)
+            self.__dict__["_slice_milli"] = cached
+        return cached[1]
 
     def offered_load(self) -> float:
         """GPU-seconds asked for ÷ (capacity × span of submissions); 0 when the trace is empty."""

@@ -91,14 +91,17 @@ def _plot_shares(runs: Sequence[PolicyRun], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(max(8, 0.8 * len(teams) + 3), 4.5))
     quota = [runs[0].metrics["per_team"][t]["quota_share"] * 100 for t in teams]
     ax.bar(x - 0.4 + width / 2, quota, width, label="quota share", color="lightgrey", edgecolor="grey")
+    top = max(quota, default=0.0)
     for i, r in enumerate(runs, start=1):
         usage = [r.metrics["per_team"][t]["usage_share"] * 100 for t in teams]
-        ax.bar(x - 0.4 + width / 2 + i * width, usage, width, label=f"usage share: {r.metrics['policy']}")
+        top = max(top, *usage) if usage else top
+        ax.bar(x - 0.4 + width / 2 + i * width, usage, width, label=f"usage: {r.metrics['policy']}")
+    ax.set_ylim(0, max(1.0, top) * 1.22)  # headroom so the legend never hides a bar
     ax.set_xticks(x, teams, rotation=30, ha="right")
     ax.set_ylabel("% of GPU-hours / of quota")
-    ax.set_title("Per-team usage share vs quota share")
+    ax.set_title("Per-team usage share (inside the replay window) vs quota share")
     ax.grid(alpha=0.3, axis="y")
-    ax.legend()
+    ax.legend(loc="upper center", ncol=len(runs) + 1, fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)

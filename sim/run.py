@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from shared.config import ClusterConfig, QueuesConfig, load_cluster, load_queues
+from shared.config import ClusterConfig, load_cluster, load_queues
 from sim.engine import Engine, Policy, SimResult
 from sim.loaders import (
     TraceError,
@@ -79,20 +79,6 @@ def scale_cluster(cfg: ClusterConfig, scale: float) -> ClusterConfig:
     return cfg.model_copy(update={"node_groups": groups})
 
 
-def scale_queues(cfg: QueuesConfig, scale: float) -> QueuesConfig:
-    def q(x: int | None) -> int | None:
-        return None if x is None else round(x * scale)
-
-    queues = tuple(
-        qc.model_copy(update={"quotas": {m: f.model_copy(update={
-            "nominal": round(f.nominal * scale), "borrowing_limit": q(f.borrowing_limit),
-            "lending_limit": None if f.lending_limit is None else min(q(f.lending_limit) or 0,
-                                                                      round(f.nominal * scale))})
-            for m, f in qc.quotas.items()}})
-        for qc in cfg.queues)
-    return cfg.model_copy(update={"queues": queues})
-
-
 def _load_once(opts: TraceOptions, fmt: str, scale: float) -> Trace:
     window = _window(opts)
     if fmt == "philly":
@@ -111,7 +97,9 @@ def _load_once(opts: TraceOptions, fmt: str, scale: float) -> Trace:
         cluster = scale_cluster(load_cluster(opts.cluster), scale)
         trace.nodes = cluster.nodes(base_dir=opts.cluster.parent)
     if opts.queues is not None:
-        trace.queues = scale_queues(load_queues(opts.queues), scale)
+        # A queues.yaml is taken as written (never scaled): it is the what-if being asked. Dump the generated
+        # one with --write-queues, edit it, and pass it back with the same --load/--cluster-scale.
+        trace.queues = load_queues(opts.queues)
     if opts.topology is not None and fmt != "openb":
         from shared.config import apply_topology, load_topology_csv
 
@@ -172,3 +160,10 @@ def run_policies(trace: Trace, policies: Sequence[str],
 
 def trace_summary(trace: Trace) -> dict:
     return {"name": trace.name, "epoch0": trace.epoch0, **{k: trace.info[k] for k in sorted(trace.info)}}
+
+
+def queues_yaml(trace: Trace) -> str:
+    """The queues the replay used, as a queues.yaml (edit it for a what-if and pass it back with --queues)."""
+    import yaml
+
+    return yaml.safe_dump(trace.queues.model_dump(mode="json", exclude_defaults=True), sort_keys=False)

@@ -70,6 +70,10 @@ class GpuqPolicy:
         self.trace = trace
         self.adm = AdmissionState(trace.queues)
         self.cluster = ClusterState.from_nodes(trace.nodes)
+        # An empty copy answers "could this job ever be placed here?" at arrival: a job no empty cluster
+        # can hold is refused (as the baselines refuse it) instead of being retried, and reserved for, forever.
+        self._empty = ClusterState.from_nodes(trace.nodes)
+        self._never: dict[tuple[object, ...], str] = {}
         self.prio = {p.name: p.value for p in trace.queues.priority_classes}
         self.submitted: dict[str, tuple[JobSpec, float]] = {}
         # admitted but not placed: job -> ((-priority, admission seq), AdmittedWorkload)
@@ -92,8 +96,17 @@ class GpuqPolicy:
     # -- engine hooks
     def on_arrival(self, job: TraceJob, now: float) -> str | None:
         from services.admission.core import Workload
+        from services.scheduler.core import Unplaceable
 
         spec = job.spec()
+        shape = (job.pods, job.gpus_per_pod, job.mig_profile, job.gpu_models, job.cpu_milli, job.memory_mib,
+                 job.preferred_level)
+        never = self._never.get(shape)
+        if never is None:  # one query per distinct gang shape, not per job
+            got = self._empty.place(spec)
+            never = self._never[shape] = got.reason if isinstance(got, Unplaceable) else ""
+        if never:
+            return f"Unschedulable:{never}"
         rejection = self.adm.submit(Workload(spec=spec, submitted_at=now))
         if rejection is not None:
             return rejection.reason

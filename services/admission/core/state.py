@@ -69,6 +69,12 @@ class AdmissionState:
         self._pending_by_queue: dict[str, list[Entry]] = {}
         self._admitted_by_queue: dict[str, dict[str, Entry]] = {}
         self._dirty: set[str] = set()  # queues whose pending list must be re-filtered/re-sorted
+        # Per scope (a cohort, or a queue without one), the statuses and reclaims of the last full cycle in
+        # which nothing was admitted there; valid until something in the scope changes (`_stale`). A cycle
+        # without `capacity`/`max_admissions` reuses them: cohorts share nothing else, so an unchanged cohort
+        # would decide exactly the same again. This makes frequent small cycles cost O(changed cohorts).
+        self._scope_cache: dict[str, tuple[dict, list]] = {}  # scope -> (statuses by job, reclaims)
+        self._stale: set[str] = set()
         self._sig_ids: dict[Signature, int] = {}  # interned request signatures (bounded by distinct shapes)
 
     # ------------------------------------------------------------------ views
@@ -136,6 +142,8 @@ class AdmissionState:
                                    for q, lst in self._pending_by_queue.items()}
         other._admitted_by_queue = {q: {j: entries[j] for j in m} for q, m in self._admitted_by_queue.items()}
         other._dirty = set(self._dirty)
+        other._scope_cache = dict(self._scope_cache)  # cached values are never mutated: sharing is safe
+        other._stale = set(self._stale)
         return other
 
     # ------------------------------------------------------------------ commands
@@ -181,6 +189,7 @@ class AdmissionState:
         else:
             self._pending.pop(job_id, None)
             self._dirty.add(e.queue)
+            self._stale.add(self._scope_of(e.queue))
 
     def requeue(self, w: Workload) -> None:
         """Back to pending (after preemption or a failed placement) with its original submit time."""
@@ -227,6 +236,7 @@ class AdmissionState:
                     messages.append(f"queue {q} now holds {u} {r}, above the {limit} its new quota allows: "
                                     "admitted jobs stay admitted, new work waits until usage falls")
         self._dirty.update(self._pending_by_queue)
+        self._scope_cache.clear()
         return sorted(messages)
 
     # ------------------------------------------------------------------ internals used by the cycle
@@ -274,6 +284,7 @@ class AdmissionState:
         e.verdict = self._verdict(w.spec)
         self._entries[e.job_id] = e
         self._pending[e.job_id] = w
+        self._stale.add(self._scope_of(e.queue))
         lst = self._pending_by_queue.setdefault(e.queue, [])
         if lst and _order_of(lst[-1]) > e.order:
             self._dirty.add(e.queue)  # arrivals are mostly in order: append, sort only when needed
@@ -284,6 +295,7 @@ class AdmissionState:
         self._admitted[e.job_id] = a
         self._admitted_by_queue.setdefault(e.queue, {})[e.job_id] = e
         self._book.add(e.queue, a.usage)
+        self._stale.add(self._scope_of(e.queue))
 
     def _release(self, e: Entry) -> None:
         assert e.admitted is not None
@@ -293,6 +305,11 @@ class AdmissionState:
         if by_queue is not None:
             by_queue.pop(e.job_id, None)
         e.admitted = None
+        self._stale.add(self._scope_of(e.queue))
+
+    def _scope_of(self, queue: str) -> str:
+        qq = self._book.queues.get(queue)
+        return qq.scope if qq is not None else f"queue/{queue}"
 
     def _reprioritise(self, e: Entry, value: int) -> None:
         e.priority = value

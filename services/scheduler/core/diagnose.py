@@ -67,15 +67,15 @@ def _check_pod_set(state: ClusterState, spec: JobSpec, req: PodReq, elig: tuple[
                 return Unplaceable(jid, Reason.NO_GPU_MODEL,
                                    f"pod set {req.pod_set} needs whole {_models(req.models)} GPUs but every such "
                                    "node is MIG-partitioned")
+            wanted = _models(req.models) if req.models else "whole GPUs"
             return Unplaceable(jid, Reason.NO_GPU_MODEL,
-                               f"pod set {req.pod_set} needs {_models(req.models)}; the cluster has "
-                               f"{_inventory(state)}")
+                               f"pod set {req.pod_set} needs {wanted}; the cluster has {_inventory(state)}")
     else:
         shaped = of_model
         if not shaped:
+            where = f"a {_models(req.models)} node" if req.models else "a node"
             return Unplaceable(jid, Reason.NO_GPU_MODEL,
-                               f"pod set {req.pod_set} is restricted to {_models(req.models)} nodes; the cluster "
-                               f"has {_inventory(state)}")
+                               f"pod set {req.pod_set} needs {where}; the cluster has {_inventory(state)}")
     keys = {k for _, k in elig}
     tolerated = [c for c in shaped if c.key in keys]
     if not tolerated:
@@ -97,10 +97,10 @@ def _check_pod_set(state: ClusterState, spec: JobSpec, req: PodReq, elig: tuple[
         pods = sum(len(ranks) * (b // req.gpus) for c in tolerated for b, ranks in c.buckets.items())
         if pods < req.count:
             largest = max((b for c in tolerated for b in c.buckets), default=0)
+            kind = f"{_models(req.models)} GPUs" if req.models else "GPUs"
             return Unplaceable(jid, Reason.INSUFFICIENT_GPUS,
-                               f"needs {req.count} pod(s) × {req.gpus} {_models(req.models)} GPUs, each pod on "
-                               f"one node; free GPUs ({free}) allow only {pods} such pod(s), largest free on a "
-                               f"node is {largest}")
+                               f"needs {req.count} pod(s) × {req.gpus} {kind}, each pod on one node; free GPUs "
+                               f"({free}) allow only {pods} such pod(s), largest free on a node is {largest}")
     # CPU and memory (and exclusions): count the pods that really fit, node by node.
     stage = Stage(state, exclude)
     fit = 0

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from shared.domain import TOPOLOGY_LEVELS, GpuBinding, JobSpec, Toleration, TopologyLevel
 
-from .state import ClusterState, _Class, _Node, build_placement
+from .state import ClusterState, _Class, build_placement
 from .types import Placement, Reason, Unplaceable
 
 _BIG = 1 << 62
@@ -513,4 +513,3 @@ def _models(models: Sequence[str]) -> str:
 
 
 __all__ = ["Exclusion", "PodReq", "exclusions_for", "iter_index", "place_job", "resolve"]
-_ = _Node  # re-exported type for diagnose

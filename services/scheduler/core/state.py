@@ -21,14 +21,10 @@ from __future__ import annotations
 import re
 from bisect import bisect_left, insort
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from shared.domain import GpuBinding, JobSpec, NodeHealth, NodeSpec, TaintEffect, TopologyLevel
 
 from .types import Placement, PlacementConflict, Unplaceable
-
-if TYPE_CHECKING:
-    pass
 
 STRATEGIES = ("binpack", "spread")
 _HARD_EFFECTS = (TaintEffect.NO_SCHEDULE, TaintEffect.NO_EXECUTE)
@@ -541,4 +537,4 @@ def build_placement(state: ClusterState, job_id: str, bindings: tuple[GpuBinding
     )
 
 
-__all__ = ["STRATEGIES", "CallableInt", "ClusterState", "Unplaceable", "natural_key"]
+__all__ = ["STRATEGIES", "CallableInt", "ClusterState", "build_placement", "natural_key"]

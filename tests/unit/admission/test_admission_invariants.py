@@ -173,3 +173,31 @@ def test_copy_is_independent_and_equivalent(cfg: QueuesConfig, ops: list[tuple])
     assert admission_cycle(twin, 101.0).admitted == []  # twin's admissions did not leak into s or back
     for q in cfg.queues:
         assert s.usage(q.name) == twin.usage(q.name)
+
+
+@settings(max_examples=120, deadline=None)
+@given(configs(), st.lists(op, min_size=5, max_size=40))
+def test_reusing_unchanged_cohorts_decides_like_a_cycle_from_scratch(cfg: QueuesConfig, ops: list[tuple]) -> None:
+    """A cycle reuses the statuses and reclaims of cohorts where nothing changed since they were computed;
+    the decision must equal one made with every cache dropped."""
+    s = AdmissionState(cfg)
+    queues = [q.name for q in cfg.queues]
+    for i, o in enumerate(ops):
+        if o[0] == "submit":
+            s.submit(Workload(job(f"j{i}", queues[o[1] % len(queues)], o[2], count=o[3], models=o[4],
+                                  priority=o[5]), float(i)))
+        elif o[0] in ("finish", "requeue") and s.admitted:
+            victim = sorted(s.admitted)[o[1] % len(s.admitted)]
+            if o[0] == "finish":
+                s.finish(victim)
+            else:
+                a = s.admitted[victim]
+                s.requeue(Workload(a.spec, a.submitted_at))
+        elif o[0] == "cycle":
+            for _ in range(2):  # the second cycle in a row is where unchanged cohorts are reused
+                scratch = s.copy()
+                scratch._scope_cache.clear()
+                got, want = admission_cycle(s, float(i)), admission_cycle(scratch, float(i))
+                assert got.admitted == want.admitted
+                assert got.pending == want.pending
+                assert got.reclaims == want.reclaims

@@ -162,7 +162,8 @@ def test_multi_gpu_pods_need_one_node_each() -> None:
         state.commit(placed(state.place(job(name, gpus=gpus))))
     why = refused(state.place(job("c", pods=2, gpus=4)))
     assert why.reason == Reason.INSUFFICIENT_GPUS
-    assert "free GPUs (10) allow only 1 such pod(s), largest free on a node is 4" in why.message
+    assert why.message == ("needs 2 pod(s) × 4 GPUs, each pod on one node; free GPUs (10) allow only 1 such "
+                           "pod(s), largest free on a node is 4")
 
 
 def test_min_members_starts_the_gang_with_what_fits() -> None:

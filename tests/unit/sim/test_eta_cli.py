@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 from cli.main import app
 from services.admission.core import AdmissionState, Workload, admission_cycle
 from services.scheduler.core import ClusterState, PendingJob, RunningJob, schedule_cycle
+from shared.config import load_queues
 from sim.eta import estimate_starts
 from sim.loaders import queues_for_teams
 
@@ -73,7 +74,7 @@ def test_simulate_command_writes_json_and_report(tmp_path):
     out, report = tmp_path / "out.json", tmp_path / "report"
     res = CliRunner().invoke(app, ["simulate", "--trace", str(trace), "--cluster", str(cluster), "--queues",
                                    str(queues), "--policy", "gpuq,quota-fifo,pod-fifo", "--json", str(out),
-                                   "--report", str(report)])
+                                   "--report", str(report), "--write-queues", str(tmp_path / "used.yaml")])
     assert res.exit_code == 0, res.output
     doc = json.loads(out.read_text())
     assert [r["policy"] for r in doc["results"]] == ["gpuq", "quota-fifo", "pod-fifo"]
@@ -84,6 +85,19 @@ def test_simulate_command_writes_json_and_report(tmp_path):
         assert r["per_team"]["team-a"]["quota_share"] == 0.5
     for name in ("report.md", "utilisation.png", "wait_cdf.png", "team_shares.png"):
         assert (report / name).stat().st_size > 0
+    # what-if: move 8 GPUs of quota from team-a to team-b and replay with the edited queues.yaml
+    used = load_queues(tmp_path / "used.yaml")
+    assert used == load_queues(queues)
+    moved = queues.read_text().replace("team-a, cohort: c, quotas: {H100: {nominal: 16}}",
+                                       "team-a, cohort: c, quotas: {H100: {nominal: 8}}")
+    moved = moved.replace("team-b, cohort: c, quotas: {H100: {nominal: 16}}",
+                          "team-b, cohort: c, quotas: {H100: {nominal: 24}}")
+    (tmp_path / "moved.yaml").write_text(moved)
+    res = CliRunner().invoke(app, ["simulate", "--trace", str(trace), "--cluster", str(cluster), "--queues",
+                                   str(tmp_path / "moved.yaml"), "--policy", "quota-fifo", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    team = json.loads(out.read_text())["results"][0]["per_team"]
+    assert (team["team-a"]["quota_share"], team["team-b"]["quota_share"]) == (0.25, 0.75)
 
 
 def test_simulate_rejects_an_unknown_policy(tmp_path):
