@@ -7,9 +7,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from services.metering import store
+from services.metering.batch import handle_sample_batch
 from services.metering.handlers import HANDLERS
 from services.metering.store import MIGRATIONS, SCHEMA
-from shared.events import utcnow_from
+from shared.events import UtilizationSampled, utcnow_from
 from shared.service import ServiceRuntime, ServiceSpec
 
 if TYPE_CHECKING:
@@ -30,5 +31,7 @@ def build_spec(settings: Any) -> ServiceSpec:
         async with runtime.transaction() as tx:
             await store.set_rates(tx.conn, rates, utcnow_from(tx.now))
 
-    return ServiceSpec(name="metering", schema=SCHEMA, migrations=MIGRATIONS, handlers=HANDLERS,
-                       on_start=seed_prices)
+    # Samples arrive in pulled batches recorded in one transaction each (services/metering/batch.py).
+    handlers = {k: v for k, v in HANDLERS.items() if k is not UtilizationSampled}
+    return ServiceSpec(name="metering", schema=SCHEMA, migrations=MIGRATIONS, handlers=handlers,
+                       batch_handlers={UtilizationSampled: handle_sample_batch}, on_start=seed_prices)

@@ -1,0 +1,52 @@
+"""The runtime's batch path (utilisation samples): one transaction per pulled batch, with the same guarantees
+as the per-message path — a redelivered event counts once, a poison message is dead-lettered with its reason."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+import nats
+
+from services.metering.app import build_spec
+from services.stack import StackSettings
+from shared.clock import ManualClock
+from shared.config import parse_queues
+from shared.db import create_pool
+from shared.events import GpuSample, UtilizationSampled, encode_event, make_event
+from shared.service import ServiceRuntime
+
+QUEUES = parse_queues({"priority_classes": [{"name": "normal", "value": 1}], "queues": [{"name": "q"}]})
+
+
+async def test_samples_in_batches_count_once_and_poison_is_dead_lettered(fresh: tuple[str, str]) -> None:
+    nats_url, database_url = fresh
+    pool = await create_pool(database_url)
+    spec = build_spec(StackSettings(nats_url=nats_url, database_url=database_url, queues=QUEUES))
+    assert spec.batch_handlers, "metering consumes samples through the batch path"
+    runtime = ServiceRuntime(spec, nats_url=nats_url, pool=pool, clock=ManualClock())
+    await runtime.start()
+    try:
+        t0 = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
+        events = [make_event(UtilizationSampled(
+            node=f"n{i % 5}", gpu_model="H100", sampled_at=datetime.fromtimestamp(t0 + 60 * i, UTC), interval_s=60,
+            samples=tuple(GpuSample(job_id="job-1", gpu_index=g, utilization_pct=50.0, power_w=300.0)
+                          for g in range(8))), source="test", time=datetime.now(UTC)) for i in range(100)]
+        nc = await nats.connect(nats_url)
+        js = nc.jetstream()
+        for e in events:
+            await js.publish("gpuq.utilization.sampled", encode_event(e), headers={"Nats-Msg-Id": e.id})
+        await js.publish("gpuq.utilization.sampled", b"not json at all")
+        for e in events[:10]:  # the same events again, past publish dedup: what a lost ack looks like
+            await js.publish("gpuq.utilization.sampled", encode_event(e), headers={"Nats-Msg-Id": f"again-{e.id}"})
+        await nc.close()
+        deadline = asyncio.get_running_loop().time() + 30
+        while runtime.counters.handled + runtime.counters.duplicates < 110 or runtime.counters.dead_lettered < 1:
+            assert asyncio.get_running_loop().time() < deadline, runtime.counters
+            await asyncio.sleep(0.1)
+        assert runtime.counters.handled == 100 and runtime.counters.duplicates == 10
+        assert await pool.fetchval("SELECT count(*) FROM metering.gpu_samples") == 800
+        assert await pool.fetchval("SELECT reason FROM metering.dead_letters") == "MalformedJson"
+    finally:
+        await runtime.stop()
+        await pool.close()
