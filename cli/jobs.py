@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 import uuid
@@ -177,7 +178,7 @@ def queues(output: str = typer.Option("table", "--format", help="table or json")
         console.print("[red]admission has no state yet: start the platform with `gpuq up`[/]")
         raise typer.Exit(1) from None
     if output == "json":
-        typer.echo(json.dumps([s.__dict__ for s in summaries], indent=2, default=str))
+        typer.echo(json.dumps([dataclasses.asdict(s) for s in summaries], indent=2, default=str))
         return
     table = Table(title="queues")
     for col in ("queue", "cohort", "weight", "nominal", "used", "borrowed", "lent", "pending", "running",
