@@ -7,6 +7,7 @@ and placement reasons; the executor knows what runs. The CLI joins them read-onl
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -73,10 +74,15 @@ async def fetch_status(database_url: str, job_id: str | None, *, limit: int | No
         d = dict(r)
         d["state"] = derive_state(d)
         bindings = json.loads(d["bindings"]) if d.get("bindings") else []
-        d["nodes"] = sorted({b["node"] for b in bindings})
+        d["nodes"] = sorted({b["node"] for b in bindings}, key=_natural)
         d["spec"] = json.loads(d["spec"]) if isinstance(d["spec"], str) else d["spec"]
         out.append(d)
     return out
+
+
+def _natural(name: str) -> tuple[object, ...]:
+    """h100-2 before h100-10."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
 
 
 def fmt_time(ts: float | None) -> str:

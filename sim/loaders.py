@@ -26,7 +26,7 @@ from shared.config import (
 )
 from shared.domain import MigLayout, NodeSpec, TopologyLevel
 from sim.model import Trace, TraceJob
-from sim.synth import estimate_runtime, priority_class
+from sim.synth import checkpoint_interval, estimate_runtime, priority_class
 
 DEFAULT_PRIORITY_CLASSES: tuple[PriorityClass, ...] = (
     PriorityClass(name="production", value=1000, preemptible=False),
@@ -139,6 +139,7 @@ def load_generic_csv(path: Path, nodes: Sequence[NodeSpec], queues: QueuesConfig
                     pods=pods, gpus_per_pod=per_pod, gpu_models=models,
                     priority_class=(row.get("priority_class") or "").strip() or priority_class(job_id, seed),
                     max_runtime_s=int(float(est)) if est else estimate_runtime(duration, job_id, seed),
+                    checkpoint_interval_s=checkpoint_interval(job_id, seed),
                     preferred_level=_topology_for(pods),
                 ))
             except (KeyError, ValueError) as exc:
@@ -231,6 +232,7 @@ def load_philly(path: Path, *, vc_path: Path | None = None, window: Window = Win
             job_id=job_id, submit_time=round(ts), duration=duration, team=vc, queue=queue, pods=pods,
             gpus_per_pod=per_pod, gpu_models=(PHILLY_GPU_MODEL,), priority_class=priority_class(job_id, seed),
             max_runtime_s=estimate_runtime(duration, job_id, seed), preferred_level=_topology_for(pods),
+            checkpoint_interval_s=checkpoint_interval(job_id, seed),
         ))
     jobs, t0 = _rebase(jobs)
     node_count = sum(scaled.values())
@@ -311,6 +313,7 @@ def load_openb(pods_path: Path, *, nodes_path: Path | None = None, topology_path
                     gpu_models=tuple(sorted(m for m in row["gpu_spec"].split("|") if m)),
                     priority_class=QOS_PRIORITY.get(row["qos"].strip(), "normal"),
                     max_runtime_s=estimate_runtime(duration, job_id, seed),
+                    checkpoint_interval_s=checkpoint_interval(job_id, seed),
                     cpu_milli=int(row["cpu_milli"]), memory_mib=int(row["memory_mib"]),
                 ))
             except (KeyError, ValueError) as exc:

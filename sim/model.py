@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from shared.config import QueuesConfig
-from shared.domain import JobSpec, NodeSpec, PodSet, TopologyLevel, TopologyRequest
+from shared.domain import CheckpointSpec, JobSpec, NodeSpec, PodSet, TopologyLevel, TopologyRequest
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ class TraceJob:
     cpu_milli: int = 0  # per pod
     memory_mib: int = 0  # per pod
     preferred_level: TopologyLevel | None = None
+    checkpoint_interval_s: int | None = None  # None = the job cannot checkpoint (loses all work on eviction)
 
     @property
     def gpus(self) -> int:
@@ -57,6 +58,8 @@ class TraceJob:
                 ),
             ),
             topology=TopologyRequest(preferred_level=self.preferred_level),
+            checkpoint=CheckpointSpec(supported=self.checkpoint_interval_s is not None,
+                                      interval_s=self.checkpoint_interval_s),
             max_runtime_s=self.max_runtime_s,
         )
 

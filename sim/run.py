@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from shared.config import ClusterConfig, load_cluster, load_queues
 from sim.engine import Engine, Policy, SimResult
@@ -23,14 +24,35 @@ from sim.model import Trace
 from sim.policies.baselines import PodFifo, QuotaFifo
 from sim.policies.gpuq import GpuqPolicy, cores_available
 
-POLICIES = ("gpuq", "quota-fifo", "pod-fifo")
+# gpuq: everything on, preemption checkpoints its victims first. gpuq-evict: the same, but victims are evicted
+# without a checkpoint (what Kueue/Volcano do), to measure what checkpoint-before-preempt saves.
+# gpuq-nopreempt: no preemption at all.
+POLICIES = ("gpuq", "gpuq-evict", "gpuq-nopreempt", "quota-fifo", "pod-fifo")
+
+
+class _Preemption:
+    """The production preemption core as the simulator's hook; built on first use from the trace's queues."""
+
+    def __init__(self, checkpointing: bool):
+        self.checkpointing = checkpointing
+        self.inner: Any = None
+
+    def __call__(self, ctx: Any) -> list[Any]:
+        if self.inner is None:
+            from services.preemption.core.sim_adapter import SimPreemption
+
+            self.inner = SimPreemption(ctx.admission.config, checkpointing=self.checkpointing)
+        return self.inner(ctx)  # type: ignore[no-any-return]
 
 
 def make_policy(name: str) -> Policy:
-    if name == "gpuq":
+    if name.startswith("gpuq"):
         if not cores_available():
             raise TraceError("policy gpuq needs services.admission.core and services.scheduler.core")
-        return GpuqPolicy()
+        if name == "gpuq-nopreempt":
+            return GpuqPolicy()
+        if name in ("gpuq", "gpuq-evict"):
+            return GpuqPolicy(preemption_hook=_Preemption(checkpointing=name == "gpuq"))
     if name == "quota-fifo":
         return QuotaFifo()
     if name == "pod-fifo":

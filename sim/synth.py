@@ -49,3 +49,14 @@ def priority_class(job_id: str, seed: int) -> str:
         if u < upper:
             return name
     return PRIORITY_MIX[-1][0]
+
+
+# Checkpoint support for traces without it: most training frameworks checkpoint periodically; a minority of
+# jobs (quick experiments, scripts without a resume path) do not. Same rule for every policy.
+CHECKPOINT_SUPPORT_SHARE = 0.85
+CHECKPOINT_INTERVAL_S = 1_800
+
+
+def checkpoint_interval(job_id: str, seed: int) -> int | None:
+    """The job's checkpoint interval, or None when it cannot checkpoint (seeded per job)."""
+    return CHECKPOINT_INTERVAL_S if job_rng(seed, job_id, "checkpoint").random() < CHECKPOINT_SUPPORT_SHARE else None
