@@ -49,10 +49,11 @@ def make_policy(name: str) -> Policy:
     if name.startswith("gpuq"):
         if not cores_available():
             raise TraceError("policy gpuq needs services.admission.core and services.scheduler.core")
-        if name == "gpuq-nopreempt":
-            return GpuqPolicy()
-        if name in ("gpuq", "gpuq-evict"):
-            return GpuqPolicy(preemption_hook=_Preemption(checkpointing=name == "gpuq"))
+        if name in ("gpuq", "gpuq-evict", "gpuq-nopreempt"):
+            policy = (GpuqPolicy() if name == "gpuq-nopreempt"
+                      else GpuqPolicy(preemption_hook=_Preemption(checkpointing=name == "gpuq")))
+            policy.name = name
+            return policy
     if name == "quota-fifo":
         return QuotaFifo()
     if name == "pod-fifo":

@@ -56,7 +56,11 @@ def running_job(spec: JobSpec, bindings: list[GpuBinding], nodes: dict[str, Node
                       preemptible=preemptible, production=production, kind=spec.kind, gpus=gpus,
                       usage=dict(sorted(usage.items())), started_at=started_at,
                       max_runtime_s=spec.max_runtime_s, last_checkpoint_at=last_checkpoint_at,
-                      checkpointable=spec.checkpoint.supported)
+                      checkpointable=spec.checkpoint.supported, checkpoint_cost_s=EXPECTED_CHECKPOINT_S)
+
+
+# What the victim selector assumes a requested checkpoint costs (the protocol asks before it preempts).
+EXPECTED_CHECKPOINT_S = 60.0
 
 
 async def load_snapshot(conn, config: QueuesConfig) -> Snapshot:  # type: ignore[no-untyped-def]

@@ -63,15 +63,23 @@ class RunningJob:
     max_runtime_s: int
     last_checkpoint_at: float | None = None
     checkpointable: bool = False
+    # With checkpoint-before-preempt a checkpointable victim is asked to save its state first, so what it
+    # loses is at most the time that checkpoint takes, not the work since its last periodic checkpoint.
+    # None = victims are evicted without a checkpoint request.
+    checkpoint_cost_s: float | None = None
 
     @property
     def expected_end(self) -> float:
         return self.started_at + self.max_runtime_s
 
     def lost_gpu_seconds(self, now: float) -> float:
-        """Work lost if stopped now: GPU-seconds since the last checkpoint of this run, or since its start."""
+        """Work lost if preempted now: GPU-seconds since the last checkpoint of this run (or its start); when
+        the protocol checkpoints first, at most the checkpoint's own duration."""
         since = self.started_at if self.last_checkpoint_at is None else max(self.started_at, self.last_checkpoint_at)
-        return self.gpus * max(0.0, now - since)
+        lost = max(0.0, now - since)
+        if self.checkpointable and self.checkpoint_cost_s is not None:
+            lost = min(lost, self.checkpoint_cost_s)
+        return self.gpus * lost
 
 
 @dataclass(frozen=True)

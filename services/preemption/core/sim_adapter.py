@@ -52,7 +52,8 @@ class SimPreemption:
                                   priority=value, preemptible=preemptible, production=production, kind=spec.kind,
                                   gpus=float(spec.total_gpus or 1), usage=usage, started_at=info.started_at,
                                   max_runtime_s=spec.max_runtime_s, last_checkpoint_at=last,
-                                  checkpointable=spec.checkpoint.supported))
+                                  checkpointable=spec.checkpoint.supported,
+                                  checkpoint_cost_s=self.checkpoint_write_s if self.checkpointing else None))
         return out
 
     def __call__(self, ctx: Any) -> list[Any]:
