@@ -292,8 +292,9 @@ class ServiceRuntime:
                 await raw.ack()
                 return
             self.counters.retried += 1
-            log.warning("%s: handler failed (delivery %d/%d), will retry: %s", self.spec.name, deliveries,
-                        MAX_DELIVER, exc)
+            # Early retries are routine (events of two streams arrive in no fixed order); repeated ones are not.
+            log.log(logging.WARNING if deliveries >= 3 else logging.INFO,
+                    "%s: handler failed (delivery %d/%d), will retry: %s", self.spec.name, deliveries, MAX_DELIVER, exc)
             await raw.nak(delay=NAK_DELAYS_S[min(deliveries, len(NAK_DELAYS_S)) - 1])
             return
         await raw.ack()
