@@ -211,3 +211,32 @@ def cancel(job_id: str = typer.Argument(..., help="The job to cancel"),
 
     asyncio.run(go())
     console.print(f"cancel requested for {job_id}")
+
+
+def apply_queues(file: Path = typer.Argument(..., help="The new queues.yaml"),
+                 by: str = typer.Option("admin", help="Who is changing it (audited)")) -> None:
+    """Change teams, quotas and policy at runtime (publishes QueueConfigChanged). Validated here first; admission
+    validates again and keeps the old configuration if it refuses the new one. No pending or admitted job is lost."""
+    from shared.config import ConfigError, load_queues
+    from shared.events import QueueConfigChanged
+
+    try:
+        config = load_queues(file)
+    except ConfigError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
+    for warning in config.warnings():
+        console.print(f"[yellow]warning:[/] {warning}")
+
+    async def go() -> None:
+        nc = await nats.connect(nats_url(), connect_timeout=5)
+        try:
+            now = datetime.now(UTC)
+            await publish_event(nc.jetstream(), make_event(
+                QueueConfigChanged(config=config.model_dump(mode="json"), changed_by=by), source="gpuq-cli", time=now),
+                QueueConfigChanged.subject())
+        finally:
+            await nc.close()
+
+    asyncio.run(go())
+    console.print(f"published the configuration of {len(config.queues)} queue(s) from {file}")

@@ -24,7 +24,7 @@ from services.preemption.cli import preemptible; app.command("preemptible")(pree
 from sim.cli import simulate; app.command("simulate")(simulate)  # noqa: E402, E702, I001
 from services.telemetry.cli import webhooks_app; app.add_typer(webhooks_app, name="webhooks")  # noqa: E402, E702, I001
 from services.telemetry.bench import bench_telemetry; bench_app.command("telemetry")(bench_telemetry)  # noqa: E402, E702, I001
-from cli.jobs import cancel, explain, queues, status, submit  # noqa: E402
+from cli.jobs import apply_queues, cancel, explain, queues, status, submit  # noqa: E402
 from cli.platform import demo, up  # noqa: E402
 
 app.command("submit")(submit)
@@ -34,3 +34,4 @@ app.command("queues")(queues)
 app.command("cancel")(cancel)
 app.command("up")(up)
 app.command("demo")(demo)
+app.command("apply-queues")(apply_queues)
