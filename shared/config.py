@@ -217,6 +217,9 @@ class GpuFlavor(_Strict):
 class Policy(_Strict):
     protection_window_s: int = Field(default=600, ge=0)
     checkpoint_grace_s: int = Field(default=300, ge=0)
+    # A running job is not a victim when preempting it would lose more than this many seconds of its run
+    # (work since its last checkpoint, or since its start when it cannot checkpoint). null = no bound.
+    max_victim_loss_s: int | None = Field(default=1800, ge=0)
 
 
 class QueuesConfig(_Strict):

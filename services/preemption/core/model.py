@@ -25,6 +25,7 @@ class Why:
     INFERENCE = "InferenceNotPreemptedByTraining"
     JUST_STARTED = "ProtectedJustStarted"
     NEAR_END = "ProtectedNearEnd"
+    TOO_MUCH_LOST_WORK = "ProtectedUnsavedWork"
     WITHIN_QUEUE_NEVER = "WithinQueueNever"
     RECLAIM_NEVER = "ReclaimNever"
     RECLAIM_SAME_QUEUE = "ReclaimTakesFromOtherQueues"

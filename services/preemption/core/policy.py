@@ -101,4 +101,9 @@ def victim_verdict(preemptor: Preemptor, job: RunningJob, config: QueuesConfig,
     window = protection(job, now, config.policy.protection_window_s)
     if window is not None:
         return window[0]
+    bound = config.policy.max_victim_loss_s
+    if bound is not None and job.gpus > 0 and job.lost_gpu_seconds(now) / job.gpus > bound:
+        # Preempting it would throw away more than `max_victim_loss_s` of its run (it cannot checkpoint, or
+        # its last checkpoint is old): the preemptor waits for capacity instead.
+        return Why.TOO_MUCH_LOST_WORK
     return None

@@ -146,3 +146,17 @@ def test_nothing_is_taken_when_the_preemptor_fits_or_nothing_suffices() -> None:
     sel = select_victims(w.preemptor(spec("boss2", klass="high", gpus=16)), w.running, w.cluster, w.config, NOW)
     assert sel.victims == () and sel.why == "InsufficientVictims"
     assert sel.rejected["protected"] == Why.JUST_STARTED
+
+
+def test_a_job_that_would_lose_more_than_the_bound_is_left_alone() -> None:
+    """max_victim_loss_s: unsaved work since the last checkpoint (or since start) caps who may be taken."""
+    w = World(queues(max_loss=1800))
+    fresh_ckpt = w.run(spec("saved-recently"), NOW - 20_000, last_checkpoint_at=NOW - 600)
+    never_saved = w.run(spec("never-saved"), NOW - 20_000)
+    young = w.run(spec("young"), NOW - 1_200)
+    boss = spec("boss", klass="normal")
+    assert verdict(w, boss, fresh_ckpt) is None
+    assert verdict(w, boss, never_saved) == Why.TOO_MUCH_LOST_WORK
+    assert verdict(w, boss, young) is None  # 20 minutes of work at risk: under the 30-minute bound
+    unbounded = World(queues(max_loss=None))
+    assert verdict(unbounded, boss, unbounded.run(spec("never-saved"), NOW - 20_000)) is None
