@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
@@ -82,3 +83,23 @@ async def apply_migrations(pool: asyncpg.Pool, schema: str, directory: Path) -> 
         finally:
             await conn.execute("SELECT pg_advisory_unlock($1)", lock_key)
     return applied_now
+
+
+async def dedicated_database(database_url: str, name: str) -> str:
+    """The URL of database `name` on the same server, created if needed (benchmarks and test areas that want
+    a database of their own); the given URL when the role may not create databases."""
+    if not SCHEMA_RE.match(name):
+        raise ValueError(f"invalid database name {name!r}")
+    conn = await asyncpg.connect(database_url)
+    try:
+        if not await conn.fetchval("SELECT true FROM pg_database WHERE datname = $1", name):
+            try:
+                await conn.execute(f"CREATE DATABASE {name}")
+            except asyncpg.InsufficientPrivilegeError:
+                return database_url
+            except asyncpg.DuplicateDatabaseError:
+                pass
+    finally:
+        await conn.close()
+    parts = urlsplit(database_url)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, parts.fragment))

@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest_asyncio
 
 from services.metering import store
-from shared.db import create_pool
+from shared.db import create_pool, dedicated_database
 from shared.service import PLUMBING_SQL
 
 TEST_DB = "gpuq_test_metering"
@@ -18,20 +17,7 @@ TEST_DB = "gpuq_test_metering"
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def metering_db_url(database_url: str) -> str:
-    # A database of its own keeps these tests apart from other areas' tests on a shared server.
-    conn = await asyncpg.connect(database_url)
-    try:
-        if not await conn.fetchval("SELECT true FROM pg_database WHERE datname = $1", TEST_DB):
-            try:
-                await conn.execute(f"CREATE DATABASE {TEST_DB}")
-            except asyncpg.InsufficientPrivilegeError:
-                return database_url  # no CREATEDB right: use the given database (schema reset below)
-            except asyncpg.DuplicateDatabaseError:
-                pass
-    finally:
-        await conn.close()
-    parts = urlsplit(database_url)
-    return urlunsplit((parts.scheme, parts.netloc, f"/{TEST_DB}", parts.query, parts.fragment))
+    return await dedicated_database(database_url, TEST_DB)
 
 
 @pytest_asyncio.fixture(loop_scope="session")

@@ -6,13 +6,12 @@ from __future__ import annotations
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest_asyncio
 
 from services.telemetry.app import MIGRATIONS
-from shared.db import apply_migrations, create_pool
+from shared.db import apply_migrations, create_pool, dedicated_database
 from shared.service import PLUMBING_SQL
 
 # The unit tests' builders (events of a job's life) serve here too.
@@ -27,19 +26,7 @@ TEST_DB = "gpuq_test_telemetry"
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def telemetry_db_url(database_url: str) -> str:
-    conn = await asyncpg.connect(database_url)
-    try:
-        if not await conn.fetchval("SELECT true FROM pg_database WHERE datname = $1", TEST_DB):
-            try:
-                await conn.execute(f"CREATE DATABASE {TEST_DB}")
-            except asyncpg.InsufficientPrivilegeError:
-                return database_url  # no CREATEDB right: share the database (the schema is reset below)
-            except asyncpg.DuplicateDatabaseError:
-                pass
-    finally:
-        await conn.close()
-    parts = urlsplit(database_url)
-    return urlunsplit((parts.scheme, parts.netloc, f"/{TEST_DB}", parts.query, parts.fragment))
+    return await dedicated_database(database_url, TEST_DB)
 
 
 @pytest_asyncio.fixture(loop_scope="session")
