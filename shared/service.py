@@ -131,6 +131,9 @@ class ServiceSpec:
     singleton: bool = False
     # Event types whose consumer pulls batches and hands them to one BatchHandler (see BatchHandler).
     batch_handlers: Mapping[type[Payload], BatchHandler] = field(default_factory=dict)
+    # Rebuilds the service's in-memory state from its tables. Called at the start of the next unit of work
+    # after one failed: a handler may have changed memory before its transaction rolled back.
+    reload: Callable[[asyncpg.Connection], Awaitable[None]] | None = None
 
 
 @dataclass
@@ -162,6 +165,7 @@ class ServiceRuntime:
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
         self._handle_lock = asyncio.Lock()
+        self._stale = False  # in-memory state may be ahead of Postgres (a unit of work failed)
         batch_subjects = {cls.subject(): fn for cls, fn in spec.batch_handlers.items()}
         for stream, subject, suffix in consumer_plan([*spec.handlers, *spec.batch_handlers]):
             durable = f"{spec.name}{spec.consumer_suffix}-{suffix}"
@@ -240,10 +244,21 @@ class ServiceRuntime:
     @contextlib.asynccontextmanager
     async def transaction(self, traceparent: str | None = None) -> AsyncIterator[Tx]:
         """A unit of work outside event handling (ticks, commands). Outbox rows publish after commit."""
-        async with self._handle_lock, self.pool.acquire() as conn, conn.transaction():
-            yield Tx(conn=conn, now=self.clock.now(), source=self.source, schema=self.spec.schema,
-                     traceparent=traceparent)
+        async with self._handle_lock:
+            try:
+                async with self.pool.acquire() as conn, conn.transaction():
+                    await self._reload_if_stale(conn)
+                    yield Tx(conn=conn, now=self.clock.now(), source=self.source, schema=self.spec.schema,
+                             traceparent=traceparent)
+            except BaseException:
+                self._stale = True
+                raise
         self._outbox_wakeup.set()
+
+    async def _reload_if_stale(self, conn: asyncpg.Connection) -> None:
+        if self._stale and self.spec.reload is not None:
+            await self.spec.reload(conn)
+        self._stale = False
 
     async def handle(self, raw: bytes, *, subject: str = "", stream_seq: int | None = None,
                      deliveries: int = 1) -> str:
@@ -258,19 +273,25 @@ class ServiceRuntime:
         if handler is None:
             self.counters.ignored += 1
             return "ignored"
-        async with self._handle_lock, self.pool.acquire() as conn, conn.transaction():
-            fresh = await conn.fetchval(
-                f"INSERT INTO {self.spec.schema}.inbox(event_id, type) VALUES ($1, $2) "
-                "ON CONFLICT DO NOTHING RETURNING true", event.id, event.type)
-            if not fresh:
-                self.counters.duplicates += 1
-                return "duplicate"
-            # One span per hop, child of the event's trace context; emitted events carry this span's
-            # context, so a job's life from JobSubmitted to JobCompleted is one trace across services.
-            with start_span_from_event(event, name=f"{self.spec.name} {BY_TYPE[event.type].__name__}"):
-                tx = Tx(conn=conn, now=self.clock.now(), source=self.source, schema=self.spec.schema,
-                        traceparent=current_traceparent() or event.traceparent)
-                await handler(tx, event, payload)
+        async with self._handle_lock:
+            try:
+                async with self.pool.acquire() as conn, conn.transaction():
+                    await self._reload_if_stale(conn)
+                    fresh = await conn.fetchval(
+                        f"INSERT INTO {self.spec.schema}.inbox(event_id, type) VALUES ($1, $2) "
+                        "ON CONFLICT DO NOTHING RETURNING true", event.id, event.type)
+                    if not fresh:
+                        self.counters.duplicates += 1
+                        return "duplicate"
+                    # One span per hop, child of the event's trace context; emitted events carry this span's
+                    # context, so a job's life from JobSubmitted to JobCompleted is one trace across services.
+                    with start_span_from_event(event, name=f"{self.spec.name} {BY_TYPE[event.type].__name__}"):
+                        tx = Tx(conn=conn, now=self.clock.now(), source=self.source, schema=self.spec.schema,
+                                traceparent=current_traceparent() or event.traceparent)
+                        await handler(tx, event, payload)
+            except BaseException:
+                self._stale = True  # the handler may have changed memory before the rollback
+                raise
         self.counters.handled += 1
         if tx.emitted:
             self._outbox_wakeup.set()

@@ -62,7 +62,6 @@ class AdmissionService:
         self.eta = eta
         self.eta_interval_s = eta_interval_s
         self._version = 0  # bumped by every handled event; the ETA loop recomputes only when it moved
-        self._dirty = False
         self._published: dict[str, tuple[str, str, int, int]] = {}
         self._etas: dict[str, float] = {}
         self._reclaims_sent: set[str] = set()
@@ -74,7 +73,7 @@ class AdmissionService:
                       JobCancelled: self.on_finished, JobPreempted: self.on_preempted,
                       QueueConfigChanged: self.on_config_changed, NodeInventory: self.on_inventory,
                       NodeChanged: self.on_node_changed, JobPlaced: self.on_placed, JobStarted: self.on_started},
-            on_start=self.load, background=(self.eta_loop,) if self.eta is not None else (),
+            on_start=self.load, reload=self._rebuild, background=(self.eta_loop,) if self.eta is not None else (),
         )
 
     # ------------------------------------------------------------------ state
@@ -98,16 +97,13 @@ class AdmissionService:
         self._published.clear()
         self._etas.clear()
         self._version += 1
-        self._dirty = False
 
-    async def _guarded(self, tx: Tx, body) -> None:  # type: ignore[no-untyped-def]
-        if self._dirty:
-            await self._rebuild(tx.conn)
-        self._dirty = True  # until the handler returns cleanly, memory may be ahead of the transaction
+    async def _then_cycle(self, tx: Tx, body) -> None:  # type: ignore[no-untyped-def]
+        """Apply an event's change, then run one admission cycle in the same transaction. (If anything fails,
+        the runtime rebuilds memory from the tables through `reload` before the next unit of work.)"""
         await body()
         await self.cycle(tx)
         self._version += 1
-        self._dirty = False
 
     # ------------------------------------------------------------------ handlers
 
@@ -142,7 +138,7 @@ class AdmissionService:
             await tx.emit(JobRejected(job_id=spec.job_id, team=spec.team, queue=spec.queue,
                                       reason=rejection_reason, message=message))
 
-        await self._guarded(tx, body)
+        await self._then_cycle(tx, body)
 
     async def on_finished(self, tx: Tx, event: CloudEvent, payload: JobCompleted | JobFailed | JobCancelled) -> None:
         outcome = getattr(payload, "exit_reason", None) or "Cancelled"
@@ -157,7 +153,7 @@ class AdmissionService:
                 "message = NULL WHERE job_id = $1 AND status IN ('pending', 'admitted')",
                 payload.job_id, tx.now, str(outcome))
 
-        await self._guarded(tx, body)
+        await self._then_cycle(tx, body)
 
     async def on_preempted(self, tx: Tx, event: CloudEvent, payload: JobPreempted) -> None:
         """A preempted job goes back to pending with its original submit time and resumes from its checkpoint."""
@@ -180,7 +176,7 @@ class AdmissionService:
             await tx.emit(JobRequeued(job_id=payload.job_id, spec=spec, resume_from=payload.checkpoint_uri,
                                       submitted_at=utcnow_from(row["submitted_at"])))
 
-        await self._guarded(tx, body)
+        await self._then_cycle(tx, body)
 
     async def on_config_changed(self, tx: Tx, event: CloudEvent, payload: QueueConfigChanged) -> None:
         try:
@@ -202,7 +198,7 @@ class AdmissionService:
                 "INSERT INTO admission.audit(at, actor, action, detail) VALUES ($1, $2, 'config_applied', $3)",
                 tx.now, payload.changed_by, json.dumps({"messages": messages, "warnings": config.warnings()}))
 
-        await self._guarded(tx, body)
+        await self._then_cycle(tx, body)
 
     # ------------------------------------------------------------------ the cluster view (for ETAs)
 
@@ -247,7 +243,7 @@ class AdmissionService:
         seen = -1
         while True:
             await asyncio.sleep(self.eta_interval_s)
-            if self._version == seen or self._dirty or self.eta is None:
+            if self._version == seen or self.eta is None:
                 continue
             seen = self._version
             async with runtime.transaction() as tx:

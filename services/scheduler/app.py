@@ -45,7 +45,6 @@ class SchedulerService:
         self.strategy = strategy
         self.cluster = ClusterState.from_nodes([], strategy=strategy)
         self.runtime: ServiceRuntime | None = None
-        self._dirty = False
         self._published: dict[str, tuple[str, str]] = {}
 
     def spec(self) -> ServiceSpec:
@@ -55,7 +54,7 @@ class SchedulerService:
                       JobAdmitted: self.on_admitted, JobStarted: self.on_started, JobCompleted: self.on_finished,
                       JobFailed: self.on_finished, JobCancelled: self.on_finished, JobPreempted: self.on_finished,
                       JobRequeued: self.on_requeued},
-            on_start=self.load,
+            on_start=self.load, reload=self._rebuild,
         )
 
     # ------------------------------------------------------------------ state
@@ -79,15 +78,12 @@ class SchedulerService:
                 log.warning("could not restore placement of %s: %s", spec.job_id, exc)
         self.cluster = cluster
         self._published.clear()
-        self._dirty = False
 
-    async def _guarded(self, tx: Tx, body) -> None:  # type: ignore[no-untyped-def]
-        if self._dirty:
-            await self._rebuild(tx.conn)
-        self._dirty = True
+    async def _then_cycle(self, tx: Tx, body) -> None:  # type: ignore[no-untyped-def]
+        """Apply an event's change, then run one scheduling cycle in the same transaction. (If anything
+        fails, the runtime rebuilds memory from the tables through `reload` before the next unit of work.)"""
         await body()
         await self.cycle(tx)
-        self._dirty = False
 
     # ------------------------------------------------------------------ handlers
 
@@ -96,7 +92,7 @@ class SchedulerService:
             for node in sorted(payload.nodes, key=lambda n: n.name):
                 await self._upsert_node(tx, node)
 
-        await self._guarded(tx, body)
+        await self._then_cycle(tx, body)
 
     async def on_node_changed(self, tx: Tx, event: CloudEvent, payload: NodeChanged) -> None:
         async def body() -> None:
@@ -106,7 +102,7 @@ class SchedulerService:
             else:
                 await self._upsert_node(tx, payload.node)
 
-        await self._guarded(tx, body)
+        await self._then_cycle(tx, body)
 
     async def _upsert_node(self, tx: Tx, node: NodeSpec, removed: bool = False) -> None:
         self.cluster.upsert_node(node)
@@ -126,7 +122,7 @@ class SchedulerService:
                 payload.job_id, payload.spec.model_dump_json(), json.dumps(payload.flavors),
                 payload.admitted_at.timestamp())
 
-        await self._guarded(tx, body)
+        await self._then_cycle(tx, body)
 
     async def on_requeued(self, tx: Tx, event: CloudEvent, payload: JobRequeued) -> None:
         # Remember where a preempted job resumes from; it is placed again once admission re-admits it.
@@ -147,7 +143,7 @@ class SchedulerService:
             await tx.conn.execute("UPDATE scheduler.jobs SET status = 'finished' WHERE job_id = $1",
                                   payload.job_id)
 
-        await self._guarded(tx, body)
+        await self._then_cycle(tx, body)
 
     # ------------------------------------------------------------------ the cycle
 

@@ -199,3 +199,35 @@ async def test_poison_messages_are_dead_lettered_with_reason(fresh: tuple[str, s
         assert await count(pool, "job-6") == 1
     finally:
         await runtime.stop()
+
+
+async def test_memory_is_rebuilt_after_a_failed_unit_of_work(fresh: tuple[str, str], pool: asyncpg.Pool) -> None:
+    """A handler that changed memory and then failed must not leave memory ahead of Postgres."""
+    nats_url, _ = fresh
+    seen: set[str] = set()  # the service's in-memory view of the counts table
+    reloads = 0
+
+    async def reload(conn: asyncpg.Connection) -> None:
+        nonlocal reloads
+        reloads += 1
+        seen.clear()
+        seen.update(r["job_id"] for r in await conn.fetch(f"SELECT job_id FROM {SCHEMA}.counts"))
+
+    crash = {"job-7"}
+
+    async def on_submitted(tx: Tx, event: CloudEvent, payload: JobSubmitted) -> None:
+        seen.add(payload.spec.job_id)  # memory first, then the table, as the real services do
+        if payload.spec.job_id in crash:
+            crash.clear()
+            raise RuntimeError("failed after touching memory")
+        await tx.conn.execute(f"INSERT INTO {SCHEMA}.counts(job_id, n) VALUES ($1, 1)", payload.spec.job_id)
+
+    spec = ServiceSpec(name="plumbingtest", schema=SCHEMA, handlers={JobSubmitted: on_submitted}, reload=reload)
+    runtime = ServiceRuntime(spec, nats_url=nats_url, pool=pool, clock=ManualClock())
+    await runtime.prepare()
+    with pytest.raises(RuntimeError):
+        await runtime.handle(encode_event(submitted("job-7")))
+    assert seen == {"job-7"} and reloads == 0  # memory ran ahead of the rolled-back transaction...
+    assert await runtime.handle(encode_event(submitted("job-8"))) == "handled"
+    assert reloads == 1 and seen == {"job-8"}  # ...and was rebuilt from the tables before the next event
+    await runtime.stop()
