@@ -88,7 +88,9 @@ class AdmissionService:
                     "INSERT INTO admission.config(applied_at, document, applied_by) VALUES ($1, $2, 'startup')",
                     runtime.clock.now(), self.initial_config.model_dump_json(exclude_none=False))
             await self._rebuild(conn)
-        # A long-lived service with a large, stable heap of specs: keep the collector off what was just loaded.
+        # A long-lived service with a large, stable heap of specs: collect once what loading left behind, then
+        # keep the collector off what was just loaded (later full collections never re-scan it).
+        gc.collect()
         gc.freeze()
 
     async def _rebuild(self, conn) -> None:  # type: ignore[no-untyped-def]
@@ -294,8 +296,7 @@ class AdmissionService:
                                       borrowing=a.borrowing, submitted_at=utcnow_from(a.submitted_at),
                                       admitted_at=utcnow_from(a.admitted_at)))
         changed = []
-        for job_id in sorted(decision.pending):
-            st = decision.pending[job_id]
+        for job_id, st in sorted(decision.pending.items()):
             key = (st.reason, st.message, st.position_in_queue, st.position_in_cohort)
             if self._published.get(job_id) == key:
                 continue

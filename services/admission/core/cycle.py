@@ -24,30 +24,29 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Mapping
-from itertools import chain
-from operator import attrgetter
 
 from services.admission.core.model import (
     AdmissionDecision,
     AdmittedWorkload,
-    PendingStatus,
     Reason,
     ReclaimRequest,
 )
-from services.admission.core.quota import QueueQuota
+from services.admission.core.quota import QueueQuota, QuotaBook
 from services.admission.core.reclaim import reclaim_candidates
 from services.admission.core.resources import GpuOption, Signature
 from services.admission.core.state import AdmissionState, Entry
+from services.admission.core.statuses import PendingStatuses
 from shared.config import PreemptionPolicy
 
 
 class _Fit:
-    __slots__ = ("borrowing", "choice", "usage")
+    __slots__ = ("borrowing", "choice", "usage", "version")
 
     def __init__(self, choice: tuple[GpuOption, ...], usage: dict[str, int], borrowing: bool):
         self.choice = choice
         self.usage = usage
         self.borrowing = borrowing
+        self.version = -1  # the memo version it was computed at (the memo stores results, not tuples)
 
 
 class _Pledge:
@@ -70,14 +69,101 @@ class _Pledge:
             mine[r] = mine.get(r, 0) + n
 
 
-class _NoFit:
-    __slots__ = ("message", "need", "reason", "variants")
+class _LazyText:
+    """A message written only when read, then kept. Most of a deep backlog's messages are never read
+    before the next cycle replaces them, and writing them eagerly was a fifth of a cycle."""
 
-    def __init__(self, reason: str, message: str, need: dict[str, int] | None):
+    __slots__ = ("text",)
+
+    def __init__(self) -> None:
+        self.text: str | None = None
+
+    def __str__(self) -> str:
+        if self.text is None:
+            self.text = self._write()
+        return self.text
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+    def __eq__(self, other: object) -> bool:
+        return str(self) == (str(other) if isinstance(other, _LazyText | str) else other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def _write(self) -> str:
+        raise NotImplementedError
+
+
+class _Why(_LazyText):
+    """Why a job does not fit, with the numbers of every option. The numbers are those of the cycle's end
+    (the book and free capacity as the cycle left them; the statuses view that reads them is valid only
+    until the state changes)."""
+
+    __slots__ = ("book", "cap", "options", "qq", "taken")
+
+    def __init__(self, book: QuotaBook, qq: QueueQuota, options: tuple[GpuOption, ...], taken: dict[str, int],
+                 cap: Mapping[str, int] | None):
+        super().__init__()
+        self.book, self.qq, self.options, self.taken, self.cap = book, qq, options, taken, cap
+
+    def _write(self) -> str:
+        book, qq, cap, taken = self.book, self.qq, self.cap, self.taken
+        q = qq.name
+        parts = []
+        for _m, r, amount in self.options:
+            total = taken.get(r, 0) + amount
+            used, nominal = book.used(q, r), qq.nominal[r]
+            text = f"needs {total} {r}; {q} uses {used}/{nominal} {r}"
+            if total <= book.available(qq, r) and cap is not None and (r in cap or ":" not in r):
+                text += f"; the cluster has {max(0, cap.get(r, 0))} {r} free"
+            elif qq.cohort is None:
+                text += " and has no cohort to borrow from"
+            else:
+                limit = qq.borrowing_limit[r]
+                if limit is not None and used + total > nominal + limit:
+                    text += f" and may borrow at most {limit}"
+                text += f"; cohort {qq.cohort} has {max(0, book.cohort_available(qq.cohort, r))} lendable"
+                if used + total <= nominal:
+                    lent = sum(book.borrowed(o, r) for o in book.cohort_members[qq.cohort] if o != q)
+                    text += f", {lent} borrowed by other queues"
+            parts.append(text)
+        return " | ".join(parts)
+
+
+class _Then(_LazyText):
+    """`<base>; <suffix>`: a shared reason plus what this job's reclaim found."""
+
+    __slots__ = ("base", "suffix")
+
+    def __init__(self, base: str | _LazyText, suffix: str):
+        super().__init__()
+        self.base, self.suffix = base, suffix
+
+    def _write(self) -> str:
+        return f"{self.base}; {self.suffix}"
+
+
+class _NoFit:
+    # few objects per failed check: each one lives to the cycle's end, so the collector promotes it, and
+    # enough promotions per cycle trigger a full collection over the whole backlog
+    __slots__ = ("message", "need", "reason", "settled", "variants", "version")
+
+    def __init__(self, reason: str, message: str | _Why, need: dict[str, int] | None):
         self.reason = reason
         self.message = message
-        self.variants: dict[str, str] = {}
+        self.variants: dict[str, _LazyText] | None = None  # created when first needed
         self.need = need  # set when the job fits its nominal quota and only borrowers stand in the way
+        # priority -> (reason, message) once _fail found that every later job of that priority failing this
+        # way ends the same (no reclaim candidates; or behind this queue's reclaims, which only grow in a
+        # cycle): the scan then skips _fail for them
+        self.settled: dict[int, tuple[str, str | _LazyText]] | None = None
+        self.version = -1
+
+    def settle(self, priority: int, reason: str, message: str | _LazyText) -> None:
+        if self.settled is None:
+            self.settled = {}
+        self.settled[priority] = (reason, message)
 
 
 def admission_cycle(state: AdmissionState, now: float, *, capacity: Mapping[str, int] | None = None,
@@ -88,9 +174,9 @@ def admission_cycle(state: AdmissionState, now: float, *, capacity: Mapping[str,
     could hold; a model missing from it has none free. MIG slices ("<model>:<profile>") are capped only when
     their key is present (free whole GPUs say nothing about free slices; placement decides).
     `max_admissions`: stop after that many admissions (the rest wait for the next cycle).
-    `explain=False` skips building `decision.pending` (positions and PendingStatus objects, about half of a
-    cycle with a deep backlog) for callers that only need the admissions, such as the simulator or the ETA
-    forward simulation; admissions and reclaims are identical either way."""
+    `decision.pending` is a PendingStatuses view, computed when read and valid until the state changes.
+    `explain=False` leaves it empty (not even the lists are copied) for callers that only need the admissions,
+    such as the simulator or the ETA forward simulation; admissions and reclaims are identical either way."""
     return _Cycle(state, now, capacity, max_admissions, explain).run()
 
 
@@ -110,7 +196,7 @@ class _Cycle:
         # pool (or, without cohort, only its queue), and with `capacity` the free GPUs every queue reads.
         self.version = 0  # admissions so far
         self.scope_version: dict[str, int] = {}
-        self.memo: dict[tuple[str, int], tuple[int, _Fit | _NoFit]] = {}
+        self.memo: dict[str, dict[int, _Fit | _NoFit]] = {}  # queue -> sid -> result (with its version)
         self.decision = AdmissionDecision()
         self.admitted_queues: set[str] = set()
         self.scopes: dict[str, str] = {}  # queue -> scope (its cohort, or itself)
@@ -183,7 +269,9 @@ class _Cycle:
         # nothing is admitted while this loop runs, so the running count and the memo version are fixed
         running = self.book.running.get(q, 0)
         full = qq.max_running is not None and running >= qq.max_running
-        memo = self.memo
+        memo = self.memo.get(q)
+        if memo is None:
+            memo = self.memo[q] = {}
         version = self._version(qq)
         n = len(lst)
         while i < n:
@@ -199,8 +287,9 @@ class _Cycle:
                 self._block_rest(q, Reason.WAITING_FOR_MAX_RUNNING_JOBS,
                                  f"queue {q} runs {running}/{qq.max_running} jobs (max_running_jobs)")
                 return
-            hit = memo.get((q, e.sid))
-            result = hit[1] if hit is not None and hit[0] == version else self._evaluate(qq, e)
+            result = memo.get(e.sid)
+            if result is None or result.version != version:
+                result = self._evaluate(qq, e)
             if type(result) is _Fit:
                 self.idx[q] = i
                 heapq.heappush(self.heap, (self._key(qq, e, result), q))
@@ -209,7 +298,11 @@ class _Cycle:
                 e.reason = result.reason  # type: ignore[union-attr]
                 e.message = result.message  # type: ignore[union-attr]
             else:
-                self._fail(qq, e, result)  # type: ignore[arg-type]
+                settled = result.settled  # type: ignore[union-attr]
+                if settled is not None and (settled := settled.get(e.priority)) is not None:
+                    e.reason, e.message = settled
+                else:
+                    self._fail(qq, e, result)  # type: ignore[arg-type]
             i += 1
             if qq.strict_fifo:
                 self.idx[q] = i
@@ -240,8 +333,8 @@ class _Cycle:
         return self.version if self.cap_left is not None else self.scope_version.get(qq.scope, 0)
 
     def _requeue(self) -> None:
-        """Phase 6: reasons for jobs never reached, the pending lists without the admitted, positions and a
-        PendingStatus for every pending job; reclaims grouped by scope; scope caches refreshed."""
+        """Phase 6: reasons for jobs never reached, the pending lists without the admitted, the statuses view
+        (positions are computed when read); reclaims grouped by scope; scope caches refreshed."""
         state = self.state
         by_scope: dict[str, list[list[Entry]]] = {}
         for q in sorted(self.lists):
@@ -257,38 +350,39 @@ class _Cycle:
             remaining = [e for e in lst if e.admitted is None] if q in self.admitted_queues else lst
             if remaining:
                 state._pending_by_queue[q] = remaining
-                by_scope.setdefault(self.scopes[q], []).append(remaining)
+                if self.explain:
+                    by_scope.setdefault(self.scopes[q], []).append(remaining.copy())
             else:
                 state._pending_by_queue.pop(q, None)
         cache = state._scope_cache
-        for sc in sorted(set(by_scope) | set(self.scope_reclaims)):
-            self.decision.reclaims.extend(cache[sc][1] if sc in self.clean else self.scope_reclaims.get(sc, ()))
-        pending = self.decision.pending
-        for sc in sorted(by_scope):
-            if sc in self.clean:
-                pending.update(cache[sc][0])
-                continue
-            if not self.explain:
-                cache.pop(sc, None)
-                continue
-            statuses = _statuses(by_scope[sc])
-            pending.update(statuses)
-            if self.reuse and sc not in self.scope_admitted:
-                cache[sc] = (statuses, self.scope_reclaims.get(sc, []))
-                state._stale.discard(sc)
-            else:
-                cache.pop(sc, None)
+        for sc in sorted(set(self.scopes.values()) | set(self.scope_reclaims)):
+            self.decision.reclaims.extend(cache[sc] if sc in self.clean else self.scope_reclaims.get(sc, ()))
+        if not self.reuse:
+            # the entries now carry this cycle's reasons (capacity-capped or cut short), not the cached cycles'
+            cache.clear()
+        else:
+            for sc in sorted(set(self.scopes.values()) - self.clean):
+                if sc in self.scope_admitted:
+                    cache.pop(sc, None)
+                else:
+                    cache[sc] = self.scope_reclaims.get(sc, [])
+                    state._stale.discard(sc)
+        state._generation += 1
+        self.decision.pending = PendingStatuses(state, by_scope) if self.explain else PendingStatuses.empty()
 
     # ------------------------------------------------------------------ fit
 
     def _evaluate(self, qq: QueueQuota, e: Entry) -> _Fit | _NoFit:
-        key = (qq.name, e.sid)
-        hit = self.memo.get(key)
+        memo = self.memo.get(qq.name)
+        if memo is None:
+            memo = self.memo[qq.name] = {}
+        hit = memo.get(e.sid)
         version = self._version(qq)
-        if hit is not None and hit[0] == version:
-            return hit[1]
+        if hit is not None and hit.version == version:
+            return hit
         result = self._assign(qq, e.sig)
-        self.memo[key] = (version, result)
+        result.version = version
+        memo[e.sid] = result
         return result
 
     def _assign(self, qq: QueueQuota, sig: Signature) -> _Fit | _NoFit:
@@ -333,32 +427,16 @@ class _Cycle:
 
     def _explain(self, qq: QueueQuota, sig: Signature, demand: tuple, options: tuple[GpuOption, ...],
                  taken: Mapping[str, int]) -> _NoFit:
-        """Why pod set `demand` fits none of its options; numbers from the first (preferred) option."""
+        """Why pod set `demand` fits none of its options: the reason now, the message (numbers from every
+        option) only when someone reads it (`_Why`); reasons follow the first (preferred) option."""
         book = self.book
         q = qq.name
-        parts = []
-        capacity_only = None
-        for _m, r, amount in options:
-            total = taken.get(r, 0) + amount
-            used, nominal = book.used(q, r), qq.nominal[r]
-            text = f"needs {total} {r}; {q} uses {used}/{nominal} {r}"
-            if total <= book.available(qq, r) and self.cap_left is not None and (
-                    r in self.cap_left or ":" not in r):
-                capacity_only = capacity_only or (r, total)
-                text += f"; the cluster has {max(0, self.cap_left.get(r, 0))} {r} free"
-            elif qq.cohort is None:
-                text += " and has no cohort to borrow from"
-            else:
-                limit = qq.borrowing_limit[r]
-                if limit is not None and used + total > nominal + limit:
-                    text += f" and may borrow at most {limit}"
-                text += f"; cohort {qq.cohort} has {max(0, book.cohort_available(qq.cohort, r))} lendable"
-                if used + total <= nominal:
-                    lent = sum(book.borrowed(o, r) for o in book.cohort_members[qq.cohort] if o != q)
-                    text += f", {lent} borrowed by other queues"
-            parts.append(text)
-        message = " | ".join(parts)
-        if capacity_only is not None:
+        cap = self.cap_left
+        capacity_only = cap is not None and any(
+            taken.get(r, 0) + amount <= book.available(qq, r) and (r in cap or ":" not in r)
+            for _m, r, amount in options)
+        message = _Why(book, qq, options, taken, cap)  # `taken` is this check's own, never changed again
+        if capacity_only:
             return _NoFit(Reason.WAITING_FOR_CAPACITY, message, None)
         _m, r, amount = options[0]
         total = taken.get(r, 0) + amount
@@ -407,16 +485,18 @@ class _Cycle:
         if not candidates:
             policy = qq.reclaim_policy
             who = "lower-priority preemptible" if policy is PreemptionPolicy.LOWER_PRIORITY else "preemptible"
-            e.message = self._message(result, "", lambda: (
-                f"{result.message}; borrowers hold the quota but none is {who} "
+            e.message = self._message(result, "", lambda: _Then(
+                result.message, f"borrowers hold the quota but none is {who} "
                 f"(reclaim_within_cohort: {policy.value})"))
+            result.settle(e.priority, e.reason, e.message)
             return
         pledge = self.pledges.get(cohort)  # type: ignore[arg-type]
         if pledge is None:
             pledge = self.pledges[cohort] = _Pledge()  # type: ignore[index]
         request = self._reclaim_need(qq, e.sig, pledge.queue_demand.get(q))
         if request is None:  # fits nominal alone, not after the jobs already reclaiming in its queue
-            e.message = f"{result.message}; waits behind this queue's reclaims ({pledge.first[q]})"
+            e.message = _Then(result.message, f"waits behind this queue's reclaims ({pledge.first[q]})")
+            result.settle(e.priority, e.reason, e.message)
             return
         book = self.book
         need = {}
@@ -427,11 +507,11 @@ class _Cycle:
         pledge.add(q, e.job_id, request)
         e.reason = Reason.WAITING_FOR_RECLAIM
         if not need:
-            e.message = f"{result.message}; fits once the capacity reclaimed for {pledge.first[q]} is freed"
+            e.message = _Then(result.message, f"fits once the capacity reclaimed for {pledge.first[q]} is freed")
             return
         free = tuple(c for c in candidates if c not in pledge.victims) if pledge.victims else candidates
         if not free:
-            e.message = f"{result.message}; every reclaimable borrower is already being reclaimed"
+            e.message = _Then(result.message, "every reclaimable borrower is already being reclaimed")
             return
         self.scope_reclaims.setdefault(qq.scope, []).append(
             ReclaimRequest(preemptor=e.job_id, queue=q, need=need, candidates=free))
@@ -447,12 +527,14 @@ class _Cycle:
                 freed[r] += got
                 pledge.freed[r] = pledge.freed.get(r, 0) + got
         text = ", ".join(f"{n} {r}" for r, n in need.items())
-        e.message = f"{result.message}; reclaim of {text} requested from {len(free)} borrowing job(s)"
+        e.message = _Then(result.message, f"reclaim of {text} requested from {len(free)} borrowing job(s)")
 
     @staticmethod
-    def _message(result: _NoFit, variant: str, build: Callable[[], str]) -> str:
+    def _message(result: _NoFit, variant: str, build: Callable[[], _LazyText]) -> _LazyText:
         """Messages shared by every job that failed the same way (one string, not one per job); kept on
         the memoised result itself so it dies with it."""
+        if result.variants is None:
+            result.variants = {}
         msg = result.variants.get(variant)
         if msg is None:
             msg = result.variants[variant] = build()
@@ -470,42 +552,3 @@ class _Cycle:
     @staticmethod
     def _strict_message(qq: QueueQuota, head: Entry) -> str:
         return f"StrictFIFO queue {qq.name} is blocked by its head {head.job_id} ({head.reason})"
-
-
-_order = attrgetter("order")
-
-
-def _statuses(lists: list[list[Entry]]) -> dict[str, PendingStatus]:
-    """PendingStatus for the pending jobs of one scope: position in queue, and in cohort (the cohort's jobs
-    merged in queue order: priority, submit time, id).
-
-    Instances are built without the frozen dataclass __init__ (six object.__setattr__ calls behind frozen
-    checks): one per pending job per cycle made that __init__ a third of a 50k-job cycle. The slot setters
-    store exactly what __init__ would, so eq, hash and repr are the same."""
-    for lst in lists:
-        for pos, e in enumerate(lst, 1):
-            e.qpos = pos
-    if len(lists) == 1:
-        merged = lists[0]
-        for e in merged:
-            e.cpos = e.qpos
-    else:
-        merged = sorted(chain.from_iterable(lists), key=_order)
-        for cpos, e in enumerate(merged, 1):
-            e.cpos = cpos
-    new = object.__new__
-    cls = PendingStatus
-    set_job, set_queue, set_reason, set_message, set_qpos, set_cpos = _STATUS_SETTERS
-    out = {}
-    for e in merged:
-        st = new(cls)
-        set_job(st, e.job_id)
-        set_queue(st, e.queue)
-        set_reason(st, e.reason)
-        set_message(st, e.message)
-        set_qpos(st, e.qpos)
-        set_cpos(st, e.cpos)
-        out[e.job_id] = st
-    return out
-_STATUS_SETTERS = tuple(getattr(PendingStatus, f).__set__ for f in (
-    "job_id", "queue", "reason", "message", "position_in_queue", "position_in_cohort"))

@@ -3,6 +3,7 @@ forward simulation) can keep them without defensive copies."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from shared.domain import JobSpec
@@ -88,7 +89,8 @@ class ReclaimRequest:
 @dataclass
 class AdmissionDecision:
     admitted: list[AdmittedWorkload] = field(default_factory=list)
-    pending: dict[str, PendingStatus] = field(default_factory=dict)
+    # job_id -> status; the cycle sets a PendingStatuses view (computed when read, valid until the state changes)
+    pending: Mapping[str, PendingStatus] = field(default_factory=dict)
     reclaims: list[ReclaimRequest] = field(default_factory=list)
 
 

@@ -8,6 +8,7 @@ this state; nothing here reads a clock or does I/O.
 from __future__ import annotations
 
 import copy
+from bisect import insort
 from collections.abc import Mapping
 from types import MappingProxyType
 
@@ -30,8 +31,8 @@ class Entry:
     """Internal record of one job (pending or admitted). Mutable and slotted because the cycle touches every
     pending job every cycle; never handed out."""
 
-    __slots__ = ("admitted", "cpos", "gpu_pod_sets", "job_id", "message", "order", "preemptible", "priority",
-                 "qpos", "queue", "reason", "sid", "sig", "verdict", "workload")
+    __slots__ = ("admitted", "gpu_pod_sets", "job_id", "message", "order", "preemptible", "priority",
+                 "queue", "reason", "sid", "sig", "verdict", "workload")
 
     def __init__(self, workload: Workload, priority: int, preemptible: bool):
         spec = workload.spec
@@ -46,11 +47,9 @@ class Entry:
         self.gpu_pod_sets = gpu_pod_set_names(spec)
         self.verdict: tuple[str, str] | None = None  # static inadmissibility under the current config
         self.admitted: AdmittedWorkload | None = None
-        # scratch written by the cycle
+        # written by the cycle: why it waits (positions are computed when a status is read)
         self.reason = ""
-        self.message = ""
-        self.qpos = 0
-        self.cpos = 0
+        self.message: object = ""  # str, or the cycle's message object that writes itself when read
 
 
 def _spec_key(spec: JobSpec) -> str:
@@ -69,12 +68,16 @@ class AdmissionState:
         self._pending_by_queue: dict[str, list[Entry]] = {}
         self._admitted_by_queue: dict[str, dict[str, Entry]] = {}
         self._dirty: set[str] = set()  # queues whose pending list must be re-filtered/re-sorted
-        # Per scope (a cohort, or a queue without one), the statuses and reclaims of the last full cycle in
-        # which nothing was admitted there; valid until something in the scope changes (`_stale`). A cycle
-        # without `capacity`/`max_admissions` reuses them: cohorts share nothing else, so an unchanged cohort
-        # would decide exactly the same again. This makes frequent small cycles cost O(changed cohorts).
-        self._scope_cache: dict[str, tuple[dict, list]] = {}  # scope -> (statuses by job, reclaims)
+        # Per scope (a cohort, or a queue without one), the reclaims of the last full cycle in which nothing
+        # was admitted there; the entries' reasons from that cycle are still on them. Valid until something in
+        # the scope changes (`_stale`). A cycle without `capacity`/`max_admissions` reuses them: cohorts share
+        # nothing else, so an unchanged cohort would decide exactly the same again. This makes frequent small
+        # cycles cost O(changed cohorts).
+        self._scope_cache: dict[str, list] = {}  # scope -> reclaims
         self._stale: set[str] = set()
+        # Bumped by every change of jobs or config: a cycle's PendingStatuses view reads the entries lazily and
+        # is valid only while this has not moved.
+        self._generation = 0
         self._sig_ids: dict[Signature, int] = {}  # interned request signatures (bounded by distinct shapes)
 
     # ------------------------------------------------------------------ views
@@ -142,8 +145,9 @@ class AdmissionState:
                                    for q, lst in self._pending_by_queue.items()}
         other._admitted_by_queue = {q: {j: entries[j] for j in m} for q, m in self._admitted_by_queue.items()}
         other._dirty = set(self._dirty)
-        other._scope_cache = dict(self._scope_cache)  # cached values are never mutated: sharing is safe
-        other._stale = set(self._stale)
+        # no cached cohorts: the entries' messages may still be written lazily from *this* state's numbers
+        other._scope_cache = {}
+        other._stale = set()
         return other
 
     # ------------------------------------------------------------------ commands
@@ -184,6 +188,7 @@ class AdmissionState:
         e = self._entries.pop(job_id, None)
         if e is None:
             return
+        self._generation += 1
         if e.admitted is not None:
             self._release(e)
         else:
@@ -208,6 +213,7 @@ class AdmissionState:
         now over quota or gone; pending jobs are re-judged (a deleted queue makes them inadmissible until it
         returns). Returns one human message per affected job or queue, sorted."""
         old_verdicts = {j: e.verdict for j, e in self._entries.items() if e.admitted is None}
+        self._generation += 1
         self._config = config
         self._book = QuotaBook(config)
         messages: list[str] = []
@@ -285,12 +291,15 @@ class AdmissionState:
         self._entries[e.job_id] = e
         self._pending[e.job_id] = w
         self._stale.add(self._scope_of(e.queue))
+        self._generation += 1
         lst = self._pending_by_queue.setdefault(e.queue, [])
         if lst and _order_of(lst[-1]) > e.order:
-            self._dirty.add(e.queue)  # arrivals are mostly in order: append, sort only when needed
-        lst.append(e)
+            insort(lst, e, key=_order_of)  # a binary search and a memmove, not a re-sort of the queue
+        else:
+            lst.append(e)
 
     def _mark_admitted(self, e: Entry, a: AdmittedWorkload) -> None:
+        self._generation += 1
         e.admitted = a
         self._admitted[e.job_id] = a
         self._admitted_by_queue.setdefault(e.queue, {})[e.job_id] = e
@@ -299,6 +308,7 @@ class AdmissionState:
 
     def _release(self, e: Entry) -> None:
         assert e.admitted is not None
+        self._generation += 1
         self._book.add(e.queue, e.admitted.usage, -1)
         self._admitted.pop(e.job_id, None)
         by_queue = self._admitted_by_queue.get(e.queue)

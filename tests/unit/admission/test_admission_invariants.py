@@ -82,7 +82,7 @@ def run(cfg: QueuesConfig, ops: list[tuple]) -> list[tuple]:
             _, capacity, max_adm = o
             before = set(s.admitted)
             d = admission_cycle(s, now, capacity=capacity, max_admissions=max_adm)
-            said.append(("cycle", d.admitted, d.pending, d.reclaims))
+            said.append(("cycle", d.admitted, dict(d.pending), d.reclaims))
             check(s, cfg, d, before, capacity, max_adm)
             for a in d.admitted:
                 # no job admitted twice, unless it was requeued (preempted) in between

@@ -1,0 +1,130 @@
+"""`PendingStatuses`: a cycle's status of every pending job, built when read instead of during the cycle.
+
+A cycle leaves each pending entry its reason and message; its positions (in its queue, and in its cohort: the
+cohort's jobs merged in queue order) follow from the sorted pending lists. Building 50,000 PendingStatus objects
+and both positions on every cycle was more than half of a cycle with a deep backlog, while most callers read a
+few statuses (`gpuq explain`, tests) or walk them once (the service, to publish the ones that changed).
+
+So the view keeps the cycle's sorted lists (copied: later submissions must not appear in it) and reads the
+entries when asked: one status costs a binary search per queue of its cohort, a full walk costs one merge per
+cohort. Entries are rewritten by the next cycle and removed by finish(), so the view is valid only until the
+state changes; reading it later raises instead of answering with another cycle's reasons. Callers that keep
+statuses copy them first (`dict(decision.pending)`).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Iterator, Mapping
+from itertools import chain
+from operator import attrgetter
+from typing import TYPE_CHECKING
+
+from services.admission.core.model import PendingStatus
+
+if TYPE_CHECKING:
+    from services.admission.core.state import AdmissionState, Entry
+
+_order = attrgetter("order")
+
+
+def _text(message: object) -> str:
+    # the cycle may leave a message object that writes its text when first read (cycle._Why)
+    return message if type(message) is str else str(message)
+
+
+class StalePendingStatuses(RuntimeError):
+    """A cycle's PendingStatuses was read after the admission state changed."""
+
+
+class PendingStatuses(Mapping[str, PendingStatus]):
+    """job_id -> PendingStatus for the jobs pending after a cycle, in scope order then cohort order."""
+
+    __slots__ = ("_by_queue", "_generation", "_scopes", "_state")
+
+    def __init__(self, state: AdmissionState | None, scopes: dict[str, list[list[Entry]]]):
+        self._state = state
+        self._generation = state._generation if state is not None else 0
+        self._scopes = scopes  # scope -> its queues' pending lists (sorted, copies)
+        self._by_queue: dict[str, tuple[list[Entry], list[list[Entry]]]] = {
+            lst[0].queue: (lst, lists) for lists in scopes.values() for lst in lists}
+
+    @classmethod
+    def empty(cls) -> PendingStatuses:
+        return cls(None, {})
+
+    def _check(self) -> None:
+        if self._state is not None and self._state._generation != self._generation:
+            raise StalePendingStatuses(
+                "these pending statuses belong to an earlier admission cycle and the state has changed since; "
+                "copy them (dict(decision.pending)) before changing the state")
+
+    def _locate(self, job_id: str) -> tuple[Entry, list[Entry], list[list[Entry]], int] | None:
+        state = self._state
+        if state is None:
+            return None
+        e = state._entries.get(job_id)
+        if e is None or e.admitted is not None:
+            return None
+        found = self._by_queue.get(e.queue)
+        if found is None:
+            return None
+        lst, lists = found
+        i = bisect_left(lst, e.order, key=_order)
+        if i == len(lst) or lst[i] is not e:
+            return None
+        return e, lst, lists, i
+
+    def __getitem__(self, job_id: str) -> PendingStatus:
+        self._check()
+        found = self._locate(job_id)
+        if found is None:
+            raise KeyError(job_id)
+        e, _lst, lists, i = found
+        cpos = 1 + sum(bisect_left(other, e.order, key=_order) for other in lists)
+        return PendingStatus(e.job_id, e.queue, e.reason, _text(e.message), i + 1, cpos)
+
+    def __contains__(self, job_id: object) -> bool:
+        self._check()
+        return isinstance(job_id, str) and self._locate(job_id) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        self._check()
+        for sc in sorted(self._scopes):
+            for e in self._merged(self._scopes[sc]):
+                yield e.job_id
+
+    def __len__(self) -> int:
+        return sum(len(lst) for lists in self._scopes.values() for lst in lists)
+
+    def items(self) -> Iterator[tuple[str, PendingStatus]]:  # type: ignore[override]
+        """Every status, computed in one pass per cohort (a merge), not one search per job."""
+        self._check()
+        for sc in sorted(self._scopes):
+            lists = self._scopes[sc]
+            qpos: dict[int, int] = {}
+            for lst in lists:
+                for pos, e in enumerate(lst, 1):
+                    qpos[id(e)] = pos
+            for cpos, e in enumerate(self._merged(lists), 1):
+                yield e.job_id, PendingStatus(e.job_id, e.queue, e.reason, _text(e.message), qpos[id(e)],
+                                              cpos)
+
+    def values(self) -> Iterator[PendingStatus]:  # type: ignore[override]
+        return (st for _, st in self.items())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        return dict(self.items()) == dict(other.items())
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"PendingStatuses({len(self)} jobs)"
+
+    @staticmethod
+    def _merged(lists: list[list[Entry]]) -> list[Entry]:
+        if len(lists) == 1:
+            return lists[0]
+        return sorted(chain.from_iterable(lists), key=_order)
