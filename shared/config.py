@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 from collections.abc import Iterable
 from enum import StrEnum
+from functools import cached_property
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -249,11 +250,13 @@ class QueuesConfig(_Strict):
             raise ValueError("; ".join(problems))
         return self
 
-    @property
+    # Cached: the config is frozen, and the preemption core asks for these maps millions of times in a
+    # replay. Callers must not mutate the returned dicts.
+    @cached_property
     def priority_class_map(self) -> dict[str, PriorityClass]:
         return {p.name: p for p in self.priority_classes}
 
-    @property
+    @cached_property
     def queue_map(self) -> dict[str, QueueConfig]:
         return {q.name: q for q in self.queues}
 

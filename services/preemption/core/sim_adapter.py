@@ -10,7 +10,9 @@ The simulator has no checkpoint round trip, so the protocol is folded into the i
 `checkpointing=True` a checkpointable victim loses only `checkpoint_write_s` of its GPUs' time (the
 checkpoint it writes on request; nothing since is lost); without, it loses every GPU-second since its
 start (or since its last periodic checkpoint when its spec has `checkpoint.interval_s`).
-Guard rails are kept across cycles: the per-queue hourly limit and the no-cascade cool-down.
+Guard rails are kept across cycles: the per-queue hourly limit and the no-cascade cool-down. Every request of
+a cycle is decided (the service decides every PreemptionRequested it receives); `max_preemptors_per_cycle`
+caps them only when a what-if run asks for it.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from .select import select_victims
 
 class SimPreemption:
     def __init__(self, queues: QueuesConfig, *, checkpointing: bool = True, checkpoint_write_s: float = 30.0,
-                 max_preemptors_per_cycle: int = 4):
+                 max_preemptors_per_cycle: int | None = None):
         self.config = queues
         self.checkpointing = checkpointing
         self.checkpoint_write_s = checkpoint_write_s
@@ -69,7 +71,10 @@ class SimPreemption:
         taken: set[str] = set()
         out: list[Any] = []
         cluster = ctx.cluster.copy()  # victims of earlier preemptors this cycle are released on the copy
-        for job_id, reason, need in requests[: self.max_preemptors_per_cycle]:
+        # Every request is decided, as the preemption service decides every PreemptionRequested it receives;
+        # a cap (for what-if runs) keeps the first ones in order: unplaceable admitted jobs, then reclaims.
+        cap = self.max_preemptors_per_cycle
+        for job_id, reason, need in requests if cap is None else requests[:cap]:
             spec = self._spec(ctx, job_id)
             if spec is None or cooldown_verdict(self.config, self.last_preempted.get(job_id), ctx.now):
                 continue
