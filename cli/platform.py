@@ -23,6 +23,7 @@ from rich.table import Table
 
 from cli.runtime import STATE_DIR, forget_servers, record_servers
 from cli.status import fetch_status
+from services.admission.sharding import parse_cohorts
 from services.stack import ALL_SERVICES, Stack, StackSettings
 from shared.clock import ScaledClock, SystemClock
 from shared.config import ConfigError, load_cluster, load_queues, parse_cluster, parse_queues
@@ -42,6 +43,10 @@ def up(
     data_dir: Path = typer.Option(STATE_DIR, help="Where embedded NATS/Postgres keep their data"),
     speedup: float = typer.Option(1.0, help="Run the services' clock this many times faster (simulation)"),
     metrics_port: int = typer.Option(9464, help="Port of telemetry's Prometheus /metrics"),
+    admission_cohorts: str = typer.Option(
+        "", envvar="GPUQ_ADMISSION_COHORTS",
+        help="Comma-separated cohorts this admission instance serves ('-' = queues without a cohort); "
+             "empty = all cohorts"),
     log_level: str = typer.Option("INFO", help="Logging level"),
 ) -> None:
     """Run the services until interrupted. Uses NATS_URL / DATABASE_URL when set, else embedded servers."""
@@ -63,7 +68,8 @@ def up(
     settings = StackSettings(
         nats_url=servers.nats_url, database_url=servers.database_url, queues=queues_cfg, cluster=cluster_cfg,
         cluster_dir=cluster.parent, services=[s.strip() for s in services.split(",") if s.strip()],
-        clock=ScaledClock(speedup) if speedup != 1.0 else SystemClock(), metrics_port=metrics_port)
+        clock=ScaledClock(speedup) if speedup != 1.0 else SystemClock(), metrics_port=metrics_port,
+        admission_cohorts=parse_cohorts(admission_cohorts))
 
     async def run() -> None:
         stop = asyncio.Event()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import asyncpg
 
+from services.admission.sharding import cohorts_from_env
 from shared.clock import Clock, SystemClock
 from shared.config import ClusterConfig, QueuesConfig
 from shared.db import create_pool
@@ -37,6 +38,9 @@ class StackSettings:
     clock: Clock = field(default_factory=SystemClock)
     metrics_port: int | None = None  # telemetry's /metrics; None = no HTTP endpoint
     instance: str = "0"
+    # The cohorts this process's admission instance serves ("-" = queues without a cohort); empty = all cohorts,
+    # one instance for everything. Default: GPUQ_ADMISSION_COHORTS (comma separated). docs/admission.md.
+    admission_cohorts: Sequence[str] = field(default_factory=cohorts_from_env)
 
 
 def build_specs(settings: StackSettings) -> list[ServiceSpec]:
@@ -46,7 +50,7 @@ def build_specs(settings: StackSettings) -> list[ServiceSpec]:
     if "admission" in wanted:
         from services.admission.app import AdmissionService
 
-        specs.append(AdmissionService(settings.queues, eta=_eta_function()).spec())
+        specs.append(AdmissionService(settings.queues, eta=_eta_function(), cohorts=settings.admission_cohorts).spec())
     if "scheduler" in wanted:
         from services.scheduler.app import SchedulerService
 

@@ -1,6 +1,11 @@
 """Single active instance per scope: a Postgres advisory lock held on a dedicated connection, plus a
 monotonically increasing term used as a fencing token.
 
+A lease may also be taken in shared mode: shared holders of a scope do not exclude each other, but they
+exclude an exclusive holder of the same scope (and it them). Sharded services use this so that an instance
+that serves everything and instances that serve parts never run at the same time (see docs/admission.md,
+"Running several admission instances"). A shared lease has no term: several holders cannot share one fence.
+
 Why Postgres and not a NATS KV lease: Postgres is already the source of truth, and checking the term in
 the same transaction as a write makes a deposed leader's late write fail instead of landing.
 """
@@ -25,31 +30,42 @@ def lock_key(scope: str) -> int:
 
 
 class LeaderLease:
-    def __init__(self, database_url: str, schema: str, scope: str):
+    def __init__(self, database_url: str, schema: str, scope: str, *, shared: bool = False):
         self.database_url = database_url
         self.schema = schema
         self.scope = scope
+        self.shared = shared
         self.term: int | None = None
         self._conn: asyncpg.Connection | None = None
 
     async def try_acquire(self) -> bool:
         if self._conn is None or self._conn.is_closed():
             self._conn = await asyncpg.connect(self.database_url)
-        got = await self._conn.fetchval("SELECT pg_try_advisory_lock($1)", lock_key(self.scope))
+        mode = "_shared" if self.shared else ""
+        got = await self._conn.fetchval(f"SELECT pg_try_advisory_lock{mode}($1)", lock_key(self.scope))
         if not got:
             return False
-        await self._conn.execute(
-            f"CREATE TABLE IF NOT EXISTS {self.schema}.leader_terms(scope text PRIMARY KEY, term bigint NOT NULL)")
-        self.term = await self._conn.fetchval(
-            f"INSERT INTO {self.schema}.leader_terms(scope, term) VALUES ($1, 1) "
-            "ON CONFLICT (scope) DO UPDATE SET term = leader_terms.term + 1 RETURNING term", self.scope)
+        if self.shared:
+            log.info("holding %s in shared mode", self.scope)
+            return True
+        async with self._conn.transaction():
+            # Leaders of other scopes in this schema may be doing the same right now.
+            await self._conn.execute("SELECT pg_advisory_xact_lock($1)", lock_key(f"terms-{self.schema}"))
+            await self._conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {self.schema}.leader_terms(scope text PRIMARY KEY, term bigint NOT NULL)")
+            self.term = await self._conn.fetchval(
+                f"INSERT INTO {self.schema}.leader_terms(scope, term) VALUES ($1, 1) "
+                "ON CONFLICT (scope) DO UPDATE SET term = leader_terms.term + 1 RETURNING term", self.scope)
         log.info("leader for %s with term %s", self.scope, self.term)
         return True
 
     async def acquire(self, poll_s: float = 1.0) -> int:
-        """Wait until this instance leads; returns the term. A standby polls until the leader's lock goes."""
+        """Wait until this instance leads; returns the term (0 for a shared lease). A standby polls until the
+        leader's lock goes."""
         while not await self.try_acquire():
             await asyncio.sleep(poll_s)
+        if self.shared:
+            return 0
         assert self.term is not None
         return self.term
 
@@ -64,6 +80,8 @@ class LeaderLease:
 
     async def check_fence(self, conn: asyncpg.Connection) -> None:
         """Inside a write transaction: fail unless this instance's term is still the current one."""
+        if self.shared:
+            return  # no term to check: shared holders are not exclusive leaders
         current = await conn.fetchval(f"SELECT term FROM {self.schema}.leader_terms WHERE scope = $1", self.scope)
         if current != self.term:
             raise LostLeadership(f"{self.scope}: term {self.term} was superseded by {current}")
@@ -72,6 +90,7 @@ class LeaderLease:
         conn, self._conn = self._conn, None
         if conn is not None and not conn.is_closed():
             try:
-                await conn.execute("SELECT pg_advisory_unlock($1)", lock_key(self.scope))
+                mode = "_shared" if self.shared else ""
+                await conn.execute(f"SELECT pg_advisory_unlock{mode}($1)", lock_key(self.scope))
             finally:
                 await conn.close()

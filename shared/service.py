@@ -44,7 +44,7 @@ from shared.events import (
     parse_event,
     utcnow_from,
 )
-from shared.leader import LeaderLease
+from shared.leader import LeaderLease, lock_key
 from shared.tracing import current_traceparent, start_span_from_event
 
 log = logging.getLogger("gpuq.service")
@@ -129,6 +129,20 @@ class ServiceSpec:
     consumer_suffix: str = ""
     # Single active instance: consume only while holding the leader lease (standbys wait).
     singleton: bool = False
+    # A singleton's leases, by scope: empty = one exclusive lease named after the service. `shared_lease_scopes`
+    # are held in shared mode (they exclude an exclusive holder of the same scope, not each other). All are
+    # acquired before consuming, shared ones first, then exclusive ones in the given order; callers list them
+    # sorted, so that instances with overlapping scopes never wait on each other in a cycle.
+    lease_scopes: Sequence[str] = ()
+    shared_lease_scopes: Sequence[str] = ()
+    # Ownership, for services whose instances each serve part of the events (sharding): called in the unit of
+    # work's transaction before the inbox row is written; False = not this instance's event, acked with nothing
+    # recorded (so that the instance that owns it, now or later, still handles it).
+    claim: Callable[[asyncpg.Connection, CloudEvent, Any], Awaitable[bool]] | None = None
+    # Event types that every instance of a sharded service handles (configuration, inventory): their inbox row
+    # is keyed by event id + consumer_suffix, so one instance's record does not hide the event from another.
+    # Other events keep the plain event id: whichever instance owns one records it, once.
+    broadcast: frozenset[type[Payload]] = frozenset()
     # Event types whose consumer pulls batches and hands them to one BatchHandler (see BatchHandler).
     batch_handlers: Mapping[type[Payload], BatchHandler] = field(default_factory=dict)
     # Rebuilds the service's in-memory state from its tables. Called at the start of the next unit of work
@@ -150,11 +164,16 @@ class ServiceRuntime:
     def __init__(self, spec: ServiceSpec, *, nats_url: str, pool: asyncpg.Pool, clock: Clock | None = None,
                  instance: str = "0", database_url: str | None = None):
         self.spec = spec
-        self.lease: LeaderLease | None = None
+        self.leases: list[LeaderLease] = []
         if spec.singleton:
             if database_url is None:
                 raise ValueError(f"{spec.name} is a singleton service: pass database_url for its leader lease")
-            self.lease = LeaderLease(database_url, spec.schema, spec.name)
+            self.leases = [LeaderLease(database_url, spec.schema, scope, shared=True)
+                           for scope in spec.shared_lease_scopes]
+            self.leases += [LeaderLease(database_url, spec.schema, scope)
+                            for scope in (spec.lease_scopes or (spec.name,))]
+        # The first exclusive lease: its term is the fencing token of a service with one scope.
+        self.lease: LeaderLease | None = next((lease for lease in self.leases if not lease.shared), None)
         self.pool = pool
         self.clock = clock or SystemClock()
         self.source = f"gpuq/{spec.name}/{instance}"
@@ -174,7 +193,10 @@ class ServiceRuntime:
                 subject,
                 stream=JStream(stream.name, declare=False),
                 durable=durable,
-                pull_sub=PullSub(batch_size=64 if batch_fn else 32, timeout=0.5, batch=batch_fn is not None),
+                # One message per fetch on the per-message path: FastStream runs the messages of a fetched batch
+                # as concurrent tasks, which reach the handler in no fixed order, and the cores rely on stream
+                # order. (Handling is one at a time anyway; a fetch costs one round trip to NATS.)
+                pull_sub=PullSub(batch_size=64 if batch_fn else 1, timeout=0.5, batch=batch_fn is not None),
                 ack_policy=AckPolicy.MANUAL,
                 max_workers=spec.max_workers,
                 config=ConsumerConfig(max_deliver=MAX_DELIVER, ack_wait=ACK_WAIT_S),
@@ -184,7 +206,9 @@ class ServiceRuntime:
 
     async def prepare(self) -> None:
         """Schema, plumbing tables, migrations, streams. Safe to run on every start."""
-        async with self.pool.acquire() as conn:
+        async with self.pool.acquire() as conn, conn.transaction():
+            # Instances starting together (sharded services) would race on CREATE ... IF NOT EXISTS.
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", lock_key(f"plumbing-{self.spec.schema}"))
             await conn.execute(PLUMBING_SQL.format(s=self.spec.schema))
         if self.spec.migrations is not None:
             await apply_migrations(self.pool, self.spec.schema, self.spec.migrations)
@@ -193,8 +217,9 @@ class ServiceRuntime:
 
     async def start(self) -> None:
         await self.prepare()
-        if self.lease is not None:
-            await self.lease.acquire()
+        if self.leases:
+            for lease in self.leases:  # in order; a standby waits here holding only the leases before
+                await lease.acquire()
             self._tasks.append(asyncio.create_task(self._watch_lease(), name=f"{self.spec.name}-lease"))
         if self.spec.on_start is not None:
             await self.spec.on_start(self)
@@ -213,20 +238,20 @@ class ServiceRuntime:
                 await task
         self._tasks.clear()
         await self.broker.stop()
-        if self.lease is not None:
+        for lease in reversed(self.leases):
             with contextlib.suppress(Exception):
-                await self.lease.release()
+                await lease.release()
         self._started = False
 
     async def _watch_lease(self) -> None:
-        """Stop consuming the moment the lease connection is gone: another instance may lead now."""
-        assert self.lease is not None
+        """Stop consuming the moment a lease connection is gone: another instance may lead now."""
         while True:
             await asyncio.sleep(2.0)
-            if not await self.lease.alive():
-                log.error("%s: lost the leader lease; stopping consumption", self.spec.name)
-                await self.broker.stop()
-                return
+            for lease in self.leases:
+                if not await lease.alive():
+                    log.error("%s: lost the leader lease %s; stopping consumption", self.spec.name, lease.scope)
+                    await self.broker.stop()
+                    return
 
     async def _guard(self, loop: Callable[[ServiceRuntime], Awaitable[None]]) -> None:
         while True:
@@ -277,9 +302,13 @@ class ServiceRuntime:
             try:
                 async with self.pool.acquire() as conn, conn.transaction():
                     await self._reload_if_stale(conn)
+                    if self.spec.claim is not None and not await self.spec.claim(conn, event, payload):
+                        self.counters.ignored += 1
+                        return "ignored"
+                    inbox_id = event.id + (self.spec.consumer_suffix if type(payload) in self.spec.broadcast else "")
                     fresh = await conn.fetchval(
                         f"INSERT INTO {self.spec.schema}.inbox(event_id, type) VALUES ($1, $2) "
-                        "ON CONFLICT DO NOTHING RETURNING true", event.id, event.type)
+                        "ON CONFLICT DO NOTHING RETURNING true", inbox_id, event.type)
                     if not fresh:
                         self.counters.duplicates += 1
                         return "duplicate"

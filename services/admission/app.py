@@ -4,6 +4,12 @@ Every handled event runs one admission cycle in the same transaction, so the job
 reservations and the emitted events (JobAdmitted, JobPending, JobRejected, PreemptionRequested) commit
 together. The in-memory `AdmissionState` is rebuilt from the jobs table at start, and again whenever a
 transaction fails after the state was touched, so memory never runs ahead of Postgres.
+
+Sharding (docs/admission.md, "Running several admission instances"): an instance serves all cohorts (the
+default) or a set of them. A per-cohort instance leads per cohort, receives every event on its own durable
+consumers, and handles only those of its cohorts' queues (`claim`); it keeps only their jobs in memory.
+Every instance applies configuration changes; ownership always follows the configuration in force, which
+changes only between units of work (a Postgres advisory lock), so no two instances act for the same queue.
 """
 
 from __future__ import annotations
@@ -12,12 +18,13 @@ import asyncio
 import gc
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from services.admission.core import AdmissionState, AdmittedWorkload, Workload, admission_cycle
+from services.admission.sharding import Shard
 from services.scheduler.core import ClusterState
 from shared.config import ConfigError, QueuesConfig, parse_queues
 from shared.domain import GpuBinding, JobSpec, NodeHealth, NodeSpec
@@ -42,6 +49,7 @@ from shared.events import (
     QueueConfigChanged,
     utcnow_from,
 )
+from shared.leader import lock_key
 from shared.service import ServiceRuntime, ServiceSpec, Tx
 
 log = logging.getLogger("gpuq.admission")
@@ -51,11 +59,18 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 # forward simulation with the production cores (sim/eta.py). Injected so the service stays thin.
 EtaFn = Callable[[ClusterState, AdmissionState, Mapping[str, float], float], dict[str, float]]
 ETA_INTERVAL_S = 2.0  # wall seconds between ETA refreshes (only when something changed)
+# Held shared by a per-cohort instance's units of work and exclusively while a configuration is recorded.
+CONFIG_LOCK = lock_key("admission-config")
+# Events every per-cohort instance handles itself (see ServiceSpec.broadcast).
+BROADCAST = frozenset({QueueConfigChanged, NodeInventory, NodeChanged})
 
 
 class AdmissionService:
-    def __init__(self, config: QueuesConfig, eta: EtaFn | None = None, eta_interval_s: float = ETA_INTERVAL_S):
+    def __init__(self, config: QueuesConfig, eta: EtaFn | None = None, eta_interval_s: float = ETA_INTERVAL_S,
+                 cohorts: Iterable[str] | None = None):
         self.initial_config = config
+        self.shard = Shard.of(cohorts)  # no cohorts = all cohorts: the single instance of old
+        self._config_version: int | None = None  # admission.config version the state was loaded under
         self.state = AdmissionState(config)
         self.cluster = ClusterState.from_nodes([])
         self.expected_end: dict[str, float] = {}  # running job -> started_at + max_runtime_s
@@ -67,6 +82,7 @@ class AdmissionService:
         self._reclaims_sent: set[str] = set()
 
     def spec(self) -> ServiceSpec:
+        sharded = not self.shard.serves_all
         return ServiceSpec(
             name="admission", schema="admission", migrations=MIGRATIONS, singleton=True,
             handlers={JobSubmitted: self.on_submitted, JobCompleted: self.on_finished, JobFailed: self.on_finished,
@@ -74,12 +90,18 @@ class AdmissionService:
                       QueueConfigChanged: self.on_config_changed, NodeInventory: self.on_inventory,
                       NodeChanged: self.on_node_changed, JobPlaced: self.on_placed, JobStarted: self.on_started},
             on_start=self.load, reload=self._rebuild, background=(self.eta_loop,) if self.eta is not None else (),
+            consumer_suffix=self.shard.consumer_suffix, lease_scopes=self.shard.lease_scopes,
+            shared_lease_scopes=self.shard.shared_lease_scopes, claim=self.claim if sharded else None,
+            broadcast=BROADCAST if sharded else frozenset(),
         )
 
     # ------------------------------------------------------------------ state
 
     async def load(self, runtime: ServiceRuntime) -> None:
-        async with runtime.pool.acquire() as conn:
+        async with runtime.pool.acquire() as conn, conn.transaction():
+            # Instances of several cohort sets may start together: one records the file's configuration, and
+            # none loads its jobs while a configuration change is being recorded.
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", CONFIG_LOCK)
             # The file's configuration is recorded once, so that every reader (the CLI, a standby) sees the
             # configuration in force; later changes arrive as QueueConfigChanged and are recorded too.
             has_config = await conn.fetchval("SELECT count(*) FROM admission.config")
@@ -88,17 +110,81 @@ class AdmissionService:
                     "INSERT INTO admission.config(applied_at, document, applied_by) VALUES ($1, $2, 'startup')",
                     runtime.clock.now(), self.initial_config.model_dump_json(exclude_none=False))
             await self._rebuild(conn)
+        if self.shard.cohorts is not None:
+            declared = {c.name for c in self.state.config.cohorts}
+            unknown = sorted(self.shard.cohorts - declared - {"-"})
+            if unknown:
+                log.warning("admission serves cohorts the configuration does not declare (yet): %s",
+                            ", ".join(unknown))
+            log.info("admission serves %s: queues %s", self.shard.describe(),
+                     ", ".join(self.shard.queues(self.state.config)) or "none")
         # A long-lived service with a large, stable heap of specs: collect once what loading left behind, then
         # keep the collector off what was just loaded (later full collections never re-scan it).
         gc.collect()
         gc.freeze()
 
     async def _rebuild(self, conn) -> None:  # type: ignore[no-untyped-def]
-        self.state = await load_state(conn, self.initial_config)
+        self._config_version, config = await latest_config(conn, self.initial_config)
+        self.state = await load_jobs(conn, config, self.shard)
         self.cluster, self.expected_end = await load_cluster_view(conn)
         self._published.clear()
         self._etas.clear()
         self._version += 1
+
+    async def _reload_owned(self, conn) -> None:  # type: ignore[no-untyped-def]
+        """The configuration in force changed (here or in another instance): take this instance's queues under it
+        from the tables. Memory and tables agree at this point, so what was published stays valid for the jobs
+        kept; jobs that moved here get their status published by the next cycle."""
+        self._config_version, config = await latest_config(conn, self.initial_config)
+        self.state = await load_jobs(conn, config, self.shard)
+        held = self.state.pending.keys() | self.state.admitted.keys()
+        for cache in (self._published, self._etas):
+            for job_id in [j for j in cache if j not in held]:
+                del cache[job_id]
+        self._version += 1
+
+    # ------------------------------------------------------------------ sharding (per-cohort instances only)
+
+    async def _enter_config_epoch(self, conn, *, exclusive: bool = False) -> None:  # type: ignore[no-untyped-def]
+        """Work under the configuration in force. A configuration is recorded holding CONFIG_LOCK exclusively,
+        so it commits between units of work, never during one: every instance then decides ownership with the
+        same configuration, and an instance taking over queues sees every write of their previous owner."""
+        mode = "" if exclusive else "_shared"
+        await conn.execute(f"SELECT pg_advisory_xact_lock{mode}($1)", CONFIG_LOCK)
+        version = await conn.fetchval("SELECT max(version) FROM admission.config")
+        if version != self._config_version:
+            await self._reload_owned(conn)
+
+    async def claim(self, conn, event: CloudEvent, payload: object) -> bool:  # type: ignore[no-untyped-def]
+        """Is this event this instance's? (ServiceSpec.claim; per-cohort instances only.) Events of other
+        cohorts' jobs are acked with nothing recorded; the cluster view for ETAs still follows their placements."""
+        if isinstance(payload, NodeInventory | NodeChanged):
+            return True  # every instance keeps the whole cluster view (ETAs)
+        await self._enter_config_epoch(conn, exclusive=isinstance(payload, QueueConfigChanged))
+        if isinstance(payload, QueueConfigChanged):
+            return True
+        if isinstance(payload, JobSubmitted):
+            # A queue the configuration does not declare belongs to "-": exactly one instance rejects the job.
+            return self.shard.owns_queue(self.state.config, payload.spec.queue)
+        job_id = payload.job_id  # type: ignore[attr-defined]
+        if job_id in self.state.pending or job_id in self.state.admitted:
+            return True
+        await self._mirror_other_cohort(conn, payload)
+        return False
+
+    async def _mirror_other_cohort(self, conn, payload: object) -> None:  # type: ignore[no-untyped-def]
+        """Another cohort's job took or gave back GPUs: memory only (its owner records it), for ETAs."""
+        if isinstance(payload, JobPlaced):
+            status = await conn.fetchval("SELECT status FROM admission.jobs WHERE job_id = $1", payload.job_id)
+            if status != "admitted":
+                return  # ended (or unknown) already: a late placement must not hold GPUs in the view
+            _commit_quietly(self.cluster, payload.spec, payload.bindings)
+            self.expected_end[payload.job_id] = payload.placed_at.timestamp() + payload.spec.max_runtime_s
+            self._version += 1
+        elif isinstance(payload, JobCompleted | JobFailed | JobCancelled) and payload.job_id in self.expected_end:
+            self.cluster.release(payload.job_id)
+            self.expected_end.pop(payload.job_id, None)
+            self._version += 1
 
     async def _then_cycle(self, tx: Tx, body) -> None:  # type: ignore[no-untyped-def]
         """Apply an event's change, then run one admission cycle in the same transaction. (If anything fails,
@@ -181,6 +267,13 @@ class AdmissionService:
         await self._then_cycle(tx, body)
 
     async def on_config_changed(self, tx: Tx, event: CloudEvent, payload: QueueConfigChanged) -> None:
+        sharded = not self.shard.serves_all
+        if await _config_event_settled(tx, event, plain_inbox=sharded):
+            # Another instance recorded (or refused) it, and this instance already runs under the configuration
+            # in force (`claim` moved it there; an all-cohorts instance loaded it at start): never re-apply an
+            # older change. A cycle admits what the change made room for here.
+            await self._then_cycle(tx, _nothing)
+            return
         try:
             config = parse_queues(payload.config, f"QueueConfigChanged {event.id}")
         except (ConfigError, ValidationError) as exc:
@@ -194,11 +287,16 @@ class AdmissionService:
         async def body() -> None:
             messages = self.state.set_config(config)
             await tx.conn.execute(
-                "INSERT INTO admission.config(applied_at, document, applied_by) VALUES ($1, $2, $3)",
-                tx.now, json.dumps(payload.config), payload.changed_by)
+                "INSERT INTO admission.config(applied_at, document, applied_by, event_id) VALUES ($1, $2, $3, $4)",
+                tx.now, json.dumps(payload.config), payload.changed_by, event.id)
+            detail = {"messages": messages, "warnings": config.warnings()}
+            if sharded:
+                # The messages are about this instance's jobs; a queue may now belong to another instance.
+                detail["cohorts"] = sorted(self.shard.cohorts or ())
+                await self._reload_owned(tx.conn)
             await tx.conn.execute(
                 "INSERT INTO admission.audit(at, actor, action, detail) VALUES ($1, $2, 'config_applied', $3)",
-                tx.now, payload.changed_by, json.dumps({"messages": messages, "warnings": config.warnings()}))
+                tx.now, payload.changed_by, json.dumps(detail))
 
         await self._then_cycle(tx, body)
 
@@ -253,6 +351,8 @@ class AdmissionService:
 
     async def publish_etas(self, tx: Tx) -> None:
         assert self.eta is not None
+        if not self.shard.serves_all:
+            await self._enter_config_epoch(tx.conn)  # publish only for the jobs this instance owns now
         etas = self.eta(self.cluster, self.state, dict(self.expected_end), tx.now)
         waiting = [j for j in self.state.pending] + [j for j in self.state.admitted if j not in self.expected_end]
         changed = []
@@ -320,19 +420,48 @@ class AdmissionService:
                                               message=f"queue {r.queue} reclaims its nominal quota"))
 
 
+async def _nothing() -> None:
+    return None
+
+
+async def _config_event_settled(tx: Tx, event: CloudEvent, *, plain_inbox: bool) -> bool:
+    """Was this QueueConfigChanged already recorded or refused by an admission instance? (Another instance, or an
+    earlier one: a new cohort set's consumers read the stream from its start.) `plain_inbox`: per-cohort instances
+    also look for the plain event id in the inbox, written by an all-cohorts instance that handled it before
+    admission.config had event ids."""
+    inbox = "OR EXISTS (SELECT 1 FROM admission.inbox WHERE event_id = $1) " if plain_inbox else ""
+    return bool(await tx.conn.fetchval(
+        "SELECT EXISTS (SELECT 1 FROM admission.config WHERE event_id = $1) " + inbox +
+        "OR EXISTS (SELECT 1 FROM admission.audit WHERE action = 'config_refused' AND detail->>'event_id' = $1)",
+        event.id))
+
+
+async def latest_config(conn, fallback: QueuesConfig | None = None) -> tuple[int | None, QueuesConfig]:  # type: ignore[no-untyped-def]
+    """The configuration in force and its admission.config version (None: nothing recorded, the fallback)."""
+    row = await conn.fetchrow("SELECT version, document FROM admission.config ORDER BY version DESC LIMIT 1")
+    if row is not None:
+        return row["version"], parse_queues(json.loads(row["document"]), "admission.config")
+    if fallback is not None:
+        return None, fallback
+    raise LookupError("admission has no queue configuration recorded yet")
+
+
 async def load_state(conn, fallback: QueuesConfig | None = None) -> AdmissionState:  # type: ignore[no-untyped-def]
     """Rebuild the core's state from admission's tables: the configuration in force, pending and admitted jobs."""
-    row = await conn.fetchrow("SELECT document FROM admission.config ORDER BY version DESC LIMIT 1")
-    if row is not None:
-        config = parse_queues(json.loads(row["document"]), "admission.config")
-    elif fallback is not None:
-        config = fallback
-    else:
-        raise LookupError("admission has no queue configuration recorded yet")
+    _, config = await latest_config(conn, fallback)
+    return await load_jobs(conn, config)
+
+
+async def load_jobs(conn, config: QueuesConfig, shard: Shard | None = None) -> AdmissionState:  # type: ignore[no-untyped-def]
+    """The core's state under `config` with the pending and admitted jobs of the queues `shard` owns (all)."""
     state = AdmissionState(config)
+    where, args = "", []
+    if shard is not None and not shard.serves_all:
+        where = " AND (queue = ANY($1::text[]) OR ($2 AND NOT queue = ANY($3::text[])))"
+        args = [shard.queues(config), shard.owns_unknown_queues, [q.name for q in config.queues]]
     rows = await conn.fetch(
         "SELECT spec, status, submitted_at, admitted_at, flavors, usage, borrowing FROM admission.jobs "
-        "WHERE status IN ('pending', 'admitted') ORDER BY submitted_at, job_id")
+        f"WHERE status IN ('pending', 'admitted'){where} ORDER BY submitted_at, job_id", *args)
     for r in rows:
         spec = JobSpec.model_validate_json(r["spec"])
         if r["status"] == "admitted":

@@ -70,7 +70,8 @@ def random_job(rng: random.Random, n: int, queues: int, t: float) -> Workload:
 
 
 def run_bench(queues: int, pending: int, cycles: int, churn: float, seed: int, progress: bool = True,
-              explain: bool = True, freeze_gc: bool = False, finish: int = 0) -> dict[str, float | int | bool]:
+              explain: bool = True, freeze_gc: bool = False, finish: int = 0,
+              read_statuses: bool = False) -> dict[str, float | int | bool | None]:
     rng = random.Random(seed)
     state = AdmissionState(bench_config(queues))
     n = 0
@@ -98,6 +99,7 @@ def run_bench(queues: int, pending: int, cycles: int, churn: float, seed: int, p
     gc_in_cycles = 0.0
     admitted: list[int] = []
     statuses: list[int] = []
+    read_times: list[float] = []
     now = float(n)
     with Progress(transient=True, disable=not progress) as bar:
         task = bar.add_task("admission cycles", total=cycles)
@@ -121,6 +123,11 @@ def run_bench(queues: int, pending: int, cycles: int, churn: float, seed: int, p
             gc_in_cycles += gc_time[0]
             admitted.append(len(decision.admitted))
             statuses.append(len(decision.pending))
+            if read_statuses:  # what the service does after a cycle: walk every status once (timed apart)
+                r0 = time.perf_counter()
+                walked = sum(1 for _ in decision.pending.items())
+                read_times.append(time.perf_counter() - r0)
+                assert walked == statuses[-1]
             bar.advance(task)
     total = sum(times)
     steady = times[1:] or times
@@ -144,6 +151,8 @@ def run_bench(queues: int, pending: int, cycles: int, churn: float, seed: int, p
         "cycle_p99_ms": round(_percentile(steady, 99) * 1000, 2),
         "gc_share_of_cycles": round(gc_in_cycles / total, 3),
         "statuses_per_cycle": round(statistics.fmean(statuses)),
+        # reading every status after a cycle (PendingStatus objects and positions, built when read)
+        "read_all_statuses_p50_ms": round(_percentile(read_times, 50) * 1000, 2) if read_times else None,
     }
 
 
@@ -165,11 +174,13 @@ def bench_admission(
                                  help="Build a PendingStatus for every pending job (a full cycle) or skip it."),
     freeze_gc: bool = typer.Option(False, "--freeze-gc", help="gc.freeze() after loading the backlog, as a "
                                    "long-lived service would (full collections then skip the loaded jobs)."),
+    read_statuses: bool = typer.Option(False, "--read-statuses", help="After each cycle, also read every "
+                                       "pending job's status (as the service does), timed apart from the cycle."),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as one JSON object."),
 ) -> None:
     """Admissions per second of the admission core over full cycles, and the p99 time of one cycle."""
     result = run_bench(queues, pending, cycles, churn, seed, progress=not as_json, explain=explain,
-                       freeze_gc=freeze_gc, finish=finish)
+                       freeze_gc=freeze_gc, finish=finish, read_statuses=read_statuses)
     if as_json:
         typer.echo(json.dumps(result))
         return

@@ -67,3 +67,26 @@ async def test_only_one_leader_and_fencing(database_url: str) -> None:
         await first.release()
         await second.release()
         await conn.close()
+
+
+async def test_shared_leases_coexist_and_exclude_the_exclusive_one(database_url: str) -> None:
+    conn = await asyncpg.connect(database_url)
+    await conn.execute("CREATE SCHEMA IF NOT EXISTS plumbing_test")
+    one = LeaderLease(database_url, "plumbing_test", "shared-test", shared=True)
+    two = LeaderLease(database_url, "plumbing_test", "shared-test", shared=True)
+    sole = LeaderLease(database_url, "plumbing_test", "shared-test")
+    try:
+        assert await one.try_acquire() and await two.try_acquire()  # per-part instances run side by side
+        assert one.term is None
+        async with conn.transaction():
+            await one.check_fence(conn)  # nothing to fence with
+        assert not await sole.try_acquire()  # the whole-service instance waits for all of them
+        await one.release()
+        assert not await sole.try_acquire()
+        await two.release()
+        assert await asyncio.wait_for(sole.acquire(poll_s=0.05), timeout=10) >= 1
+        assert not await one.try_acquire()  # and they wait for it
+    finally:
+        for lease in (one, two, sole):
+            await lease.release()
+        await conn.close()
