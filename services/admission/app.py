@@ -24,6 +24,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from services.admission.core import AdmissionState, AdmittedWorkload, Workload, admission_cycle
+from services.admission.publish import Published, worth_publishing
 from services.admission.sharding import Shard
 from services.scheduler.core import ClusterState
 from shared.config import ConfigError, QueuesConfig, parse_queues
@@ -77,7 +78,8 @@ class AdmissionService:
         self.eta = eta
         self.eta_interval_s = eta_interval_s
         self._version = 0  # bumped by every handled event; the ETA loop recomputes only when it moved
-        self._published: dict[str, tuple[str, str, int, int]] = {}
+        self._published: dict[str, tuple[str, str, int, int]] = {}  # the status last written to the table
+        self._announced: dict[str, Published] = {}  # the status last sent as JobPending (publish.py)
         self._etas: dict[str, float] = {}
         self._reclaims_sent: set[str] = set()
 
@@ -128,6 +130,7 @@ class AdmissionService:
         self.state = await load_jobs(conn, config, self.shard)
         self.cluster, self.expected_end = await load_cluster_view(conn)
         self._published.clear()
+        self._announced.clear()
         self._etas.clear()
         self._version += 1
 
@@ -138,7 +141,7 @@ class AdmissionService:
         self._config_version, config = await latest_config(conn, self.initial_config)
         self.state = await load_jobs(conn, config, self.shard)
         held = self.state.pending.keys() | self.state.admitted.keys()
-        for cache in (self._published, self._etas):
+        for cache in (self._published, self._announced, self._etas):
             for job_id in [j for j in cache if j not in held]:
                 del cache[job_id]
         self._version += 1
@@ -380,6 +383,10 @@ class AdmissionService:
                 reason=r["reason"] or ("WaitingForPlacement" if r["status"] == "admitted" else "Pending"),
                 message=r["message"] or "", position_in_queue=r["position_in_queue"],
                 position_in_cohort=r["position_in_cohort"], eta=utcnow_from(eta) if eta is not None else None))
+            if r["status"] == "pending" and r["reason"] and r["position_in_queue"] is not None:
+                # subscribers now have this status: the cycle's next event for the job is judged against it
+                self._announced[r["job_id"]] = Published(r["reason"], r["message"] or "", r["position_in_queue"],
+                                                         r["position_in_cohort"], tx.now)
 
     # ------------------------------------------------------------------ the cycle
 
@@ -392,16 +399,21 @@ class AdmissionService:
                 "WHERE job_id = $1",
                 a.job_id, a.admitted_at, json.dumps(a.flavors), json.dumps(a.usage), a.borrowing)
             self._published.pop(a.job_id, None)
+            self._announced.pop(a.job_id, None)
             await tx.emit(JobAdmitted(job_id=a.job_id, spec=a.spec, flavors=a.flavors, quota=a.usage,
                                       borrowing=a.borrowing, submitted_at=utcnow_from(a.submitted_at),
                                       admitted_at=utcnow_from(a.admitted_at)))
         changed = []
+        now = tx.now
         for job_id, st in sorted(decision.pending.items()):
             key = (st.reason, st.message, st.position_in_queue, st.position_in_cohort)
             if self._published.get(job_id) == key:
                 continue
-            self._published[job_id] = key
-            changed.append((job_id, st.reason, st.message, st.position_in_queue, st.position_in_cohort))
+            self._published[job_id] = key  # the table always gets the latest status
+            changed.append((job_id, *key))
+            if not worth_publishing(self._announced.get(job_id), *key, now):
+                continue  # a small move or new numbers: the table has it, the bus hears of it later
+            self._announced[job_id] = Published(*key, now)
             eta = self._etas.get(job_id)
             await tx.emit(JobPending(job_id=job_id, queue=st.queue, stage="admission", reason=st.reason,
                                      message=st.message, position_in_queue=st.position_in_queue,

@@ -4,6 +4,7 @@ job; an invalid change is refused, audited, and the old configuration keeps runn
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime
 
 import asyncpg
@@ -14,7 +15,7 @@ from shared.clock import ManualClock
 from shared.config import parse_queues
 from shared.db import create_pool
 from shared.domain import JobSpec, PodSet
-from shared.events import JobSubmitted, QueueConfigChanged, encode_event, make_event
+from shared.events import JobCompleted, JobPending, JobSubmitted, QueueConfigChanged, encode_event, make_event
 from shared.service import ServiceRuntime
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -91,3 +92,67 @@ async def test_runtime_config_change_and_refusal_survive_restart(fresh: tuple[st
 
 async def _eq(value, expected) -> bool:  # type: ignore[no-untyped-def]
     return (await value) == expected
+
+
+async def test_small_position_moves_deep_in_a_queue_update_the_table_but_publish_no_event(
+        fresh: tuple[str, str]) -> None:
+    """An admission at the head moves every waiting job up one place: the table follows every move (gpuq explain),
+    JobPending events only go to the jobs that reach the first ten places."""
+    nats_url, database_url = fresh
+    pool = await create_pool(database_url)
+    conn = await asyncpg.connect(database_url)
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    svc = ServiceRuntime(AdmissionService(parse_queues(queues(4))).spec(), nats_url=nats_url, pool=pool,
+                         clock=ManualClock(), database_url=database_url)
+    jobs = [f"j{i:02d}" for i in range(30)]  # one submit time: queue order is job id order
+
+    async def positions() -> dict[str, int]:
+        rows = await conn.fetch("SELECT job_id, position_in_queue FROM admission.jobs WHERE status = 'pending'")
+        return {r["job_id"]: r["position_in_queue"] for r in rows}
+
+    async def pending_events() -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for r in await conn.fetch("SELECT body FROM admission.outbox"):
+            event = json.loads(bytes(r["body"]))
+            if event["type"] == JobPending.event_type():
+                job_id = event["data"]["job_id"]
+                counts[job_id] = counts.get(job_id, 0) + 1
+        return counts
+
+    await svc.start()
+    try:
+        for job_id in jobs:
+            await js.publish("gpuq.job.submitted", submitted(job_id, 1))
+
+        async def all_waiting() -> bool:
+            got = await positions()
+            return len(got) == 26 and all(got.values())
+
+        await until(all_waiting)
+        assert (await positions())["j29"] == 26
+        before = await pending_events()
+        assert all(before.get(j, 0) >= 1 for j in jobs[4:])  # every waiting job heard why once
+
+        done = JobCompleted(job_id="j00", finished_at=T0)
+        await js.publish("gpuq.job.completed", encode_event(make_event(done, source="test", time=T0)))
+        await until(lambda: _eq(status_of(conn, "j04"), "admitted"))
+        await until(lambda: _eq(_position(conn, "j29"), 25))
+        after = await pending_events()
+        moved_into_top_ten = {f"j{i:02d}" for i in range(5, 15)}  # positions 2..11 -> 1..10
+        for job_id in jobs[5:]:
+            new = after.get(job_id, 0) - before.get(job_id, 0)
+            assert new == (1 if job_id in moved_into_top_ten else 0), (job_id, new)
+    finally:
+        await svc.stop()
+        await nc.close()
+        await conn.close()
+        await pool.close()
+
+
+async def status_of(conn: asyncpg.Connection, job_id: str) -> str | None:
+    return await conn.fetchval("SELECT status FROM admission.jobs WHERE job_id = $1", job_id)
+
+
+async def _position(conn: asyncpg.Connection, job_id: str) -> int | None:
+    return await conn.fetchval("SELECT position_in_queue FROM admission.jobs WHERE job_id = $1", job_id)
