@@ -17,6 +17,7 @@ app.add_typer(bench_app, name="bench")
 
 # Each area registers its commands below, one line each (keep the list sorted by area).
 from services.admission.bench import bench_admission; bench_app.command("admission")(bench_admission)  # noqa: E402, E702, I001
+from services.admission.bench_e2e import bench_admission_e2e; bench_app.command("admission-e2e")(bench_admission_e2e)  # noqa: E402, E702, I001
 from services.metering.bench import bench_metering; bench_app.command("metering")(bench_metering)  # noqa: E402, E702, I001
 from services.metering.report import report; app.command("report")(report)  # noqa: E402, E702, I001
 from services.scheduler.bench import bench_placement; bench_app.command("placement")(bench_placement)  # noqa: E402, E702, I001

@@ -24,7 +24,8 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from services.admission.core import AdmissionState, AdmittedWorkload, Workload, admission_cycle
-from services.admission.publish import Published, worth_publishing
+from services.admission.core.statuses import PendingStatuses, message_text
+from services.admission.publish import MESSAGE_EVERY_S, Published, worth_publishing
 from services.admission.sharding import Shard
 from services.scheduler.core import ClusterState
 from shared.config import ConfigError, QueuesConfig, parse_queues
@@ -78,7 +79,8 @@ class AdmissionService:
         self.eta = eta
         self.eta_interval_s = eta_interval_s
         self._version = 0  # bumped by every handled event; the ETA loop recomputes only when it moved
-        self._published: dict[str, tuple[str, str, int, int]] = {}  # the status last written to the table
+        # the status last written to the table, and when (reason, message, positions, service clock)
+        self._published: dict[str, tuple[str, str, int, int, float]] = {}
         self._announced: dict[str, Published] = {}  # the status last sent as JobPending (publish.py)
         self._etas: dict[str, float] = {}
         self._reclaims_sent: set[str] = set()
@@ -405,19 +407,30 @@ class AdmissionService:
                                       admitted_at=utcnow_from(a.admitted_at)))
         changed = []
         now = tx.now
-        for job_id, st in sorted(decision.pending.items()):
-            key = (st.reason, st.message, st.position_in_queue, st.position_in_cohort)
-            if self._published.get(job_id) == key:
+        # Cohorts the cycle reused unchanged hold the statuses already handled after an earlier cycle. In the
+        # others, a message whose only news is its numbers (another queue's admission changes the cohort's
+        # lendable count in every waiting job's message) is rewritten at most once a minute, so one admission
+        # in a cohort with thousands waiting does not rewrite thousands of rows; reasons and positions always.
+        pending = decision.pending
+        rows = (pending.judged_rows() if isinstance(pending, PendingStatuses) else
+                ((j, st.queue, st.reason, st.message, st.position_in_queue, st.position_in_cohort)
+                 for j, st in pending.items()))
+        for job_id, queue, reason, raw_message, qpos, cpos in sorted(rows, key=_first):
+            old = self._published.get(job_id)
+            if (old is not None and old[0] == reason and old[2] == qpos and old[3] == cpos
+                    and now - old[4] < MESSAGE_EVERY_S):
                 continue
-            self._published[job_id] = key  # the table always gets the latest status
+            key = (reason, message_text(raw_message), qpos, cpos)
+            if old is not None and old[:4] == key:
+                continue
+            self._published[job_id] = (*key, now)
             changed.append((job_id, *key))
             if not worth_publishing(self._announced.get(job_id), *key, now):
                 continue  # a small move or new numbers: the table has it, the bus hears of it later
             self._announced[job_id] = Published(*key, now)
             eta = self._etas.get(job_id)
-            await tx.emit(JobPending(job_id=job_id, queue=st.queue, stage="admission", reason=st.reason,
-                                     message=st.message, position_in_queue=st.position_in_queue,
-                                     position_in_cohort=st.position_in_cohort,
+            await tx.emit(JobPending(job_id=job_id, queue=queue, stage="admission", reason=reason,
+                                     message=key[1], position_in_queue=qpos, position_in_cohort=cpos,
                                      eta=utcnow_from(eta) if eta is not None else None))
         if changed:
             await tx.conn.executemany(
@@ -430,6 +443,10 @@ class AdmissionService:
             await tx.emit(PreemptionRequested(preemptor=r.preemptor, queue=r.queue, reason=PreemptionReason.RECLAIM,
                                               need=r.need, candidates=r.candidates,
                                               message=f"queue {r.queue} reclaims its nominal quota"))
+
+
+def _first(row: tuple) -> str:
+    return row[0]  # type: ignore[no-any-return]
 
 
 async def _nothing() -> None:

@@ -368,7 +368,8 @@ class _Cycle:
                     cache[sc] = self.scope_reclaims.get(sc, [])
                     state._stale.discard(sc)
         state._generation += 1
-        self.decision.pending = PendingStatuses(state, by_scope) if self.explain else PendingStatuses.empty()
+        self.decision.pending = (PendingStatuses(state, by_scope, frozenset(by_scope) - self.clean)
+                                 if self.explain else PendingStatuses.empty())
 
     # ------------------------------------------------------------------ fit
 

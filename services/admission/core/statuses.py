@@ -28,9 +28,12 @@ if TYPE_CHECKING:
 _order = attrgetter("order")
 
 
-def _text(message: object) -> str:
-    # the cycle may leave a message object that writes its text when first read (cycle._Why)
+def message_text(message: object) -> str:
+    """A status message as text: the cycle may leave an object that writes its text when first read."""
     return message if type(message) is str else str(message)
+
+
+_text = message_text
 
 
 class StalePendingStatuses(RuntimeError):
@@ -40,10 +43,13 @@ class StalePendingStatuses(RuntimeError):
 class PendingStatuses(Mapping[str, PendingStatus]):
     """job_id -> PendingStatus for the jobs pending after a cycle, in scope order then cohort order."""
 
-    __slots__ = ("_by_queue", "_generation", "_scopes", "_state")
+    __slots__ = ("_by_queue", "_generation", "_judged", "_scopes", "_state")
 
-    def __init__(self, state: AdmissionState | None, scopes: dict[str, list[list[Entry]]]):
+    def __init__(self, state: AdmissionState | None, scopes: dict[str, list[list[Entry]]],
+                 judged: frozenset[str] | None = None):
         self._state = state
+        # scopes this cycle judged again; the others were reused unchanged from an earlier cycle
+        self._judged = frozenset(scopes) if judged is None else judged
         self._generation = state._generation if state is not None else 0
         self._scopes = scopes  # scope -> its queues' pending lists (sorted, copies)
         self._by_queue: dict[str, tuple[list[Entry], list[list[Entry]]]] = {
@@ -103,11 +109,14 @@ class PendingStatuses(Mapping[str, PendingStatus]):
         Statuses are built without the frozen dataclass __init__ (six object.__setattr__ calls behind
         frozen checks, a third of a walk over 50,000 jobs); the slot setters store exactly what __init__
         would, so eq, hash and repr are the same."""
+        return self._items(sorted(self._scopes))
+
+    def _items(self, scopes: list[str]) -> Iterator[tuple[str, PendingStatus]]:
         self._check()
         new = object.__new__
         cls = PendingStatus
         set_job, set_queue, set_reason, set_message, set_qpos, set_cpos = _STATUS_SETTERS
-        for sc in sorted(self._scopes):
+        for sc in scopes:
             lists = self._scopes[sc]
             qpos: dict[int, int] = {}
             for lst in lists:
@@ -122,6 +131,28 @@ class PendingStatuses(Mapping[str, PendingStatus]):
                 set_qpos(st, qpos[id(e)])
                 set_cpos(st, cpos)
                 yield e.job_id, st
+
+    def judged_items(self) -> Iterator[tuple[str, PendingStatus]]:
+        """`items()` of the cohorts this cycle judged again. The other cohorts' statuses are exactly those of
+        the earlier cycle that computed them (nothing changed there), so a caller that already handled that
+        cycle's statuses (the service, publishing what changed) can skip them: a cycle then costs the caller
+        O(pending in the cohorts that changed), not O(all pending)."""
+        return self._items(sorted(sc for sc in self._scopes if sc in self._judged))
+
+    def judged_rows(self) -> Iterator[tuple[str, str, str, object, int, int]]:
+        """(job_id, queue, reason, message, position in queue, position in cohort) of the cohorts this cycle
+        judged again, without building PendingStatus objects and without writing the messages: `message` may
+        be an object whose `str()` writes the text (`message_text`). For a caller that looks at reasons and
+        positions first and reads a message only when it needs it."""
+        self._check()
+        for sc in sorted(s for s in self._scopes if s in self._judged):
+            lists = self._scopes[sc]
+            qpos: dict[int, int] = {}
+            for lst in lists:
+                for pos, e in enumerate(lst, 1):
+                    qpos[id(e)] = pos
+            for cpos, e in enumerate(self._merged(lists), 1):
+                yield e.job_id, e.queue, e.reason, e.message, qpos[id(e)], cpos
 
     def values(self) -> Iterator[PendingStatus]:  # type: ignore[override]
         return (st for _, st in self.items())

@@ -17,50 +17,14 @@ avoiding every earlier one's GPUs for its whole duration (conservative: it never
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from .placer import _prepare, exclusions_for, place_job, resolve
+from .placer import exclusions_for, place_job
+from .slot import Reservation, earliest_slot
 from .state import ClusterState
 from .types import CycleResult, PendingJob, Placement, Reason, RunningJob, Unplaceable
 
 # Reasons that releasing running jobs cannot cure: no reservation is searched for them.
 _STATIC = {Reason.NO_GPU_MODEL, Reason.UNTOLERATED, Reason.NO_READY_NODES}
-
-
-@dataclass(frozen=True)
-class Reservation:
-    job_id: str
-    start: float
-    end: float
-    placement: Placement
-
-
-def earliest_slot(state: ClusterState, pj: PendingJob, timeline: Sequence[tuple[float, str]],
-                  earlier: Sequence[Reservation], now: float) -> Reservation | None:
-    """Replay the expected ends on a copy until the job fits; None if it never does (or cannot at all)."""
-    spec = pj.spec
-    reqs = resolve(spec, pj.allowed_models)
-    if isinstance(reqs, Unplaceable):
-        return None
-    exclude = exclusions_for(r.placement for r in earlier) if earlier else None
-    future = state.copy()
-    union = list(_prepare(future, spec, reqs).union)
-    need = sum(r.need for r in reqs)
-    events = sorted(e for e in timeline if e[1] in future._alloc)
-    i = 0
-    while i < len(events):
-        t = events[i][0]
-        while i < len(events) and events[i][0] == t:
-            future.release(events[i][1])
-            i += 1
-        # Cheap bound before a full placement attempt: enough free units on the eligible classes.
-        if sum(future._classes[k].free for k in union) < need:
-            continue
-        got = place_job(future, spec, pj.allowed_models, exclude)
-        if isinstance(got, Placement):
-            start = max(now, t)
-            return Reservation(spec.job_id, start, start + spec.max_runtime_s, got)
-    return None
 
 
 def schedule_cycle(state: ClusterState, pending: Sequence[PendingJob], running: Sequence[RunningJob], now: float,

@@ -489,17 +489,22 @@ def _attempt(state: ClusterState, job: _Job, exclude: Mapping[str, Exclusion] | 
     return _fill_all(state, job, None, exclude)
 
 
+def _search(state: ClusterState, spec: JobSpec, reqs: list[PodReq], exclude: Mapping[str, Exclusion] | None
+            ) -> tuple[list[GpuBinding], list[tuple[int, int]]] | None:
+    """The whole gang, else (min_members) its first `gang_size` pods; None when neither fits."""
+    got = _attempt(state, _prepare(state, spec, reqs), exclude)
+    if got is None and spec.gang_size < spec.total_pods:
+        got = _attempt(state, _prepare(state, spec, trim(reqs, spec.gang_size)), exclude)
+    return got
+
+
 def place_job(state: ClusterState, spec: JobSpec, allowed: tuple[str, ...],
               exclude: Mapping[str, Exclusion] | None = None) -> Placement | Unplaceable:
     state._ensure_index()
     reqs = resolve(spec, allowed)
     if isinstance(reqs, Unplaceable):
         return reqs
-    job = _prepare(state, spec, reqs)
-    got = _attempt(state, job, exclude)
-    if got is None and spec.gang_size < spec.total_pods:
-        job = _prepare(state, spec, trim(reqs, spec.gang_size))
-        got = _attempt(state, job, exclude)
+    got = _search(state, spec, reqs, exclude)
     if got is None:
         from .diagnose import diagnose
 
@@ -508,8 +513,22 @@ def place_job(state: ClusterState, spec: JobSpec, allowed: tuple[str, ...],
     return build_placement(state, spec.job_id, tuple(bindings), tuple(requests))
 
 
+def try_place(state: ClusterState, spec: JobSpec, reqs: list[PodReq],
+              exclude: Mapping[str, Exclusion] | None = None) -> Placement | None:
+    """`place_job` without the diagnosis: the same placement, or None where it would explain a refusal.
+
+    For callers that only need to know whether (and where) the gang fits, e.g. the reservation search,
+    which asks at many instants and would otherwise pay for a message it discards each time."""
+    state._ensure_index()
+    got = _search(state, spec, reqs, exclude)
+    if got is None:
+        return None
+    bindings, requests = got
+    return build_placement(state, spec.job_id, tuple(bindings), tuple(requests))
+
+
 def _models(models: Sequence[str]) -> str:
     return "/".join(models) if models else "any GPU model"
 
 
-__all__ = ["Exclusion", "PodReq", "exclusions_for", "iter_index", "place_job", "resolve"]
+__all__ = ["Exclusion", "PodReq", "exclusions_for", "iter_index", "place_job", "resolve", "try_place"]

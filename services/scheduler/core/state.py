@@ -170,6 +170,8 @@ class ClusterState:
         self._dom_rank: dict[TopologyLevel, dict[str, int]] = {}
         self._dom_order: dict[TopologyLevel, list[str]] = {}
         self._elig_cache: dict[object, tuple[tuple[int, tuple[object, ...]], ...]] = {}
+        # Answers that depend on the node specs only (not on what is free): reset by a rebuild, like the above.
+        self._spec_cache: dict[object, object] = {}
         self._dirty = True
 
     # ------------------------------------------------------------------ construction
@@ -262,6 +264,7 @@ class ClusterState:
                 for d in sorted(frees, key=ranks.__getitem__):
                     c.dom_buckets[lvl].setdefault(frees[d], []).append(ranks[d])
         self._elig_cache = {}
+        self._spec_cache = {}
         self._dirty = False
 
     def _ensure_index(self) -> None:
@@ -284,6 +287,7 @@ class ClusterState:
         other._dom_rank = self._dom_rank
         other._dom_order = self._dom_order
         other._elig_cache = self._elig_cache
+        other._spec_cache = self._spec_cache
         other._dirty = False
         # Both sides get a new generation: from now on neither owns the shared nodes and classes.
         self._gen = object()

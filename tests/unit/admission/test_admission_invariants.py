@@ -182,6 +182,7 @@ def test_reusing_unchanged_cohorts_decides_like_a_cycle_from_scratch(cfg: Queues
     the decision must equal one made with every cache dropped."""
     s = AdmissionState(cfg)
     queues = [q.name for q in cfg.queues]
+    said_before: dict = {}
     for i, o in enumerate(ops):
         if o[0] == "submit":
             s.submit(Workload(job(f"j{i}", queues[o[1] % len(queues)], o[2], count=o[3], models=o[4],
@@ -201,3 +202,9 @@ def test_reusing_unchanged_cohorts_decides_like_a_cycle_from_scratch(cfg: Queues
                 assert got.admitted == want.admitted
                 assert got.pending == want.pending
                 assert got.reclaims == want.reclaims
+                # what the service skips (cohorts not judged again) is exactly what an earlier cycle said
+                judged = dict(got.pending.judged_items())
+                for job_id, st in got.pending.items():
+                    if job_id not in judged:
+                        assert said_before.get(job_id) == st, job_id
+                said_before = dict(got.pending)

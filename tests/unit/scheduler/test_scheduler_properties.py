@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+from scheduler_strategies import MODELS, SETTINGS, clusters, jobs
 
 from services.scheduler.core import (
     ClusterState,
@@ -16,63 +17,7 @@ from services.scheduler.core import (
     Unplaceable,
     schedule_cycle,
 )
-from shared.domain import (
-    JobSpec,
-    MigLayout,
-    NodeHealth,
-    NodeSpec,
-    PodSet,
-    Taint,
-    TaintEffect,
-    Toleration,
-    TopologyLevel,
-    TopologyRequest,
-)
-
-MODELS = ("H100-80GB", "A100-80GB")
-MIG = MigLayout(profile="1g.10gb", slices_per_gpu=7)
-TAINT = Taint(key="pool", value="inference", effect=TaintEffect.NO_SCHEDULE)
-SOFT = Taint(key="spot", value="yes", effect=TaintEffect.PREFER_NO_SCHEDULE)
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-@st.composite
-def clusters(draw: st.DrawFn) -> list[NodeSpec]:
-    count = draw(st.integers(1, 12))
-    per_rack = draw(st.integers(1, 4))
-    out = []
-    for i in range(count):
-        rack = i // per_rack
-        out.append(NodeSpec(
-            name=f"n-{i}", gpus=draw(st.sampled_from((0, 1, 2, 4, 8))), gpu_model=draw(st.sampled_from(MODELS)),
-            cpu_milli=draw(st.sampled_from((4000, 16000, 96000))), memory_mib=draw(st.sampled_from((16384, 262144))),
-            mig=MIG if draw(st.integers(0, 5)) == 0 else None,
-            taints=draw(st.sampled_from(((), (), (TAINT,), (SOFT,)))),
-            health=draw(st.sampled_from((NodeHealth.READY,) * 5 + (NodeHealth.CORDONED, NodeHealth.FAILED))),
-            datasets=draw(st.sampled_from(((), ("imagenet",)))), rack=f"rack{rack}", block=f"block{rack // 2}"))
-    return out
-
-
-@st.composite
-def jobs(draw: st.DrawFn, job_id: str) -> JobSpec:
-    sets = []
-    for k in range(draw(st.integers(1, 2))):
-        mig = draw(st.integers(0, 4)) == 0
-        sets.append(PodSet(
-            name=f"ps{k}", count=draw(st.integers(1, 5)), gpus_per_pod=1 if mig else draw(st.integers(0, 4)),
-            gpu_models=draw(st.sampled_from(((), ("H100-80GB",), ("A100-80GB",), MODELS))),
-            mig_profile="1g.10gb" if mig else None,
-            cpu_milli=draw(st.sampled_from((0, 1000, 8000))), memory_mib=draw(st.sampled_from((0, 4096, 65536)))))
-    total = sum(p.count for p in sets)
-    level = draw(st.sampled_from((None, *TopologyLevel)))
-    required = draw(st.booleans())
-    topo = TopologyRequest(required_level=level if required else None, preferred_level=None if required else level)
-    return JobSpec(
-        job_id=job_id, team="t", queue="q", pod_sets=tuple(sets), topology=topo,
-        min_members=draw(st.one_of(st.none(), st.integers(1, total))),
-        tolerations=draw(st.sampled_from(((), (Toleration(key="pool", operator="Exists"),)))),
-        datasets=draw(st.sampled_from(((), ("imagenet",)))),
-        max_runtime_s=draw(st.integers(60, 10_000)))
+from shared.domain import JobSpec, NodeHealth, NodeSpec, TaintEffect
 
 
 def check_placement(state: ClusterState, spec: JobSpec, p: Placement, allowed: tuple[str, ...] = ()) -> None:
