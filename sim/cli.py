@@ -14,7 +14,7 @@ from rich.table import Table
 
 from shared.config import ConfigError
 from sim.loaders import TraceError
-from sim.run import POLICIES, TraceOptions, load_trace, queues_yaml, run_policies, trace_summary
+from sim.run import POLICIES, TraceOptions, load_trace, node_failures, queues_yaml, run_policies, trace_summary
 
 
 def simulate(
@@ -44,6 +44,11 @@ def simulate(
     max_jobs: int | None = typer.Option(None, "--max-jobs", help="Replay only the first N jobs of the window."),
     write_queues: Path | None = typer.Option(None, "--write-queues", help="Also write the queues the replay "
                                              "used as a queues.yaml (a starting point for a what-if)."),
+    node_mtbf_h: float | None = typer.Option(None, "--node-mtbf-h", help="Fail nodes: mean hours between one "
+                                             "node's failures (exponential, seeded by --seed; same for every "
+                                             "policy). A failure stops the node's jobs, which lose the work "
+                                             "since their last checkpoint and wait again."),
+    node_repair_h: float = typer.Option(2.0, "--node-repair-h", help="Mean hours a failed node stays down."),
 ) -> None:
     """Replay a GPU job trace through the same cores as production and compare policies."""
     console = Console(stderr=True)
@@ -69,7 +74,11 @@ def simulate(
                     last[name] = done
                     progress.update(tasks[name], completed=done)
 
-            runs = run_policies(tr, names, progress=tick)
+            failures = node_failures(tr, node_mtbf_h, node_repair_h, seed)
+            if failures:
+                console.print(f"{len(failures):,} node failures (mean {node_mtbf_h} h between failures per node, "
+                              f"{node_repair_h} h repair)")
+            runs = run_policies(tr, names, progress=tick, failures=failures)
     except (TraceError, ConfigError) as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None

@@ -1,6 +1,7 @@
 """The discrete-event engine: virtual time, one event heap, and a policy that decides.
 
-Events are arrivals, completions and wake-ups (ticks a policy asks for). All events of one instant are
+Events are arrivals, completions, wake-ups (ticks a policy asks for) and, when asked, node failures and
+repairs (sim/failures.py). All events of one instant are
 applied first, then the policy runs ONE cycle for that instant (batch scheduling: a cycle per instant in
 which something changed, never one per job). The engine alone knows true durations; it schedules a
 completion when the policy reports a start and cancels it (lazily, by epoch) when a job is preempted.
@@ -9,15 +10,17 @@ completion when the policy reports a start and cancels it (lazily, by epoch) whe
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from sim.failures import NodeFailure, lost_work_s
 from sim.model import Trace, TraceJob
 
 # Event kinds; at equal times completions are applied before arrivals so freed GPUs are visible to the
 # cycle of that instant either way (all events of an instant precede its cycle).
-COMPLETION, ARRIVAL, TICK = 0, 1, 2
+# A node that comes back is usable by that instant's cycle; a node that fails kills its jobs before it.
+COMPLETION, NODE_UP, NODE_DOWN, ARRIVAL, TICK = 0, 1, 2, 3, 4
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,10 @@ class Policy(Protocol):
     def cycle(self, now: float) -> CycleOutput: ...
     def allocated_milli(self) -> int: ...  # milli-GPUs held now, including partly placed gangs
     def fragmentation(self) -> int: ...  # free GPUs that no waiting gang can use, now
+    # A node failed: stop every job with a pod on it, take them back to waiting, and keep the node out of use;
+    # returns the running jobs it stopped. A node came back: use it again.
+    def on_node_down(self, node: str, now: float) -> list[str]: ...
+    def on_node_up(self, node: str, now: float) -> None: ...
 
 
 @dataclass
@@ -56,6 +63,8 @@ class JobRecord:
     lost_gpu_s: float = 0.0
     remaining: float = 0.0  # true work left, seconds
     last_start: float | None = None
+    node_failures: int = 0  # times a node failure stopped it
+    failure_lost_gpu_s: float = 0.0  # GPU-seconds of work lost to node failures
 
 
 @dataclass
@@ -77,6 +86,7 @@ class SimResult:
     events: int
     cycles: int
     end_time: float
+    node_failures: int = 0
 
 
 @dataclass
@@ -85,6 +95,7 @@ class Engine:
     policy: Policy
     frag_every_s: float = 3_600.0
     progress: Callable[[int], None] | None = None  # called with the number of jobs finished so far
+    failures: Sequence[NodeFailure] = ()
 
     def run(self) -> SimResult:
         trace, policy = self.trace, self.policy
@@ -96,6 +107,10 @@ class Engine:
         for j in trace.jobs:
             heap.append((float(j.submit_time), ARRIVAL, seq, j.job_id, 0))
             seq += 1
+        for f in self.failures:
+            heap.append((float(f.down_at), NODE_DOWN, seq, f.node, 0))
+            heap.append((float(f.up_at), NODE_UP, seq + 1, f.node, 0))
+            seq += 2
         heapq.heapify(heap)
         running: dict[str, float] = {}  # job_id -> milli-GPUs of a running gang
         busy = 0
@@ -106,7 +121,11 @@ class Engine:
         pending = 0
         now = 0.0
         wake_times: set[float] = set()
+        total = len(records)
+        failures = 0
         while heap:
+            if finished == total and heap[0][1] in (NODE_DOWN, NODE_UP):
+                break  # failures after the last job ended change nothing and must not stretch the makespan
             now = heap[0][0]
             # 1. apply every event of this instant
             while heap and heap[0][0] == now:
@@ -120,6 +139,25 @@ class Engine:
                     rec.end, rec.remaining = now, 0.0
                     policy.on_completion(job_id, now)
                     finished += 1
+                elif kind == NODE_DOWN:
+                    events += 1
+                    failures += 1
+                    for killed in policy.on_node_down(job_id, now):
+                        milli = running.pop(killed, None)
+                        if milli is None:
+                            continue
+                        busy -= int(milli)
+                        epoch[killed] += 1
+                        rec = records[killed]
+                        ran = now - (now if rec.last_start is None else rec.last_start)
+                        lost = lost_work_s(ran, rec.job.checkpoint_interval_s)
+                        rec.remaining = max(1.0, rec.remaining - (ran - lost))
+                        rec.node_failures += 1
+                        rec.failure_lost_gpu_s += lost * milli / 1000
+                        pending += 1
+                elif kind == NODE_UP:
+                    events += 1
+                    policy.on_node_up(job_id, now)
                 elif kind == ARRIVAL:
                     events += 1
                     reason = policy.on_arrival(records[job_id].job, now)
@@ -141,7 +179,7 @@ class Engine:
                     continue
                 busy -= int(milli)
                 epoch[p.job_id] += 1
-                ran = now - (rec.last_start or now)
+                ran = now - (now if rec.last_start is None else rec.last_start)
                 gpus = milli / 1000
                 lost_s = min(ran, p.lost_gpu_s / gpus) if gpus else 0.0
                 rec.remaining = max(1.0, rec.remaining - (ran - lost_s))
@@ -174,4 +212,4 @@ class Engine:
             if self.progress is not None:
                 self.progress(finished)
         return SimResult(policy=policy.name, trace=trace, records=records, samples=samples, fragmentation=frag,
-                         events=events, cycles=cycles, end_time=now)
+                         events=events, cycles=cycles, end_time=now, node_failures=failures)

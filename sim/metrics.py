@@ -176,6 +176,10 @@ def compute_metrics(res: SimResult, sim_wall_s: float, isolated: dict[str, float
         "delivered_gpu_hours": _r(delivered),
         "preemptions": sum(r.preemptions for r in recs),
         "lost_gpu_hours": _r(sum(r.lost_gpu_s for r in recs) / 3600),
+        # node failures (only with --node-mtbf-h): failure events, job stops, work lost since checkpoints
+        "node_failures": res.node_failures,
+        "jobs_stopped_by_node_failures": sum(r.node_failures for r in recs),
+        "failure_lost_gpu_hours": _r(sum(r.failure_lost_gpu_s for r in recs) / 3600),
         "idle_partial_gang_gpu_hours": _r(max(0.0, alloc_all - busy_all) / 1000 / 3600),
         "replay_window_s": _r(window),
         "gpu_utilization_to_makespan": _r(alloc_all / (capacity_milli * end) if capacity_milli else 0.0, 4),

@@ -10,6 +10,7 @@ from typing import Any
 
 from shared.config import ClusterConfig, load_cluster, load_queues
 from sim.engine import Engine, Policy, SimResult
+from sim.failures import NodeFailure, synth_node_failures
 from sim.loaders import (
     TraceError,
     Window,
@@ -167,15 +168,27 @@ class PolicyRun:
     result: SimResult
 
 
+def node_failures(trace: Trace, mtbf_h: float | None, repair_h: float, seed: int) -> list[NodeFailure]:
+    """The replay's node failures (`--node-mtbf-h`), over the submission window; none when not asked."""
+    if mtbf_h is None:
+        return []
+    horizon = float(trace.jobs[-1].submit_time) if trace.jobs else 0.0
+    try:
+        return synth_node_failures(trace.nodes, horizon, mtbf_h, repair_h, seed)
+    except ValueError as exc:
+        raise TraceError(str(exc)) from None
+
+
 def run_policies(trace: Trace, policies: Sequence[str],
-                 progress: Callable[[str, int], None] | None = None) -> list[PolicyRun]:
+                 progress: Callable[[str, int], None] | None = None,
+                 failures: Sequence[NodeFailure] = ()) -> list[PolicyRun]:
     isolated = isolated_finish_times(trace)
     runs: list[PolicyRun] = []
     for name in policies:
         policy = make_policy(name)
         cb = (lambda done, _n=name: progress(_n, done)) if progress else None
         t0 = time.perf_counter()
-        result = Engine(trace, policy, progress=cb).run()
+        result = Engine(trace, policy, progress=cb, failures=failures).run()
         wall = time.perf_counter() - t0
         runs.append(PolicyRun(compute_metrics(result, wall, isolated), result))
     return runs

@@ -43,6 +43,8 @@ class PodFifo:
         self.running: dict[str, _Gang] = {}
         self._allocated = 0
         self._changed = True
+        self.slot_of = {name: (k, i) for k in self.ff.keys for i, name in enumerate(self.ff.names[k])}
+        self.down: dict[str, int] = {}  # failed node -> the free units taken out of its pool
 
     # -- engine hooks
     def on_arrival(self, job: TraceJob, now: float) -> str | None:
@@ -55,6 +57,40 @@ class PodFifo:
     def on_completion(self, job_id: str, now: float) -> None:
         gang = self.running.pop(job_id)
         self._release(gang)
+
+    def on_node_down(self, node: str, now: float) -> list[str]:
+        """Every gang with a pod on the node gives back all its pods and starts placing again, ahead of the
+        others (it was started or being placed before them); quota-fifo keeps its admission (Kueue leaves
+        the workload admitted while the job controller recreates pods)."""
+        slot = self.slot_of.get(node)
+        if slot is None or node in self.down:
+            return []
+        killed = [j for j, g in self.running.items() if slot in g.held]
+        stopped = [j for j, g in self.placing.items() if slot in g.held]
+        restart = {}
+        for job_id in killed:
+            gang = self.running.pop(job_id)
+            self._release(gang)
+            gang.pods_left = gang.job.pods
+            restart[job_id] = gang
+        for job_id in stopped:
+            gang = self.placing.pop(job_id)
+            self._release(gang)
+            gang.pods_left = gang.job.pods
+            restart[job_id] = gang
+        self.placing = {**restart, **self.placing}
+        pool, idx = slot
+        tree = self.ff.trees[pool]
+        free = tree.t[tree.size + idx]
+        tree.add(idx, -free)
+        self.down[node] = free
+        return killed
+
+    def on_node_up(self, node: str, now: float) -> None:
+        free = self.down.pop(node, None)
+        if free is not None:
+            pool, idx = self.slot_of[node]
+            self.ff.trees[pool].add(idx, free)
 
     def cycle(self, now: float) -> CycleOutput:
         self._admit(now)

@@ -92,6 +92,7 @@ class GpuqPolicy:
         self._slice_usage: dict[str, dict[str, int]] = {}
         self._admit_seq = 0
         self._pending_admission = 0
+        self._down: dict[str, Any] = {}  # failed node -> its spec, restored when it comes back
 
     # -- engine hooks
     def on_arrival(self, job: TraceJob, now: float) -> str | None:
@@ -195,6 +196,30 @@ class GpuqPolicy:
         self.adm.requeue(Workload(spec=spec, submitted_at=submitted_at))
         self._allocated -= self.milli[job_id]
         self._pending_admission += 1
+
+    def on_node_down(self, node: str, now: float) -> list[str]:
+        from shared.domain import NodeHealth
+
+        if node in self._down:
+            return []
+        killed = sorted(j for j, p in self.cluster.allocations().items() if any(b.node == node for b in p.bindings))
+        for job_id in killed:
+            self._requeue(job_id)  # back to admission with its original submit time, as after a preemption
+        spec = self.cluster.node(node)
+        self._down[node] = spec
+        self.cluster.upsert_node(spec.model_copy(update={"health": NodeHealth.FAILED}))
+        if spec.mig is not None:  # its slices (all free now) leave the capacity admission may use
+            key = f"{spec.gpu_model}:{spec.mig.profile}"
+            self._slices_free[key] = self._slices_free.get(key, 0) - spec.gpus * spec.mig.slices_per_gpu
+        return killed
+
+    def on_node_up(self, node: str, now: float) -> None:
+        spec = self._down.pop(node, None)
+        if spec is not None:
+            self.cluster.upsert_node(spec)
+            if spec.mig is not None:
+                key = f"{spec.gpu_model}:{spec.mig.profile}"
+                self._slices_free[key] = self._slices_free.get(key, 0) + spec.gpus * spec.mig.slices_per_gpu
 
     def allocated_milli(self) -> int:
         return self._allocated
