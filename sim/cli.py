@@ -110,6 +110,8 @@ def _print_table(console: Console, runs: list) -> None:  # type: ignore[type-arg
     table.add_column("metric")
     for r in runs:
         table.add_column(r.metrics["policy"], justify="right")
-    for k in keys:
+    extra = [k for k in ("preemptions", "lost_gpu_hours", "node_failures", "jobs_stopped_by_node_failures",
+                         "failure_lost_gpu_hours") if any(r.metrics.get(k) for r in runs)]  # only when they happened
+    for k in (*keys[:-2], *extra, *keys[-2:]):
         table.add_row(k, *[f"{r.metrics[k]:,}" for r in runs])
     console.print(table)
