@@ -87,10 +87,21 @@ class LeaderLease:
             raise LostLeadership(f"{self.scope}: term {self.term} was superseded by {current}")
 
     async def release(self) -> None:
+        """Give the lock back. The lease connection may still be busy with a cancelled liveness check (the
+        watcher is cancelled on stop), and a graceful unlock/close on it can then wait forever while the
+        session keeps the lock, so a standby never takes over: after a few seconds the connection is
+        terminated instead, and the server drops the session's advisory locks with it."""
         conn, self._conn = self._conn, None
-        if conn is not None and not conn.is_closed():
-            try:
-                mode = "_shared" if self.shared else ""
-                await conn.execute(f"SELECT pg_advisory_unlock{mode}($1)", lock_key(self.scope))
-            finally:
-                await conn.close()
+        if conn is None or conn.is_closed():
+            return
+        mode = "_shared" if self.shared else ""
+        try:
+            await asyncio.wait_for(conn.execute(f"SELECT pg_advisory_unlock{mode}($1)", lock_key(self.scope)),
+                                   timeout=5)
+            await asyncio.wait_for(conn.close(), timeout=5)
+        except asyncio.CancelledError:
+            conn.terminate()
+            raise
+        except Exception:
+            log.warning("%s: lease connection did not close cleanly; terminating it", self.scope)
+            conn.terminate()

@@ -233,11 +233,19 @@ class ServiceRuntime:
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        if self._tasks:
+            # bounded: a task stuck in I/O that ignores its cancellation must not keep the leases held forever
+            done, stuck = await asyncio.wait(self._tasks, timeout=10)
+            for task in done:
+                if not task.cancelled():
+                    task.exception()  # retrieved: a crash was logged by the task itself
+            for task in stuck:
+                log.warning("%s: task %s did not stop within 10 s", self.spec.name, task.get_name())
         self._tasks.clear()
-        await self.broker.stop()
+        try:
+            await asyncio.wait_for(self.broker.stop(), timeout=15)
+        except TimeoutError:
+            log.warning("%s: the broker did not stop within 15 s; releasing the leases anyway", self.spec.name)
         for lease in reversed(self.leases):
             with contextlib.suppress(Exception):
                 await lease.release()

@@ -90,3 +90,22 @@ async def test_shared_leases_coexist_and_exclude_the_exclusive_one(database_url:
         for lease in (one, two, sole):
             await lease.release()
         await conn.close()
+
+
+async def test_release_frees_the_lock_even_when_the_lease_connection_is_busy(database_url: str) -> None:
+    """On stop the watcher is cancelled, possibly in the middle of its liveness query on the lease connection;
+    release must still give the lock back promptly so that a standby takes over."""
+    first = LeaderLease(database_url, "plumbing_test", "busy-release-test")
+    second = LeaderLease(database_url, "plumbing_test", "busy-release-test")
+    assert await first.try_acquire()
+    assert first._conn is not None
+    busy = asyncio.create_task(first._conn.fetchval("SELECT pg_sleep(30)"))
+    await asyncio.sleep(0.2)
+    busy.cancel()  # what stop() does to the watcher: the query is cancelled, the connection left mid-operation
+    started = asyncio.get_running_loop().time()
+    await asyncio.wait_for(first.release(), timeout=15)
+    assert asyncio.get_running_loop().time() - started < 12
+    try:
+        await asyncio.wait_for(second.acquire(poll_s=0.1), timeout=10)  # the lock was really given back
+    finally:
+        await second.release()
