@@ -101,5 +101,34 @@ async def dedicated_database(database_url: str, name: str) -> str:
                 pass
     finally:
         await conn.close()
+    return with_database(database_url, name)
+
+
+def with_database(database_url: str, name: str) -> str:
+    """The same server's URL for database `name`."""
     parts = urlsplit(database_url)
     return urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, parts.fragment))
+
+
+async def scratch_database(database_url: str, name: str) -> str:
+    """A new, empty database `name` on the same server (dropped first if it exists), for benchmarks; its URL."""
+    if not SCHEMA_RE.match(name):
+        raise ValueError(f"invalid database name {name!r}")
+    admin = await asyncpg.connect(database_url)
+    try:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name}")
+        await admin.execute(f"CREATE DATABASE {name}")
+    finally:
+        await admin.close()
+    return with_database(database_url, name)
+
+
+async def drop_database(database_url: str, name: str) -> None:
+    """Drop database `name` on the same server, if it exists."""
+    if not SCHEMA_RE.match(name):
+        raise ValueError(f"invalid database name {name!r}")
+    admin = await asyncpg.connect(database_url)
+    try:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name}")
+    finally:
+        await admin.close()

@@ -123,6 +123,20 @@ class Engine:
         wake_times: set[float] = set()
         total = len(records)
         failures = 0
+
+        def stop(job_id: str) -> tuple[JobRecord, float, float] | None:
+            """Take a running job off its GPUs and back to waiting (its scheduled completion goes stale):
+            its record, the seconds it ran since its last start, its milli-GPUs; None if it was not running."""
+            nonlocal busy, pending
+            milli = running.pop(job_id, None)
+            if milli is None:
+                return None
+            busy -= int(milli)
+            pending += 1
+            epoch[job_id] += 1
+            rec = records[job_id]
+            return rec, now - (now if rec.last_start is None else rec.last_start), milli
+
         while heap:
             if finished == total and heap[0][1] in (NODE_DOWN, NODE_UP):
                 break  # failures after the last job ended change nothing and must not stretch the makespan
@@ -143,18 +157,14 @@ class Engine:
                     events += 1
                     failures += 1
                     for killed in policy.on_node_down(job_id, now):
-                        milli = running.pop(killed, None)
-                        if milli is None:
+                        stopped = stop(killed)
+                        if stopped is None:
                             continue
-                        busy -= int(milli)
-                        epoch[killed] += 1
-                        rec = records[killed]
-                        ran = now - (now if rec.last_start is None else rec.last_start)
+                        rec, ran, milli = stopped
                         lost = lost_work_s(ran, rec.job.checkpoint_interval_s)
                         rec.remaining = max(1.0, rec.remaining - (ran - lost))
                         rec.node_failures += 1
                         rec.failure_lost_gpu_s += lost * milli / 1000
-                        pending += 1
                 elif kind == NODE_UP:
                     events += 1
                     policy.on_node_up(job_id, now)
@@ -173,19 +183,15 @@ class Engine:
             out = policy.cycle(now)
             cycles += 1
             for p in out.preempted:
-                rec = records[p.job_id]
-                milli = running.pop(p.job_id, None)
-                if milli is None:
+                stopped = stop(p.job_id)
+                if stopped is None:
                     continue
-                busy -= int(milli)
-                epoch[p.job_id] += 1
-                ran = now - (now if rec.last_start is None else rec.last_start)
+                rec, ran, milli = stopped
                 gpus = milli / 1000
                 lost_s = min(ran, p.lost_gpu_s / gpus) if gpus else 0.0
                 rec.remaining = max(1.0, rec.remaining - (ran - lost_s))
                 rec.preemptions += 1
                 rec.lost_gpu_s += p.lost_gpu_s
-                pending += 1
             for job_id, reason in out.rejected.items():
                 records[job_id].rejected = reason
                 pending -= 1

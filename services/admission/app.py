@@ -19,6 +19,7 @@ import gc
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from operator import itemgetter
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -412,10 +413,8 @@ class AdmissionService:
         # lendable count in every waiting job's message) is rewritten at most once a minute, so one admission
         # in a cohort with thousands waiting does not rewrite thousands of rows; reasons and positions always.
         pending = decision.pending
-        rows = (pending.judged_rows() if isinstance(pending, PendingStatuses) else
-                ((j, st.queue, st.reason, st.message, st.position_in_queue, st.position_in_cohort)
-                 for j, st in pending.items()))
-        for job_id, queue, reason, raw_message, qpos, cpos in sorted(rows, key=_first):
+        assert isinstance(pending, PendingStatuses)  # what admission_cycle always returns
+        for job_id, queue, reason, raw_message, qpos, cpos in sorted(pending.judged_rows(), key=itemgetter(0)):
             old = self._published.get(job_id)
             if (old is not None and old[0] == reason and old[2] == qpos and old[3] == cpos
                     and now - old[4] < MESSAGE_EVERY_S):
@@ -443,10 +442,6 @@ class AdmissionService:
             await tx.emit(PreemptionRequested(preemptor=r.preemptor, queue=r.queue, reason=PreemptionReason.RECLAIM,
                                               need=r.need, candidates=r.candidates,
                                               message=f"queue {r.queue} reclaims its nominal quota"))
-
-
-def _first(row: tuple) -> str:
-    return row[0]  # type: ignore[no-any-return]
 
 
 async def _nothing() -> None:

@@ -23,7 +23,6 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import typer
 from rich.console import Console
@@ -57,22 +56,13 @@ def _submitted(job_id: str, queue: str, at: datetime) -> bytes:
 
 async def _run(base_url: str, queues: int, jobs: int, backlog: int, same_cohort: bool,
                progress: Progress) -> dict[str, Any]:
-    import asyncpg
-
     from services.admission.app import AdmissionService
     from shared.clock import ManualClock
     from shared.config import parse_queues
-    from shared.db import apply_migrations, create_pool
+    from shared.db import apply_migrations, create_pool, drop_database, scratch_database
     from shared.service import PLUMBING_SQL, ServiceRuntime
 
-    admin = await asyncpg.connect(base_url)
-    try:
-        await admin.execute(f"DROP DATABASE IF EXISTS {BENCH_DB}")
-        await admin.execute(f"CREATE DATABASE {BENCH_DB}")
-    finally:
-        await admin.close()
-    split = urlsplit(base_url)
-    url = urlunsplit((split.scheme, split.netloc, f"/{BENCH_DB}", split.query, split.fragment))
+    url = await scratch_database(base_url, BENCH_DB)
     pool = await create_pool(url, min_size=1, max_size=4)
     t0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
     out: dict[str, Any] = {"queues": queues, "jobs": jobs, "backlog": backlog, "same_cohort": same_cohort}
@@ -124,11 +114,7 @@ async def _run(base_url: str, queues: int, jobs: int, backlog: int, same_cohort:
         out["outbox_events"] = events
     finally:
         await pool.close()
-        admin = await asyncpg.connect(base_url)
-        try:
-            await admin.execute(f"DROP DATABASE IF EXISTS {BENCH_DB}")
-        finally:
-            await admin.close()
+        await drop_database(base_url, BENCH_DB)
     return out
 
 

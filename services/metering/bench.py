@@ -44,32 +44,18 @@ def _events(nodes: int, gpus: int, intervals: int, interval_s: float, t0: dateti
     return out
 
 
-def _with_database(url: str, name: str) -> str:
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, parts.fragment))
-
-
 async def _run(base_url: str, nodes: int, gpus: int, intervals: int, batch: int, interval_s: float,
                replicas: int, keep: bool, progress: Progress) -> dict[str, Any]:
-    import asyncpg
 
     from services.metering import store
     from services.metering.app import SPEC
     from services.metering.batch import handle_sample_batch
-    from shared.db import create_pool
+    from shared.db import create_pool, drop_database, scratch_database
     from shared.domain import GpuBinding, JobSpec, PodSet
     from shared.events import JobPlaced, encode_event, make_event
     from shared.service import PLUMBING_SQL, ServiceRuntime
 
-    admin = await asyncpg.connect(base_url)
-    try:
-        await admin.execute(f"DROP DATABASE IF EXISTS {BENCH_DB}")
-        await admin.execute(f"CREATE DATABASE {BENCH_DB}")
-    finally:
-        await admin.close()
-    url = _with_database(base_url, BENCH_DB)
+    url = await scratch_database(base_url, BENCH_DB)
     pool = await create_pool(url, min_size=1, max_size=max(4, replicas + 1))
     try:
         async with pool.acquire() as conn:
@@ -139,11 +125,7 @@ async def _run(base_url: str, nodes: int, gpus: int, intervals: int, batch: int,
     finally:
         await pool.close()
         if not keep:
-            admin = await asyncpg.connect(base_url)
-            try:
-                await admin.execute(f"DROP DATABASE IF EXISTS {BENCH_DB}")
-            finally:
-                await admin.close()
+            await drop_database(base_url, BENCH_DB)
     per_interval = nodes * gpus
     expected = 2 * intervals * per_interval
     return {

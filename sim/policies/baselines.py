@@ -66,18 +66,13 @@ class PodFifo:
         if slot is None or node in self.down:
             return []
         killed = [j for j, g in self.running.items() if slot in g.held]
-        stopped = [j for j, g in self.placing.items() if slot in g.held]
         restart = {}
-        for job_id in killed:
-            gang = self.running.pop(job_id)
-            self._release(gang)
-            gang.pods_left = gang.job.pods
-            restart[job_id] = gang
-        for job_id in stopped:
-            gang = self.placing.pop(job_id)
-            self._release(gang)
-            gang.pods_left = gang.job.pods
-            restart[job_id] = gang
+        for source in (self.running, self.placing):  # running gangs, then partly placed ones
+            for job_id in [j for j, g in source.items() if slot in g.held]:
+                gang = source.pop(job_id)
+                self._release(gang)
+                gang.pods_left = gang.job.pods
+                restart[job_id] = gang
         self.placing = {**restart, **self.placing}
         pool, idx = slot
         tree = self.ff.trees[pool]

@@ -112,10 +112,22 @@ class PendingStatuses(Mapping[str, PendingStatus]):
         return self._items(sorted(self._scopes))
 
     def _items(self, scopes: list[str]) -> Iterator[tuple[str, PendingStatus]]:
-        self._check()
         new = object.__new__
         cls = PendingStatus
         set_job, set_queue, set_reason, set_message, set_qpos, set_cpos = _STATUS_SETTERS
+        for e, qpos, cpos in self._ranked(scopes):
+            st = new(cls)
+            set_job(st, e.job_id)
+            set_queue(st, e.queue)
+            set_reason(st, e.reason)
+            set_message(st, _text(e.message))
+            set_qpos(st, qpos)
+            set_cpos(st, cpos)
+            yield e.job_id, st
+
+    def _ranked(self, scopes: list[str]) -> Iterator[tuple[Entry, int, int]]:
+        """(entry, position in queue, position in cohort) for the given scopes, in scope then cohort order."""
+        self._check()
         for sc in scopes:
             lists = self._scopes[sc]
             qpos: dict[int, int] = {}
@@ -123,36 +135,25 @@ class PendingStatuses(Mapping[str, PendingStatus]):
                 for pos, e in enumerate(lst, 1):
                     qpos[id(e)] = pos
             for cpos, e in enumerate(self._merged(lists), 1):
-                st = new(cls)
-                set_job(st, e.job_id)
-                set_queue(st, e.queue)
-                set_reason(st, e.reason)
-                set_message(st, _text(e.message))
-                set_qpos(st, qpos[id(e)])
-                set_cpos(st, cpos)
-                yield e.job_id, st
+                yield e, qpos[id(e)], cpos
 
     def judged_items(self) -> Iterator[tuple[str, PendingStatus]]:
         """`items()` of the cohorts this cycle judged again. The other cohorts' statuses are exactly those of
         the earlier cycle that computed them (nothing changed there), so a caller that already handled that
         cycle's statuses (the service, publishing what changed) can skip them: a cycle then costs the caller
         O(pending in the cohorts that changed), not O(all pending)."""
-        return self._items(sorted(sc for sc in self._scopes if sc in self._judged))
+        return self._items(self._judged_scopes())
+
+    def _judged_scopes(self) -> list[str]:
+        return sorted(sc for sc in self._scopes if sc in self._judged)
 
     def judged_rows(self) -> Iterator[tuple[str, str, str, object, int, int]]:
         """(job_id, queue, reason, message, position in queue, position in cohort) of the cohorts this cycle
         judged again, without building PendingStatus objects and without writing the messages: `message` may
         be an object whose `str()` writes the text (`message_text`). For a caller that looks at reasons and
         positions first and reads a message only when it needs it."""
-        self._check()
-        for sc in sorted(s for s in self._scopes if s in self._judged):
-            lists = self._scopes[sc]
-            qpos: dict[int, int] = {}
-            for lst in lists:
-                for pos, e in enumerate(lst, 1):
-                    qpos[id(e)] = pos
-            for cpos, e in enumerate(self._merged(lists), 1):
-                yield e.job_id, e.queue, e.reason, e.message, qpos[id(e)], cpos
+        for e, qpos, cpos in self._ranked(self._judged_scopes()):
+            yield e.job_id, e.queue, e.reason, e.message, qpos, cpos
 
     def values(self) -> Iterator[PendingStatus]:  # type: ignore[override]
         return (st for _, st in self.items())
