@@ -4,8 +4,8 @@ synthetic Philly-shaped workload at accelerated time, ending with a report)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import os
 import signal
 import statistics
 import tempfile
@@ -25,8 +25,11 @@ from cli.runtime import STATE_DIR, forget_servers, record_servers
 from cli.status import fetch_status
 from services.admission.sharding import parse_cohorts
 from services.stack import ALL_SERVICES, Stack, StackSettings
+from shared import namespace as namespaces
+from shared.bus import NamespaceInUse, delete_streams, ensure_streams, namespace_purposes
 from shared.clock import ScaledClock, SystemClock
 from shared.config import ConfigError, load_cluster, load_queues, parse_cluster, parse_queues
+from shared.db import drop_database, redact, scratch_database
 from shared.events import JobSubmitted, make_event, utcnow_from
 from shared.servers import EmbeddedServerError, resolve_servers
 from shared.service import publish_event
@@ -78,7 +81,8 @@ def up(
             loop.add_signal_handler(sig, stop.set)
         async with Stack(settings) as stack:
             names = ", ".join(r.spec.name for r in stack.runtimes)
-            console.print(f"gpuq up: {names} (NATS {servers.origin['nats']}, Postgres {servers.origin['postgres']})")
+            console.print(f"gpuq up: {names} in namespace {namespaces.current()} "
+                          f"(NATS {servers.origin['nats']}, Postgres {servers.origin['postgres']})")
             await stop.wait()
         console.print("stopped")
 
@@ -113,10 +117,30 @@ def demo(
     load: float = typer.Option(0.9, help="Offered load on the demo cluster"),
     seed: int = typer.Option(7, help="Workload seed"),
     time_limit: float = typer.Option(150.0, help="Stop waiting for stragglers after this many wall seconds"),
+    namespace: str = typer.Option(
+        "", help="Platform namespace of the demo's streams and subjects; default: a fresh `demo-<random>` one, so "
+                 "the demo never meets another platform's streams on a shared NATS"),
+    reset: bool = typer.Option(
+        False, "--reset", help="Delete the streams of --namespace first; refused unless an earlier demo created "
+                               "them (a platform's streams are never deleted)"),
+    keep: bool = typer.Option(False, "--keep", help="Keep the demo's streams and database afterwards"),
 ) -> None:
     """Start everything on embedded servers (or NATS_URL/DATABASE_URL), replay a synthetic Philly-shaped
-    workload through the bus at accelerated time, and print a report."""
+    workload through the bus at accelerated time, and print a report.
+
+    On servers it is given, the demo only ever touches what it creates: a fresh namespace (streams and subjects)
+    and a fresh database, both removed at the end unless --keep."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if reset and not namespace:
+        console.print("[red]--reset needs --namespace: without it the demo uses a fresh namespace, which has "
+                      "nothing to reset[/]")
+        raise typer.Exit(2)
+    try:
+        ns = namespaces.validate(namespace) if namespace else namespaces.fresh("demo")
+    except namespaces.NamespaceError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
+    os.environ[namespaces.ENV] = ns  # this process (and the services it runs) publish in the demo's namespace
     cluster_cfg = parse_cluster(DEMO_CLUSTER, "demo cluster")
     queues_cfg = parse_queues(DEMO_QUEUES, "demo queues")
     capacity = cluster_cfg.total_gpus
@@ -125,34 +149,76 @@ def demo(
     with tempfile.TemporaryDirectory(prefix="gpuq-demo-") as tmp:
         servers = resolve_servers(Path(tmp))
         try:
-            console.print(f"[bold]gpuq demo[/]: {jobs} jobs on {capacity} GPUs, {speedup:g}× time "
+            console.print(f"[bold]gpuq demo[/]: {jobs} jobs on {capacity} GPUs, {speedup:g}× time, namespace {ns} "
                           f"(NATS {servers.origin['nats']}, Postgres {servers.origin['postgres']})")
-            asyncio.run(_run_demo(servers.nats_url, servers.database_url, cluster_cfg, queues_cfg, workload,
-                                  speedup, time_limit))
+            asyncio.run(_demo_on_own_resources(servers.nats_url, servers.database_url, ns, reset, keep, cluster_cfg,
+                                               queues_cfg, workload, speedup, time_limit))
+        except DemoRefused as exc:
+            console.print(f"[red]gpuq demo refused:[/] {exc}")
+            raise typer.Exit(2) from None
         finally:
             servers.close()
 
 
-async def _reset(nats_url: str, database_url: str) -> None:
-    """The demo starts from an empty bus and empty service schemas, whatever servers it was given."""
-    from shared.bus import STREAMS, ensure_streams
+class DemoRefused(RuntimeError):
+    """The demo would have to touch streams or a database it did not create."""
 
+
+async def _demo_on_own_resources(nats_url: str, database_url: str, ns: str, reset: bool, keep: bool,
+                                 cluster_cfg: Any, queues_cfg: Any, workload: list[Any], speedup: float,
+                                 time_limit: float) -> None:
+    """Claim a namespace and a database for the demo, run it, then remove both unless `keep`."""
     nc = await nats.connect(nats_url)
     js = nc.jetstream()
-    for stream in STREAMS:
-        with contextlib.suppress(Exception):
-            await js.delete_stream(stream.name)
-    await ensure_streams(js)
-    await nc.close()
+    try:
+        existing = await namespace_purposes(js, ns)
+        if existing:
+            if not reset:
+                raise DemoRefused(f"namespace {ns!r} already has streams ({', '.join(sorted(existing))}); pass "
+                                  "--reset to start it afresh (allowed only for an earlier demo's streams), or "
+                                  "choose another --namespace")
+            try:
+                await delete_streams(js, ns, purpose="demo")
+            except NamespaceInUse as exc:
+                raise DemoRefused(str(exc)) from None
+        await ensure_streams(js, ns, purpose="demo")
+        demo_db_url, created_db = await _demo_database(database_url)
+        try:
+            await _run_demo(nats_url, demo_db_url, cluster_cfg, queues_cfg, workload, speedup, time_limit)
+        finally:
+            if keep:
+                console.print(f"kept namespace {ns} and database {demo_db_url.rsplit('/', 1)[-1]}")
+            else:
+                if created_db is not None:
+                    await drop_database(database_url, created_db)
+                await delete_streams(js, ns, purpose="demo")
+    finally:
+        await nc.close()
+
+
+async def _demo_database(database_url: str) -> tuple[str, str | None]:
+    """A fresh database for the demo on the given server: (its URL, its name to drop afterwards). Where the role
+    may not create databases, the given database is used only if it holds no gpuq schemas."""
+    try:
+        return await scratch_database(database_url, "gpuq_demo")
+    except asyncpg.InsufficientPrivilegeError:
+        pass
     conn = await asyncpg.connect(database_url)
-    for schema in ALL_SERVICES:
-        await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-    await conn.close()
+    try:
+        present = [r["nspname"] for r in await conn.fetch(
+            "SELECT nspname FROM pg_namespace WHERE nspname = ANY($1::text[]) ORDER BY nspname", list(ALL_SERVICES))]
+    finally:
+        await conn.close()
+    if present:
+        raise DemoRefused(f"the database of DATABASE_URL ({redact(database_url)}) already holds gpuq schemas "
+                          f"({', '.join(present)}) and this role may not create a database of the demo's own; "
+                          "the demo never resets a database it did not create: point DATABASE_URL at an empty "
+                          "database, or unset it to use an embedded Postgres")
+    return database_url, None
 
 
 async def _run_demo(nats_url: str, database_url: str, cluster_cfg: Any, queues_cfg: Any, workload: list[Any],
                     speedup: float, time_limit: float) -> None:
-    await _reset(nats_url, database_url)
     clock = ScaledClock(speedup)
     settings = StackSettings(nats_url=nats_url, database_url=database_url, queues=queues_cfg, cluster=cluster_cfg,
                              clock=clock)

@@ -3,21 +3,24 @@
 Streams are created or updated only here (`ensure_streams`), never by subscribers: FastStream's
 `JStream(declare=True)` would overwrite a stream with a subscriber's partial view of it.
 Everything here works on NATS 2.9 (no per-message TTL, one filter subject per consumer).
+Names depend on the platform namespace (`shared/namespace.py`): `gpuq.job.>` in `GPUQ_JOBS` by default.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 
 import nats
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError, NotFoundError
 
+from shared import namespace as namespaces
 from shared.events import Payload
 
-DLQ_SUBJECT_PREFIX = "gpuq.dlq."
 DUPLICATE_WINDOW_S = 120.0  # Nats-Msg-Id dedup window; the outbox relay republishes well within it
 DAY_S = 86_400
 
@@ -30,14 +33,31 @@ class StreamDef:
     max_bytes: int = -1
 
 
-STREAMS: tuple[StreamDef, ...] = (
-    StreamDef("GPUQ_JOBS", ("gpuq.job.>",), max_age_s=30 * DAY_S),
-    StreamDef("GPUQ_PREEMPTION", ("gpuq.preemption.>",), max_age_s=30 * DAY_S),
-    StreamDef("GPUQ_CLUSTER", ("gpuq.node.>", "gpuq.queue.>"), max_age_s=30 * DAY_S),
+# (name suffix, subject patterns below the namespace, retention): every namespace gets the same streams.
+_STREAM_SHAPES: tuple[tuple[str, tuple[str, ...], float, int], ...] = (
+    ("JOBS", ("job.>",), 30 * DAY_S, -1),
+    ("PREEMPTION", ("preemption.>",), 30 * DAY_S, -1),
+    ("CLUSTER", ("node.>", "queue.>"), 30 * DAY_S, -1),
     # Samples are high-rate and only needed until metering and telemetry have consumed them.
-    StreamDef("GPUQ_UTILIZATION", ("gpuq.utilization.>",), max_age_s=2 * DAY_S, max_bytes=8 * 1024**3),
-    StreamDef("GPUQ_DLQ", ("gpuq.dlq.>",), max_age_s=90 * DAY_S),
+    ("UTILIZATION", ("utilization.>",), 2 * DAY_S, 8 * 1024**3),
+    ("DLQ", ("dlq.>",), 90 * DAY_S, -1),
 )
+
+
+def streams(namespace: str | None = None) -> tuple[StreamDef, ...]:
+    """The streams of a platform namespace (default: this process's, `GPUQ_NAMESPACE`)."""
+    return _streams(namespaces.validate(namespace) if namespace is not None else namespaces.current())
+
+
+@lru_cache(maxsize=16)
+def _streams(ns: str) -> tuple[StreamDef, ...]:
+    prefix = namespaces.stream_prefix(ns)
+    return tuple(StreamDef(f"{prefix}_{suffix}", tuple(f"{ns}.{p}" for p in patterns), max_age_s, max_bytes)
+                 for suffix, patterns, max_age_s, max_bytes in _STREAM_SHAPES)
+
+
+def dlq_subject(service: str) -> str:
+    return f"{namespaces.current()}.dlq.{service}"
 
 
 def _matches(pattern: str, subject: str) -> bool:
@@ -51,10 +71,10 @@ def _matches(pattern: str, subject: str) -> bool:
 
 
 def stream_for_subject(subject: str) -> StreamDef:
-    for stream in STREAMS:
+    for stream in streams():
         if any(_matches(p, subject) for p in stream.subjects):
             return stream
-    raise LookupError(f"no stream captures subject {subject!r}")
+    raise LookupError(f"no stream of namespace {namespaces.current()!r} captures subject {subject!r}")
 
 
 def consumer_plan(payload_types: Iterable[type[Payload]]) -> list[tuple[StreamDef, str, str]]:
@@ -65,19 +85,28 @@ def consumer_plan(payload_types: Iterable[type[Payload]]) -> list[tuple[StreamDe
     wider filter that the service does not handle are acked without work."""
     wanted = sorted({cls.subject() for cls in payload_types})
     plan: list[tuple[StreamDef, str, str]] = []
-    for stream in STREAMS:
+    ns = namespaces.current()
+    for stream in streams():
         for pattern in stream.subjects:
             subjects = [s for s in wanted if _matches(pattern, s)]
             if not subjects:
                 continue
-            name = pattern.removeprefix("gpuq.").removesuffix(".>").replace(".", "-")
+            name = pattern.removeprefix(f"{ns}.").removesuffix(".>").replace(".", "-")
             plan.append((stream, subjects[0] if len(subjects) == 1 else pattern, name))
     return plan
 
 
-def _config(stream: StreamDef) -> StreamConfig:
+# Every stream gpuq creates says who created it in its description ("gpuq:<purpose>"), so that a command that
+# resets a namespace (the demo, a test session) can tell a platform it must never touch from its own leftovers.
+# (Stream descriptions exist on NATS 2.9; stream metadata would need 2.10.)
+PURPOSES = ("platform", "demo", "test")
+MARKER_PREFIX = "gpuq:"
+
+
+def _config(stream: StreamDef, description: str) -> StreamConfig:
     return StreamConfig(
         name=stream.name,
+        description=description,
         subjects=list(stream.subjects),
         retention=RetentionPolicy.LIMITS,
         storage=StorageType.FILE,
@@ -88,20 +117,59 @@ def _config(stream: StreamDef) -> StreamConfig:
     )
 
 
-async def ensure_streams(js: JetStreamContext) -> None:
-    """Create the streams, or bring existing ones to the declared config. Idempotent."""
-    for stream in STREAMS:
-        config = _config(stream)
+async def ensure_streams(js: JetStreamContext, namespace: str | None = None, purpose: str = "platform") -> None:
+    """Create the namespace's streams, or bring existing ones to the declared config (keeping the purpose they
+    were created with). Idempotent."""
+    if purpose not in PURPOSES:
+        raise ValueError(f"unknown stream purpose {purpose!r}; one of {PURPOSES}")
+    for stream in streams(namespace):
         try:
-            await js.stream_info(stream.name)
+            info = await js.stream_info(stream.name)
         except NotFoundError:
             try:
-                await js.add_stream(config)
+                await js.add_stream(_config(stream, MARKER_PREFIX + purpose))
             except BadRequestError as exc:  # a concurrent starter created it first
                 if "already in use" not in str(exc):
                     raise
             continue
-        await js.update_stream(config)
+        await js.update_stream(_config(stream, info.config.description or MARKER_PREFIX + purpose))
+
+
+async def namespace_purposes(js: JetStreamContext, namespace: str) -> dict[str, str | None]:
+    """{stream name: purpose} of the namespace's streams that exist: "platform", "demo", "test", or None for a
+    stream gpuq did not mark (created by hand or by an older gpuq: treated as a platform's)."""
+    found: dict[str, str | None] = {}
+    for stream in streams(namespace):
+        try:
+            info = await js.stream_info(stream.name)
+        except NotFoundError:
+            continue
+        description = info.config.description or ""
+        found[stream.name] = description.removeprefix(MARKER_PREFIX) if description.startswith(MARKER_PREFIX) \
+            else None
+        if found[stream.name] not in PURPOSES:
+            found[stream.name] = None
+    return found
+
+
+class NamespaceInUse(RuntimeError):
+    """Refusal to delete streams that were not created for the purpose asking (e.g. a platform's, by the demo)."""
+
+
+async def delete_streams(js: JetStreamContext, namespace: str, purpose: str) -> int:
+    """Delete the namespace's streams, but only if every one of them was created with `purpose` (a demo resets
+    only a demo's streams, a test session only its own). Returns how many were deleted."""
+    found = await namespace_purposes(js, namespace)
+    foreign = {name: p for name, p in found.items() if p != purpose}
+    if foreign:
+        owners = ", ".join(f"{name} ({p or 'unmarked: a platform'})" for name, p in sorted(foreign.items()))
+        raise NamespaceInUse(
+            f"namespace {namespace!r} holds streams not created by a gpuq {purpose}: {owners}; refusing to delete "
+            "them. Use another namespace (GPUQ_NAMESPACE) or remove them deliberately with the NATS CLI.")
+    for name in sorted(found):
+        with contextlib.suppress(NotFoundError):
+            await js.delete_stream(name)
+    return len(found)
 
 
 async def connect(url: str, name: str) -> nats.NATS:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import secrets
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -110,21 +111,23 @@ def with_database(database_url: str, name: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, parts.fragment))
 
 
-async def scratch_database(database_url: str, name: str) -> str:
-    """A new, empty database `name` on the same server (dropped first if it exists), for benchmarks; its URL."""
+async def scratch_database(database_url: str, prefix: str) -> tuple[str, str]:
+    """A new, empty database `<prefix>_<random>` on the same server, for benchmarks, demos and test sessions:
+    (its URL, its name). It never reuses or drops an existing database, so it cannot destroy someone's data;
+    whoever asked for it drops it with `drop_database` when done."""
+    name = f"{prefix}_{secrets.token_hex(4)}"
     if not SCHEMA_RE.match(name):
         raise ValueError(f"invalid database name {name!r}")
     admin = await asyncpg.connect(database_url)
     try:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name}")
         await admin.execute(f"CREATE DATABASE {name}")
     finally:
         await admin.close()
-    return with_database(database_url, name)
+    return with_database(database_url, name), name
 
 
 async def drop_database(database_url: str, name: str) -> None:
-    """Drop database `name` on the same server, if it exists."""
+    """Drop database `name` on the same server, if it exists (only ever one this process created)."""
     if not SCHEMA_RE.match(name):
         raise ValueError(f"invalid database name {name!r}")
     admin = await asyncpg.connect(database_url)

@@ -1,7 +1,8 @@
 """The event catalogue: pydantic payload models, the CloudEvents 1.0 envelope, and the type registry.
 
 Each payload class declares its `aggregate` and `fact`; from them follow the CloudEvents type
-`io.gpuq.<aggregate>.<fact>.v1` and the NATS subject `gpuq.<aggregate>.<fact>`. Within v1 only
+`io.gpuq.<aggregate>.<fact>.v1` and the NATS subject `<namespace>.<aggregate>.<fact>` (namespace `gpuq` by
+default, see shared/namespace.py). Within v1 only
 additive, optional changes are allowed: `tests/unit/test_event_schemas.py` compares every model's JSON
 Schema with the committed file under `shared/schemas/`.
 """
@@ -16,11 +17,11 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from shared import namespace
 from shared.domain import GpuBinding, JobSpec, NodeSpec
 
 SPEC_VERSION = "1.0"
 TYPE_PREFIX = "io.gpuq."
-SUBJECT_PREFIX = "gpuq."
 
 
 class Payload(BaseModel):
@@ -37,7 +38,8 @@ class Payload(BaseModel):
 
     @classmethod
     def subject(cls) -> str:
-        return f"{SUBJECT_PREFIX}{cls.aggregate}.{cls.fact}"
+        """The NATS subject in this process's platform namespace (`gpuq.<aggregate>.<fact>` by default)."""
+        return f"{namespace.current()}.{cls.aggregate}.{cls.fact}"
 
     def job_key(self) -> str | None:
         """The job this event is about (the CloudEvents `subject`), if any."""

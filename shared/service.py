@@ -31,7 +31,7 @@ import asyncpg
 from faststream import AckPolicy
 from faststream.nats import ConsumerConfig, JStream, NatsBroker, NatsMessage, PullSub
 
-from shared.bus import DLQ_SUBJECT_PREFIX, consumer_plan, ensure_streams, stream_for_subject
+from shared.bus import consumer_plan, dlq_subject, ensure_streams, stream_for_subject
 from shared.clock import Clock, SystemClock
 from shared.db import apply_migrations
 from shared.events import (
@@ -394,8 +394,9 @@ class ServiceRuntime:
                 f"INSERT INTO {self.spec.schema}.dead_letters(subject, stream_seq, deliveries, reason, message, body)"
                 " VALUES ($1, $2, $3, $4, $5, $6)", subject, stream_seq, deliveries, reason, message, raw)
         msg_id = f"dlq-{self.spec.name}-{subject}-{stream_seq}"
-        await self.broker.publish(json.dumps(record).encode(), f"{DLQ_SUBJECT_PREFIX}{self.spec.name}",
-                                  headers={"Nats-Msg-Id": msg_id}, stream="GPUQ_DLQ")
+        subject_dlq = dlq_subject(self.spec.name)
+        await self.broker.publish(json.dumps(record).encode(), subject_dlq, headers={"Nats-Msg-Id": msg_id},
+                                  stream=stream_for_subject(subject_dlq).name)
 
     # ------------------------------------------------------------------ outbox relay
 

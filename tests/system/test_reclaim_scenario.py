@@ -16,6 +16,7 @@ from shared.clock import ScaledClock
 from shared.config import parse_cluster, parse_queues
 from shared.domain import CheckpointSpec, JobSpec, PodSet
 from shared.events import JobSubmitted, make_event
+from shared.namespace import subject as ns_subject
 from shared.service import publish_event
 
 CLUSTER = parse_cluster({"node_groups": [
@@ -73,7 +74,7 @@ async def test_team_b_reclaims_from_team_a_which_checkpoints_and_resumes(fresh: 
         async def submit(spec: JobSpec) -> None:
             now = datetime.fromtimestamp(clock.now(), UTC)
             await publish_event(js, make_event(JobSubmitted(spec=spec, submitted_at=now), source="test", time=now),
-                                "gpuq.job.submitted")
+                                ns_subject("job.submitted"))
 
         async def state(job_id: str) -> str:
             rows = await fetch_status(database_url, job_id)
@@ -88,17 +89,19 @@ async def test_team_b_reclaims_from_team_a_which_checkpoints_and_resumes(fresh: 
         await wait_until(lambda: _is(state("a-sweep"), "completed"))
         await nc.close()
 
-    preempted = [e["data"] for e in await events_on(nats_url, "gpuq.job.preempted")]
+    preempted = [e["data"] for e in await events_on(nats_url, ns_subject("job.preempted"))]
     assert len(preempted) == 1
     p = preempted[0]
     assert p["job_id"] == "a-sweep" and p["reason"] == "ReclaimQuota" and p["preemptor"] == "b-train"
     assert p["checkpoint_uri"], "the victim checkpointed before it was preempted"
     # Lost work is what ran after the checkpoint: far less than the 16 GPUs × ~100 s it had run.
     assert p["lost_gpu_seconds"] < 16 * 100
-    assert [e["data"]["job_id"] for e in await events_on(nats_url, "gpuq.job.checkpoint_requested")] == ["a-sweep"]
-    requeued = [e["data"] for e in await events_on(nats_url, "gpuq.job.requeued")]
+    checkpoints = await events_on(nats_url, ns_subject("job.checkpoint_requested"))
+    assert [e["data"]["job_id"] for e in checkpoints] == ["a-sweep"]
+    requeued = [e["data"] for e in await events_on(nats_url, ns_subject("job.requeued"))]
     assert [r["resume_from"] for r in requeued] == [p["checkpoint_uri"]]
-    placed = [e["data"] for e in await events_on(nats_url, "gpuq.job.placed") if e["data"]["job_id"] == "a-sweep"]
+    placed = [e["data"] for e in await events_on(nats_url, ns_subject("job.placed"))
+              if e["data"]["job_id"] == "a-sweep"]
     assert len(placed) == 2 and placed[1]["resume_from"] == p["checkpoint_uri"]
     conn = await asyncpg.connect(database_url)
     run = await conn.fetchrow("SELECT attempt, done_s FROM executor.runs WHERE job_id = 'a-sweep'")

@@ -19,6 +19,7 @@ from shared.clock import ScaledClock
 from shared.config import parse_cluster, parse_queues
 from shared.domain import JobSpec, PodSet, TopologyLevel, TopologyRequest
 from shared.events import JobSubmitted, make_event
+from shared.namespace import subject as ns_subject
 from shared.service import publish_event
 
 CLUSTER = parse_cluster({"node_groups": [
@@ -68,7 +69,7 @@ async def test_submit_to_completed_over_the_bus(fresh: tuple[str, str], tmp_path
         nc = await nats.connect(nats_url)
         js = nc.jetstream()
         for e in events:
-            await publish_event(js, e, "gpuq.job.submitted")
+            await publish_event(js, e, ns_subject("job.submitted"))
 
         async def all_done() -> bool:
             rows = await fetch_status(database_url, None)
@@ -86,14 +87,16 @@ async def test_submit_to_completed_over_the_bus(fresh: tuple[str, str], tmp_path
         before = await conn.fetchval("SELECT count(*) FROM admission.outbox")
         runs_before = await conn.fetch("SELECT job_id, attempt FROM executor.runs ORDER BY job_id")
         for i, e in enumerate(events):
-            await js.publish("gpuq.job.submitted", e.model_dump_json().encode(), headers={"Nats-Msg-Id": f"again-{i}"})
+            await js.publish(ns_subject("job.submitted"), e.model_dump_json().encode(),
+                             headers={"Nats-Msg-Id": f"again-{i}"})
         await asyncio.sleep(2.0)
         assert await conn.fetchval("SELECT count(*) FROM admission.outbox") == before
         assert await conn.fetch("SELECT job_id, attempt FROM executor.runs ORDER BY job_id") == runs_before
-        placed = await conn.fetchval("SELECT count(*) FROM scheduler.outbox WHERE subject = 'gpuq.job.placed'")
+        placed = await conn.fetchval("SELECT count(*) FROM scheduler.outbox WHERE subject = $1",
+                                     ns_subject("job.placed"))
         assert placed == 3
         # Trace context crossed every hop: each completion belongs to its submission's trace.
-        sub = await js.subscribe("gpuq.job.completed", ordered_consumer=True)
+        sub = await js.subscribe(ns_subject("job.completed"), ordered_consumer=True)
         completed = {}
         for _ in range(3):
             msg = await sub.next_msg(timeout=5)

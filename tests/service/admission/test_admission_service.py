@@ -16,6 +16,7 @@ from shared.config import parse_queues
 from shared.db import create_pool
 from shared.domain import JobSpec, PodSet
 from shared.events import JobCompleted, JobPending, JobSubmitted, QueueConfigChanged, encode_event, make_event
+from shared.namespace import subject as ns_subject
 from shared.service import ServiceRuntime
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -56,7 +57,7 @@ async def test_runtime_config_change_and_refusal_survive_restart(fresh: tuple[st
     await svc.start()
     try:
         for job_id in ("j1", "j2"):
-            await js.publish("gpuq.job.submitted", submitted(job_id, 8))
+            await js.publish(ns_subject("job.submitted"), submitted(job_id, 8))
         await until(lambda: _eq(status("j2"), "pending"))
         assert await status("j1") == "admitted"
         row = await conn.fetchrow("SELECT reason, message FROM admission.jobs WHERE job_id = 'j2'")
@@ -65,7 +66,7 @@ async def test_runtime_config_change_and_refusal_survive_restart(fresh: tuple[st
         bad = queues(16)
         bad["queues"][0]["quotas"]["H100"]["nominal"] = -1
         for doc in (bad, queues(16)):
-            await js.publish("gpuq.queue.config_changed", encode_event(make_event(
+            await js.publish(ns_subject("queue.config_changed"), encode_event(make_event(
                 QueueConfigChanged(config=doc, changed_by="alice"), source="test", time=T0)))
         await until(lambda: _eq(status("j2"), "admitted"))
         actions = [r["action"] for r in await conn.fetch("SELECT action FROM admission.audit ORDER BY id")]
@@ -79,7 +80,7 @@ async def test_runtime_config_change_and_refusal_survive_restart(fresh: tuple[st
     svc = runtime()
     await svc.start()
     try:
-        await js.publish("gpuq.job.submitted", submitted("j3", 8))
+        await js.publish(ns_subject("job.submitted"), submitted("j3", 8))
         await until(lambda: _eq(status("j3"), "pending"))
         assert {r["job_id"]: r["status"] for r in await conn.fetch("SELECT job_id, status FROM admission.jobs")} == {
             "j1": "admitted", "j2": "admitted", "j3": "pending"}
@@ -123,7 +124,7 @@ async def test_small_position_moves_deep_in_a_queue_update_the_table_but_publish
     await svc.start()
     try:
         for job_id in jobs:
-            await js.publish("gpuq.job.submitted", submitted(job_id, 1))
+            await js.publish(ns_subject("job.submitted"), submitted(job_id, 1))
 
         async def all_waiting() -> bool:
             got = await positions()
@@ -135,7 +136,7 @@ async def test_small_position_moves_deep_in_a_queue_update_the_table_but_publish
         assert all(before.get(j, 0) >= 1 for j in jobs[4:])  # every waiting job heard why once
 
         done = JobCompleted(job_id="j00", finished_at=T0)
-        await js.publish("gpuq.job.completed", encode_event(make_event(done, source="test", time=T0)))
+        await js.publish(ns_subject("job.completed"), encode_event(make_event(done, source="test", time=T0)))
         await until(lambda: _eq(status_of(conn, "j04"), "admitted"))
         await until(lambda: _eq(_position(conn, "j29"), 25))
         after = await pending_events()

@@ -16,12 +16,14 @@ import nats
 import pytest_asyncio
 
 from services.admission.app import AdmissionService
-from shared.bus import STREAMS, ensure_streams
+from shared import namespace
+from shared.bus import delete_streams, ensure_streams
 from shared.clock import ManualClock
 from shared.config import parse_queues
 from shared.db import create_pool
 from shared.domain import JobSpec, PodSet
 from shared.events import JobCompleted, JobSubmitted, QueueConfigChanged, encode_event, make_event
+from shared.namespace import subject as ns_subject
 from shared.service import ServiceRuntime
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -94,7 +96,8 @@ class Env:
 
     async def submit_all(self) -> None:
         for i, (job_id, team, queue, gpus) in enumerate(JOBS):
-            await self.js.publish("gpuq.job.submitted", submitted(job_id, team, queue, gpus, T0 + timedelta(seconds=i)))
+            await self.js.publish(ns_subject("job.submitted"),
+                                  submitted(job_id, team, queue, gpus, T0 + timedelta(seconds=i)))
 
     async def start_waiting(self, runtime: ServiceRuntime) -> asyncio.Task[None]:
         """Start an instance expected to wait for its leases; it must still be waiting a moment later."""
@@ -109,10 +112,8 @@ class Env:
         for runtime in self.runtimes:
             await runtime.stop()
         self.runtimes.clear()
-        for stream in STREAMS:
-            with contextlib.suppress(nats.js.errors.NotFoundError):
-                await self.js.delete_stream(stream.name)
-        await ensure_streams(self.js)
+        await delete_streams(self.js, namespace.current(), purpose="test")
+        await ensure_streams(self.js, purpose="test")
         await self.conn.execute("DROP SCHEMA admission CASCADE")
 
     async def jobs(self) -> dict[str, tuple]:
@@ -192,8 +193,8 @@ async def test_two_cohort_instances_together_decide_what_one_instance_decides(en
     assert a.counters.ignored >= len(BETA_SIDE) and b.counters.ignored >= len(ALPHA_SIDE)
 
     # A completion is handled by the job's instance only: it admits the next job of that cohort.
-    await env.js.publish("gpuq.job.completed", completed("a1-1"))
-    await env.js.publish("gpuq.job.completed", completed("b1-1"))
+    await env.js.publish(ns_subject("job.completed"), completed("a1-1"))
+    await env.js.publish(ns_subject("job.completed"), completed("b1-1"))
     await until(lambda: _statuses_are(env, {"a1-2": "admitted", "b2-2": "admitted", "a1-1": "finished",
                                             "b1-1": "finished"}))
     emitted = await env.emitted()
@@ -212,8 +213,8 @@ async def test_same_cohort_instances_lead_one_at_a_time_and_exclude_an_all_cohor
     all_task = await env.start_waiting(everything)  # per-cohort instances run: an all-cohorts one must wait
 
     at = T0
-    await env.js.publish("gpuq.job.submitted", submitted("x1", "t-a1", "a1", 8, at))
-    await env.js.publish("gpuq.job.submitted", submitted("y1", "t-b1", "b1", 8, at))
+    await env.js.publish(ns_subject("job.submitted"), submitted("x1", "t-a1", "a1", 8, at))
+    await env.js.publish(ns_subject("job.submitted"), submitted("y1", "t-b1", "b1", 8, at))
     await until(lambda: _statuses_are(env, {"x1": "admitted", "y1": "admitted"}))
     assert ("admitted", "x1", "first") in await env.emitted()
 
@@ -222,8 +223,8 @@ async def test_same_cohort_instances_lead_one_at_a_time_and_exclude_an_all_cohor
     await asyncio.wait_for(second_task, timeout=15)
     assert second.lease is not None and second.lease.scope == "admission/alpha" and second.lease.term == 2
     assert set(second_svc.state.admitted) == {"x1"}
-    await env.js.publish("gpuq.job.submitted", submitted("x2", "t-a1", "a1", 8, at + timedelta(seconds=1)))
-    await env.js.publish("gpuq.job.completed", completed("x1"))
+    await env.js.publish(ns_subject("job.submitted"), submitted("x2", "t-a1", "a1", 8, at + timedelta(seconds=1)))
+    await env.js.publish(ns_subject("job.completed"), completed("x1"))
     await until(lambda: _statuses_are(env, {"x1": "finished", "x2": "admitted"}))
     emitted = await env.emitted()
     assert ("admitted", "x2", "second") in emitted and not [e for e in emitted if e[2] == "first" and e[1] != "x1"]
@@ -245,15 +246,15 @@ async def test_queue_moving_to_another_cohort_moves_to_that_instance_with_its_jo
     alpha, a = env.instance("A", ["alpha", "-"])
     beta, b = env.instance("B", ["beta"])
     await asyncio.gather(a.start(), b.start())
-    await env.js.publish("gpuq.job.submitted", submitted("m1", "t-a2", "a2", 8, T0))
+    await env.js.publish(ns_subject("job.submitted"), submitted("m1", "t-a2", "a2", 8, T0))
     # 16 GPUs: more than a2 can get while m1 runs, in alpha (a1 lends 8) as in beta (b1 lends 8).
-    await env.js.publish("gpuq.job.submitted", submitted("m2", "t-a2", "a2", 16, T0 + timedelta(seconds=1)))
+    await env.js.publish(ns_subject("job.submitted"), submitted("m2", "t-a2", "a2", 16, T0 + timedelta(seconds=1)))
     await until(lambda: _statuses_are(env, {"m1": "admitted", "m2": "pending"}))
     assert set(alpha.state.admitted) == {"m1"} and set(alpha.state.pending) == {"m2"}
 
     change = make_event(QueueConfigChanged(config=queues(a2_cohort="beta"), changed_by="alice"), source="test",
                         time=T0)
-    await env.js.publish("gpuq.queue.config_changed", encode_event(change))
+    await env.js.publish(ns_subject("queue.config_changed"), encode_event(change))
 
     async def moved() -> bool:
         return set(beta.state.admitted) == {"m1"} and set(beta.state.pending) == {"m2"} and \
@@ -267,7 +268,7 @@ async def test_queue_moving_to_another_cohort_moves_to_that_instance_with_its_jo
                                    change.id + "%") == 2
 
     # The moved queue's completion is now beta's: it frees the quota and beta admits the waiting job.
-    await env.js.publish("gpuq.job.completed", completed("m1"))
+    await env.js.publish(ns_subject("job.completed"), completed("m1"))
     await until(lambda: _statuses_are(env, {"m1": "finished", "m2": "admitted"}))
     assert ("admitted", "m2", "B") in await env.emitted()
     assert set(beta.state.admitted) == {"m2"} and not alpha.state.admitted

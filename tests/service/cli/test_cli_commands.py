@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from shared.events import JobSubmitted, parse_event
+from shared.namespace import subject as ns_subject
 
 runner = CliRunner()
 
@@ -19,7 +20,7 @@ runner = CliRunner()
 async def _submitted(url: str) -> list[JobSubmitted]:
     nc = await nats.connect(url)
     js = nc.jetstream()
-    sub = await js.subscribe("gpuq.job.submitted", ordered_consumer=True)
+    sub = await js.subscribe(ns_subject("job.submitted"), ordered_consumer=True)
     out = []
     while True:
         try:

@@ -3,21 +3,19 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import asyncpg
 import pytest_asyncio
 
 from services.metering import store
-from shared.db import create_pool, dedicated_database
+from shared.db import create_pool
 from shared.service import PLUMBING_SQL
-
-TEST_DB = "gpuq_test_metering"
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
-async def metering_db_url(database_url: str) -> str:
-    return await dedicated_database(database_url, TEST_DB)
+async def metering_db_url(make_database: Callable[[str], Awaitable[str]]) -> str:
+    return await make_database("metering")
 
 
 @pytest_asyncio.fixture(loop_scope="session")

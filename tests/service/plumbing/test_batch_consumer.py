@@ -14,6 +14,7 @@ from shared.clock import ManualClock
 from shared.config import parse_queues
 from shared.db import create_pool
 from shared.events import GpuSample, UtilizationSampled, encode_event, make_event
+from shared.namespace import subject as ns_subject
 from shared.service import ServiceRuntime
 
 QUEUES = parse_queues({"priority_classes": [{"name": "normal", "value": 1}], "queues": [{"name": "q"}]})
@@ -35,10 +36,11 @@ async def test_samples_in_batches_count_once_and_poison_is_dead_lettered(fresh: 
         nc = await nats.connect(nats_url)
         js = nc.jetstream()
         for e in events:
-            await js.publish("gpuq.utilization.sampled", encode_event(e), headers={"Nats-Msg-Id": e.id})
-        await js.publish("gpuq.utilization.sampled", b"not json at all")
+            await js.publish(ns_subject("utilization.sampled"), encode_event(e), headers={"Nats-Msg-Id": e.id})
+        await js.publish(ns_subject("utilization.sampled"), b"not json at all")
         for e in events[:10]:  # the same events again, past publish dedup: what a lost ack looks like
-            await js.publish("gpuq.utilization.sampled", encode_event(e), headers={"Nats-Msg-Id": f"again-{e.id}"})
+            await js.publish(ns_subject("utilization.sampled"), encode_event(e),
+                             headers={"Nats-Msg-Id": f"again-{e.id}"})
         await nc.close()
         deadline = asyncio.get_running_loop().time() + 30
         while runtime.counters.handled + runtime.counters.duplicates < 110 or runtime.counters.dead_lettered < 1:

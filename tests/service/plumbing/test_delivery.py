@@ -16,6 +16,7 @@ from shared.clock import ManualClock
 from shared.db import create_pool
 from shared.domain import JobSpec, PodSet
 from shared.events import CloudEvent, JobCompleted, JobSubmitted, encode_event, make_event
+from shared.namespace import subject as ns_subject
 from shared.service import ServiceRuntime, ServiceSpec, Tx, publish_event
 
 SCHEMA = "plumbing_test"
@@ -101,13 +102,13 @@ async def test_redelivered_event_changes_nothing_twice(fresh: tuple[str, str], p
         nc = await nats.connect(nats_url)
         js = nc.jetstream()
         for msg_id in ("a", "b"):
-            await js.publish("gpuq.job.submitted", encode_event(event), headers={"Nats-Msg-Id": msg_id})
+            await js.publish(ns_subject("job.submitted"), encode_event(event), headers={"Nats-Msg-Id": msg_id})
         await nc.close()
         await wait_for(lambda: _eq(lambda: runtime.counters.duplicates, 1))
         assert await count(pool, "job-1") == 1
         assert svc.calls == 1
         await wait_for(lambda: _eq(lambda: runtime.counters.published, 1))
-        completed = await stream_messages(nats_url, "gpuq.job.completed")
+        completed = await stream_messages(nats_url, ns_subject("job.completed"))
         assert len(completed) == 1
     finally:
         await runtime.stop()
@@ -124,14 +125,14 @@ async def test_handler_crash_before_commit_gets_event_again(fresh: tuple[str, st
     runtime = ServiceRuntime(svc.spec(), nats_url=nats_url, pool=pool, clock=ManualClock())
     await runtime.start()
     try:
-        await publish_event(runtime.broker, submitted("job-2"), "gpuq.job.submitted")
+        await publish_event(runtime.broker, submitted("job-2"), ns_subject("job.submitted"))
         await wait_for(lambda: _eq(lambda: runtime.counters.handled, 1))
         assert svc.calls == 3  # two crashed attempts, rolled back, then the one that committed
         assert runtime.counters.retried == 2
         assert await count(pool, "job-2") == 1
         await wait_for(lambda: _eq(lambda: runtime.counters.published, 1))
         # The rolled-back attempts left no outbox row behind: exactly one JobCompleted.
-        assert len(await stream_messages(nats_url, "gpuq.job.completed")) == 1
+        assert len(await stream_messages(nats_url, ns_subject("job.completed"))) == 1
     finally:
         await runtime.stop()
 
@@ -169,7 +170,7 @@ async def test_publish_interrupted_after_commit_is_published_once_after_restart(
     assert await restarted.relay_once() == 1
     assert await restarted.relay_once() == 0
     await restarted.stop()
-    messages = await stream_messages(nats_url, "gpuq.job.completed")
+    messages = await stream_messages(nats_url, ns_subject("job.completed"))
     assert [m["body"]["id"] for m in messages] == [event.id]
     assert messages[0]["headers"].get("Nats-Msg-Id") == event.id
 
@@ -182,19 +183,19 @@ async def test_poison_messages_are_dead_lettered_with_reason(fresh: tuple[str, s
     try:
         nc = await nats.connect(nats_url)
         js = nc.jetstream()
-        await js.publish("gpuq.job.submitted", b"{not json")
+        await js.publish(ns_subject("job.submitted"), b"{not json")
         unknown = submitted("job-4").model_copy(update={"type": "io.gpuq.job.teleported.v1"})
-        await js.publish("gpuq.job.submitted", encode_event(unknown))
+        await js.publish(ns_subject("job.submitted"), encode_event(unknown))
         bad = submitted("job-5").model_dump(mode="json")
         bad["data"]["spec"]["pod_sets"] = []
-        await js.publish("gpuq.job.submitted", json.dumps(bad).encode())
-        await publish_event(js, submitted("job-6"), "gpuq.job.submitted")  # a good one after the bad ones
+        await js.publish(ns_subject("job.submitted"), json.dumps(bad).encode())
+        await publish_event(js, submitted("job-6"), ns_subject("job.submitted"))  # a good one after the bad ones
         await nc.close()
         await wait_for(lambda: _eq(lambda: runtime.counters.handled, 1))
         rows = await pool.fetch(f"SELECT reason, message FROM {SCHEMA}.dead_letters ORDER BY id")
         assert [r["reason"] for r in rows] == ["MalformedJson", "UnknownEventType", "InvalidPayload"]
         assert "pod_sets" in rows[2]["message"]
-        dlq = await stream_messages(nats_url, "gpuq.dlq.plumbingtest")
+        dlq = await stream_messages(nats_url, ns_subject("dlq.plumbingtest"))
         assert [m["body"]["reason"] for m in dlq] == ["MalformedJson", "UnknownEventType", "InvalidPayload"]
         assert await count(pool, "job-6") == 1
     finally:

@@ -29,6 +29,7 @@ from shared.events import (
     make_event,
     utcnow_from,
 )
+from shared.namespace import subject as ns_subject
 from shared.service import ServiceRuntime, publish_event
 
 MODEL = "H100-80GB"
@@ -127,8 +128,8 @@ async def test_reclaim_checkpoints_then_preempts_exactly_once_across_a_restart(f
                                          need={MODEL: 8}, candidates=("a-borrowed",)))
         await h.until("SELECT 1 FROM preemption.preemptions WHERE victim = 'a-borrowed' AND state = 'checkpointing'")
         await h.until("SELECT count(*) FROM preemption.outbox WHERE published_at IS NOT NULL "
-                      "AND subject = 'gpuq.job.checkpoint_requested'")
-        requested = await h.outbox("gpuq.job.checkpoint_requested")
+                      f"AND subject = '{ns_subject('job.checkpoint_requested')}'")
+        requested = await h.outbox(ns_subject("job.checkpoint_requested"))
         assert [r["job_id"] for r in requested] == ["a-borrowed"]  # the newer job: less work lost
         pid = requested[0]["preemption_id"]
 
@@ -144,7 +145,7 @@ async def test_reclaim_checkpoints_then_preempts_exactly_once_across_a_restart(f
                                      checkpointed_at=utcnow_from(clock.now()), preemption_id=pid))
         clock.advance(1000)  # far past the grace: the deadline loop must not preempt it again
         await asyncio.sleep(0.5)
-        preempted = await h.outbox("gpuq.job.preempted")
+        preempted = await h.outbox(ns_subject("job.preempted"))
         assert len(preempted) == 1
         p = preempted[0]
         assert p["job_id"] == "a-borrowed" and p["preemptor"] == "b-back" and p["reason"] == "ReclaimQuota"
@@ -169,12 +170,12 @@ async def test_without_checkpoint_the_grace_elapses_on_the_runtime_clock(fresh: 
                                          need={MODEL: 8}))
         await h.until("SELECT 1 FROM preemption.preemptions WHERE state = 'checkpointing'")
         await asyncio.sleep(0.3)
-        assert await h.outbox("gpuq.job.preempted") == []  # still inside the grace
+        assert await h.outbox(ns_subject("job.preempted")) == []  # still inside the grace
         await h.stop()
         clock.advance(301)  # the grace elapses while the service is down
         await h.start()
         await h.until("SELECT 1 FROM preemption.preemptions WHERE state = 'preempted'")
-        preempted = await h.outbox("gpuq.job.preempted")
+        preempted = await h.outbox(ns_subject("job.preempted"))
         assert len(preempted) == 1 and preempted[0]["checkpoint_uri"] is None
         # lost work: 8 GPUs since its start (T0+100) until the preemption (T0+5301)
         assert preempted[0]["lost_gpu_seconds"] == 8 * (5301 - 100)
@@ -197,7 +198,7 @@ async def test_a_job_five_minutes_from_its_end_is_left_alone(fresh: tuple[str, s
             lines = await preemption_status(conn, "a-ending", clock.now())
         assert "NoCandidates" in message
         assert any("ProtectedNearEnd" in line for line in lines)
-        assert await h.outbox("gpuq.job.checkpoint_requested") == []
+        assert await h.outbox(ns_subject("job.checkpoint_requested")) == []
         conn2 = await asyncpg.connect(h.database_url)
         assert await conn2.fetchval("SELECT count(*) FROM preemption.preemptions") == 0
         await conn2.close()

@@ -16,6 +16,7 @@ from shared.config import parse_cluster
 from shared.db import create_pool
 from shared.domain import JobSpec, PodSet, TopologyLevel, TopologyRequest
 from shared.events import JobAdmitted, JobCompleted, NodeInventory, encode_event, make_event
+from shared.namespace import subject as ns_subject
 from shared.service import ServiceRuntime
 
 NODES = tuple(parse_cluster({"node_groups": [
@@ -55,10 +56,10 @@ async def test_restart_redelivery_reasons_and_takeover(fresh: tuple[str, str]) -
     standby_task = asyncio.create_task(standby.start())  # waits for the lease
     try:
         inventory = make_event(NodeInventory(nodes=NODES), source="test", time=T0)
-        await js.publish("gpuq.node.inventory", encode_event(inventory))
-        await js.publish("gpuq.job.admitted", admitted("gang", 2, 8,
+        await js.publish(ns_subject("node.inventory"), encode_event(inventory))
+        await js.publish(ns_subject("job.admitted"), admitted("gang", 2, 8,
                                                        topology=TopologyRequest(required_level=TopologyLevel.RACK)))
-        await js.publish("gpuq.job.admitted", admitted("small", 1, 4))
+        await js.publish(ns_subject("job.admitted"), admitted("small", 1, 4))
         await wait_for(lambda: _ge(placed_count(), 2))
         gang = json.loads(await conn.fetchval("SELECT bindings FROM scheduler.jobs WHERE job_id = 'gang'"))
         assert len({b["node"] for b in gang}) == 2
@@ -70,7 +71,7 @@ async def test_restart_redelivery_reasons_and_takeover(fresh: tuple[str, str]) -
         await asyncio.wait_for(standby_task, timeout=15)
         assert standby.lease is not None and standby.lease.term == token + 1
         # A job that cannot be placed carries a machine reason and a message with the numbers.
-        await js.publish("gpuq.job.admitted", admitted("too-big", 3, 8,
+        await js.publish(ns_subject("job.admitted"), admitted("too-big", 3, 8,
                                                        topology=TopologyRequest(required_level=TopologyLevel.RACK)))
         await wait_for(lambda: _reason_is(conn, "too-big"))
         row = await conn.fetchrow("SELECT reason, message FROM scheduler.jobs WHERE job_id = 'too-big'")
@@ -78,10 +79,11 @@ async def test_restart_redelivery_reasons_and_takeover(fresh: tuple[str, str]) -
         # A completion delivered twice (new Nats-Msg-Id, same event) releases once and places nothing twice.
         # The finished gang frees its rack; the waiting job is placed by the new leader.
         done = make_event(JobCompleted(job_id="gang", finished_at=T0), source="test", time=T0)
-        await js.publish("gpuq.job.completed", encode_event(done))
-        await js.publish("gpuq.job.completed", encode_event(done), headers={"Nats-Msg-Id": "again"})
+        await js.publish(ns_subject("job.completed"), encode_event(done))
+        await js.publish(ns_subject("job.completed"), encode_event(done), headers={"Nats-Msg-Id": "again"})
         await wait_for(lambda: _ge(standby_duplicates(standby), 1))
-        outbox = await conn.fetchval("SELECT count(*) FROM scheduler.outbox WHERE subject = 'gpuq.job.placed'")
+        outbox = await conn.fetchval("SELECT count(*) FROM scheduler.outbox WHERE subject = $1",
+                                     ns_subject("job.placed"))
         assert outbox == 2  # gang and small only: nothing placed twice, too-big still cannot fit 24 GPUs in a rack
     finally:
         await standby.stop()

@@ -4,14 +4,14 @@ resolved (`database_url`), with the `telemetry` schema dropped and migrated afre
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import asyncpg
 import pytest_asyncio
 
 from services.telemetry.app import MIGRATIONS
-from shared.db import apply_migrations, create_pool, dedicated_database
+from shared.db import apply_migrations, create_pool
 from shared.service import PLUMBING_SQL
 
 # The unit tests' builders (events of a job's life) serve here too.
@@ -21,12 +21,9 @@ for _path in (_BUILDERS, _HERE):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-TEST_DB = "gpuq_test_telemetry"
-
-
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
-async def telemetry_db_url(database_url: str) -> str:
-    return await dedicated_database(database_url, TEST_DB)
+async def telemetry_db_url(make_database: Callable[[str], Awaitable[str]]) -> str:
+    return await make_database("telemetry")
 
 
 @pytest_asyncio.fixture(loop_scope="session")

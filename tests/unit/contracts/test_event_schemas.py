@@ -7,6 +7,8 @@ from datetime import UTC, datetime
 
 import pytest
 
+from shared import namespace
+from shared.bus import streams
 from shared.domain import JobSpec, PodSet
 from shared.events import (
     BY_TYPE,
@@ -37,11 +39,27 @@ def test_no_stale_schema_files() -> None:
     assert on_disk == known
 
 
-def test_types_and_subjects_follow_the_naming_rule() -> None:
+def test_types_and_subjects_follow_the_naming_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    session_namespace = namespace.current()
     for cls in CATALOGUE:
         assert cls.event_type() == f"io.gpuq.{cls.aggregate}.{cls.fact}.v1"
+        assert cls.subject() == f"{session_namespace}.{cls.aggregate}.{cls.fact}"
+    monkeypatch.delenv(namespace.ENV)  # the default namespace keeps the historical subjects
+    for cls in CATALOGUE:
         assert cls.subject() == f"gpuq.{cls.aggregate}.{cls.fact}"
+        assert cls.event_type() == f"io.gpuq.{cls.aggregate}.{cls.fact}.v1"
     assert len(BY_TYPE) == len(CATALOGUE)
+
+
+def test_stream_names_carry_the_namespace() -> None:
+    assert [s.name for s in streams("gpuq")] == ["GPUQ_JOBS", "GPUQ_PREEMPTION", "GPUQ_CLUSTER",
+                                                  "GPUQ_UTILIZATION", "GPUQ_DLQ"]
+    assert streams("gpuq")[2].subjects == ("gpuq.node.>", "gpuq.queue.>")
+    assert streams("demo-1f")[0].name == "DEMO_1F_JOBS"
+    assert streams("demo-1f")[0].subjects == ("demo-1f.job.>",)
+    for bad in ("GPUQ", "a.b", "a_b", "", "1abc", "x" * 40):
+        with pytest.raises(namespace.NamespaceError, match="invalid gpuq namespace"):
+            streams(bad)
 
 
 def spec() -> JobSpec:
