@@ -17,7 +17,8 @@ from shared.bus import STREAMS, ensure_streams
 from shared.servers import Servers, resolve_servers
 
 SERVICE_SCHEMAS = ("admission", "scheduler", "preemption", "metering", "telemetry", "executor", "plumbing_test")
-TRACES_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+# Small slices of the public traces (tests/data/traces/README.md); the full files are for benchmarks only.
+TRACES_DIR = Path(__file__).resolve().parent / "data" / "traces"
 
 
 @pytest.fixture(scope="session")
@@ -42,7 +43,7 @@ def database_url(servers: Servers) -> str:
 
 @pytest.fixture(scope="session")
 def traces_dir() -> Path:
-    assert TRACES_DIR.is_dir(), f"the shared traces are expected at {TRACES_DIR}"
+    assert TRACES_DIR.is_dir(), f"the trace slices are expected at {TRACES_DIR}"
     return TRACES_DIR
 
 

@@ -3,9 +3,7 @@ resolved (`database_url`), with the `telemetry` schema dropped and migrated afre
 
 from __future__ import annotations
 
-import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import asyncpg
 import pytest_asyncio
@@ -13,13 +11,6 @@ import pytest_asyncio
 from services.telemetry.app import MIGRATIONS
 from shared.db import apply_migrations, create_pool, dedicated_database
 from shared.service import PLUMBING_SQL
-
-# The unit tests' builders (events of a job's life) serve here too.
-_BUILDERS = str(Path(__file__).resolve().parents[2] / "unit" / "telemetry")
-_HERE = str(Path(__file__).resolve().parent)
-for _path in (_BUILDERS, _HERE):
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
 
 TEST_DB = "gpuq_test_telemetry"
 
