@@ -21,7 +21,7 @@ from rich.table import Table
 
 from cli.runtime import database_url, nats_url
 from cli.status import explain_lines, fetch_status, fmt_time, wait_seconds
-from shared.domain import JobSpec, PodSet, TopologyRequest
+from shared.domain import JobSpec, PodSet, TopologyLevel, TopologyRequest
 from shared.events import JobCancelled, JobSubmitted, make_event
 from shared.service import publish_event
 
@@ -33,7 +33,8 @@ def _specs_from_file(path: Path) -> list[JobSpec]:
         doc = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise typer.BadParameter(f"{path}: {exc}", param_hint="FILE") from None
-    items = doc if isinstance(doc, list) else (doc.get("jobs") if isinstance(doc, dict) and "jobs" in doc else [doc])
+    items: list[Any] = doc if isinstance(doc, list) else (
+        list(doc["jobs"] or []) if isinstance(doc, dict) and "jobs" in doc else [doc])
     specs = []
     for i, item in enumerate(items):
         try:
@@ -82,7 +83,7 @@ def submit(
                 job_id=name or f"{team}-{uuid.uuid4().hex[:8]}", team=team, queue=queue or team,
                 priority_class=priority, max_runtime_s=max_runtime, labels=labels,
                 pod_sets=(PodSet(count=pods, gpus_per_pod=gpus, gpu_models=tuple(gpu_model)),),
-                topology=TopologyRequest(required_level="rack") if rack else TopologyRequest())]
+                topology=TopologyRequest(required_level=TopologyLevel.RACK) if rack else TopologyRequest())]
         except ValidationError as exc:
             raise typer.BadParameter(str(exc)) from None
     asyncio.run(_publish(specs))

@@ -1,9 +1,28 @@
 """The `gpuq` command: users' commands (submit, status, explain, queues, report), operators' (up, demo),
-and the benchmarks and the simulator."""
+and the benchmarks and the simulator.
+
+Each area's commands live in that area's module; this module only names them. To add one, import it below
+and register it in the list for its group (keep both sorted by area).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import typer
+
+from cli.jobs import apply_queues, cancel, explain, queues, status, submit
+from cli.platform import demo, up
+from services.admission.bench import bench_admission
+from services.admission.bench_e2e import bench_admission_e2e
+from services.metering.bench import bench_metering
+from services.metering.report import report
+from services.preemption.cli import preemptible
+from services.scheduler.bench import bench_placement
+from services.telemetry.bench import bench_telemetry
+from services.telemetry.cli import webhooks_app
+from sim.cli import simulate
 
 app = typer.Typer(
     name="gpuq",
@@ -14,25 +33,30 @@ app = typer.Typer(
 bench_app = typer.Typer(help="Benchmarks that print figures (placement, admission, metering, ...).",
                         no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
+app.add_typer(webhooks_app, name="webhooks")
 
-# Each area registers its commands below, one line each (keep the list sorted by area).
-from services.admission.bench import bench_admission; bench_app.command("admission")(bench_admission)  # noqa: E402, E702, I001
-from services.admission.bench_e2e import bench_admission_e2e; bench_app.command("admission-e2e")(bench_admission_e2e)  # noqa: E402, E702, I001
-from services.metering.bench import bench_metering; bench_app.command("metering")(bench_metering)  # noqa: E402, E702, I001
-from services.metering.report import report; app.command("report")(report)  # noqa: E402, E702, I001
-from services.scheduler.bench import bench_placement; bench_app.command("placement")(bench_placement)  # noqa: E402, E702, I001
-from services.preemption.cli import preemptible; app.command("preemptible")(preemptible)  # noqa: E402, E702, I001
-from sim.cli import simulate; app.command("simulate")(simulate)  # noqa: E402, E702, I001
-from services.telemetry.cli import webhooks_app; app.add_typer(webhooks_app, name="webhooks")  # noqa: E402, E702, I001
-from services.telemetry.bench import bench_telemetry; bench_app.command("telemetry")(bench_telemetry)  # noqa: E402, E702, I001
-from cli.jobs import apply_queues, cancel, explain, queues, status, submit  # noqa: E402
-from cli.platform import demo, up  # noqa: E402
+COMMANDS: dict[str, Callable[..., Any]] = {
+    "submit": submit,
+    "status": status,
+    "explain": explain,
+    "queues": queues,
+    "cancel": cancel,
+    "apply-queues": apply_queues,
+    "up": up,
+    "demo": demo,
+    "report": report,  # metering
+    "preemptible": preemptible,  # preemption
+    "simulate": simulate,  # sim
+}
+BENCHMARKS: dict[str, Callable[..., Any]] = {
+    "admission": bench_admission,
+    "admission-e2e": bench_admission_e2e,
+    "metering": bench_metering,
+    "placement": bench_placement,
+    "telemetry": bench_telemetry,
+}
 
-app.command("submit")(submit)
-app.command("status")(status)
-app.command("explain")(explain)
-app.command("queues")(queues)
-app.command("cancel")(cancel)
-app.command("up")(up)
-app.command("demo")(demo)
-app.command("apply-queues")(apply_queues)
+for _name, _command in COMMANDS.items():
+    app.command(_name)(_command)
+for _name, _command in BENCHMARKS.items():
+    bench_app.command(_name)(_command)

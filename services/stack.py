@@ -12,6 +12,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import asyncpg
 
@@ -21,6 +22,9 @@ from shared.config import ClusterConfig, QueuesConfig
 from shared.db import create_pool
 from shared.service import ServiceRuntime, ServiceSpec
 from shared.tracing import setup_tracing
+
+if TYPE_CHECKING:
+    from services.admission.app import EtaFn
 
 log = logging.getLogger("gpuq.stack")
 
@@ -70,7 +74,7 @@ def build_specs(settings: StackSettings) -> list[ServiceSpec]:
     return specs
 
 
-def _eta_function():  # type: ignore[no-untyped-def]
+def _eta_function() -> EtaFn:
     """The forward-simulation ETA with the production cores (sim/eta.py)."""
     from sim.eta import estimate_starts
 

@@ -124,13 +124,13 @@ class EmbeddedPostgres:
             log_path = pgdata / "log"
             tail = log_path.read_text()[-800:] if log_path.exists() else ""
             raise EmbeddedServerError(f"embedded Postgres failed to start in {pgdata}: {exc} {tail}") from exc
-        return str(self._server.get_uri())  # type: ignore[attr-defined]
+        return str(self._server.get_uri())
 
     def stop(self) -> None:
         server, self._server = self._server, None
         if server is not None:
             with contextlib.suppress(Exception):
-                server.cleanup()  # type: ignore[attr-defined]
+                server.cleanup()  # type: ignore[attr-defined]  # pgserver ships no type information
 
 
 def docker_answers(timeout_s: float = 2.0) -> bool:
@@ -159,7 +159,7 @@ class Servers:
     def close(self) -> None:
         for server in reversed(self.started):
             with contextlib.suppress(Exception):
-                server.stop()  # type: ignore[attr-defined]
+                server.stop()  # type: ignore[attr-defined]  # started: list[object] holds several kinds
         self.started.clear()
 
 
@@ -173,7 +173,7 @@ def resolve_servers(data_dir: Path, *, allow_containers: bool = False) -> Server
         elif allow_containers and docker_answers():
             from testcontainers.nats import NatsContainer
 
-            container = NatsContainer(jetstream=True)  # type: ignore[call-arg]
+            container = NatsContainer(jetstream=True)
             container.start()
             servers.started.append(container)
             servers.nats_url, servers.origin["nats"] = container.nats_uri(), "testcontainers"

@@ -30,6 +30,7 @@ from typing import Any
 import asyncpg
 from faststream import AckPolicy
 from faststream.nats import ConsumerConfig, JStream, NatsBroker, NatsMessage, PullSub
+from nats.aio.msg import Msg
 
 from shared.bus import consumer_plan, dlq_subject, ensure_streams, stream_for_subject
 from shared.clock import Clock, SystemClock
@@ -359,7 +360,7 @@ class ServiceRuntime:
 
     def _batch_consumer(self, batch_fn: BatchHandler) -> Callable[[NatsMessage], Awaitable[None]]:
         async def on_batch(msg: NatsMessage) -> None:
-            raws = list(msg.raw_message)
+            raws: list[Msg] = list(msg.raw_message)  # type: ignore[call-overload]  # a batch's raw_message is a list
             try:
                 async with self._handle_lock, self.pool.acquire() as conn:
                     outcome = await batch_fn(conn, [m.data for m in raws])

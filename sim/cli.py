@@ -14,7 +14,16 @@ from rich.table import Table
 
 from shared.config import ConfigError
 from sim.loaders import TraceError
-from sim.run import POLICIES, TraceOptions, load_trace, node_failures, queues_yaml, run_policies, trace_summary
+from sim.run import (
+    POLICIES,
+    PolicyRun,
+    TraceOptions,
+    load_trace,
+    node_failures,
+    queues_yaml,
+    run_policies,
+    trace_summary,
+)
 
 
 def simulate(
@@ -102,7 +111,7 @@ def simulate(
         console.print(f"report written: {', '.join(str(f) for f in files)}")
 
 
-def _print_table(console: Console, runs: list) -> None:  # type: ignore[type-arg]
+def _print_table(console: Console, runs: list[PolicyRun]) -> None:
     keys = ("completed", "avg_jct_s", "p50_wait_s", "p99_wait_s", "gpu_utilization", "busy_gpu_utilization",
             "idle_partial_gang_gpu_hours", "jain_fairness", "themis_rho_worst", "fragmentation_avg_gpus",
             "sim_wall_s", "events_per_s")

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TextIO
 
 from shared.config import (
     ClusterConfig,
@@ -178,7 +179,7 @@ def _capacity_by_model(nodes: Sequence[NodeSpec]) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def _open(path: Path):  # type: ignore[no-untyped-def]
+def _open(path: Path) -> TextIO:
     try:
         return path.open(newline="")
     except OSError as exc:

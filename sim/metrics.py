@@ -21,10 +21,11 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-from sim.engine import SimResult
+from sim.engine import JobRecord, SimResult
 from sim.model import Trace, TraceJob
 
 
@@ -96,20 +97,26 @@ def _downsample(points: Sequence[tuple[float, int]], limit: int = 200) -> list[l
     return [[_r(t, 1), v] for t, v in points[::step]]
 
 
-def compute_metrics(res: SimResult, sim_wall_s: float, isolated: dict[str, float] | None = None) -> dict:
+def end_of(r: JobRecord) -> float:
+    """The end of a completed job (the caller has filtered on `r.end is not None`)."""
+    assert r.end is not None
+    return r.end
+
+
+def compute_metrics(res: SimResult, sim_wall_s: float, isolated: dict[str, float] | None = None) -> dict[str, Any]:
     trace = res.trace
     recs = [res.records[j.job_id] for j in trace.jobs]
     end = max(res.end_time, 1.0)
     capacity_milli = trace.capacity_gpus * 1000
     isolated = isolated if isolated is not None else isolated_finish_times(trace)
 
-    def wait_of(r) -> float:  # type: ignore[no-untyped-def]
+    def wait_of(r: JobRecord) -> float:
         return (r.start if r.start is not None else end) - r.job.submit_time
 
     considered = [r for r in recs if r.rejected is None]
     completed = [r for r in considered if r.end is not None]
     waits = [wait_of(r) for r in considered]
-    jcts = [r.end - r.job.submit_time for r in completed]  # type: ignore[operator]
+    jcts = [end_of(r) - r.job.submit_time for r in completed]
     # The replay window is the submission window [first, last submit]: while work arrives the policies
     # compete; the drain after the last arrival (a few very long jobs) is the same for all of them.
     window = max(1.0, float(trace.jobs[-1].submit_time)) if trace.jobs else 1.0
@@ -118,7 +125,7 @@ def compute_metrics(res: SimResult, sim_wall_s: float, isolated: dict[str, float
     alloc_all, busy_all = _integrals(res, end)
     delivered = sum(trace.gpu_milli(r.job) * r.job.duration for r in completed) / 1000 / 3600
 
-    rho = {r.job.job_id: (r.end - r.job.submit_time) / max(1.0, isolated[r.job.job_id])  # type: ignore[operator]
+    rho = {r.job.job_id: (end_of(r) - r.job.submit_time) / max(1.0, isolated[r.job.job_id])
            for r in completed}
 
     nominal: dict[str, int] = {q.name: sum(f.nominal for f in q.quotas.values()) for q in trace.queues.queues}
@@ -136,7 +143,7 @@ def compute_metrics(res: SimResult, sim_wall_s: float, isolated: dict[str, float
             if upto > r.start:
                 window_hours[r.job.team] += trace.gpu_milli(r.job) * (upto - r.start) / 1000 / 3600
     total_window = sum(window_hours.values()) or 1.0
-    per_team: dict[str, dict] = {}
+    per_team: dict[str, dict[str, Any]] = {}
     team_x: list[float] = []
     for t in teams:
         rs = [r for r in considered if r.job.team == t]
@@ -151,7 +158,7 @@ def compute_metrics(res: SimResult, sim_wall_s: float, isolated: dict[str, float
         inv = [min(1.0, 1.0 / rho[r.job.job_id]) for r in rs if r.job.job_id in rho]
         if inv:
             team_x.append(sum(inv) / len(inv))
-    per_class: dict[str, dict] = {}
+    per_class: dict[str, dict[str, Any]] = {}
     for c in sorted({r.job.priority_class for r in recs}):
         rs = [r for r in considered if r.job.priority_class == c]
         w = [wait_of(r) for r in rs]

@@ -40,10 +40,10 @@ class _Preemption:
 
     def __call__(self, ctx: Any) -> list[Any]:
         if self.inner is None:
-            from services.preemption.core.sim_adapter import SimPreemption
+            from sim.preemption import SimPreemption
 
             self.inner = SimPreemption(ctx.admission.config, checkpointing=self.checkpointing)
-        return self.inner(ctx)  # type: ignore[no-any-return]
+        return self.inner(ctx)
 
 
 def make_policy(name: str) -> Policy:
@@ -164,7 +164,7 @@ def load_trace(opts: TraceOptions) -> Trace:
 
 @dataclass
 class PolicyRun:
-    metrics: dict
+    metrics: dict[str, Any]
     result: SimResult
 
 
@@ -194,7 +194,7 @@ def run_policies(trace: Trace, policies: Sequence[str],
     return runs
 
 
-def trace_summary(trace: Trace) -> dict:
+def trace_summary(trace: Trace) -> dict[str, Any]:
     return {"name": trace.name, "epoch0": trace.epoch0, **{k: trace.info[k] for k in sorted(trace.info)}}
 
 

@@ -29,7 +29,8 @@ SESSION_NAMESPACE = namespace.fresh("test")
 os.environ[namespace.ENV] = SESSION_NAMESPACE
 
 SERVICE_SCHEMAS = ("admission", "scheduler", "preemption", "metering", "telemetry", "executor", "plumbing_test")
-TRACES_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+# Small slices of the public traces (tests/data/traces/README.md); the full files are for benchmarks only.
+TRACES_DIR = Path(__file__).resolve().parent / "data" / "traces"
 SESSION_DB_PREFIX = "gpuq_test"
 
 
@@ -96,7 +97,7 @@ def make_database(session_databases: SessionDatabases) -> Callable[[str], Awaita
 
 @pytest.fixture(scope="session")
 def traces_dir() -> Path:
-    assert TRACES_DIR.is_dir(), f"the shared traces are expected at {TRACES_DIR}"
+    assert TRACES_DIR.is_dir(), f"the trace slices are expected at {TRACES_DIR}"
     return TRACES_DIR
 
 

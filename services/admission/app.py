@@ -18,10 +18,11 @@ import asyncio
 import gc
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from operator import itemgetter
 from pathlib import Path
 
+import asyncpg
 from pydantic import ValidationError
 
 from services.admission.core import AdmissionState, AdmittedWorkload, Workload, admission_cycle
@@ -47,6 +48,7 @@ from shared.events import (
     JobSubmitted,
     NodeChanged,
     NodeInventory,
+    Payload,
     PreemptionReason,
     PreemptionRequested,
     QueueConfigChanged,
@@ -65,7 +67,7 @@ ETA_INTERVAL_S = 2.0  # wall seconds between ETA refreshes (only when something 
 # Held shared by a per-cohort instance's units of work and exclusively while a configuration is recorded.
 CONFIG_LOCK = lock_key("admission-config")
 # Events every per-cohort instance handles itself (see ServiceSpec.broadcast).
-BROADCAST = frozenset({QueueConfigChanged, NodeInventory, NodeChanged})
+BROADCAST: frozenset[type[Payload]] = frozenset({QueueConfigChanged, NodeInventory, NodeChanged})
 
 
 class AdmissionService:
@@ -128,7 +130,7 @@ class AdmissionService:
         gc.collect()
         gc.freeze()
 
-    async def _rebuild(self, conn) -> None:  # type: ignore[no-untyped-def]
+    async def _rebuild(self, conn: asyncpg.Connection) -> None:
         self._config_version, config = await latest_config(conn, self.initial_config)
         self.state = await load_jobs(conn, config, self.shard)
         self.cluster, self.expected_end = await load_cluster_view(conn)
@@ -137,7 +139,7 @@ class AdmissionService:
         self._etas.clear()
         self._version += 1
 
-    async def _reload_owned(self, conn) -> None:  # type: ignore[no-untyped-def]
+    async def _reload_owned(self, conn: asyncpg.Connection) -> None:
         """The configuration in force changed (here or in another instance): take this instance's queues under it
         from the tables. Memory and tables agree at this point, so what was published stays valid for the jobs
         kept; jobs that moved here get their status published by the next cycle."""
@@ -151,7 +153,7 @@ class AdmissionService:
 
     # ------------------------------------------------------------------ sharding (per-cohort instances only)
 
-    async def _enter_config_epoch(self, conn, *, exclusive: bool = False) -> None:  # type: ignore[no-untyped-def]
+    async def _enter_config_epoch(self, conn: asyncpg.Connection, *, exclusive: bool = False) -> None:
         """Work under the configuration in force. A configuration is recorded holding CONFIG_LOCK exclusively,
         so it commits between units of work, never during one: every instance then decides ownership with the
         same configuration, and an instance taking over queues sees every write of their previous owner."""
@@ -161,7 +163,7 @@ class AdmissionService:
         if version != self._config_version:
             await self._reload_owned(conn)
 
-    async def claim(self, conn, event: CloudEvent, payload: object) -> bool:  # type: ignore[no-untyped-def]
+    async def claim(self, conn: asyncpg.Connection, event: CloudEvent, payload: object) -> bool:
         """Is this event this instance's? (ServiceSpec.claim; per-cohort instances only.) Events of other
         cohorts' jobs are acked with nothing recorded; the cluster view for ETAs still follows their placements."""
         if isinstance(payload, NodeInventory | NodeChanged):
@@ -172,13 +174,13 @@ class AdmissionService:
         if isinstance(payload, JobSubmitted):
             # A queue the configuration does not declare belongs to "-": exactly one instance rejects the job.
             return self.shard.owns_queue(self.state.config, payload.spec.queue)
-        job_id = payload.job_id  # type: ignore[attr-defined]
+        job_id = payload.job_id  # type: ignore[attr-defined]  # every other claimed event is about one job
         if job_id in self.state.pending or job_id in self.state.admitted:
             return True
         await self._mirror_other_cohort(conn, payload)
         return False
 
-    async def _mirror_other_cohort(self, conn, payload: object) -> None:  # type: ignore[no-untyped-def]
+    async def _mirror_other_cohort(self, conn: asyncpg.Connection, payload: object) -> None:
         """Another cohort's job took or gave back GPUs: memory only (its owner records it), for ETAs."""
         if isinstance(payload, JobPlaced):
             status = await conn.fetchval("SELECT status FROM admission.jobs WHERE job_id = $1", payload.job_id)
@@ -192,7 +194,7 @@ class AdmissionService:
             self.expected_end.pop(payload.job_id, None)
             self._version += 1
 
-    async def _then_cycle(self, tx: Tx, body) -> None:  # type: ignore[no-untyped-def]
+    async def _then_cycle(self, tx: Tx, body: Callable[[], Awaitable[None]]) -> None:
         """Apply an event's change, then run one admission cycle in the same transaction. (If anything fails,
         the runtime rebuilds memory from the tables through `reload` before the next unit of work.)"""
         await body()
@@ -366,7 +368,9 @@ class AdmissionService:
             eta = etas.get(job_id)
             old = self._etas.get(job_id)
             # Publish when an ETA appears, disappears or moves by more than a minute or 10% of the wait left.
-            if (eta is None) == (old is None) and (eta is None or abs(eta - old) <= max(60.0, 0.1 * (eta - tx.now))):
+            if eta is None and old is None:
+                continue
+            if eta is not None and old is not None and abs(eta - old) <= max(60.0, 0.1 * (eta - tx.now)):
                 continue
             if eta is None:
                 self._etas.pop(job_id, None)
@@ -460,7 +464,8 @@ async def _config_event_settled(tx: Tx, event: CloudEvent, *, plain_inbox: bool)
         event.id))
 
 
-async def latest_config(conn, fallback: QueuesConfig | None = None) -> tuple[int | None, QueuesConfig]:  # type: ignore[no-untyped-def]
+async def latest_config(conn: asyncpg.Connection,
+                        fallback: QueuesConfig | None = None) -> tuple[int | None, QueuesConfig]:
     """The configuration in force and its admission.config version (None: nothing recorded, the fallback)."""
     row = await conn.fetchrow("SELECT version, document FROM admission.config ORDER BY version DESC LIMIT 1")
     if row is not None:
@@ -470,13 +475,13 @@ async def latest_config(conn, fallback: QueuesConfig | None = None) -> tuple[int
     raise LookupError("admission has no queue configuration recorded yet")
 
 
-async def load_state(conn, fallback: QueuesConfig | None = None) -> AdmissionState:  # type: ignore[no-untyped-def]
+async def load_state(conn: asyncpg.Connection, fallback: QueuesConfig | None = None) -> AdmissionState:
     """Rebuild the core's state from admission's tables: the configuration in force, pending and admitted jobs."""
     _, config = await latest_config(conn, fallback)
     return await load_jobs(conn, config)
 
 
-async def load_jobs(conn, config: QueuesConfig, shard: Shard | None = None) -> AdmissionState:  # type: ignore[no-untyped-def]
+async def load_jobs(conn: asyncpg.Connection, config: QueuesConfig, shard: Shard | None = None) -> AdmissionState:
     """The core's state under `config` with the pending and admitted jobs of the queues `shard` owns (all)."""
     state = AdmissionState(config)
     where, args = "", []
@@ -507,7 +512,7 @@ def _commit_quietly(cluster: ClusterState, spec: JobSpec, bindings: Sequence[Gpu
         log.warning("ETA cluster view could not mirror placement of %s: %s", spec.job_id, exc)
 
 
-async def load_cluster_view(conn) -> tuple[ClusterState, dict[str, float]]:  # type: ignore[no-untyped-def]
+async def load_cluster_view(conn: asyncpg.Connection) -> tuple[ClusterState, dict[str, float]]:
     """Admission's view of the cluster for ETAs: nodes as announced, admitted jobs where they were placed."""
     nodes = [NodeSpec.model_validate_json(r["spec"]) for r in
              await conn.fetch("SELECT spec FROM admission.nodes WHERE NOT removed ORDER BY name")]

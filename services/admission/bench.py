@@ -15,6 +15,7 @@ import json
 import random
 import statistics
 import time
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -90,7 +91,7 @@ def run_bench(queues: int, pending: int, cycles: int, churn: float, seed: int, p
     cpu: list[float] = []
     gc_time = [0.0, 0.0]  # total, start of the current collection
 
-    def on_gc(phase: str, info: dict) -> None:  # the collector's share of a cycle, reported separately
+    def on_gc(phase: str, info: dict[str, Any]) -> None:  # the collector's share of a cycle, reported separately
         if phase == "start":
             gc_time[1] = time.perf_counter()
         else:

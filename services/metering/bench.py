@@ -110,10 +110,10 @@ async def _run(base_url: str, nodes: int, gpus: int, intervals: int, batch: int,
         again = 0
         async with pool.acquire() as conn:
             for i in range(0, len(first) + len(second), batch):
-                chunk = (first + second)[i:i + batch]
+                samples = (first + second)[i:i + batch]
                 async with conn.transaction():
-                    again += await store.record_samples(conn, chunk)
-                progress.advance(task, len(chunk))
+                    again += await store.record_samples(conn, samples)
+                progress.advance(task, len(samples))
         redelivery_s = time.perf_counter() - start
 
         async with pool.acquire() as conn:

@@ -5,7 +5,8 @@ under new event ids are harmless too."""
 from __future__ import annotations
 
 import logging
-from typing import Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 import asyncpg
 
@@ -22,6 +23,7 @@ from shared.events import (
     JobStarted,
     NodeChanged,
     NodeInventory,
+    Payload,
     QueueConfigChanged,
     UtilizationSampled,
 )
@@ -86,7 +88,8 @@ async def on_queue_config(tx: TxLike, event: CloudEvent, p: QueueConfigChanged) 
     await store.set_rates(tx.conn, {m: f.cost_per_gpu_hour for m, f in config.gpu_flavors.items()}, event.time)
 
 
-HANDLERS = {
+# Handlers take a TxLike (tests pass a stand-in): wider than the runtime's Handler, which passes a Tx.
+HANDLERS: dict[type[Payload], Callable[[TxLike, CloudEvent, Any], Awaitable[None]]] = {
     JobPlaced: on_placed,
     JobStarted: on_started,
     JobCompleted: on_completed,

@@ -138,9 +138,9 @@ def render(rows: list[RollupRow], *, by: tuple[str, ...], granularity: Granulari
                 f"{f['idle_gpu_hours']:,.2f}", f"{f['utilization']:.0%}", f"{f['lost_gpu_hours']:,.2f}",
                 f"{f['energy_kwh']:,.2f}", f"{f['cost']:,.2f}", f"{f['idle_cost']:,.2f}"]
 
-    for d in dicts:
-        period = [d["period_start"][:16].replace("T", " ")] if granularity is not Granularity.TOTAL else []
-        table.add_row(*[str(d[k]) for k in by], *period, *cells(d))
+    for row in dicts:
+        period = [row["period_start"][:16].replace("T", " ")] if granularity is not Granularity.TOTAL else []
+        table.add_row(*[str(row[k]) for k in by], *period, *cells(row))
     pad = [""] * (len(by) - 1 + (granularity is not Granularity.TOTAL))
     table.add_section()
     table.add_row("total", *pad, *cells(total), style="bold")
@@ -226,13 +226,13 @@ def report(
     if export is Export.FOCUS:
         assert output is not None
         gran = Granularity.DAY if granularity is Granularity.TOTAL else granularity
-        rows = focus_rows(cells, dims, since_ms=since_ms, until_ms=until_ms, granularity=gran, rates=rates)
+        focus = focus_rows(cells, dims, since_ms=since_ms, until_ms=until_ms, granularity=gran, rates=rates)
         with output.open("w", newline="") as fh:
             writer = csv.DictWriter(fh, fieldnames=list(FOCUS_COLUMNS))
             writer.writeheader()
-            writer.writerows(rows)
-        total = sum(float(r["BilledCost"]) for r in rows)
-        err.print(f"wrote {len(rows)} FOCUS rows ({total:,.2f} billed) to {output}")
+            writer.writerows(focus)
+        total = sum(float(r["BilledCost"]) for r in focus)
+        err.print(f"wrote {len(focus)} FOCUS rows ({total:,.2f} billed) to {output}")
         return
     rows = rollup(cells, dims, by=dims_by, granularity=granularity, since_ms=since_ms, until_ms=until_ms,
                   rates=rates)

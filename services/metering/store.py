@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import asyncpg
 
@@ -27,7 +27,7 @@ from shared.events import JobPlaced, UtilizationSampled
 SCHEMA = "metering"
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
-Conn = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
+Conn: TypeAlias = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
 
 
 async def migrate(pool: asyncpg.Pool) -> list[str]:

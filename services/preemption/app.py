@@ -19,6 +19,7 @@ import asyncio
 import json
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
@@ -56,6 +57,9 @@ from shared.events import (
     utcnow_from,
 )
 from shared.service import ServiceRuntime, ServiceSpec, Tx
+
+if TYPE_CHECKING:
+    from services.stack import StackSettings
 
 log = logging.getLogger("gpuq.preemption")
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -269,7 +273,7 @@ class PreemptionService:
         marks = [started, checkpointed_at, job["last_checkpoint_at"] if job is not None else None]
         since = max(t for t in marks if t is not None)  # work after the newest checkpoint of this run is lost
         if checkpoint_uri is None and job is not None and job["last_checkpoint_at"] is not None \
-                and started is not None and job["last_checkpoint_at"] >= started:
+                and job["last_checkpoint_at"] >= started:
             checkpoint_uri = job["last_checkpoint_uri"]  # resume from the last periodic checkpoint of this run
         row = await tx.conn.fetchrow(
             "UPDATE preemption.preemptions SET state = 'preempted', preempted_at = $3, checkpointed_at = $4, "
@@ -304,6 +308,6 @@ class PreemptionService:
         return len(rows)
 
 
-def build_spec(settings) -> ServiceSpec:  # type: ignore[no-untyped-def]
+def build_spec(settings: StackSettings) -> ServiceSpec:
     """Entry point used by services/stack.py."""
     return PreemptionService(settings.queues).spec()

@@ -21,13 +21,13 @@ def preemptible(
 ) -> None:
     """List the running jobs that could be preempted now, the work each would lose, who could take it,
     and for the others the reason they are safe (production class, protection window, ...)."""
-    from services.preemption.visibility import preemptible_in_queue
+    from services.preemption.visibility import Exposure, preemptible_in_queue
 
     url = database_url or os.environ.get("DATABASE_URL")
     if not url:
         raise typer.BadParameter("set --database-url or DATABASE_URL")
 
-    async def fetch():  # type: ignore[no-untyped-def]
+    async def fetch() -> list[Exposure]:
         import asyncpg
 
         conn = await asyncpg.connect(url)

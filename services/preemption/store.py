@@ -6,6 +6,8 @@ import json
 import logging
 from dataclasses import dataclass, field
 
+import asyncpg
+
 from services.preemption.core import RunningJob, priority_of
 from services.scheduler.core import ClusterState
 from shared.config import QueuesConfig, parse_queues
@@ -25,7 +27,7 @@ class Snapshot:
     specs: dict[str, JobSpec] = field(default_factory=dict)
 
 
-async def load_config(conn, fallback: QueuesConfig | None = None) -> QueuesConfig:  # type: ignore[no-untyped-def]
+async def load_config(conn: asyncpg.Connection, fallback: QueuesConfig | None = None) -> QueuesConfig:
     row = await conn.fetchrow("SELECT document FROM preemption.config ORDER BY version DESC LIMIT 1")
     if row is not None:
         return parse_queues(json.loads(row["document"]), "preemption.config")
@@ -63,7 +65,7 @@ def running_job(spec: JobSpec, bindings: list[GpuBinding], nodes: dict[str, Node
 EXPECTED_CHECKPOINT_S = 60.0
 
 
-async def load_snapshot(conn, config: QueuesConfig) -> Snapshot:  # type: ignore[no-untyped-def]
+async def load_snapshot(conn: asyncpg.Connection, config: QueuesConfig) -> Snapshot:
     nodes = {r["name"]: NodeSpec.model_validate_json(r["spec"]) for r in
              await conn.fetch("SELECT name, spec FROM preemption.nodes WHERE NOT removed ORDER BY name")}
     cluster = ClusterState.from_nodes(nodes.values())

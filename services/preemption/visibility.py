@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import asyncpg
+
 from services.preemption.core import RunningJob, class_verdict, is_borrowing, protection, usage_by_queue
 from services.preemption.store import Snapshot, load_config, load_snapshot
 from shared.config import PreemptionPolicy, QueuesConfig
@@ -52,7 +54,7 @@ def takers(job: RunningJob, config: QueuesConfig, usage: dict[str, dict[str, int
     return "; ".join(parts) or "nobody (no queue policy allows it)"
 
 
-async def preemptible_in_queue(conn, queue: str | None, now: float,  # type: ignore[no-untyped-def]
+async def preemptible_in_queue(conn: asyncpg.Connection, queue: str | None, now: float,
                                fallback: QueuesConfig | None = None) -> list[Exposure]:
     config = await load_config(conn, fallback)
     snap = await load_snapshot(conn, config)
@@ -62,7 +64,7 @@ async def preemptible_in_queue(conn, queue: str | None, now: float,  # type: ign
     return sorted(out, key=lambda e: (not e.takeable, e.lost_gpu_seconds, e.job_id))
 
 
-async def preemption_status(conn, job_id: str, now: float | None = None) -> list[str]:  # type: ignore[no-untyped-def]
+async def preemption_status(conn: asyncpg.Connection, job_id: str, now: float | None = None) -> list[str]:
     """Lines for `gpuq explain JOB`: whether a running job may be preempted now, by what, and its history."""
     import time
 

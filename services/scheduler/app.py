@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+
+import asyncpg
 
 from services.scheduler.core import ClusterState, PendingJob, RunningJob, schedule_cycle
 from shared.config import QueuesConfig
@@ -64,7 +67,7 @@ class SchedulerService:
         async with runtime.pool.acquire() as conn:
             await self._rebuild(conn)
 
-    async def _rebuild(self, conn) -> None:  # type: ignore[no-untyped-def]
+    async def _rebuild(self, conn: asyncpg.Connection) -> None:
         nodes = [NodeSpec.model_validate_json(r["spec"]) for r in
                  await conn.fetch("SELECT spec FROM scheduler.nodes WHERE NOT removed ORDER BY name")]
         cluster = ClusterState.from_nodes(nodes, strategy=self.strategy)
@@ -79,7 +82,7 @@ class SchedulerService:
         self.cluster = cluster
         self._published.clear()
 
-    async def _then_cycle(self, tx: Tx, body) -> None:  # type: ignore[no-untyped-def]
+    async def _then_cycle(self, tx: Tx, body: Callable[[], Awaitable[None]]) -> None:
         """Apply an event's change, then run one scheduling cycle in the same transaction. (If anything
         fails, the runtime rebuilds memory from the tables through `reload` before the next unit of work.)"""
         await body()

@@ -37,6 +37,7 @@ from shared.domain import (
 
 INFERENCE = Taint(key="pool", value="inference", effect=TaintEffect.NO_SCHEDULE)
 TOLERATE = (Toleration(key="pool", value="inference", effect=TaintEffect.NO_SCHEDULE),)
+NO_TOLERATIONS: tuple[Toleration, ...] = ()
 DATASETS = ("imagenet", "c4", "laion")
 
 
@@ -71,7 +72,7 @@ def bench_jobs(count: int, gpus_per_node: int, seed: int = 11, prefix: str = "jo
         r = rng.random()
         models: tuple[str, ...] = ("H100-80GB",) if rng.random() < 0.8 else ("H100-80GB", "A100-80GB")
         topo = TopologyRequest()
-        kind, tolerations = JobKind.TRAINING, ()
+        kind, tolerations = JobKind.TRAINING, NO_TOLERATIONS
         if r < 0.65:
             pods, gpus = 1, 1
         elif r < 0.72:  # inference replicas in their pool

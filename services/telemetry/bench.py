@@ -22,6 +22,7 @@ from shared.events import (
     JobStarted,
     JobSubmitted,
     NodeInventory,
+    Payload,
     UtilizationSampled,
 )
 
@@ -53,7 +54,7 @@ def bench_telemetry(
         for j in range(jobs):
             spec = JobSpec(job_id=f"j{j:05d}", team=f"team-{j % 12}", queue=f"team-{j % 12}",
                            pod_sets=(PodSet(count=1, gpus_per_pod=2),), labels={"feature": f"f{j % 7}"})
-            batch: list = [JobSubmitted(spec=spec, submitted_at=_dt(0)),
+            batch: list[Payload] = [JobSubmitted(spec=spec, submitted_at=_dt(0)),
                            JobPending(job_id=spec.job_id, queue=spec.queue, reason="QuotaExhausted", message="",
                                       position_in_queue=j, eta=_dt(3600))]
             if len(free) >= 2 and j % 2 == 0:

@@ -26,7 +26,8 @@ from services.telemetry.core.state import Observation as CoreObservation
 DEFAULT_PORT = 9464
 _BUCKETS = {"gpuq_admission_wait_seconds": WAIT_BUCKETS_S, "gpuq_job_completion_seconds": JCT_BUCKETS_S}
 # Per-GPU series of a large cluster exceed the SDK's default of 2000 points per instrument.
-_CARDINALITY = {Counter: 50_000, Histogram: 20_000, ObservableGauge: 200_000}
+# Keys are instrument classes; the SDK's own alias for this mapping is internal, hence Any.
+_CARDINALITY: dict[Any, int] = {Counter: 50_000, Histogram: 20_000, ObservableGauge: 200_000}
 
 
 class _SnapshotRefresher:

@@ -13,6 +13,11 @@ from collections.abc import Sequence
 from shared.domain import NodeSpec
 
 
+def _slices_per_gpu(node: NodeSpec) -> int:
+    """Units per GPU of a pool's nodes: slices on a MIG pool, 1 on a whole-GPU pool."""
+    return node.mig.slices_per_gpu if node.mig is not None else 1
+
+
 class _MaxTree:
     def __init__(self, values: Sequence[int]):
         size = 1
@@ -56,8 +61,7 @@ class FirstFit:
         self.capacity = {k: [n.gpus * (n.mig.slices_per_gpu if n.mig else 1) for n in pools[k]]
                          for k in self.keys}
         self.trees = {k: _MaxTree(self.capacity[k]) for k in self.keys}
-        self.slice_milli = {k: (1000 // pools[k][0].mig.slices_per_gpu) if k[1] else 1000  # type: ignore[union-attr]
-                            for k in self.keys}
+        self.slice_milli = {k: 1000 // _slices_per_gpu(pools[k][0]) for k in self.keys}
 
     def pools_for(self, models: Sequence[str], slices: bool) -> list[tuple[str, bool]]:
         return [k for k in self.keys if k[1] == slices and (not models or k[0] in models)]

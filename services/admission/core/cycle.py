@@ -33,7 +33,7 @@ from services.admission.core.model import (
 )
 from services.admission.core.quota import QueueQuota, QuotaBook
 from services.admission.core.reclaim import reclaim_candidates
-from services.admission.core.resources import GpuOption, Signature
+from services.admission.core.resources import GpuOption, PodSetDemand, Signature
 from services.admission.core.state import AdmissionState, Entry
 from services.admission.core.statuses import PendingStatuses
 from shared.config import PreemptionPolicy
@@ -89,7 +89,7 @@ class _LazyText:
     def __eq__(self, other: object) -> bool:
         return str(self) == (str(other) if isinstance(other, _LazyText | str) else other)
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # compares by text, which may not be written yet
 
     def _write(self) -> str:
         raise NotImplementedError
@@ -102,7 +102,7 @@ class _Why(_LazyText):
 
     __slots__ = ("book", "cap", "options", "qq", "taken")
 
-    def __init__(self, book: QuotaBook, qq: QueueQuota, options: tuple[GpuOption, ...], taken: dict[str, int],
+    def __init__(self, book: QuotaBook, qq: QueueQuota, options: tuple[GpuOption, ...], taken: Mapping[str, int],
                  cap: Mapping[str, int] | None):
         super().__init__()
         self.book, self.qq, self.options, self.taken, self.cap = book, qq, options, taken, cap
@@ -206,7 +206,7 @@ class _Cycle:
         self.scope_reclaims: dict[str, list[ReclaimRequest]] = {}
         # reclaim candidates only change when a job is admitted in the cohort
         self.cohort_version: dict[str | None, int] = {}
-        self.reclaim_memo: dict[tuple, tuple[str, ...]] = {}
+        self.reclaim_memo: dict[tuple[object, ...], tuple[str, ...]] = {}
         self.pledges: dict[str, _Pledge] = {}  # cohort -> this cycle's reclaims
 
     # ------------------------------------------------------------------ phases
@@ -294,15 +294,15 @@ class _Cycle:
                 self.idx[q] = i
                 heapq.heappush(self.heap, (self._key(qq, e, result), q))
                 return
-            if result.need is None or not qq.can_reclaim:  # type: ignore[union-attr]
-                e.reason = result.reason  # type: ignore[union-attr]
-                e.message = result.message  # type: ignore[union-attr]
+            if result.need is None or not qq.can_reclaim:  # type: ignore[union-attr]  # `type(result) is _Fit` above (hot path)
+                e.reason = result.reason  # type: ignore[union-attr]  # `type(result) is _Fit` above (hot path)
+                e.message = result.message  # type: ignore[union-attr]  # `type(result) is _Fit` above (hot path)
             else:
-                settled = result.settled  # type: ignore[union-attr]
+                settled = result.settled  # type: ignore[union-attr]  # `type(result) is _Fit` above (hot path)
                 if settled is not None and (settled := settled.get(e.priority)) is not None:
                     e.reason, e.message = settled
                 else:
-                    self._fail(qq, e, result)  # type: ignore[arg-type]
+                    self._fail(qq, e, result)  # type: ignore[arg-type]  # `type(result) is _Fit` above (hot path)
             i += 1
             if qq.strict_fifo:
                 self.idx[q] = i
@@ -426,7 +426,7 @@ class _Cycle:
 
     # ------------------------------------------------------------------ reasons
 
-    def _explain(self, qq: QueueQuota, sig: Signature, demand: tuple, options: tuple[GpuOption, ...],
+    def _explain(self, qq: QueueQuota, sig: Signature, demand: PodSetDemand, options: tuple[GpuOption, ...],
                  taken: Mapping[str, int]) -> _NoFit:
         """Why pod set `demand` fits none of its options: the reason now, the message (numbers from every
         option) only when someone reads it (`_Why`); reasons follow the first (preferred) option."""
@@ -491,9 +491,10 @@ class _Cycle:
                 f"(reclaim_within_cohort: {policy.value})"))
             result.settle(e.priority, e.reason, e.message)
             return
-        pledge = self.pledges.get(cohort)  # type: ignore[arg-type]
+        assert cohort is not None  # can_reclaim: only queues in a cohort reclaim
+        pledge = self.pledges.get(cohort)
         if pledge is None:
-            pledge = self.pledges[cohort] = _Pledge()  # type: ignore[index]
+            pledge = self.pledges[cohort] = _Pledge()
         request = self._reclaim_need(qq, e.sig, pledge.queue_demand.get(q))
         if request is None:  # fits nominal alone, not after the jobs already reclaiming in its queue
             e.message = _Then(result.message, f"waits behind this queue's reclaims ({pledge.first[q]})")

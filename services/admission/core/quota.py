@@ -97,13 +97,16 @@ class QuotaBook:
         """Charge (sign=+1) or release (sign=-1) an admitted job's usage; O(resources)."""
         own = self.usage.setdefault(queue, {})
         qq = self.queues.get(queue)
-        cohort_used = self.cohort_used[qq.cohort] if qq is not None and qq.cohort is not None else None
+        cohort_used = None
+        guaranteed: Mapping[str, int] = {}
+        if qq is not None and qq.cohort is not None:
+            cohort_used, guaranteed = self.cohort_used[qq.cohort], qq.guaranteed
         for r, amount in usage.items():
             old = own.get(r, 0)
             new = old + sign * amount
             own[r] = new
             if cohort_used is not None:
-                g = qq.guaranteed.get(r, 0)  # type: ignore[union-attr]
+                g = guaranteed.get(r, 0)
                 cohort_used[r] = cohort_used.get(r, 0) + max(0, new - g) - max(0, old - g)
         self.running[queue] = self.running.get(queue, 0) + sign
 

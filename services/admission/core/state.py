@@ -12,15 +12,17 @@ from bisect import insort
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from services.admission.core.model import AdmittedWorkload, Reason, Rejection, Workload
+from services.admission.core.model import AdmittedWorkload, Reason, ReclaimRequest, Rejection, Workload
 from services.admission.core.quota import QueueQuota, QuotaBook
 from services.admission.core.resources import (
+    GpuOption,
+    PodSetDemand,
     Signature,
     gpu_pod_set_names,
     pod_set_options,
     request_signature,
 )
-from shared.config import QueuesConfig
+from shared.config import PriorityClass, QueuesConfig
 from shared.domain import JobSpec
 
 # A pending job's order inside its queue (and cohort): higher priority first, then older, then job id.
@@ -73,7 +75,7 @@ class AdmissionState:
         # the scope changes (`_stale`). A cycle without `capacity`/`max_admissions` reuses them: cohorts share
         # nothing else, so an unchanged cohort would decide exactly the same again. This makes frequent small
         # cycles cost O(changed cohorts).
-        self._scope_cache: dict[str, list] = {}  # scope -> reclaims
+        self._scope_cache: dict[str, list[ReclaimRequest]] = {}  # scope -> reclaims
         self._stale: set[str] = set()
         # Bumped by every change of jobs or config: a cycle's PendingStatuses view reads the entries lazily and
         # is valid only while this has not moved.
@@ -267,7 +269,7 @@ class AdmissionState:
 
     # ------------------------------------------------------------------ helpers
 
-    def _priority_class(self, spec: JobSpec):  # -> PriorityClass | None
+    def _priority_class(self, spec: JobSpec) -> PriorityClass | None:
         klasses = self._config.priority_class_map
         k = klasses.get(spec.priority_class)
         if k is None and spec.priority_class == "normal" and self._config.default_priority_class:
@@ -362,11 +364,11 @@ class AdmissionState:
                         f"(nominal + borrowing, with its cohort idle: {limits})")
         return None
 
-    def options(self, qq: QueueQuota, demand: object):  # -> tuple[GpuOption, ...]
+    def options(self, qq: QueueQuota, demand: PodSetDemand) -> tuple[GpuOption, ...]:
         key = (qq.name, demand)
         opts = self._book.options_cache.get(key)
         if opts is None:
-            opts = pod_set_options(demand, qq.quotas, qq.models)  # type: ignore[arg-type]
+            opts = pod_set_options(demand, qq.quotas, qq.models)
             self._book.options_cache[key] = opts
         return opts
 

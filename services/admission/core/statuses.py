@@ -103,7 +103,7 @@ class PendingStatuses(Mapping[str, PendingStatus]):
     def __len__(self) -> int:
         return sum(len(lst) for lists in self._scopes.values() for lst in lists)
 
-    def items(self) -> Iterator[tuple[str, PendingStatus]]:  # type: ignore[override]
+    def items(self) -> Iterator[tuple[str, PendingStatus]]:  # type: ignore[override]  # lazy: an iterator, not a view
         """Every status, computed in one pass per cohort (a merge), not one search per job.
 
         Statuses are built without the frozen dataclass __init__ (six object.__setattr__ calls behind
@@ -155,7 +155,7 @@ class PendingStatuses(Mapping[str, PendingStatus]):
         for e, qpos, cpos in self._ranked(self._judged_scopes()):
             yield e.job_id, e.queue, e.reason, e.message, qpos, cpos
 
-    def values(self) -> Iterator[PendingStatus]:  # type: ignore[override]
+    def values(self) -> Iterator[PendingStatus]:  # type: ignore[override]  # lazy: an iterator, not a view
         return (st for _, st in self.items())
 
     def __eq__(self, other: object) -> bool:
@@ -163,7 +163,7 @@ class PendingStatuses(Mapping[str, PendingStatus]):
             return NotImplemented
         return dict(self.items()) == dict(other.items())
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # mutable-looking mapping: unhashable, as dict
 
     def __repr__(self) -> str:
         return f"PendingStatuses({len(self)} jobs)"

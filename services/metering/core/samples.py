@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from services.metering.core.units import sample_energy_mj, sample_used_gpu_ms
 from shared.events import UtilizationSampled
@@ -29,7 +30,7 @@ class SampleColumns:
     def __len__(self) -> int:
         return len(self.node)
 
-    def arrays(self) -> tuple[list, ...]:  # type: ignore[type-arg]
+    def arrays(self) -> tuple[list[Any], ...]:
         return (self.node, self.gpu_index, self.sampled_at, self.job_id, self.interval_ms, self.utilization_pct,
                 self.memory_used_mib, self.power_w, self.temperature_c, self.used_gpu_ms, self.energy_mj,
                 self.model_node, self.model_name)

@@ -1,7 +1,7 @@
 """The preemption service's pure core: victim rules, victim selection, guard rails.
 
 No I/O, no clock, no asyncio: callers pass `now` and snapshots. The service (services/preemption/app.py)
-and the simulator (core/sim_adapter.py) drive the same functions.
+and the simulator (sim/preemption.py) drive the same functions.
 """
 
 from .guards import cooldown_s, cooldown_verdict, rate_limit_verdict

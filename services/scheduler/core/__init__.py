@@ -1,11 +1,15 @@
-"""The scheduler's pure placement core: cluster snapshot, gang placement, topology, scoring, backfill.
+"""The scheduler's pure placement core: cluster index, gang placement, topology, scoring, backfill.
 
 No I/O, no clock, no asyncio: callers pass `now` and a snapshot and get a decision back. The NATS service
-(services/scheduler/app.py) and the simulator drive the same functions.
+(services/scheduler/app.py), the pipeline core and the simulator drive the same functions. This package's
+public API is what this module exports; modules inside it import one way only:
+
+    types <- index <- staging <- diagnose <- placer <- state, slot <- cycle, fragmentation
 """
 
 from .cycle import Reservation, earliest_slot, schedule_cycle
-from .fragmentation import fragmentation
+from .fragmentation import fragmentation, fragmented_gpus
+from .index import ClusterIndex, IndexedNode, NodeClass
 from .state import STRATEGIES, ClusterState
 from .types import (
     CycleResult,
@@ -19,8 +23,11 @@ from .types import (
 
 __all__ = [
     "STRATEGIES",
+    "ClusterIndex",
     "ClusterState",
     "CycleResult",
+    "IndexedNode",
+    "NodeClass",
     "PendingJob",
     "Placement",
     "PlacementConflict",
@@ -30,5 +37,6 @@ __all__ = [
     "Unplaceable",
     "earliest_slot",
     "fragmentation",
+    "fragmented_gpus",
     "schedule_cycle",
 ]

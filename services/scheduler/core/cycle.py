@@ -18,16 +18,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .placer import exclusions_for, place_job
+from .index import ClusterIndex
+from .placer import place_job
 from .slot import Reservation, earliest_slot
-from .state import ClusterState
+from .staging import exclusions_for
 from .types import CycleResult, PendingJob, Placement, Reason, RunningJob, Unplaceable
 
 # Reasons that releasing running jobs cannot cure: no reservation is searched for them.
 _STATIC = {Reason.NO_GPU_MODEL, Reason.UNTOLERATED, Reason.NO_READY_NODES}
 
 
-def schedule_cycle(state: ClusterState, pending: Sequence[PendingJob], running: Sequence[RunningJob], now: float,
+def schedule_cycle(state: ClusterIndex, pending: Sequence[PendingJob], running: Sequence[RunningJob], now: float,
                    *, backfill: bool = True, max_reservations: int = 1) -> CycleResult:
     """Place what can start now, reserve for blocked heads, backfill around the reservations.
 
@@ -39,7 +40,7 @@ def schedule_cycle(state: ClusterState, pending: Sequence[PendingJob], running: 
     strict_block: Reservation | None = None
     for pj in pending:
         spec = pj.spec
-        if spec.job_id in state._alloc:
+        if state.holds(spec.job_id):
             continue  # already running: nothing to decide
         if strict_block is not None:
             result.unplaceable.append(Unplaceable(
@@ -47,7 +48,7 @@ def schedule_cycle(state: ClusterState, pending: Sequence[PendingJob], running: 
                 f"queued behind {strict_block.job_id}, planned to start at t={strict_block.start:.0f} "
                 "(backfill is off)"))
             continue
-        got = state.place(spec, pj.allowed_models)
+        got = place_job(state, spec, pj.allowed_models)
         if isinstance(got, Placement):
             end = now + spec.max_runtime_s
             # Only reservations that start before this job would end can be delayed by it.

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from shared.domain import JobSpec, TopologyLevel
+from shared.domain import JobSpec, Taint, TopologyLevel
 
-from .placer import Exclusion, PodReq, Stage, _Job, domain_free
-from .state import ClusterState, _Class
+from .index import ClusterIndex, NodeClass
+from .staging import Eligibility, Exclusion, GangRequest, PodReq, Stage, domain_free
 from .types import Reason, Unplaceable
 
 
@@ -28,30 +28,30 @@ def _what(req: PodReq) -> str:
     return f"{req.count} CPU-only pod(s)"
 
 
-def _inventory(state: ClusterState) -> str:
+def _inventory(state: ClusterIndex) -> str:
     by_model: dict[str, int] = {}
-    for c in state._classes.values():
-        by_model[c.model] = by_model.get(c.model, 0) + sum(
-            state._nodes[n].gpus for n in _class_nodes(state, c))
+    nodes = state.indexed_nodes
+    for c in state.classes.values():
+        by_model[c.model] = by_model.get(c.model, 0) + sum(nodes[n].gpus for n in _class_nodes(state, c))
     return ", ".join(f"{m} ({g} GPUs)" for m, g in sorted(by_model.items())) or "no nodes"
 
 
-def _class_nodes(state: ClusterState, c: _Class) -> list[str]:
+def _class_nodes(state: ClusterIndex, c: NodeClass) -> list[str]:
     out: list[str] = []
-    for names in state._dom_nodes.get((c.key, TopologyLevel.RACK), {}).values():
+    for names in state.domain_members(c.key, TopologyLevel.RACK).values():
         out.extend(names)
     return out
 
 
-def _taint(t: object) -> str:
-    key, value, effect = t.key, t.value, t.effect.value  # type: ignore[attr-defined]
+def _taint(t: Taint) -> str:
+    key, value, effect = t.key, t.value, t.effect.value
     return f"{key}={value}:{effect}" if value else f"{key}:{effect}"
 
 
-def _check_pod_set(state: ClusterState, spec: JobSpec, req: PodReq, elig: tuple[tuple[int, tuple[object, ...]], ...],
+def _check_pod_set(state: ClusterIndex, spec: JobSpec, req: PodReq, elig: Eligibility,
                    exclude: Mapping[str, Exclusion] | None) -> Unplaceable | None:
     jid = spec.job_id
-    classes = sorted(state._classes.values(), key=lambda c: repr(c.key))
+    classes = sorted(state.classes.values(), key=lambda c: repr(c.key))
     of_model = [c for c in classes if not req.models or c.model in req.models]
     if req.mig:
         shaped = [c for c in of_model if c.mig == req.mig]
@@ -103,13 +103,14 @@ def _check_pod_set(state: ClusterState, spec: JobSpec, req: PodReq, elig: tuple[
                                f"({free}) allow only {pods} such pod(s), largest free on a node is {largest}")
     # CPU and memory (and exclusions): count the pods that really fit, node by node.
     stage = Stage(state, exclude)
+    order = state.rank_order
     fit = 0
     for c in tolerated:
         for b, ranks in c.buckets.items():
             if b < req.unit:
                 continue
             for r in ranks:
-                fit += stage.fits(state._order[r], req)
+                fit += stage.fits(order[r], req)
                 if fit >= req.count:
                     return None
     if exclude:
@@ -119,7 +120,7 @@ def _check_pod_set(state: ClusterState, spec: JobSpec, req: PodReq, elig: tuple[
                        f"{_what(req)}; the nodes with free GPUs have CPU/memory for only {fit} pod(s)")
 
 
-def diagnose(state: ClusterState, spec: JobSpec, job: _Job, exclude: Mapping[str, Exclusion] | None
+def diagnose(state: ClusterIndex, spec: JobSpec, job: GangRequest, exclude: Mapping[str, Exclusion] | None
              ) -> Unplaceable:
     jid = spec.job_id
     for req, elig in zip(job.reqs, job.eligs, strict=True):
@@ -132,14 +133,15 @@ def diagnose(state: ClusterState, spec: JobSpec, job: _Job, exclude: Mapping[str
         what = f"{job.need} MIG slices"
     else:
         what = f"{job.need}×{_models(models)}" if models else f"{job.need} GPUs"
-    free_total = sum(state._classes[k].free for k in job.union)
+    classes = state.classes
+    free_total = sum(classes[k].free for k in job.union)
     if free_total < job.need:
         return Unplaceable(jid, Reason.INSUFFICIENT_GPUS,
                            f"needs {what} in all; {free_total} free on the nodes the job may use")
     level = spec.topology.required_level
     if level is not None:
         if level is TopologyLevel.NODE:
-            best = max((b for k in job.union for b in state._classes[k].buckets), default=0)
+            best = max((b for k in job.union for b in classes[k].buckets), default=0)
         else:
             best = max(domain_free(state, job.union, level).values(), default=0)
         if best < job.need:

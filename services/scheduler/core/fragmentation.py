@@ -1,4 +1,9 @@
-"""Fragmentation: free GPUs that none of the waiting gangs could use.
+"""Fragmentation: free whole GPUs that none of the waiting gangs could use. The one definition: telemetry's
+`gpuq_gpus_fragmented` gauge and the simulator's fragmentation samples both call `fragmented_gpus`.
+
+A waiting gang is a job with at least one pod set of whole GPUs (MIG-only and CPU-only jobs are not: slices
+are cut on purpose, and CPU pods strand no GPU). With no waiting gang nothing is fragmented: idle capacity
+is not fragmentation (it shows as free GPUs).
 
 A free whole GPU counts as usable when some waiting gang (a) can be placed now and (b) has a pod set whose
 pods fit on that GPU's node: the node is eligible (model, taints, health), the GPUs counted are whole
@@ -13,27 +18,39 @@ from collections.abc import Sequence
 
 from shared.domain import JobSpec, TopologyLevel
 
-from .placer import Stage, _prepare, domain_free, resolve
-from .state import ClusterState
+from .index import ClusterIndex
+from .placer import place_job
+from .staging import Stage, domain_free, prepare, resolve
 from .types import Placement, Unplaceable
 
 
-def fragmentation(state: ClusterState, waiting: Sequence[JobSpec]) -> int:
-    state._ensure_index()
+def _is_gang(spec: JobSpec) -> bool:
+    return any(ps.gpus_per_pod > 0 and ps.mig_profile is None for ps in spec.pod_sets)
+
+
+def fragmented_gpus(state: ClusterIndex, waiting: Sequence[JobSpec]) -> dict[str, int]:
+    """Per READY plain node with free whole GPUs: how many of them no waiting gang can use."""
+    state.refresh_index()
+    free = {name: n.units for name, n in sorted(state.indexed_nodes.items())
+            if n.ready and n.slice_free is None and n.units > 0}
+    gangs = [s for s in waiting if _is_gang(s)]
+    if not gangs:
+        return dict.fromkeys(free, 0)
     usable: dict[str, int] = {}
-    seen: set[object] = set()
+    seen: set[str] = set()
     stage = Stage(state, None)
-    for spec in waiting:
-        shape = (spec.model_dump_json(exclude={"job_id", "team", "queue", "labels", "user", "priority_class"}))
+    nodes, order, classes = state.indexed_nodes, state.rank_order, state.classes
+    for spec in gangs:
+        shape = spec.model_dump_json(exclude={"job_id", "team", "queue", "labels", "user", "priority_class"})
         if shape in seen:
             continue  # the same shape answers the same way
         seen.add(shape)
-        if not isinstance(state.place(spec), Placement):
+        if not isinstance(place_job(state, spec, ()), Placement):
             continue
         reqs = resolve(spec, ())
         if isinstance(reqs, Unplaceable):
             continue
-        job = _prepare(state, spec, reqs)
+        job = prepare(state, spec, reqs)
         level = spec.topology.required_level
         domains_ok: dict[str, int] | None = None
         if level is not None and level is not TopologyLevel.NODE:
@@ -42,26 +59,23 @@ def fragmentation(state: ClusterState, waiting: Sequence[JobSpec]) -> int:
             if not req.gpus:
                 continue
             for _, key in elig:
-                c = state._classes[key]
-                for b, ranks in c.buckets.items():
-                    if b < req.gpus:
+                for b, ranks in classes[key].buckets.items():
+                    if b < req.gpus or (level is TopologyLevel.NODE and b < job.need):
                         continue
                     for r in ranks:
-                        name = state._order[r]
-                        n = state._nodes[name]
-                        if level is TopologyLevel.NODE and b < job.need:
-                            continue
+                        name = order[r]
                         if domains_ok is not None and level is not None and \
-                                domains_ok.get(n.domain(level), 0) < job.need:
+                                domains_ok.get(nodes[name].domain(level), 0) < job.need:
                             continue
                         use = stage.fits(name, req) * req.gpus
                         if use > usable.get(name, 0):
                             usable[name] = use
-    free = 0
-    for n in state._nodes.values():
-        if n.ready and n.slice_free is None:
-            free += n.units
-    return free - sum(usable.values())
+    return {name: f - usable.get(name, 0) for name, f in free.items()}
 
 
-__all__ = ["fragmentation"]
+def fragmentation(state: ClusterIndex, waiting: Sequence[JobSpec]) -> int:
+    """Free whole GPUs no waiting gang can use, in all (`fragmented_gpus` summed)."""
+    return sum(fragmented_gpus(state, waiting).values())
+
+
+__all__ = ["fragmentation", "fragmented_gpus"]

@@ -1,7 +1,7 @@
 """Gang placement: stage every pod of a job on a scratch overlay, return the whole placement or nothing.
 
-Like Volcano's Statement, nothing is written to the state while staging: `place_job` is a pure query and
-`ClusterState.commit` applies the result later (or raises if the snapshot moved on meanwhile).
+Like Volcano's Statement, nothing is written to the index while staging: `place_job` is a pure query and
+`ClusterIndex.commit` applies the result later (or raises if the snapshot moved on meanwhile).
 
 Score, lexicographic (documented in docs/scheduler.md):
 1. fewest untolerated PreferNoSchedule taints (the taint only lowers the score);
@@ -19,194 +19,26 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 
-from shared.domain import TOPOLOGY_LEVELS, GpuBinding, JobSpec, Toleration, TopologyLevel
+from shared.domain import TOPOLOGY_LEVELS, GpuBinding, JobSpec, TopologyLevel
 
-from .state import ClusterState, _Class, build_placement
-from .types import Placement, Reason, Unplaceable
+from .diagnose import diagnose
+from .index import ClassKey, ClusterIndex, NodeClass
+from .staging import (
+    Eligibility,
+    Exclusion,
+    GangRequest,
+    PodReq,
+    Stage,
+    domain_free,
+    exclusions_for,
+    prepare,
+    resolve,
+    trim,
+)
+from .types import Placement, Unplaceable
 
-_BIG = 1 << 62
-
-
-@dataclass(frozen=True, slots=True)
-class PodReq:
-    """One pod set resolved against admission's flavors: what each of its `count` pods needs."""
-
-    pod_set: str
-    count: int
-    gpus: int  # whole GPUs per pod (0 for MIG and CPU-only pods)
-    mig: str | None
-    cpu: int
-    mem: int
-    models: tuple[str, ...]  # empty = any model
-
-    @property
-    def unit(self) -> int:
-        """Units per pod: whole GPUs on plain nodes, one slice on MIG nodes, none for CPU-only pods."""
-        return 1 if self.mig else self.gpus
-
-    @property
-    def need(self) -> int:
-        return self.count * self.unit
-
-
-@dataclass(frozen=True, slots=True)
-class Exclusion:
-    """Resources on one node that a placement must not use (a reservation's future GPUs, CPU, memory)."""
-
-    mask: int
-    slices: tuple[tuple[int, int], ...]  # (gpu, slice mask)
-    cpu: int
-    mem: int
-
-
-def exclusions_for(placements: Iterable[Placement]) -> dict[str, Exclusion]:
-    acc: dict[str, list[object]] = {}
-    for p in placements:
-        for i, b in enumerate(p.bindings):
-            e = acc.setdefault(b.node, [0, {}, 0, 0])
-            for g in b.gpu_indices:
-                e[0] = e[0] | (1 << g)  # type: ignore[operator]
-            if b.mig_slice is not None:
-                sl: dict[int, int] = e[1]  # type: ignore[assignment]
-                sl[b.mig_slice[0]] = sl.get(b.mig_slice[0], 0) | (1 << b.mig_slice[1])
-            if p.requests:
-                e[2] = e[2] + p.requests[i][0]  # type: ignore[operator]
-                e[3] = e[3] + p.requests[i][1]  # type: ignore[operator]
-    return {n: Exclusion(e[0], tuple(sorted(e[1].items())), e[2], e[3])  # type: ignore[arg-type,union-attr]
-            for n, e in acc.items()}
-
-
-# ---------------------------------------------------------------------------------- requirements
-
-
-def resolve(job: JobSpec, allowed: tuple[str, ...]) -> list[PodReq] | Unplaceable:
-    reqs = []
-    for ps in job.pod_sets:
-        models = ps.gpu_models
-        if allowed and (ps.gpus_per_pod > 0 or ps.mig_profile):
-            models = tuple(m for m in allowed if not ps.gpu_models or m in ps.gpu_models)
-            if not models:
-                return Unplaceable(job.job_id, Reason.NO_GPU_MODEL,
-                                   f"pod set {ps.name} accepts {_models(ps.gpu_models)} but admission allowed "
-                                   f"{_models(allowed)}")
-        gpus = 0 if ps.mig_profile else ps.gpus_per_pod
-        reqs.append(PodReq(ps.name, ps.count, gpus, ps.mig_profile, ps.cpu_milli, ps.memory_mib, models))
-    return reqs
-
-
-def trim(reqs: list[PodReq], pods: int) -> list[PodReq]:
-    """Keep the first `pods` pods in pod-set order (min_members: the gang may start with fewer pods)."""
-    out = []
-    for r in reqs:
-        if pods <= 0:
-            break
-        take = min(r.count, pods)
-        out.append(PodReq(r.pod_set, take, r.gpus, r.mig, r.cpu, r.mem, r.models))
-        pods -= take
-    return out
-
-
-def eligible(state: ClusterState, req: PodReq, tolerations: tuple[Toleration, ...]
-             ) -> tuple[tuple[int, tuple[object, ...]], ...]:
-    """(penalty, class key) of the classes a pod of `req` may use, best penalty first (cached per state index)."""
-    cache_key = (req.models, req.mig, req.gpus > 0, tolerations)
-    hit = state._elig_cache.get(cache_key)
-    if hit is not None:
-        return hit
-    out = []
-    for key, c in state._classes.items():
-        if req.models and c.model not in req.models:
-            continue
-        if req.mig is not None:
-            if c.mig != req.mig:
-                continue
-        elif req.gpus > 0 and c.mig is not None:
-            continue  # whole-GPU pods never land on a partitioned node
-        if any(not any(t.tolerates(taint) for t in tolerations) for taint in c.hard):
-            continue
-        penalty = sum(1 for taint in c.soft if not any(t.tolerates(taint) for t in tolerations))
-        out.append((penalty, key))
-    result = tuple(sorted(out, key=lambda pk: (pk[0], repr(pk[1]))))
-    state._elig_cache[cache_key] = result
-    return result
-
-
-# ---------------------------------------------------------------------------------- staging overlay
-
-
-class Stage:
-    """Scratch copy of the free resources of the nodes a placement touches; the state is never written."""
-
-    __slots__ = ("exclude", "nodes", "slots", "state")
-
-    def __init__(self, state: ClusterState, exclude: Mapping[str, Exclusion] | None):
-        self.state = state
-        self.exclude = exclude
-        self.slots: dict[str, list[object]] = {}
-        self.nodes = state._nodes
-
-    def avail(self, name: str) -> list[object]:
-        s = self.slots.get(name)
-        if s is None:
-            n = self.nodes[name]
-            mask, sl, cpu, mem = n.free_mask, (list(n.slice_free) if n.slice_free is not None else None), n.cpu, n.mem
-            e = self.exclude.get(name) if self.exclude else None
-            if e is not None:
-                mask &= ~e.mask
-                if sl is not None:
-                    for g, smask in e.slices:
-                        if g < len(sl):
-                            sl[g] &= ~smask
-                cpu -= e.cpu
-                mem -= e.mem
-            s = self.slots[name] = [mask, sl, cpu, mem]
-        return s
-
-    def fits(self, name: str, req: PodReq) -> int:
-        s = self.avail(name)
-        k = _BIG
-        if req.gpus:
-            k = s[0].bit_count() // req.gpus  # type: ignore[union-attr]
-        elif req.mig:
-            k = sum(x.bit_count() for x in s[1])  # type: ignore[union-attr]
-        if req.cpu:
-            k = min(k, s[2] // req.cpu)  # type: ignore[operator]
-        elif s[2] < 0:  # type: ignore[operator]
-            k = 0
-        if req.mem:
-            k = min(k, s[3] // req.mem)  # type: ignore[operator]
-        elif s[3] < 0:  # type: ignore[operator]
-            k = 0
-        return max(k, 0)
-
-    def take(self, name: str, req: PodReq, first_index: int, k: int, out: list[GpuBinding],
-             reqs_out: list[tuple[int, int]]) -> None:
-        s = self.slots[name]
-        for i in range(k):
-            pod = f"{req.pod_set}-{first_index + i}"
-            if req.gpus:
-                mask: int = s[0]  # type: ignore[assignment]
-                picked = []
-                while len(picked) < req.gpus:
-                    low = mask & -mask
-                    picked.append(low.bit_length() - 1)
-                    mask ^= low
-                s[0] = mask
-                out.append(GpuBinding(pod=pod, node=name, gpu_indices=tuple(picked)))
-            elif req.mig:
-                sl: list[int] = s[1]  # type: ignore[assignment]
-                # Pack slices: the GPU with the fewest free slices left (lowest index on ties).
-                g = min((i for i in range(len(sl)) if sl[i]), key=lambda i: (sl[i].bit_count(), i))
-                low = sl[g] & -sl[g]
-                sl[g] ^= low
-                out.append(GpuBinding(pod=pod, node=name, mig_slice=(g, low.bit_length() - 1)))
-            else:
-                out.append(GpuBinding(pod=pod, node=name))
-            s[2] = s[2] - req.cpu  # type: ignore[operator]
-            s[3] = s[3] - req.mem  # type: ignore[operator]
-            reqs_out.append((req.cpu, req.mem))
+Staged = tuple[list[GpuBinding], list[tuple[int, int]]]
 
 
 def _fill(stage: Stage, req: PodReq, names: Iterable[str], out: list[GpuBinding],
@@ -228,24 +60,25 @@ def _fill(stage: Stage, req: PodReq, names: Iterable[str], out: list[GpuBinding]
 # ---------------------------------------------------------------------------------- node orders
 
 
-def _groups(state: ClusterState, elig: Sequence[tuple[int, tuple[object, ...]]]) -> list[list[_Class]]:
+def _groups(state: ClusterIndex, elig: Eligibility) -> list[list[NodeClass]]:
     """Eligible classes grouped by penalty, best first."""
-    out: list[list[_Class]] = []
+    out: list[list[NodeClass]] = []
     last = None
+    classes = state.classes
     for penalty, key in elig:
         if penalty != last:
             out.append([])
             last = penalty
-        out[-1].append(state._classes[key])
+        out[-1].append(classes[key])
     return out
 
 
-def iter_index(state: ClusterState, elig: Sequence[tuple[int, tuple[object, ...]]], unit_min: int,
+def iter_index(state: ClusterIndex, elig: Eligibility, unit_min: int,
                datasets: tuple[str, ...] = ()) -> Iterator[str]:
     """Ready nodes of the eligible classes with at least `unit_min` free units, in score order, from the
     buckets: a 1-GPU decision reads one bucket head instead of scanning the cluster."""
     binpack = state.strategy == "binpack"
-    order = state._order
+    order = state.rank_order
     datasets = tuple(sorted(set(datasets)))
     for group in _groups(state, elig):
         top = max(c.max_units for c in group)
@@ -270,7 +103,7 @@ def iter_index(state: ClusterState, elig: Sequence[tuple[int, tuple[object, ...]
                 yield order[r]
 
 
-def _with_cached_first(order: list[str], lists: list[list[int]], cached: list[list[int]], binpack: bool
+def _with_cached_first(order: Sequence[str], lists: list[list[int]], cached: list[list[int]], binpack: bool
                        ) -> Iterator[str]:
     """One bucket: the nodes caching a dataset first, then the others (lazily: usually one node is read)."""
     merged = heapq.merge(*cached) if binpack else heapq.merge(*(reversed(x) for x in cached), reverse=True)
@@ -285,9 +118,9 @@ def _with_cached_first(order: list[str], lists: list[list[int]], cached: list[li
             yield order[r]
 
 
-def _binpack_sorted(state: ClusterState, names: Iterable[str], penalty: Mapping[tuple[object, ...], int],
+def _binpack_sorted(state: ClusterIndex, names: Iterable[str], penalty: Mapping[ClassKey, int],
                     datasets: tuple[str, ...]) -> list[str]:
-    nodes = state._nodes
+    nodes = state.indexed_nodes
     sign = 1 if state.strategy == "binpack" else -1
     ds = set(datasets)
 
@@ -315,19 +148,20 @@ def _greedy_groups(caps: Mapping[str, int], ranks: Mapping[str, int], need: int)
     return chosen
 
 
-def _grouped_order(state: ClusterState, names: list[str], levels: Sequence[TopologyLevel], need: int,
-                   penalty: Mapping[tuple[object, ...], int], datasets: tuple[str, ...]) -> list[str]:
+def _grouped_order(state: ClusterIndex, names: list[str], levels: Sequence[TopologyLevel], need: int,
+                   penalty: Mapping[ClassKey, int], datasets: tuple[str, ...]) -> list[str]:
     if not levels:
         return _binpack_sorted(state, names, penalty, datasets)
     level = levels[0]
     groups: dict[str, list[str]] = {}
     caps: dict[str, int] = {}
+    nodes = state.indexed_nodes
     for name in names:
-        n = state._nodes[name]
+        n = nodes[name]
         d = n.domain(level)
         groups.setdefault(d, []).append(name)
         caps[d] = caps.get(d, 0) + n.units
-    ranks = state._dom_rank.get(level) or {nm: state._nodes[nm].rank for nm in groups}
+    ranks = state.domain_ranks(level) or {nm: nodes[nm].rank for nm in groups}
     out: list[str] = []
     rem = need
     for d in _greedy_groups(caps, ranks, need):
@@ -339,29 +173,11 @@ def _grouped_order(state: ClusterState, names: list[str], levels: Sequence[Topol
 # ---------------------------------------------------------------------------------- strategies
 
 
-@dataclass
-class _Job:
-    spec: JobSpec
-    reqs: list[PodReq]
-    eligs: list[tuple[tuple[int, tuple[object, ...]], ...]]
-    union: dict[tuple[object, ...], int]  # class key -> best penalty over pod sets
-    need: int  # units of the whole gang
-    pods: int
-
-
-def _prepare(state: ClusterState, spec: JobSpec, reqs: list[PodReq]) -> _Job:
-    eligs = [eligible(state, r, spec.tolerations) for r in reqs]
-    union: dict[tuple[object, ...], int] = {}
-    for e in eligs:
-        for penalty, key in e:
-            union[key] = min(penalty, union.get(key, penalty))
-    return _Job(spec, reqs, eligs, union, sum(r.need for r in reqs), sum(r.count for r in reqs))
-
-
-def _fill_all(state: ClusterState, job: _Job, names: Sequence[str] | None, exclude: Mapping[str, Exclusion] | None
-              ) -> tuple[list[GpuBinding], list[tuple[int, int]]] | None:
+def _fill_all(state: ClusterIndex, job: GangRequest, names: Sequence[str] | None,
+              exclude: Mapping[str, Exclusion] | None) -> Staged | None:
     """Stage every pod set; with `names`, only on those nodes in that order, else from the index."""
     stage = Stage(state, exclude)
+    nodes = state.indexed_nodes
     out: list[GpuBinding] = []
     reqs_out: list[tuple[int, int]] = []
     for req, elig in zip(job.reqs, job.eligs, strict=True):
@@ -371,22 +187,23 @@ def _fill_all(state: ClusterState, job: _Job, names: Sequence[str] | None, exclu
             it: Iterable[str] = iter_index(state, elig, req.unit, job.spec.datasets)
         else:
             keys = {k for _, k in elig}
-            it = (n for n in names if state._nodes[n].cls in keys)
+            it = (n for n in names if nodes[n].cls in keys)
         if not _fill(stage, req, it, out, reqs_out):
             return None
     return out, reqs_out
 
 
-def _domain_nodes(state: ClusterState, job: _Job, level: TopologyLevel, domain: str) -> list[str]:
+def _domain_nodes(state: ClusterIndex, job: GangRequest, level: TopologyLevel, domain: str) -> list[str]:
     names: list[str] = []
     for key in job.union:
-        names.extend(state._dom_nodes.get((key, level), {}).get(domain, ()))
-    return [n for n in names if state._nodes[n].ready]
+        names.extend(state.domain_members(key, level).get(domain, ()))
+    nodes = state.indexed_nodes
+    return [n for n in names if nodes[n].ready]
 
 
-def _shapes_fit(state: ClusterState, job: _Job, names: list[str]) -> bool:
+def _shapes_fit(state: ClusterIndex, job: GangRequest, names: list[str]) -> bool:
     """Necessary condition, GPUs only: every pod set finds enough pod-sized pieces of free units."""
-    nodes = state._nodes
+    nodes = state.indexed_nodes
     for req, elig in zip(job.reqs, job.eligs, strict=True):
         if req.unit <= 1:
             continue  # any free unit fits a pod: the units check already covered it
@@ -401,22 +218,14 @@ def _shapes_fit(state: ClusterState, job: _Job, names: list[str]) -> bool:
     return True
 
 
-def domain_free(state: ClusterState, keys: Iterable[tuple[object, ...]], level: TopologyLevel) -> dict[str, int]:
-    totals: dict[str, int] = {}
-    for key in keys:
-        for d, f in state._classes[key].dom_free[level].items():
-            totals[d] = totals.get(d, 0) + f
-    return totals
-
-
-def _best_fit_domains(state: ClusterState, job: _Job, level: TopologyLevel) -> Iterator[str]:
+def _best_fit_domains(state: ClusterIndex, job: GangRequest, level: TopologyLevel) -> Iterator[str]:
     """Domains with at least the gang's units free, smallest sufficient first (spread: largest first).
 
     One eligible class (the common case): read its per-level buckets. Several: sum their free units."""
     binpack = state.strategy == "binpack"
     if len(job.union) == 1:
-        c = state._classes[next(iter(job.union))]
-        order = state._dom_order[level]
+        c = state.classes[next(iter(job.union))]
+        order = state.domain_order(level)
         by_free = c.dom_buckets[level]
         frees = sorted((f for f in by_free if f >= job.need), reverse=not binpack)
         for f in frees:
@@ -424,17 +233,17 @@ def _best_fit_domains(state: ClusterState, job: _Job, level: TopologyLevel) -> I
                 yield order[r]
         return
     totals = domain_free(state, job.union, level)
-    ranks = state._dom_rank.get(level, {})
+    ranks = state.domain_ranks(level)
     sign = 1 if binpack else -1
     yield from sorted((d for d, f in totals.items() if f >= job.need),
                       key=lambda d: (sign * totals[d], ranks.get(d, 0), d))
 
 
-def _in_one_domain(state: ClusterState, job: _Job, level: TopologyLevel, group_levels: list[TopologyLevel],
-                   exclude: Mapping[str, Exclusion] | None) -> tuple[list[GpuBinding], list[tuple[int, int]]] | None:
+def _in_one_domain(state: ClusterIndex, job: GangRequest, level: TopologyLevel, group_levels: list[TopologyLevel],
+                   exclude: Mapping[str, Exclusion] | None) -> Staged | None:
     """Best-fit over the domains of `level`: the smallest free capacity that holds the gang."""
     if level is TopologyLevel.NODE:
-        single = [(p, k) for k, p in sorted(job.union.items(), key=lambda kv: (kv[1], repr(kv[0])))]
+        single = tuple((p, k) for k, p in sorted(job.union.items(), key=lambda kv: (kv[1], repr(kv[0]))))
         for name in iter_index(state, single, job.need, job.spec.datasets):
             got = _fill_all(state, job, [name], exclude)
             if got is not None:
@@ -457,22 +266,23 @@ def _levels_between(top: TopologyLevel, bottom: TopologyLevel) -> list[TopologyL
     return [lvl for lvl in reversed(TOPOLOGY_LEVELS) if bottom.rank <= lvl.rank < top.rank]
 
 
-def _everywhere_grouped(state: ClusterState, job: _Job, bottom: TopologyLevel,
+def _everywhere_grouped(state: ClusterIndex, job: GangRequest, bottom: TopologyLevel,
                         exclude: Mapping[str, Exclusion] | None
-                        ) -> tuple[list[GpuBinding], list[tuple[int, int]]] | None:
-    names = []
+                        ) -> Staged | None:
+    names: list[str] = []
+    order = state.rank_order
     for key in job.union:
-        c = state._classes[key]
+        c = state.classes[key]
         for b, ranks in c.buckets.items():
             if b > 0 or job.need == 0:
-                names.extend(state._order[r] for r in ranks)
+                names.extend(order[r] for r in ranks)
     levels = [TopologyLevel.BLOCK, *_levels_between(TopologyLevel.BLOCK, bottom)]
     ordered = _grouped_order(state, names, levels, job.need, job.union, job.spec.datasets)
     return _fill_all(state, job, ordered, exclude)
 
 
-def _attempt(state: ClusterState, job: _Job, exclude: Mapping[str, Exclusion] | None
-             ) -> tuple[list[GpuBinding], list[tuple[int, int]]] | None:
+def _attempt(state: ClusterIndex, job: GangRequest, exclude: Mapping[str, Exclusion] | None
+             ) -> Staged | None:
     topo = job.spec.topology
     if topo.required_level is not None:
         # Inside the required domain, group by racks (a required block) so the gang spans few racks;
@@ -489,46 +299,40 @@ def _attempt(state: ClusterState, job: _Job, exclude: Mapping[str, Exclusion] | 
     return _fill_all(state, job, None, exclude)
 
 
-def _search(state: ClusterState, spec: JobSpec, reqs: list[PodReq], exclude: Mapping[str, Exclusion] | None
-            ) -> tuple[list[GpuBinding], list[tuple[int, int]]] | None:
+def _search(state: ClusterIndex, spec: JobSpec, reqs: list[PodReq], exclude: Mapping[str, Exclusion] | None
+            ) -> Staged | None:
     """The whole gang, else (min_members) its first `gang_size` pods; None when neither fits."""
-    got = _attempt(state, _prepare(state, spec, reqs), exclude)
+    got = _attempt(state, prepare(state, spec, reqs), exclude)
     if got is None and spec.gang_size < spec.total_pods:
-        got = _attempt(state, _prepare(state, spec, trim(reqs, spec.gang_size)), exclude)
+        got = _attempt(state, prepare(state, spec, trim(reqs, spec.gang_size)), exclude)
     return got
 
 
-def place_job(state: ClusterState, spec: JobSpec, allowed: tuple[str, ...],
+def place_job(state: ClusterIndex, spec: JobSpec, allowed: tuple[str, ...],
               exclude: Mapping[str, Exclusion] | None = None) -> Placement | Unplaceable:
-    state._ensure_index()
+    state.refresh_index()
     reqs = resolve(spec, allowed)
     if isinstance(reqs, Unplaceable):
         return reqs
     got = _search(state, spec, reqs, exclude)
     if got is None:
-        from .diagnose import diagnose
-
-        return diagnose(state, spec, _prepare(state, spec, trim(reqs, spec.gang_size)), exclude)
+        return diagnose(state, spec, prepare(state, spec, trim(reqs, spec.gang_size)), exclude)
     bindings, requests = got
-    return build_placement(state, spec.job_id, tuple(bindings), tuple(requests))
+    return state.build_placement(spec.job_id, tuple(bindings), tuple(requests))
 
 
-def try_place(state: ClusterState, spec: JobSpec, reqs: list[PodReq],
+def try_place(state: ClusterIndex, spec: JobSpec, reqs: list[PodReq],
               exclude: Mapping[str, Exclusion] | None = None) -> Placement | None:
     """`place_job` without the diagnosis: the same placement, or None where it would explain a refusal.
 
     For callers that only need to know whether (and where) the gang fits, e.g. the reservation search,
     which asks at many instants and would otherwise pay for a message it discards each time."""
-    state._ensure_index()
+    state.refresh_index()
     got = _search(state, spec, reqs, exclude)
     if got is None:
         return None
     bindings, requests = got
-    return build_placement(state, spec.job_id, tuple(bindings), tuple(requests))
+    return state.build_placement(spec.job_id, tuple(bindings), tuple(requests))
 
 
-def _models(models: Sequence[str]) -> str:
-    return "/".join(models) if models else "any GPU model"
-
-
-__all__ = ["Exclusion", "PodReq", "exclusions_for", "iter_index", "place_job", "resolve", "try_place"]
+__all__ = ["Exclusion", "PodReq", "exclusions_for", "iter_index", "place_job", "resolve", "trim", "try_place"]

@@ -38,8 +38,9 @@ from dataclasses import dataclass
 
 from shared.domain import JobSpec, TopologyLevel
 
-from .placer import _BIG, Exclusion, PodReq, Stage, eligible, exclusions_for, resolve, trim, try_place
-from .state import ClusterState
+from .index import ClassKey, ClusterIndex
+from .placer import try_place
+from .staging import BIG, Exclusion, Free, PodReq, Stage, eligible, exclusions_for, resolve, trim
 from .types import PendingJob, Placement, Unplaceable
 
 
@@ -51,18 +52,6 @@ class Reservation:
     placement: Placement
 
 
-class _Free:
-    """A node's free resources as the replay sees them (the attributes `Stage` reads)."""
-
-    __slots__ = ("cpu", "free_mask", "mem", "slice_free")
-
-    def __init__(self, free_mask: int, slice_free: list[int] | None, cpu: int, mem: int):
-        self.free_mask = free_mask
-        self.slice_free = slice_free
-        self.cpu = cpu
-        self.mem = mem
-
-
 class _Gate:
     """Pods of each pod set that fit, per eligible READY node, summed per domain, updated node by node.
 
@@ -71,30 +60,31 @@ class _Gate:
 
     __slots__ = ("exclude", "fit", "free", "keys", "level", "ok", "reqs", "state", "sums", "union")
 
-    def __init__(self, state: ClusterState, spec: JobSpec, reqs: list[PodReq], starting: list[PodReq],
+    def __init__(self, state: ClusterIndex, spec: JobSpec, reqs: list[PodReq], starting: list[PodReq],
                  exclude: Mapping[str, Exclusion] | None):
         # `starting`: the pods that must start (min_members); a placement of the whole gang contains them.
         self.state = state
         self.reqs = starting
         self.exclude = exclude
         self.level = spec.topology.required_level if len(starting) == 1 else None
-        self.keys = [frozenset(k for _, k in eligible(state, r, spec.tolerations)) for r in starting]
+        self.keys: list[frozenset[ClassKey]] = [frozenset(k for _, k in eligible(state, r, spec.tolerations))
+                                                for r in starting]
         # Every class the placer may read for the whole gang: a release elsewhere cannot change its answer.
         self.union = frozenset(k for r in reqs for _, k in eligible(state, r, spec.tolerations))
-        self.free: dict[str, _Free] = {}
+        self.free: dict[str, Free] = {}
         self.fit: list[dict[str, int]] = [{} for _ in starting]
         self.sums: list[dict[str, int]] = [{} for _ in starting]
         self.ok = [0] * len(starting)  # per pod set: domains holding enough fitting pods
         # Initial counts: a node with fewer free units than one pod takes fits no pod (the default, 0).
         stage = Stage(state, exclude)
-        order = state._order
+        order, classes = state.rank_order, state.classes
         for i, req in enumerate(starting):
-            self._recount(stage, [order[r] for key in self.keys[i] for b, ranks in state._classes[key].buckets.items()
+            self._recount(stage, [order[r] for key in self.keys[i] for b, ranks in classes[key].buckets.items()
                                   if b >= req.unit for r in ranks], only=i)
 
     def release(self, p: Placement) -> list[str]:
         """Free `p` on the view, as `ClusterState.release` does; the READY nodes the job may use it touched."""
-        nodes = self.state._nodes
+        nodes = self.state.indexed_nodes
         touched: list[str] = []
         for i, b in enumerate(p.bindings):
             n = nodes.get(b.node)
@@ -102,7 +92,7 @@ class _Gate:
                 continue
             f = self.free.get(b.node)
             if f is None:
-                f = self.free[b.node] = _Free(n.free_mask, list(n.slice_free) if n.slice_free is not None else None,
+                f = self.free[b.node] = Free(n.free_mask, list(n.slice_free) if n.slice_free is not None else None,
                                               n.cpu, n.mem)
             if b.mig_slice is not None and f.slice_free is not None:
                 g, s = b.mig_slice
@@ -119,12 +109,10 @@ class _Gate:
         return touched
 
     def recount(self, names: Iterable[str]) -> None:
-        stage = Stage(self.state, self.exclude)
-        stage.nodes = self.free  # type: ignore[assignment]  # the view: Stage reads the same four attributes
-        self._recount(stage, names)
+        self._recount(Stage(self.state, self.exclude, nodes=self.free), names)
 
     def _recount(self, stage: Stage, names: Iterable[str], only: int | None = None) -> None:
-        nodes = self.state._nodes
+        nodes = self.state.indexed_nodes
         for name in names:
             n = nodes[name]
             for i, req in enumerate(self.reqs):
@@ -148,26 +136,26 @@ class _Gate:
         return all(self.ok)
 
 
-def _ever_fits(state: ClusterState, spec: JobSpec, starting: list[PodReq], level: TopologyLevel | None) -> bool:
+def _ever_fits(state: ClusterIndex, spec: JobSpec, starting: list[PodReq], level: TopologyLevel | None) -> bool:
     """The gate's condition on an empty cluster (whole nodes, no reservations): False = the job never fits.
 
     Free resources never exceed a node's capacity, so this is necessary at every instant. It depends on the
     node specs only and is cached until the next index rebuild: a job admitted on a flavor whose nodes
     cannot hold its CPU/memory costs one lookup per cycle instead of a replay."""
-    key = ("ever_fits", tuple(starting), spec.tolerations, level)
-    hit = state._spec_cache.get(key)
-    if hit is not None:
-        return bool(hit)
-    order, nodes = state._order, state._nodes
-    answer = True
+    return state.spec_memo(("ever_fits", tuple(starting), spec.tolerations, level),
+                           lambda: _fits_empty(state, spec, starting, level))
+
+
+def _fits_empty(state: ClusterIndex, spec: JobSpec, starting: list[PodReq], level: TopologyLevel | None) -> bool:
+    order, nodes, classes = state.rank_order, state.indexed_nodes, state.classes
     for req in starting:
         keys = [k for _, k in eligible(state, req, spec.tolerations)]
         sums: dict[str, int] = {}
         for key_ in keys:
-            for ranks in state._classes[key_].buckets.values():
+            for ranks in classes[key_].buckets.values():
                 for r in ranks:
                     n = nodes[order[r]]
-                    k = _BIG
+                    k = BIG
                     if req.gpus:
                         k = n.cap_units // req.gpus
                     elif req.mig:
@@ -179,13 +167,11 @@ def _ever_fits(state: ClusterState, spec: JobSpec, starting: list[PodReq], level
                     d = n.domain(level) if level is not None else ""
                     sums[d] = sums.get(d, 0) + k
         if not any(v >= req.count for v in sums.values()):
-            answer = False
-            break
-    state._spec_cache[key] = answer
-    return answer
+            return False
+    return True
 
 
-def earliest_slot(state: ClusterState, pj: PendingJob, timeline: Sequence[tuple[float, str]],
+def earliest_slot(state: ClusterIndex, pj: PendingJob, timeline: Sequence[tuple[float, str]],
                   earlier: Sequence[Reservation], now: float) -> Reservation | None:
     """When and where the job starts if the running jobs end as expected (`timeline`: (expected end, job id)),
     avoiding `earlier` reservations: the first instant after which the placer places it; None if none does.
@@ -194,15 +180,14 @@ def earliest_slot(state: ClusterState, pj: PendingJob, timeline: Sequence[tuple[
     reqs = resolve(spec, pj.allowed_models)
     if isinstance(reqs, Unplaceable) or not timeline:
         return None
-    state._ensure_index()
-    alloc = state._alloc
+    state.refresh_index()
     events = sorted(timeline)  # usually sorted already (timsort: linear); jobs not running are skipped below
     starting = trim(reqs, spec.gang_size)
     if not _ever_fits(state, spec, starting, spec.topology.required_level if len(starting) == 1 else None):
         return None
     exclude = exclusions_for(r.placement for r in earlier) if earlier else None
     gate = _Gate(state, spec, reqs, starting, exclude)
-    future: ClusterState | None = None  # the state itself, brought up to date only where the placer runs
+    future: ClusterIndex | None = None  # the state itself, brought up to date only where the placer runs
     synced = 0  # events released on `future`
     released: set[str] = set()
     changed = True  # something the job may use was freed since the last attempt that failed
@@ -213,9 +198,10 @@ def earliest_slot(state: ClusterState, pj: PendingJob, timeline: Sequence[tuple[
         freed = False
         while i < len(events) and events[i][0] == t:
             job_id = events[i][1]
-            if job_id in alloc and job_id not in released:  # a job named twice is released once
+            placement = state.placement_of(job_id)
+            if placement is not None and job_id not in released:  # a job named twice is released once
                 released.add(job_id)
-                touched.extend(gate.release(alloc[job_id]))
+                touched.extend(gate.release(placement))
                 freed = True
             i += 1
         if not freed:

@@ -3,9 +3,7 @@ resolved (`database_url`), with the `telemetry` schema dropped and migrated afre
 
 from __future__ import annotations
 
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 
 import asyncpg
 import pytest_asyncio
@@ -14,12 +12,6 @@ from services.telemetry.app import MIGRATIONS
 from shared.db import apply_migrations, create_pool
 from shared.service import PLUMBING_SQL
 
-# The unit tests' builders (events of a job's life) serve here too.
-_BUILDERS = str(Path(__file__).resolve().parents[2] / "unit" / "telemetry")
-_HERE = str(Path(__file__).resolve().parent)
-for _path in (_BUILDERS, _HERE):
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def telemetry_db_url(make_database: Callable[[str], Awaitable[str]]) -> str:

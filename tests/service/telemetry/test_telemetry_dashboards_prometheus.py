@@ -15,7 +15,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from telemetry_builders import bindings, node, spec
 
 from services.telemetry.app import TelemetryService
 from shared.config import parse_queues
@@ -36,6 +35,7 @@ from shared.events import (
     PreemptionReason,
     UtilizationSampled,
 )
+from tests.unit.telemetry.telemetry_builders import bindings, node, spec
 
 REPO = Path(__file__).resolve().parents[3]
 DASHBOARDS = sorted((REPO / "deploy" / "grafana" / "dashboards").glob("*.json"))

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncpg
 import pytest
-from telemetry_builders import T0, checkpointed, inventory, life, node, spec
 
 from services.telemetry.app import TelemetryService
 from shared.clock import ManualClock
 from shared.events import ExitReason, QueueConfigChanged, make_event, utcnow_from
 from shared.service import Tx
+from tests.unit.telemetry.telemetry_builders import T0, checkpointed, inventory, life, node, spec
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

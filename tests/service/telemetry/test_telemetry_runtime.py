@@ -10,14 +10,14 @@ import asyncpg
 import httpx
 import nats
 import pytest
-from telemetry_builders import bindings, node, spec
-from telemetry_receiver import LOOPBACK, Receiver
 
 from services.telemetry.app import TelemetryService
 from services.telemetry.webhooks import store
 from shared.db import create_pool
 from shared.events import JobCompleted, JobPlaced, JobStarted, JobSubmitted, NodeInventory, make_event, utcnow_from
 from shared.service import ServiceRuntime, publish_event
+from tests.service.telemetry.telemetry_receiver import LOOPBACK, Receiver
+from tests.unit.telemetry.telemetry_builders import bindings, node, spec
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

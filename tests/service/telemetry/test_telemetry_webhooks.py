@@ -9,8 +9,6 @@ from collections.abc import Iterator
 
 import asyncpg
 import pytest
-from telemetry_builders import T0, spec
-from telemetry_receiver import LOOPBACK, Receiver
 
 from services.telemetry.app import TelemetryService
 from services.telemetry.webhooks import store
@@ -21,6 +19,8 @@ from services.telemetry.webhooks.ssrf import AllowList
 from shared.clock import ManualClock
 from shared.events import JobCompleted, JobSubmitted, Payload, make_event, parse_event, utcnow_from
 from shared.service import Tx
+from tests.service.telemetry.telemetry_receiver import LOOPBACK, Receiver
+from tests.unit.telemetry.telemetry_builders import T0, spec
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 @pytest.fixture

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from admission_core_builders import A100, H100, config, job, queue, quota, submit, submit_many
-
 from services.admission.core import AdmissionState, Reason, Workload, admission_cycle, queue_summaries
+from tests.unit.admission.admission_core_builders import A100, H100, config, job, queue, quota, submit, submit_many
 
 
 def test_admitted_jobs_stay_admitted_when_quota_shrinks() -> None:

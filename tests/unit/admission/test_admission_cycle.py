@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from admission_core_builders import A100, H100, config, job, queue, quota, submit, submit_many
-
 from services.admission.core import AdmissionState, Reason, Workload, admission_cycle
 from shared.domain import PodSet
+from tests.unit.admission.admission_core_builders import A100, H100, config, job, queue, quota, submit, submit_many
 
 
 def two_teams(**kw) -> AdmissionState:  # type: ignore[no-untyped-def]

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from admission_core_builders import A100, H100, config, job, quota
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.admission.core import AdmissionState, Workload, admission_cycle
 from shared.config import QueuesConfig
+from tests.unit.admission.admission_core_builders import A100, H100, config, job, quota
 
 MODELS = (H100, A100)
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from admission_core_builders import H100, config, job, queue, submit, submit_many
-
 from services.admission.core import AdmissionState, Reason, admission_cycle
+from tests.unit.admission.admission_core_builders import H100, config, job, queue, submit, submit_many
 
 
 def borrowed_by_b(reclaim: str = "LowerPriority", **jobs_kw) -> AdmissionState:  # type: ignore[no-untyped-def]

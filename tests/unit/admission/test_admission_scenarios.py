@@ -3,8 +3,6 @@ finishes the named candidates and requeues them, as the preemption service would
 
 from __future__ import annotations
 
-from admission_core_builders import A100, H100, config, job, queue, submit, submit_many
-
 from services.admission.core import (
     AdmissionDecision,
     AdmissionState,
@@ -12,6 +10,7 @@ from services.admission.core import (
     Workload,
     admission_cycle,
 )
+from tests.unit.admission.admission_core_builders import A100, H100, config, job, queue, submit, submit_many
 
 
 def preempt_for(s: AdmissionState, d: AdmissionDecision) -> list[str]:

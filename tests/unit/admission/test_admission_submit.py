@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from admission_core_builders import A100, H100, config, job, queue, quota, submit
-
 from services.admission.core import AdmissionState, Reason, Workload
 from shared.domain import PodSet
+from tests.unit.admission.admission_core_builders import A100, H100, config, job, queue, quota, submit
 
 
 def state() -> AdmissionState:

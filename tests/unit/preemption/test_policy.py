@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from builders import MODEL, World, queues, spec
-
 from services.preemption.core import RECLAIM, Why, protection, select_victims, usage_by_queue, victim_verdict
 from shared.domain import JobKind
+from tests.unit.preemption.builders import MODEL, World, queues, spec
 
 NOW = 100_000.0
 

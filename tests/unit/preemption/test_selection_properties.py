@@ -5,12 +5,12 @@ from __future__ import annotations
 import random
 from itertools import combinations
 
-from builders import World, queues, spec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.preemption.core import select_victims, set_key, usage_by_queue, victim_verdict
 from services.scheduler.core import Placement
+from tests.unit.preemption.builders import World, queues, spec
 
 NOW = 1_000_000.0
 CLASSES = ("low", "normal", "high")

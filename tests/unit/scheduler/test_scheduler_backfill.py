@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from scheduler_builders import job, nodes
-
 from services.scheduler.core import (
     ClusterState,
     PendingJob,
@@ -12,6 +10,7 @@ from services.scheduler.core import (
     RunningJob,
     schedule_cycle,
 )
+from tests.unit.scheduler.scheduler_builders import job, nodes
 
 NOW = 1000.0
 

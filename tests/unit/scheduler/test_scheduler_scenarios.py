@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from scheduler_builders import INFERENCE_TAINT, TOLERATE_INFERENCE, job, nodes
-
 from services.scheduler.core import ClusterState, Placement, Reason, Unplaceable, fragmentation
 from shared.domain import MigLayout, NodeHealth, Taint, TaintEffect
+from tests.unit.scheduler.scheduler_builders import INFERENCE_TAINT, TOLERATE_INFERENCE, job, nodes
 
 
 def placed(result: Placement | Unplaceable) -> Placement:

@@ -8,13 +8,13 @@ from unittest import mock
 
 from hypothesis import given
 from hypothesis import strategies as st
-from scheduler_builders import job, nodes
-from scheduler_strategies import MODELS, SETTINGS, clusters, jobs
 
 import services.scheduler.core.slot as slot
 from services.scheduler.core import ClusterState, PendingJob, Placement, Reservation, earliest_slot
 from services.scheduler.core.placer import exclusions_for, place_job, resolve, trim, try_place
 from shared.domain import NodeHealth, NodeSpec
+from tests.unit.scheduler.scheduler_builders import job, nodes
+from tests.unit.scheduler.scheduler_strategies import MODELS, SETTINGS, clusters, jobs
 
 
 def replay(state: ClusterState, pj: PendingJob, timeline: Sequence[tuple[float, str]],
@@ -22,7 +22,7 @@ def replay(state: ClusterState, pj: PendingJob, timeline: Sequence[tuple[float, 
     """The reference: release each instant's expected ends on a copy, then attempt the placement."""
     exclude = exclusions_for(r.placement for r in earlier) if earlier else None
     future = state.copy()
-    events = sorted(e for e in timeline if e[1] in future._alloc)
+    events = sorted(e for e in timeline if future.holds(e[1]))
     i = 0
     while i < len(events):
         t = events[i][0]

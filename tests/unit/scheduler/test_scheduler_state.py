@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from scheduler_builders import job, nodes
 
 from services.scheduler.core import ClusterState, Placement, PlacementConflict, Reason, Unplaceable
 from shared.domain import GpuBinding, MigLayout, NodeHealth
+from tests.unit.scheduler.scheduler_builders import job, nodes
 
 
 def placed(result: Placement | Unplaceable) -> Placement:

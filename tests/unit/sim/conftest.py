@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
-
 from shared.config import ClusterConfig, NodeGroup
 from sim.loaders import queues_for_teams
 from sim.model import Trace, TraceJob
-
-TRACES = Path(__file__).resolve().parents[3] / ".." / "shared" / "traces"
 
 
 def nodes(count: int, gpus: int = 8, model: str = "gpu", nodes_per_rack: int = 4):
@@ -31,10 +25,3 @@ def trace(jobs: list[TraceJob], node_count: int = 1, gpus: int = 8, teams: list[
     jobs = sorted(jobs, key=lambda j: (j.submit_time, j.job_id))
     teams = teams or sorted({j.team for j in jobs})
     return Trace(name="tiny", jobs=jobs, nodes=ns, queues=queues_for_teams(teams, {"gpu": node_count * gpus}))
-
-
-@pytest.fixture
-def traces_dir() -> Path:
-    if not TRACES.is_dir():
-        pytest.fail(f"the shared traces are expected at {TRACES}")
-    return TRACES

@@ -1,4 +1,4 @@
-"""Each loader on small slices of the real trace files (read from <repo>/../shared/traces, sliced into tmp)."""
+"""Each loader on small slices of the real trace files (tests/data/traces, sliced further into tmp)."""
 
 from __future__ import annotations
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from telemetry_builders import T0, at, checkpointed, inventory, life, node, preempted, sample, spec
 
 from services.telemetry.core.names import METRICS
 from services.telemetry.core.state import Observation, TelemetryState, labels
 from shared.config import parse_queues
 from shared.domain import NodeHealth
 from shared.events import ExitReason, JobAdmitted, JobCancelled, JobQueued, JobRequeued, Payload
+from tests.unit.telemetry.telemetry_builders import T0, at, checkpointed, inventory, life, node, preempted, sample, spec
 
 
 def run(state: TelemetryState, events: list[tuple[float, Payload]]) -> list[Observation]:

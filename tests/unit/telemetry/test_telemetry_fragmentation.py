@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from telemetry_builders import node, spec
-
 from services.telemetry.core.fragmentation import fragmented_gpus
 from shared.domain import JobSpec, NodeHealth, PodSet, Taint, Toleration
+from tests.unit.telemetry.telemetry_builders import node, spec
 
 
 def test_nothing_waiting_means_no_fragmentation() -> None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import re
 
 import httpx
-from telemetry_builders import T0, inventory, life, node, spec
 
 from services.telemetry.core.names import COUNTER, METRICS
 from services.telemetry.core.state import TelemetryState
 from services.telemetry.metrics import TelemetryMetrics
 from shared.events import ExitReason, JobCancelled
+from tests.unit.telemetry.telemetry_builders import T0, inventory, life, node, spec
 
 NAME_RE = re.compile(r"^gpuq_[a-z0-9_]+$")
 

@@ -6,10 +6,10 @@ import re
 
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from telemetry_builders import at, spec
 
 from services.telemetry.tracing import current_traceparent, setup_tracing, start_span, start_span_from_event
 from shared.events import JobAdmitted, JobCompleted, JobStarted, JobSubmitted, make_event
+from tests.unit.telemetry.telemetry_builders import at, spec
 
 TRACEPARENT = re.compile(r"^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from builders import World, queues, spec
-
-from services.preemption.core.sim_adapter import SimPreemption
 from shared.domain import CheckpointSpec
+from sim.preemption import SimPreemption
+from tests.unit.preemption.builders import World, queues, spec
 
 NOW = 50_000.0
 

@@ -1,7 +1,7 @@
-"""The preemption step of the simulator's `gpuq` policy: the same core, driven from sim/policies/gpuq.py.
+"""The preemption step of the simulator's `gpuq` policy: the preemption core, driven from sim/policies/gpuq.py.
 
-Wiring (one line in sim, by the simulator's owner):
-    from services.preemption.core.sim_adapter import SimPreemption
+Wiring (sim/run.py):
+    from sim.preemption import SimPreemption
     GpuqPolicy(preemption_hook=SimPreemption(trace.queues, checkpointing=True))
 `SimPreemption` is a `PreemptionHook`: called with the cycle's `PreemptionContext`, it returns the victims as
 `sim.engine.Preempted` (the policy's `_requeue` frees them and admission requeues them).
@@ -19,12 +19,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from services.preemption.core import (
+    PRIORITY,
+    RECLAIM,
+    Preemptor,
+    RunningJob,
+    cooldown_verdict,
+    priority_of,
+    rate_limit_verdict,
+    select_victims,
+)
 from shared.config import QueuesConfig
 from shared.domain import JobSpec
-
-from .guards import cooldown_verdict, rate_limit_verdict
-from .model import PRIORITY, RECLAIM, Preemptor, RunningJob, priority_of
-from .select import select_victims
+from sim.engine import Preempted
 
 
 class SimPreemption:
@@ -59,8 +66,6 @@ class SimPreemption:
         return out
 
     def __call__(self, ctx: Any) -> list[Any]:
-        from sim.engine import Preempted
-
         running = self._running(ctx)
         usage_by_allocation = ctx.cluster.allocations()
         requests: list[tuple[str, str, dict[str, int]]] = []
@@ -109,5 +114,5 @@ class SimPreemption:
         for source in (adm.admitted, adm.pending):
             w = source.get(job_id)
             if w is not None:
-                return w.spec  # type: ignore[no-any-return]
+                return w.spec
         return None

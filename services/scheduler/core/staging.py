@@ -1,0 +1,282 @@
+"""What a gang needs and where it may go, and the scratch overlay pods are staged on.
+
+- `resolve`/`trim`: the job's pod sets against admission's flavors (`PodReq`), and the first `min_members` pods;
+- `eligible`: the node classes a pod set may use (model, MIG profile, taints), memoised per index;
+- `Stage`: a scratch copy of the free resources of the nodes a placement touches, minus `Exclusion`s
+  (reservations); like Volcano's Statement, nothing is written to the index while staging;
+- `GangRequest`/`prepare`: a job resolved against one index, what the placer and the diagnosis share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from shared.domain import GpuBinding, JobSpec, Toleration, TopologyLevel
+
+from .index import ClassKey, ClusterIndex
+from .types import Placement, Reason, Unplaceable
+
+BIG = 1 << 62  # "no limit" for a pod that asks for none of a resource
+
+Eligibility = tuple[tuple[int, ClassKey], ...]  # (penalty, class key), best penalty first
+
+
+@dataclass(frozen=True, slots=True)
+class PodReq:
+    """One pod set resolved against admission's flavors: what each of its `count` pods needs."""
+
+    pod_set: str
+    count: int
+    gpus: int  # whole GPUs per pod (0 for MIG and CPU-only pods)
+    mig: str | None
+    cpu: int
+    mem: int
+    models: tuple[str, ...]  # empty = any model
+
+    @property
+    def unit(self) -> int:
+        """Units per pod: whole GPUs on plain nodes, one slice on MIG nodes, none for CPU-only pods."""
+        return 1 if self.mig else self.gpus
+
+    @property
+    def need(self) -> int:
+        return self.count * self.unit
+
+
+@dataclass(frozen=True, slots=True)
+class Exclusion:
+    """Resources on one node that a placement must not use (a reservation's future GPUs, CPU, memory)."""
+
+    mask: int
+    slices: tuple[tuple[int, int], ...]  # (gpu, slice mask)
+    cpu: int
+    mem: int
+
+
+def exclusions_for(placements: Iterable[Placement]) -> dict[str, Exclusion]:
+    masks: dict[str, int] = {}
+    slices: dict[str, dict[int, int]] = {}
+    cpu: dict[str, int] = {}
+    mem: dict[str, int] = {}
+    for p in placements:
+        for i, b in enumerate(p.bindings):
+            m = masks.get(b.node, 0)
+            for g in b.gpu_indices:
+                m |= 1 << g
+            masks[b.node] = m
+            sl = slices.setdefault(b.node, {})
+            if b.mig_slice is not None:
+                sl[b.mig_slice[0]] = sl.get(b.mig_slice[0], 0) | (1 << b.mig_slice[1])
+            c, r = p.requests[i] if p.requests else (0, 0)
+            cpu[b.node] = cpu.get(b.node, 0) + c
+            mem[b.node] = mem.get(b.node, 0) + r
+    return {n: Exclusion(masks[n], tuple(sorted(slices[n].items())), cpu[n], mem[n]) for n in masks}
+
+
+def models_text(models: Iterable[str]) -> str:
+    models = tuple(models)
+    return "/".join(models) if models else "any GPU model"
+
+
+def resolve(job: JobSpec, allowed: tuple[str, ...]) -> list[PodReq] | Unplaceable:
+    reqs = []
+    for ps in job.pod_sets:
+        models = ps.gpu_models
+        if allowed and (ps.gpus_per_pod > 0 or ps.mig_profile):
+            models = tuple(m for m in allowed if not ps.gpu_models or m in ps.gpu_models)
+            if not models:
+                return Unplaceable(job.job_id, Reason.NO_GPU_MODEL,
+                                   f"pod set {ps.name} accepts {models_text(ps.gpu_models)} but admission allowed "
+                                   f"{models_text(allowed)}")
+        gpus = 0 if ps.mig_profile else ps.gpus_per_pod
+        reqs.append(PodReq(ps.name, ps.count, gpus, ps.mig_profile, ps.cpu_milli, ps.memory_mib, tuple(models)))
+    return reqs
+
+
+def trim(reqs: list[PodReq], pods: int) -> list[PodReq]:
+    """Keep the first `pods` pods in pod-set order (min_members: the gang may start with fewer pods)."""
+    out = []
+    for r in reqs:
+        if pods <= 0:
+            break
+        take = min(r.count, pods)
+        out.append(PodReq(r.pod_set, take, r.gpus, r.mig, r.cpu, r.mem, r.models))
+        pods -= take
+    return out
+
+
+def eligible(state: ClusterIndex, req: PodReq, tolerations: tuple[Toleration, ...]) -> Eligibility:
+    """(penalty, class key) of the classes a pod of `req` may use, best penalty first (memoised per index)."""
+
+    def compute() -> Eligibility:
+        out = []
+        for key, c in state.classes.items():
+            if req.models and c.model not in req.models:
+                continue
+            if req.mig is not None:
+                if c.mig != req.mig:
+                    continue
+            elif req.gpus > 0 and c.mig is not None:
+                continue  # whole-GPU pods never land on a partitioned node
+            if any(not any(t.tolerates(taint) for t in tolerations) for taint in c.hard):
+                continue
+            penalty = sum(1 for taint in c.soft if not any(t.tolerates(taint) for t in tolerations))
+            out.append((penalty, key))
+        return tuple(sorted(out, key=lambda pk: (pk[0], repr(pk[1]))))
+
+    return state.spec_memo(("eligible", req.models, req.mig, req.gpus > 0, tolerations), compute)
+
+
+# ---------------------------------------------------------------------------------- staging overlay
+
+
+class FreeResources(Protocol):
+    """What the stage reads of a node: free whole GPUs (bitmask), free MIG slices per GPU, CPU, memory."""
+
+    free_mask: int
+    slice_free: list[int] | None
+    cpu: int
+    mem: int
+
+
+class Free:
+    """A node's free resources as a scratch copy (a `FreeResources`): what is left on the stage, or what the
+    reservation search's replay has freed."""
+
+    __slots__ = ("cpu", "free_mask", "mem", "slice_free")
+
+    def __init__(self, free_mask: int, slice_free: list[int] | None, cpu: int, mem: int):
+        self.free_mask = free_mask
+        self.slice_free = slice_free
+        self.cpu = cpu
+        self.mem = mem
+
+
+class Stage:
+    """Scratch copy of the free resources of the nodes a placement touches; the index is never written.
+    `nodes` defaults to the index's own records; the reservation search passes its private view of them."""
+
+    __slots__ = ("exclude", "nodes", "slots")
+
+    def __init__(self, state: ClusterIndex, exclude: Mapping[str, Exclusion] | None,
+                 nodes: Mapping[str, FreeResources] | None = None):
+        self.exclude = exclude
+        self.slots: dict[str, Free] = {}
+        self.nodes: Mapping[str, FreeResources] = state.indexed_nodes if nodes is None else nodes
+
+    def avail(self, name: str) -> Free:
+        s = self.slots.get(name)
+        if s is None:
+            n = self.nodes[name]
+            s = Free(n.free_mask, list(n.slice_free) if n.slice_free is not None else None, n.cpu, n.mem)
+            e = self.exclude.get(name) if self.exclude else None
+            if e is not None:
+                s.free_mask &= ~e.mask
+                if s.slice_free is not None:
+                    for g, smask in e.slices:
+                        if g < len(s.slice_free):
+                            s.slice_free[g] &= ~smask
+                s.cpu -= e.cpu
+                s.mem -= e.mem
+            self.slots[name] = s
+        return s
+
+    def fits(self, name: str, req: PodReq) -> int:
+        """How many pods of `req` the node still holds."""
+        s = self.avail(name)
+        k = BIG
+        if req.gpus:
+            k = s.free_mask.bit_count() // req.gpus
+        elif req.mig:
+            k = sum(x.bit_count() for x in s.slice_free or ())
+        if req.cpu:
+            k = min(k, s.cpu // req.cpu)
+        elif s.cpu < 0:
+            k = 0
+        if req.mem:
+            k = min(k, s.mem // req.mem)
+        elif s.mem < 0:
+            k = 0
+        return max(k, 0)
+
+    def take(self, name: str, req: PodReq, first_index: int, k: int, out: list[GpuBinding],
+             reqs_out: list[tuple[int, int]]) -> None:
+        s = self.slots[name]
+        for i in range(k):
+            pod = f"{req.pod_set}-{first_index + i}"
+            if req.gpus:
+                mask = s.free_mask
+                picked: list[int] = []
+                while len(picked) < req.gpus:
+                    low = mask & -mask
+                    picked.append(low.bit_length() - 1)
+                    mask ^= low
+                s.free_mask = mask
+                out.append(GpuBinding(pod=pod, node=name, gpu_indices=tuple(picked)))
+            elif req.mig and s.slice_free is not None:
+                sl = s.slice_free
+                # Pack slices: the GPU with the fewest free slices left (lowest index on ties).
+                g = min((j for j in range(len(sl)) if sl[j]), key=lambda j: (sl[j].bit_count(), j))
+                low = sl[g] & -sl[g]
+                sl[g] ^= low
+                out.append(GpuBinding(pod=pod, node=name, mig_slice=(g, low.bit_length() - 1)))
+            else:
+                out.append(GpuBinding(pod=pod, node=name))
+            s.cpu -= req.cpu
+            s.mem -= req.mem
+            reqs_out.append((req.cpu, req.mem))
+
+
+# ---------------------------------------------------------------------------------- a gang on one index
+
+
+@dataclass
+class GangRequest:
+    """A job resolved against one index: its pod sets, the classes each may use, and their union."""
+
+    spec: JobSpec
+    reqs: list[PodReq]
+    eligs: list[Eligibility]
+    union: dict[ClassKey, int]  # class key -> best penalty over pod sets
+    need: int  # units of the whole gang
+    pods: int
+
+
+def prepare(state: ClusterIndex, spec: JobSpec, reqs: list[PodReq]) -> GangRequest:
+    eligs = [eligible(state, r, spec.tolerations) for r in reqs]
+    union: dict[ClassKey, int] = {}
+    for e in eligs:
+        for penalty, key in e:
+            union[key] = min(penalty, union.get(key, penalty))
+    return GangRequest(spec, reqs, eligs, union, sum(r.need for r in reqs), sum(r.count for r in reqs))
+
+
+def domain_free(state: ClusterIndex, keys: Iterable[ClassKey], level: TopologyLevel) -> dict[str, int]:
+    """Free units per rack or block over the given classes."""
+    totals: dict[str, int] = {}
+    classes = state.classes
+    for key in keys:
+        for d, f in classes[key].dom_free[level].items():
+            totals[d] = totals.get(d, 0) + f
+    return totals
+
+
+__all__ = [
+    "BIG",
+    "Eligibility",
+    "Exclusion",
+    "Free",
+    "FreeResources",
+    "GangRequest",
+    "PodReq",
+    "Stage",
+    "domain_free",
+    "eligible",
+    "exclusions_for",
+    "models_text",
+    "prepare",
+    "resolve",
+    "trim",
+]
