@@ -1,8 +1,9 @@
-"""Expected start times (ETA) by forward simulation with the production cores.
+"""Expected start times (ETA) by forward simulation with the production pipeline core.
 
 `estimate_starts` copies the admission and cluster snapshots, then replays the future the schedulers
 believe in: running jobs end at their expected end (started_at + max_runtime_s), and after each end the
-same admission and placement cycles run as in production. Nothing new arrives (an ETA is "if nothing with
+pipeline's cycle (`services.pipeline.core.cycle`: admission, then placement in the pipeline's order) runs as
+in production. Nothing new arrives (an ETA is "if nothing with
 higher priority shows up"). Pure: no I/O, no clock, the states passed in are never mutated.
 """
 
@@ -26,39 +27,31 @@ def estimate_starts(cluster: Any, admission: Any, running: Mapping[str, float], 
     admission: services.admission.core.AdmissionState (pending + admitted workloads)
     running:   job_id -> expected end (started_at + max_runtime_s) of every job holding GPUs
     """
-    from services.admission.core import admission_cycle
-    from services.scheduler.core import PendingJob, RunningJob, schedule_cycle
+    from services.pipeline.core import cycle, waiting_job
+    from services.scheduler.core import RunningJob
 
     cl = cluster.copy()
     adm = admission.copy()
-    prio = {p.name: p.value for p in adm.config.priority_classes}
     placed_now = set(cl.allocations())
     ends: list[tuple[float, str]] = sorted((max(end, now + MIN_REMAINING_S if end <= now else end), job_id)
                                            for job_id, end in running.items())
     heapq.heapify(ends)
     expected = dict((j, e) for e, j in ends)
-    # Admitted but not yet placed, in (priority, admission time, id) order: the scheduler's pending list.
-    waiting: dict[str, tuple[tuple[int, float, str], Any]] = {}
-    for job_id, a in sorted(adm.admitted.items()):
-        if job_id not in placed_now and job_id not in running:
-            waiting[job_id] = ((-prio.get(a.spec.priority_class, 0), a.admitted_at, job_id), a)
+    # Admitted but not yet placed: the scheduler's pending list (the pipeline orders it).
+    waiting = {job_id: waiting_job(adm.config, a) for job_id, a in sorted(adm.admitted.items())
+               if job_id not in placed_now and job_id not in running}
     starts: dict[str, float] = {}
     t = now
     for _ in range(max_cycles):
-        if adm.pending:
-            decision = admission_cycle(adm, t, capacity=cl.free_gpus_by_model())
-            for a in decision.admitted:
-                waiting[a.spec.job_id] = ((-prio.get(a.spec.priority_class, 0), t, a.spec.job_id), a)
-        if waiting:
-            order = sorted(waiting.items(), key=lambda kv: kv[1][0])
-            result = schedule_cycle(
-                cl, [PendingJob(spec=a.spec, allowed_models=tuple(sorted(set(a.flavors.values()))))
-                     for _, (_, a) in order],
-                [RunningJob(job_id=j, expected_end=e) for j, e in sorted(expected.items())], t, backfill=backfill)
-            for p in result.placed:
-                _, a = waiting.pop(p.job_id)
+        if waiting or adm.pending:
+            out = cycle(adm, cl, waiting, [RunningJob(job_id=j, expected_end=e) for j, e in sorted(expected.items())],
+                        t, backfill=backfill, run_admission=bool(adm.pending))
+            for w in out.admitted:
+                waiting[w.job_id] = w
+            for p in out.placement.result.placed:
+                w = waiting.pop(p.job_id)
                 starts[p.job_id] = t
-                end = t + a.spec.max_runtime_s
+                end = t + w.spec.max_runtime_s
                 expected[p.job_id] = end
                 heapq.heappush(ends, (end, p.job_id))
         if not waiting and not adm.pending:

@@ -25,10 +25,11 @@ from pathlib import Path
 import asyncpg
 from pydantic import ValidationError
 
-from services.admission.core import AdmissionState, AdmittedWorkload, Workload, admission_cycle
+from services.admission.core import AdmissionState, AdmittedWorkload, Workload
 from services.admission.core.statuses import PendingStatuses, message_text
 from services.admission.publish import MESSAGE_EVERY_S, Published, worth_publishing
 from services.admission.sharding import Shard
+from services.pipeline.core import admit
 from services.scheduler.core import ClusterState
 from shared.config import ConfigError, QueuesConfig, parse_queues
 from shared.domain import GpuBinding, JobSpec, NodeHealth, NodeSpec
@@ -398,7 +399,7 @@ class AdmissionService:
     # ------------------------------------------------------------------ the cycle
 
     async def cycle(self, tx: Tx) -> None:
-        decision = admission_cycle(self.state, tx.now)
+        decision = admit(self.state, tx.now)  # the pipeline's admission half: quota only
         for a in decision.admitted:
             await tx.conn.execute(
                 "UPDATE admission.jobs SET status = 'admitted', admitted_at = $2, flavors = $3, usage = $4, "

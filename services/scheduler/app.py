@@ -15,7 +15,9 @@ from pathlib import Path
 
 import asyncpg
 
-from services.scheduler.core import ClusterState, PendingJob, RunningJob, schedule_cycle
+from services.pipeline.core import WaitingJob, place, priority_value
+from services.preemption.core import priority_of
+from services.scheduler.core import ClusterState, RunningJob
 from shared.config import QueuesConfig
 from shared.domain import GpuBinding, JobSpec, NodeHealth, NodeSpec
 from shared.events import (
@@ -152,23 +154,25 @@ class SchedulerService:
 
     async def cycle(self, tx: Tx) -> None:
         waiting = await tx.conn.fetch(
-            "SELECT job_id, spec, flavors, resume_from FROM scheduler.jobs WHERE status = 'waiting' "
+            "SELECT job_id, spec, flavors, resume_from, admitted_at FROM scheduler.jobs WHERE status = 'waiting' "
             "ORDER BY admitted_at, job_id")
         if not waiting:
             return
-        pending = [PendingJob(spec=JobSpec.model_validate_json(r["spec"]),
-                              allowed_models=tuple(sorted(set(json.loads(r["flavors"]).values()))))
-                   for r in waiting]
+        pending = [self._waiting_job(r) for r in waiting]
         resume = {r["job_id"]: r["resume_from"] for r in waiting}
-        running = [RunningJob(job_id=r["job_id"], expected_end=r["expected_end"])
-                   for r in await tx.conn.fetch(
-                       "SELECT job_id, coalesce(expected_end, placed_at + (spec->>'max_runtime_s')::double precision)"
-                       " AS expected_end FROM scheduler.jobs WHERE status = 'placed' ORDER BY job_id")]
-        result = schedule_cycle(self.cluster, pending, running, tx.now, backfill=self.backfill)
+        rows = await tx.conn.fetch(
+            "SELECT job_id, spec, coalesce(expected_end, placed_at + (spec->>'max_runtime_s')::double precision)"
+            " AS expected_end FROM scheduler.jobs WHERE status = 'placed' ORDER BY job_id")
+        running = [RunningJob(job_id=r["job_id"], expected_end=r["expected_end"]) for r in rows]
+        # The pipeline orders the admitted jobs, places them and says which ask for preemption.
+        outcome = place(self.cluster, pending, running, tx.now, backfill=self.backfill,
+                        lowest_preemptible_running=self._lowest_preemptible(rows))
+        result = outcome.result
+        asks = set(outcome.preemption_asks)
         if result.placed and self.runtime is not None and self.runtime.lease is not None:
             await self.runtime.lease.check_fence(tx.conn)
         term = self.runtime.lease.term if self.runtime is not None and self.runtime.lease is not None else None
-        specs = {p.spec.job_id: p.spec for p in pending}
+        specs = {w.spec.job_id: w.spec for w in pending}
         for placement in result.placed:
             spec = specs[placement.job_id]
             await tx.conn.execute(
@@ -193,24 +197,26 @@ class SchedulerService:
             await tx.emit(JobPending(job_id=u.job_id, queue=specs[u.job_id].queue, stage="placement",
                                      reason=u.reason, message=u.message,
                                      eta=utcnow_from(planned) if planned is not None else None))
-            await self._ask_preemption(tx, specs[u.job_id], u.reason)
+            if u.job_id in asks:  # sent when its pending reason changes, not every cycle
+                spec = specs[u.job_id]
+                await tx.emit(PreemptionRequested(
+                    preemptor=spec.job_id, queue=spec.queue, reason=PreemptionReason.PRIORITY,
+                    need={m: spec.total_gpus for m in spec.gpu_models} or {"gpus": spec.total_gpus},
+                    message=f"{spec.job_id} ({spec.priority_class}) cannot be placed: {u.reason}"))
 
-    async def _ask_preemption(self, tx: Tx, spec: JobSpec, reason: str) -> None:
-        """An unplaceable admitted job of strictly higher priority than some running preemptible job asks the
-        preemption service (which applies every rule); sent when its pending reason changes, not every cycle."""
-        from services.scheduler.core import Reason
+    def _waiting_job(self, row: asyncpg.Record) -> WaitingJob:
+        spec = JobSpec.model_validate_json(row["spec"])
+        return WaitingJob(spec=spec, allowed_models=tuple(sorted(set(json.loads(row["flavors"]).values()))),
+                          priority=priority_value(self.queues, spec) if self.queues is not None else 0,
+                          admitted_at=float(row["admitted_at"]))
 
-        if self.queues is None or reason not in (Reason.INSUFFICIENT_GPUS, Reason.INSUFFICIENT_CPU_MEMORY,
-                                                 Reason.TOPOLOGY_UNSATISFIABLE):
-            return
-        classes = self.queues.priority_class_map
-        mine = classes.get(spec.priority_class)
-        rows = await tx.conn.fetch("SELECT spec->>'priority_class' AS pc, spec->>'preemptible' AS pre "
-                                   "FROM scheduler.jobs WHERE status = 'placed'")
-        lower = [r for r in rows if (k := classes.get(r["pc"])) is not None and mine is not None
-                 and k.value < mine.value and (k.preemptible if r["pre"] is None else r["pre"] == "true")]
-        if lower:
-            await tx.emit(PreemptionRequested(
-                preemptor=spec.job_id, queue=spec.queue, reason=PreemptionReason.PRIORITY,
-                need={m: spec.total_gpus for m in spec.gpu_models} or {"gpus": spec.total_gpus},
-                message=f"{spec.job_id} ({spec.priority_class}) cannot be placed: {reason}"))
+    def _lowest_preemptible(self, placed: list[asyncpg.Record]) -> int | None:
+        """The lowest priority of a running preemptible job (None: none, or no queue configuration to judge)."""
+        if self.queues is None:
+            return None
+        values = []
+        for r in placed:
+            value, preemptible, _ = priority_of(self.queues, JobSpec.model_validate_json(r["spec"]))
+            if preemptible:
+                values.append(value)
+        return min(values, default=None)

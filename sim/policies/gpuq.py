@@ -1,9 +1,9 @@
-"""`gpuq`: the production pipeline, driven through the SAME pure cores the services use.
+"""`gpuq`: the production pipeline, driven through the SAME pure pipeline core the services use.
 
-Each cycle: (1) admission — `services.admission.core.admission_cycle` (quotas, borrowing, fair share,
-priorities) capped by the free GPUs per model; (2) placement — `services.scheduler.core.schedule_cycle` over
-the admitted-but-unplaced jobs (gang, topology, binpack, backfill with reservations from `max_runtime_s`);
-(3) preemption — a hook called when admitted jobs cannot be placed or admission asks to reclaim quota.
+Each cycle is `services.pipeline.core.cycle`: (1) admission — the admission core (quotas, borrowing, fair
+share, priorities), capped by quota only; (2) placement of every admitted-but-unplaced job in the pipeline's
+order — the scheduler core (gang, topology, binpack, backfill with reservations from `max_runtime_s`);
+(3) preemption — a hook called with the jobs the pipeline says ask for preemption and admission's reclaims.
 No scheduling logic lives here: only the bookkeeping that the services' shells do with events.
 """
 
@@ -74,23 +74,14 @@ class GpuqPolicy:
         # can hold is refused (as the baselines refuse it) instead of being retried, and reserved for, forever.
         self._empty = ClusterState.from_nodes(trace.nodes)
         self._never: dict[tuple[object, ...], str] = {}
-        self.prio = {p.name: p.value for p in trace.queues.priority_classes}
         self.submitted: dict[str, tuple[JobSpec, float]] = {}
-        # admitted but not placed: job -> ((-priority, admission seq), AdmittedWorkload)
-        self.waiting: dict[str, tuple[tuple[int, int], Any]] = {}
+        self.waiting: dict[str, Any] = {}  # admitted but not placed: job -> pipeline WaitingJob
         self.running: dict[str, RunningInfo] = {}
         self._running_jobs: dict[str, Any] = {}  # job_id -> scheduler RunningJob
+        # job_id -> (priority, preemptible) of running jobs, for the pipeline's "asks for preemption" rule
+        self._running_class: dict[str, tuple[int, bool]] = {}
         self.milli: dict[str, int] = {}
         self._allocated = 0
-        # Free MIG slices per admission resource "<model>:<profile>", kept here from placements so the
-        # capacity cap passed to admission covers slices too (the scheduler reports whole GPUs per model).
-        self._slices_free: dict[str, int] = {}
-        for n in trace.nodes:
-            if n.mig is not None and n.health == "ready":
-                key = f"{n.gpu_model}:{n.mig.profile}"
-                self._slices_free[key] = self._slices_free.get(key, 0) + n.gpus * n.mig.slices_per_gpu
-        self._slice_usage: dict[str, dict[str, int]] = {}
-        self._admit_seq = 0
         self._pending_admission = 0
         self._down: dict[str, Any] = {}  # failed node -> its spec, restored when it comes back
 
@@ -116,12 +107,8 @@ class GpuqPolicy:
         self._pending_admission += 1
         return None
 
-    def _free_slices(self, job_id: str) -> None:
-        for k, v in self._slice_usage.pop(job_id, {}).items():
-            self._slices_free[k] += v
-
     def on_completion(self, job_id: str, now: float) -> None:
-        self._free_slices(job_id)
+        self._running_class.pop(job_id, None)
         self.cluster.release(job_id)
         self.adm.finish(job_id)
         self.running.pop(job_id, None)
@@ -130,51 +117,41 @@ class GpuqPolicy:
         self._allocated -= self.milli.pop(job_id, 0)
 
     def cycle(self, now: float) -> CycleOutput:
-        from services.admission.core import admission_cycle
-        from services.scheduler.core import PendingJob, RunningJob, schedule_cycle
+        from services.pipeline.core import cycle
+        from services.preemption.core import priority_of
+        from services.scheduler.core import RunningJob
 
-        reclaims: Sequence[Any] = ()
-        # 1. admission (only when someone waits for it)
-        if self._pending_admission:
-            decision = admission_cycle(self.adm, now,
-                                       capacity={**self.cluster.free_gpus_by_model(), **self._slices_free})
-            for a in decision.admitted:
-                job_id = a.spec.job_id
-                self.waiting[job_id] = ((-self.prio.get(a.spec.priority_class, 0), self._admit_seq), a)
-                self._admit_seq += 1
-            self._pending_admission -= len(decision.admitted)
-            reclaims = decision.reclaims
-            # Jobs the admission core cannot ever admit are refused at submit(); pending statuses of the
-            # rest are not scanned here (O(pending) per cycle), only the ETA/explain paths need them.
-        if not self.waiting:
+        if not self._pending_admission and not self.waiting:
             return CycleOutput()
-        # 2. placement: admitted jobs in (priority, admission) order; reservations from estimates
-        order = sorted(self.waiting.items(), key=lambda kv: kv[1][0])
-        pending = [PendingJob(spec=a.spec, allowed_models=tuple(sorted(set(a.flavors.values()))))
-                   for _, (_, a) in order]
+        lowest = min((p for p, preemptible in self._running_class.values() if preemptible), default=None)
         # Expected ends come from estimates; an overrunning job's end is in the past, which the scheduler
         # reads as "ends any moment" (Slurm does the same). RunningJob objects are made once per start.
-        result = schedule_cycle(self.cluster, pending, list(self._running_jobs.values()), now,
-                                backfill=self.backfill)
+        out = cycle(self.adm, self.cluster, self.waiting, list(self._running_jobs.values()), now,
+                    lowest_preemptible_running=lowest, backfill=self.backfill,
+                    run_admission=bool(self._pending_admission))
+        self._pending_admission -= len(out.admitted)
+        for w in out.admitted:
+            self.waiting[w.job_id] = w
+        reclaims: Sequence[Any] = out.admission.reclaims
+        result = out.placement.result
         started: list[str] = []
         for placement in result.placed:
             job_id = placement.job_id
-            _, a = self.waiting.pop(job_id)
-            self.running[job_id] = RunningInfo(a.spec, now, now + a.spec.max_runtime_s)
-            self._running_jobs[job_id] = RunningJob(job_id=job_id, expected_end=now + a.spec.max_runtime_s)
+            w = self.waiting.pop(job_id)
+            self.running[job_id] = RunningInfo(w.spec, now, now + w.spec.max_runtime_s)
+            self._running_jobs[job_id] = RunningJob(job_id=job_id, expected_end=now + w.spec.max_runtime_s)
+            value, preemptible, _ = priority_of(self.trace.queues, w.spec)
+            self._running_class[job_id] = (value, preemptible)
             self._allocated += self.milli[job_id]
-            slices = {k: v for k, v in a.usage.items() if k in self._slices_free}
-            if slices:
-                self._slice_usage[job_id] = slices
-                for k, v in slices.items():
-                    self._slices_free[k] -= v
             started.append(job_id)
-        # 3. preemption hook: admitted work that cannot be placed, or a queue reclaiming its quota
+        # 3. preemption hook: the jobs the pipeline says ask for preemption, and queues reclaiming their quota
         victims: list[Preempted] = []
-        if result.unplaceable or reclaims:
+        asks = set(out.placement.preemption_asks)
+        if asks or reclaims:
             policy = self.trace.queues.policy
             ctx = PreemptionContext(now=now, cluster=self.cluster, admission=self.adm,
-                                    unplaceable=result.unplaceable, reclaims=reclaims, running=self.running,
+                                    unplaceable=[u for u in result.unplaceable if u.job_id in asks],
+                                    reclaims=reclaims, running=self.running,
                                     protection_window_s=policy.protection_window_s,
                                     checkpoint_grace_s=policy.checkpoint_grace_s)
             victims = self.preemption_hook(ctx)
@@ -189,7 +166,7 @@ class GpuqPolicy:
         if info is None:
             return
         self._running_jobs.pop(job_id, None)
-        self._free_slices(job_id)
+        self._running_class.pop(job_id, None)
         self.cluster.release(job_id)
         self.adm.finish(job_id)
         spec, submitted_at = self.submitted[job_id]
@@ -208,18 +185,12 @@ class GpuqPolicy:
         spec = self.cluster.node(node)
         self._down[node] = spec
         self.cluster.upsert_node(spec.model_copy(update={"health": NodeHealth.FAILED}))
-        if spec.mig is not None:  # its slices (all free now) leave the capacity admission may use
-            key = f"{spec.gpu_model}:{spec.mig.profile}"
-            self._slices_free[key] = self._slices_free.get(key, 0) - spec.gpus * spec.mig.slices_per_gpu
         return killed
 
     def on_node_up(self, node: str, now: float) -> None:
         spec = self._down.pop(node, None)
         if spec is not None:
             self.cluster.upsert_node(spec)
-            if spec.mig is not None:
-                key = f"{spec.gpu_model}:{spec.mig.profile}"
-                self._slices_free[key] = self._slices_free.get(key, 0) + spec.gpus * spec.mig.slices_per_gpu
 
     def allocated_milli(self) -> int:
         return self._allocated
@@ -227,7 +198,7 @@ class GpuqPolicy:
     def fragmentation(self) -> int:
         from services.scheduler.core import fragmentation
 
-        waiting = [a.spec for _, (_, a) in sorted(self.waiting.items())]
+        waiting = [w.spec for _, w in sorted(self.waiting.items())]
         waiting += [spec for job_id, (spec, _) in sorted(self.submitted.items())
                     if job_id not in self.running and job_id not in self.waiting][:200]
         return int(fragmentation(self.cluster, waiting)) if waiting else 0

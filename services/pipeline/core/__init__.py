@@ -1,0 +1,45 @@
+"""The one admission→placement pipeline core: what happens to a job between "submitted" and "placed".
+
+It owns, for every caller alike (the admission and scheduler services, the simulator's `gpuq` policy, the ETA
+forward simulation):
+
+1. the capacity rule between admission and placement: admission reserves *quota* only; physical capacity is
+   placement's (`admit`). Admission is never capped by the free GPUs it believes in: that belief is the
+   scheduler's fact, and a cap hid admitted higher-priority work from the preemption rule below;
+2. the order in which admitted jobs are placed: priority, then admission time, then id
+   (`placement_key`);
+3. when a job asks for preemption: an admitted job that cannot be placed for want of capacity (not for a
+   static reason no victim can cure) while a running preemptible job of strictly lower priority exists
+   (`asks_for_preemption`).
+
+`cycle` runs the whole pipeline once on one snapshot (admit, then place in order), which is what the simulator
+and the ETA do; the services run its two halves on their own events (admission's `admit`, the scheduler's
+`place`). Pure: no I/O, no clock; the rules of admission (quota, borrowing, fair share) stay in the admission
+core, those of placement (gang, topology, backfill) in the scheduler core, and they plug in here unchanged.
+"""
+
+from .pipeline import (
+    CycleOutcome,
+    PlacementOutcome,
+    WaitingJob,
+    admit,
+    asks_for_preemption,
+    cycle,
+    place,
+    placement_key,
+    priority_value,
+    waiting_job,
+)
+
+__all__ = [
+    "CycleOutcome",
+    "PlacementOutcome",
+    "WaitingJob",
+    "admit",
+    "asks_for_preemption",
+    "cycle",
+    "place",
+    "placement_key",
+    "priority_value",
+    "waiting_job",
+]
