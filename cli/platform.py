@@ -18,6 +18,7 @@ import asyncpg
 import nats
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -31,6 +32,7 @@ from shared.clock import ScaledClock, SystemClock
 from shared.config import ConfigError, load_cluster, load_queues, parse_cluster, parse_queues
 from shared.db import drop_database, redact, scratch_database
 from shared.events import JobSubmitted, make_event, utcnow_from
+from shared.health import HealthServer
 from shared.servers import EmbeddedServerError, resolve_servers
 from shared.service import publish_event
 from sim.synthetic_workload import generate
@@ -50,40 +52,67 @@ def up(
         "", envvar="GPUQ_ADMISSION_COHORTS",
         help="Comma-separated cohorts this admission instance serves ('-' = queues without a cohort); "
              "empty = all cohorts"),
+    health_port: int = typer.Option(
+        8080, envvar="GPUQ_HEALTH_PORT",
+        help="Port of /healthz (liveness) and /readyz (readiness) for all the services run here; 0 = none"),
+    health_addr: str = typer.Option("0.0.0.0", envvar="GPUQ_HEALTH_ADDR", help="Address the health endpoints bind"),
+    instance: str = typer.Option(
+        "0", envvar="GPUQ_INSTANCE",
+        help="This process's name in its events' source (gpuq/<service>/<instance>); the Helm chart sets the pod's"),
     log_level: str = typer.Option("INFO", help="Logging level"),
 ) -> None:
-    """Run the services until interrupted. Uses NATS_URL / DATABASE_URL when set, else embedded servers."""
+    """Run the services until interrupted. Uses NATS_URL / DATABASE_URL when set, else embedded servers.
+    Serves /healthz and /readyz (JSON, per service) on --health-port while the services start, run and stop."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         cluster_cfg = load_cluster(cluster)
         queues_cfg = load_queues(queues)
     except ConfigError as exc:
-        console.print(f"[red]{exc}[/]")
+        console.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(2) from None
     for warning in queues_cfg.warnings(cluster_cfg):
         console.print(f"[yellow]warning:[/] {warning}")
     try:
         servers = resolve_servers(data_dir)
     except EmbeddedServerError as exc:
-        console.print(f"[red]{exc}[/]")
+        console.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(2) from None
     record_servers(servers.nats_url, servers.database_url)
     settings = StackSettings(
         nats_url=servers.nats_url, database_url=servers.database_url, queues=queues_cfg, cluster=cluster_cfg,
         cluster_dir=cluster.parent, services=[s.strip() for s in services.split(",") if s.strip()],
         clock=ScaledClock(speedup) if speedup != 1.0 else SystemClock(), metrics_port=metrics_port,
-        admission_cohorts=parse_cohorts(admission_cohorts))
+        admission_cohorts=parse_cohorts(admission_cohorts), instance=instance)
 
     async def run() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        async with Stack(settings) as stack:
-            names = ", ".join(r.spec.name for r in stack.runtimes)
-            console.print(f"gpuq up: {names} in namespace {namespaces.current()} "
-                          f"(NATS {servers.origin['nats']}, Postgres {servers.origin['postgres']})")
-            await stop.wait()
+        stack = Stack(settings)
+        # Health first: a standby waits for its lease inside the stack's start-up, and reports so meanwhile.
+        health = HealthServer(stack.health, host=health_addr, port=health_port) if health_port else None
+        async with health or contextlib.nullcontext():
+            # A signal must stop a standby too, which is still inside start-up (waiting for the lease): a pod
+            # would otherwise be killed only at the end of its termination grace period.
+            starting = asyncio.create_task(stack.start())
+            stopping = asyncio.create_task(stop.wait())
+            try:
+                await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                if starting.done():
+                    starting.result()  # start-up errors end the command here
+                    names = ", ".join(r.spec.name for r in stack.runtimes)
+                    console.print(f"gpuq up: {names} in namespace {namespaces.current()} "
+                                  f"(NATS {servers.origin['nats']}, Postgres {servers.origin['postgres']})")
+                    await stopping
+            finally:
+                for task in (starting, stopping):
+                    task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await stopping
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await starting  # its error, if any, was raised above
+                await stack.stop()
         console.print("stopped")
 
     try:

@@ -20,6 +20,7 @@ from services.admission.sharding import cohorts_from_env
 from shared.clock import Clock, SystemClock
 from shared.config import ClusterConfig, QueuesConfig
 from shared.db import create_pool
+from shared.health import HealthReport, combine
 from shared.service import ServiceRuntime, ServiceSpec
 from shared.tracing import setup_tracing
 
@@ -103,6 +104,7 @@ class Stack:
         self.settings = settings
         self.pool: asyncpg.Pool | None = None
         self.runtimes: list[ServiceRuntime] = []
+        self.starting: ServiceRuntime | None = None  # the runtime in start-up (a standby waits there)
 
     async def start(self) -> None:
         setup_tracing("gpuq", exporter=os.environ.get("GPUQ_TRACE_EXPORTER", "none"))
@@ -112,9 +114,16 @@ class Stack:
                 runtime = ServiceRuntime(spec, nats_url=self.settings.nats_url, pool=self.pool,
                                          clock=self.settings.clock, instance=self.settings.instance,
                                          database_url=self.settings.database_url)
+                self.starting = runtime
                 await runtime.start()
                 self.runtimes.append(runtime)
+                self.starting = None
         except BaseException:
+            # The runtime that was starting (a standby waiting for its lease, when cancelled) holds connections too.
+            starting, self.starting = self.starting, None
+            if starting is not None:
+                with contextlib.suppress(Exception):
+                    await starting.stop()
             await self.stop()
             raise
 
@@ -123,6 +132,11 @@ class Stack:
             if r.spec.name == name:
                 return r
         raise KeyError(name)
+
+    async def health(self) -> HealthReport:
+        """The readiness of every service this stack runs, started or not yet (for /healthz and /readyz)."""
+        runtimes = [*self.runtimes, *([self.starting] if self.starting is not None else [])]
+        return combine([await runtime.health() for runtime in runtimes], expected=self.settings.services)
 
     async def stop(self) -> None:
         for runtime in reversed(self.runtimes):

@@ -49,13 +49,18 @@ def migration_files(directory: Path) -> list[tuple[int, Path]]:
     return files
 
 
+def migration_lock_key(schema: str) -> int:
+    """The advisory lock under which `schema`'s migrations are applied (one replica at a time)."""
+    return int.from_bytes(hashlib.sha256(f"gpuq-migrate-{schema}".encode()).digest()[:8], "big", signed=True)
+
+
 async def apply_migrations(pool: asyncpg.Pool, schema: str, directory: Path) -> list[str]:
     """Apply pending migrations of `schema`; returns the names applied now. Safe to call concurrently."""
     if not SCHEMA_RE.match(schema):
         raise MigrationError(f"invalid schema name {schema!r}")
     files = migration_files(directory)
     applied_now: list[str] = []
-    lock_key = int.from_bytes(hashlib.sha256(f"gpuq-migrate-{schema}".encode()).digest()[:8], "big", signed=True)
+    lock_key = migration_lock_key(schema)
     async with pool.acquire() as conn:
         await conn.execute("SELECT pg_advisory_lock($1)", lock_key)
         try:

@@ -37,6 +37,13 @@ class LeaderLease:
         self.shared = shared
         self.term: int | None = None
         self._conn: asyncpg.Connection | None = None
+        self._locked_on: asyncpg.Connection | None = None  # the session the advisory lock was taken on
+
+    @property
+    def held(self) -> bool:
+        """Whether the lock is held, as far as its connection knows (no query: for health reports)."""
+        conn = self._conn
+        return conn is not None and conn is self._locked_on and not conn.is_closed()
 
     async def try_acquire(self) -> bool:
         if self._conn is None or self._conn.is_closed():
@@ -45,6 +52,7 @@ class LeaderLease:
         got = await self._conn.fetchval(f"SELECT pg_try_advisory_lock{mode}($1)", lock_key(self.scope))
         if not got:
             return False
+        self._locked_on = self._conn
         if self.shared:
             log.info("holding %s in shared mode", self.scope)
             return True
@@ -92,6 +100,7 @@ class LeaderLease:
         session keeps the lock, so a standby never takes over: after a few seconds the connection is
         terminated instead, and the server drops the session's advisory locks with it."""
         conn, self._conn = self._conn, None
+        self._locked_on = None
         if conn is None or conn.is_closed():
             return
         mode = "_shared" if self.shared else ""

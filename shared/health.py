@@ -1,0 +1,172 @@
+"""Liveness and readiness over HTTP: `/healthz` and `/readyz` for the services of one process.
+
+A service is ready when it is connected to NATS and Postgres, its migrations are applied, and it either holds its
+leader lease or stands by for it (a standby is a healthy replica: the Deployment counts it available and a rollout
+proceeds). It is live unless it is in a state that only a restart leaves (a lost lease: the runtime stops consuming
+and does not campaign again). Each `ServiceRuntime.health()` reports its own facts; this module combines them, and
+`HealthServer` serves the combination on one port for all the services a `gpuq up` process runs.
+
+FastAPI on uvicorn, inside the services' own event loop: the checks await the services' asyncpg pool and NATS
+client, which belong to that loop (prometheus_client's HTTP server runs in a thread and could not await them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any
+
+from pydantic import BaseModel
+
+log = logging.getLogger("gpuq.health")
+
+# What a probe waits for one check at most: longer, and the answer is "not ready" (the probe has its own timeout).
+CHECK_TIMEOUT_S = 2.0
+
+
+class Check(BaseModel):
+    ok: bool
+    detail: str
+
+
+class ServiceHealth(BaseModel):
+    service: str
+    # created → migrating → connecting → standby (singletons waiting for the lease) → starting → running →
+    # stopping → stopped; "not started" for a service of this process that has no runtime yet.
+    phase: str
+    ready: bool
+    live: bool
+    checks: dict[str, Check]
+
+
+class HealthReport(BaseModel):
+    ready: bool
+    live: bool
+    services: dict[str, ServiceHealth]
+
+
+def service_health(service: str, phase: str, checks: dict[str, Check], *, live: bool = True) -> ServiceHealth:
+    """Ready = every check passes and the service is past its start-up (standing by counts as ready)."""
+    ready = phase in ("standby", "running") and all(c.ok for c in checks.values())
+    return ServiceHealth(service=service, phase=phase, ready=ready, live=live, checks=checks)
+
+
+def not_started(service: str) -> ServiceHealth:
+    return ServiceHealth(service=service, phase="not started", ready=False, live=True,
+                         checks={"runtime": Check(ok=False, detail="not started yet")})
+
+
+def combine(reports: Sequence[ServiceHealth], expected: Sequence[str] = ()) -> HealthReport:
+    """One process's report: ready when every service it runs (`expected`, started or not) is ready."""
+    services = {r.service: r for r in reports}
+    for name in expected:
+        services.setdefault(name, not_started(name))
+    ordered = {name: services[name] for name in sorted(services)}
+    return HealthReport(ready=bool(ordered) and all(s.ready for s in ordered.values()),
+                        live=all(s.live for s in ordered.values()), services=ordered)
+
+
+async def timed_check(probe: Awaitable[Any], ok_detail: str, what: str) -> Check:
+    """Run one probe with the check timeout; any failure is a failed check that says why."""
+    try:
+        result = await asyncio.wait_for(probe, timeout=CHECK_TIMEOUT_S)
+    except TimeoutError:
+        return Check(ok=False, detail=f"{what}: no answer within {CHECK_TIMEOUT_S:g} s")
+    except Exception as exc:
+        return Check(ok=False, detail=f"{what}: {type(exc).__name__}: {exc}")
+    if result is False:
+        return Check(ok=False, detail=f"{what}: not connected")
+    return Check(ok=True, detail=ok_detail)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """The listening socket, bound here so that a busy port is a clear error naming it (uvicorn would exit)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot serve the health endpoints on {host}:{port}: {exc.strerror}") from exc
+    sock.listen(64)
+    sock.setblocking(False)
+    return sock
+
+
+class HealthServer:
+    """Serves `/healthz` (200 while live, else 503) and `/readyz` (200 when ready, else 503) with the JSON report.
+
+    Use as an async context manager around the services, so the endpoints answer while they start (a standby
+    waits for its lease inside start-up) and while they stop.
+    """
+
+    def __init__(self, report: Callable[[], Awaitable[HealthReport]], *, host: str = "0.0.0.0", port: int = 8080):
+        self.report = report
+        self.host = host
+        self.port = port
+        self.bound_port: int | None = None
+        self._server: Any = None
+        self._task: asyncio.Task[None] | None = None
+
+    def app(self) -> Any:
+        # Imported here: only processes that serve the endpoints pay for FastAPI's import.
+        from fastapi import FastAPI
+        from fastapi.responses import JSONResponse
+
+        app = FastAPI(title="gpuq health", docs_url=None, redoc_url=None, openapi_url=None)
+
+        @app.get("/healthz")
+        async def healthz() -> JSONResponse:
+            report = await self.report()
+            body = {"live": report.live,
+                    "services": {name: {"phase": s.phase, "live": s.live} for name, s in report.services.items()}}
+            return JSONResponse(body, status_code=200 if report.live else 503)
+
+        @app.get("/readyz")
+        async def readyz() -> JSONResponse:
+            report = await self.report()
+            return JSONResponse(report.model_dump(), status_code=200 if report.ready else 503)
+
+        return app
+
+    async def start(self) -> int:
+        import uvicorn
+
+        class EmbeddedServer(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self) -> Iterator[None]:
+                # The host process owns SIGTERM/SIGINT (gpuq up stops its services on them); uvicorn's own handlers
+                # would replace the event loop's.
+                yield
+
+        sock = bind_socket(self.host, self.port)
+        self.bound_port = int(sock.getsockname()[1])
+        config = uvicorn.Config(self.app(), log_level="warning", access_log=False, lifespan="off")
+        self._server = EmbeddedServer(config)
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="gpuq-health")
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()  # raises what stopped it
+                raise RuntimeError("the health server stopped at start")
+            await asyncio.sleep(0.01)
+        log.info("health endpoints on %s:%d (/healthz, /readyz)", self.host, self.bound_port)
+        return self.bound_port
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._task is not None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(self._task, timeout=5)
+        self._server = self._task = None
+
+    async def __aenter__(self) -> HealthServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
