@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install demo test lint typecheck imports tools schemas clean
+.PHONY: install demo test lint typecheck imports tools chart-tools chart-test schemas clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,11 +29,19 @@ imports: install
 tools:
 	@sh scripts/ensure-prometheus.sh
 
-test: install lint typecheck imports tools
+test: install lint typecheck imports tools chart-tools
 	$(BIN)/pytest
+
+# The chart's offline checks (helm lint/template, kubernetes-validate, CRD schemas, hadolint) run inside pytest
+# (tests/deploy/); their tools are fetched once into .tools/ by deploy/tools/fetch-chart-tools.sh (provenance there).
+chart-tools: install
+	deploy/tools/fetch-chart-tools.sh
+
+chart-test: chart-tools
+	$(BIN)/pytest -q tests/deploy
 
 schemas: install
 	$(BIN)/python -m shared.schemas --write
 
 clean:
-	rm -rf $(VENV) .gpuq .pytest_cache .ruff_cache .hypothesis .mypy_cache .import_linter_cache
+	rm -rf $(VENV) .gpuq .pytest_cache .ruff_cache .hypothesis .mypy_cache .import_linter_cache .tools
