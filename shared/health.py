@@ -145,7 +145,8 @@ class HealthServer:
 
         sock = bind_socket(self.host, self.port)
         self.bound_port = int(sock.getsockname()[1])
-        config = uvicorn.Config(self.app(), log_level="warning", access_log=False, lifespan="off")
+        # log_config=None: uvicorn's records go through the process's own logging set-up, which it leaves alone.
+        config = uvicorn.Config(self.app(), log_config=None, log_level="warning", access_log=False, lifespan="off")
         self._server = EmbeddedServer(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="gpuq-health")
         while not self._server.started:

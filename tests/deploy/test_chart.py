@@ -180,7 +180,7 @@ def test_secrets_are_only_referenced(render: Any, docs: list[Doc]) -> None:
 def test_prometheus_rule_is_the_rules_directory(docs: list[Doc]) -> None:
     (rule,) = of_kind(docs, "PrometheusRule").values()
     expected: list[Any] = []
-    for path in sorted(RULES_DIR.glob("*.yml")):
+    for path in sorted([*RULES_DIR.glob("*.yml"), *RULES_DIR.glob("*.yaml")]):
         expected += yaml.safe_load(path.read_text())["groups"]
     assert expected and rule["spec"]["groups"] == expected
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
