@@ -104,7 +104,9 @@ class HealthServer:
     waits for its lease inside start-up) and while they stop.
     """
 
-    def __init__(self, report: Callable[[], Awaitable[HealthReport]], *, host: str = "0.0.0.0", port: int = 8080):
+    def __init__(self, report: Callable[..., Awaitable[HealthReport]], *, host: str = "0.0.0.0", port: int = 8080):
+        # report(connections=True) for /readyz; report(connections=False) for /healthz, which must answer without
+        # waiting on NATS or Postgres: an outage of theirs is no reason to restart gpuq.
         self.report = report
         self.host = host
         self.port = port
@@ -121,14 +123,14 @@ class HealthServer:
 
         @app.get("/healthz")
         async def healthz() -> JSONResponse:
-            report = await self.report()
+            report = await self.report(connections=False)
             body = {"live": report.live,
                     "services": {name: {"phase": s.phase, "live": s.live} for name, s in report.services.items()}}
             return JSONResponse(body, status_code=200 if report.live else 503)
 
         @app.get("/readyz")
         async def readyz() -> JSONResponse:
-            report = await self.report()
+            report = await self.report(connections=True)
             return JSONResponse(report.model_dump(), status_code=200 if report.ready else 503)
 
         return app

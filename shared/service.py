@@ -264,14 +264,15 @@ class ServiceRuntime:
         self._started = False
         self.phase = "stopped"
 
-    async def health(self) -> ServiceHealth:
+    async def health(self, *, connections: bool = True) -> ServiceHealth:
         """Readiness facts for /readyz: Postgres answers, NATS is connected, migrations are applied, and the leader
         lease is held (or being waited for, as a standby). Queries nothing on the lease connections: the lease
-        watcher uses them."""
-        postgres = await timed_check(self.pool.fetchval("SELECT 1"), "answers", "Postgres")
-        nats = await timed_check(self.broker.ping(timeout=CHECK_TIMEOUT_S / 2), "connected", "NATS")
-        checks = {"postgres": postgres, "nats": nats,
-                  "migrations": Check(ok=self.migrated, detail="applied" if self.migrated else "not applied yet")}
+        watcher uses them. `connections=False` skips the two round trips (liveness must not wait on a server)."""
+        checks = {"migrations": Check(ok=self.migrated, detail="applied" if self.migrated else "not applied yet")}
+        if connections:
+            checks["postgres"], checks["nats"] = await asyncio.gather(
+                timed_check(self.pool.fetchval("SELECT 1"), "answers", "Postgres"),
+                timed_check(self.broker.ping(timeout=CHECK_TIMEOUT_S / 2), "connected", "NATS"))
         live = True
         if self.leases:
             if self.phase == "standby":

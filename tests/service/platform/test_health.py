@@ -128,6 +128,8 @@ async def test_readyz_reports_nats_gone_and_back(fresh: tuple[str, str], tmp_pat
         report = await stack.health()
         assert not report.ready and report.live  # not ready (no traffic), but no reason to restart the process
         assert report.services["scheduler"].checks["nats"].detail == "NATS: not connected"
+        liveness = await stack.health(connections=False)  # what /healthz serves: no round trip to either server
+        assert liveness.live and set(liveness.services["scheduler"].checks) == {"migrations", "lease"}
 
         own_nats.start()  # same port and data directory: the client reconnects
 
