@@ -4,6 +4,7 @@ synthetic Philly-shaped workload at accelerated time, ending with a report)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal

@@ -43,7 +43,7 @@ class LeaderLease:
     def held(self) -> bool:
         """Whether the lock is held, as far as its connection knows (no query: for health reports)."""
         conn = self._conn
-        return conn is not None and conn is self._locked_on and not conn.is_closed()
+        return conn is not None and not conn.is_closed() and conn is self._locked_on
 
     async def try_acquire(self) -> bool:
         if self._conn is None or self._conn.is_closed():
