@@ -260,6 +260,7 @@ async def test_discovery_lists_core_batch_and_the_training_crds(kube_api: KubeCl
         "jobsets.jobset.x-k8s.io",
         "pytorchjobs.kubeflow.org",
         "rayjobs.ray.io",
+        "rayclusters.ray.io",
     }
 
 

@@ -17,7 +17,7 @@ import pytest
 from lightkube import AsyncClient, KubeConfig
 from lightkube.core.exceptions import ApiError
 
-from .controllers import all_controllers
+from .controllers import RayJobController, all_controllers
 from .kinds import LIGHTKUBE_KINDS
 from .kubelet import FakeKubelet
 from .resources import NAMESPACES, NODES, PODS, ResourceType
@@ -170,10 +170,17 @@ class KubeCluster:
         """The matching running pods finish. Fake: the kubelet ends them with `exit_code` (and `reason`). Real: the
         pods' own commands must end; this waits for it."""
 
+        return await self._wait_finished(namespace, labels, {}, timeout_s)
+
+    async def _wait_finished(
+        self, namespace: str, labels: str | None, seen: dict[str, Obj], timeout_s: float
+    ) -> list[Obj]:
         async def check() -> list[Obj] | None:
+            # A finished pod may be deleted right away (a controller's cleanup): gone counts as finished.
             pods = await self.pods(namespace, labels)
-            done = [p for p in pods if p["status"].get("phase") in ("Succeeded", "Failed")]
-            return done if pods and len(done) == len(pods) else None
+            seen.update((p["metadata"]["name"], p) for p in pods)
+            running = [p for p in pods if p["status"].get("phase") not in ("Succeeded", "Failed")]
+            return list(seen.values()) if seen and not running else None
 
         result: list[Obj] = await self.wait_for(f"pods {namespace} {labels or ''} to finish", check, timeout_s)
         return result
@@ -213,6 +220,7 @@ class FakeCluster(KubeCluster):
         self.scheduler = FakeScheduler(self.store)
         self.kubelet = FakeKubelet(self.store)
         self.controllers = all_controllers(self.store)
+        self.rayjobs = next(c for c in self.controllers if isinstance(c, RayJobController))
         self._poll_s = 0.05
         self._autopilot = 0
         self._settling = False
@@ -353,12 +361,12 @@ class FakeCluster(KubeCluster):
     ) -> list[Obj]:
         matcher = make_matcher(parse_label_selector(labels), [])
         self.settle_now()
+        finished: dict[str, Obj] = {}
         for pod in self.store.list(PODS, namespace, matcher):
             if pod["status"].get("phase") == "Running" and not pod["metadata"].get("deletionTimestamp"):
                 self.kubelet.finish(namespace, pod["metadata"]["name"], exit_code=exit_code, reason=reason)
-        return await super().complete_pods(
-            namespace, labels, exit_code=exit_code, reason=reason, timeout_s=min(timeout_s, 5)
-        )
+                finished[pod["metadata"]["name"]] = self.store.get(PODS, namespace, pod["metadata"]["name"])
+        return await self._wait_finished(namespace, labels, finished, min(timeout_s, 5))
 
     async def close(self) -> None:
         self._unsubscribe()

@@ -14,6 +14,7 @@ from . import resources as r
 JobSet = create_namespaced_resource("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets")
 PyTorchJob = create_namespaced_resource("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs")
 RayJob = create_namespaced_resource("ray.io", "v1", "RayJob", "rayjobs")
+RayCluster = create_namespaced_resource("ray.io", "v1", "RayCluster", "rayclusters")
 
 LIGHTKUBE_KINDS: dict[r.ResourceType, Any] = {
     r.NAMESPACES: Namespace,
@@ -27,4 +28,5 @@ LIGHTKUBE_KINDS: dict[r.ResourceType, Any] = {
     r.JOBSETS: JobSet,
     r.PYTORCHJOBS: PyTorchJob,
     r.RAYJOBS: RayJob,
+    r.RAYCLUSTERS: RayCluster,
 }

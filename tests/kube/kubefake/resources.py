@@ -101,6 +101,7 @@ CRDS = ResourceType(
 JOBSETS = ResourceType("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet", True, custom=True)
 PYTORCHJOBS = ResourceType("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob", True, custom=True)
 RAYJOBS = ResourceType("ray.io", "v1", "rayjobs", "RayJob", True, custom=True)
+RAYCLUSTERS = ResourceType("ray.io", "v1", "rayclusters", "RayCluster", True, custom=True)
 
 ALL_RESOURCES: tuple[ResourceType, ...] = (
     NAMESPACES,
@@ -119,6 +120,7 @@ ALL_RESOURCES: tuple[ResourceType, ...] = (
     JOBSETS,
     PYTORCHJOBS,
     RAYJOBS,
+    RAYCLUSTERS,
 )
 BY_PATH: dict[tuple[str, str, str], ResourceType] = {(r.group, r.version, r.plural): r for r in ALL_RESOURCES}
 CUSTOM_RESOURCES = tuple(r for r in ALL_RESOURCES if r.custom)
@@ -209,6 +211,13 @@ def default_object(resource: ResourceType, obj: dict[str, Any]) -> None:
 def _default_job(obj: dict[str, Any], spec: dict[str, Any]) -> None:
     uid = obj["metadata"]["uid"]
     name = obj["metadata"]["name"]
+    restart = ((spec.get("template") or {}).get("spec") or {}).get("restartPolicy")
+    if restart not in ("Never", "OnFailure"):
+        raise invalid(
+            "Job",
+            name,
+            f'spec.template.spec.restartPolicy: Required value: valid values: "OnFailure", "Never" (got {restart!r})',
+        )
     spec.setdefault("parallelism", 1)
     spec.setdefault("completions", spec["parallelism"] if spec.get("completionMode") == "Indexed" else 1)
     spec.setdefault("backoffLimit", 6)

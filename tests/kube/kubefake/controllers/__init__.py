@@ -6,7 +6,9 @@ from typing import Protocol
 
 from ..store import Store
 from .job import JobController
+from .jobset import JobSetController
 from .pytorchjob import PyTorchJobController
+from .rayjob import RayJobController
 
 
 class Controller(Protocol):
@@ -16,7 +18,15 @@ class Controller(Protocol):
 
 
 def all_controllers(store: Store) -> list[Controller]:
-    return [JobController(store), PyTorchJobController(store)]
+    """In dependency order: JobSet makes Jobs, Jobs make pods; RayJob makes a RayCluster, which makes pods."""
+    return [JobSetController(store), JobController(store), PyTorchJobController(store), RayJobController(store)]
 
 
-__all__ = ["Controller", "JobController", "PyTorchJobController", "all_controllers"]
+__all__ = [
+    "Controller",
+    "JobController",
+    "JobSetController",
+    "PyTorchJobController",
+    "RayJobController",
+    "all_controllers",
+]

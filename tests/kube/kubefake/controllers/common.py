@@ -10,6 +10,29 @@ from ..resources import PODS, ResourceType
 from ..store import TERMINAL_POD_PHASES, Obj, Store, set_condition
 
 
+class WorkloadController:
+    """A controller that syncs every live object of one resource per pass; `reconcile()` says whether it changed
+    anything (the fake cluster runs its actors until a whole pass changes nothing)."""
+
+    resource: ResourceType
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def reconcile(self) -> bool:
+        before = self.store.resource_version
+        self.sync_all()
+        return self.store.resource_version != before
+
+    def sync_all(self) -> None:
+        for obj in self.store.list(self.resource):
+            if not obj["metadata"].get("deletionTimestamp"):
+                self.sync(obj)
+
+    def sync(self, obj: Obj) -> None:
+        raise NotImplementedError
+
+
 def owner_reference(owner: Obj) -> Obj:
     return {
         "apiVersion": owner["apiVersion"],

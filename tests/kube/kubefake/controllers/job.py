@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from ..resources import JOBS, PODS
 from ..selectors import label_selector_object_match
-from ..store import Obj, Store
+from ..store import Obj
 from .common import (
+    WorkloadController,
     condition_true,
     create_from_template,
     delete_pods,
@@ -57,16 +58,8 @@ def parse_indexes(text: str | None) -> set[int]:
     return indexes
 
 
-class JobController:
-    def __init__(self, store: Store) -> None:
-        self.store = store
-
-    def reconcile(self) -> bool:
-        before = self.store.resource_version
-        for job in self.store.list(JOBS):
-            if not job["metadata"].get("deletionTimestamp"):
-                self.sync(job)
-        return self.store.resource_version != before
+class JobController(WorkloadController):
+    resource = JOBS
 
     def _pods(self, job: Obj) -> list[Obj]:
         selector = job["spec"].get("selector")

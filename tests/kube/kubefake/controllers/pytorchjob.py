@@ -15,8 +15,9 @@ Not emulated: elastic policy, ExitCode restart classification, the gang-schedule
 from __future__ import annotations
 
 from ..resources import PODS, PYTORCHJOBS, SERVICES
-from ..store import Obj, Store
+from ..store import Obj
 from .common import (
+    WorkloadController,
     condition_true,
     create_from_template,
     delete_pods,
@@ -49,16 +50,8 @@ def _master_port(job: Obj) -> int:
     return DEFAULT_PORT
 
 
-class PyTorchJobController:
-    def __init__(self, store: Store) -> None:
-        self.store = store
-
-    def reconcile(self) -> bool:
-        before = self.store.resource_version
-        for job in self.store.list(PYTORCHJOBS):
-            if not job["metadata"].get("deletionTimestamp"):
-                self.sync(job)
-        return self.store.resource_version != before
+class PyTorchJobController(WorkloadController):
+    resource = PYTORCHJOBS
 
     def sync(self, job: Obj) -> None:
         now = self.store.clock.stamp()
