@@ -12,7 +12,6 @@ import httpx
 import pytest
 from kubefake.cluster import KubeCluster
 from kubernetes_asyncio import client as k8s_client
-from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio import watch as k8s_watch
 from kubernetes_asyncio.client.exceptions import ApiException
 from lightkube.models.meta_v1 import ObjectMeta
@@ -160,19 +159,11 @@ async def test_a_watch_ends_after_timeout_seconds(kube_api: KubeCluster) -> None
     assert all(e["type"] in ("ADDED", "MODIFIED") for e in events)
 
 
-@pytest.fixture
-async def k8s_api(kube_api: KubeCluster) -> AsyncIterator[k8s_client.ApiClient]:
-    configuration = k8s_client.Configuration()
-    await k8s_config.load_kube_config(config_file=str(kube_api.kubeconfig), client_configuration=configuration)
-    async with k8s_client.ApiClient(configuration) as api:
-        yield api
-
-
 async def test_kubernetes_asyncio_watch_gets_bookmarks_and_a_410_after_compaction(
-    kube_api: KubeCluster, k8s_api: k8s_client.ApiClient
+    kube_api: KubeCluster, kube_asyncio_api: k8s_client.ApiClient
 ) -> None:
     fake = kube_api.fake
-    core = k8s_client.CoreV1Api(k8s_api)
+    core = k8s_client.CoreV1Api(kube_asyncio_api)
     await core.create_namespaced_config_map(NS, {"metadata": {"name": "a"}, "data": {"v": "0"}})
     listed = await core.list_namespaced_config_map(NS)
     watcher = k8s_watch.Watch()

@@ -77,6 +77,9 @@ class KubeCluster:
     async def settle(self) -> None:
         """Fake: run the actors until nothing changes. Real: nothing to do (the real ones run on their own)."""
 
+    async def ensure_worker_node(self) -> None:
+        """Fake: add a plain worker node when the cluster has none (a fresh fake has no nodes). Real: nothing to do."""
+
     async def create_namespace(self, name: str, labels: dict[str, str] | None = None) -> str:
         body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}}
         await self.client().create(LIGHTKUBE_KINDS[NAMESPACES].from_dict(body))
@@ -248,6 +251,16 @@ class FakeCluster(KubeCluster):
     async def settle(self) -> None:
         self.settle_now()
 
+    async def ensure_worker_node(self) -> None:
+        if not self.store.list(NODES):
+            self.add_node("kubefake-worker", cpu="8", memory="32Gi")
+
+    async def wait_for(self, what: str, check: Callable[[], Awaitable[Any]], timeout_s: float = 30) -> Any:
+        # On the fake only the fake clock's programs (sleep N) take time; a long wait means a stuck test.
+        return await super().wait_for(what, check, min(timeout_s, self.max_wait_s))
+
+    max_wait_s = 15.0
+
     def advance(self, seconds: float) -> None:
         """Move the fake clock (deadlines, grace periods, toleration seconds) and let the actors react."""
         self.clock.advance(seconds)
@@ -348,7 +361,7 @@ class FakeCluster(KubeCluster):
         for pod in self.store.list(PODS, namespace, matcher):
             if pod["spec"].get("nodeName") and pod["status"].get("phase") == "Pending":
                 self.kubelet.start(namespace, pod["metadata"]["name"])
-        return await super().run_pods_to_ready(namespace, labels, count, timeout_s=min(timeout_s, 5))
+        return await super().run_pods_to_ready(namespace, labels, count, timeout_s=timeout_s)
 
     async def complete_pods(
         self,
@@ -366,7 +379,7 @@ class FakeCluster(KubeCluster):
             if pod["status"].get("phase") == "Running" and not pod["metadata"].get("deletionTimestamp"):
                 self.kubelet.finish(namespace, pod["metadata"]["name"], exit_code=exit_code, reason=reason)
                 finished[pod["metadata"]["name"]] = self.store.get(PODS, namespace, pod["metadata"]["name"])
-        return await self._wait_finished(namespace, labels, finished, min(timeout_s, 5))
+        return await self._wait_finished(namespace, labels, finished, timeout_s)
 
     async def close(self) -> None:
         self._unsubscribe()

@@ -7,6 +7,7 @@ How a test gets a cluster:
         kube_api.server       # base URL, e.g. http://127.0.0.1:41234
         kube_api.token        # bearer token the server requires (None on a real cluster using other credentials)
         kube_api.client()     # a lightkube AsyncClient on it
+    async def test_other(kube_asyncio_api: kubernetes_asyncio.client.ApiClient) -> None:  # the same cluster
         kube_api.fake         # FakeCluster: store, scheduler, kubelet, controllers, clock, add_node(), advance(),
                               # settle_now(); skips the test when GPUQ_KUBECONFIG points at a real cluster
 
@@ -25,6 +26,8 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from kubernetes_asyncio import client as k8s_client
+from kubernetes_asyncio import config as k8s_config
 
 from .cluster import FakeCluster, KubeCluster, RealCluster
 from .server import FakeKubeServer
@@ -63,3 +66,12 @@ async def kube_api(tmp_path: Path) -> AsyncIterator[KubeCluster]:
             yield fake
         finally:
             await fake.close()
+
+
+@pytest_asyncio.fixture
+async def kube_asyncio_api(kube_api: KubeCluster) -> AsyncIterator[k8s_client.ApiClient]:
+    """A kubernetes_asyncio ApiClient configured from kube_api's kubeconfig."""
+    configuration = k8s_client.Configuration()
+    await k8s_config.load_kube_config(config_file=str(kube_api.kubeconfig), client_configuration=configuration)
+    async with k8s_client.ApiClient(configuration) as api:
+        yield api

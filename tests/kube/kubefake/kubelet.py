@@ -7,6 +7,7 @@ a node going NotReady, with the taints and pod conditions the node lifecycle con
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .clock import parse_time
@@ -43,6 +44,8 @@ class FakeKubelet:
                 continue
             if node in ready_nodes and self.start_pods and pod["status"].get("phase") == "Pending":
                 self.start(meta["namespace"], meta["name"])
+            elif pod["status"].get("phase") == "Running":
+                self._run_program(pod)
         self._evict_for_taints()
         return self.store.resource_version != before
 
@@ -116,6 +119,21 @@ class FakeKubelet:
                 set_condition(p, kind, "True", None, None, now)
 
         self.store.mutate(PODS, namespace, name, running)
+
+    def _run_program(self, pod: Obj) -> None:
+        """A pod whose containers all run a trivial shell program (`sleep N`, `exit N`, `true`, `false`) ends as it
+        would on a real node: once N seconds of the fake clock have passed since it started, with that exit code.
+        Any other program runs until the test says how it ends."""
+        programs = [container_program(c) for c in pod["spec"].get("containers") or []]
+        started = pod["status"].get("startTime")
+        if not programs or any(p is None for p in programs) or not started:
+            return
+        duration = max(p[0] for p in programs if p is not None)
+        if self.store.clock.seconds_since(started) < duration:
+            return
+        code = next((p[1] for p in programs if p is not None and p[1] != 0), 0)
+        meta = pod["metadata"]
+        self.finish(meta["namespace"], meta["name"], exit_code=code)
 
     def _terminate(self, pod: Obj) -> None:
         """Containers got SIGTERM and stopped (exit 143), then the final delete."""
@@ -247,6 +265,36 @@ class FakeKubelet:
                 meta = pod["metadata"]
                 self.store.delete(PODS, meta["namespace"], meta["name"])
                 break
+
+
+_SHELLS = ("sh", "/bin/sh", "bash", "/bin/bash")
+
+
+def container_program(container: Obj) -> tuple[float, int] | None:
+    """(seconds it runs, exit code) of a trivial program, or None when the fake cannot tell."""
+    words = [str(w) for w in [*(container.get("command") or []), *(container.get("args") or [])]]
+    if len(words) >= 3 and words[0] in _SHELLS and words[1] == "-c":
+        script = " ".join(words[2:])
+    elif words and words[0] in ("sleep", "/bin/sleep", "true", "/bin/true", "false", "/bin/false"):
+        script = " ".join(words)
+    else:
+        return None
+    seconds, code = 0.0, 0
+    for statement in re.split(r"\s*(?:;|&&|\n)\s*", script.strip()):
+        parts = statement.split()
+        if not parts:
+            continue
+        if parts[0] in ("sleep", "/bin/sleep") and len(parts) == 2 and re.fullmatch(r"\d+(\.\d+)?s?", parts[1]):
+            seconds += float(parts[1].rstrip("s"))
+        elif parts[0] == "exit" and len(parts) <= 2 and (len(parts) == 1 or parts[1].isdigit()):
+            return seconds, int(parts[1]) if len(parts) == 2 else 0
+        elif parts[0] in ("true", "/bin/true") and len(parts) == 1:
+            code = 0
+        elif parts[0] in ("false", "/bin/false") and len(parts) == 1:
+            code = 1
+        else:
+            return None
+    return seconds, code
 
 
 def _tolerated_for(tolerations: list[Obj], taint: Obj) -> float | None:

@@ -325,6 +325,15 @@ def validate_job_update(old: dict[str, Any], new: dict[str, Any]) -> None:
         )
 
 
+def validate_create(resource: ResourceType, obj: dict[str, Any]) -> None:
+    from .events import validate_core_event, validate_new_event
+
+    if resource is EVENTS:
+        validate_core_event(obj)
+    elif resource is NEW_EVENTS:
+        validate_new_event(obj)
+
+
 def validate_update(resource: ResourceType, old: dict[str, Any], new: dict[str, Any]) -> None:
     if resource is PODS:
         validate_pod_update(old, new)

@@ -17,17 +17,21 @@ from typing import Any
 
 from .clock import FakeClock, parse_time
 from .errors import KubernetesError, already_exists, bad_request, conflict, gone, invalid, not_found
+from .events import core_from_new, new_from_core
 from .patch import apply_patch
 from .resources import (
     ALL_RESOURCES,
     CRDS,
     CUSTOM_RESOURCES,
+    EVENTS,
     JOBS,
     NAMESPACES,
+    NEW_EVENTS,
     PODS,
     ResourceType,
     crd_object,
     default_object,
+    validate_create,
     validate_update,
 )
 
@@ -36,6 +40,7 @@ Key = tuple[str, str]  # (namespace or "" for cluster-scoped, name)
 Matcher = Callable[[Obj], bool]
 
 TERMINAL_POD_PHASES = ("Succeeded", "Failed")
+EVENT_VIEWS = (EVENTS, NEW_EVENTS)
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 
 
@@ -193,6 +198,7 @@ class Store:
         metadata["creationTimestamp"] = self.clock.stamp()
         metadata["generation"] = 1
         default_object(resource, obj)
+        validate_create(resource, obj)
         if dry_run:
             return obj
         return self._commit(resource, key, obj, None)
@@ -326,7 +332,28 @@ class Store:
         obj["metadata"]["resourceVersion"] = str(self._rv)
         self._objects[resource][key] = obj
         self._emit(Change(self._rv, resource, "ADDED" if prev is None else "MODIFIED", copy.deepcopy(obj), prev))
+        self._mirror_event(resource, key, obj)
         return copy.deepcopy(obj)
+
+    def _mirror_event(self, resource: ResourceType, key: Key, obj: Obj | None) -> None:
+        """core/v1 and events.k8s.io/v1 Events are one object seen two ways: keep the other view in step, with the
+        same resourceVersion."""
+        if resource not in EVENT_VIEWS:
+            return
+        other = NEW_EVENTS if resource is EVENTS else EVENTS
+        previous = self._objects[other].get(key)
+        if obj is None:
+            if previous is not None:
+                del self._objects[other][key]
+                final = copy.deepcopy(previous)
+                final["metadata"]["resourceVersion"] = str(self._rv)
+                self._emit(Change(self._rv, other, "DELETED", final, previous))
+            return
+        mirrored = new_from_core(obj) if resource is EVENTS else core_from_new(obj)
+        self._objects[other][key] = mirrored
+        self._emit(
+            Change(self._rv, other, "ADDED" if previous is None else "MODIFIED", copy.deepcopy(mirrored), previous)
+        )
 
     def _remove(self, resource: ResourceType, key: Key, propagation: str | None = None) -> Obj:
         prev = self._objects[resource].pop(key)
@@ -335,6 +362,7 @@ class Store:
         final = copy.deepcopy(prev)
         final["metadata"]["resourceVersion"] = str(self._rv)
         self._emit(Change(self._rv, resource, "DELETED", final, prev))
+        self._mirror_event(resource, key, None)
         self._collect_dependents(resource, final, propagation)
         if resource.namespaced:
             self._finish_namespace_if_empty(key[0])

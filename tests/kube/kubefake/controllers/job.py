@@ -61,6 +61,29 @@ def parse_indexes(text: str | None) -> set[int]:
 class JobController(WorkloadController):
     resource = JOBS
 
+    def sync_all(self) -> None:
+        super().sync_all()
+        self._release_orphans()
+
+    def _release_orphans(self) -> None:
+        """Pods whose Job is gone (or that were orphaned) lose the tracking finalizer, as the real controller does."""
+        jobs = {job["metadata"]["uid"] for job in self.store.list(JOBS)}
+        for pod in self.store.list(PODS, None, lambda p: TRACKING_FINALIZER in (p["metadata"].get("finalizers") or [])):
+            owners = [r.get("uid") for r in pod["metadata"].get("ownerReferences") or [] if r.get("kind") == "Job"]
+            if not any(uid in jobs for uid in owners):
+                self._release(pod)
+
+    def _release(self, pod: Obj) -> None:
+        meta = pod["metadata"]
+        self.store.mutate(
+            PODS,
+            meta["namespace"],
+            meta["name"],
+            lambda p: p["metadata"].__setitem__(
+                "finalizers", [f for f in p["metadata"].get("finalizers") or [] if f != TRACKING_FINALIZER]
+            ),
+        )
+
     def _pods(self, job: Obj) -> list[Obj]:
         selector = job["spec"].get("selector")
         return [
@@ -153,14 +176,7 @@ class JobController(WorkloadController):
                         s["failed"] = int(s.get("failed") or 0) + 1
 
                 write_status(self.store, JOBS, job, count)
-            self.store.mutate(
-                PODS,
-                meta["namespace"],
-                meta["name"],
-                lambda p: p["metadata"].__setitem__(
-                    "finalizers", [f for f in p["metadata"].get("finalizers") or [] if f != TRACKING_FINALIZER]
-                ),
-            )
+            self._release(pod)
 
     def _create_missing(self, job: Obj, active: list[Obj], completed: set[int] | None, remaining: int) -> None:
         spec = job["spec"]
