@@ -7,14 +7,15 @@ from typing import Any
 
 import httpx
 import pytest
-from kubefake.cluster import KubeCluster
-from kubefake.kinds import PyTorchJob
 from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import ConfigMap, Pod
 from lightkube.types import PatchType
+
+from tests.kube.kubefake.cluster import KubeCluster
+from tests.kube.kubefake.kinds import PyTorchJob
 
 
 def pod(name: str, namespace: str = "default", **spec: Any) -> Pod:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubefake.cluster import KubeCluster
-from kubefake.kinds import JobSet, PyTorchJob, RayJob
-from kubefake.resources import JOBS, JOBSETS, NODES, PODS, PYTORCHJOBS, RAYCLUSTERS, RAYJOBS, SERVICES
-from kubefake.store import get_condition
 from lightkube.resources.batch_v1 import Job
 from lightkube.types import PatchType
+
+from tests.kube.kubefake.cluster import KubeCluster
+from tests.kube.kubefake.kinds import JobSet, PyTorchJob, RayJob
+from tests.kube.kubefake.resources import JOBS, JOBSETS, NODES, PODS, PYTORCHJOBS, RAYCLUSTERS, RAYJOBS, SERVICES
+from tests.kube.kubefake.store import get_condition
 
 NS = "default"
 

@@ -8,8 +8,6 @@ from typing import Any
 
 import httpx
 import pytest
-from kubefake.cluster import KubeCluster
-from kubefake.resources import JOBS, NAMESPACES, NEW_EVENTS, PODS
 from kubernetes_asyncio import client as k8s_client
 from lightkube.core.exceptions import ApiError
 from lightkube.models.meta_v1 import ObjectMeta
@@ -17,6 +15,9 @@ from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import ConfigMap, Event, Namespace, Pod
 from lightkube.resources.events_v1 import Event as EventV1
 from lightkube.types import CascadeType
+
+from tests.kube.kubefake.cluster import KubeCluster
+from tests.kube.kubefake.resources import JOBS, NAMESPACES, NEW_EVENTS, PODS
 
 NS = "team-a"
 

@@ -6,12 +6,13 @@ from typing import Any
 
 import httpx
 import pytest
-from kubefake.cluster import KubeCluster
-from kubefake.resources import NODES, PODS
-from kubefake.store import get_condition
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
+
+from tests.kube.kubefake.cluster import KubeCluster
+from tests.kube.kubefake.resources import NODES, PODS
+from tests.kube.kubefake.store import get_condition
 
 NS = "default"
 GATE = "gpuq.io/placement"

@@ -10,13 +10,14 @@ from typing import Any
 
 import httpx
 import pytest
-from kubefake.cluster import KubeCluster
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import watch as k8s_watch
 from kubernetes_asyncio.client.exceptions import ApiException
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap
 from lightkube.types import on_error_retry
+
+from tests.kube.kubefake.cluster import KubeCluster
 
 NS = "default"
 

@@ -9,14 +9,15 @@ import uuid
 from typing import Any
 
 import pytest
-from kubefake.cluster import KubeCluster
-from kubefake.resources import JOBS
-from kubefake.store import get_condition
 from lightkube.core.exceptions import ApiError
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import ConfigMap
 from lightkube.types import PatchType
+
+from tests.kube.kubefake.cluster import KubeCluster
+from tests.kube.kubefake.resources import JOBS
+from tests.kube.kubefake.store import get_condition
 
 
 async def fresh_namespace(cluster: KubeCluster) -> str:

@@ -9,8 +9,8 @@ import os
 import sys
 from pathlib import Path
 
-from kubefake.cluster import KubeCluster
-from kubefake.resources import NAMESPACES
+from tests.kube.kubefake.cluster import KubeCluster
+from tests.kube.kubefake.resources import NAMESPACES
 
 ROOT = Path(__file__).resolve().parents[2]
 
