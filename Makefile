@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install demo test lint typecheck imports tools chart-tools chart-test schemas clean
+.PHONY: install demo test test-kube lint typecheck imports tools chart-tools chart-test schemas clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,17 @@ chart-tools: install
 
 chart-test: chart-tools
 	$(BIN)/pytest -q tests/deploy
+
+# The Kubernetes tests (those using the kube_api fixture) against a real cluster, e.g. kind on a laptop.
+# Plain `make test` runs the same tests against the fake API server in tests/kube/kubefake.
+test-kube: install
+	@if [ -z "$$GPUQ_KUBECONFIG" ]; then \
+	  echo "make test-kube runs the Kubernetes tests against a real cluster: set GPUQ_KUBECONFIG to its kubeconfig"; \
+	  echo "  e.g. kind create cluster && kind get kubeconfig > /tmp/kind.yaml && GPUQ_KUBECONFIG=/tmp/kind.yaml make test-kube"; \
+	  echo "(plain 'make test' runs these tests against the fake API server)"; \
+	  exit 2; \
+	fi
+	$(BIN)/pytest -m kube
 
 schemas: install
 	$(BIN)/python -m shared.schemas --write

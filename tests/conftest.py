@@ -28,6 +28,9 @@ from shared.servers import Servers, resolve_servers
 SESSION_NAMESPACE = namespace.fresh("test")
 os.environ[namespace.ENV] = SESSION_NAMESPACE
 
+# The `kube_api` fixture (a fake Kubernetes API server, or GPUQ_KUBECONFIG's cluster) for every test.
+pytest_plugins = ("tests.kube.kubefake.fixtures",)
+
 SERVICE_SCHEMAS = ("admission", "scheduler", "preemption", "metering", "telemetry", "executor", "plumbing_test")
 # Small slices of the public traces (tests/data/traces/README.md); the full files are for benchmarks only.
 TRACES_DIR = Path(__file__).resolve().parent / "data" / "traces"
