@@ -17,7 +17,9 @@ import aiohttp.web
 import attrs
 import yaml
 from kmock import KubernetesError, KubernetesScaffold, ResourceInfo, Response, Server, resource
-from kmock._internal import rendering  # kmock's request type: the handler must build one when kmock cannot parse
+
+# kmock's request type and path parser: the handler builds a request itself where kmock's parser fails.
+from kmock._internal import parsing, rendering
 
 from .errors import bad_request, method_not_allowed, status_body, unauthorized
 from .patch import APPLY_PATCH_CBOR, APPLY_PATCH_YAML, parse_patch_body
@@ -111,8 +113,6 @@ class FakeKubeAPI(KubernetesScaffold):
     # kmock 0.8's request parser cannot parse the `namespaces` collection path (/api/v1/namespaces): it raises.
     # Route such a request with a request object built here; everything else goes through kmock unchanged.
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
-        from kmock._internal import parsing
-
         try:
             parsing.parse_path(raw_request.path)
         except ValueError:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .clock import FakeClock, parse_time
-from .errors import KubernetesError, already_exists, bad_request, conflict, gone, invalid, not_found
+from .errors import KubernetesError, already_exists, bad_request, conflict, gone, invalid, not_found, status_body
 from .events import core_from_new, new_from_core
 from .patch import apply_patch
 from .resources import (
@@ -579,7 +579,7 @@ class Store:
         self._floor = self._rv
         if expire_watches:
             for watch in list(self._watches):
-                watch.close(_status_dict(gone(f"too old resource version: compacted at {self._rv}")))
+                watch.close(status_body(gone(f"too old resource version: compacted at {self._rv}")))
                 self._watches.discard(watch)
         return self._rv
 
@@ -599,12 +599,6 @@ class Store:
 
 def _spec_part(obj: Obj) -> Obj:
     return {k: v for k, v in obj.items() if k not in ("metadata", "status")}
-
-
-def _status_dict(error: KubernetesError) -> Obj:
-    from .errors import status_body
-
-    return status_body(error)
 
 
 def set_condition(obj: Obj, kind: str, status: str, reason: str | None, message: str | None, now: str) -> bool:
