@@ -9,7 +9,6 @@ from datetime import UTC, datetime
 
 import asyncpg
 import nats
-from reclaim_story import BORROWER, CLUSTER, QUEUES, wait_until
 
 from cli.status import fetch_status
 from services.stack import Stack, StackSettings
@@ -18,6 +17,7 @@ from shared.domain import JobSpec, PodSet
 from shared.events import JobSubmitted, make_event
 from shared.namespace import subject as ns_subject
 from shared.service import publish_event
+from tests.system.reclaim_story import BORROWER, CLUSTER, QUEUES, wait_until
 
 
 async def events_on(nats_url: str, subject: str) -> list[dict]:

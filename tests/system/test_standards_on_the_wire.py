@@ -21,7 +21,6 @@ import nats
 import yaml
 from cloudevents.core.formats.json import JSONFormat
 from nats.js.errors import NotFoundError
-from reclaim_story import BORROWER, CLUSTER, QUEUES, QUEUES_DOC, wait_until
 
 from cli.status import fetch_status
 from services.stack import Stack, StackSettings
@@ -32,6 +31,7 @@ from shared.events import JobSubmitted, make_event, parse_event, schema_uri
 from shared.schemas import schema_for_uri
 from shared.service import publish_event
 from shared.tracing import TRACEPARENT_ENV, valid_traceparent
+from tests.system.reclaim_story import BORROWER, CLUSTER, QUEUES, QUEUES_DOC, wait_until
 
 PIPELINE_TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 CLI_CALLER_TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"

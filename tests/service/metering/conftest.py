@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 
 import asyncpg
 import pytest_asyncio
@@ -13,11 +11,6 @@ import pytest_asyncio
 from services.metering import store
 from shared.db import create_pool
 from shared.service import PLUMBING_SQL
-
-# Helpers beside the tests (focus_conformance) are imported by name.
-_HERE = str(Path(__file__).resolve().parent)
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")

@@ -7,12 +7,12 @@ import json
 
 import pytest
 import pytest_asyncio
-from focus_conformance import KNOWN_VALIDATOR_BUGS, own_checks, run_focus_validator
 from typer.testing import CliRunner
 
 from cli.main import app
 from services.metering.core.focus import FOCUS_COLUMNS
 from services.metering.testing import deliver, scenario
+from tests.service.metering.focus_conformance import KNOWN_VALIDATOR_BUGS, own_checks, run_focus_validator
 
 runner = CliRunner()
 
