@@ -51,6 +51,9 @@ KEY_PANELS = {
     "gpuq-managers": {"GPU-hours by team", "Cost by team", "GPU-hours by feature", "Cost by feature",
                       "Idle allocated GPU-hours by team", "GPU efficiency by team", "GPU-hours lost to preemption"},
 }
+# Telemetry drops a node's samples after 3 intervals. Long enough that the last round's samples are still current
+# when the panels are queried, however slowly a loaded machine gets there (with 2 s they went stale after 6 s).
+SAMPLE_INTERVAL_S = 60.0
 SUBSTITUTIONS = {"$__rate_interval": "15s", "$__range": "5m", "$__interval": "1s"}
 VARIABLE_RE = re.compile(r"\$(team|queue|pool|gpu_model|feature)\b")
 
@@ -83,10 +86,10 @@ def stream_phase1(now: float) -> list[Payload]:
 
 
 def samples(now: float) -> list[Payload]:
-    return [UtilizationSampled(node="h0", gpu_model="H100", sampled_at=dt(now), interval_s=2.0,
+    return [UtilizationSampled(node="h0", gpu_model="H100", sampled_at=dt(now), interval_s=SAMPLE_INTERVAL_S,
                                samples=tuple(GpuSample(job_id="train-1", gpu_index=g, utilization_pct=85,
                                                        memory_used_mib=60_000) for g in range(4))),
-            UtilizationSampled(node="h1", gpu_model="H100", sampled_at=dt(now), interval_s=2.0,
+            UtilizationSampled(node="h1", gpu_model="H100", sampled_at=dt(now), interval_s=SAMPLE_INTERVAL_S,
                                samples=tuple(GpuSample(job_id="stuck-1", gpu_index=g, utilization_pct=1,
                                                        memory_used_mib=2_000) for g in range(2)))]
 
@@ -101,7 +104,7 @@ def stream_phase2(now: float, i: int) -> list[Payload]:
            JobAdmitted(job_id=s.job_id, spec=s, admitted_at=dt(now - 100 + i)),
            JobPlaced(job_id=s.job_id, spec=s, bindings=bindings(s, {"i0": [i % 8]}), placed_at=dt(now - 90)),
            JobStarted(job_id=s.job_id, started_at=dt(now - 90)),
-           UtilizationSampled(node="i0", gpu_model="L4", sampled_at=dt(now), interval_s=2.0,
+           UtilizationSampled(node="i0", gpu_model="L4", sampled_at=dt(now), interval_s=SAMPLE_INTERVAL_S,
                               samples=(GpuSample(job_id=s.job_id, gpu_index=i % 8, utilization_pct=40),)),
            end]
     if i == 1:
