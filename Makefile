@@ -3,6 +3,10 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
+# Validators that cannot live in the project's venv (their pins clash with it) get venvs of their own here.
+TOOLS  := .tools
+FOCUS_VALIDATOR := $(TOOLS)/focus-validator/bin/focus-validator
+
 .PHONY: install demo test test-kube lint typecheck imports tools chart-tools chart-test schemas clean
 
 $(BIN)/.installed: pyproject.toml
@@ -26,8 +30,16 @@ typecheck: install
 imports: install
 	$(BIN)/lint-imports
 
-tools:
+# promtool (alert-rule tests), and the FinOps Foundation's FOCUS validator, which checks `gpuq report --export focus`
+# (tests/service/metering). Its last release for Python 3.11 (1.0.0) needs multimethod<1.11 (pandera's import of
+# `overload`), and pins pandas/pydantic versions of its own: hence an isolated venv.
+tools: $(FOCUS_VALIDATOR)
 	@sh scripts/ensure-prometheus.sh
+
+$(FOCUS_VALIDATOR):
+	$(PYTHON) -m venv $(TOOLS)/focus-validator
+	$(TOOLS)/focus-validator/bin/pip install -q --upgrade pip
+	$(TOOLS)/focus-validator/bin/pip install -q "focus-validator==1.0.0" "multimethod<1.11"
 
 test: install lint typecheck imports tools chart-tools
 	$(BIN)/pytest
@@ -55,4 +67,4 @@ schemas: install
 	$(BIN)/python -m shared.schemas --write
 
 clean:
-	rm -rf $(VENV) .gpuq .pytest_cache .ruff_cache .hypothesis .mypy_cache .import_linter_cache .tools
+	rm -rf $(VENV) $(TOOLS) .gpuq .pytest_cache .ruff_cache .hypothesis .mypy_cache .import_linter_cache

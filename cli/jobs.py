@@ -22,8 +22,9 @@ from rich.table import Table
 from cli.runtime import database_url, nats_url
 from cli.status import explain_lines, fetch_status, fmt_time, wait_seconds
 from shared.domain import JobSpec, PodSet, TopologyLevel, TopologyRequest
-from shared.events import JobCancelled, JobSubmitted, make_event
+from shared.events import JobCancelled, JobSubmitted
 from shared.service import publish_event
+from shared.tracing import command_span, traced_event
 
 console = Console()
 
@@ -52,8 +53,9 @@ async def _publish(specs: list[JobSpec]) -> None:
         js = nc.jetstream()
         now = datetime.now(UTC)
         for spec in specs:
-            await publish_event(js, make_event(JobSubmitted(spec=spec, submitted_at=now), source="gpuq-cli",
-                                               time=now), JobSubmitted.subject())
+            with command_span(f"gpuq submit {spec.job_id}"):  # the job's trace starts here
+                await publish_event(js, traced_event(JobSubmitted(spec=spec, submitted_at=now), source="gpuq-cli",
+                                                     time=now), JobSubmitted.subject())
     finally:
         await nc.close()
 
@@ -204,9 +206,10 @@ def cancel(job_id: str = typer.Argument(..., help="The job to cancel"),
         nc = await nats.connect(nats_url(), connect_timeout=5)
         try:
             now = datetime.now(UTC)
-            await publish_event(nc.jetstream(), make_event(
-                JobCancelled(job_id=job_id, by="gpuq-cli", reason=reason, cancelled_at=now),
-                source="gpuq-cli", time=now), JobCancelled.subject())
+            with command_span(f"gpuq cancel {job_id}"):
+                await publish_event(nc.jetstream(), traced_event(
+                    JobCancelled(job_id=job_id, by="gpuq-cli", reason=reason, cancelled_at=now),
+                    source="gpuq-cli", time=now), JobCancelled.subject())
         finally:
             await nc.close()
 
@@ -233,9 +236,10 @@ def apply_queues(file: Path = typer.Argument(..., help="The new queues.yaml"),
         nc = await nats.connect(nats_url(), connect_timeout=5)
         try:
             now = datetime.now(UTC)
-            await publish_event(nc.jetstream(), make_event(
-                QueueConfigChanged(config=config.model_dump(mode="json"), changed_by=by), source="gpuq-cli", time=now),
-                QueueConfigChanged.subject())
+            with command_span("gpuq apply-queues"):
+                await publish_event(nc.jetstream(), traced_event(
+                    QueueConfigChanged(config=config.model_dump(mode="json"), changed_by=by), source="gpuq-cli",
+                    time=now), QueueConfigChanged.subject())
         finally:
             await nc.close()
 

@@ -32,10 +32,11 @@ from shared.bus import NamespaceInUse, delete_streams, ensure_streams, namespace
 from shared.clock import ScaledClock, SystemClock
 from shared.config import ConfigError, load_cluster, load_queues, parse_cluster, parse_queues
 from shared.db import drop_database, redact, scratch_database
-from shared.events import JobSubmitted, make_event, utcnow_from
+from shared.events import JobSubmitted, utcnow_from
 from shared.health import HealthServer
 from shared.servers import EmbeddedServerError, resolve_servers
 from shared.service import publish_event
+from shared.tracing import traced_event
 from sim.synthetic_workload import generate
 
 console = Console()
@@ -269,8 +270,9 @@ async def _run_demo(nats_url: str, database_url: str, cluster_cfg: Any, queues_c
                 while i < total and origin + workload[i].submit_offset_s <= now:
                     job = workload[i]
                     at = utcnow_from(origin + job.submit_offset_s)
-                    await publish_event(js, make_event(JobSubmitted(spec=job.spec, submitted_at=at),
-                                                       source="gpuq-demo", time=at), JobSubmitted.subject())
+                    # each demo job starts a trace of its own at its submission
+                    await publish_event(js, traced_event(JobSubmitted(spec=job.spec, submitted_at=at),
+                                                         source="gpuq-demo", time=at), JobSubmitted.subject())
                     i += 1
                 progress.update(submitted_task, completed=i)
                 counts = await _state_counts(database_url)

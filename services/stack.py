@@ -23,7 +23,7 @@ from shared.config import ClusterConfig, QueuesConfig
 from shared.db import create_pool
 from shared.health import HealthReport, combine
 from shared.service import ServiceRuntime, ServiceSpec
-from shared.tracing import setup_tracing
+from shared.tracing import EXPORTER_ENV, setup_tracing
 
 if TYPE_CHECKING:
     from services.admission.app import EtaFn
@@ -108,7 +108,7 @@ class Stack:
         self.starting: ServiceRuntime | None = None  # the runtime in start-up (a standby waits there)
 
     async def start(self) -> None:
-        setup_tracing("gpuq", exporter=os.environ.get("GPUQ_TRACE_EXPORTER", "none"))
+        setup_tracing("gpuq", exporter=os.environ.get(EXPORTER_ENV, "none"))
         self.pool = await create_pool(self.settings.database_url, max_size=20)
         try:
             for spec in build_specs(self.settings):

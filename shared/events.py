@@ -10,12 +10,21 @@ Schema with the committed file under `shared/schemas/`.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from shared import namespace
 from shared.domain import GpuBinding, JobSpec, NodeSpec
@@ -256,20 +265,94 @@ BY_TYPE: dict[str, type[Payload]] = {cls.event_type(): cls for cls in CATALOGUE}
 
 # --------------------------------------------------------------------------- envelope
 
+# Where an event's `dataschema` points: the committed JSON Schema of its type, `shared/schemas/<type>.json`, whose
+# `$id` is this URI. The type carries the major version (`...v1`), so the URI changes exactly when the contract does
+# (a v2 is a new type); additive v1 changes keep it. The URI is an identifier, resolved from the committed files
+# (`shared.schemas.schema_for_uri`), not fetched.
+SCHEMA_URI_BASE = "https://gpuq.io/schemas/"
+JSON_CONTENT_TYPE = "application/json"
+# CloudEvents 1.0 section 3.1.1: attribute names are lower-case ASCII letters and digits only.
+ATTRIBUTE_NAME = re.compile(r"^[a-z0-9]+$")
+# RFC 3339 `date-time` (CloudEvents' Timestamp): a full date, `T`, a full time and a zone offset. Python and pydantic
+# accept much more (a space for the `T`, no seconds, no offset, unix numbers): those are refused.
+RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
+# URI-reference (RFC 3986, `source`): only the characters a URI may hold, at least one.
+URI_REFERENCE = re.compile(r"^[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]+$")
+# Absolute URI (RFC 3986, `dataschema`): a scheme, then at least one URI character.
+ABSOLUTE_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]+$")
+# A JSON media type: `data` is always a JSON object here (the cloudevents SDK's JSON format uses the same test).
+JSON_MEDIA_TYPE = re.compile(r"^(application|text)/([a-zA-Z0-9\-.]+\+)?json(;.*)?$")
+
+
+def schema_uri(event_type: str) -> str:
+    """The `dataschema` of an event type: the URI (and `$id`) of its committed JSON Schema."""
+    return f"{SCHEMA_URI_BASE}{event_type}.json"
+
 
 class CloudEvent(BaseModel):
-    """CloudEvents 1.0 structured-mode envelope. `traceparent` is the W3C trace context extension."""
+    """CloudEvents 1.0 structured-mode envelope (JSON event format). `traceparent` is the W3C trace context
+    (CloudEvents distributed tracing extension). Holds what the spec requires and forbids: non-empty `id`,
+    `source`, `type`, `specversion`; `time` an RFC 3339 timestamp with a zone; optional attributes non-empty when
+    present; extension attributes named with lower-case letters and digits, valued with strings, integers or
+    booleans. gpuq also requires `time` and a JSON object `data`."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
-    specversion: str = SPEC_VERSION
-    id: str
-    source: str
-    type: str
+    model_config = ConfigDict(extra="allow", frozen=True,
+                              json_schema_extra={"propertyNames": {"pattern": ATTRIBUTE_NAME.pattern}})
+    specversion: str = Field(min_length=1, json_schema_extra={"const": SPEC_VERSION})
+    id: str = Field(min_length=1)
+    source: str = Field(min_length=1, pattern=URI_REFERENCE.pattern)
+    type: str = Field(min_length=1)
     time: datetime
-    subject: str | None = None
-    datacontenttype: str = "application/json"
+    subject: str | None = Field(default=None, min_length=1)
+    datacontenttype: str = Field(default=JSON_CONTENT_TYPE, pattern=JSON_MEDIA_TYPE.pattern)
+    dataschema: str | None = Field(default=None, min_length=1, pattern=ABSOLUTE_URI.pattern)
     traceparent: str | None = None
     data: dict[str, Any]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_absent(cls, doc: Any) -> Any:
+        # JSON event format: an attribute whose value is null is treated as absent.
+        if isinstance(doc, dict):
+            return {k: v for k, v in doc.items() if v is not None}
+        return doc
+
+    @field_validator("time", mode="before")
+    @classmethod
+    def _rfc3339(cls, value: Any) -> Any:
+        if isinstance(value, datetime):
+            if value.tzinfo is None or value.utcoffset() is None:
+                raise ValueError("time must be timezone-aware (RFC 3339 requires a zone offset)")
+            return value
+        if not isinstance(value, str) or not RFC3339.match(value):
+            raise ValueError(f"time must be an RFC 3339 timestamp with a zone offset, like "
+                             f"2026-11-30T12:00:00Z; got {value!r}")
+        return value
+
+    @field_validator("source", "datacontenttype", "dataschema", mode="before")
+    @classmethod
+    def _uri_and_media_type(cls, value: Any, info: ValidationInfo) -> Any:
+        rule, what = {"source": (URI_REFERENCE, "a URI-reference (RFC 3986)"),
+                      "datacontenttype": (JSON_MEDIA_TYPE, "a JSON media type (data is a JSON object)"),
+                      "dataschema": (ABSOLUTE_URI, "an absolute URI (RFC 3986)")}[info.field_name or ""]
+        if isinstance(value, str) and value and not rule.match(value):
+            raise ValueError(f"{info.field_name} must be {what}; got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _extensions(self) -> CloudEvent:
+        for name, value in sorted((self.model_extra or {}).items()):
+            if name == "data_base64":
+                raise ValueError("data_base64: binary data is not accepted; data must be a JSON object")
+            if not ATTRIBUTE_NAME.match(name):
+                raise ValueError(f"extension attribute {name!r}: names must be lower-case letters and digits only")
+            # JSON format type mapping: String -> string, Integer -> integral number, Boolean -> boolean.
+            if isinstance(value, float) or not isinstance(value, str | int | bool):
+                raise ValueError(f"extension attribute {name!r}: the value must be a string, an integer or a "
+                                 f"boolean, not {type(value).__name__}")
+            if value == "":
+                raise ValueError(f"extension attribute {name!r}: a string value must not be empty")
+        return self
 
     def payload(self) -> Payload:
         """The typed payload (validated on `parse_event`; this re-validates cheaply)."""
@@ -291,12 +374,20 @@ def new_event_id() -> str:
 
 def make_event(payload: Payload, *, source: str, time: datetime, subject: str | None = None,
                event_id: str | None = None, traceparent: str | None = None) -> CloudEvent:
+    """The envelope of `payload`. Publishers build their events with `shared.tracing.traced_event`, which calls
+    this with a trace context; `time` must carry a zone (a naive time is an error, not a guess)."""
+    if time.tzinfo is None or time.utcoffset() is None:
+        raise ValueError(f"make_event: time {time.isoformat()} has no zone; pass a timezone-aware datetime "
+                         "(e.g. datetime.now(UTC) or shared.events.utcnow_from(clock.now()))")
+    event_type = payload.event_type()
     return CloudEvent(
+        specversion=SPEC_VERSION,
         id=event_id or new_event_id(),
         source=source,
-        type=payload.event_type(),
+        type=event_type,
         time=time,
         subject=subject if subject is not None else payload.job_key(),
+        dataschema=schema_uri(event_type),
         traceparent=traceparent,
         data=payload.model_dump(mode="json"),
     )
@@ -314,15 +405,19 @@ def parse_event(raw: bytes | str | dict[str, Any]) -> tuple[CloudEvent, Payload]
         raise InvalidEvent("MalformedJson", f"body is not JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise InvalidEvent("MalformedEnvelope", "body is not a JSON object")
+    if doc.get("specversion") not in (None, SPEC_VERSION):
+        raise InvalidEvent("UnsupportedSpecVersion", f"specversion {doc['specversion']!r}, expected 1.0")
     try:
         envelope = CloudEvent.model_validate(doc)
     except ValidationError as exc:
         raise InvalidEvent("MalformedEnvelope", _first_errors(exc)) from None
-    if envelope.specversion != SPEC_VERSION:
-        raise InvalidEvent("UnsupportedSpecVersion", f"specversion {envelope.specversion!r}, expected 1.0")
     cls = BY_TYPE.get(envelope.type)
     if cls is None:
         raise InvalidEvent("UnknownEventType", f"unknown event type {envelope.type!r}")
+    if envelope.dataschema is not None and envelope.dataschema.startswith(SCHEMA_URI_BASE) \
+            and envelope.dataschema != schema_uri(envelope.type):
+        raise InvalidEvent("MalformedEnvelope", f"dataschema {envelope.dataschema!r} is not the schema of "
+                                                f"{envelope.type} ({schema_uri(envelope.type)})")
     try:
         payload = cls.model_validate(envelope.data)
     except ValidationError as exc:
@@ -333,8 +428,8 @@ def parse_event(raw: bytes | str | dict[str, Any]) -> tuple[CloudEvent, Payload]
 def _first_errors(exc: ValidationError, limit: int = 3) -> str:
     parts = []
     for err in exc.errors()[:limit]:
-        loc = ".".join(str(p) for p in err["loc"]) or "<root>"
-        parts.append(f"{loc}: {err['msg']}")
+        loc = ".".join(str(p) for p in err["loc"]) or "envelope"
+        parts.append(f"{loc}: {err['msg'].removeprefix('Value error, ')}")
     more = len(exc.errors()) - limit
     return "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")
 

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,13 +42,12 @@ from shared.events import (
     InvalidEvent,
     Payload,
     encode_event,
-    make_event,
     parse_event,
     utcnow_from,
 )
 from shared.health import CHECK_TIMEOUT_S, Check, ServiceHealth, service_health, timed_check
 from shared.leader import LeaderLease, lock_key
-from shared.tracing import current_traceparent, start_span_from_event
+from shared.tracing import current_traceparent, start_span_from_event, traced_event, with_trace_context
 
 log = logging.getLogger("gpuq.service")
 
@@ -78,6 +78,12 @@ CREATE TABLE IF NOT EXISTS {s}.outbox (
     published_at timestamptz
 );
 CREATE INDEX IF NOT EXISTS outbox_unpublished ON {s}.outbox (seq) WHERE published_at IS NULL;
+-- The trace each job's events continue (W3C traceparent, the first one this service saw for the job), so that an
+-- event about a job decided while handling another job's event still belongs to its own job's trace.
+CREATE TABLE IF NOT EXISTS {s}.job_traces (
+    job_id text PRIMARY KEY,
+    traceparent text NOT NULL
+);
 CREATE TABLE IF NOT EXISTS {s}.dead_letters (
     id bigserial PRIMARY KEY,
     subject text NOT NULL,
@@ -101,19 +107,55 @@ class Tx:
     schema: str
     traceparent: str | None = None
     emitted: list[CloudEvent] = field(default_factory=list)
+    subject: str | None = None  # the job the handled event is about, if any
+    job_traces: JobTraces | None = None
 
     async def emit(self, payload: Payload, subject_suffix: str | None = None,
                    traceparent: str | None = None) -> CloudEvent:
-        """Write `payload` to the outbox. `traceparent` continues a job's trace from work not driven by an
-        event (timers); by default the handled event's trace continues."""
-        event = make_event(payload, source=self.source, time=utcnow_from(self.now),
-                           traceparent=traceparent or self.traceparent)
+        """Write `payload` to the outbox, in trace context (shared/tracing.py): `traceparent` when given; for an
+        event about the job being handled, the handling span's; for another job, that job's own trace (a cycle
+        run for one job's event admits or places others); else the unit of work's, or a new trace."""
+        job = payload.job_key()
+        if traceparent is None and job is not None and job != self.subject:
+            traceparent = await (self.job_traces or JobTraces()).get(self.conn, self.schema, job)
+        event = traced_event(payload, source=self.source, time=utcnow_from(self.now),
+                             traceparent=traceparent or self.traceparent)
         subject = payload.subject() + (f".{subject_suffix}" if subject_suffix else "")
         await self.conn.execute(
             f"INSERT INTO {self.schema}.outbox(event_id, subject, body) VALUES ($1, $2, $3)",
             event.id, subject, encode_event(event))
         self.emitted.append(event)
         return event
+
+
+class JobTraces:
+    """Each job's trace context as this service first saw it (`<schema>.job_traces`), with a bounded cache: a
+    job's entry never changes once written, so a cached one is never stale."""
+
+    def __init__(self, cache_size: int = 100_000):
+        self.cache: OrderedDict[str, str] = OrderedDict()
+        self.cache_size = cache_size
+
+    def _keep(self, job_id: str, traceparent: str) -> None:
+        self.cache[job_id] = traceparent
+        self.cache.move_to_end(job_id)
+        while len(self.cache) > self.cache_size:
+            self.cache.popitem(last=False)
+
+    async def remember(self, conn: asyncpg.Connection, schema: str, job_id: str, traceparent: str) -> None:
+        if job_id in self.cache:
+            return
+        await conn.execute(f"INSERT INTO {schema}.job_traces(job_id, traceparent) VALUES ($1, $2) "
+                           "ON CONFLICT DO NOTHING", job_id, traceparent)
+        # (not cached here: if the transaction rolls back, the row was never written)
+
+    async def get(self, conn: asyncpg.Connection, schema: str, job_id: str) -> str | None:
+        found = self.cache.get(job_id)
+        if found is None:
+            found = await conn.fetchval(f"SELECT traceparent FROM {schema}.job_traces WHERE job_id = $1", job_id)
+            if found is not None:
+                self._keep(job_id, found)
+        return found
 
 
 @dataclass
@@ -180,6 +222,7 @@ class ServiceRuntime:
         self.clock = clock or SystemClock()
         self.source = f"gpuq/{spec.name}/{instance}"
         self.counters = Counters()
+        self.job_traces = JobTraces()
         self.broker = NatsBroker(nats_url, logger=None, connect_timeout=5)
         self.state: dict[str, Any] = {}  # service-specific in-memory state (rebuilt by on_start)
         self._outbox_wakeup = asyncio.Event()
@@ -320,7 +363,7 @@ class ServiceRuntime:
                 async with self.pool.acquire() as conn, conn.transaction():
                     await self._reload_if_stale(conn)
                     yield Tx(conn=conn, now=self.clock.now(), source=self.source, schema=self.spec.schema,
-                             traceparent=traceparent)
+                             traceparent=traceparent, job_traces=self.job_traces)
             except BaseException:
                 self._stale = True
                 raise
@@ -362,7 +405,10 @@ class ServiceRuntime:
                     # context, so a job's life from JobSubmitted to JobCompleted is one trace across services.
                     with start_span_from_event(event, name=f"{self.spec.name} {BY_TYPE[event.type].__name__}"):
                         tx = Tx(conn=conn, now=self.clock.now(), source=self.source, schema=self.spec.schema,
-                                traceparent=current_traceparent() or event.traceparent)
+                                traceparent=current_traceparent() or event.traceparent, subject=event.subject,
+                                job_traces=self.job_traces)
+                        if event.subject and tx.traceparent:
+                            await self.job_traces.remember(conn, self.spec.schema, event.subject, tx.traceparent)
                         await handler(tx, event, payload)
             except BaseException:
                 self._stale = True  # the handler may have changed memory before the rollback
@@ -476,7 +522,9 @@ class ServiceRuntime:
 
 
 async def publish_event(broker_or_js: Any, event: CloudEvent, subject: str) -> None:
-    """Publish one event directly (producers without an outbox: the CLI, pipelines, tests)."""
+    """Publish one event directly (producers without an outbox: the CLI, pipelines, tests). An event without
+    trace context gets one (`shared.tracing.with_trace_context`): nothing gpuq publishes lacks it."""
+    event = with_trace_context(event)
     body = encode_event(event)
     headers = {"Nats-Msg-Id": event.id}
     if isinstance(broker_or_js, NatsBroker):

@@ -1,17 +1,25 @@
-"""W3C trace context across services: a job's life, JobSubmitted to JobCompleted, is one trace.
+"""W3C trace context (Trace Context Level 1, `traceparent` version 00) across services: a job's life, from
+`gpuq submit` to JobCompleted, is one trace.
 
-The runtime wraps each handler in `start_span_from_event(event)` (a child of the event's `traceparent`)
-and stamps the events it emits with `current_traceparent()`, so every hop continues the same trace.
+Every event any gpuq component publishes carries a `traceparent` (the CloudEvents distributed tracing
+extension). Publishers build their events with `traced_event(...)` (the runtime's outbox does, and
+`publish_event` stamps an event that has none), whose context is, in order: the producer's own `traceparent`
+when it passed a valid one (continued as it is), else the current span's, else a new trace that starts at
+this event. The runtime wraps each handler in `start_span_from_event(event)` (a child of the event's
+`traceparent`), so the events a handler emits continue the trace of the event it handles.
 
     setup_tracing("scheduler", exporter="otlp")
     with start_span_from_event(event):
-        ...                       # handle; emitted events carry current_traceparent()
+        ...                       # handle; emitted events carry this span's context
+    event = traced_event(NodeChanged(node=n), source="gpuq/executor-kube/0", time=now)   # any other publisher
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -19,12 +27,16 @@ from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
-from opentelemetry.trace import Span, SpanKind
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.trace import Span, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from shared.events import CloudEvent
+from shared.events import CloudEvent, Payload, make_event
 
+TRACEPARENT_ENV = "TRACEPARENT"
+EXPORTER_ENV = "GPUQ_TRACE_EXPORTER"
 _PROPAGATOR = TraceContextTextMapPropagator()
+_IDS = RandomIdGenerator()
 _provider: TracerProvider | None = None
 _service_name = "gpuq"
 
@@ -81,6 +93,17 @@ def start_span_from_event(event: CloudEvent, name: str | None = None,
 
 
 @contextlib.contextmanager
+def command_span(name: str) -> Iterator[Span]:
+    """A PRODUCER span for a command that publishes events (`gpuq submit`), so a job's trace starts where the
+    user submitted it. It continues the caller's context from the `TRACEPARENT` environment variable (the
+    OpenTelemetry convention for passing context to a child process, e.g. from a CI job or pipeline step)."""
+    if _provider is None:
+        setup_tracing("gpuq-cli", exporter=os.environ.get(EXPORTER_ENV, "none"))
+    with start_span(name, traceparent=os.environ.get(TRACEPARENT_ENV)) as span:
+        yield span
+
+
+@contextlib.contextmanager
 def start_span(name: str, traceparent: str | None = None) -> Iterator[Span]:
     """A PRODUCER span for work that starts a trace (e.g. `gpuq submit` before JobSubmitted)."""
     with _tracer().start_as_current_span(name, context=context_from_traceparent(traceparent),
@@ -93,3 +116,41 @@ def current_traceparent() -> str | None:
     carrier: dict[str, str] = {}
     _PROPAGATOR.inject(carrier)
     return carrier.get("traceparent")
+
+
+def valid_traceparent(traceparent: str | None) -> bool:
+    """Whether `traceparent` is a W3C traceparent a receiver can continue (right shape, non-zero ids)."""
+    if not traceparent:
+        return False
+    span = trace.get_current_span(context_from_traceparent(traceparent))
+    return span.get_span_context().is_valid
+
+
+def outgoing_traceparent(traceparent: str | None = None) -> str:
+    """The `traceparent` of an event published now: the producer's own `traceparent` when it is valid (continued
+    unchanged), else the current span's, else a new trace's root (random ids, sampled), so that no event leaves
+    without trace context."""
+    if traceparent and valid_traceparent(traceparent):
+        return traceparent
+    current = current_traceparent()
+    if current is not None:
+        return current
+    root = SpanContext(trace_id=_IDS.generate_trace_id(), span_id=_IDS.generate_span_id(), is_remote=False,
+                       trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(trace.NonRecordingSpan(root)))
+    return carrier["traceparent"]
+
+
+def traced_event(payload: Payload, *, source: str, time: datetime, traceparent: str | None = None,
+                 subject: str | None = None, event_id: str | None = None) -> CloudEvent:
+    """The CloudEvent every gpuq publisher sends: `make_event` with `outgoing_traceparent(traceparent)`."""
+    return make_event(payload, source=source, time=time, subject=subject, event_id=event_id,
+                      traceparent=outgoing_traceparent(traceparent))
+
+
+def with_trace_context(event: CloudEvent) -> CloudEvent:
+    """`event` itself when it carries a valid `traceparent`, else a copy with `outgoing_traceparent()`."""
+    if valid_traceparent(event.traceparent):
+        return event
+    return event.model_copy(update={"traceparent": outgoing_traceparent()})

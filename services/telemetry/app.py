@@ -65,7 +65,7 @@ class TelemetryService:
         self.metrics_addr = metrics_addr
         self.bound_port: int | None = None
         self.allow = allow if allow is not None else AllowList.from_env()
-        self.retry = retry or RetryPolicy()
+        self.retry = retry or RetryPolicy.from_env()
         self.webhook_worker = webhook_worker
 
     # ------------------------------------------------------------------ wiring

@@ -1,9 +1,11 @@
-"""`gpuq webhooks add|list|remove`: manage webhook subscriptions (stored in Postgres, schema telemetry)."""
+"""`gpuq webhooks add|list|rotate|enable|remove`: manage webhook subscriptions (stored in Postgres, schema
+telemetry)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import typer
@@ -21,6 +23,14 @@ console = Console()
 
 DbOption = typer.Option(None, "--database-url", envvar="DATABASE_URL",
                         help="Postgres URL of the gpuq database (env DATABASE_URL).")
+
+
+SubIdArgument = typer.Argument(..., metavar="ID", help="Subscription id (from `gpuq webhooks list`).")
+
+
+def _unknown(sub_id: str) -> typer.Exit:
+    console.print(f"[red]no subscription {sub_id}[/red]")
+    return typer.Exit(1)
 
 
 def _url(database_url: str | None) -> str:
@@ -78,20 +88,52 @@ def list_(team: str | None = typer.Option(None, "--team", help="Only this team's
     subs = asyncio.run(_with_conn(_url(database_url), lambda c: store.list_subscriptions(c, team)))
     if as_json:
         typer.echo(json.dumps([{"id": s.id, "url": s.url, "team": s.team, "events": list(s.events),
-                                "active": s.active, "created_at": s.created_at.isoformat()} for s in subs]))
+                                "active": s.active, "disabled_reason": s.disabled_reason,
+                                "created_at": s.created_at.isoformat()} for s in subs]))
         return
-    table = Table("id", "url", "team", "events", "created")
+    table = Table("id", "url", "team", "events", "created", "state")
     for s in subs:
-        table.add_row(s.id, s.url, s.team or "(all)", ",".join(s.events), s.created_at.isoformat(timespec="seconds"))
+        table.add_row(s.id, s.url, s.team or "(all)", ",".join(s.events), s.created_at.isoformat(timespec="seconds"),
+                      "active" if s.active else f"disabled: {s.disabled_reason or 'by an operator'}")
     console.print(table)
 
 
+@webhooks_app.command("rotate")
+def rotate(sub_id: str = SubIdArgument,
+           grace_hours: float = typer.Option(24.0, "--grace-hours", min=0,
+                                             help="How long the old secret keeps signing too (two signatures per "
+                                                  "delivery), so the receiver can switch without downtime."),
+           as_json: bool = typer.Option(False, "--json", help="Print the new secret as JSON."),
+           database_url: str | None = DbOption) -> None:
+    """Give a subscription a new signing secret (shown once). Until the grace period ends every delivery carries
+    a signature with the new secret and one with the old, so the receiver may switch at any moment in between."""
+    sub = asyncio.run(_with_conn(_url(database_url),
+                                 lambda c: store.rotate_secret(c, sub_id, time.time(), grace_hours * 3600)))
+    if sub is None:
+        raise _unknown(sub_id)
+    until = sub.previous_secret_expires_at.isoformat(timespec="seconds") if sub.previous_secret_expires_at else "-"
+    if as_json:
+        typer.echo(json.dumps({"id": sub.id, "secret": sub.secret, "previous_secret_valid_until": until}))
+        return
+    console.print(f"new signing secret for [bold]{sub.id}[/bold]: [bold]{sub.secret}[/bold]  (shown once)")
+    console.print(f"the previous secret also signs until {until}")
+
+
+@webhooks_app.command("enable")
+def enable(sub_id: str = SubIdArgument,
+           database_url: str | None = DbOption) -> None:
+    """Re-enable a subscription its receiver disabled (410 Gone); its waiting deliveries are sent again."""
+    enabled = asyncio.run(_with_conn(_url(database_url), lambda c: store.enable_subscription(c, sub_id)))
+    if not enabled:
+        raise _unknown(sub_id)
+    console.print(f"enabled {sub_id}")
+
+
 @webhooks_app.command("remove")
-def remove(sub_id: str = typer.Argument(..., metavar="ID", help="Subscription id (from `gpuq webhooks list`)."),
+def remove(sub_id: str = SubIdArgument,
            database_url: str | None = DbOption) -> None:
     """Remove a subscription and its pending deliveries."""
     removed = asyncio.run(_with_conn(_url(database_url), lambda c: store.remove_subscription(c, sub_id)))
     if not removed:
-        console.print(f"[red]no subscription {sub_id}[/red]")
-        raise typer.Exit(1)
+        raise _unknown(sub_id)
     console.print(f"removed {sub_id}")

@@ -13,34 +13,11 @@ import nats
 from cli.status import fetch_status
 from services.stack import Stack, StackSettings
 from shared.clock import ScaledClock
-from shared.config import parse_cluster, parse_queues
-from shared.domain import CheckpointSpec, JobSpec, PodSet
+from shared.domain import JobSpec, PodSet
 from shared.events import JobSubmitted, make_event
 from shared.namespace import subject as ns_subject
 from shared.service import publish_event
-
-CLUSTER = parse_cluster({"node_groups": [
-    {"name": "h100", "count": 2, "gpus_per_node": 8, "gpu_model": "H100-80GB", "cpu_milli": 96000,
-     "memory_mib": 1048576, "nodes_per_rack": 2},
-]})
-QUEUES = parse_queues({
-    "priority_classes": [{"name": "high", "value": 500, "preemptible": False},
-                         {"name": "low", "value": 0, "preemptible": True}],
-    "cohorts": [{"name": "research"}],
-    "queues": [
-        {"name": "team-a", "cohort": "research", "teams": ["team-a"], "quotas": {"H100-80GB": {"nominal": 8}}},
-        {"name": "team-b", "cohort": "research", "teams": ["team-b"], "quotas": {"H100-80GB": {"nominal": 8}}},
-    ],
-    "policy": {"protection_window_s": 60, "checkpoint_grace_s": 300},
-})
-
-
-async def wait_until(predicate, timeout: float = 90.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("timed out")
-        await asyncio.sleep(0.1)
+from tests.system.reclaim_story import BORROWER, CLUSTER, QUEUES, wait_until
 
 
 async def events_on(nats_url: str, subject: str) -> list[dict]:
@@ -61,9 +38,7 @@ async def test_team_b_reclaims_from_team_a_which_checkpoints_and_resumes(fresh: 
     clock = ScaledClock(100.0)
     settings = StackSettings(nats_url=nats_url, database_url=database_url, queues=QUEUES, cluster=CLUSTER,
                              services=("admission", "scheduler", "preemption", "executor"), clock=clock)
-    borrower = JobSpec(job_id="a-sweep", team="team-a", queue="team-a", priority_class="low",
-                       pod_sets=(PodSet(count=2, gpus_per_pod=8),), checkpoint=CheckpointSpec(supported=True),
-                       max_runtime_s=4000, labels={"sim.gpuq.io/duration-s": "2000"})
+    borrower = BORROWER
     owner = JobSpec(job_id="b-train", team="team-b", queue="team-b", priority_class="high",
                     pod_sets=(PodSet(count=1, gpus_per_pod=8),), max_runtime_s=1000,
                     labels={"sim.gpuq.io/duration-s": "300"})

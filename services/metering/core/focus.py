@@ -1,10 +1,12 @@
 """FinOps FOCUS export: one charge row per job, GPU model and charge period.
 
-Column names and meanings follow the FinOps Open Cost and Usage Specification (FOCUS 1.x). gpuq is the
-"provider" of an internal showback: there are no discounts or commitments, so ListCost = ContractedCost =
-EffectiveCost = BilledCost = allocated GPU-hours × the model's cost_per_gpu_hour. Consumption is measured in
-allocated GPU-hours (what the team held, used or not); gpuq's own figures are in `x_`-prefixed columns, the
-FOCUS convention for custom columns.
+Targets FOCUS 1.0 (the FinOps Open Cost and Usage Specification, version 1.0): every column that version
+defines is present, null (an empty CSV field) where gpuq has nothing to say. gpuq is the "provider" of an
+internal showback: there are no discounts or commitments (the CommitmentDiscount* columns are null), no regions
+or zones (RegionId, RegionName, AvailabilityZone are null), so ListCost = ContractedCost = EffectiveCost =
+BilledCost = allocated GPU-hours × the model's cost_per_gpu_hour. Consumption is measured in allocated
+GPU-hours (what the team held, used or not); gpuq's own figures are in `x_`-prefixed columns, the FOCUS
+convention for custom columns.
 """
 
 from __future__ import annotations
@@ -16,18 +18,30 @@ from datetime import UTC, datetime
 from services.metering.core.rollup import DEFAULT_RATE, Cell, Granularity, JobDims, rollup
 from services.metering.core.units import HOUR_MS, from_ms, mj_to_kwh
 
-FOCUS_COLUMNS: tuple[str, ...] = (
-    "BilledCost", "EffectiveCost", "ListCost", "ContractedCost", "BillingCurrency",
-    "BillingAccountId", "BillingAccountName", "BillingPeriodStart", "BillingPeriodEnd",
-    "ChargePeriodStart", "ChargePeriodEnd", "ChargeCategory", "ChargeClass", "ChargeFrequency",
-    "ChargeDescription", "PricingCategory",
-    "ConsumedQuantity", "ConsumedUnit", "PricingQuantity", "PricingUnit", "ListUnitPrice", "ContractedUnitPrice",
-    "ProviderName", "PublisherName", "InvoiceIssuerName", "ServiceName", "ServiceCategory",
-    "ResourceId", "ResourceName", "ResourceType", "SkuId", "SkuPriceId", "SubAccountId", "SubAccountName",
-    "Tags",
-    "x_UsedGpuHours", "x_IdleGpuHours", "x_IdleCost", "x_LostGpuHours", "x_EnergyKwh", "x_Queue",
-    "x_PriorityClass",
+FOCUS_VERSION = "1.0"
+# Every column FOCUS 1.0 defines (its column library, in its alphabetical order): mandatory, conditional and
+# recommended ones alike, so that no consumer finds one missing.
+FOCUS_1_0_COLUMNS: tuple[str, ...] = (
+    "AvailabilityZone", "BilledCost", "BillingAccountId", "BillingAccountName", "BillingCurrency",
+    "BillingPeriodEnd", "BillingPeriodStart", "ChargeCategory", "ChargeClass", "ChargeDescription",
+    "ChargeFrequency", "ChargePeriodEnd", "ChargePeriodStart", "CommitmentDiscountCategory", "CommitmentDiscountId",
+    "CommitmentDiscountName", "CommitmentDiscountStatus", "CommitmentDiscountType", "ConsumedQuantity",
+    "ConsumedUnit", "ContractedCost", "ContractedUnitPrice", "EffectiveCost", "InvoiceIssuerName", "ListCost",
+    "ListUnitPrice", "PricingCategory", "PricingQuantity", "PricingUnit", "ProviderName", "PublisherName",
+    "RegionId", "RegionName", "ResourceId", "ResourceName", "ResourceType", "ServiceCategory", "ServiceName",
+    "SkuId", "SkuPriceId", "SubAccountId", "SubAccountName", "Tags",
 )
+GPUQ_COLUMNS: tuple[str, ...] = (
+    "x_UsedGpuHours", "x_IdleGpuHours", "x_IdleCost", "x_LostGpuHours", "x_EnergyKwh", "x_Queue", "x_PriorityClass",
+)
+FOCUS_COLUMNS: tuple[str, ...] = FOCUS_1_0_COLUMNS + GPUQ_COLUMNS
+# Columns gpuq has no value for: null in every row (commitment discounts, regions and zones do not exist here;
+# ChargeClass is null except on corrections, which gpuq does not issue).
+NULL_COLUMNS: tuple[str, ...] = (
+    "AvailabilityZone", "ChargeClass", "CommitmentDiscountCategory", "CommitmentDiscountId", "CommitmentDiscountName",
+    "CommitmentDiscountStatus", "CommitmentDiscountType", "RegionId", "RegionName",
+)
+NULL = ""  # a null in the CSV export
 
 GPU_HOURS = "GPU-Hours"
 
@@ -65,12 +79,13 @@ def focus_rows(cells: Sequence[Cell], dims: Mapping[str, JobDims], *, since_ms: 
         cost = f"{t.cost:.6f}"
         bp_start, bp_end = _month_bounds(r.period_start_ms)
         out.append({
+            **dict.fromkeys(NULL_COLUMNS, NULL),
             "BilledCost": cost, "EffectiveCost": cost, "ListCost": cost, "ContractedCost": cost,
             "BillingCurrency": currency,
             "BillingAccountId": billing_account, "BillingAccountName": billing_account,
             "BillingPeriodStart": bp_start, "BillingPeriodEnd": bp_end,
             "ChargePeriodStart": _iso(r.period_start_ms), "ChargePeriodEnd": _iso(r.period_end_ms),
-            "ChargeCategory": "Usage", "ChargeClass": "", "ChargeFrequency": "Usage-Based",
+            "ChargeCategory": "Usage", "ChargeFrequency": "Usage-Based",
             "ChargeDescription": f"{model} GPU time allocated to job {job_id}",
             "PricingCategory": "Standard",
             "ConsumedQuantity": f"{gpu_hours:.6f}", "ConsumedUnit": GPU_HOURS,

@@ -1,7 +1,11 @@
 """Sending deliveries: one attempt per claimed row, signed, to the checked address, no redirects.
 
 At-least-once: a delivery is marked delivered only after a 2xx; a crash in between sends it again with
-the same `webhook-id` (= the CloudEvent id), which receivers use to drop the copy.
+the same `webhook-id` (= the CloudEvent id), which receivers use to drop the copy. What the receiver answers
+decides what follows (Standard Webhooks' advice): 2xx delivered; 410 Gone disables the subscription (its
+deliveries wait, nothing is dropped); 429/502/503/504 throttle the whole subscription until the later of the
+backoff and the `Retry-After`; anything else is retried with backoff until the policy's attempts run out, then
+dead-lettered.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import asyncpg
 import httpx
 
 from services.telemetry.webhooks import store
-from services.telemetry.webhooks.backoff import RetryPolicy
+from services.telemetry.webhooks.backoff import GONE, THROTTLING, RetryPolicy, retry_after_s, timeout_from_env
 from services.telemetry.webhooks.signing import signed_headers
 from services.telemetry.webhooks.ssrf import AllowList, Resolver, TargetRefused, resolve_target, system_resolver
 from shared.clock import Clock
@@ -30,6 +34,7 @@ class Outcome:
     ok: bool
     status_code: int | None = None
     error: str = ""
+    retry_after: str | None = None  # the receiver's Retry-After header, as sent
 
 
 @dataclass
@@ -37,10 +42,10 @@ class DeliveryWorker:
     pool: asyncpg.Pool
     clock: Clock
     allow: AllowList = field(default_factory=AllowList.from_env)
-    policy: RetryPolicy = field(default_factory=RetryPolicy)
+    policy: RetryPolicy = field(default_factory=RetryPolicy.from_env)
     rng: random.Random = field(default_factory=random.Random)
     resolver: Resolver = system_resolver
-    timeout_s: float = 10.0
+    timeout_s: float = field(default_factory=timeout_from_env)
     lease_s: float = 60.0
     batch: int = 32
     # Signature timestamps are wall time whatever the scheduling clock is: receivers check them
@@ -52,7 +57,7 @@ class DeliveryWorker:
             target = await resolve_target(d.url, self.allow, self.resolver)
         except TargetRefused as exc:
             return Outcome(False, None, f"refused: {exc}")
-        headers = signed_headers(d.secret, d.event_id, int(self.wall()), d.body)
+        headers = signed_headers(d.secrets, d.event_id, int(self.wall()), d.body)
         headers["host"] = target.host_header
         headers["user-agent"] = "gpuq-webhooks/1"
         ip = target.addresses[0]
@@ -65,21 +70,37 @@ class DeliveryWorker:
             return Outcome(False, None, f"{type(exc).__name__}: {exc}"[:500])
         if 200 <= resp.status_code < 300:
             return Outcome(True, resp.status_code)
-        return Outcome(False, resp.status_code, f"HTTP {resp.status_code}")
+        return Outcome(False, resp.status_code, f"HTTP {resp.status_code}", resp.headers.get("retry-after"))
 
     async def run_once(self) -> int:
         """Attempt every due delivery once; returns how many were attempted."""
         now = self.clock.now()
         due = await store.claim_due(self.pool, now, self.lease_s, self.batch)
+        held: dict[str, float] = {}  # subscriptions disabled or throttled during this batch -> resume time
         for d in due:
+            if d.subscription_id in held:  # not sent: handed back untried
+                await store.release(self.pool, d.id, held[d.subscription_id])
+                continue
             outcome = await self.send(d)
             done_at = self.clock.now()
             if outcome.ok:
                 await store.mark_delivered(self.pool, d.id, done_at, outcome.status_code or 200)
+            elif outcome.status_code == GONE:
+                log.warning("webhook %s answered 410 Gone: subscription disabled", d.subscription_id)
+                await store.disable_subscription(self.pool, d.subscription_id, done_at,
+                                                 f"HTTP 410 Gone from {d.url}")
+                await store.mark_retry(self.pool, d.id, done_at, "HTTP 410: subscription disabled", GONE)
+                held[d.subscription_id] = done_at
             elif self.policy.exhausted(d.attempts):
                 log.warning("webhook %s for event %s dead after %d attempts: %s", d.subscription_id,
                             d.event_id, d.attempts, outcome.error)
                 await store.mark_dead(self.pool, d, done_at, outcome.error, outcome.status_code)
+            elif outcome.status_code in THROTTLING:
+                wait = retry_after_s(outcome.retry_after, self.wall())
+                delay = self.policy.delay_after(d.attempts, self.rng.random(), wait)
+                await store.mark_retry(self.pool, d.id, done_at + delay, outcome.error, outcome.status_code)
+                await store.postpone_subscription(self.pool, d.subscription_id, done_at + delay)
+                held[d.subscription_id] = done_at + delay
             else:
                 delay = self.policy.delay(d.attempts, self.rng.random())
                 await store.mark_retry(self.pool, d.id, done_at + delay, outcome.error, outcome.status_code)

@@ -8,6 +8,7 @@ from datetime import datetime
 
 import asyncpg
 
+from services.telemetry.webhooks.secrets import seal, unseal
 from services.telemetry.webhooks.signing import new_secret
 from shared.events import CATALOGUE, TYPE_PREFIX, CloudEvent, encode_event
 
@@ -42,6 +43,8 @@ class Subscription:
     secret: str
     active: bool
     created_at: datetime
+    disabled_reason: str | None = None
+    previous_secret_expires_at: datetime | None = None  # a rotation in progress: the old secret signs until then
 
 
 @dataclass(frozen=True)
@@ -53,12 +56,12 @@ class Delivery:
     body: bytes
     attempts: int
     url: str
-    secret: str
+    secrets: tuple[str, ...]  # the current secret, then the previous one while a rotation is in progress
 
 
 def _sub(row: asyncpg.Record) -> Subscription:
-    return Subscription(row["id"], row["url"], row["team"], tuple(row["event_types"]), row["secret"],
-                        row["active"], row["created_at"])
+    return Subscription(row["id"], row["url"], row["team"], tuple(row["event_types"]), unseal(row["secret"]),
+                        row["active"], row["created_at"], row["disabled_reason"], row["previous_secret_expires_at"])
 
 
 async def add_subscription(conn: asyncpg.Connection, url: str, team: str | None, events: list[str],
@@ -66,8 +69,37 @@ async def add_subscription(conn: asyncpg.Connection, url: str, team: str | None,
     row = await conn.fetchrow(
         "INSERT INTO telemetry.webhook_subscriptions(id, url, team, event_types, secret) "
         "VALUES ($1, $2, $3, $4, $5) RETURNING *",
-        f"wh_{uuid.uuid4().hex[:16]}", url, team, validate_events(events), secret or new_secret())
+        f"wh_{uuid.uuid4().hex[:16]}", url, team, validate_events(events), seal(secret or new_secret()))
     return _sub(row)
+
+
+async def rotate_secret(conn: asyncpg.Connection, sub_id: str, now: float, grace_s: float,
+                        secret: str | None = None) -> Subscription | None:
+    """Give a subscription a new secret; the current one keeps signing too (two signatures per delivery) for
+    `grace_s`, so the receiver can switch to the new one without rejecting anything in between."""
+    if grace_s < 0:
+        raise ValueError("the rotation grace period cannot be negative")
+    row = await conn.fetchrow(
+        "UPDATE telemetry.webhook_subscriptions SET previous_secret = secret, secret = $2, "
+        "previous_secret_expires_at = to_timestamp($3) WHERE id = $1 RETURNING *",
+        sub_id, seal(secret or new_secret()), now + grace_s)
+    return _sub(row) if row is not None else None
+
+
+async def disable_subscription(conn: asyncpg.Connection | asyncpg.Pool, sub_id: str, now: float,
+                               reason: str) -> None:
+    """Stop sending to a subscription (its receiver said 410 Gone). Its pending deliveries stay queued, sent
+    again if it is re-enabled; no new ones are queued meanwhile."""
+    await conn.execute(
+        "UPDATE telemetry.webhook_subscriptions SET active = false, disabled_reason = $2, "
+        "disabled_at = to_timestamp($3) WHERE id = $1", sub_id, reason, now)
+
+
+async def enable_subscription(conn: asyncpg.Connection, sub_id: str) -> bool:
+    status = await conn.execute(
+        "UPDATE telemetry.webhook_subscriptions SET active = true, disabled_reason = NULL, disabled_at = NULL "
+        "WHERE id = $1", sub_id)
+    return status.endswith(" 1")
 
 
 async def list_subscriptions(conn: asyncpg.Connection, team: str | None = None) -> list[Subscription]:
@@ -99,10 +131,11 @@ async def claim_due(pool: asyncpg.Pool, now: float, lease_s: float, limit: int) 
     dies mid-send leaves the delivery to be retried after the lease instead of lost or sent twice at once."""
     async with pool.acquire() as conn, conn.transaction():
         rows = await conn.fetch(
-            "SELECT d.id, d.subscription_id, d.event_id, d.event_type, d.body, d.attempts, s.url, s.secret "
+            "SELECT d.id, d.subscription_id, d.event_id, d.event_type, d.body, d.attempts, s.url, s.secret, "
+            "CASE WHEN s.previous_secret_expires_at > to_timestamp($1) THEN s.previous_secret END AS previous "
             "FROM telemetry.webhook_deliveries d JOIN telemetry.webhook_subscriptions s "
             "ON s.id = d.subscription_id "
-            "WHERE d.status = 'pending' AND d.next_attempt_at <= to_timestamp($1) "
+            "WHERE d.status = 'pending' AND s.active AND d.next_attempt_at <= to_timestamp($1) "
             "ORDER BY d.next_attempt_at, d.id LIMIT $2 FOR UPDATE OF d SKIP LOCKED", now, limit)
         if not rows:
             return []
@@ -111,7 +144,8 @@ async def claim_due(pool: asyncpg.Pool, now: float, lease_s: float, limit: int) 
             "next_attempt_at = to_timestamp($2) WHERE id = ANY($1::bigint[])",
             [r["id"] for r in rows], now + lease_s)
     return [Delivery(r["id"], r["subscription_id"], r["event_id"], r["event_type"], bytes(r["body"]),
-                     r["attempts"] + 1, r["url"], r["secret"]) for r in rows]
+                     r["attempts"] + 1, r["url"],
+                     (unseal(r["secret"]),) + ((unseal(r["previous"]),) if r["previous"] else ())) for r in rows]
 
 
 async def mark_delivered(pool: asyncpg.Pool, delivery_id: int, now: float, status_code: int) -> None:
@@ -125,6 +159,21 @@ async def mark_retry(pool: asyncpg.Pool, delivery_id: int, next_at: float, error
     await pool.execute(
         "UPDATE telemetry.webhook_deliveries SET next_attempt_at = to_timestamp($2), last_error = $3, "
         "last_status = $4 WHERE id = $1", delivery_id, next_at, error, status_code)
+
+
+async def release(pool: asyncpg.Pool, delivery_id: int, next_at: float) -> None:
+    """Hand back a claimed delivery that was not tried: its claim does not count as an attempt."""
+    await pool.execute(
+        "UPDATE telemetry.webhook_deliveries SET attempts = attempts - 1, next_attempt_at = to_timestamp($2) "
+        "WHERE id = $1", delivery_id, next_at)
+
+
+async def postpone_subscription(pool: asyncpg.Pool, sub_id: str, until: float) -> None:
+    """Throttle: no delivery of this subscription is attempted before `until` (its receiver asked us to slow
+    down), instead of hitting it with every other pending event meanwhile."""
+    await pool.execute(
+        "UPDATE telemetry.webhook_deliveries SET next_attempt_at = greatest(next_attempt_at, to_timestamp($2)) "
+        "WHERE subscription_id = $1 AND status = 'pending'", sub_id, until)
 
 
 async def mark_dead(pool: asyncpg.Pool, d: Delivery, now: float, error: str, status_code: int | None) -> None:

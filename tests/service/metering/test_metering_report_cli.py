@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from cli.main import app
 from services.metering.core.focus import FOCUS_COLUMNS
 from services.metering.testing import deliver, scenario
+from tests.service.metering.focus_conformance import KNOWN_VALIDATOR_BUGS, own_checks, run_focus_validator
 
 runner = CliRunner()
 
@@ -78,3 +79,40 @@ def test_report_errors_are_precise(filled, args, message):
 def test_report_without_a_database_says_so():
     result = runner.invoke(app, ["report"], env={"DATABASE_URL": ""})
     assert result.exit_code == 2 and "DATABASE_URL" in result.output
+
+
+def test_focus_export_conforms_to_focus_1_0(filled, tmp_path):
+    """The official validator passes the export except on its known bugs, where our own checks pass instead."""
+    out = tmp_path / "focus.csv"
+    result = runner.invoke(app, ["report", "--export", "focus", "--output", str(out), "-g", "hour"],
+                           env={"DATABASE_URL": filled})
+    assert result.exit_code == 0, result.output
+    with out.open() as fh:
+        assert len(list(csv.DictReader(fh))) >= 3
+    report = run_focus_validator(out, tmp_path / "focus-validator.xml")
+    assert report.checks >= 100, "the validator ran its FOCUS 1.0 rule set"
+    real = {check: message for check, message in report.failed.items() if check not in KNOWN_VALIDATOR_BUGS}
+    assert real == {}, f"focus-validator: {real}"
+    assert own_checks(out) == []
+
+
+def test_focus_checks_catch_a_nonconforming_export(filled, tmp_path):
+    """The harness is not vacuous: drop RegionId and blank ProviderName and SkuPriceId, and both checks say so."""
+    good = tmp_path / "focus.csv"
+    assert runner.invoke(app, ["report", "--export", "focus", "--output", str(good)],
+                         env={"DATABASE_URL": filled}).exit_code == 0
+    with good.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        columns = [c for c in reader.fieldnames or () if c != "RegionId"]
+        rows = [{**{c: r[c] for c in columns}, "ProviderName": "", "SkuPriceId": ""} for r in reader]
+    bad = tmp_path / "bad.csv"
+    with bad.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    report = run_focus_validator(bad, tmp_path / "bad.xml")
+    assert "RegionId_Required" in report.failed
+    problems = own_checks(bad)
+    assert "column RegionId is missing" in problems
+    assert any("ProviderName is null" in p for p in problems)
+    assert any("SkuPriceId is null on a Usage charge" in p for p in problems)

@@ -13,9 +13,10 @@ LOOPBACK = AllowList.parse(["127.0.0.0/8"])
 
 
 class Receiver:
-    """Answers with the scripted statuses (then 200), verifying each request's signature."""
+    """Answers with the scripted statuses (then 200), verifying each request's signature with `secret`. A status
+    may come with response headers: `(429, {"retry-after": "120"})`."""
 
-    def __init__(self, statuses: list[int], redirect_to: str | None = None):
+    def __init__(self, statuses: list[int | tuple[int, dict[str, str]]], redirect_to: str | None = None):
         self.statuses = list(statuses)
         self.redirect_to = redirect_to
         self.secret: str | None = None
@@ -32,8 +33,11 @@ class Receiver:
                 except Exception:
                     verified = False
                 receiver.requests.append((headers, body, verified))
-                status = receiver.statuses.pop(0) if receiver.statuses else 200
+                scripted = receiver.statuses.pop(0) if receiver.statuses else 200
+                status, extra = scripted if isinstance(scripted, tuple) else (scripted, {})
                 self.send_response(status)
+                for name, value in extra.items():
+                    self.send_header(name, value)
                 if 300 <= status < 400 and receiver.redirect_to:
                     self.send_header("location", receiver.redirect_to)
                 self.send_header("content-length", "0")

@@ -51,6 +51,9 @@ KEY_PANELS = {
     "gpuq-managers": {"GPU-hours by team", "Cost by team", "GPU-hours by feature", "Cost by feature",
                       "Idle allocated GPU-hours by team", "GPU efficiency by team", "GPU-hours lost to preemption"},
 }
+# Telemetry drops a node's samples after 3 intervals. Long enough that the last round's samples are still current
+# when the panels are queried, however slowly a loaded machine gets there (with 2 s they went stale after 6 s).
+SAMPLE_INTERVAL_S = 60.0
 SUBSTITUTIONS = {"$__rate_interval": "15s", "$__range": "5m", "$__interval": "1s"}
 VARIABLE_RE = re.compile(r"\$(team|queue|pool|gpu_model|feature)\b")
 

@@ -163,3 +163,94 @@ async def test_subscription_crud_and_event_validation(pool: asyncpg.Pool) -> Non
         with pytest.raises(ValueError, match="unknown event"):
             await store.add_subscription(conn, "https://example.com/c", "t", ["job.exploded"])
     assert json.loads(json.dumps(store.WEBHOOK_EVENTS))
+
+
+async def test_a_410_disables_the_subscription_and_nothing_is_lost(pool: asyncpg.Pool, receivers: list) -> None:
+    svc = TelemetryService(metrics_port=None, webhook_worker=False)
+    r = Receiver([410])
+    receivers.append(r)
+    sub = await subscribe(pool, r)
+    first = await completed_job(svc, pool, "gone-1", "team-a", 0)
+    clock = ManualClock(T0 + 60)
+    w = worker(pool, clock, LOOPBACK, attempts=5)
+    assert await w.run_once() == 1
+    async with pool.acquire() as conn:
+        (stored,) = await store.list_subscriptions(conn, "team-a")
+    assert not stored.active and stored.disabled_reason and "410" in stored.disabled_reason
+    later = await completed_job(svc, pool, "gone-2", "team-a", 100)  # not queued for a disabled subscription
+    for _ in range(3):
+        clock.advance(3600)
+        assert await w.run_once() == 0
+    assert len(r.requests) == 1
+    assert await delivery_row(pool, later.id) is None
+    row = await delivery_row(pool, first.id)
+    assert (row["status"], row["last_status"]) == ("pending", 410)  # waiting, not dropped
+    async with pool.acquire() as conn:
+        assert await store.enable_subscription(conn, sub.id)
+    assert await w.run_once() == 1
+    assert (await delivery_row(pool, first.id))["status"] == "delivered"
+    assert [h["webhook-id"] for h, _, ok in r.requests if ok] == [first.id, first.id]
+    svc.metrics.shutdown()
+
+
+async def test_throttling_honours_retry_after_for_the_whole_subscription(pool: asyncpg.Pool,
+                                                                         receivers: list) -> None:
+    svc = TelemetryService(metrics_port=None, webhook_worker=False)
+    r = Receiver([(429, {"retry-after": "120"}), (502, {}), (504, {})])
+    receivers.append(r)
+    await subscribe(pool, r)
+    first = await completed_job(svc, pool, "busy-1", "team-a", 0)
+    second = await completed_job(svc, pool, "busy-2", "team-a", 0)
+    clock = ManualClock(T0 + 60)
+    w = worker(pool, clock, LOOPBACK, attempts=8)  # backoff alone would retry after 7.5-12.5 s
+    await w.run_once()
+    assert len(r.requests) == 1, "the second delivery is held back with the first: the receiver asked to slow down"
+    for d in (first, second):
+        row = await delivery_row(pool, d.id)
+        assert row["next_attempt_at"].timestamp() >= T0 + 60 + 120
+    assert (await delivery_row(pool, second.id))["attempts"] == 0, "an untried delivery used no attempt"
+    clock.advance(100)
+    assert await w.run_once() == 0  # Retry-After not reached, though the backoff's 12.5 s are
+    clock.advance(21)
+    await w.run_once()  # 502 on the first: throttled again (backoff), the second held back
+    assert len(r.requests) == 2
+    clock.advance(3600)
+    await w.run_once()  # 504, then the second is held back again
+    clock.advance(3600)
+    await w.run_once()
+    clock.advance(3600)
+    await w.run_once()
+    assert {(await delivery_row(pool, d.id))["status"] for d in (first, second)} == {"delivered"}
+    assert [h["webhook-id"] for h, _, _ in r.requests] == [first.id] * 4 + [second.id]
+    svc.metrics.shutdown()
+
+
+async def test_rotation_sends_two_signatures_until_the_old_secret_expires(pool: asyncpg.Pool,
+                                                                          receivers: list) -> None:
+    svc = TelemetryService(metrics_port=None, webhook_worker=False)
+    old_receiver, new_receiver = Receiver([]), Receiver([])
+    receivers.extend([old_receiver, new_receiver])
+    clock = ManualClock(T0 + 60)
+    async with pool.acquire() as conn:
+        old = await store.add_subscription(conn, old_receiver.url, "team-a", ["job.completed"])
+        await store.add_subscription(conn, new_receiver.url, "team-a", ["job.completed"], secret=old.secret)
+        # Both receivers rotate: one keeps verifying with the old secret, the other switches at once.
+        rotated = [await store.rotate_secret(conn, s.id, clock.now(), grace_s=3600)
+                   for s in await store.list_subscriptions(conn, "team-a")]
+    new_receiver.secret = next(s.secret for s in rotated if s is not None and s.url == new_receiver.url)
+    old_receiver.secret = old.secret
+    assert new_receiver.secret != old.secret
+    during = await completed_job(svc, pool, "rot-1", "team-a", 0)
+    w = worker(pool, clock, LOOPBACK, attempts=3)
+    await w.run_once()
+    for receiver in (old_receiver, new_receiver):
+        headers, _, verified = receiver.requests[-1]
+        assert verified and headers["webhook-id"] == during.id
+        assert len(headers["webhook-signature"].split(" ")) == 2
+    clock.advance(3601)  # the grace period is over: only the new secret signs
+    after = await completed_job(svc, pool, "rot-2", "team-a", 3600)  # completed at T0 + 3660, due now
+    assert await w.run_once() == 2
+    assert old_receiver.requests[-1][0]["webhook-id"] == after.id
+    assert old_receiver.requests[-1][2] is False and new_receiver.requests[-1][2] is True
+    assert len(new_receiver.requests[-1][0]["webhook-signature"].split(" ")) == 1
+    svc.metrics.shutdown()

@@ -38,3 +38,22 @@ def test_known_vector() -> None:
         "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
     with pytest.raises(ValueError):
         sign("not-a-secret", "id", 1, body)
+
+
+def test_during_a_rotation_either_secret_verifies() -> None:
+    old, new = new_secret(), new_secret()
+    body = b'{"id":"evt-2"}'
+    headers = signed_headers([new, old], "evt-2", int(time.time()), body)
+    assert len(headers["webhook-signature"].split(" ")) == 2
+    Webhook(old).verify(body, headers, json_parse=False)  # a receiver that has not switched yet
+    Webhook(new).verify(body, headers, json_parse=False)  # one that has
+    with pytest.raises(WebhookVerificationError):
+        Webhook(new_secret()).verify(body, headers, json_parse=False)
+
+
+@pytest.mark.parametrize("bad_id", ["", " ", "a b"])
+def test_webhook_id_is_never_empty(bad_id: str) -> None:
+    with pytest.raises(ValueError, match="webhook-id"):
+        signed_headers(new_secret(), bad_id, int(time.time()), b"{}")
+    with pytest.raises(ValueError, match="no webhook secret"):
+        signed_headers([], "evt-3", int(time.time()), b"{}")
