@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import asyncpg
 import nats
 
-from cli.status import fetch_status
+from services.api.readmodel import fetch_status
 from services.stack import Stack, StackSettings
 from shared.clock import ScaledClock
 from shared.config import parse_cluster, parse_queues

@@ -10,6 +10,7 @@ import asyncpg
 
 from services.telemetry.webhooks.signing import new_secret
 from shared.events import CATALOGUE, TYPE_PREFIX, CloudEvent, encode_event
+from shared.secretbox import decrypt, encrypt, reencrypt
 
 # What a subscription may ask for: the job lifecycle events, by short name (`job.completed`), or `*`.
 WEBHOOK_EVENTS: tuple[str, ...] = tuple(sorted(f"{c.aggregate}.{c.fact}" for c in CATALOGUE if c.aggregate == "job"))
@@ -57,7 +58,7 @@ class Delivery:
 
 
 def _sub(row: asyncpg.Record) -> Subscription:
-    return Subscription(row["id"], row["url"], row["team"], tuple(row["event_types"]), row["secret"],
+    return Subscription(row["id"], row["url"], row["team"], tuple(row["event_types"]), decrypt(row["secret"]),
                         row["active"], row["created_at"])
 
 
@@ -66,8 +67,17 @@ async def add_subscription(conn: asyncpg.Connection, url: str, team: str | None,
     row = await conn.fetchrow(
         "INSERT INTO telemetry.webhook_subscriptions(id, url, team, event_types, secret) "
         "VALUES ($1, $2, $3, $4, $5) RETURNING *",
-        f"wh_{uuid.uuid4().hex[:16]}", url, team, validate_events(events), secret or new_secret())
+        f"wh_{uuid.uuid4().hex[:16]}", url, team, validate_events(events), encrypt(secret or new_secret()))
     return _sub(row)
+
+
+async def reencrypt_secrets(conn: asyncpg.Connection) -> int:
+    """Encrypt every signing secret with the newest key (after a key rotation, or plain-text rows of old)."""
+    rows = await conn.fetch("SELECT id, secret FROM telemetry.webhook_subscriptions ORDER BY id FOR UPDATE")
+    for r in rows:
+        await conn.execute("UPDATE telemetry.webhook_subscriptions SET secret = $2 WHERE id = $1", r["id"],
+                           reencrypt(r["secret"]))
+    return len(rows)
 
 
 async def list_subscriptions(conn: asyncpg.Connection, team: str | None = None) -> list[Subscription]:
@@ -111,7 +121,7 @@ async def claim_due(pool: asyncpg.Pool, now: float, lease_s: float, limit: int) 
             "next_attempt_at = to_timestamp($2) WHERE id = ANY($1::bigint[])",
             [r["id"] for r in rows], now + lease_s)
     return [Delivery(r["id"], r["subscription_id"], r["event_id"], r["event_type"], bytes(r["body"]),
-                     r["attempts"] + 1, r["url"], r["secret"]) for r in rows]
+                     r["attempts"] + 1, r["url"], decrypt(r["secret"])) for r in rows]
 
 
 async def mark_delivered(pool: asyncpg.Pool, delivery_id: int, now: float, status_code: int) -> None:
