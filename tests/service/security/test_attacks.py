@@ -17,6 +17,7 @@ import pytest_asyncio
 from nats.js import JetStreamContext
 
 from services.stack import Stack, StackSettings
+from shared.bus import stream_for_subject
 from shared.clock import ScaledClock
 from shared.config import parse_cluster, parse_queues
 from shared.domain import GpuBinding, JobSpec, PodSet
@@ -32,7 +33,6 @@ from shared.events import (
     encode_event,
     make_event,
 )
-from shared.bus import stream_for_subject
 from shared.natsauth import ADMIN, SERVICES
 from shared.service import publish_event
 from tests.service.security.conftest import AuthServer, reset_streams, wait_for
