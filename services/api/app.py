@@ -88,19 +88,25 @@ class ApiContext:
 bearer = HTTPBearer(auto_error=False, description="`gpuq tokens create` issues tokens: gpuq_<id>.<secret>")
 
 
+async def principal(request: Request,
+                    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Principal:
+    """The caller, from its bearer token (401 otherwise)."""
+    if creds is None:
+        raise HTTPException(401, "missing bearer token", headers={"WWW-Authenticate": "Bearer"})
+    ctx: ApiContext = request.app.state.ctx
+    async with ctx.rt().pool.acquire() as conn:
+        who = await tokens.authenticate(conn, creds.credentials, datetime.now(UTC))
+    if who is None:
+        raise HTTPException(401, "unknown, expired or revoked token", headers={"WWW-Authenticate": "Bearer"})
+    return who
+
+
+Caller = Annotated[Principal, Depends(principal)]
+
+
 def create_app(ctx: ApiContext) -> FastAPI:
     app = FastAPI(title="gpuq API", version="1", description=__doc__)
-
-    async def principal(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Principal:
-        if creds is None:
-            raise HTTPException(401, "missing bearer token", headers={"WWW-Authenticate": "Bearer"})
-        async with ctx.rt().pool.acquire() as conn:
-            who = await tokens.authenticate(conn, creds.credentials, datetime.now(UTC))
-        if who is None:
-            raise HTTPException(401, "unknown, expired or revoked token", headers={"WWW-Authenticate": "Bearer"})
-        return who
-
-    Caller = Annotated[Principal, Depends(principal)]
+    app.state.ctx = ctx
 
     def admin_only(who: Principal) -> None:
         if not who.admin:
