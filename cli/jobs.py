@@ -12,17 +12,20 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-import nats
 import typer
 import yaml
 from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from cli.api_client import api
 from cli.runtime import database_url, nats_url
-from cli.status import explain_lines, fetch_status, fmt_time, wait_seconds
+from services.admission.core import QueueSummary
+from services.admission.core.governance import size_violation
+from services.api.readmodel import explain_lines, fetch_status, fmt_time, public, wait_seconds
+from shared.bus import connect
 from shared.domain import JobSpec, PodSet, TopologyLevel, TopologyRequest
-from shared.events import JobCancelled, JobSubmitted
+from shared.events import JobApproved, JobCancelRequested, JobSubmitted, Payload
 from shared.service import publish_event
 from shared.tracing import command_span, traced_event
 
@@ -34,8 +37,13 @@ def _specs_from_file(path: Path) -> list[JobSpec]:
         doc = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise typer.BadParameter(f"{path}: {exc}", param_hint="FILE") from None
-    items: list[Any] = doc if isinstance(doc, list) else (
-        list(doc["jobs"] or []) if isinstance(doc, dict) and "jobs" in doc else [doc])
+    if isinstance(doc, dict) and "jobs" in doc:
+        if not isinstance(doc["jobs"], list):
+            raise typer.BadParameter(f"{path}: `jobs:` must be a list of job specs, got "
+                                     f"{type(doc['jobs']).__name__}", param_hint="FILE")
+        items: list[Any] = doc["jobs"]
+    else:
+        items = doc if isinstance(doc, list) else [doc]
     specs = []
     for i, item in enumerate(items):
         try:
@@ -44,18 +52,23 @@ def _specs_from_file(path: Path) -> list[JobSpec]:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
             raise typer.BadParameter(f"{path}: job {i}: {where}: {first['msg']}", param_hint="FILE") from None
+        violation = size_violation(specs[-1])
+        if violation is not None:
+            raise typer.BadParameter(f"{path}: job {i}: {violation.reason}: {violation.message}", param_hint="FILE")
     return specs
 
 
-async def _publish(specs: list[JobSpec]) -> None:
-    nc = await nats.connect(nats_url(), connect_timeout=5)
+async def _publish(events: list[tuple[Payload, str]]) -> None:
+    """Publish events directly (admin mode: NATS_URL carries a credential allowed to publish them)."""
+    nc = await connect(nats_url(), "gpuq-cli")
     try:
         js = nc.jetstream()
         now = datetime.now(UTC)
-        for spec in specs:
-            with command_span(f"gpuq submit {spec.job_id}"):  # the job's trace starts here
-                await publish_event(js, traced_event(JobSubmitted(spec=spec, submitted_at=now), source="gpuq-cli",
-                                                     time=now), JobSubmitted.subject())
+        for payload, subject in events:
+            job = payload.job_key()
+            # each command's event starts (or continues, from $TRACEPARENT) a trace of its own
+            with command_span(f"gpuq {type(payload).__name__} {job}" if job else f"gpuq {type(payload).__name__}"):
+                await publish_event(js, traced_event(payload, source="gpuq-cli", time=now), subject)
     finally:
         await nc.close()
 
@@ -88,7 +101,23 @@ def submit(
                 topology=TopologyRequest(required_level=TopologyLevel.RACK) if rack else TopologyRequest())]
         except ValidationError as exc:
             raise typer.BadParameter(str(exc)) from None
-    asyncio.run(_publish(specs))
+    client = api()
+    if client is not None:
+        results = client.call("POST", "/v1/jobs", json={"jobs": [s.model_dump(mode="json") for s in specs]})
+        refused = 0
+        for r in results:
+            if r["verdict"] == "rejected":
+                refused += 1
+                console.print(f"[red]refused[/] {r['job_id']}: {r['reason']}: {r['message']}")
+            else:
+                console.print(f"submitted [bold]{r['job_id']}[/]: {r['verdict']}"
+                              + (f" ({r['reason']}: {r['message']})" if r.get("reason") else ""))
+        if refused:
+            raise typer.Exit(1)
+        return
+    now = datetime.now(UTC)
+    asyncio.run(_publish([(JobSubmitted(spec=spec, submitted_at=now, submitted_by="gpuq-cli"),
+                           JobSubmitted.scoped_subject(spec.team)) for spec in specs]))
     for spec in specs:
         console.print(f"submitted [bold]{spec.job_id}[/] to queue {spec.queue} ({spec.total_gpus} GPU)")
 
@@ -103,8 +132,14 @@ def status(
     output: str = typer.Option("table", "--format", help="table or json"),
     limit: int = typer.Option(200, help="At most this many rows"),
 ) -> None:
-    """Where jobs are: pending, admitted, running, completed, failed, rejected."""
-    rows = asyncio.run(fetch_status(database_url(), job_id, limit=None if job_id else limit * 50))
+    """Where jobs are: pending, admitted, running, completed, failed, rejected (your team's, through the API)."""
+    client = api()
+    if client is not None:
+        rows = ([client.call("GET", f"/v1/jobs/{job_id}")] if job_id else
+                client.call("GET", "/v1/jobs", params={"all": all_jobs, "limit": limit}))
+    else:
+        rows = [public(r) for r in asyncio.run(fetch_status(database_url(), job_id,
+                                                             limit=None if job_id else limit * 50))]
     if job_id and not rows:
         console.print(f"[red]no job {job_id!r}[/]")
         raise typer.Exit(1)
@@ -112,14 +147,14 @@ def status(
         rows = [r for r in rows if r["state"] in ("pending", "admitted", "placed", "running")]
     rows = rows[-limit:]
     if output == "json":
-        typer.echo(json.dumps([_public(r) for r in rows], indent=2, default=str))
+        typer.echo(json.dumps(rows, indent=2, default=str))
         return
     now = time.time()
     table = Table(title=f"{len(rows)} job(s)")
     for col in ("job", "team", "queue", "state", "GPUs", "submitted", "wait s", "nodes", "reason"):
         table.add_column(col)
     for r in rows:
-        gpus = sum(p["count"] * p["gpus_per_pod"] for p in r["spec"]["pod_sets"])
+        gpus = r["gpus"]
         wait = wait_seconds(r, now)
         table.add_row(r["job_id"], r["team"], r["queue"], f"[{STATE_STYLE.get(r['state'], '')}]{r['state']}[/]",
                       str(gpus), fmt_time(r["submitted_at"]), f"{wait:.0f}" if wait is not None else "-",
@@ -128,15 +163,13 @@ def status(
     console.print(table)
 
 
-def _public(row: dict[str, Any]) -> dict[str, Any]:
-    keep = ("job_id", "team", "queue", "state", "reason", "message", "position_in_queue", "position_in_cohort",
-            "eta", "submitted_at", "admitted_at", "placed_at", "finished_at", "outcome", "nodes", "sched_reason",
-            "sched_message", "planned_start")
-    return {k: row.get(k) for k in keep}
-
-
 def explain(job_id: str = typer.Argument(..., help="The job to explain")) -> None:
     """Why a job waits, where it stands, and when it is expected to start (or what happened to it)."""
+    client = api()
+    if client is not None:
+        for line in client.call("GET", f"/v1/jobs/{job_id}/explain")["lines"]:
+            console.print(line)
+        return
     url = database_url()
     rows = asyncio.run(fetch_status(url, job_id))
     if not rows:
@@ -164,6 +197,10 @@ async def _preemption_lines(url: str, job_id: str) -> list[str]:
 
 def queues(output: str = typer.Option("table", "--format", help="table or json")) -> None:
     """Per queue: nominal, used, borrowed, lent, pending, running, oldest wait."""
+    client = api()
+    if client is not None:
+        _print_queues([QueueSummary(**q) for q in client.call("GET", "/v1/queues")], output)
+        return
     from services.admission.app import load_state
     from services.admission.core import queue_summaries
 
@@ -180,6 +217,10 @@ def queues(output: str = typer.Option("table", "--format", help="table or json")
     except (LookupError, asyncpg.UndefinedTableError):
         console.print("[red]admission has no state yet: start the platform with `gpuq up`[/]")
         raise typer.Exit(1) from None
+    _print_queues(summaries, output)
+
+
+def _print_queues(summaries: list[QueueSummary], output: str) -> None:
     if output == "json":
         typer.echo(json.dumps([dataclasses.asdict(s) for s in summaries], indent=2, default=str))
         return
@@ -200,21 +241,33 @@ def queues(output: str = typer.Option("table", "--format", help="table or json")
 
 def cancel(job_id: str = typer.Argument(..., help="The job to cancel"),
            reason: str = typer.Option("", help="Why")) -> None:
-    """Cancel a job (publishes JobCancelled)."""
-
-    async def go() -> None:
-        nc = await nats.connect(nats_url(), connect_timeout=5)
-        try:
-            now = datetime.now(UTC)
-            with command_span(f"gpuq cancel {job_id}"):
-                await publish_event(nc.jetstream(), traced_event(
-                    JobCancelled(job_id=job_id, by="gpuq-cli", reason=reason, cancelled_at=now),
-                    source="gpuq-cli", time=now), JobCancelled.subject())
-        finally:
-            await nc.close()
-
-    asyncio.run(go())
+    """Cancel a job of your team (any job: admins). Admission checks the team and cancels it, also when the job has
+    not reached it yet (it is then cancelled the moment it arrives)."""
+    client = api()
+    if client is not None:
+        client.call("POST", f"/v1/jobs/{job_id}/cancel", json={"reason": reason})
+        console.print(f"cancel requested for {job_id}")
+        return
+    rows = asyncio.run(fetch_status(database_url(), job_id))
+    if not rows:
+        console.print(f"[red]no job {job_id!r}[/] (through the API, a team may cancel a job that has not arrived)")
+        raise typer.Exit(1)
+    now = datetime.now(UTC)
+    asyncio.run(_publish([(JobCancelRequested(job_id=job_id, requested_by="gpuq-cli (admin)", reason=reason,
+                                              requested_at=now), JobCancelRequested.scoped_subject(rows[0]["team"]))]))
     console.print(f"cancel requested for {job_id}")
+
+
+def approve(job_id: str = typer.Argument(..., help="A job waiting with reason AwaitingApproval"),
+            by: str = typer.Option("admin", help="Who approves (audited; through the API: the token's name)")) -> None:
+    """Approve a job of a priority class that needs a platform admin's approval (queues.yaml governance)."""
+    client = api()
+    if client is not None:
+        client.call("POST", f"/v1/jobs/{job_id}/approve")
+    else:
+        asyncio.run(_publish([(JobApproved(job_id=job_id, approved_by=by, approved_at=datetime.now(UTC)),
+                               JobApproved.subject())]))
+    console.print(f"approved {job_id}")
 
 
 def apply_queues(file: Path = typer.Argument(..., help="The new queues.yaml"),
@@ -232,16 +285,10 @@ def apply_queues(file: Path = typer.Argument(..., help="The new queues.yaml"),
     for warning in config.warnings():
         console.print(f"[yellow]warning:[/] {warning}")
 
-    async def go() -> None:
-        nc = await nats.connect(nats_url(), connect_timeout=5)
-        try:
-            now = datetime.now(UTC)
-            with command_span("gpuq apply-queues"):
-                await publish_event(nc.jetstream(), traced_event(
-                    QueueConfigChanged(config=config.model_dump(mode="json"), changed_by=by), source="gpuq-cli",
-                    time=now), QueueConfigChanged.subject())
-        finally:
-            await nc.close()
-
-    asyncio.run(go())
+    client = api()
+    if client is not None:
+        client.call("PUT", "/v1/queues/config", json={"config": config.model_dump(mode="json")})
+    else:
+        asyncio.run(_publish([(QueueConfigChanged(config=config.model_dump(mode="json"), changed_by=by),
+                               QueueConfigChanged.subject())]))
     console.print(f"published the configuration of {len(config.queues)} queue(s) from {file}")

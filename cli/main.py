@@ -12,7 +12,8 @@ from typing import Any
 
 import typer
 
-from cli.jobs import apply_queues, cancel, explain, queues, status, submit
+from cli.admin import audit, nats_auth, tokens_app
+from cli.jobs import apply_queues, approve, cancel, explain, queues, status, submit
 from cli.platform import demo, up
 from services.admission.bench import bench_admission
 from services.admission.bench_e2e import bench_admission_e2e
@@ -34,6 +35,7 @@ bench_app = typer.Typer(help="Benchmarks that print figures (placement, admissio
                         no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 app.add_typer(webhooks_app, name="webhooks")
+app.add_typer(tokens_app, name="tokens")
 
 COMMANDS: dict[str, Callable[..., Any]] = {
     "submit": submit,
@@ -41,6 +43,9 @@ COMMANDS: dict[str, Callable[..., Any]] = {
     "explain": explain,
     "queues": queues,
     "cancel": cancel,
+    "approve": approve,
+    "audit": audit,
+    "nats-auth": nats_auth,
     "apply-queues": apply_queues,
     "up": up,
     "demo": demo,

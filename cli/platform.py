@@ -24,8 +24,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from cli.runtime import STATE_DIR, forget_servers, record_servers
-from cli.status import fetch_status
 from services.admission.sharding import parse_cohorts
+from services.api.readmodel import fetch_status
 from services.stack import ALL_SERVICES, Stack, StackSettings
 from shared import namespace as namespaces
 from shared.bus import NamespaceInUse, delete_streams, ensure_streams, namespace_purposes
@@ -61,9 +61,12 @@ def up(
     instance: str = typer.Option(
         "0", envvar="GPUQ_INSTANCE",
         help="This process's name in its events' source (gpuq/<service>/<instance>); the Helm chart sets the pod's"),
+    api_port: int = typer.Option(8000, envvar="GPUQ_API_PORT", help="Port of the API service (HTTP)"),
     log_level: str = typer.Option("INFO", help="Logging level"),
 ) -> None:
-    """Run the services until interrupted. Uses NATS_URL / DATABASE_URL when set, else embedded servers.
+    """Run the services until interrupted. Uses NATS_URL / DATABASE_URL when set (NATS_URL carries this process's
+    bus credentials on an authenticated server), else embedded servers, whose NATS gets a bus user per service and
+    per team (docs/security.md).
     Serves /healthz and /readyz (JSON, per service) on --health-port while the services start, run and stop."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -75,7 +78,7 @@ def up(
     for warning in queues_cfg.warnings(cluster_cfg):
         console.print(f"[yellow]warning:[/] {warning}")
     try:
-        servers = resolve_servers(data_dir)
+        servers = resolve_servers(data_dir, teams=_teams(queues_cfg))
     except EmbeddedServerError as exc:
         console.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(2) from None
@@ -84,7 +87,8 @@ def up(
         nats_url=servers.nats_url, database_url=servers.database_url, queues=queues_cfg, cluster=cluster_cfg,
         cluster_dir=cluster.parent, services=[s.strip() for s in services.split(",") if s.strip()],
         clock=ScaledClock(speedup) if speedup != 1.0 else SystemClock(), metrics_port=metrics_port,
-        admission_cohorts=parse_cohorts(admission_cohorts), instance=instance)
+        admission_cohorts=parse_cohorts(admission_cohorts), instance=instance, api_port=api_port,
+        nats_urls=_service_urls(servers))
 
     async def run() -> None:
         stop = asyncio.Event()
@@ -122,6 +126,17 @@ def up(
     finally:
         servers.close()
         forget_servers()
+
+
+def _teams(config: Any) -> list[str]:
+    return sorted({t for q in config.queues for t in q.teams} | set(config.governance.teams))
+
+
+def _service_urls(servers: Any) -> dict[str, str]:
+    """Each service on its own bus credential when this process started the (authenticated) embedded NATS."""
+    from shared.natsauth import SERVICES
+
+    return {name: servers.nats_url_for(name) for name in SERVICES} if servers.nats_auth is not None else {}
 
 
 DEMO_CLUSTER = {"node_groups": [
@@ -178,12 +193,12 @@ def demo(
     workload = generate(teams=list(DEMO_TEAMS), jobs=jobs, capacity_gpus=capacity, load=load, seed=seed,
                         max_duration_s=3 * 3_600.0)
     with tempfile.TemporaryDirectory(prefix="gpuq-demo-") as tmp:
-        servers = resolve_servers(Path(tmp))
+        servers = resolve_servers(Path(tmp), teams=DEMO_TEAMS)
         try:
             console.print(f"[bold]gpuq demo[/]: {jobs} jobs on {capacity} GPUs, {speedup:g}× time, namespace {ns} "
                           f"(NATS {servers.origin['nats']}, Postgres {servers.origin['postgres']})")
             asyncio.run(_demo_on_own_resources(servers.nats_url, servers.database_url, ns, reset, keep, cluster_cfg,
-                                               queues_cfg, workload, speedup, time_limit))
+                                               queues_cfg, workload, speedup, time_limit, _service_urls(servers)))
         except DemoRefused as exc:
             console.print(f"[red]gpuq demo refused:[/] {exc}")
             raise typer.Exit(2) from None
@@ -197,7 +212,7 @@ class DemoRefused(RuntimeError):
 
 async def _demo_on_own_resources(nats_url: str, database_url: str, ns: str, reset: bool, keep: bool,
                                  cluster_cfg: Any, queues_cfg: Any, workload: list[Any], speedup: float,
-                                 time_limit: float) -> None:
+                                 time_limit: float, service_urls: dict[str, str] | None = None) -> None:
     """Claim a namespace and a database for the demo, run it, then remove both unless `keep`."""
     nc = await nats.connect(nats_url)
     js = nc.jetstream()
@@ -215,7 +230,8 @@ async def _demo_on_own_resources(nats_url: str, database_url: str, ns: str, rese
         await ensure_streams(js, ns, purpose="demo")
         demo_db_url, created_db = await _demo_database(database_url)
         try:
-            await _run_demo(nats_url, demo_db_url, cluster_cfg, queues_cfg, workload, speedup, time_limit)
+            await _run_demo(nats_url, demo_db_url, cluster_cfg, queues_cfg, workload, speedup, time_limit,
+                            service_urls or {})
         finally:
             if keep:
                 console.print(f"kept namespace {ns} and database {demo_db_url.rsplit('/', 1)[-1]}")
@@ -249,10 +265,12 @@ async def _demo_database(database_url: str) -> tuple[str, str | None]:
 
 
 async def _run_demo(nats_url: str, database_url: str, cluster_cfg: Any, queues_cfg: Any, workload: list[Any],
-                    speedup: float, time_limit: float) -> None:
+                    speedup: float, time_limit: float, service_urls: dict[str, str]) -> None:
     clock = ScaledClock(speedup)
+    # The demo runs no API server (it would take a port): the users' side is its own submissions.
     settings = StackSettings(nats_url=nats_url, database_url=database_url, queues=queues_cfg, cluster=cluster_cfg,
-                             clock=clock)
+                             clock=clock, nats_urls=service_urls,
+                             services=[s for s in ALL_SERVICES if s != "api"])
     origin = clock.now()
     wall0 = time.monotonic()
     async with Stack(settings) as stack:
@@ -270,9 +288,10 @@ async def _run_demo(nats_url: str, database_url: str, cluster_cfg: Any, queues_c
                 while i < total and origin + workload[i].submit_offset_s <= now:
                     job = workload[i]
                     at = utcnow_from(origin + job.submit_offset_s)
-                    # each demo job starts a trace of its own at its submission
+                    # each demo job starts a trace of its own at its submission, on its team's subject
                     await publish_event(js, traced_event(JobSubmitted(spec=job.spec, submitted_at=at),
-                                                         source="gpuq-demo", time=at), JobSubmitted.subject())
+                                                         source="gpuq-demo", time=at),
+                                        JobSubmitted.scoped_subject(job.spec.team))
                     i += 1
                 progress.update(submitted_task, completed=i)
                 counts = await _state_counts(database_url)

@@ -9,13 +9,15 @@ from pathlib import Path
 
 import typer
 
+from shared.natsauth import write_private
+
 STATE_DIR = Path(os.environ.get("GPUQ_HOME", ".gpuq"))
 SERVERS_FILE = STATE_DIR / "servers.json"
 
 
 def record_servers(nats_url: str, database_url: str) -> None:
-    STATE_DIR.mkdir(parents=True, exist_ok=True)
-    SERVERS_FILE.write_text(json.dumps({"nats_url": nats_url, "database_url": database_url, "pid": os.getpid()}))
+    """The URLs hold credentials (the database password, the admin's bus password): readable by the owner only."""
+    write_private(SERVERS_FILE, json.dumps({"nats_url": nats_url, "database_url": database_url, "pid": os.getpid()}))
 
 
 def forget_servers() -> None:

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpuq.stack")
 
-ALL_SERVICES = ("admission", "scheduler", "preemption", "metering", "telemetry", "executor")
+ALL_SERVICES = ("admission", "scheduler", "preemption", "metering", "telemetry", "executor", "audit", "api")
 
 
 @dataclass
@@ -44,6 +44,9 @@ class StackSettings:
     clock: Clock = field(default_factory=SystemClock)
     metrics_port: int | None = None  # telemetry's /metrics; None = no HTTP endpoint
     instance: str = "0"
+    api_port: int = 8000  # the API service's HTTP port (GPUQ_API_PORT)
+    # Bus credentials per service (shared/natsauth.py): service -> NATS URL; a service not named uses nats_url.
+    nats_urls: dict[str, str] = field(default_factory=dict)
     # The cohorts this process's admission instance serves ("-" = queues without a cohort); empty = all cohorts,
     # one instance for everything. Default: GPUQ_ADMISSION_COHORTS (comma separated). docs/admission.md.
     admission_cohorts: Sequence[str] = field(default_factory=cohorts_from_env)
@@ -68,7 +71,11 @@ def build_specs(settings: StackSettings) -> list[ServiceSpec]:
 
         specs.append(SimExecutor(SimExecutorSettings(cluster=settings.cluster,
                                                      cluster_dir=settings.cluster_dir)).spec())
-    for optional in ("preemption", "metering", "telemetry"):
+    if "api" in wanted:
+        from services.api.app import ApiService
+
+        specs.append(ApiService(settings.database_url, port=settings.api_port).spec())
+    for optional in ("preemption", "metering", "telemetry", "audit"):
         if optional in wanted:
             spec = _optional_spec(optional, settings)
             if spec is not None:
@@ -112,7 +119,8 @@ class Stack:
         self.pool = await create_pool(self.settings.database_url, max_size=20)
         try:
             for spec in build_specs(self.settings):
-                runtime = ServiceRuntime(spec, nats_url=self.settings.nats_url, pool=self.pool,
+                nats_url = self.settings.nats_urls.get(spec.name, self.settings.nats_url)
+                runtime = ServiceRuntime(spec, nats_url=nats_url, pool=self.pool,
                                          clock=self.settings.clock, instance=self.settings.instance,
                                          database_url=self.settings.database_url)
                 self.starting = runtime

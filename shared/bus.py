@@ -41,6 +41,8 @@ _STREAM_SHAPES: tuple[tuple[str, tuple[str, ...], float, int], ...] = (
     # Samples are high-rate and only needed until metering and telemetry have consumed them.
     ("UTILIZATION", ("utilization.>",), 2 * DAY_S, 8 * 1024**3),
     ("DLQ", ("dlq.>",), 90 * DAY_S, -1),
+    # Audit records (AuditRecorded), kept a year on the bus for SIEMs; the audit service stores them for good.
+    ("AUDIT", ("audit.>",), 365 * DAY_S, -1),
 )
 
 
@@ -83,7 +85,7 @@ def consumer_plan(payload_types: Iterable[type[Payload]]) -> list[tuple[StreamDe
     One consumer per stream subject pattern the service reads from: the exact subject when it handles one
     event type there, else the pattern itself (NATS 2.9 allows a single filter per consumer). Events in a
     wider filter that the service does not handle are acked without work."""
-    wanted = sorted({cls.subject() for cls in payload_types})
+    wanted = sorted({cls.subscription() for cls in payload_types})
     plan: list[tuple[StreamDef, str, str]] = []
     ns = namespaces.current()
     for stream in streams():
@@ -173,8 +175,11 @@ async def delete_streams(js: JetStreamContext, namespace: str, purpose: str) -> 
 
 
 async def connect(url: str, name: str) -> nats.NATS:
+    """Connect as the user of `url` (if any), replies on that user's own inbox prefix (shared/natsauth.py)."""
+    from shared.natsauth import inbox_prefix_for, redact_url
+
     try:
         return await nats.connect(url, name=name, connect_timeout=5, max_reconnect_attempts=-1,
-                                  allow_reconnect=True)
+                                  allow_reconnect=True, inbox_prefix=inbox_prefix_for(url))
     except Exception as exc:  # nats raises several unrelated types for "cannot connect"
-        raise ConnectionError(f"cannot connect to NATS at {url}: {exc}") from exc
+        raise ConnectionError(f"cannot connect to NATS at {redact_url(url)}: {exc}") from exc

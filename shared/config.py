@@ -223,6 +223,30 @@ class Policy(_Strict):
     max_victim_loss_s: int | None = Field(default=1800, ge=0)
 
 
+class TeamPolicy(_Strict):
+    """What a team's jobs may use (queues.yaml `governance`); each breach is refused at submit with its reason."""
+
+    # Image references must start with one of these (a registry host, or a registry path prefix such as
+    # `registry.example.com/team-a/`); null = any image.
+    allowed_images: tuple[str, ...] | None = None
+    # Datasets (and volumes claimed by name) a job may mount: names or shell-style patterns; null = any.
+    allowed_datasets: tuple[str, ...] | None = None
+    # Secrets only by reference (a Kubernetes Secret named in a volume or env reference), never a credential
+    # written into the job's environment or labels.
+    secrets_by_reference_only: bool = True
+    max_gpus_per_job: int | None = Field(default=None, ge=1)
+    # Priority classes whose jobs wait, reason AwaitingApproval, until an admin runs `gpuq approve JOB`.
+    approval_required_classes: tuple[str, ...] = ()
+
+
+class Governance(_Strict):
+    default: TeamPolicy = TeamPolicy()  # teams without a policy of their own
+    teams: dict[str, TeamPolicy] = Field(default_factory=dict)
+
+    def for_team(self, team: str) -> TeamPolicy:
+        return self.teams.get(team, self.default)
+
+
 class QueuesConfig(_Strict):
     priority_classes: tuple[PriorityClass, ...] = Field(min_length=1)
     cohorts: tuple[Cohort, ...] = ()
@@ -230,6 +254,7 @@ class QueuesConfig(_Strict):
     policy: Policy = Policy()
     gpu_flavors: dict[str, GpuFlavor] = Field(default_factory=dict)
     default_priority_class: str | None = None
+    governance: Governance = Governance()
 
     @model_validator(mode="after")
     def _references(self) -> QueuesConfig:
@@ -246,6 +271,12 @@ class QueuesConfig(_Strict):
                 problems.append(f"queues[{i}] ({q.name}): cohort {q.cohort!r} is not declared under cohorts")
         if self.default_priority_class and self.default_priority_class not in self.priority_class_map:
             problems.append(f"default_priority_class {self.default_priority_class!r} is not a priority class")
+        policies = [("governance.default", self.governance.default),
+                    *((f"governance.teams.{t}", p) for t, p in sorted(self.governance.teams.items()))]
+        for where, policy in policies:
+            unknown = [c for c in policy.approval_required_classes if c not in self.priority_class_map]
+            if unknown:
+                problems.append(f"{where}.approval_required_classes: {', '.join(unknown)} not a priority class")
         if problems:
             raise ValueError("; ".join(problems))
         return self

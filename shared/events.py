@@ -31,6 +31,8 @@ from shared.domain import GpuBinding, JobSpec, NodeSpec
 
 SPEC_VERSION = "1.0"
 TYPE_PREFIX = "io.gpuq."
+# A team or service name as one subject token (no '.', '*', '>' or whitespace).
+SCOPE_TOKEN_RE = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,62}[a-z0-9])?$")
 
 
 class Payload(BaseModel):
@@ -40,6 +42,10 @@ class Payload(BaseModel):
     aggregate: ClassVar[str]
     fact: ClassVar[str]
     version: ClassVar[int] = 1
+    # Events whose subject carries one more token naming who may publish them (`<ns>.job.submitted.<team>`):
+    # NATS permissions grant that subject to one credential, so consumers take the team (or the recording
+    # service) from the subject, never from the payload. None: the plain subject.
+    scope: ClassVar[str | None] = None
 
     @classmethod
     def event_type(cls) -> str:
@@ -49,6 +55,30 @@ class Payload(BaseModel):
     def subject(cls) -> str:
         """The NATS subject in this process's platform namespace (`gpuq.<aggregate>.<fact>` by default)."""
         return f"{namespace.current()}.{cls.aggregate}.{cls.fact}"
+
+    @classmethod
+    def subscription(cls) -> str:
+        """What consumers filter on: the subject, with a wildcard for the scope token of scoped events."""
+        return cls.subject() + (".*" if cls.scope else "")
+
+    @classmethod
+    def scoped_subject(cls, token: str) -> str:
+        """The subject a scoped event is published on: `<ns>.job.submitted.team-a`."""
+        if not cls.scope:
+            raise TypeError(f"{cls.__name__} is not scoped: publish it on {cls.subject()}")
+        if not SCOPE_TOKEN_RE.match(token):
+            raise ValueError(f"{token!r} cannot be a subject token ({cls.scope})")
+        return f"{cls.subject()}.{token}"
+
+    @classmethod
+    def scope_of(cls, subject: str) -> str | None:
+        """The scope token of a subject this event type may travel on; None when the subject does not fit the
+        type (a `JobPlaced` body on a submission subject, a submission without its team token)."""
+        base = cls.subject()
+        if not cls.scope:
+            return "" if subject == base else None
+        token = subject.removeprefix(base + ".") if subject.startswith(base + ".") else ""
+        return token if token and SCOPE_TOKEN_RE.match(token) else None
 
     def job_key(self) -> str | None:
         """The job this event is about (the CloudEvents `subject`), if any."""
@@ -76,9 +106,15 @@ class PreemptionReason(StrEnum):
 
 
 class JobSubmitted(Payload):
+    """Published on `<ns>.job.submitted.<team>`: the team is the subject's, which only that team's credential (and
+    the trusted producers: API, Kubernetes intake, admins) may publish on."""
+
     aggregate, fact = "job", "submitted"
+    scope = "team"
     spec: JobSpec
-    submitted_at: datetime | None = None  # producer's clock; admission stamps its own if missing
+    # The producer's clock, informational only: queue order uses the time admission received the job.
+    submitted_at: datetime | None = None
+    submitted_by: str | None = None  # who the producer says submitted (audited as a claim)
 
 
 class JobRejected(Payload):
@@ -158,11 +194,35 @@ class JobFailed(Payload):
 
 
 class JobCancelled(Payload):
+    """The authoritative cancel, published by admission only, after it checked the request's team."""
+
     aggregate, fact = "job", "cancelled"
     job_id: str
     by: str
     reason: str = ""
     cancelled_at: datetime | None = None
+
+
+class JobCancelRequested(Payload):
+    """A user's request, published on `<ns>.job.cancel_requested.<team>`. Admission grants it only for a job of
+    that team (a request for a job it does not know yet leaves a tombstone), then publishes JobCancelled."""
+
+    aggregate, fact = "job", "cancel_requested"
+    scope = "team"
+    job_id: str
+    requested_by: str | None = None  # claimed, audited as such
+    reason: str = ""
+    requested_at: datetime | None = None
+
+
+class JobApproved(Payload):
+    """A platform admin approved a job of a priority class that needs approval (`gpuq approve JOB`). Only the
+    admin and API credentials may publish it."""
+
+    aggregate, fact = "job", "approved"
+    job_id: str
+    approved_by: str
+    approved_at: datetime | None = None
 
 
 class CheckpointRequested(Payload):
@@ -255,10 +315,29 @@ class QueueConfigChanged(Payload):
     changed_by: str = "admin"
 
 
+# --------------------------------------------------------------------------- audit
+
+
+class AuditRecorded(Payload):
+    """One audit record, published by the service that did or refused the action on `<ns>.audit.recorded.<service>`
+    (the subject names the recorder: only that service's credential may publish there). The audit service stores
+    them append-only; a SIEM may subscribe to `<ns>.audit.>`."""
+
+    aggregate, fact = "audit", "recorded"
+    scope = "service"
+    action: str  # submit, reject, cancel, cancel_refused, admit, place, preempt, approve, config_applied, ...
+    actor: str  # the authenticated identity: team:<team> (its bus credential), token:<name>, admin:<name>, service
+    at: datetime
+    job_id: str | None = None
+    team: str | None = None
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
 CATALOGUE: tuple[type[Payload], ...] = (
     JobSubmitted, JobRejected, JobQueued, JobPending, JobAdmitted, JobPlaced, JobStarted, JobCompleted,
-    JobFailed, JobCancelled, CheckpointRequested, JobCheckpointed, JobPreempted, JobRequeued,
-    PreemptionRequested, UtilizationSampled, NodeInventory, NodeChanged, QueueConfigChanged,
+    JobFailed, JobCancelled, JobCancelRequested, JobApproved, CheckpointRequested, JobCheckpointed, JobPreempted,
+    JobRequeued, PreemptionRequested, UtilizationSampled, NodeInventory, NodeChanged, QueueConfigChanged,
+    AuditRecorded,
 )
 BY_TYPE: dict[str, type[Payload]] = {cls.event_type(): cls for cls in CATALOGUE}
 

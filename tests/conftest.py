@@ -18,6 +18,7 @@ import asyncpg
 import nats
 import pytest
 import pytest_asyncio
+from cryptography.fernet import Fernet
 
 from shared import namespace
 from shared.bus import delete_streams, ensure_streams
@@ -27,11 +28,14 @@ from shared.servers import Servers, resolve_servers
 # Set before any test imports code that reads it; subprocesses (`gpuq` commands) inherit it.
 SESSION_NAMESPACE = namespace.fresh("test")
 os.environ[namespace.ENV] = SESSION_NAMESPACE
+# The session's key for secrets at rest (webhook signing secrets), shared with the `gpuq` subprocesses.
+os.environ.setdefault("GPUQ_SECRETS_KEY", Fernet.generate_key().decode())
 
 # The `kube_api` fixture (a fake Kubernetes API server, or GPUQ_KUBECONFIG's cluster) for every test.
 pytest_plugins = ("tests.kube.kubefake.fixtures",)
 
-SERVICE_SCHEMAS = ("admission", "scheduler", "preemption", "metering", "telemetry", "executor", "plumbing_test")
+SERVICE_SCHEMAS = ("admission", "scheduler", "preemption", "metering", "telemetry", "executor", "audit", "api",
+                   "plumbing_test")
 # Small slices of the public traces (tests/data/traces/README.md); the full files are for benchmarks only.
 TRACES_DIR = Path(__file__).resolve().parent / "data" / "traces"
 SESSION_DB_PREFIX = "gpuq_test"

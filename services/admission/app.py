@@ -25,18 +25,22 @@ from pathlib import Path
 import asyncpg
 from pydantic import ValidationError
 
-from services.admission.core import AdmissionState, AdmittedWorkload, Workload
+from services.admission.core import AdmissionState, AdmittedWorkload, Workload, governance
 from services.admission.core.statuses import PendingStatuses, message_text
 from services.admission.publish import MESSAGE_EVERY_S, Published, worth_publishing
 from services.admission.sharding import Shard
 from services.pipeline.core import admit
 from services.scheduler.core import ClusterState
+from shared import audit
+from shared.audit import service_actor, team_actor
 from shared.config import ConfigError, QueuesConfig, parse_queues
 from shared.domain import GpuBinding, JobSpec, NodeHealth, NodeSpec
 from shared.events import (
     CloudEvent,
     JobAdmitted,
+    JobApproved,
     JobCancelled,
+    JobCancelRequested,
     JobCompleted,
     JobFailed,
     JobPending,
@@ -94,7 +98,9 @@ class AdmissionService:
         return ServiceSpec(
             name="admission", schema="admission", migrations=MIGRATIONS, singleton=True,
             handlers={JobSubmitted: self.on_submitted, JobCompleted: self.on_finished, JobFailed: self.on_finished,
-                      JobCancelled: self.on_finished, JobPreempted: self.on_preempted,
+                      JobCancelRequested: self.on_cancel_requested, JobApproved: self.on_approved,
+                      JobCancelled: self.on_cancelled,
+                      JobPreempted: self.on_preempted,
                       QueueConfigChanged: self.on_config_changed, NodeInventory: self.on_inventory,
                       NodeChanged: self.on_node_changed, JobPlaced: self.on_placed, JobStarted: self.on_started},
             on_start=self.load, reload=self._rebuild, background=(self.eta_loop,) if self.eta is not None else (),
@@ -178,6 +184,11 @@ class AdmissionService:
         job_id = payload.job_id  # type: ignore[attr-defined]  # every other claimed event is about one job
         if job_id in self.state.pending or job_id in self.state.admitted:
             return True
+        if isinstance(payload, JobCancelRequested | JobApproved):
+            # Also for jobs awaiting approval (not in the core's state) and jobs not known yet (a tombstone: any
+            # instance may write it, the inbox keeps it to one).
+            queue = await conn.fetchval("SELECT queue FROM admission.jobs WHERE job_id = $1", job_id)
+            return queue is None or self.shard.owns_queue(self.state.config, queue)
         await self._mirror_other_cohort(conn, payload)
         return False
 
@@ -205,52 +216,168 @@ class AdmissionService:
     # ------------------------------------------------------------------ handlers
 
     async def on_submitted(self, tx: Tx, event: CloudEvent, payload: JobSubmitted) -> None:
+        """A submission, authorised by its subject: the team is the subject's (the runtime checked the subject fits
+        the type), never the payload's. Queue order starts at the time admission received it (`tx.now`): a producer
+        cannot backdate a job past others by writing an old `submitted_at`."""
         spec = payload.spec
-        submitted_at = payload.submitted_at.timestamp() if payload.submitted_at else tx.now
+        team = JobSubmitted.scope_of(tx.subject) or ""
+        actor = team_actor(team)
+        received_at = tx.now
+
+        async def verdict(kind: str, reason: str | None = None, message: str | None = None) -> None:
+            await tx.conn.execute(
+                "INSERT INTO admission.submissions(event_id, job_id, team, verdict, reason, message, at) "
+                "VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (event_id) DO NOTHING",
+                event.id, spec.job_id, team, kind, reason, message, tx.now)
+            await audit.record(tx, "submit" if kind != "rejected" else "submit_refused", actor, job_id=spec.job_id,
+                               team=team, queue=spec.queue, verdict=kind, reason=reason, message=message,
+                               claimed_by=payload.submitted_by or spec.user, event_id=event.id, gpus=spec.total_gpus,
+                               priority_class=spec.priority_class)
+
+        async def reject(reason: str, message: str, record_job: bool) -> None:
+            if record_job:
+                await tx.conn.execute(
+                    "INSERT INTO admission.jobs(job_id, team, queue, spec, status, submitted_at, reason, message) "
+                    "VALUES ($1, $2, $3, $4, 'rejected', $5, $6, $7)",
+                    spec.job_id, spec.team, spec.queue, spec.model_dump_json(), received_at, reason, message)
+            await tx.conn.execute(
+                "INSERT INTO admission.audit(at, actor, action, job_id, detail) VALUES ($1, $2, 'reject', $3, $4)",
+                tx.now, actor, spec.job_id,
+                json.dumps({"reason": reason, "message": message, "team": team, "queue": spec.queue,
+                            "event_id": event.id, "source": event.source}))
+            await tx.emit(JobRejected(job_id=spec.job_id, team=team, queue=spec.queue, reason=reason, message=message))
+            await verdict("rejected", reason, message)
 
         async def body() -> None:
             existing = await tx.conn.fetchval("SELECT status FROM admission.jobs WHERE job_id = $1", spec.job_id)
             if existing is not None:
-                rejection_reason, message = "DuplicateJobId", f"job id {spec.job_id} was already submitted"
-            else:
-                rejection = self.state.submit(Workload(spec, submitted_at))
-                if rejection is None:
-                    await tx.conn.execute(
-                        "INSERT INTO admission.jobs(job_id, team, queue, spec, status, submitted_at) "
-                        "VALUES ($1, $2, $3, $4, 'pending', $5)",
-                        spec.job_id, spec.team, spec.queue, spec.model_dump_json(), submitted_at)
-                    await tx.emit(JobQueued(job_id=spec.job_id, queue=spec.queue, team=spec.team))
-                    return
-                rejection_reason, message = rejection.reason, rejection.message
+                await reject("DuplicateJobId", f"job id {spec.job_id} was already submitted ({existing})", False)
+                return
+            if spec.team != team:
+                await reject("Unauthorized", f"job {spec.job_id} names team {spec.team!r} but was submitted with "
+                                             f"team {team!r}'s credential (subject {tx.subject})", True)
+                return
+            policy = self.state.config.governance.for_team(team)
+            violation = governance.submission_violation(spec, policy)
+            if violation is not None:
+                await reject(violation.reason, violation.message, True)
+                return
+            rejection = self.state.submit(Workload(spec, received_at))
+            if rejection is not None:
+                await reject(rejection.reason, rejection.message, True)
+                return
+            tombstone = await tx.conn.fetchrow(
+                "DELETE FROM admission.tombstones WHERE job_id = $1 AND team = $2 RETURNING requested_at, event_id",
+                spec.job_id, team)
+            if tombstone is not None:
+                # Cancelled before it arrived: it never waits, and everyone hears it is cancelled.
+                self.state.finish(spec.job_id)
                 await tx.conn.execute(
-                    "INSERT INTO admission.jobs(job_id, team, queue, spec, status, submitted_at, reason, message) "
-                    "VALUES ($1, $2, $3, $4, 'rejected', $5, $6, $7)",
-                    spec.job_id, spec.team, spec.queue, spec.model_dump_json(), submitted_at,
-                    rejection_reason, message)
+                    "INSERT INTO admission.jobs(job_id, team, queue, spec, status, submitted_at, finished_at, outcome)"
+                    " VALUES ($1, $2, $3, $4, 'finished', $5, $5, 'Cancelled')",
+                    spec.job_id, team, spec.queue, spec.model_dump_json(), received_at)
+                await tx.emit(JobCancelled(job_id=spec.job_id, by=actor, reason="cancelled before it was received",
+                                           cancelled_at=utcnow_from(tx.now)))
+                await verdict("cancelled", "Cancelled", "a cancel for this job arrived before the job")
+                return
+            approval = governance.needs_approval(spec, policy)
+            if approval:
+                self.state.finish(spec.job_id)  # held outside the queue until an admin approves it
+                message = (f"priority class {spec.priority_class} needs a platform admin's approval: "
+                           f"gpuq approve {spec.job_id}")
+                await tx.conn.execute(
+                    "INSERT INTO admission.jobs(job_id, team, queue, spec, status, submitted_at, approval, reason, "
+                    "message) VALUES ($1, $2, $3, $4, 'pending', $5, 'required', $6, $7)",
+                    spec.job_id, team, spec.queue, spec.model_dump_json(), received_at,
+                    governance.AWAITING_APPROVAL, message)
+                await tx.emit(JobQueued(job_id=spec.job_id, queue=spec.queue, team=team))
+                await tx.emit(JobPending(job_id=spec.job_id, queue=spec.queue, reason=governance.AWAITING_APPROVAL,
+                                         message=message))
+                await verdict("awaiting_approval", governance.AWAITING_APPROVAL, message)
+                return
             await tx.conn.execute(
-                "INSERT INTO admission.audit(at, actor, action, job_id, detail) VALUES ($1, $2, 'reject', $3, $4)",
-                tx.now, spec.user or spec.team, spec.job_id,
-                json.dumps({"reason": rejection_reason, "message": message, "team": spec.team, "queue": spec.queue,
-                            "event_id": event.id, "source": event.source}))
-            await tx.emit(JobRejected(job_id=spec.job_id, team=spec.team, queue=spec.queue,
-                                      reason=rejection_reason, message=message))
+                "INSERT INTO admission.jobs(job_id, team, queue, spec, status, submitted_at) "
+                "VALUES ($1, $2, $3, $4, 'pending', $5)",
+                spec.job_id, team, spec.queue, spec.model_dump_json(), received_at)
+            await tx.emit(JobQueued(job_id=spec.job_id, queue=spec.queue, team=team))
+            await verdict("queued")
 
         await self._then_cycle(tx, body)
 
-    async def on_finished(self, tx: Tx, event: CloudEvent, payload: JobCompleted | JobFailed | JobCancelled) -> None:
-        outcome = getattr(payload, "exit_reason", None) or "Cancelled"
+    async def on_cancel_requested(self, tx: Tx, event: CloudEvent, payload: JobCancelRequested) -> None:
+        """Only the job's team (its credential, or a trusted producer acting for it) may cancel it. A request for a
+        job not known yet leaves a tombstone for that team; admission then publishes the authoritative
+        JobCancelled, after any JobAdmitted it emitted (one outbox, in order)."""
+        team = JobCancelRequested.scope_of(tx.subject) or ""
+        actor = team_actor(team)
+        job_id = payload.job_id
+        claimed = {"claimed_by": payload.requested_by, "reason": payload.reason or None, "event_id": event.id}
 
         async def body() -> None:
-            self.state.finish(payload.job_id)
-            self.cluster.release(payload.job_id)
-            self.expected_end.pop(payload.job_id, None)
-            self._etas.pop(payload.job_id, None)
-            await tx.conn.execute(
-                "UPDATE admission.jobs SET status = 'finished', finished_at = $2, outcome = $3, reason = NULL, "
-                "message = NULL WHERE job_id = $1 AND status IN ('pending', 'admitted')",
-                payload.job_id, tx.now, str(outcome))
+            row = await tx.conn.fetchrow("SELECT team, status FROM admission.jobs WHERE job_id = $1", job_id)
+            if row is None:
+                await tx.conn.execute(
+                    "INSERT INTO admission.tombstones(job_id, team, requested_at, event_id) VALUES ($1, $2, $3, $4) "
+                    "ON CONFLICT DO NOTHING", job_id, team, tx.now, event.id)
+                await audit.record(tx, "cancel", actor, job_id=job_id, team=team, outcome="tombstone", **claimed)
+                return
+            if row["team"] != team:
+                log.warning("refused a cancel of %s (team %s) requested with team %s's credential", job_id,
+                            row["team"], team)
+                await audit.record(tx, "cancel_refused", actor, job_id=job_id, team=team, job_team=row["team"],
+                                   outcome="Forbidden", **claimed)
+                return
+            if row["status"] not in ("pending", "admitted"):
+                await audit.record(tx, "cancel", actor, job_id=job_id, team=team, outcome=f"already {row['status']}",
+                                   **claimed)
+                return
+            await self._finish(tx, job_id, "Cancelled")
+            await tx.emit(JobCancelled(job_id=job_id, by=actor, reason=payload.reason,
+                                       cancelled_at=utcnow_from(tx.now)))
+            await audit.record(tx, "cancel", actor, job_id=job_id, team=team, outcome="cancelled", **claimed)
 
         await self._then_cycle(tx, body)
+
+    async def on_approved(self, tx: Tx, event: CloudEvent, payload: JobApproved) -> None:
+        """An admin's approval (only admin and API credentials may publish it): the job joins its queue, keeping the
+        time it was received."""
+
+        async def body() -> None:
+            row = await tx.conn.fetchrow(
+                "SELECT spec, submitted_at, team FROM admission.jobs WHERE job_id = $1 AND status = 'pending' AND "
+                "approval = 'required'", payload.job_id)
+            if row is None:
+                await audit.record(tx, "approve", f"admin:{payload.approved_by}", job_id=payload.job_id,
+                                   outcome="nothing awaits approval", event_id=event.id)
+                return
+            spec = JobSpec.model_validate_json(row["spec"])
+            self.state.requeue(Workload(spec, row["submitted_at"]))
+            await tx.conn.execute(
+                "UPDATE admission.jobs SET approval = 'approved', reason = NULL, message = NULL WHERE job_id = $1",
+                payload.job_id)
+            await audit.record(tx, "approve", f"admin:{payload.approved_by}", job_id=payload.job_id, team=row["team"],
+                               outcome="approved", event_id=event.id)
+
+        await self._then_cycle(tx, body)
+
+    async def on_finished(self, tx: Tx, event: CloudEvent, payload: JobCompleted | JobFailed) -> None:
+        async def body() -> None:
+            await self._finish(tx, payload.job_id, str(payload.exit_reason))
+
+        await self._then_cycle(tx, body)
+
+    async def on_cancelled(self, tx: Tx, event: CloudEvent, payload: JobCancelled) -> None:
+        """Admission's own decision coming back: already applied when it was emitted, so nothing to do (a forged
+        one changes nothing here). Consumed so that per-cohort instances mirror other cohorts' cancels (claim)."""
+
+    async def _finish(self, tx: Tx, job_id: str, outcome: str) -> None:
+        self.state.finish(job_id)
+        self.cluster.release(job_id)
+        self.expected_end.pop(job_id, None)
+        self._etas.pop(job_id, None)
+        await tx.conn.execute(
+            "UPDATE admission.jobs SET status = 'finished', finished_at = $2, outcome = $3, reason = NULL, "
+            "message = NULL WHERE job_id = $1 AND status IN ('pending', 'admitted')", job_id, tx.now, outcome)
 
     async def on_preempted(self, tx: Tx, event: CloudEvent, payload: JobPreempted) -> None:
         """A preempted job goes back to pending with its original submit time and resumes from its checkpoint."""
@@ -408,6 +535,8 @@ class AdmissionService:
                 a.job_id, a.admitted_at, json.dumps(a.flavors), json.dumps(a.usage), a.borrowing)
             self._published.pop(a.job_id, None)
             self._announced.pop(a.job_id, None)
+            await audit.record(tx, "admit", service_actor("admission"), job_id=a.job_id, team=a.spec.team,
+                               queue=a.spec.queue, quota=a.usage, borrowing=a.borrowing)
             await tx.emit(JobAdmitted(job_id=a.job_id, spec=a.spec, flavors=a.flavors, quota=a.usage,
                                       borrowing=a.borrowing, submitted_at=utcnow_from(a.submitted_at),
                                       admitted_at=utcnow_from(a.admitted_at)))
@@ -491,7 +620,8 @@ async def load_jobs(conn: asyncpg.Connection, config: QueuesConfig, shard: Shard
         args = [shard.queues(config), shard.owns_unknown_queues, [q.name for q in config.queues]]
     rows = await conn.fetch(
         "SELECT spec, status, submitted_at, admitted_at, flavors, usage, borrowing FROM admission.jobs "
-        f"WHERE status IN ('pending', 'admitted'){where} ORDER BY submitted_at, job_id", *args)
+        f"WHERE status IN ('pending', 'admitted') AND approval IS DISTINCT FROM 'required'{where} "
+        "ORDER BY submitted_at, job_id", *args)
     for r in rows:
         spec = JobSpec.model_validate_json(r["spec"])
         if r["status"] == "admitted":

@@ -18,6 +18,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.executor.verify import verify_placement
 from shared.config import ClusterConfig
 from shared.domain import JobSpec
 from shared.events import (
@@ -100,6 +101,7 @@ class SimExecutor:
     # ------------------------------------------------------------------ handlers
 
     async def on_placed(self, tx: Tx, event: CloudEvent, placed: JobPlaced) -> None:
+        await verify_placement(tx.conn, placed, cancelled_table="executor.cancelled")
         spec = placed.spec
         nodes = sorted({b.node for b in placed.bindings})
         unknown = [n for n in nodes if n not in self.nodes]
@@ -139,6 +141,9 @@ class SimExecutor:
 
     async def on_stopped(self, tx: Tx, event: CloudEvent, payload: JobPreempted | JobCancelled) -> None:
         status = "preempted" if isinstance(payload, JobPreempted) else "cancelled"
+        if isinstance(payload, JobCancelled):  # remembered even before the job's placement arrives
+            await tx.conn.execute("INSERT INTO executor.cancelled(job_id, at) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                                  payload.job_id, tx.now)
         await tx.conn.execute(
             "UPDATE executor.runs SET status = $2, ends_at = $3 WHERE job_id = $1 AND status = 'running'",
             payload.job_id, status, tx.now)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import dataclasses
 import io
 import json
 import re
@@ -148,7 +149,7 @@ def render(rows: list[RollupRow], *, by: tuple[str, ...], granularity: Granulari
 
 
 async def _load(database_url: str, since: str | None, until: str | None, queues: Path | None,
-                now: datetime) -> tuple[Any, dict[str, float], int, int]:
+                now: datetime, team: str | None = None) -> tuple[Any, dict[str, float], int, int]:
     import asyncpg  # the shell only: keeps `gpuq --help` fast
 
     from services.metering import store
@@ -163,6 +164,11 @@ async def _load(database_url: str, since: str | None, until: str | None, queues:
         try:
             ledger = await store.load_ledger(conn, lo, hi)
             rates = await store.load_rates(conn)
+            if team is not None:  # one team's jobs only (the API scopes each caller to its team)
+                mine = {j for j, d in ledger.dims.items() if d.team == team}
+                ledger = dataclasses.replace(
+                    ledger, allocations=[a for a in ledger.allocations if a.job_id in mine],
+                    usage=[u for u in ledger.usage if u.job_id in mine])
         except asyncpg.UndefinedTableError:
             raise ReportError("this database holds no metering ledger (schema `metering` is missing): "
                               "point DATABASE_URL at the database the gpuq services use") from None
@@ -185,6 +191,22 @@ async def _load(database_url: str, since: str | None, until: str | None, queues:
     cells = build_cells(ledger.allocations, ledger.usage, since_ms=since_ms, until_ms=until_ms,
                         horizon_ms=min(horizon, until_ms))
     return (cells, ledger.dims), rates, since_ms, until_ms
+
+
+async def report_document(database_url: str, *, by: str = "team", since: str | None = None,
+                          until: str | None = None, granularity: Granularity = Granularity.TOTAL,
+                          team: str | None = None, now: datetime) -> dict[str, Any]:
+    """The report as `gpuq report --format json` prints it, optionally for one team's jobs only."""
+    dims_by = parse_by(by)
+    (cells, dims), rates, since_ms, until_ms = await _load(database_url, since, until, None, now, team)
+    if until_ms <= since_ms:
+        raise ReportError("until must be later than since")
+    rows = rollup(cells, dims, by=dims_by, granularity=granularity, since_ms=since_ms, until_ms=until_ms,
+                  rates=rates)
+    lo, hi = aligned_window(since_ms, until_ms)
+    return {"since": from_ms(lo).isoformat(), "until": from_ms(hi).isoformat(), "by": list(dims_by),
+            "granularity": granularity.value, "rates": rates, "rows": row_dicts(rows, dims_by, granularity),
+            "total": _figures(grand_total(rows))}
 
 
 def report(

@@ -34,6 +34,8 @@ from services.preemption.core import (
     select_victims,
 )
 from services.preemption.store import load_config, load_snapshot
+from shared import audit
+from shared.audit import service_actor
 from shared.config import ConfigError, QueuesConfig, parse_queues
 from shared.domain import JobSpec, NodeHealth
 from shared.events import (
@@ -265,7 +267,8 @@ class PreemptionService:
                       checkpointed_at: float | None, step: int | None) -> None:
         """checkpointing -> preempted, at most once (guarded update), then JobPreempted."""
         job = await tx.conn.fetchrow(
-            "SELECT started_at, placed_at, last_checkpoint_at, last_checkpoint_uri FROM preemption.jobs "
+            "SELECT started_at, placed_at, last_checkpoint_at, last_checkpoint_uri, spec->>'team' AS team "
+            "FROM preemption.jobs "
             "WHERE job_id = $1", victim)
         started = tx.now
         if job is not None:
@@ -285,6 +288,9 @@ class PreemptionService:
             return
         await tx.conn.execute("UPDATE preemption.jobs SET status = 'preempted', last_preempted_at = $2, "
                               "bindings = NULL WHERE job_id = $1", victim, tx.now)
+        await audit.record(tx, "preempt", service_actor("preemption"), job_id=victim,
+                           team=job["team"] if job is not None else None, preemptor=row["preemptor"],
+                           reason=row["reason"], preemption_id=pid, lost_gpu_seconds=float(row["lost_gpu_seconds"]))
         await tx.emit(JobPreempted(job_id=victim, reason=PreemptionReason(row["reason"]), preemptor=row["preemptor"],
                                    preemption_id=pid, lost_gpu_seconds=float(row["lost_gpu_seconds"]),
                                    checkpoint_uri=checkpoint_uri, preempted_at=utcnow_from(tx.now)))

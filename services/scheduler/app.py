@@ -18,6 +18,8 @@ import asyncpg
 from services.pipeline.core import WaitingJob, place, priority_value
 from services.preemption.core import priority_of
 from services.scheduler.core import ClusterState, RunningJob
+from shared import audit
+from shared.audit import service_actor
 from shared.config import QueuesConfig
 from shared.domain import GpuBinding, JobSpec, NodeHealth, NodeSpec
 from shared.events import (
@@ -118,6 +120,10 @@ class SchedulerService:
 
     async def on_admitted(self, tx: Tx, event: CloudEvent, payload: JobAdmitted) -> None:
         async def body() -> None:
+            if await tx.conn.fetchval("SELECT true FROM scheduler.cancelled WHERE job_id = $1", payload.job_id):
+                log.info("not placing %s: it was cancelled before its admission reached the scheduler",
+                         payload.job_id)
+                return
             await tx.conn.execute(
                 """INSERT INTO scheduler.jobs(job_id, spec, flavors, status, admitted_at)
                    VALUES ($1, $2, $3, 'waiting', $4)
@@ -147,6 +153,9 @@ class SchedulerService:
             self._published.pop(payload.job_id, None)
             await tx.conn.execute("UPDATE scheduler.jobs SET status = 'finished' WHERE job_id = $1",
                                   payload.job_id)
+            if isinstance(payload, JobCancelled):  # terminal, even for a job whose admission is still on its way
+                await tx.conn.execute("INSERT INTO scheduler.cancelled(job_id, at) VALUES ($1, $2) "
+                                      "ON CONFLICT DO NOTHING", payload.job_id, tx.now)
 
         await self._then_cycle(tx, body)
 
@@ -182,6 +191,9 @@ class SchedulerService:
                 placement.job_id, tx.now, json.dumps([b.model_dump(mode="json") for b in placement.bindings]),
                 placement.racks_spanned, placement.blocks_spanned, term, float(spec.max_runtime_s))
             self._published.pop(placement.job_id, None)
+            await audit.record(tx, "place", service_actor("scheduler"), job_id=placement.job_id, team=spec.team,
+                               nodes=sorted({b.node for b in placement.bindings}), gpus=spec.total_gpus,
+                               fencing_token=term)
             await tx.emit(JobPlaced(job_id=placement.job_id, spec=spec, bindings=placement.bindings,
                                     racks_spanned=placement.racks_spanned, blocks_spanned=placement.blocks_spanned,
                                     placed_at=utcnow_from(tx.now), fencing_token=term,

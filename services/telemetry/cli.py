@@ -137,3 +137,16 @@ def remove(sub_id: str = SubIdArgument,
     if not removed:
         raise _unknown(sub_id)
     console.print(f"removed {sub_id}")
+
+
+@webhooks_app.command("reencrypt")
+def reencrypt(database_url: str | None = DbOption) -> None:
+    """Encrypt every stored signing secret with the newest key of GPUQ_SECRETS_KEY (after a key rotation, keep the
+    old key second in the list until this has run)."""
+
+    async def go(conn: Any) -> int:
+        async with conn.transaction():
+            return await store.reencrypt_secrets(conn)
+
+    count = asyncio.run(_with_conn(_url(database_url), go))
+    console.print(f"re-encrypted {count} signing secret(s)")

@@ -25,7 +25,6 @@ from shared.clock import ScaledClock
 from shared.config import parse_cluster, parse_queues
 from shared.domain import TopologyLevel
 from shared.events import JobSubmitted, make_event
-from shared.namespace import subject as ns_subject
 from shared.service import publish_event
 from sim.engine import CycleOutput, Engine
 from sim.model import Trace, TraceJob
@@ -107,7 +106,7 @@ async def test_the_services_and_the_simulator_place_the_same_jobs_on_the_same_gp
                 spec = job.spec().model_copy(update={"labels": {"sim.gpuq.io/duration-s": str(job.duration)}})
                 at = datetime.fromtimestamp(clock.now(), UTC)
                 await publish_event(js, make_event(JobSubmitted(spec=spec, submitted_at=at), source="test", time=at),
-                                    ns_subject("job.submitted"))
+                                    JobSubmitted.scoped_subject(spec.team))
             deadline = asyncio.get_running_loop().time() + 60
             while await conn.fetchval("SELECT count(*) FROM scheduler.jobs WHERE placed_at IS NOT NULL") < len(TRACE):
                 assert asyncio.get_running_loop().time() < deadline, "not every job was placed"

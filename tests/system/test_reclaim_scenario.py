@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import asyncpg
 import nats
 
-from cli.status import fetch_status
+from services.api.readmodel import fetch_status
 from services.stack import Stack, StackSettings
 from shared.clock import ScaledClock
 from shared.domain import JobSpec, PodSet
@@ -49,7 +49,7 @@ async def test_team_b_reclaims_from_team_a_which_checkpoints_and_resumes(fresh: 
         async def submit(spec: JobSpec) -> None:
             now = datetime.fromtimestamp(clock.now(), UTC)
             await publish_event(js, make_event(JobSubmitted(spec=spec, submitted_at=now), source="test", time=now),
-                                ns_subject("job.submitted"))
+                                JobSubmitted.scoped_subject(spec.team))
 
         async def state(job_id: str) -> str:
             rows = await fetch_status(database_url, job_id)

@@ -13,7 +13,7 @@ from pathlib import Path
 import asyncpg
 import nats
 
-from cli.status import fetch_status
+from services.api.readmodel import fetch_status
 from services.stack import Stack, StackSettings
 from shared.clock import ScaledClock
 from shared.config import parse_cluster, parse_queues
@@ -69,7 +69,7 @@ async def test_submit_to_completed_over_the_bus(fresh: tuple[str, str], tmp_path
         nc = await nats.connect(nats_url)
         js = nc.jetstream()
         for e in events:
-            await publish_event(js, e, ns_subject("job.submitted"))
+            await publish_event(js, e, ns_subject(f"job.submitted.{e.data['spec']['team']}"))
 
         async def all_done() -> bool:
             rows = await fetch_status(database_url, None)
@@ -87,7 +87,7 @@ async def test_submit_to_completed_over_the_bus(fresh: tuple[str, str], tmp_path
         before = await conn.fetchval("SELECT count(*) FROM admission.outbox")
         runs_before = await conn.fetch("SELECT job_id, attempt FROM executor.runs ORDER BY job_id")
         for i, e in enumerate(events):
-            await js.publish(ns_subject("job.submitted"), e.model_dump_json().encode(),
+            await js.publish(ns_subject(f"job.submitted.{e.data['spec']['team']}"), e.model_dump_json().encode(),
                              headers={"Nats-Msg-Id": f"again-{i}"})
         await asyncio.sleep(2.0)
         assert await conn.fetchval("SELECT count(*) FROM admission.outbox") == before

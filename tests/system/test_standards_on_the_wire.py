@@ -22,7 +22,7 @@ import yaml
 from cloudevents.core.formats.json import JSONFormat
 from nats.js.errors import NotFoundError
 
-from cli.status import fetch_status
+from services.api.readmodel import fetch_status
 from services.stack import Stack, StackSettings
 from shared import namespace
 from shared.bus import streams
@@ -100,7 +100,8 @@ async def test_every_published_event_is_a_valid_cloudevent_with_trace_context(fr
         now = datetime.fromtimestamp(clock.now(), UTC)
         await publish_event(nc.jetstream(), make_event(JobSubmitted(spec=borrower, submitted_at=now),
                                                        source="ci/pipeline-7", time=now,
-                                                       traceparent=PIPELINE_TRACEPARENT), JobSubmitted.subject())
+                                                       traceparent=PIPELINE_TRACEPARENT),
+                            JobSubmitted.scoped_subject(borrower.team))
         await nc.close()
         await wait_until(lambda: in_state("a-sweep", "running"), timeout=120)
         await gpuq("apply-queues", str(queues_file), "--by", "alice", env=cli_env)

@@ -11,6 +11,7 @@ import asyncpg
 from services.telemetry.webhooks.secrets import seal, unseal
 from services.telemetry.webhooks.signing import new_secret
 from shared.events import CATALOGUE, TYPE_PREFIX, CloudEvent, encode_event
+from shared.secretbox import reencrypt
 
 # What a subscription may ask for: the job lifecycle events, by short name (`job.completed`), or `*`.
 WEBHOOK_EVENTS: tuple[str, ...] = tuple(sorted(f"{c.aggregate}.{c.fact}" for c in CATALOGUE if c.aggregate == "job"))
@@ -100,6 +101,18 @@ async def enable_subscription(conn: asyncpg.Connection, sub_id: str) -> bool:
         "UPDATE telemetry.webhook_subscriptions SET active = true, disabled_reason = NULL, disabled_at = NULL "
         "WHERE id = $1", sub_id)
     return status.endswith(" 1")
+
+
+async def reencrypt_secrets(conn: asyncpg.Connection) -> int:
+    """Encrypt every signing secret, and a rotation's previous one, with the newest key (after a key rotation, or
+    plain-text rows of old)."""
+    rows = await conn.fetch("SELECT id, secret, previous_secret FROM telemetry.webhook_subscriptions ORDER BY id "
+                            "FOR UPDATE")
+    for r in rows:
+        await conn.execute("UPDATE telemetry.webhook_subscriptions SET secret = $2, previous_secret = $3 WHERE id = $1",
+                           r["id"], reencrypt(r["secret"]),
+                           reencrypt(r["previous_secret"]) if r["previous_secret"] else None)
+    return len(rows)
 
 
 async def list_subscriptions(conn: asyncpg.Connection, team: str | None = None) -> list[Subscription]:

@@ -57,7 +57,7 @@ async def test_runtime_config_change_and_refusal_survive_restart(fresh: tuple[st
     await svc.start()
     try:
         for job_id in ("j1", "j2"):
-            await js.publish(ns_subject("job.submitted"), submitted(job_id, 8))
+            await js.publish(ns_subject("job.submitted.team-a"), submitted(job_id, 8))
         await until(lambda: _eq(status("j2"), "pending"))
         assert await status("j1") == "admitted"
         row = await conn.fetchrow("SELECT reason, message FROM admission.jobs WHERE job_id = 'j2'")
@@ -80,7 +80,7 @@ async def test_runtime_config_change_and_refusal_survive_restart(fresh: tuple[st
     svc = runtime()
     await svc.start()
     try:
-        await js.publish(ns_subject("job.submitted"), submitted("j3", 8))
+        await js.publish(ns_subject("job.submitted.team-a"), submitted("j3", 8))
         await until(lambda: _eq(status("j3"), "pending"))
         assert {r["job_id"]: r["status"] for r in await conn.fetch("SELECT job_id, status FROM admission.jobs")} == {
             "j1": "admitted", "j2": "admitted", "j3": "pending"}
@@ -124,7 +124,7 @@ async def test_small_position_moves_deep_in_a_queue_update_the_table_but_publish
     await svc.start()
     try:
         for job_id in jobs:
-            await js.publish(ns_subject("job.submitted"), submitted(job_id, 1))
+            await js.publish(ns_subject("job.submitted.team-a"), submitted(job_id, 1))
 
         async def all_waiting() -> bool:
             got = await positions()

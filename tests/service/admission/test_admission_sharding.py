@@ -96,7 +96,7 @@ class Env:
 
     async def submit_all(self) -> None:
         for i, (job_id, team, queue, gpus) in enumerate(JOBS):
-            await self.js.publish(ns_subject("job.submitted"),
+            await self.js.publish(ns_subject(f"job.submitted.{team}"),
                                   submitted(job_id, team, queue, gpus, T0 + timedelta(seconds=i)))
 
     async def start_waiting(self, runtime: ServiceRuntime) -> asyncio.Task[None]:
@@ -213,8 +213,8 @@ async def test_same_cohort_instances_lead_one_at_a_time_and_exclude_an_all_cohor
     all_task = await env.start_waiting(everything)  # per-cohort instances run: an all-cohorts one must wait
 
     at = T0
-    await env.js.publish(ns_subject("job.submitted"), submitted("x1", "t-a1", "a1", 8, at))
-    await env.js.publish(ns_subject("job.submitted"), submitted("y1", "t-b1", "b1", 8, at))
+    await env.js.publish(ns_subject("job.submitted.t-a1"), submitted("x1", "t-a1", "a1", 8, at))
+    await env.js.publish(ns_subject("job.submitted.t-b1"), submitted("y1", "t-b1", "b1", 8, at))
     await until(lambda: _statuses_are(env, {"x1": "admitted", "y1": "admitted"}))
     assert ("admitted", "x1", "first") in await env.emitted()
 
@@ -223,7 +223,8 @@ async def test_same_cohort_instances_lead_one_at_a_time_and_exclude_an_all_cohor
     await asyncio.wait_for(second_task, timeout=15)
     assert second.lease is not None and second.lease.scope == "admission/alpha" and second.lease.term == 2
     assert set(second_svc.state.admitted) == {"x1"}
-    await env.js.publish(ns_subject("job.submitted"), submitted("x2", "t-a1", "a1", 8, at + timedelta(seconds=1)))
+    await env.js.publish(ns_subject("job.submitted.t-a1"),
+                         submitted("x2", "t-a1", "a1", 8, at + timedelta(seconds=1)))
     await env.js.publish(ns_subject("job.completed"), completed("x1"))
     await until(lambda: _statuses_are(env, {"x1": "finished", "x2": "admitted"}))
     emitted = await env.emitted()
@@ -246,9 +247,10 @@ async def test_queue_moving_to_another_cohort_moves_to_that_instance_with_its_jo
     alpha, a = env.instance("A", ["alpha", "-"])
     beta, b = env.instance("B", ["beta"])
     await asyncio.gather(a.start(), b.start())
-    await env.js.publish(ns_subject("job.submitted"), submitted("m1", "t-a2", "a2", 8, T0))
+    await env.js.publish(ns_subject("job.submitted.t-a2"), submitted("m1", "t-a2", "a2", 8, T0))
     # 16 GPUs: more than a2 can get while m1 runs, in alpha (a1 lends 8) as in beta (b1 lends 8).
-    await env.js.publish(ns_subject("job.submitted"), submitted("m2", "t-a2", "a2", 16, T0 + timedelta(seconds=1)))
+    await env.js.publish(ns_subject("job.submitted.t-a2"),
+                         submitted("m2", "t-a2", "a2", 16, T0 + timedelta(seconds=1)))
     await until(lambda: _statuses_are(env, {"m1": "admitted", "m2": "pending"}))
     assert set(alpha.state.admitted) == {"m1"} and set(alpha.state.pending) == {"m2"}
 

@@ -20,7 +20,7 @@ runner = CliRunner()
 async def _submitted(url: str) -> list[JobSubmitted]:
     nc = await nats.connect(url)
     js = nc.jetstream()
-    sub = await js.subscribe(ns_subject("job.submitted"), ordered_consumer=True)
+    sub = await js.subscribe(ns_subject("job.submitted.*"), ordered_consumer=True)
     out = []
     while True:
         try:

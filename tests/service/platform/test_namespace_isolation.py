@@ -61,7 +61,7 @@ async def bystander(nats_url: str) -> AsyncIterator[tuple[JetStreamContext, str]
     await ensure_streams(js, ns, purpose="platform")
     for i in range(3):
         event = make_event(submitted(f"theirs-{i}"), source="their-pipeline", time=T0)
-        await js.publish(f"{ns}.job.submitted", encode_event(event), headers={"Nats-Msg-Id": event.id})
+        await js.publish(f"{ns}.job.submitted.team-a", encode_event(event), headers={"Nats-Msg-Id": event.id})
     try:
         yield js, ns
     finally:
@@ -81,7 +81,7 @@ async def test_a_session_beside_a_platform_leaves_its_streams_and_messages_untou
     async with Stack(settings) as stack:
         nc = await nats.connect(nats_url)
         await publish_event(nc.jetstream(), make_event(submitted("ours-1"), source="test", time=T0),
-                            JobSubmitted.subject())
+                            JobSubmitted.scoped_subject("team-a"))
         await nc.close()
         async with stack.pool.acquire() as conn:  # type: ignore[union-attr]
             for _ in range(300):

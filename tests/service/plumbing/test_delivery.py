@@ -102,7 +102,7 @@ async def test_redelivered_event_changes_nothing_twice(fresh: tuple[str, str], p
         nc = await nats.connect(nats_url)
         js = nc.jetstream()
         for msg_id in ("a", "b"):
-            await js.publish(ns_subject("job.submitted"), encode_event(event), headers={"Nats-Msg-Id": msg_id})
+            await js.publish(ns_subject("job.submitted.team-a"), encode_event(event), headers={"Nats-Msg-Id": msg_id})
         await nc.close()
         await wait_for(lambda: _eq(lambda: runtime.counters.duplicates, 1))
         assert await count(pool, "job-1") == 1
@@ -125,7 +125,7 @@ async def test_handler_crash_before_commit_gets_event_again(fresh: tuple[str, st
     runtime = ServiceRuntime(svc.spec(), nats_url=nats_url, pool=pool, clock=ManualClock())
     await runtime.start()
     try:
-        await publish_event(runtime.broker, submitted("job-2"), ns_subject("job.submitted"))
+        await publish_event(runtime.broker, submitted("job-2"), ns_subject("job.submitted.team-a"))
         await wait_for(lambda: _eq(lambda: runtime.counters.handled, 1))
         assert svc.calls == 3  # two crashed attempts, rolled back, then the one that committed
         assert runtime.counters.retried == 2
@@ -183,13 +183,13 @@ async def test_poison_messages_are_dead_lettered_with_reason(fresh: tuple[str, s
     try:
         nc = await nats.connect(nats_url)
         js = nc.jetstream()
-        await js.publish(ns_subject("job.submitted"), b"{not json")
+        await js.publish(ns_subject("job.submitted.team-a"), b"{not json")
         unknown = submitted("job-4").model_copy(update={"type": "io.gpuq.job.teleported.v1"})
-        await js.publish(ns_subject("job.submitted"), encode_event(unknown))
+        await js.publish(ns_subject("job.submitted.team-a"), encode_event(unknown))
         bad = submitted("job-5").model_dump(mode="json")
         bad["data"]["spec"]["pod_sets"] = []
-        await js.publish(ns_subject("job.submitted"), json.dumps(bad).encode())
-        await publish_event(js, submitted("job-6"), ns_subject("job.submitted"))  # a good one after the bad ones
+        await js.publish(ns_subject("job.submitted.team-a"), json.dumps(bad).encode())
+        await publish_event(js, submitted("job-6"), ns_subject("job.submitted.team-a"))  # a good one after the bad ones
         await nc.close()
         await wait_for(lambda: _eq(lambda: runtime.counters.handled, 1))
         rows = await pool.fetch(f"SELECT reason, message FROM {SCHEMA}.dead_letters ORDER BY id")

@@ -30,7 +30,7 @@ from shared.events import (
     utcnow_from,
 )
 from shared.namespace import subject as ns_subject
-from shared.service import ServiceRuntime, publish_event
+from shared.service import ServiceRuntime, default_subject, publish_event
 
 MODEL = "H100-80GB"
 T0 = 1_700_000_000.0
@@ -83,7 +83,7 @@ class Harness:
 
     async def send(self, payload) -> None:  # type: ignore[no-untyped-def]
         event = make_event(payload, source="test", time=utcnow_from(self.clock.now()))
-        await publish_event(self.js, event, payload.subject())
+        await publish_event(self.js, event, default_subject(payload))
 
     async def until(self, sql: str, *args: object, timeout: float = 20.0) -> object:
         deadline = asyncio.get_running_loop().time() + timeout

@@ -18,13 +18,16 @@ from shared.domain import GpuBinding, JobSpec, NodeSpec, PodSet
 from shared.events import (
     BY_TYPE,
     CATALOGUE,
+    AuditRecorded,
     CheckpointRequested,
     CloudEvent,
     ExitReason,
     GpuSample,
     InvalidEvent,
     JobAdmitted,
+    JobApproved,
     JobCancelled,
+    JobCancelRequested,
     JobCheckpointed,
     JobCompleted,
     JobFailed,
@@ -82,6 +85,10 @@ def one_of_each() -> list[Payload]:
         NodeInventory(nodes=(NODE,)),
         NodeChanged(node=NODE, change="added"),
         QueueConfigChanged(config={"queues": []}, changed_by="admin"),
+        JobCancelRequested(job_id="j1", requested_by="alice", reason="typo", requested_at=T0),
+        JobApproved(job_id="j1", approved_by="admin:carol", approved_at=T0),
+        AuditRecorded(action="submit", actor="team:team-a", at=T0, job_id="j1", team="team-a",
+                      detail={"queue": "team-a"}),
     ]
 
 

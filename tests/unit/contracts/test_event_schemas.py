@@ -53,7 +53,7 @@ def test_types_and_subjects_follow_the_naming_rule(monkeypatch: pytest.MonkeyPat
 
 def test_stream_names_carry_the_namespace() -> None:
     assert [s.name for s in streams("gpuq")] == ["GPUQ_JOBS", "GPUQ_PREEMPTION", "GPUQ_CLUSTER",
-                                                  "GPUQ_UTILIZATION", "GPUQ_DLQ"]
+                                                  "GPUQ_UTILIZATION", "GPUQ_DLQ", "GPUQ_AUDIT"]
     assert streams("gpuq")[2].subjects == ("gpuq.node.>", "gpuq.queue.>")
     assert streams("demo-1f")[0].name == "DEMO_1F_JOBS"
     assert streams("demo-1f")[0].subjects == ("demo-1f.job.>",)

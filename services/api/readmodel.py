@@ -1,4 +1,4 @@
-"""`gpuq status` and `gpuq explain`: a read model over the services' own tables.
+"""The jobs read model behind `gpuq status`, `gpuq explain` and the API: a join over the services' own tables.
 
 Admission knows every job (pending, admitted, finished, rejected and why); the scheduler knows placements
 and placement reasons; the executor knows what runs. The CLI joins them read-only; it never writes.
@@ -52,7 +52,9 @@ async def _exists(conn: asyncpg.Connection, table: str) -> bool:
     return bool(await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table))
 
 
-async def fetch_status(database_url: str, job_id: str | None, *, limit: int | None = None) -> list[dict[str, Any]]:
+async def fetch_status(database_url: str, job_id: str | None, *, limit: int | None = None,
+                       team: str | None = None) -> list[dict[str, Any]]:
+    """Jobs (one, or all), oldest first; `team`: that team's jobs only (the API's scope for a team's token)."""
     conn = await asyncpg.connect(database_url)
     try:
         if not await _exists(conn, "admission.jobs"):
@@ -63,10 +65,10 @@ async def fetch_status(database_url: str, job_id: str | None, *, limit: int | No
             sched=SCHED_COLS if has_sched else SCHED_NULL, run=RUN_COLS if has_run else RUN_NULL,
             sched_join="LEFT JOIN scheduler.jobs s USING (job_id)" if has_sched else "",
             run_join="LEFT JOIN executor.runs r USING (job_id)" if has_run else "",
-            where="WHERE a.job_id = $1" if job_id else "")
+            where="WHERE ($1::text IS NULL OR a.job_id = $1) AND ($2::text IS NULL OR a.team = $2)")
         if limit:
             sql += f" LIMIT {int(limit)}"
-        rows = await conn.fetch(sql, *([job_id] if job_id else []))
+        rows = await conn.fetch(sql, job_id, team)
     finally:
         await conn.close()
     out = []
@@ -133,3 +135,11 @@ def explain_lines(row: dict[str, Any], now: float) -> list[str]:
         if state in ("completed", "failed", "cancelled"):
             lines.append(f"  finished {fmt_time(row['finished_at'])}: {row.get('outcome')}")
     return lines
+
+
+def public(row: dict[str, Any]) -> dict[str, Any]:
+    keep = ("job_id", "team", "queue", "state", "reason", "message", "position_in_queue", "position_in_cohort",
+            "eta", "submitted_at", "admitted_at", "placed_at", "finished_at", "outcome", "nodes", "sched_reason",
+            "sched_message", "planned_start")
+    gpus = sum(p["count"] * p["gpus_per_pod"] for p in row["spec"]["pod_sets"]) if row.get("spec") else None
+    return {**{k: row.get(k) for k in keep}, "gpus": gpus}

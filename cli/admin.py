@@ -1,0 +1,152 @@
+"""Platform admins' commands: API tokens, the bus users' configuration, and the audit trail."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from cli.api_client import api
+from cli.runtime import database_url
+from services.api import tokens as api_tokens
+from services.api.app import MIGRATIONS as API_MIGRATIONS
+from shared import namespace as namespaces
+from shared.config import ConfigError, load_queues
+from shared.db import apply_migrations, create_pool
+from shared.natsauth import NatsAuthError, generate, read_credentials, write_bundle
+
+console = Console()
+tokens_app = typer.Typer(help="API bearer tokens (admins, with DATABASE_URL): create, list, revoke.",
+                         no_args_is_help=True)
+
+
+async def _with_api_db(fn: Any) -> Any:
+    pool = await create_pool(database_url(), min_size=1, max_size=2)
+    try:
+        await apply_migrations(pool, "api", API_MIGRATIONS)
+        async with pool.acquire() as conn:
+            return await fn(conn)
+    finally:
+        await pool.close()
+
+
+@tokens_app.command("create")
+def create_token(name: str = typer.Argument(..., help="Who holds it (audited as token:NAME / admin:NAME)"),
+                 team: str | None = typer.Option(None, "--team", help="The team the token acts for"),
+                 admin: bool = typer.Option(False, "--admin", help="A platform admin's token (sees everything)"),
+                 days: int | None = typer.Option(None, "--days", help="Expire after this many days")) -> None:
+    """Issue a token; it is printed once (only its hash is stored)."""
+    expires = datetime.fromtimestamp(datetime.now(UTC).timestamp() + days * 86_400, UTC) if days else None
+    try:
+        issued = asyncio.run(_with_api_db(lambda c: api_tokens.issue(c, name, team=team, admin=admin,
+                                                                     expires_at=expires)))
+    except ValueError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
+    console.print(f"token [bold]{issued.id}[/] for {'admin ' + name if admin else f'{name} of team {team}'}:")
+    typer.echo(issued.token)
+
+
+@tokens_app.command("list")
+def list_tokens() -> None:
+    """Tokens (never their secrets)."""
+    rows = asyncio.run(_with_api_db(api_tokens.list_tokens))
+    table = Table("id", "name", "team", "role", "created", "expires", "revoked")
+    for r in rows:
+        table.add_row(*(str(r[k] or "") for k in ("id", "name", "team", "role", "created_at", "expires_at",
+                                                    "revoked_at")))
+    console.print(table)
+
+
+@tokens_app.command("revoke")
+def revoke_token(token_id: str = typer.Argument(..., help="The token's id (or the token itself)")) -> None:
+    """Revoke a token at once."""
+    if not asyncio.run(_with_api_db(lambda c: api_tokens.revoke(c, token_id))):
+        console.print(f"[red]no active token {token_id}[/]")
+        raise typer.Exit(1)
+    console.print(f"revoked {token_id}")
+
+
+def nats_auth(
+    out: Path = typer.Option(Path("nats-auth"), "--out", help="Directory for nats-auth.conf and credentials.json"),
+    queues: Path = typer.Option(..., "--queues", help="queues.yaml: each team in it gets a producer credential"),
+    base_url: str | None = typer.Option(None, "--url", help="The server's nats:// URL, to write each user's URL"),
+    kube_team: list[str] = typer.Option([], "--kube-team", help="Teams the Kubernetes intake may submit for "
+                                                                   "(repeat; default: every team)"),
+    rotate: list[str] = typer.Option([], "--rotate", help="With an existing credentials.json: new passwords for "
+                                                         "these users only (repeat), the others kept"),
+    bcrypt_cost: int = typer.Option(11, help="bcrypt cost of the password hashes in the server configuration"),
+) -> None:
+    """Write the bus users' configuration: `nats-auth.conf` (users, bcrypt hashes and subject permissions: include it
+    in the nats-server configuration, then reload the server) and `credentials.json` (each user's password; give
+    each service and team only its own). Both 0600. docs/security.md explains who may publish what."""
+    try:
+        config = load_queues(queues)
+        teams = sorted({t for q in config.queues for t in q.teams} | set(config.governance.teams))
+        kept: dict[str, str] = {}
+        cred_file = out / "credentials.json"
+        if rotate or cred_file.exists():
+            kept = {u: p for u, p in read_credentials(cred_file).items() if u not in rotate} \
+                if cred_file.exists() else {}
+        bundle = generate(namespaces.current(), teams, kube_teams=kube_team or None, bcrypt_cost=bcrypt_cost,
+                          passwords=kept)
+        paths = write_bundle(bundle, out, base_url)
+    except (ConfigError, NatsAuthError) as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
+    console.print(f"{len(bundle.users)} bus users for namespace {bundle.namespace} "
+                  f"(teams: {', '.join(teams) or 'none'}): " + ", ".join(str(p) for p in paths))
+
+
+def audit(since: str | None = typer.Option(None, "--since", help="From (ISO date/time, 'today', or 7d, 12h ago)"),
+          until: str | None = typer.Option(None, "--until", help="Until (same forms)"),
+          team: str | None = typer.Option(None, "--team", help="One team's records (through the API: always yours)"),
+          job: str | None = typer.Option(None, "--job", help="One job's records"),
+          action: str | None = typer.Option(None, "--action", help="One action (submit, cancel, place, ...)"),
+          limit: int = typer.Option(1000, help="At most this many records"),
+          output: str = typer.Option("table", "--format", help="table or json")) -> None:
+    """Who did what: submits, cancels, admissions, placements, preemptions, approvals, configuration and webhook
+    changes, each with the actor's authenticated identity (the append-only audit trail)."""
+    from services.metering.report import ReportError, parse_when
+
+    now = datetime.now(UTC)
+    try:
+        lo = parse_when(since, now) if since else None
+        hi = parse_when(until, now) if until else None
+    except ReportError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
+    client = api()
+    if client is not None:
+        params = {k: v for k, v in {"since": lo.isoformat() if lo else None, "until": hi.isoformat() if hi else None,
+                                    "team": team, "job_id": job, "action": action, "limit": limit}.items() if v}
+        rows: list[dict[str, Any]] = client.call("GET", "/v1/audit", params=params)
+    else:
+        from services.audit.app import read_records
+
+        async def load() -> list[dict[str, Any]]:
+            conn = await asyncpg.connect(database_url())
+            try:
+                found = await read_records(conn, since=lo, until=hi, team=team, job_id=job, action=action,
+                                           limit=limit)
+            finally:
+                await conn.close()
+            return [{**r, "at": r["at"].isoformat()} for r in found]
+
+        rows = asyncio.run(load())
+    if output == "json":
+        typer.echo(json.dumps(rows, indent=2, default=str))
+        return
+    table = Table("at", "recorder", "action", "actor", "team", "job", "detail", title=f"{len(rows)} audit record(s)")
+    for r in rows:
+        detail = {k: v for k, v in (r.get("detail") or {}).items() if k not in ("event_id",)}
+        table.add_row(str(r["at"])[:19], r["recorder"], r["action"], r["actor"], r.get("team") or "",
+                      r.get("job_id") or "", json.dumps(detail, default=str)[:80])
+    console.print(table)

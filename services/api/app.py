@@ -1,0 +1,364 @@
+"""The API service: an HTTP API (FastAPI, OpenAPI at /openapi.json, docs at /docs) for people and the CLI.
+
+Callers present a bearer token (services/api/tokens.py). A team's token sees and acts on that team's jobs,
+reports, webhooks and audit records only; another team's job is "not found" to it. An admin token sees everything
+and may approve jobs and change the queue configuration.
+
+What callers ask for goes on the bus from this service's outbox, in the transaction that audits it: submissions
+on `<ns>.job.submitted.<team>` (the team is the token's, never the body's), cancel requests on
+`<ns>.job.cancel_requested.<team>` (the job's team, which admission checks again), approvals and configuration
+changes for admins. Reads are the services' tables (services/api/readmodel.py), read-only.
+
+Environment: DATABASE_URL, NATS_URL (the `api` bus user's credentials on an authenticated server), GPUQ_API_PORT
+(default 8000), GPUQ_NAMESPACE; `gpuq up --services api` runs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import asyncpg
+import uvicorn
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, Field, ValidationError
+
+from services.admission.app import latest_config, load_state
+from services.admission.core import governance, queue_summaries
+from services.api import readmodel, tokens
+from services.api.tokens import Principal
+from services.telemetry.webhooks import store as webhooks
+from shared import audit
+from shared.config import ConfigError, QueuesConfig, parse_queues
+from shared.domain import JobSpec
+from shared.events import JobApproved, JobCancelRequested, JobSubmitted, QueueConfigChanged, utcnow_from
+from shared.service import ServiceRuntime, ServiceSpec
+
+log = logging.getLogger("gpuq.api")
+MIGRATIONS = Path(__file__).parent / "migrations"
+DEFAULT_PORT = 8000
+VERDICT_WAIT_S = 5.0  # how long POST /v1/jobs waits for admission's verdict before answering "accepted"
+
+
+class SubmitResult(BaseModel):
+    job_id: str
+    event_id: str
+    verdict: str  # queued | rejected | cancelled | awaiting_approval | accepted (no verdict yet)
+    reason: str | None = None
+    message: str | None = None
+
+
+class Submission(BaseModel):
+    jobs: list[JobSpec] = Field(min_length=1, max_length=1000)
+
+
+class CancelBody(BaseModel):
+    reason: str = ""
+
+
+class WebhookBody(BaseModel):
+    url: str
+    events: list[str] = Field(default_factory=lambda: ["job.completed", "job.failed", "job.preempted"])
+    team: str | None = None  # admins only: another team's, or null for every team
+
+
+class ConfigBody(BaseModel):
+    config: dict[str, Any]
+
+
+@dataclass
+class ApiContext:
+    database_url: str
+    runtime: ServiceRuntime | None = None
+
+    def rt(self) -> ServiceRuntime:
+        if self.runtime is None:
+            raise HTTPException(503, "the API is starting")
+        return self.runtime
+
+
+bearer = HTTPBearer(auto_error=False, description="`gpuq tokens create` issues tokens: gpuq_<id>.<secret>")
+
+
+async def principal(request: Request,
+                    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Principal:
+    """The caller, from its bearer token (401 otherwise)."""
+    if creds is None:
+        raise HTTPException(401, "missing bearer token", headers={"WWW-Authenticate": "Bearer"})
+    ctx: ApiContext = request.app.state.ctx
+    async with ctx.rt().pool.acquire() as conn:
+        who = await tokens.authenticate(conn, creds.credentials, datetime.now(UTC))
+    if who is None:
+        raise HTTPException(401, "unknown, expired or revoked token", headers={"WWW-Authenticate": "Bearer"})
+    return who
+
+
+Caller = Annotated[Principal, Depends(principal)]
+
+
+def create_app(ctx: ApiContext) -> FastAPI:
+    app = FastAPI(title="gpuq API", version="1", description=__doc__)
+    app.state.ctx = ctx
+
+    def admin_only(who: Principal) -> None:
+        if not who.admin:
+            raise HTTPException(403, "this needs a platform admin's token")
+
+    async def visible_job(who: Principal, job_id: str) -> dict[str, Any]:
+        rows = await readmodel.fetch_status(ctx.database_url, job_id, team=None if who.admin else who.team)
+        if not rows:
+            raise HTTPException(404, f"no job {job_id!r}")  # another team's job is not found, not forbidden
+        return rows[0]
+
+    async def current_config() -> QueuesConfig | None:
+        async with ctx.rt().pool.acquire() as conn:
+            try:
+                return (await latest_config(conn))[1]
+            except (LookupError, asyncpg.UndefinedTableError):
+                return None
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post("/v1/jobs", status_code=202, response_model=list[SubmitResult],
+              summary="Submit jobs (one JobSpec or {jobs: [...]}) as the token's team")
+    async def submit(who: Caller, request: Request,
+                     wait: Annotated[float, Query(ge=0, le=30)] = VERDICT_WAIT_S) -> list[SubmitResult]:
+        specs = _specs_from_body(await request.json())
+        config = await current_config()
+        for spec in specs:
+            if not who.admin and spec.team != who.team:
+                raise HTTPException(403, f"job {spec.job_id} names team {spec.team!r}; this token submits for team "
+                                         f"{who.team!r} only")
+            policy = config.governance.for_team(spec.team) if config is not None else None
+            violation = governance.size_violation(spec) or (
+                governance.policy_violation(spec, policy) if policy is not None else None)
+            if violation is not None:
+                raise HTTPException(422, f"{violation.reason}: {violation.message}")
+        async with ctx.rt().pool.acquire() as conn:
+            known = await _known_jobs(conn, [s.job_id for s in specs])
+        if known:
+            raise HTTPException(409, "DuplicateJobId: " + "; ".join(
+                f"job id {j} was already submitted ({status})" for j, status in sorted(known.items())))
+        events = []
+        async with ctx.rt().transaction() as tx:
+            for spec in specs:
+                event = await tx.emit(JobSubmitted(spec=spec, submitted_at=utcnow_from(tx.now), submitted_by=who.actor),
+                                      subject_suffix=spec.team)
+                await audit.record(tx, "submit_request", who.actor, job_id=spec.job_id, team=spec.team,
+                                   event_id=event.id)
+                events.append((spec.job_id, event.id))
+        return await _verdicts(ctx, events, wait)
+
+    @app.get("/v1/jobs", summary="Jobs of the token's team (all teams for an admin)")
+    async def list_jobs(who: Caller, all_jobs: Annotated[bool, Query(alias="all")] = False,
+                        limit: Annotated[int, Query(ge=1, le=10_000)] = 200,
+                        team: str | None = None) -> list[dict[str, Any]]:
+        scope = team if who.admin else who.team
+        rows = await readmodel.fetch_status(ctx.database_url, None, limit=limit * 50, team=scope)
+        if not all_jobs:
+            rows = [r for r in rows if r["state"] in ("pending", "admitted", "placed", "running")]
+        return [readmodel.public(r) for r in rows[-limit:]]
+
+    @app.get("/v1/jobs/{job_id}", summary="One job's status")
+    async def get_job(who: Caller, job_id: str) -> dict[str, Any]:
+        return readmodel.public(await visible_job(who, job_id))
+
+    @app.get("/v1/jobs/{job_id}/explain", summary="Why a job waits, where it stands, when it should start")
+    async def explain(who: Caller, job_id: str) -> dict[str, Any]:
+        row = await visible_job(who, job_id)
+        return {"job_id": job_id, "state": row["state"], "lines": readmodel.explain_lines(row, time.time())}
+
+    @app.post("/v1/jobs/{job_id}/cancel", status_code=202, summary="Cancel a job of the token's team (any: admin)")
+    async def cancel(who: Caller, job_id: str, body: CancelBody | None = None) -> dict[str, str]:
+        rows = await readmodel.fetch_status(ctx.database_url, job_id)
+        if rows and not who.may_see(rows[0]["team"]):
+            raise HTTPException(404, f"no job {job_id!r}")
+        if not rows and who.admin:
+            raise HTTPException(404, f"no job {job_id!r}")
+        # A job not known yet is cancelled for the caller's team: a tombstone that only that team's job meets.
+        team = rows[0]["team"] if rows else who.team
+        assert team is not None
+        async with ctx.rt().transaction() as tx:
+            event = await tx.emit(JobCancelRequested(job_id=job_id, requested_by=who.actor,
+                                                     reason=body.reason if body else "",
+                                                     requested_at=utcnow_from(tx.now)), subject_suffix=team)
+            await audit.record(tx, "cancel_request", who.actor, job_id=job_id, team=team, event_id=event.id)
+        return {"job_id": job_id, "event_id": event.id, "status": "cancel requested"}
+
+    @app.post("/v1/jobs/{job_id}/approve", status_code=202, summary="Approve a job awaiting approval (admin)")
+    async def approve(who: Caller, job_id: str) -> dict[str, str]:
+        admin_only(who)
+        row = await visible_job(who, job_id)
+        if row.get("reason") != governance.AWAITING_APPROVAL:
+            raise HTTPException(409, f"job {job_id} is not awaiting approval ({row['state']})")
+        async with ctx.rt().transaction() as tx:
+            event = await tx.emit(JobApproved(job_id=job_id, approved_by=who.name, approved_at=utcnow_from(tx.now)))
+            await audit.record(tx, "approve_request", who.actor, job_id=job_id, team=row["team"], event_id=event.id)
+        return {"job_id": job_id, "event_id": event.id, "status": "approval sent"}
+
+    @app.get("/v1/queues", summary="Per queue: nominal, used, borrowed, lent, pending, running")
+    async def queues(who: Caller) -> list[dict[str, Any]]:
+        async with ctx.rt().pool.acquire() as conn:
+            try:
+                state = await load_state(conn)
+            except (LookupError, asyncpg.UndefinedTableError):
+                raise HTTPException(503, "admission has no state yet") from None
+        return [dict(s.__dict__) for s in queue_summaries(state, time.time())]
+
+    @app.put("/v1/queues/config", status_code=202, summary="Change teams, quotas and policy (admin)")
+    async def apply_queues(who: Caller, body: ConfigBody) -> dict[str, Any]:
+        admin_only(who)
+        try:
+            config = parse_queues(body.config, "request body")
+        except ConfigError as exc:
+            raise HTTPException(422, str(exc)) from None
+        async with ctx.rt().transaction() as tx:
+            event = await tx.emit(QueueConfigChanged(config=config.model_dump(mode="json"), changed_by=who.actor))
+            await audit.record(tx, "config_change_request", who.actor, event_id=event.id,
+                               queues=[q.name for q in config.queues])
+        return {"event_id": event.id, "warnings": config.warnings()}
+
+    @app.get("/v1/report", summary="GPU usage and cost of the token's team (every team for an admin)")
+    async def report(who: Caller, by: str = "team", since: str | None = None, until: str | None = None,
+                     team: str | None = None) -> dict[str, Any]:
+        from services.metering.report import ReportError, report_document
+
+        try:
+            return await report_document(ctx.database_url, by=by, since=since, until=until,
+                                         team=team if who.admin else who.team, now=datetime.now(UTC))
+        except ReportError as exc:
+            raise HTTPException(422, str(exc)) from None
+        except asyncpg.UndefinedTableError:
+            raise HTTPException(503, "no metering ledger here yet") from None
+
+    @app.get("/v1/webhooks", summary="Webhook subscriptions of the token's team (all: admin)")
+    async def list_webhooks(who: Caller) -> list[dict[str, Any]]:
+        async with ctx.rt().pool.acquire() as conn:
+            subs = await webhooks.list_subscriptions(conn, None if who.admin else who.team)
+        return [{"id": s.id, "url": s.url, "team": s.team, "events": list(s.events), "active": s.active,
+                 "created_at": s.created_at.isoformat()} for s in subs]
+
+    @app.post("/v1/webhooks", status_code=201, summary="Subscribe a URL to the team's job events")
+    async def add_webhook(who: Caller, body: WebhookBody) -> dict[str, Any]:
+        from services.telemetry.webhooks.ssrf import AllowList, TargetRefused, resolve_target
+
+        team = body.team if who.admin else who.team
+        if not who.admin and body.team not in (None, who.team):
+            raise HTTPException(403, f"this token manages team {who.team!r}'s webhooks only")
+        try:
+            events = webhooks.validate_events(body.events)
+            await resolve_target(body.url, AllowList.from_env())
+        except TargetRefused as exc:
+            raise HTTPException(422, f"refused: {exc}") from None
+        except ValueError as exc:
+            raise HTTPException(422, str(exc)) from None
+        async with ctx.rt().transaction() as tx:
+            sub = await webhooks.add_subscription(tx.conn, body.url, team, events)
+            await audit.record(tx, "webhook_add", who.actor, team=team, subscription=sub.id, url=sub.url,
+                               events=list(sub.events))
+        return {"id": sub.id, "url": sub.url, "team": sub.team, "events": list(sub.events), "secret": sub.secret}
+
+    @app.delete("/v1/webhooks/{sub_id}", summary="Remove a subscription")
+    async def remove_webhook(who: Caller, sub_id: str) -> dict[str, str]:
+        async with ctx.rt().transaction() as tx:
+            subs = {s.id: s for s in await webhooks.list_subscriptions(tx.conn, None)}
+            sub = subs.get(sub_id)
+            if sub is None or not (who.admin or sub.team == who.team):
+                raise HTTPException(404, f"no subscription {sub_id}")
+            await webhooks.remove_subscription(tx.conn, sub_id)
+            await audit.record(tx, "webhook_remove", who.actor, team=sub.team, subscription=sub_id, url=sub.url)
+        return {"id": sub_id, "status": "removed"}
+
+    @app.get("/v1/audit", summary="Audit records (the token's team's; all for an admin)")
+    async def audit_records(who: Caller, since: datetime | None = None, until: datetime | None = None,
+                            team: str | None = None, job_id: str | None = None, action: str | None = None,
+                            limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> list[dict[str, Any]]:
+        from services.audit.app import read_records
+
+        async with ctx.rt().pool.acquire() as conn:
+            rows = await read_records(conn, since=since, until=until, team=team if who.admin else who.team,
+                                      job_id=job_id, action=action, limit=limit)
+        return [{**r, "at": r["at"].isoformat()} for r in rows]
+
+    return app
+
+
+def _specs_from_body(doc: Any) -> list[JobSpec]:
+    items = doc.get("jobs") if isinstance(doc, dict) and "jobs" in doc else doc
+    if isinstance(items, dict):
+        items = [items]
+    if not isinstance(items, list) or not items:
+        raise HTTPException(422, "the body is a job spec, a list of them, or {jobs: [...]}")
+    try:
+        return Submission(jobs=items).jobs
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise HTTPException(422, f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
+
+
+async def _known_jobs(conn: asyncpg.Connection, job_ids: list[str]) -> dict[str, str]:
+    if not await conn.fetchval("SELECT to_regclass('admission.jobs') IS NOT NULL"):
+        return {}
+    rows = await conn.fetch("SELECT job_id, status FROM admission.jobs WHERE job_id = ANY($1::text[])", job_ids)
+    return {r["job_id"]: r["status"] for r in rows}
+
+
+async def _verdicts(ctx: ApiContext, events: list[tuple[str, str]], wait_s: float) -> list[SubmitResult]:
+    """Admission's verdict on each submission (queued, rejected and why, ...), waiting up to `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    found: dict[str, asyncpg.Record] = {}
+    while True:
+        async with ctx.rt().pool.acquire() as conn:
+            if await conn.fetchval("SELECT to_regclass('admission.submissions') IS NOT NULL"):
+                for r in await conn.fetch("SELECT event_id, verdict, reason, message FROM admission.submissions "
+                                          "WHERE event_id = ANY($1::text[])", [e for _, e in events]):
+                    found[r["event_id"]] = r
+        if len(found) == len(events) or time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(0.1)
+    out = []
+    for job_id, event_id in events:
+        r = found.get(event_id)
+        out.append(SubmitResult(job_id=job_id, event_id=event_id, verdict=r["verdict"] if r else "accepted",
+                                reason=r["reason"] if r else None, message=r["message"] if r else None))
+    return out
+
+
+class _Server(uvicorn.Server):
+    """uvicorn inside gpuq's own event loop: the process's signal handling stays gpuq's (`gpuq up`)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class ApiService:
+    def __init__(self, database_url: str, *, port: int = DEFAULT_PORT, host: str = "0.0.0.0"):
+        self.ctx = ApiContext(database_url=database_url)
+        self.port = port
+        self.host = host
+        self.app = create_app(self.ctx)
+
+    def spec(self) -> ServiceSpec:
+        return ServiceSpec(name="api", schema="api", migrations=MIGRATIONS, handlers={}, on_start=self._attach,
+                           background=(self.serve,))
+
+    async def _attach(self, runtime: ServiceRuntime) -> None:
+        self.ctx.runtime = runtime
+
+    async def serve(self, runtime: ServiceRuntime) -> None:
+        server = _Server(uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning",
+                                        lifespan="off"))
+        log.info("API listening on %s:%d", self.host, self.port)
+        await server.serve()
+

@@ -1,0 +1,56 @@
+"""What every executor checks before it runs a placement (the simulated one and the Kubernetes one).
+
+A JobPlaced is acted on only when it is the scheduler's current decision for the job: the scheduler recorded this
+placement (same fencing token, same bindings) in its own table in the transaction that emitted the event, under a
+term its leader lease really granted, and the job was not cancelled since. Anything else, a placement for a job
+never admitted, one without or with a made-up fencing token, one superseded by a later placement, is refused and
+dead-lettered with the reason (`shared.service.Refused`).
+
+The executors read the scheduler's table read-only (like `gpuq status`): the scheduler stays the one owner of
+placements, and the check needs no event that could itself be forged.
+"""
+
+from __future__ import annotations
+
+import json
+
+import asyncpg
+
+from shared.events import JobPlaced
+from shared.service import Refused
+
+UNFENCED = "UnfencedPlacement"
+UNKNOWN_JOB = "PlacementForUnknownJob"
+STALE = "StalePlacement"
+FORGED_TOKEN = "ForgedFencingToken"
+CANCELLED = "PlacementOfCancelledJob"
+
+
+def _bindings_key(bindings: list[dict[str, object]]) -> list[tuple[str, str, tuple[int, ...], object]]:
+    return sorted((str(b["pod"]), str(b["node"]), tuple(b.get("gpu_indices") or ()),  # type: ignore[arg-type]  # JSON list of ints
+                   tuple(b["mig_slice"]) if b.get("mig_slice") else None) for b in bindings)  # type: ignore[arg-type]  # JSON pair
+
+
+async def verify_placement(conn: asyncpg.Connection, placed: JobPlaced, *, cancelled_table: str) -> None:
+    """Raise Refused unless `placed` is the scheduler's current placement of a job still to run.
+    `cancelled_table`: the executor's own record of jobs it heard were cancelled."""
+    job = placed.job_id
+    if placed.fencing_token is None:
+        raise Refused(UNFENCED, f"JobPlaced for {job} carries no fencing token: only the scheduler's leader places")
+    if await conn.fetchval(f"SELECT true FROM {cancelled_table} WHERE job_id = $1", job):
+        raise Refused(CANCELLED, f"job {job} was cancelled; its placement is not run")
+    if not await conn.fetchval("SELECT to_regclass('scheduler.jobs') IS NOT NULL"):
+        raise Refused(UNKNOWN_JOB, f"JobPlaced for {job}: the scheduler has recorded no placement at all here")
+    row = await conn.fetchrow("SELECT status, fencing_token, bindings FROM scheduler.jobs WHERE job_id = $1", job)
+    if row is None:
+        raise Refused(UNKNOWN_JOB, f"JobPlaced for {job}, a job the scheduler never received from admission")
+    current = (await conn.fetchval("SELECT max(term) FROM scheduler.leader_terms")
+               if await conn.fetchval("SELECT to_regclass('scheduler.leader_terms') IS NOT NULL") else None)
+    if current is None or placed.fencing_token > current:
+        raise Refused(FORGED_TOKEN, f"JobPlaced for {job} carries fencing token {placed.fencing_token}, but the "
+                                    f"scheduler's lease has granted terms up to {current} only")
+    recorded = _bindings_key(json.loads(row["bindings"])) if row["bindings"] else None
+    offered = _bindings_key([b.model_dump(mode="json") for b in placed.bindings])
+    if row["status"] != "placed" or row["fencing_token"] != placed.fencing_token or recorded != offered:
+        raise Refused(STALE, f"JobPlaced for {job} (token {placed.fencing_token}) is not the scheduler's current "
+                             f"placement of it (status {row['status']}, token {row['fencing_token']})")

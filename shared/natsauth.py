@@ -1,0 +1,217 @@
+"""Bus identity: NATS users with subject permissions, one per service, per team and for admins (docs/security.md).
+
+The server configuration lists users with bcrypt-hashed passwords and, for each, the subjects it may publish and
+subscribe to. Each internal subject is granted to the one service that owns it (JobPlaced to the scheduler,
+JobCompleted to the executors, QueueConfigChanged to admins and the API, ...); a team's producer credential may
+publish only `<ns>.job.submitted.<team>` and `<ns>.job.cancel_requested.<team>`, and subscribe only to its own
+reply inbox (`_INBOX_<user>.>`: a shared `_INBOX.>` would let it read what other clients are delivered).
+
+Why users in the server configuration rather than accounts with nkeys/JWT: it works unchanged on NATS 2.9 and
+newer, needs no operator, resolver or account server, and one platform is one trust domain (platforms that share a
+server are kept apart by namespace, and by these per-namespace permissions). Credentials travel as the user:password
+of a `nats://` URL, which every gpuq component already takes (NATS_URL); rotation is a new password in the
+configuration and a server reload.
+
+Everything here is plain data and text: `gpuq nats-auth` writes it for operators, the embedded server uses it for
+`gpuq up`, `make demo` and `make test`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
+
+import bcrypt
+
+from shared import namespace as namespaces
+from shared.bus import streams
+
+USER_RE = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,62}[a-z0-9])?$")
+TEAM_PREFIX = "producer-"
+ADMIN = "admin"
+KUBE = "kube"
+
+# What each service publishes (subjects below the namespace), besides its dead letters and audit records. The
+# owner of each fact: nobody else may publish it.
+SERVICE_PUBLISHES: dict[str, tuple[str, ...]] = {
+    "admission": ("job.rejected", "job.queued", "job.pending", "job.admitted", "job.requeued", "job.cancelled",
+                  "preemption.requested"),
+    "scheduler": ("job.placed", "job.pending", "preemption.requested"),
+    "preemption": ("job.checkpoint_requested", "job.preempted"),
+    "metering": (),
+    "telemetry": (),
+    "executor": ("job.started", "job.completed", "job.failed", "job.checkpointed", "utilization.sampled",
+                 "node.inventory", "node.changed"),
+    "audit": (),
+    # The API publishes what authenticated people ask for: submissions and cancels of any team (it checked the
+    # caller's team), approvals and configuration changes (it checked the caller is an admin).
+    "api": ("job.submitted.*", "job.cancel_requested.*", "job.approved", "queue.config_changed"),
+}
+# The Kubernetes executor is an executor and also a trusted producer: workloads created in a namespace become that
+# namespace's team's submissions (queues.yaml `namespaces`), deleted ones cancel requests.
+KUBE_RECORDS_AS = "executor"
+SERVICES = tuple(SERVICE_PUBLISHES)
+
+
+class NatsAuthError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Permissions:
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+
+
+def inbox_prefix(user: str) -> str:
+    return f"_INBOX_{user}"
+
+
+def team_user(team: str) -> str:
+    user = TEAM_PREFIX + team
+    if not USER_RE.match(user):
+        raise NatsAuthError(f"team {team!r} cannot have a bus credential: a team name on the bus is lower-case "
+                            "letters, digits, '-' or '_' (no '.')")
+    return user
+
+
+def _jetstream_client(ns: str) -> list[str]:
+    """What a service needs of the JetStream API for its own namespace's streams: declare and inspect them, create
+    and read its durable pull consumers, ack. (No purge, no delete, no message get/delete.)"""
+    subjects = ["$JS.API.INFO"]
+    for stream in streams(ns):
+        s = stream.name
+        subjects += [f"$JS.API.STREAM.INFO.{s}", f"$JS.API.STREAM.CREATE.{s}", f"$JS.API.STREAM.UPDATE.{s}",
+                     f"$JS.API.CONSUMER.CREATE.{s}", f"$JS.API.CONSUMER.CREATE.{s}.>",
+                     f"$JS.API.CONSUMER.DURABLE.CREATE.{s}.>", f"$JS.API.CONSUMER.INFO.{s}.>",
+                     f"$JS.API.CONSUMER.MSG.NEXT.{s}.>", f"$JS.ACK.{s}.>"]
+    return subjects
+
+
+def permissions(user: str, ns: str, *, kube_teams: Iterable[str] | None = None) -> Permissions:
+    """The permissions of one bus user in platform namespace `ns`."""
+    ns = namespaces.validate(ns)
+    inbox = (f"{inbox_prefix(user)}.>",)
+    if user == ADMIN:
+        return Permissions(publish=(">",), subscribe=(">",))
+    if user.startswith(TEAM_PREFIX) and user not in SERVICE_PUBLISHES:
+        team = user.removeprefix(TEAM_PREFIX)
+        return Permissions(publish=(f"{ns}.job.submitted.{team}", f"{ns}.job.cancel_requested.{team}"),
+                           subscribe=inbox)
+    if user == KUBE:
+        teams = sorted(kube_teams) if kube_teams is not None else ["*"]
+        own = [*SERVICE_PUBLISHES[KUBE_RECORDS_AS],
+               *(f"job.submitted.{t}" for t in teams), *(f"job.cancel_requested.{t}" for t in teams)]
+        recorder = KUBE_RECORDS_AS
+    elif user in SERVICE_PUBLISHES:
+        own, recorder = list(SERVICE_PUBLISHES[user]), user
+    else:
+        raise NatsAuthError(f"unknown bus user {user!r}: one of {', '.join((*SERVICES, KUBE, ADMIN))} or "
+                            f"{TEAM_PREFIX}<team>")
+    publish = [f"{ns}.{tail}" for tail in own] + [f"{ns}.dlq.{recorder}", f"{ns}.audit.recorded.{recorder}"]
+    return Permissions(publish=tuple(publish + _jetstream_client(ns)), subscribe=inbox)
+
+
+@dataclass
+class AuthBundle:
+    """Passwords (kept by their users) and the server configuration that holds only their bcrypt hashes."""
+
+    namespace: str
+    passwords: dict[str, str]
+    server_config: str
+    kube_teams: tuple[str, ...] | None = None
+    users: tuple[str, ...] = field(default_factory=tuple)
+
+    def url(self, base_url: str, user: str) -> str:
+        return with_credentials(base_url, user, self.passwords[user])
+
+
+def users_for(teams: Iterable[str]) -> list[str]:
+    return [*SERVICES, KUBE, ADMIN, *sorted({team_user(t) for t in teams})]
+
+
+def generate(ns: str, teams: Iterable[str], *, kube_teams: Iterable[str] | None = None, bcrypt_cost: int = 11,
+             passwords: Mapping[str, str] | None = None) -> AuthBundle:
+    """New credentials for every service, the Kubernetes executor, admins and each team; `passwords` keeps the
+    ones given (a rotation changes only the users left out). `bcrypt_cost` 11 for servers that live; the embedded
+    servers of tests use a low cost so that hundreds of connections stay cheap."""
+    users = users_for(teams)
+    chosen = {u: (passwords or {}).get(u) or secrets.token_urlsafe(24) for u in users}
+    kube = tuple(sorted(kube_teams)) if kube_teams is not None else None
+    users_conf = []
+    for user in users:
+        perms = permissions(user, ns, kube_teams=kube)
+        hashed = bcrypt.hashpw(chosen[user].encode(), bcrypt.gensalt(rounds=bcrypt_cost, prefix=b"2a")).decode()
+        users_conf.append({"user": user, "password": hashed,
+                           "permissions": {"publish": {"allow": list(perms.publish)},
+                                           "subscribe": {"allow": list(perms.subscribe)}}})
+    # The NATS configuration format reads JSON.
+    config = (f"# gpuq bus users for namespace {ns} (generated; the passwords are bcrypt hashes)\n"
+              + json.dumps({"authorization": {"users": users_conf}}, indent=1) + "\n")
+    return AuthBundle(namespace=ns, passwords=chosen, server_config=config, kube_teams=kube, users=tuple(users))
+
+
+def with_credentials(url: str, user: str, password: str) -> str:
+    """`nats://host:4222` with user and password: the form NATS_URL takes for an authenticated server."""
+    parts = urlsplit(url)
+    host = parts.hostname or "127.0.0.1"
+    netloc = f"{quote(user, safe='')}:{quote(password, safe='')}@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme or "nats", netloc, parts.path, parts.query, parts.fragment))
+
+
+def url_user(url: str) -> str | None:
+    parts = urlsplit(url)
+    return unquote(parts.username) if parts.username else None
+
+
+def inbox_prefix_for(url: str) -> str:
+    """The reply inbox prefix to connect with (nats-py / FastStream `inbox_prefix`): a bus user's replies arrive
+    on its own prefix, the only subjects it may subscribe to; `_INBOX` without a user (or for admins)."""
+    user = url_user(url)
+    return inbox_prefix(user) if user and user != ADMIN else "_INBOX"
+
+
+def redact_url(url: str) -> str:
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a file only its owner can read (0600), whatever the umask, also when it already existed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def write_bundle(bundle: AuthBundle, directory: Path, base_url: str | None = None) -> list[Path]:
+    """`nats-auth.conf` for the server (include it from its configuration) and `credentials.json` (user ->
+    password, and URL when `base_url` is given) for the platform's processes. Both 0600."""
+    config = directory / "nats-auth.conf"
+    write_private(config, bundle.server_config)
+    creds = {u: {"password": p, **({"url": bundle.url(base_url, u)} if base_url else {})}
+             for u, p in sorted(bundle.passwords.items())}
+    cred_file = directory / "credentials.json"
+    write_private(cred_file, json.dumps({"namespace": bundle.namespace, "users": creds}, indent=2))
+    return [config, cred_file]
+
+
+def read_credentials(path: Path) -> dict[str, str]:
+    """user -> password from a `credentials.json` written by `write_bundle`."""
+    try:
+        doc = json.loads(path.read_text())
+        return {u: str(v["password"]) for u, v in dict(doc["users"]).items()}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise NatsAuthError(f"cannot read bus credentials from {path}: {exc}") from exc
