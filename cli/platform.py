@@ -44,7 +44,13 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "deploy" / "examples"
 
 
 def up(
-    cluster: Path = typer.Option(EXAMPLES / "cluster.yaml", help="cluster.yaml of the simulated executor"),
+    cluster: Path | None = typer.Option(
+        None, help="cluster.yaml: the simulated cluster (default: deploy/examples/cluster.yaml), or with "
+                   "--executor kube the node mapping (source: kubernetes; default: the built-in mapping)"),
+    executor: str = typer.Option("sim", help="sim: a simulated cluster (nothing really runs); kube: run jobs on "
+                                             "Kubernetes"),
+    kubeconfig: Path | None = typer.Option(
+        None, envvar="GPUQ_KUBECONFIG", help="kubeconfig for --executor kube (default: in-cluster service account)"),
     queues: Path = typer.Option(EXAMPLES / "queues.yaml", help="queues.yaml: teams, quotas, policy"),
     services: str = typer.Option(",".join(ALL_SERVICES), help="Comma-separated services to run here"),
     data_dir: Path = typer.Option(STATE_DIR, help="Where embedded NATS/Postgres keep their data"),
@@ -64,15 +70,29 @@ def up(
     log_level: str = typer.Option("INFO", help="Logging level"),
 ) -> None:
     """Run the services until interrupted. Uses NATS_URL / DATABASE_URL when set, else embedded servers.
-    Serves /healthz and /readyz (JSON, per service) on --health-port while the services start, run and stop."""
+    Serves /healthz and /readyz (JSON, per service) on --health-port while the services start, run and stop.
+
+    By default the executor is simulated (jobs "run" on the nodes of cluster.yaml and nothing is started);
+    `--executor kube` runs them on the Kubernetes cluster of `--kubeconfig` (docs/kubernetes.md)."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if executor not in ("sim", "kube"):
+        console.print(f"[red]--executor must be sim or kube, not {executor!r}[/]")
+        raise typer.Exit(2)
+    if executor == "sim":
+        cluster = cluster or EXAMPLES / "cluster.yaml"
+        console.print(f"gpuq up: SIMULATED executor: jobs run on the simulated nodes of {cluster}, not on a real "
+                      "cluster (use --executor kube for Kubernetes)")
+    else:
+        console.print("gpuq up: Kubernetes executor, "
+                      + (f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster service account"))
     try:
-        cluster_cfg = load_cluster(cluster)
+        cluster_cfg = load_cluster(cluster) if cluster is not None else parse_cluster(
+            {"source": "kubernetes"}, "built-in Kubernetes mapping")
         queues_cfg = load_queues(queues)
     except ConfigError as exc:
         console.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(2) from None
-    for warning in queues_cfg.warnings(cluster_cfg):
+    for warning in queues_cfg.warnings(cluster_cfg if executor == "sim" else None):
         console.print(f"[yellow]warning:[/] {warning}")
     try:
         servers = resolve_servers(data_dir)
@@ -82,7 +102,8 @@ def up(
     record_servers(servers.nats_url, servers.database_url)
     settings = StackSettings(
         nats_url=servers.nats_url, database_url=servers.database_url, queues=queues_cfg, cluster=cluster_cfg,
-        cluster_dir=cluster.parent, services=[s.strip() for s in services.split(",") if s.strip()],
+        cluster_dir=cluster.parent if cluster is not None else None, executor=executor, kubeconfig=kubeconfig,
+        services=[s.strip() for s in services.split(",") if s.strip()],
         clock=ScaledClock(speedup) if speedup != 1.0 else SystemClock(), metrics_port=metrics_port,
         admission_cohorts=parse_cohorts(admission_cohorts), instance=instance)
 
