@@ -28,8 +28,8 @@ import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 
-__all__ = ["CheckpointReportError", "annotations", "checkpoint_deadline", "checkpoint_requested",
-           "report_checkpoint", "resume_from"]
+__all__ = ["CheckpointReportError", "checkpoint_deadline", "checkpoint_requested",
+           "pod_annotations", "report_checkpoint", "resume_from"]
 
 ANNOTATIONS_FILE = Path(os.environ.get("GPUQ_ANNOTATIONS_FILE", "/etc/podinfo/annotations"))
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -44,7 +44,7 @@ class CheckpointReportError(RuntimeError):
     """The pod's annotation could not be written; the message says why (permissions, API unreachable, ...)."""
 
 
-def annotations(path: str | Path | None = None) -> dict[str, str]:
+def pod_annotations(path: str | Path | None = None) -> dict[str, str]:
     """The pod's annotations as the downward API writes them: one `key="value"` per line (Go-quoted values).
     An absent file reads as no annotations."""
     try:
@@ -66,7 +66,7 @@ def annotations(path: str | Path | None = None) -> dict[str, str]:
 
 def checkpoint_deadline(path: str | Path | None = None) -> datetime | None:
     """When gpuq preempts the job if it has not checkpointed (None: no checkpoint is requested)."""
-    raw = annotations(path).get(CHECKPOINT_REQUESTED)
+    raw = pod_annotations(path).get(CHECKPOINT_REQUESTED)
     if not raw:
         return None
     try:
@@ -82,7 +82,7 @@ def checkpoint_requested(path: str | Path | None = None) -> bool:
 
 def resume_from(path: str | Path | None = None) -> str | None:
     """The checkpoint to resume from: GPUQ_RESUME_FROM, else the pod's `gpuq.io/resume-from` annotation."""
-    value = os.environ.get(RESUME_ENV) or annotations(path).get(RESUME_FROM)
+    value = os.environ.get(RESUME_ENV) or pod_annotations(path).get(RESUME_FROM)
     return value or None
 
 

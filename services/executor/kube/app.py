@@ -150,16 +150,17 @@ class KubeExecutor:
 
     async def watch_cluster(self, runtime: ServiceRuntime) -> None:
         """Nodes first (the scheduler needs them before anything can run), then pods and workloads."""
-        nodes = asyncio.create_task(self.node_informer.run(), name="kube-nodes")
+        tasks = [asyncio.create_task(self.node_informer.run(), name="kube-nodes")]
         try:
             await self.node_informer.synced.wait()
-            others = [asyncio.create_task(i.run(), name=f"kube-{i.name}")
+            tasks += [asyncio.create_task(i.run(), name=f"kube-{i.name}")
                       for i in (self.pod_informer, *self.workload_informers)]
-            await asyncio.gather(nodes, *others)
+            await asyncio.gather(*tasks)
         finally:
-            for task in asyncio.all_tasks():
-                if task.get_name().startswith("kube-") and not task.done():
-                    task.cancel()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.api.close()
 
     def _rt(self) -> ServiceRuntime:
         assert self.runtime is not None, "the executor has not started"
@@ -235,6 +236,8 @@ class KubeExecutor:
                "name": meta.get("name"), "uid": uid}
         if kind.finished(obj) is not None:
             return  # already over: nothing to schedule
+        if n.JOB_ID_ANNOTATION in (meta.get("annotations") or {}):
+            return  # gpuq created it for an event-submitted job whose record is being written
         if not kind.suspended(obj):
             await self._refuse(tx, ref, Refusal(
                 "NotSuspended", f"{kind.kind} was created unsuspended, so Kubernetes runs it without gpuq; create it "
@@ -375,8 +378,10 @@ class KubeExecutor:
             if status_code(exc) != 409:
                 raise
             created = await self.api.get(res, name, namespace=namespace)  # created before a crash: adopt it
-        await tx.conn.execute("UPDATE executor.kube_jobs SET uid = $2 WHERE job_id = $1", spec.job_id,
-                              (created.get("metadata") or {}).get("uid"))
+        # The templates as the API server stored them (defaulted), which later patches must start from.
+        await tx.conn.execute("UPDATE executor.kube_jobs SET uid = $2, templates = $3 WHERE job_id = $1", spec.job_id,
+                              (created.get("metadata") or {}).get("uid"),
+                              json.dumps({ps.name: ps.template for ps in kind.pod_sets(created)}))
         await self._run(tx, spec.job_id)
 
     # ------------------------------------------------------------------ pods
@@ -417,7 +422,7 @@ class KubeExecutor:
         for a in assign_pods(waiting, pod_set, _bindings(row), taken):
             patch = ungate_patch(by_name[a.pod], a.binding.node, spec.tolerations)
             patch["metadata"] = {"annotations": {BINDING_ANNOTATION: f"{attempt}/{a.binding.pod}"}}
-            await self.api.patch(POD, a.pod, patch, namespace=row["namespace"])
+            self.pod_informer.remember(await self.api.patch(POD, a.pod, patch, namespace=row["namespace"]))
 
     async def _observe(self, tx: Tx, row: asyncpg.Record, pod: dict[str, Any]) -> None:
         job_id = row["job_id"]

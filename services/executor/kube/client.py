@@ -66,8 +66,9 @@ def load_config(kubeconfig: str | Path | None) -> KubeConfig:
 class KubeApi:
     """The calls the executor makes, and nothing else (docs/kubernetes.md lists the RBAC they need)."""
 
-    def __init__(self, config: KubeConfig, *, namespace: str | None = None, timeout_s: float = 20.0):
-        self.client = AsyncClient(config=config, field_manager=FIELD_MANAGER, timeout=timeout_s)
+    def __init__(self, config: KubeConfig, *, namespace: str | None = None):
+        # Resource classes are built at run time (generic dicts), which lightkube's overloads cannot type: Any.
+        self.client: Any = AsyncClient(config=config, field_manager=FIELD_MANAGER)  # lightkube's 10 s timeout
         self.namespace = namespace  # None = all namespaces
 
     async def close(self) -> None:
@@ -81,14 +82,14 @@ class KubeApi:
 
     async def list(self, res: type, labels: Mapping[str, Any] | None = None) -> tuple[list[dict[str, Any]], str]:
         """Every object and the list's resourceVersion (where a watch starts)."""
-        it = self.client.list(res, labels=labels, **self._ns(res))  # type: ignore[call-overload]
+        it = self.client.list(res, labels=labels, **self._ns(res))
         items = [plain(o) async for o in it]
-        return items, it.resourceVersion
+        return items, str(it.resourceVersion)
 
     async def watch(self, res: type, resource_version: str, labels: Mapping[str, Any] | None = None,
                     server_timeout_s: int = 240) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """Changes after `resource_version`. Raises ApiError(410) when that version is too old (relist)."""
-        stream = self.client.watch(res, labels=labels, resource_version=resource_version,  # type: ignore[call-overload]
+        stream = self.client.watch(res, labels=labels, resource_version=resource_version,
                                    server_timeout=server_timeout_s, **self._ns(res))
         async for kind, obj in stream:
             yield kind, plain(obj)

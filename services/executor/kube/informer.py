@@ -39,18 +39,34 @@ class Informer:
         self.relists = 0  # how many times the informer listed (1 + relists after 410 or resync)
         self.synced = asyncio.Event()
 
+    def remember(self, obj: dict[str, Any]) -> None:
+        """Record an object this process just wrote, before its watch event arrives (decisions read the cache)."""
+        self.cache[key_of(obj)] = obj
+
     async def run(self) -> None:
+        failures = 0
         while True:
-            rv = await self.relist()
             try:
+                rv = await self.relist()
+                failures = 0
                 await asyncio.wait_for(self._watch(rv), timeout=self.resync_s)
             except TimeoutError:
                 continue  # periodic resync
+            except asyncio.CancelledError:
+                raise
             except Exception as exc:
-                if status_code(exc) == 410:
+                code = status_code(exc)
+                if code == 410:
                     log.info("%s: watch expired (410 Gone); relisting", self.name)
                     continue
-                raise
+                if code == 404:  # e.g. a CRD that is not installed: nothing of this kind can exist
+                    log.warning("%s: not served by this cluster; looking again in %.0f s", self.name, self.resync_s)
+                    await asyncio.sleep(self.resync_s)
+                    continue
+                failures += 1
+                delay = min(30.0, 0.5 * 2 ** min(failures, 6))
+                log.warning("%s: list/watch failed (%s); retrying in %.1f s", self.name, exc, delay)
+                await asyncio.sleep(delay)
 
     async def relist(self) -> str:
         items, rv = await self.api.list(self.res, labels=self.labels)

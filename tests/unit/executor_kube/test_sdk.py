@@ -14,7 +14,7 @@ def test_annotations_file_as_the_downward_api_writes_it(tmp_path: Path, monkeypa
     f = tmp_path / "annotations"
     f.write_text('gpuq.io/checkpoint-requested="2026-11-30T10:05:00Z"\n'
                  'gpuq.io/resume-from="s3://b/ckpt \\"7\\""\nkubernetes.io/config.seen="x"\n')
-    notes = gpuq_sdk.annotations(f)
+    notes = gpuq_sdk.pod_annotations(f)
     assert notes["gpuq.io/resume-from"] == 's3://b/ckpt "7"'
     assert gpuq_sdk.checkpoint_requested(f)
     assert gpuq_sdk.checkpoint_deadline(f).isoformat() == "2026-11-30T10:05:00+00:00"
@@ -22,7 +22,7 @@ def test_annotations_file_as_the_downward_api_writes_it(tmp_path: Path, monkeypa
     assert gpuq_sdk.resume_from(f) == 's3://b/ckpt "7"'
     monkeypatch.setenv("GPUQ_RESUME_FROM", "s3://env")
     assert gpuq_sdk.resume_from(f) == "s3://env"
-    assert gpuq_sdk.annotations(tmp_path / "absent") == {} and not gpuq_sdk.checkpoint_requested(tmp_path / "absent")
+    assert gpuq_sdk.pod_annotations(tmp_path / "absent") == {} and not gpuq_sdk.checkpoint_requested(tmp_path / "absent")
 
 
 def test_report_outside_a_pod_says_why(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -79,10 +79,10 @@ def placed_template(template: Mapping[str, Any], *, job_id: str, pod_set: str, n
     out = copy.deepcopy(dict(template))
     meta = out.setdefault("metadata", {})
     meta["labels"] = {**(meta.get("labels") or {}), n.JOB_LABEL: n.job_label(job_id), n.POD_SET_LABEL: pod_set}
-    annotations = dict(meta.get("annotations") or {})
+    annotations: dict[str, str | None] = dict(meta.get("annotations") or {})
     annotations[n.JOB_ID_ANNOTATION] = job_id
     # A merge patch deletes a key set to null: a previous attempt's resume point must not survive a fresh start.
-    annotations[n.RESUME_FROM_ANNOTATION] = resume_from  # type: ignore[assignment]
+    annotations[n.RESUME_FROM_ANNOTATION] = resume_from
     meta["annotations"] = annotations
     spec = out.setdefault("spec", {})
     gates = [g for g in spec.get("schedulingGates") or [] if g.get("name") != n.PLACEMENT_GATE]

@@ -75,4 +75,4 @@ def unschedulable(pod: Mapping[str, Any]) -> str | None:
 
 def requeue_delay_s(attempt: int, base_s: float) -> float:
     """Exponential backoff before the n-th requeue (1-based): base, 2×base, 4×base, … capped at one hour."""
-    return min(3600.0, base_s * 2 ** max(0, attempt - 1))
+    return float(min(3600.0, base_s * 2.0 ** max(0, attempt - 1)))
