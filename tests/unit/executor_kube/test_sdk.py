@@ -22,7 +22,8 @@ def test_annotations_file_as_the_downward_api_writes_it(tmp_path: Path, monkeypa
     assert gpuq_sdk.resume_from(f) == 's3://b/ckpt "7"'
     monkeypatch.setenv("GPUQ_RESUME_FROM", "s3://env")
     assert gpuq_sdk.resume_from(f) == "s3://env"
-    assert gpuq_sdk.pod_annotations(tmp_path / "absent") == {} and not gpuq_sdk.checkpoint_requested(tmp_path / "absent")
+    absent = tmp_path / "absent"
+    assert gpuq_sdk.pod_annotations(absent) == {} and not gpuq_sdk.checkpoint_requested(absent)
 
 
 def test_report_outside_a_pod_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
