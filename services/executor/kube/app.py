@@ -521,6 +521,8 @@ class KubeExecutor:
         checkpoint. Counted requeues back off exponentially and end in failure past the limit."""
         requeues = row["requeues"] + (1 if count else 0)
         if count and requeues > self.cfg.requeue_limit:
+            await tx.conn.execute("UPDATE executor.kube_jobs SET requeues = $2 WHERE job_id = $1", row["job_id"],
+                                  requeues)
             await self._suspend(row)
             await self._emit_failed(tx, row, ExitReason.PODS_NOT_READY,
                                     f"{message}; gave up after {self.cfg.requeue_limit} requeue(s)")

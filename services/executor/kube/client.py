@@ -51,9 +51,13 @@ def plain(obj: Any) -> dict[str, Any]:
 
 
 def status_code(exc: BaseException) -> int | None:
-    if isinstance(exc, ApiError):
-        return exc.status.code
-    return None
+    """The HTTP status of a failed call: lightkube's ApiError carries the API's Status; a watch refused before it
+    streams (410 Gone on resume) is a plain HTTP status error."""
+    if isinstance(exc, ApiError) and exc.status.code:
+        return int(exc.status.code)
+    response = getattr(exc, "response", None)
+    code = getattr(response, "status_code", None)
+    return int(code) if code is not None else None
 
 
 def load_config(kubeconfig: str | Path | None) -> KubeConfig:

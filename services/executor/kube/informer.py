@@ -37,6 +37,7 @@ class Informer:
         self.name = name or res.__name__
         self.cache: dict[str, dict[str, Any]] = {}
         self.relists = 0  # how many times the informer listed (1 + relists after 410 or resync)
+        self.expired = 0  # watches that ended in 410 Gone
         self.synced = asyncio.Event()
 
     def remember(self, obj: dict[str, Any]) -> None:
@@ -57,6 +58,7 @@ class Informer:
             except Exception as exc:
                 code = status_code(exc)
                 if code == 410:
+                    self.expired += 1
                     log.info("%s: watch expired (410 Gone); relisting", self.name)
                     continue
                 if code == 404:  # e.g. a CRD that is not installed: nothing of this kind can exist
