@@ -84,4 +84,6 @@ async def test_pytorchjob_is_placed_in_one_rack_runs_and_is_metered(fresh: tuple
             database_url, "SELECT count(*) FROM metering.allocations WHERE job_id = $1 AND ended_at IS NOT NULL",
             job_id))
         reasons = {e.get("reason") for e in await workload_events(client, "ml-team-a", "bert")}
+        workload = await client.get(PYTORCHJOB, "bert", namespace="ml-team-a")
     assert {"Submitted", "Pending", "Admitted", "Placed", "Completed"} <= reasons
+    assert workload["metadata"]["annotations"]["gpuq.io/status"] == "Completed"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -199,7 +200,7 @@ class KubeExecutor:
 
     # ------------------------------------------------------------------ workloads (intake and outcome)
 
-    def _workload_handler(self, kind: WorkloadKind):  # type: ignore[no-untyped-def]
+    def _workload_handler(self, kind: WorkloadKind) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
         async def handler(event: str, obj: dict[str, Any]) -> None:
             await self.on_workload(kind, event, obj)
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import asyncpg
 import nats
@@ -40,7 +42,7 @@ def job(job_id: str) -> JobSpec:
                    checkpoint=CheckpointSpec(supported=True), max_runtime_s=3600)
 
 
-async def wait_for(check, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+async def wait_for(check: Callable[[], Awaitable[Any]], timeout: float = 30.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not await check():
         assert asyncio.get_running_loop().time() < deadline, "timed out"
@@ -104,11 +106,11 @@ async def _handled(conn: asyncpg.Connection, schema: str, event_id: str) -> bool
     return bool(await conn.fetchval(f"SELECT count(*) FROM {schema}.inbox WHERE event_id LIKE $1 || '%'", event_id))
 
 
-async def _nonempty(value) -> bool:  # type: ignore[no-untyped-def]
+async def _nonempty(value: Awaitable[Any]) -> bool:
     return bool(await value)
 
 
-async def _equals(value, expected) -> bool:  # type: ignore[no-untyped-def]
+async def _equals(value: Awaitable[Any], expected: Any) -> bool:
     return (await value) == expected
 
 
