@@ -318,12 +318,12 @@ class QueuesConfig(_Strict):
         queue_names = {q.name: q for q in self.queues}
         for i, ns in enumerate(self.namespaces):
             for queue in ns.queues:
-                q = queue_names.get(queue)
-                if q is None:
+                declared = queue_names.get(queue)
+                if declared is None:
                     problems.append(f"namespaces[{i}] ({ns.name}): queue {queue!r} is not declared under queues")
-                elif q.teams and ns.team not in q.teams:
+                elif declared.teams and ns.team not in declared.teams:
                     problems.append(f"namespaces[{i}] ({ns.name}): team {ns.team!r} may not use queue {queue!r} "
-                                    f"(allowed: {', '.join(sorted(q.teams))})")
+                                    f"(allowed: {', '.join(sorted(declared.teams))})")
         for k8s_name, cls in sorted(self.kubernetes_priority_classes.items()):
             if cls not in self.priority_class_map:
                 problems.append(f"kubernetes_priority_classes.{k8s_name}: {cls!r} is not a priority class")
