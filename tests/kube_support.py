@@ -13,6 +13,7 @@ import nats
 
 from services.stack import Stack, StackSettings
 from shared.config import ClusterConfig, QueuesConfig, parse_cluster
+from shared.namespace import subject as ns_subject
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 BLOCK = "network.topology.nvidia.com/block"
@@ -46,9 +47,10 @@ async def eventually(what: str, check: Callable[[], Awaitable[Any]], timeout_s: 
 
 
 async def bus_events(nats_url: str, subject: str) -> list[dict[str, Any]]:
-    """Every event on a subject so far (an ordered consumer from the start of the stream)."""
+    """Every event on a subject so far (an ordered consumer from the start of the stream). `subject` is below the
+    platform namespace: "job.started"."""
     nc = await nats.connect(nats_url)
-    sub = await nc.jetstream().subscribe(subject, ordered_consumer=True)
+    sub = await nc.jetstream().subscribe(ns_subject(subject), ordered_consumer=True)
     out = []
     while True:
         try:

@@ -75,11 +75,11 @@ async def test_pytorchjob_is_placed_in_one_rack_runs_and_is_metered(fresh: tuple
         pods = await eventually("both worker pods ungated", ungated)
         assert sorted(p["spec"]["nodeSelector"]["kubernetes.io/hostname"] for p in pods) == ["n3", "n4"]
         await kube_api.run_pods_to_ready("ml-team-a", "gpuq.io/job", count=2)
-        started = await eventually("JobStarted", lambda: bus_events(nats_url, "gpuq.job.started"))
+        started = await eventually("JobStarted", lambda: bus_events(nats_url, "job.started"))
         assert sorted(started[0]["nodes"]) == ["n3", "n4"]
         await kube_api.complete_pods("ml-team-a", "gpuq.io/job")
         job_id = started[0]["job_id"]
-        await eventually("JobCompleted", lambda: bus_events(nats_url, "gpuq.job.completed"))
+        await eventually("JobCompleted", lambda: bus_events(nats_url, "job.completed"))
         await eventually("a metering row", lambda: fetchval(
             database_url, "SELECT count(*) FROM metering.allocations WHERE job_id = $1 AND ended_at IS NOT NULL",
             job_id))

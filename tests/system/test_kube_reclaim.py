@@ -57,7 +57,7 @@ async def test_borrower_checkpoints_through_the_sdk_is_requeued_and_resumes(fres
         await client.create(JOB(job("sweep", "ml-team-a", "team-a", "low", pods=2, checkpoint=True)))
         await eventually("the borrower's pods ungated", lambda: _ungated(kube_api, "ml-team-a", 2))
         await kube_api.run_pods_to_ready("ml-team-a", "gpuq.io/job", count=2)
-        await eventually("JobStarted", lambda: bus_events(nats_url, "gpuq.job.started"))
+        await eventually("JobStarted", lambda: bus_events(nats_url, "job.started"))
 
         await client.create(JOB(job("train", "ml-team-b", "team-b", "high", pods=1, checkpoint=False)))
         asked = await eventually("the checkpoint request on the borrower's pods",
@@ -69,11 +69,11 @@ async def test_borrower_checkpoints_through_the_sdk_is_requeued_and_resumes(fres
         await asyncio.to_thread(gpuq_sdk.report_checkpoint, uri, step=1200, pod=asked[0]["metadata"]["name"],
                                 namespace="ml-team-a", api_url=kube_api.server, token=kube_api.token)
 
-        preempted = await eventually("JobPreempted", lambda: bus_events(nats_url, "gpuq.job.preempted"))
+        preempted = await eventually("JobPreempted", lambda: bus_events(nats_url, "job.preempted"))
         assert preempted[0]["reason"] == "ReclaimQuota" and preempted[0]["checkpoint_uri"] == uri
         suspended = await eventually("the borrower suspended", lambda: _suspended(client, "ml-team-a", "sweep"))
         assert suspended
-        requeued = await eventually("JobRequeued", lambda: bus_events(nats_url, "gpuq.job.requeued"))
+        requeued = await eventually("JobRequeued", lambda: bus_events(nats_url, "job.requeued"))
         assert requeued[0]["resume_from"] == uri
         fake.advance(60)  # the suspended Job's pods finish their grace period
 

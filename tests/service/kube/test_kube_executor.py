@@ -60,7 +60,7 @@ async def setup(kube_api: Any, nodes: tuple[str, ...] = ("n1", "n2")) -> Any:
 
 
 async def events_of(nats_url: str, fact: str, job_id: str | None = None) -> list[dict[str, Any]]:
-    return [e for e in await bus_events(nats_url, f"gpuq.job.{fact}") if job_id is None or e["job_id"] == job_id]
+    return [e for e in await bus_events(nats_url, f"job.{fact}") if job_id is None or e["job_id"] == job_id]
 
 
 async def live_pods(kube_api: Any) -> list[dict[str, Any]]:
@@ -174,7 +174,7 @@ async def test_node_not_ready_requeues_checkpointed_jobs_and_fails_the_others(fr
         (failed,) = await eventually("the other failed", lambda: events_of(nats_url, "failed"))
         assert preempted["reason"] == "NodeFailure" and preempted["checkpoint_uri"] == "s3://ckpt/saver/9"
         assert failed["exit_reason"] == "NodeFailure" and failed["job_id"] != preempted["job_id"]
-        changed = [e for e in await bus_events(nats_url, "gpuq.node.changed") if e["node"]["name"] == node]
+        changed = [e for e in await bus_events(nats_url, "node.changed") if e["node"]["name"] == node]
         assert changed and changed[-1]["node"]["health"] == "failed"
 
         async def moved() -> Any:
@@ -209,7 +209,7 @@ async def test_event_submitted_pod_template_runs_as_an_indexed_job(fresh: tuple[
         nc = await nats.connect(nats_url)
         now = datetime.now(UTC)
         await publish_event(nc.jetstream(), make_event(JobSubmitted(spec=spec, submitted_at=now), source="pipeline",
-                                                       time=now), "gpuq.job.submitted")
+                                                       time=now), JobSubmitted.subject())
         await nc.close()
         await eventually("JobStarted", lambda: events_of(nats_url, "started"))
         jobs = [j async for j in client.list(JOB, namespace=NS)]
