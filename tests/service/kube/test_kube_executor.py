@@ -245,3 +245,57 @@ async def test_unmapped_namespace_and_unsuspended_workloads_are_refused_with_eve
     assert await events_of(nats_url, "submitted") == []
     obj = await client.get(JOB, "stray", namespace="scratch")
     assert obj["spec"]["suspend"] is True  # left alone
+
+
+JOBSET = create_namespaced_resource("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets")
+RAYJOB = create_namespaced_resource("ray.io", "v1", "RayJob", "rayjobs")
+
+
+def _pod_spec(gpus: int, name: str = "main") -> dict[str, Any]:
+    limits = {"nvidia.com/gpu": str(gpus)} if gpus else {}
+    return {"restartPolicy": "Never", "containers": [{"name": name, "image": "ghcr.io/example/x:1", "resources": {
+        "limits": limits, "requests": {"cpu": "2", "memory": "4Gi"}}}]}
+
+
+async def test_jobset_runs_each_replicated_job_where_placed(fresh: tuple[str, str], kube_api: Any) -> None:
+    nats_url, database_url = fresh
+    client = await setup(kube_api)
+    jobset = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+              "metadata": {"name": "pretrain", "namespace": NS, "labels": {"gpuq.io/queue": "team-a"}},
+              "spec": {"suspend": True, "replicatedJobs": [
+                  {"name": "driver", "replicas": 1, "template": {"spec": {
+                      "parallelism": 1, "completions": 1, "template": {"spec": _pod_spec(0)}}}},
+                  {"name": "workers", "replicas": 2, "template": {"spec": {
+                      "parallelism": 1, "completions": 1, "template": {"spec": _pod_spec(8)}}}}]}}
+    async with kube_api.autopilot(), kube_stack(nats_url, database_url, QUEUES, kube_cluster(), kube_api.kubeconfig):
+        await client.create(JOBSET(jobset))
+        (started,) = await eventually("JobStarted", lambda: events_of(nats_url, "started"))
+        pods = await live_pods(kube_api)
+        assert sorted(p["metadata"]["labels"]["gpuq.io/pod-set"] for p in pods) == ["driver", "workers", "workers"]
+        workers = sorted(p["spec"]["nodeSelector"]["kubernetes.io/hostname"] for p in pods
+                         if p["metadata"]["labels"]["gpuq.io/pod-set"] == "workers")
+        assert workers == ["n1", "n2"] and sorted(started["nodes"]) == ["n1", "n2"]
+        await kube_api.complete_pods(NS, "gpuq.io/job")
+        (done,) = await eventually("JobCompleted", lambda: events_of(nats_url, "completed"))
+    assert done["job_id"] == started["job_id"]
+
+
+async def test_rayjob_head_and_workers_run_where_placed(fresh: tuple[str, str], kube_api: Any) -> None:
+    nats_url, database_url = fresh
+    client = await setup(kube_api)
+    rayjob = {"apiVersion": "ray.io/v1", "kind": "RayJob",
+              "metadata": {"name": "tune", "namespace": NS, "labels": {"gpuq.io/queue": "team-a"}},
+              "spec": {"suspend": True, "entrypoint": "python tune.py", "rayClusterSpec": {
+                  "headGroupSpec": {"rayStartParams": {}, "template": {"spec": _pod_spec(0, "ray-head")}},
+                  "workerGroupSpecs": [{"groupName": "gpu", "replicas": 2, "minReplicas": 2, "maxReplicas": 2,
+                                        "rayStartParams": {}, "template": {"spec": _pod_spec(4, "ray-worker")}}]}}}
+    async with kube_api.autopilot(), kube_stack(nats_url, database_url, QUEUES, kube_cluster(), kube_api.kubeconfig):
+        await client.create(RAYJOB(rayjob))
+        (started,) = await eventually("JobStarted", lambda: events_of(nats_url, "started"))
+        pods = await live_pods(kube_api)
+        assert sorted(p["metadata"]["labels"]["gpuq.io/pod-set"] for p in pods) == ["gpu", "gpu", "head"]
+        assert all(not p["spec"].get("schedulingGates") for p in pods)
+        ray = next(c for c in kube_api.fake.controllers if type(c).__name__.startswith("RayJob"))
+        ray.finish(NS, "tune", succeeded=False, message="entrypoint exited with 1")
+        (failed,) = await eventually("JobFailed", lambda: events_of(nats_url, "failed"))
+    assert failed["job_id"] == started["job_id"] and "entrypoint exited with 1" in failed["message"]
