@@ -50,7 +50,7 @@ def up(
     executor: str = typer.Option("sim", help="sim: a simulated cluster (nothing really runs); kube: run jobs on "
                                              "Kubernetes"),
     kubeconfig: Path | None = typer.Option(
-        None, envvar="GPUQ_KUBECONFIG", help="kubeconfig for --executor kube (default: in-cluster service account)"),
+        None, help="kubeconfig for --executor kube (default: the in-cluster service account)"),
     queues: Path = typer.Option(EXAMPLES / "queues.yaml", help="queues.yaml: teams, quotas, policy"),
     services: str = typer.Option(",".join(ALL_SERVICES), help="Comma-separated services to run here"),
     data_dir: Path = typer.Option(STATE_DIR, help="Where embedded NATS/Postgres keep their data"),
@@ -81,10 +81,10 @@ def up(
     if executor == "sim":
         cluster = cluster or EXAMPLES / "cluster.yaml"
         console.print(f"gpuq up: SIMULATED executor: jobs run on the simulated nodes of {cluster}, not on a real "
-                      "cluster (use --executor kube for Kubernetes)")
+                      "cluster (use --executor kube for Kubernetes)", soft_wrap=True)
     else:
         console.print("gpuq up: Kubernetes executor, "
-                      + (f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster service account"))
+                      + (f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster service account"), soft_wrap=True)
     try:
         cluster_cfg = load_cluster(cluster) if cluster is not None else parse_cluster(
             {"source": "kubernetes"}, "built-in Kubernetes mapping")
@@ -94,6 +94,15 @@ def up(
         raise typer.Exit(2) from None
     for warning in queues_cfg.warnings(cluster_cfg if executor == "sim" else None):
         console.print(f"[yellow]warning:[/] {warning}")
+    if executor == "kube":
+        from services.executor.kube.client import load_config
+
+        try:
+            load_config(kubeconfig)
+        except Exception as exc:  # lightkube raises its own ConfigError, or OSError, for what cannot be read
+            where = str(kubeconfig) if kubeconfig else "the in-cluster service account"
+            console.print(f"[red]cannot use {where} to reach Kubernetes: {exc}[/]")
+            raise typer.Exit(2) from None
     try:
         servers = resolve_servers(data_dir)
     except EmbeddedServerError as exc:
