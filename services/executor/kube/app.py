@@ -139,7 +139,7 @@ class KubeExecutor:
             handlers={JobPlaced: self.on_placed, CheckpointRequested: self.on_checkpoint_requested,
                       JobPreempted: self.on_stopped, JobCancelled: self.on_stopped, JobQueued: self.on_status,
                       JobPending: self.on_status, JobAdmitted: self.on_status, JobRejected: self.on_status,
-                      JobRequeued: self.on_status},
+                      JobRequeued: self.on_status, JobCheckpointed: self.on_checkpointed},
             on_start=self.start, background=(self.watch_cluster, self.timer_loop),
         )
 
@@ -490,6 +490,12 @@ class KubeExecutor:
                                  {"metadata": {"annotations": {n.CHECKPOINT_REQUESTED_ANNOTATION: deadline}}},
                                  namespace=row["namespace"])
         await self.notices.event(_ref(row), "CheckpointRequested", f"checkpoint requested before {deadline}", tx.now)
+
+    async def on_checkpointed(self, tx: Tx, event: CloudEvent, payload: JobCheckpointed) -> None:
+        """A job may publish JobCheckpointed itself instead of using the SDK: remember it (a node failure requeues
+        the job from its last checkpoint)."""
+        await tx.conn.execute("UPDATE executor.kube_jobs SET last_checkpoint = $2 WHERE job_id = $1",
+                              payload.job_id, payload.uri)
 
     async def on_stopped(self, tx: Tx, event: CloudEvent, payload: JobPreempted | JobCancelled) -> None:
         row = await tx.conn.fetchrow("SELECT * FROM executor.kube_jobs WHERE job_id = $1 FOR UPDATE", payload.job_id)

@@ -299,3 +299,21 @@ async def test_rayjob_head_and_workers_run_where_placed(fresh: tuple[str, str], 
         ray.finish(NS, "tune", succeeded=False, message="entrypoint exited with 1")
         (failed,) = await eventually("JobFailed", lambda: events_of(nats_url, "failed"))
     assert failed["job_id"] == started["job_id"] and "entrypoint exited with 1" in failed["message"]
+
+
+async def test_pod_that_cannot_bind_where_placed_requeues_its_job(fresh: tuple[str, str], kube_api: Any) -> None:
+    nats_url, database_url = fresh
+    client = await setup(kube_api, nodes=("n1",))
+    # A pod gpuq does not manage holds n1's GPUs: gpuq places there anyway, kube-scheduler refuses the pod.
+    await kube_api.create_namespace("other")
+    await client.create(POD({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "squatter", "namespace": "other"},
+                             "spec": {"nodeName": "n1", **_pod_spec(8)}}))
+    cluster = kube_cluster(requeue_backoff_s=0.2, requeue_limit=1)
+    async with kube_api.autopilot(), kube_stack(nats_url, database_url, QUEUES, cluster, kube_api.kubeconfig):
+        await client.create(job("blocked"))
+        (failed,) = await eventually("JobFailed", lambda: events_of(nats_url, "failed"), timeout_s=60)
+        preempted = await events_of(nats_url, "preempted")
+        reasons = [e["reason"] for e in await workload_events(client, NS, "blocked")]
+    assert [p["reason"] for p in preempted] == ["PlacementFailed"]
+    assert "cannot run on n1" in failed["message"] and "gave up after 1 requeue" in failed["message"]
+    assert "Requeued" in reasons and "Failed" in reasons
