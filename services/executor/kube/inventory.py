@@ -18,6 +18,9 @@ from shared.service import Tx
 
 log = logging.getLogger("gpuq.executor.kube")
 SOURCE = "kubernetes"
+# Nodes per NodeInventory event: ~400 bytes each, so a chunk stays far below NATS's default 1 MiB max_payload
+# (every consumer upserts the nodes of an inventory, so several chunks mean the same as one event).
+INVENTORY_CHUNK = 500
 
 
 def _map(obj: dict[str, Any], cfg: KubernetesSource) -> NodeSpec | None:
@@ -53,7 +56,9 @@ async def publish_all(tx: Tx, objects: Iterable[dict[str, Any]], cfg: Kubernetes
     changed = sorted(name for name in current if known.get(name) != current[name])
     removed = sorted(known.keys() - current.keys())
     if first and (changed or not known):
-        await tx.emit(NodeInventory(nodes=tuple(current[k] for k in sorted(current)), source=SOURCE))
+        ordered = [current[k] for k in sorted(current)]
+        for start in range(0, max(1, len(ordered)), INVENTORY_CHUNK):
+            await tx.emit(NodeInventory(nodes=tuple(ordered[start:start + INVENTORY_CHUNK]), source=SOURCE))
     else:
         for name in changed:
             await tx.emit(NodeChanged(node=current[name], change="updated" if name in known else "added"))
