@@ -73,6 +73,8 @@ async def test_borrower_checkpoints_through_the_sdk_is_requeued_and_resumes(fres
         assert preempted[0]["reason"] == "ReclaimQuota" and preempted[0]["checkpoint_uri"] == uri
         suspended = await eventually("the borrower suspended", lambda: _suspended(client, "ml-team-a", "sweep"))
         assert suspended
+        # Once stopped, the Job gets its template back as written (no gate, no node restriction, no resume point).
+        await eventually("the template restored", lambda: _restored(client, "ml-team-a", "sweep"))
         requeued = await eventually("JobRequeued", lambda: bus_events(nats_url, "job.requeued"))
         assert requeued[0]["resume_from"] == uri
         fake.advance(60)  # the suspended Job's pods finish their grace period
@@ -107,3 +109,9 @@ async def _annotated(kube_api: Any, namespace: str, key: str) -> list[dict[str, 
 async def _suspended(client: Any, namespace: str, name: str) -> bool:
     obj = await client.get(JOB, name, namespace=namespace)
     return bool(obj["spec"].get("suspend"))
+
+
+async def _restored(client: Any, namespace: str, name: str) -> bool:
+    template = (await client.get(JOB, name, namespace=namespace))["spec"]["template"]
+    return not template["spec"].get("schedulingGates") and "affinity" not in template["spec"] \
+        and "gpuq.io/resume-from" not in (template["metadata"].get("annotations") or {})

@@ -34,6 +34,8 @@ from services.executor.kube.core.placement import (
     gated,
     placed_templates,
     pod_node,
+    restored_template,
+    template_gated,
     ungate_patch,
 )
 from services.executor.kube.core.pods import (
@@ -73,6 +75,7 @@ from shared.service import ServiceRuntime, ServiceSpec, Tx
 log = logging.getLogger("gpuq.executor.kube")
 MIGRATIONS = Path(__file__).resolve().parents[1] / "migrations"
 ACTIVE = ("placed", "running")
+STOPPED = ("suspended", "failed", "cancelled")  # suspended by gpuq: its templates are restored
 BINDING_ANNOTATION = "gpuq.io/binding"  # on a pod: "<attempt>/<binding pod id>" it was given
 
 
@@ -227,6 +230,8 @@ class KubeExecutor:
             finish = kind.finished(obj)
             if finish is not None and row["state"] in ACTIVE:
                 await self._finished(tx, row, finish)
+            elif row["state"] in STOPPED:
+                await self._restore(kind, row, obj)
 
     async def _intake(self, tx: Tx, kind: WorkloadKind, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
@@ -513,6 +518,8 @@ class KubeExecutor:
             await self.notices.event(_ref(row), "Cancelled", f"cancelled by {payload.by}: {payload.reason}", tx.now)
 
     async def _suspend(self, row: asyncpg.Record) -> None:
+        """Suspend the workload: its controller deletes the pods with their grace period. (The templates are given
+        back later, once the workload is suspended: see `_restore`.)"""
         kind = kind_of(row["api_version"], row["kind"])
         assert kind is not None
         try:
@@ -521,6 +528,21 @@ class KubeExecutor:
         except Exception as exc:
             if status_code(exc) != 404:  # gone already: nothing left to stop
                 raise
+
+    async def _restore(self, kind: WorkloadKind, row: asyncpg.Record, obj: dict[str, Any]) -> None:
+        """Give a suspended workload its templates back as the user wrote them (Kueue's restore), once the API
+        allows it: a Job's template changes only while it is suspended and not started, so this waits for the
+        controller to have stopped it (status.startTime cleared)."""
+        if not kind.suspended(obj) or (obj.get("status") or {}).get("startTime"):
+            return
+        if not any(template_gated(ps.template) for ps in kind.pod_sets(obj)):
+            return  # nothing of gpuq's left
+        originals = {name: restored_template(t) for name, t in json.loads(row["templates"]).items()}
+        try:
+            await self.api.patch(workload_resource(kind), row["name"], kind.run_patch(obj, originals, suspend=True),
+                                 namespace=row["namespace"])
+        except Exception as exc:  # best effort: the next placement replaces the templates anyway
+            log.warning("could not restore the templates of %s: %s", row["job_id"], exc)
 
     async def _requeue(self, tx: Tx, row: asyncpg.Record, reason: PreemptionReason, message: str, *,
                        count: bool = True) -> None:

@@ -76,3 +76,18 @@ def test_event_submitted_pod_template_creates_an_indexed_job() -> None:
         update={"name": "eval"}))})
     jobset = kind_of("jobset.x-k8s.io/v1alpha2", "JobSet").build("x", "ml-a", event_pod_sets(several), {}, {})
     assert [rj["name"] for rj in jobset["spec"]["replicatedJobs"]] == ["main", "eval"]
+
+
+def test_suspending_restores_the_templates_as_written() -> None:
+    from services.executor.kube.core.placement import restored_template
+
+    obj = job()
+    original = JOB.pod_sets(obj)[0].template
+    placed = placed_templates(JOB.pod_sets(obj), SPEC, BINDINGS, "s3://ckpt/1")["main"]
+    live = JOB.run_patch(obj, {"main": placed})["spec"]  # the object as it runs
+    patch = JOB.run_patch({"spec": live}, {"main": restored_template(original)}, suspend=True)
+    tmpl = patch["spec"]["template"]
+    assert patch["spec"]["suspend"] is True
+    assert tmpl["spec"]["schedulingGates"] == [] and tmpl["spec"]["affinity"] is None  # null deletes it
+    assert tmpl["metadata"]["labels"][n.JOB_LABEL] is None and tmpl["metadata"]["labels"]["app"] == "train"
+    assert tmpl["metadata"]["annotations"][n.RESUME_FROM_ANNOTATION] is None

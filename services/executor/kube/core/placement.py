@@ -91,6 +91,24 @@ def placed_template(template: Mapping[str, Any], *, job_id: str, pod_set: str, n
     return out
 
 
+def restored_template(original: Mapping[str, Any]) -> dict[str, Any]:
+    """The template as the user wrote it, as a merge patch over a placed one: gpuq's labels, annotations, gate and
+    node restriction are removed (null deletes a key; the lists and the affinity are replaced whole)."""
+    out = copy.deepcopy(dict(original))
+    meta = out.setdefault("metadata", {})
+    labels: dict[str, str | None] = dict(meta.get("labels") or {})
+    for key in (n.JOB_LABEL, n.POD_SET_LABEL):
+        labels.setdefault(key, None)
+    annotations: dict[str, str | None] = dict(meta.get("annotations") or {})
+    for key in (n.JOB_ID_ANNOTATION, n.RESUME_FROM_ANNOTATION):
+        annotations.setdefault(key, None)
+    meta["labels"], meta["annotations"] = labels, annotations
+    spec = out.setdefault("spec", {})
+    spec["schedulingGates"] = list(spec.get("schedulingGates") or [])
+    spec["affinity"] = spec.get("affinity")  # None (deleted) when the user had none
+    return out
+
+
 def placed_templates(pod_sets: list[PodSetTemplate], spec: JobSpec, bindings: Iterable[GpuBinding],
                      resume_from: str | None) -> dict[str, dict[str, Any]]:
     by_set = nodes_by_pod_set(bindings)
@@ -133,6 +151,11 @@ def ungate_patch(pod: Mapping[str, Any], node: str, tolerations: Iterable[Tolera
     return {"spec": {"nodeSelector": {n.HOSTNAME_LABEL: node},
                      "tolerations": _union(list(spec.get("tolerations") or []), toleration_dicts(tolerations)),
                      "schedulingGates": gates}}
+
+
+def template_gated(template: Mapping[str, Any]) -> bool:
+    """Whether a pod template still carries gpuq's gate (a placement was written into it)."""
+    return gated(template)
 
 
 def gated(pod: Mapping[str, Any]) -> bool:

@@ -82,12 +82,14 @@ class WorkloadKind(ABC):
         say so."""
         raise NotImplementedError(f"gpuq does not create {self.kind} objects")
 
-    def run_patch(self, obj: Obj, templates: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
-        """A merge patch that writes `templates` into the object and resumes it."""
+    def run_patch(self, obj: Obj, templates: Mapping[str, dict[str, Any]], *, suspend: bool = False
+                  ) -> dict[str, Any]:
+        """A merge patch that writes `templates` into the object and resumes it (or, with `suspend`, suspends it:
+        Kueue's restore, with the templates as the user wrote them)."""
         spec = copy.deepcopy(dict(obj.get("spec") or {}))
         self.with_templates(spec, templates)
         patch = {"spec": spec}
-        _merge(patch, self.suspend_patch(False))
+        _merge(patch, self.suspend_patch(suspend))
         return patch
 
 
