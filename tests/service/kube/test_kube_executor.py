@@ -99,7 +99,7 @@ async def test_informer_relists_after_410_and_reports_what_it_missed(kube_api: A
 
 
 def fake_nodes() -> Any:
-    from kubefake.resources import NODES  # the fake's own resource table (test-side only)
+    from tests.kube.kubefake.resources import NODES  # the fake's own resource table (test-side only)
 
     return NODES
 
