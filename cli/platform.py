@@ -30,7 +30,7 @@ from services.stack import ALL_SERVICES, Stack, StackSettings
 from shared import namespace as namespaces
 from shared.bus import NamespaceInUse, delete_streams, ensure_streams, namespace_purposes
 from shared.clock import ScaledClock, SystemClock
-from shared.config import ConfigError, load_cluster, load_queues, parse_cluster, parse_queues
+from shared.config import ClusterSource, ConfigError, load_cluster, load_queues, parse_cluster, parse_queues
 from shared.db import drop_database, redact, scratch_database
 from shared.events import JobSubmitted, utcnow_from
 from shared.health import HealthServer
@@ -78,11 +78,14 @@ def up(
     if executor not in ("sim", "kube"):
         console.print(f"[red]--executor must be sim or kube, not {executor!r}[/]")
         raise typer.Exit(2)
+    wanted = [s.strip() for s in services.split(",") if s.strip()]
+    runs_executor = "executor" in wanted
     if executor == "sim":
         cluster = cluster or EXAMPLES / "cluster.yaml"
-        console.print(f"gpuq up: SIMULATED executor: jobs run on the simulated nodes of {cluster}, not on a real "
-                      "cluster (use --executor kube for Kubernetes)", soft_wrap=True)
-    else:
+        if runs_executor:
+            console.print(f"gpuq up: SIMULATED executor: jobs run on the simulated nodes of {cluster}, not on a "
+                          "real cluster (use --executor kube for Kubernetes)", soft_wrap=True)
+    elif runs_executor:
         console.print("gpuq up: Kubernetes executor, "
                       + (f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster service account"), soft_wrap=True)
     try:
@@ -92,16 +95,17 @@ def up(
     except ConfigError as exc:
         console.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(2) from None
-    for warning in queues_cfg.warnings(cluster_cfg if executor == "sim" else None):
+    # Capacity warnings need the nodes, which a `source: kubernetes` cluster.yaml does not list.
+    for warning in queues_cfg.warnings(cluster_cfg if cluster_cfg.source is ClusterSource.STATIC else None):
         console.print(f"[yellow]warning:[/] {warning}")
-    if executor == "kube":
+    if executor == "kube" and runs_executor:
         from services.executor.kube.client import load_config
 
         try:
             load_config(kubeconfig)
         except Exception as exc:  # lightkube raises its own ConfigError, or OSError, for what cannot be read
             where = str(kubeconfig) if kubeconfig else "the in-cluster service account"
-            console.print(f"[red]cannot use {where} to reach Kubernetes: {exc}[/]")
+            console.print(f"[red]cannot use {where} to reach Kubernetes: {escape(str(exc))}[/]")
             raise typer.Exit(2) from None
     try:
         servers = resolve_servers(data_dir)
@@ -112,7 +116,7 @@ def up(
     settings = StackSettings(
         nats_url=servers.nats_url, database_url=servers.database_url, queues=queues_cfg, cluster=cluster_cfg,
         cluster_dir=cluster.parent if cluster is not None else None, executor=executor, kubeconfig=kubeconfig,
-        services=[s.strip() for s in services.split(",") if s.strip()],
+        services=wanted,
         clock=ScaledClock(speedup) if speedup != 1.0 else SystemClock(), metrics_port=metrics_port,
         admission_cohorts=parse_cohorts(admission_cohorts), instance=instance)
 
