@@ -87,6 +87,9 @@ class KubernetesSource(_Strict):
     requeue_backoff_s: float = Field(default=60.0, ge=0)
     requeue_limit: int = Field(default=5, ge=0)
     image_pull_timeout_s: float = Field(default=300.0, gt=0)  # an image that cannot be pulled fails the job then
+    # A pod kube-scheduler cannot bind where gpuq placed it is requeued when that lasts this long (the GPUs of a
+    # preempted job's pods are free only after their termination grace period, so a short wait is normal).
+    bind_timeout_s: float = Field(default=120.0, gt=0)
     namespace: str | None = None  # watch one namespace only (tests, single-tenant installs); None = all
 
 

@@ -347,7 +347,8 @@ class KubeExecutor:
         await self.api.patch(res, row["name"], kind.run_patch(obj, templates), namespace=row["namespace"])
         await tx.conn.execute(
             "UPDATE executor.kube_jobs SET state = 'placed', placed_at = $2, started_at = NULL, attempt = attempt + 1, "
-            "failure = NULL, pull_problem_at = NULL, preemption_id = NULL WHERE job_id = $1", job_id, tx.now)
+            "failure = NULL, pull_problem_at = NULL, unbound_at = NULL, preemption_id = NULL WHERE job_id = $1",
+            job_id, tx.now)
         nodes = sorted({b.node for b in _bindings(row)})
         await self.notices.event(_ref(row), "Placed", f"placed on {', '.join(nodes)}"
                                  + (f"; resuming from {row['resume_from']}" if row["resume_from"] else ""), tx.now)
@@ -452,11 +453,14 @@ class KubeExecutor:
                                   job_id, tx.now, json.dumps({"reason": ExitReason.IMAGE_PULL.value,
                                                               "message": problem}))
         why = unschedulable(pod)
-        if why is not None:
-            node = pod_node(pod)
-            await self._requeue(tx, row, PreemptionReason.PLACEMENT_FAILED,
-                                f"pod {pod['metadata']['name']} cannot run on {node}: {why}")
-            return
+        if why is not None and row["unbound_at"] is None:
+            # Reported now; requeued by the timer if it lasts (see KubernetesSource.bind_timeout_s).
+            message = f"pod {pod['metadata']['name']} cannot run on {pod_node(pod)}: {why}"
+            await tx.conn.execute("UPDATE executor.kube_jobs SET unbound_at = $2, unbound_message = $3 "
+                                  "WHERE job_id = $1", job_id, tx.now, message)
+            await self.notices.event(_ref(row), "Unschedulable", message, tx.now, warning=True)
+        elif why is None and row["unbound_at"] is not None and pod.get("spec", {}).get("nodeName"):
+            await tx.conn.execute("UPDATE executor.kube_jobs SET unbound_at = NULL WHERE job_id = $1", job_id)
         if row["state"] == "placed":
             spec = JobSpec.model_validate_json(row["spec"])
             current = [p for p in self._job_pods(row["job_label"])
@@ -624,6 +628,10 @@ class KubeExecutor:
             problem = json.loads(row["failure"])["message"] if row["failure"] else "image cannot be pulled"
             await self._fail(tx, row, ExitReason.IMAGE_PULL,
                              f"{problem} (still failing after {cfg.image_pull_timeout_s:g} s)")
+            return
+        if row["unbound_at"] is not None and now - row["unbound_at"] >= cfg.bind_timeout_s:
+            await self._requeue(tx, row, PreemptionReason.PLACEMENT_FAILED,
+                                f"{row['unbound_message']} (for {cfg.bind_timeout_s:g} s)")
             return
         spec = JobSpec.model_validate_json(row["spec"])
         if row["state"] == "running" and now - row["started_at"] >= spec.max_runtime_s:

@@ -23,6 +23,8 @@ CREATE TABLE executor.kube_jobs (
     preemption_id   text,
     failure         jsonb,                          -- first pod failure of this attempt: {reason, message}
     pull_problem_at double precision,               -- since when an image cannot be pulled
+    unbound_at      double precision,               -- since when a pod cannot bind where it was placed
+    unbound_message text,
     last_notice     text,                           -- the last Kubernetes Event (reason + message), not repeated
     traceparent     text
 );

@@ -308,7 +308,7 @@ async def test_pod_that_cannot_bind_where_placed_requeues_its_job(fresh: tuple[s
     await kube_api.create_namespace("other")
     await client.create(POD({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "squatter", "namespace": "other"},
                              "spec": {"nodeName": "n1", **_pod_spec(8)}}))
-    cluster = kube_cluster(requeue_backoff_s=0.2, requeue_limit=1)
+    cluster = kube_cluster(requeue_backoff_s=0.2, requeue_limit=1, bind_timeout_s=1.0)
     async with kube_api.autopilot(), kube_stack(nats_url, database_url, QUEUES, cluster, kube_api.kubeconfig):
         await client.create(job("blocked"))
         (failed,) = await eventually("JobFailed", lambda: events_of(nats_url, "failed"), timeout_s=60)
@@ -316,4 +316,4 @@ async def test_pod_that_cannot_bind_where_placed_requeues_its_job(fresh: tuple[s
         reasons = [e["reason"] for e in await workload_events(client, NS, "blocked")]
     assert [p["reason"] for p in preempted] == ["PlacementFailed"]
     assert "cannot run on n1" in failed["message"] and "gave up after 1 requeue" in failed["message"]
-    assert "Requeued" in reasons and "Failed" in reasons
+    assert "Unschedulable" in reasons and "Requeued" in reasons and "Failed" in reasons
