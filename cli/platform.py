@@ -30,7 +30,7 @@ from services.stack import ALL_SERVICES, Stack, StackSettings
 from shared import namespace as namespaces
 from shared.bus import NamespaceInUse, delete_streams, ensure_streams, namespace_purposes
 from shared.clock import ScaledClock, SystemClock
-from shared.config import ConfigError, load_cluster, load_queues, parse_cluster, parse_queues
+from shared.config import ClusterSource, ConfigError, load_cluster, load_queues, parse_cluster, parse_queues
 from shared.db import drop_database, redact, scratch_database
 from shared.events import JobSubmitted, utcnow_from
 from shared.health import HealthServer
@@ -44,7 +44,13 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "deploy" / "examples"
 
 
 def up(
-    cluster: Path = typer.Option(EXAMPLES / "cluster.yaml", help="cluster.yaml of the simulated executor"),
+    cluster: Path | None = typer.Option(
+        None, help="cluster.yaml: the simulated cluster (default: deploy/examples/cluster.yaml), or with "
+                   "--executor kube the node mapping (source: kubernetes; default: the built-in mapping)"),
+    executor: str = typer.Option("sim", help="sim: a simulated cluster (nothing really runs); kube: run jobs on "
+                                             "Kubernetes"),
+    kubeconfig: Path | None = typer.Option(
+        None, help="kubeconfig for --executor kube (default: the in-cluster service account)"),
     queues: Path = typer.Option(EXAMPLES / "queues.yaml", help="queues.yaml: teams, quotas, policy"),
     services: str = typer.Option(",".join(ALL_SERVICES), help="Comma-separated services to run here"),
     data_dir: Path = typer.Option(STATE_DIR, help="Where embedded NATS/Postgres keep their data"),
@@ -67,16 +73,43 @@ def up(
     """Run the services until interrupted. Uses NATS_URL / DATABASE_URL when set (NATS_URL carries this process's
     bus credentials on an authenticated server), else embedded servers, whose NATS gets a bus user per service and
     per team (docs/security.md).
-    Serves /healthz and /readyz (JSON, per service) on --health-port while the services start, run and stop."""
+    Serves /healthz and /readyz (JSON, per service) on --health-port while the services start, run and stop.
+
+    By default the executor is simulated (jobs "run" on the nodes of cluster.yaml and nothing is started);
+    `--executor kube` runs them on the Kubernetes cluster of `--kubeconfig` (docs/kubernetes.md)."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if executor not in ("sim", "kube"):
+        console.print(f"[red]--executor must be sim or kube, not {executor!r}[/]")
+        raise typer.Exit(2)
+    wanted = [s.strip() for s in services.split(",") if s.strip()]
+    runs_executor = "executor" in wanted
+    if executor == "sim":
+        cluster = cluster or EXAMPLES / "cluster.yaml"
+        if runs_executor:
+            console.print(f"gpuq up: SIMULATED executor: jobs run on the simulated nodes of {cluster}, not on a "
+                          "real cluster (use --executor kube for Kubernetes)", soft_wrap=True)
+    elif runs_executor:
+        console.print("gpuq up: Kubernetes executor, "
+                      + (f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster service account"), soft_wrap=True)
     try:
-        cluster_cfg = load_cluster(cluster)
+        cluster_cfg = load_cluster(cluster) if cluster is not None else parse_cluster(
+            {"source": "kubernetes"}, "built-in Kubernetes mapping")
         queues_cfg = load_queues(queues)
     except ConfigError as exc:
         console.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(2) from None
-    for warning in queues_cfg.warnings(cluster_cfg):
+    # Capacity warnings need the nodes, which a `source: kubernetes` cluster.yaml does not list.
+    for warning in queues_cfg.warnings(cluster_cfg if cluster_cfg.source is ClusterSource.STATIC else None):
         console.print(f"[yellow]warning:[/] {warning}")
+    if executor == "kube" and runs_executor:
+        from services.executor.kube.client import load_config
+
+        try:
+            load_config(kubeconfig)
+        except Exception as exc:  # lightkube raises its own ConfigError, or OSError, for what cannot be read
+            where = str(kubeconfig) if kubeconfig else "the in-cluster service account"
+            console.print(f"[red]cannot use {where} to reach Kubernetes: {escape(str(exc))}[/]")
+            raise typer.Exit(2) from None
     try:
         servers = resolve_servers(data_dir, teams=_teams(queues_cfg))
     except EmbeddedServerError as exc:
@@ -85,10 +118,11 @@ def up(
     record_servers(servers.nats_url, servers.database_url)
     settings = StackSettings(
         nats_url=servers.nats_url, database_url=servers.database_url, queues=queues_cfg, cluster=cluster_cfg,
-        cluster_dir=cluster.parent, services=[s.strip() for s in services.split(",") if s.strip()],
+        cluster_dir=cluster.parent if cluster is not None else None, executor=executor, kubeconfig=kubeconfig,
+        services=wanted,
         clock=ScaledClock(speedup) if speedup != 1.0 else SystemClock(), metrics_port=metrics_port,
         admission_cohorts=parse_cohorts(admission_cohorts), instance=instance, api_port=api_port,
-        nats_urls=_service_urls(servers))
+        nats_urls=_service_urls(servers, executor))
 
     async def run() -> None:
         stop = asyncio.Event()
@@ -132,11 +166,17 @@ def _teams(config: Any) -> list[str]:
     return sorted({t for q in config.queues for t in q.teams} | set(config.governance.teams))
 
 
-def _service_urls(servers: Any) -> dict[str, str]:
-    """Each service on its own bus credential when this process started the (authenticated) embedded NATS."""
-    from shared.natsauth import SERVICES
+def _service_urls(servers: Any, executor: str = "sim") -> dict[str, str]:
+    """Each service on its own bus credential when this process started the (authenticated) embedded NATS. The
+    Kubernetes executor is also the intake of workloads: it uses the `kube` user, which may submit for teams."""
+    from shared.natsauth import KUBE, SERVICES
 
-    return {name: servers.nats_url_for(name) for name in SERVICES} if servers.nats_auth is not None else {}
+    if servers.nats_auth is None:
+        return {}
+    urls = {name: servers.nats_url_for(name) for name in SERVICES}
+    if executor == "kube":
+        urls["executor"] = servers.nats_url_for(KUBE)
+    return urls
 
 
 DEMO_CLUSTER = {"node_groups": [

@@ -40,6 +40,10 @@ class StackSettings:
     queues: QueuesConfig
     cluster: ClusterConfig | None = None  # needed by the simulated executor
     cluster_dir: Path | None = None
+    # "sim": the simulated cluster of cluster.yaml; "kube": the Kubernetes executor (services/executor/kube), with
+    # `kubeconfig` (None = the pod's in-cluster service account).
+    executor: str = "sim"
+    kubeconfig: Path | None = None
     services: Sequence[str] = ALL_SERVICES
     clock: Clock = field(default_factory=SystemClock)
     metrics_port: int | None = None  # telemetry's /metrics; None = no HTTP endpoint
@@ -65,12 +69,7 @@ def build_specs(settings: StackSettings) -> list[ServiceSpec]:
 
         specs.append(SchedulerService(queues=settings.queues).spec())
     if "executor" in wanted:
-        if settings.cluster is None:
-            raise ValueError("the simulated executor needs a cluster.yaml (--cluster)")
-        from services.executor.sim import SimExecutor, SimExecutorSettings
-
-        specs.append(SimExecutor(SimExecutorSettings(cluster=settings.cluster,
-                                                     cluster_dir=settings.cluster_dir)).spec())
+        specs.append(_executor_spec(settings))
     if "api" in wanted:
         from services.api.app import ApiService
 
@@ -81,6 +80,26 @@ def build_specs(settings: StackSettings) -> list[ServiceSpec]:
             if spec is not None:
                 specs.append(spec)
     return specs
+
+
+def _executor_spec(settings: StackSettings) -> ServiceSpec:
+    if settings.executor == "kube":
+        from services.executor.kube.app import KubeExecutorSettings, build_executor
+        from shared.config import ClusterConfig, ClusterSource
+
+        cluster = settings.cluster or ClusterConfig(source=ClusterSource.KUBERNETES)
+        if cluster.source is not ClusterSource.KUBERNETES:
+            raise ValueError("the Kubernetes executor reads its nodes from the API: give a cluster.yaml with "
+                             "source: kubernetes (or none, for the defaults)")
+        return build_executor(KubeExecutorSettings(cluster=cluster, queues=settings.queues),
+                              settings.kubeconfig).spec()
+    if settings.executor != "sim":
+        raise ValueError(f"unknown executor {settings.executor!r} (sim or kube)")
+    if settings.cluster is None:
+        raise ValueError("the simulated executor needs a cluster.yaml (--cluster)")
+    from services.executor.sim import SimExecutor, SimExecutorSettings
+
+    return SimExecutor(SimExecutorSettings(cluster=settings.cluster, cluster_dir=settings.cluster_dir)).spec()
 
 
 def _eta_function() -> EtaFn:

@@ -59,17 +59,65 @@ class NodeGroup(_Strict):
         return v
 
 
+class ClusterSource(StrEnum):
+    STATIC = "static"  # node_groups: the simulated executor and the simulator
+    KUBERNETES = "kubernetes"  # nodes read from the Kubernetes API (services/executor/kube)
+
+
+class KubernetesSource(_Strict):
+    """How the Kubernetes executor reads nodes and runs workloads (cluster.yaml, `source: kubernetes`).
+
+    Defaults follow NVIDIA GPU Feature Discovery and the device plugin's mixed MIG strategy."""
+
+    # GPU model: the node label's value (GFD's product name) through this map to a flavor of queues.yaml;
+    # a product missing from the map is its own flavor name.
+    gpu_product_label: str = "nvidia.com/gpu.product"
+    gpu_flavors: dict[str, str] = Field(default_factory=dict)
+    gpu_memory_label: str = "nvidia.com/gpu.memory"  # MiB, informational (kept in the node's labels)
+    pool_label: str | None = None  # copied to the node's `pool` label, which jobs select on
+    # Topology: label keys from the widest level to the narrowest above the node. The narrowest is gpuq's rack,
+    # the one before it the block (a domain is the path of values, so racks of two blocks never merge).
+    topology_levels: tuple[str, ...] = ("network.topology.nvidia.com/spine", "network.topology.nvidia.com/block")
+    datasets_key: str = "gpuq.io/datasets"  # label or annotation: comma-separated datasets cached on the node
+    node_selector: dict[str, str] = Field(default_factory=dict)  # only nodes with these labels are gpuq's
+    resync_s: float = Field(default=300.0, gt=0)  # full relist of nodes and workloads this often
+    # Gang readiness (Kueue's waitForPodsReady): a placed gang not all Ready in time is suspended and requeued
+    # after a backoff of base * 2^(attempt-1), at most requeue_limit times; then it fails.
+    pods_ready_timeout_s: float = Field(default=600.0, gt=0)
+    requeue_backoff_s: float = Field(default=60.0, ge=0)
+    requeue_limit: int = Field(default=5, ge=0)
+    image_pull_timeout_s: float = Field(default=300.0, gt=0)  # an image that cannot be pulled fails the job then
+    # A pod kube-scheduler cannot bind where gpuq placed it is requeued when that lasts this long (the GPUs of a
+    # preempted job's pods are free only after their termination grace period, so a short wait is normal).
+    bind_timeout_s: float = Field(default=120.0, gt=0)
+    namespace: str | None = None  # watch one namespace only (tests, single-tenant installs); None = all
+
+
 class ClusterConfig(_Strict):
-    node_groups: tuple[NodeGroup, ...] = Field(min_length=1)
+    source: ClusterSource = ClusterSource.STATIC
+    node_groups: tuple[NodeGroup, ...] = ()
     topology_file: str | None = None
+    kubernetes: KubernetesSource | None = None
 
     @model_validator(mode="after")
     def _unique(self) -> ClusterConfig:
+        if self.source is ClusterSource.STATIC and not self.node_groups:
+            raise ValueError("node_groups: a static cluster needs at least one node group "
+                             "(or set source: kubernetes to read the nodes from the cluster)")
+        if self.source is ClusterSource.KUBERNETES and self.node_groups:
+            raise ValueError("node_groups: a kubernetes cluster reads its nodes from the API; remove node_groups")
+        if self.source is ClusterSource.STATIC and self.kubernetes is not None:
+            raise ValueError("kubernetes: only used with source: kubernetes")
         names = [g.name for g in self.node_groups]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"node group names must be unique; repeated: {', '.join(dupes)}")
         return self
+
+    @property
+    def kube(self) -> KubernetesSource:
+        """The Kubernetes settings (defaults when the section is absent)."""
+        return self.kubernetes or KubernetesSource()
 
     @property
     def total_gpus(self) -> int:
@@ -247,6 +295,23 @@ class Governance(_Strict):
         return self.teams.get(team, self.default)
 
 
+class NamespaceMapping(_Strict):
+    """A Kubernetes namespace's team and the queues its workloads may name (like Kueue's LocalQueues): a workload
+    labelled `gpuq.io/queue=<queue>` in this namespace is the team's job in that queue. The team comes only from
+    here, never from a label the user writes."""
+
+    name: str = Field(min_length=1, max_length=63)
+    team: str
+    queues: tuple[str, ...] = Field(min_length=1)
+
+    @field_validator("team")
+    @classmethod
+    def _team(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError(f"{v!r} is not a valid name (lower-case letters, digits, '.', '_', '-')")
+        return v
+
+
 class QueuesConfig(_Strict):
     priority_classes: tuple[PriorityClass, ...] = Field(min_length=1)
     cohorts: tuple[Cohort, ...] = ()
@@ -255,6 +320,9 @@ class QueuesConfig(_Strict):
     gpu_flavors: dict[str, GpuFlavor] = Field(default_factory=dict)
     default_priority_class: str | None = None
     governance: Governance = Governance()
+    # Kubernetes: namespace -> team and queues; a pod template's priorityClassName -> gpuq priority class.
+    namespaces: tuple[NamespaceMapping, ...] = ()
+    kubernetes_priority_classes: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _references(self) -> QueuesConfig:
@@ -277,6 +345,22 @@ class QueuesConfig(_Strict):
             unknown = [c for c in policy.approval_required_classes if c not in self.priority_class_map]
             if unknown:
                 problems.append(f"{where}.approval_required_classes: {', '.join(unknown)} not a priority class")
+        names = [n.name for n in self.namespaces]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            problems.append(f"namespaces must be listed once; repeated: {', '.join(dupes)}")
+        queue_names = {q.name: q for q in self.queues}
+        for i, ns in enumerate(self.namespaces):
+            for queue in ns.queues:
+                declared = queue_names.get(queue)
+                if declared is None:
+                    problems.append(f"namespaces[{i}] ({ns.name}): queue {queue!r} is not declared under queues")
+                elif declared.teams and ns.team not in declared.teams:
+                    problems.append(f"namespaces[{i}] ({ns.name}): team {ns.team!r} may not use queue {queue!r} "
+                                    f"(allowed: {', '.join(sorted(declared.teams))})")
+        for k8s_name, cls in sorted(self.kubernetes_priority_classes.items()):
+            if cls not in self.priority_class_map:
+                problems.append(f"kubernetes_priority_classes.{k8s_name}: {cls!r} is not a priority class")
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -290,6 +374,10 @@ class QueuesConfig(_Strict):
     @cached_property
     def queue_map(self) -> dict[str, QueueConfig]:
         return {q.name: q for q in self.queues}
+
+    @cached_property
+    def namespace_map(self) -> dict[str, NamespaceMapping]:
+        return {n.name: n for n in self.namespaces}
 
     def flavor(self, gpu_model: str) -> GpuFlavor:
         return self.gpu_flavors.get(gpu_model, GpuFlavor())

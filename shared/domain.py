@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -68,6 +69,43 @@ class Toleration(Frozen):
         return self.key == taint.key and self.value == taint.value
 
 
+class WorkloadRef(Frozen):
+    """The Kubernetes object a job came from (a suspended Job, JobSet, PyTorchJob or RayJob)."""
+
+    api_version: str = Field(min_length=1)
+    kind: str = Field(min_length=1)
+    namespace: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    uid: str | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}/{self.namespace}/{self.name}"
+
+
+class EnvVar(Frozen):
+    name: str = Field(min_length=1)
+    value: str = ""
+
+
+class PodTemplate(Frozen):
+    """What Kubernetes needs to run one pod of an event-submitted job. Resources (GPUs, MIG slice, CPU, memory)
+    come from the pod set; `resources` adds other limits (e.g. `ephemeral-storage`). `volumes` and
+    `volume_mounts` are Kubernetes Volume / VolumeMount objects, passed through as written."""
+
+    image: str = Field(min_length=1)
+    command: tuple[str, ...] = ()
+    args: tuple[str, ...] = ()
+    env: tuple[EnvVar, ...] = ()
+    resources: dict[str, str] = Field(default_factory=dict)
+    volumes: tuple[dict[str, Any], ...] = ()
+    volume_mounts: tuple[dict[str, Any], ...] = ()
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: tuple[Toleration, ...] = ()
+    service_account_name: str | None = None
+    termination_grace_period_s: int | None = Field(default=None, ge=0)
+
+
 class PodSet(Frozen):
     name: str = "main"
     count: int = Field(default=1, ge=1, le=4096)
@@ -76,6 +114,7 @@ class PodSet(Frozen):
     mig_profile: str | None = None  # e.g. "1g.10gb": each pod takes one slice of this profile
     cpu_milli: int = Field(default=1000, ge=0)
     memory_mib: int = Field(default=4096, ge=0)
+    template: PodTemplate | None = None  # how to run it, for a job submitted as an event (Kubernetes executor)
 
     @model_validator(mode="after")
     def _mig_pods_take_one_slice(self) -> PodSet:
@@ -127,6 +166,10 @@ class JobSpec(Frozen):
     labels: dict[str, str] = Field(default_factory=dict)
     preemptible: bool | None = None  # None = the priority class decides
     user: str | None = None
+    # Kubernetes: the workload object a job came from, or the namespace an event-submitted job runs in
+    # (default: the namespace queues.yaml maps to the team). A job has a workload or pod templates, not both.
+    workload: WorkloadRef | None = None
+    namespace: str | None = None
 
     @field_validator("job_id")
     @classmethod
@@ -149,7 +192,19 @@ class JobSpec(Frozen):
             raise ValueError(f"pod set names must be unique, got {names}")
         if self.min_members is not None and self.min_members > self.total_pods:
             raise ValueError(f"min_members={self.min_members} exceeds the job's {self.total_pods} pods")
+        templated = [p.name for p in self.pod_sets if p.template is not None]
+        if self.workload is not None and templated:
+            raise ValueError("a job from a Kubernetes workload cannot also carry pod templates "
+                             f"(pod sets {', '.join(templated)})")
+        if templated and len(templated) != len(self.pod_sets):
+            missing = [p.name for p in self.pod_sets if p.template is None]
+            raise ValueError(f"every pod set needs a template when one has one; missing: {', '.join(missing)}")
         return self
+
+    @property
+    def runnable(self) -> bool:
+        """Whether Kubernetes can run it: it names its workload object or carries a template per pod set."""
+        return self.workload is not None or all(p.template is not None for p in self.pod_sets)
 
     @property
     def total_pods(self) -> int:

@@ -95,11 +95,21 @@ class ExitReason(StrEnum):
     CANCELLED = "Cancelled"
     DEADLINE_EXCEEDED = "DeadlineExceeded"
     NODE_FAILURE = "NodeFailure"
+    EVICTED = "Evicted"
+    IMAGE_PULL = "ImagePullFailed"
+    PODS_NOT_READY = "PodsNotReady"  # the gang was never Ready within the retry limit
 
 
 class PreemptionReason(StrEnum):
+    """Why a running job was stopped and requeued. The first two are the preemption service's decisions; the
+    others are the Kubernetes executor's: the job's node failed (it resumes from its checkpoint), its gang was not
+    Ready in time, or a pod could not run where gpuq placed it."""
+
     PRIORITY = "PriorityPreemption"
     RECLAIM = "ReclaimQuota"
+    NODE_FAILURE = "NodeFailure"
+    PODS_READY_TIMEOUT = "PodsReadyTimeout"
+    PLACEMENT_FAILED = "PlacementFailed"
 
 
 # --------------------------------------------------------------------------- job lifecycle

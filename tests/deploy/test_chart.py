@@ -32,8 +32,8 @@ EXECUTOR_RULES = {
     ("", "nodes"): {"list", "watch"},
     ("", "pods"): {"get", "list", "watch", "patch", "delete"},
     ("", "events"): {"create"},
-    ("batch", "jobs"): {"get", "list", "watch", "patch", "update"},
-    ("jobset.x-k8s.io", "jobsets"): {"get", "list", "watch", "patch", "update"},
+    ("batch", "jobs"): {"get", "list", "watch", "patch", "update", "create"},
+    ("jobset.x-k8s.io", "jobsets"): {"get", "list", "watch", "patch", "update", "create"},
     ("kubeflow.org", "pytorchjobs"): {"get", "list", "watch", "patch", "update"},
     ("ray.io", "rayjobs"): {"get", "list", "watch", "patch", "update"},
 }

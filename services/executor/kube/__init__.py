@@ -1,0 +1,1 @@
+"""`executor/kube`: the Kubernetes executor. Pure translation lives in `core/`; API calls in the other modules."""

@@ -1,0 +1,686 @@
+"""`executor/kube`: runs gpuq's decisions on a Kubernetes cluster (docs/kubernetes.md).
+
+It honours the simulated executor's protocol (services/executor/sim.py): JobPlaced -> run; JobStarted,
+JobCompleted/JobFailed with reasons; CheckpointRequested -> checkpoint annotation on the pods -> JobCheckpointed
+from the SDK's answer -> (preemption service) JobPreempted -> suspend; a resumed job gets GPUQ_RESUME_FROM.
+It also feeds the platform: NodeInventory/NodeChanged from the node informer, JobSubmitted from suspended workloads
+labelled `gpuq.io/queue`, and Kubernetes Events + the `gpuq.io/status` annotation from the jobs' lifecycle events.
+
+Every decision is written to Postgres with the events it emits, in one transaction (the runtime's outbox); API
+calls are made inside that unit of work, so a failed call rolls the decision back and it is retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+from lightkube import operators
+
+from services.executor.kube import inventory
+from services.executor.kube.client import NODE, POD, KubeApi, status_code, workload_resource
+from services.executor.kube.core import names as n
+from services.executor.kube.core.intake import Refusal, job_spec
+from services.executor.kube.core.placement import (
+    assign_pods,
+    event_pod_sets,
+    gated,
+    placed_templates,
+    pod_node,
+    restored_template,
+    template_gated,
+    ungate_patch,
+)
+from services.executor.kube.core.pods import (
+    failure,
+    image_pull_problem,
+    ready_count,
+    requeue_delay_s,
+    unschedulable,
+)
+from services.executor.kube.core.workload import Finish, PodSetTemplate, WorkloadKind, all_kinds, kind_of
+from services.executor.kube.informer import Informer
+from services.executor.kube.notices import Notices
+from services.executor.verify import verify_placement
+from shared.config import ClusterConfig, KubernetesSource, QueuesConfig
+from shared.domain import GpuBinding, JobSpec
+from shared.events import (
+    CheckpointRequested,
+    CloudEvent,
+    ExitReason,
+    JobAdmitted,
+    JobCancelled,
+    JobCancelRequested,
+    JobCheckpointed,
+    JobCompleted,
+    JobFailed,
+    JobPending,
+    JobPlaced,
+    JobPreempted,
+    JobQueued,
+    JobRejected,
+    JobRequeued,
+    JobStarted,
+    JobSubmitted,
+    PreemptionReason,
+    utcnow_from,
+)
+from shared.service import ServiceRuntime, ServiceSpec, Tx
+
+log = logging.getLogger("gpuq.executor.kube")
+MIGRATIONS = Path(__file__).resolve().parents[1] / "migrations"
+ACTIVE = ("placed", "running")
+STOPPED = ("suspended", "failed", "cancelled")  # suspended by gpuq: its templates are restored
+BINDING_ANNOTATION = "gpuq.io/binding"  # on a pod: "<attempt>/<binding pod id>" it was given
+
+
+@dataclass
+class KubeExecutorSettings:
+    cluster: ClusterConfig
+    queues: QueuesConfig
+    tick_s: float = 1.0  # wall seconds between timer checks (PodsReady timeout, runtime limit, backoff)
+
+    @property
+    def kube(self) -> KubernetesSource:
+        return self.cluster.kube
+
+
+def _ref(row: asyncpg.Record | dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": row["api_version"], "kind": row["kind"], "namespace": row["namespace"],
+            "name": row["name"], "uid": row["uid"]}
+
+
+def _strip_nulls(value: Any) -> Any:
+    """Objects POSTed to the API carry no nulls (a merge patch's null means delete; a create's is invalid)."""
+    if isinstance(value, dict):
+        return {k: _strip_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_strip_nulls(v) for v in value]
+    return value
+
+
+def _bindings(row: asyncpg.Record) -> list[GpuBinding]:
+    return [GpuBinding.model_validate(b) for b in json.loads(row["placement"] or "[]")]
+
+
+def _created_at(obj: dict[str, Any]) -> datetime | None:
+    raw = (obj.get("metadata") or {}).get("creationTimestamp")
+    if not raw:
+        return None
+    try:
+        return datetime.fromisoformat(str(raw).replace("Z", "+00:00")).astimezone(UTC)
+    except ValueError:
+        return None
+
+
+class KubeExecutor:
+    def __init__(self, settings: KubeExecutorSettings, api: KubeApi):
+        self.settings = settings
+        self.cfg = settings.kube
+        self.queues = settings.queues
+        self.api = api
+        self.notices = Notices(api)
+        self.runtime: ServiceRuntime | None = None
+        label_exists = {n.QUEUE_LABEL: operators.exists()}
+        self.node_informer = Informer(api, NODE, self.on_node, on_synced=self.on_nodes_synced,
+                                      resync_s=self.cfg.resync_s, name="nodes")
+        self.pod_informer = Informer(api, POD, self.on_pod, labels={n.JOB_LABEL: operators.exists()},
+                                     resync_s=self.cfg.resync_s, name="pods")
+        self.workload_informers = [
+            Informer(api, workload_resource(k), self._workload_handler(k), labels=label_exists,
+                     resync_s=self.cfg.resync_s, name=k.plural) for k in all_kinds()]
+        self._nodes_announced = False
+
+    def spec(self) -> ServiceSpec:
+        return ServiceSpec(
+            name="executor", schema="executor", migrations=MIGRATIONS, singleton=True,
+            handlers={JobPlaced: self.on_placed, CheckpointRequested: self.on_checkpoint_requested,
+                      JobPreempted: self.on_stopped, JobCancelled: self.on_stopped, JobQueued: self.on_status,
+                      JobPending: self.on_status, JobAdmitted: self.on_status, JobRejected: self.on_status,
+                      JobRequeued: self.on_status, JobCheckpointed: self.on_checkpointed},
+            on_start=self.start, background=(self.watch_cluster, self.timer_loop),
+        )
+
+    async def start(self, runtime: ServiceRuntime) -> None:
+        self.runtime = runtime
+        self.notices.instance = runtime.source
+
+    # ------------------------------------------------------------------ informers
+
+    async def watch_cluster(self, runtime: ServiceRuntime) -> None:
+        """Nodes first (the scheduler needs them before anything can run), then pods and workloads."""
+        tasks = [asyncio.create_task(self.node_informer.run(), name="kube-nodes")]
+        try:
+            await self.node_informer.synced.wait()
+            tasks += [asyncio.create_task(i.run(), name=f"kube-{i.name}")
+                      for i in (self.pod_informer, *self.workload_informers)]
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.api.close()
+
+    def _rt(self) -> ServiceRuntime:
+        assert self.runtime is not None, "the executor has not started"
+        return self.runtime
+
+    # ------------------------------------------------------------------ nodes
+
+    async def on_node(self, kind: str, obj: dict[str, Any]) -> None:
+        if not self._nodes_announced:
+            return  # the first list is announced whole by on_nodes_synced
+        async with self._rt().transaction() as tx:
+            changed = await inventory.publish_node(tx, obj, self.cfg, deleted=kind == "DELETED")
+            for name in changed:
+                await self._node_failed(tx, name)
+
+    async def on_nodes_synced(self, cache: dict[str, dict[str, Any]]) -> None:
+        async with self._rt().transaction() as tx:
+            failed = await inventory.publish_all(tx, list(cache.values()), self.cfg, first=not self._nodes_announced)
+            for name in failed:
+                await self._node_failed(tx, name)
+        self._nodes_announced = True
+
+    async def _node_failed(self, tx: Tx, node: str) -> None:
+        """Jobs on a failed or removed node: requeued from their last checkpoint when they can checkpoint,
+        else failed with NodeFailure. Their workloads are suspended either way (the pods go)."""
+        rows = await tx.conn.fetch(
+            "SELECT * FROM executor.kube_jobs WHERE state = ANY($1::text[]) AND placement @> $2::jsonb "
+            "ORDER BY job_id FOR UPDATE", list(ACTIVE), json.dumps([{"node": node}]))
+        for row in rows:
+            spec = JobSpec.model_validate_json(row["spec"])
+            message = f"node {node} failed or was removed"
+            if spec.checkpoint.supported:
+                await self._requeue(tx, row, PreemptionReason.NODE_FAILURE, message, count=False)
+            else:
+                await self._fail(tx, row, ExitReason.NODE_FAILURE, message + "; the job cannot checkpoint")
+
+    # ------------------------------------------------------------------ workloads (intake and outcome)
+
+    def _workload_handler(self, kind: WorkloadKind) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
+        async def handler(event: str, obj: dict[str, Any]) -> None:
+            await self.on_workload(kind, event, obj)
+
+        return handler
+
+    async def on_workload(self, kind: WorkloadKind, event: str, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        uid = meta.get("uid")
+        async with self._rt().transaction() as tx:
+            row = await tx.conn.fetchrow("SELECT * FROM executor.kube_jobs WHERE uid = $1 FOR UPDATE", uid)
+            if row is None and (job_id := (meta.get("annotations") or {}).get(n.JOB_ID_ANNOTATION)):
+                row = await tx.conn.fetchrow(
+                    "SELECT * FROM executor.kube_jobs WHERE job_id = $1 AND origin = 'event' FOR UPDATE", job_id)
+            if event == "DELETED":
+                if row is not None and row["state"] in (*ACTIVE, "queued", "deferred", "suspended"):
+                    await self._set_state(tx, row["job_id"], "cancelled")
+                    # A request, on the job's team's subject: admission checks it and publishes JobCancelled.
+                    team = JobSpec.model_validate_json(row["spec"]).team
+                    await tx.emit(JobCancelRequested(job_id=row["job_id"], requested_by="kubernetes",
+                                                     reason=f"{kind.kind} {meta.get('name')} was deleted",
+                                                     requested_at=utcnow_from(tx.now)), subject_suffix=team)
+                return
+            if row is None:
+                await self._intake(tx, kind, obj)
+                return
+            finish = kind.finished(obj)
+            if finish is not None and row["state"] in ACTIVE:
+                await self._finished(tx, row, finish)
+            elif row["state"] in STOPPED:
+                await self._restore(kind, row, obj)
+
+    async def _intake(self, tx: Tx, kind: WorkloadKind, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        uid = meta.get("uid")
+        if await tx.conn.fetchval("SELECT true FROM executor.kube_refused WHERE uid = $1", uid):
+            return
+        ref = {"apiVersion": kind.api_version, "kind": kind.kind, "namespace": meta.get("namespace"),
+               "name": meta.get("name"), "uid": uid}
+        if kind.finished(obj) is not None:
+            return  # already over: nothing to schedule
+        if n.JOB_ID_ANNOTATION in (meta.get("annotations") or {}):
+            return  # gpuq created it for an event-submitted job whose record is being written
+        if not kind.suspended(obj):
+            await self._refuse(tx, ref, Refusal(
+                "NotSuspended", f"{kind.kind} was created unsuspended, so Kubernetes runs it without gpuq; create it "
+                                "with suspend: true to queue it in gpuq"))
+            return
+        result = job_spec(kind, obj, self.queues, self.cfg)
+        if isinstance(result, Refusal):
+            await self._refuse(tx, ref, result)
+            return
+        spec = result
+        templates = {ps.name: ps.template for ps in kind.pod_sets(obj)}
+        inserted = await tx.conn.fetchval(
+            """INSERT INTO executor.kube_jobs(job_id, job_label, origin, api_version, kind, namespace, name, uid, spec,
+                 templates, state) VALUES ($1, $2, 'cluster', $3, $4, $5, $6, $7, $8, $9, 'queued')
+               ON CONFLICT (job_id) DO NOTHING RETURNING true""",
+            spec.job_id, n.job_label(spec.job_id), kind.api_version, kind.kind, ref["namespace"], ref["name"], uid,
+            spec.model_dump_json(), json.dumps(templates))
+        if not inserted:
+            return
+        # On the team's subject (the team mapped from the namespace): the executor's bus user may publish there.
+        await tx.emit(JobSubmitted(spec=spec, submitted_at=_created_at(obj) or utcnow_from(tx.now)),
+                      subject_suffix=spec.team)
+        await self.notices.event(ref, "Submitted", f"gpuq job {spec.job_id}: team {spec.team}, queue {spec.queue}, "
+                                                   f"priority {spec.priority_class}, {spec.total_gpus} GPU(s)", tx.now)
+        await self.notices.status(ref, f"Submitted as {spec.job_id}")
+
+    async def _refuse(self, tx: Tx, ref: dict[str, Any], refusal: Refusal) -> None:
+        await tx.conn.execute(
+            "INSERT INTO executor.kube_refused(uid, reason, message, at) VALUES ($1, $2, $3, $4) "
+            "ON CONFLICT DO NOTHING", ref["uid"], refusal.reason, refusal.message, tx.now)
+        log.info("refused %s %s/%s: %s: %s", ref["kind"], ref["namespace"], ref["name"], refusal.reason,
+                 refusal.message)
+        await self.notices.event(ref, refusal.reason, refusal.message, tx.now, warning=True)
+
+    async def _finished(self, tx: Tx, row: asyncpg.Record, finish: Finish) -> None:
+        job_id = row["job_id"]
+        now = utcnow_from(tx.now)
+        if finish.succeeded:
+            await tx.emit(JobCompleted(job_id=job_id, finished_at=now), traceparent=row["traceparent"])
+            await self._set_state(tx, job_id, "completed", outcome=ExitReason.SUCCEEDED.value)
+            await self.notices.event(_ref(row), "Completed", "the job completed", tx.now)
+            await self.notices.status(_ref(row), "Completed")
+            return
+        pod_failure = json.loads(row["failure"]) if row["failure"] else None
+        if finish.reason == "DeadlineExceeded":
+            reason, message = ExitReason.DEADLINE_EXCEEDED, finish.message or "activeDeadlineSeconds reached"
+        elif pod_failure is not None:
+            reason, message = ExitReason(pod_failure["reason"]), pod_failure["message"]
+        else:
+            reason, message = ExitReason.ERROR, f"{finish.reason}: {finish.message}".strip(": ")
+        await self._emit_failed(tx, row, reason, message)
+
+    async def _emit_failed(self, tx: Tx, row: asyncpg.Record, reason: ExitReason, message: str) -> None:
+        await tx.emit(JobFailed(job_id=row["job_id"], exit_reason=reason, message=message,
+                                finished_at=utcnow_from(tx.now)), traceparent=row["traceparent"])
+        await self._set_state(tx, row["job_id"], "failed", outcome=reason.value)
+        await self.notices.event(_ref(row), "Failed", f"{reason.value}: {message}", tx.now, warning=True)
+        await self.notices.status(_ref(row), f"Failed: {reason.value}")
+
+    # ------------------------------------------------------------------ placement
+
+    async def on_placed(self, tx: Tx, event: CloudEvent, placed: JobPlaced) -> None:
+        await verify_placement(tx.conn, placed, cancelled_table="executor.cancelled")
+        spec = placed.spec
+        row = await tx.conn.fetchrow("SELECT * FROM executor.kube_jobs WHERE job_id = $1 FOR UPDATE", spec.job_id)
+        if row is None:
+            if spec.workload is None and spec.runnable:
+                await self._create_event_job(tx, placed)
+            else:
+                what = (f"its workload {spec.workload.key} is not known to this executor" if spec.workload
+                        else "it has neither a workload reference nor a pod template per pod set")
+                await tx.emit(JobFailed(job_id=spec.job_id, exit_reason=ExitReason.ERROR,
+                                        message=f"cannot run on Kubernetes: {what}", finished_at=utcnow_from(tx.now)))
+            return
+        if row["state"] in ACTIVE:
+            log.warning("%s is placed again while it runs; keeping the running placement", spec.job_id)
+            return
+        await tx.conn.execute(
+            "UPDATE executor.kube_jobs SET spec = $2, placement = $3, resume_from = $4, traceparent = $5 "
+            "WHERE job_id = $1", spec.job_id, spec.model_dump_json(),
+            json.dumps([b.model_dump(mode="json") for b in placed.bindings]), placed.resume_from, tx.traceparent)
+        if row["backoff_until"] is not None and tx.now < row["backoff_until"]:
+            await self._set_state(tx, spec.job_id, "deferred")
+            return  # the timer runs it when the backoff ends (its GPUs stay reserved meanwhile)
+        await self._run(tx, spec.job_id)
+
+    async def _run(self, tx: Tx, job_id: str) -> None:
+        """Write the placement into the workload's templates and resume it."""
+        row = await tx.conn.fetchrow("SELECT * FROM executor.kube_jobs WHERE job_id = $1 FOR UPDATE", job_id)
+        kind = kind_of(row["api_version"], row["kind"])
+        assert kind is not None
+        spec = JobSpec.model_validate_json(row["spec"])
+        res = workload_resource(kind)
+        try:
+            obj = await self.api.get(res, row["name"], namespace=row["namespace"])
+        except Exception as exc:
+            if status_code(exc) == 404:
+                await self._emit_failed(tx, row, ExitReason.ERROR,
+                                        f"{row['kind']} {row['namespace']}/{row['name']} no longer exists")
+                return
+            raise
+        originals = [PodSetTemplate(name, 0, tmpl) for name, tmpl in json.loads(row["templates"]).items()]
+        templates = placed_templates(originals, spec, _bindings(row), row["resume_from"])
+        await self.api.patch(res, row["name"], kind.run_patch(obj, templates), namespace=row["namespace"])
+        await tx.conn.execute(
+            "UPDATE executor.kube_jobs SET state = 'placed', placed_at = $2, started_at = NULL, attempt = attempt + 1, "
+            "failure = NULL, pull_problem_at = NULL, unbound_at = NULL, preemption_id = NULL WHERE job_id = $1",
+            job_id, tx.now)
+        nodes = sorted({b.node for b in _bindings(row)})
+        await self.notices.event(_ref(row), "Placed", f"placed on {', '.join(nodes)}"
+                                 + (f"; resuming from {row['resume_from']}" if row["resume_from"] else ""), tx.now)
+        await self.notices.status(_ref(row), f"Placed on {len(nodes)} node(s)")
+
+    async def _create_event_job(self, tx: Tx, placed: JobPlaced) -> None:
+        """An event-submitted job becomes an Indexed Job (one pod set) or a JobSet (several), created already
+        placed (gated templates) and running."""
+        spec = placed.spec
+        namespace = spec.namespace or next((m.name for m in self.queues.namespaces if m.team == spec.team), None)
+        if namespace is None:
+            await tx.emit(JobFailed(job_id=spec.job_id, exit_reason=ExitReason.ERROR, finished_at=utcnow_from(tx.now),
+                                    message=f"no namespace to run in: set spec.namespace or map a namespace to team "
+                                            f"{spec.team} in queues.yaml"))
+            return
+        kind = kind_of("batch/v1", "Job") if len(spec.pod_sets) == 1 else kind_of("jobset.x-k8s.io/v1alpha2", "JobSet")
+        assert kind is not None
+        pod_sets = event_pod_sets(spec)
+        name = n.dns_name(spec.job_id)
+        labels = {n.QUEUE_LABEL: spec.queue}
+        annotations = {n.JOB_ID_ANNOTATION: spec.job_id}
+        await tx.conn.execute(
+            """INSERT INTO executor.kube_jobs(job_id, job_label, origin, api_version, kind, namespace, name, spec,
+                 templates, state, placement, resume_from, traceparent)
+               VALUES ($1, $2, 'event', $3, $4, $5, $6, $7, $8, 'queued', $9, $10, $11)""",
+            spec.job_id, n.job_label(spec.job_id), kind.api_version, kind.kind, namespace, name,
+            spec.model_dump_json(), json.dumps({ps.name: ps.template for ps in pod_sets}),
+            json.dumps([b.model_dump(mode="json") for b in placed.bindings]), placed.resume_from, tx.traceparent)
+        obj = kind.build(name, namespace, pod_sets, labels, annotations)
+        res = workload_resource(kind)
+        try:
+            created = await self.api.create(res, _strip_nulls(obj), namespace=namespace)
+        except Exception as exc:
+            if status_code(exc) != 409:
+                raise
+            created = await self.api.get(res, name, namespace=namespace)  # created before a crash: adopt it
+        # The templates as the API server stored them (defaulted), which later patches must start from.
+        await tx.conn.execute("UPDATE executor.kube_jobs SET uid = $2, templates = $3 WHERE job_id = $1", spec.job_id,
+                              (created.get("metadata") or {}).get("uid"),
+                              json.dumps({ps.name: ps.template for ps in kind.pod_sets(created)}))
+        await self._run(tx, spec.job_id)
+
+    # ------------------------------------------------------------------ pods
+
+    async def on_pod(self, event: str, pod: dict[str, Any]) -> None:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        label = labels.get(n.JOB_LABEL)
+        if label is None or event == "DELETED":
+            return
+        async with self._rt().transaction() as tx:
+            row = await tx.conn.fetchrow("SELECT * FROM executor.kube_jobs WHERE job_label = $1 FOR UPDATE", label)
+            if row is None or row["state"] not in ACTIVE:
+                return
+            if gated(pod):
+                await self._ungate(tx, row, labels.get(n.POD_SET_LABEL, ""))
+                return
+            await self._observe(tx, row, pod)
+
+    def _job_pods(self, label: str) -> list[dict[str, Any]]:
+        return sorted((p for p in self.pod_informer.cache.values()
+                       if ((p.get("metadata") or {}).get("labels") or {}).get(n.JOB_LABEL) == label
+                       and not (p.get("metadata") or {}).get("deletionTimestamp")),
+                      key=lambda p: p["metadata"]["name"])
+
+    async def _ungate(self, tx: Tx, row: asyncpg.Record, pod_set: str) -> None:
+        """Give every gated pod of the pod set one binding of its set, and remove the gate."""
+        spec = JobSpec.model_validate_json(row["spec"])
+        attempt = str(row["attempt"])
+        pods = [p for p in self._job_pods(row["job_label"])
+                if (p["metadata"].get("labels") or {}).get(n.POD_SET_LABEL) == pod_set]
+        taken: dict[str, str] = {}
+        for p in pods:
+            given = (p["metadata"].get("annotations") or {}).get(BINDING_ANNOTATION, "")
+            if given.startswith(f"{attempt}/"):
+                taken[given.split("/", 1)[1]] = p["metadata"]["name"]
+        by_name = {p["metadata"]["name"]: p for p in pods}
+        waiting = [name for name, p in by_name.items() if gated(p)]
+        for a in assign_pods(waiting, pod_set, _bindings(row), taken):
+            patch = ungate_patch(by_name[a.pod], a.binding.node, spec.tolerations)
+            patch["metadata"] = {"annotations": {BINDING_ANNOTATION: f"{attempt}/{a.binding.pod}"}}
+            self.pod_informer.remember(await self.api.patch(POD, a.pod, patch, namespace=row["namespace"]))
+
+    async def _observe(self, tx: Tx, row: asyncpg.Record, pod: dict[str, Any]) -> None:
+        job_id = row["job_id"]
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        if not (annotations.get(BINDING_ANNOTATION) or "").startswith(f"{row['attempt']}/"):
+            return  # a pod of an earlier attempt, on its way out
+        uri = annotations.get(n.LAST_CHECKPOINT_ANNOTATION)
+        if uri and uri != row["last_checkpoint"]:
+            step = annotations.get(n.LAST_CHECKPOINT_STEP_ANNOTATION)
+            await tx.conn.execute("UPDATE executor.kube_jobs SET last_checkpoint = $2 WHERE job_id = $1", job_id, uri)
+            await tx.emit(JobCheckpointed(job_id=job_id, uri=uri, step=int(step) if step and step.isdigit() else None,
+                                          checkpointed_at=utcnow_from(tx.now), preemption_id=row["preemption_id"]),
+                          traceparent=row["traceparent"])
+        failed = failure(pod)
+        if failed is not None and row["failure"] is None:
+            await tx.conn.execute("UPDATE executor.kube_jobs SET failure = $2 WHERE job_id = $1", job_id,
+                                  json.dumps({"reason": failed.reason.value, "message": failed.message}))
+        problem = image_pull_problem(pod)
+        if problem is not None and row["pull_problem_at"] is None:
+            await tx.conn.execute("UPDATE executor.kube_jobs SET pull_problem_at = $2, failure = $3 WHERE job_id = $1",
+                                  job_id, tx.now, json.dumps({"reason": ExitReason.IMAGE_PULL.value,
+                                                              "message": problem}))
+        why = unschedulable(pod)
+        if why is not None and row["unbound_at"] is None:
+            # Reported now; requeued by the timer if it lasts (see KubernetesSource.bind_timeout_s).
+            message = f"pod {pod['metadata']['name']} cannot run on {pod_node(pod)}: {why}"
+            await tx.conn.execute("UPDATE executor.kube_jobs SET unbound_at = $2, unbound_message = $3 "
+                                  "WHERE job_id = $1", job_id, tx.now, message)
+            await self.notices.event(_ref(row), "Unschedulable", message, tx.now, warning=True)
+        elif why is None and row["unbound_at"] is not None and pod.get("spec", {}).get("nodeName"):
+            await tx.conn.execute("UPDATE executor.kube_jobs SET unbound_at = NULL WHERE job_id = $1", job_id)
+        if row["state"] == "placed":
+            spec = JobSpec.model_validate_json(row["spec"])
+            current = [p for p in self._job_pods(row["job_label"])
+                       if ((p["metadata"].get("annotations") or {}).get(BINDING_ANNOTATION) or "").startswith(
+                           f"{row['attempt']}/")]
+            if ready_count(current) >= spec.gang_size:
+                await self._started(tx, row, spec)
+
+    async def _started(self, tx: Tx, row: asyncpg.Record, spec: JobSpec) -> None:
+        nodes = sorted({b.node for b in _bindings(row)})
+        await tx.conn.execute("UPDATE executor.kube_jobs SET state = 'running', started_at = $2 WHERE job_id = $1",
+                              row["job_id"], tx.now)
+        await tx.conn.execute(
+            """INSERT INTO executor.runs(job_id, spec, nodes, gpus, status, started_at, ends_at, traceparent)
+               VALUES ($1, $2, $3, $4, 'running', $5, $6, $7)
+               ON CONFLICT (job_id) DO UPDATE SET spec = excluded.spec, nodes = excluded.nodes, gpus = excluded.gpus,
+                 status = 'running', outcome = NULL, started_at = excluded.started_at, ends_at = excluded.ends_at,
+                 attempt = executor.runs.attempt + 1, traceparent = excluded.traceparent""",
+            row["job_id"], spec.model_dump_json(), nodes, spec.total_gpus, tx.now, tx.now + spec.max_runtime_s,
+            row["traceparent"])
+        await tx.emit(JobStarted(job_id=row["job_id"], nodes=tuple(nodes), started_at=utcnow_from(tx.now)),
+                      traceparent=row["traceparent"])
+        await self.notices.status(_ref(row), f"Running on {len(nodes)} node(s)")
+
+    # ------------------------------------------------------------------ preemption and stops
+
+    async def on_checkpoint_requested(self, tx: Tx, event: CloudEvent, req: CheckpointRequested) -> None:
+        row = await tx.conn.fetchrow("SELECT * FROM executor.kube_jobs WHERE job_id = $1 FOR UPDATE", req.job_id)
+        if row is None or row["state"] not in ACTIVE:
+            return
+        await tx.conn.execute("UPDATE executor.kube_jobs SET preemption_id = $2 WHERE job_id = $1", req.job_id,
+                              req.preemption_id)
+        deadline = req.deadline.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        for pod in self._job_pods(row["job_label"]):
+            await self.api.patch(POD, pod["metadata"]["name"],
+                                 {"metadata": {"annotations": {n.CHECKPOINT_REQUESTED_ANNOTATION: deadline}}},
+                                 namespace=row["namespace"])
+        await self.notices.event(_ref(row), "CheckpointRequested", f"checkpoint requested before {deadline}", tx.now)
+
+    async def on_checkpointed(self, tx: Tx, event: CloudEvent, payload: JobCheckpointed) -> None:
+        """A job may publish JobCheckpointed itself instead of using the SDK: remember it (a node failure requeues
+        the job from its last checkpoint)."""
+        await tx.conn.execute("UPDATE executor.kube_jobs SET last_checkpoint = $2 WHERE job_id = $1",
+                              payload.job_id, payload.uri)
+
+    async def on_stopped(self, tx: Tx, event: CloudEvent, payload: JobPreempted | JobCancelled) -> None:
+        if isinstance(payload, JobCancelled):  # remembered even before the job's placement arrives
+            await tx.conn.execute("INSERT INTO executor.cancelled(job_id, at) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                                  payload.job_id, tx.now)
+        row = await tx.conn.fetchrow("SELECT * FROM executor.kube_jobs WHERE job_id = $1 FOR UPDATE", payload.job_id)
+        if row is None or row["state"] not in (*ACTIVE, "deferred", "queued"):
+            return
+        await self._suspend(row)
+        if isinstance(payload, JobPreempted):
+            await self._set_state(tx, row["job_id"], "suspended", outcome="preempted")
+            await self.notices.event(_ref(row), "Preempted", f"{payload.reason.value}"
+                                     + (f" by {payload.preemptor}" if payload.preemptor else "")
+                                     + (f"; checkpoint {payload.checkpoint_uri}" if payload.checkpoint_uri else ""),
+                                     tx.now, warning=True)
+        else:
+            await self._set_state(tx, row["job_id"], "cancelled", outcome="cancelled")
+            await self.notices.event(_ref(row), "Cancelled", f"cancelled by {payload.by}: {payload.reason}", tx.now)
+
+    async def _suspend(self, row: asyncpg.Record) -> None:
+        """Suspend the workload: its controller deletes the pods with their grace period. (The templates are given
+        back later, once the workload is suspended: see `_restore`.)"""
+        kind = kind_of(row["api_version"], row["kind"])
+        assert kind is not None
+        try:
+            await self.api.patch(workload_resource(kind), row["name"], kind.suspend_patch(True),
+                                 namespace=row["namespace"])
+        except Exception as exc:
+            if status_code(exc) != 404:  # gone already: nothing left to stop
+                raise
+
+    async def _restore(self, kind: WorkloadKind, row: asyncpg.Record, obj: dict[str, Any]) -> None:
+        """Give a suspended workload its templates back as the user wrote them (Kueue's restore), once the API
+        allows it: a Job's template changes only while it is suspended and not started, so this waits for the
+        controller to have stopped it (status.startTime cleared)."""
+        if not kind.suspended(obj) or (obj.get("status") or {}).get("startTime"):
+            return
+        if not any(template_gated(ps.template) for ps in kind.pod_sets(obj)):
+            return  # nothing of gpuq's left
+        originals = {name: restored_template(t) for name, t in json.loads(row["templates"]).items()}
+        try:
+            await self.api.patch(workload_resource(kind), row["name"], kind.run_patch(obj, originals, suspend=True),
+                                 namespace=row["namespace"])
+        except Exception as exc:  # best effort: the next placement replaces the templates anyway
+            log.warning("could not restore the templates of %s: %s", row["job_id"], exc)
+
+    async def _requeue(self, tx: Tx, row: asyncpg.Record, reason: PreemptionReason, message: str, *,
+                       count: bool = True) -> None:
+        """Suspend and hand the job back to admission (JobPreempted -> JobRequeued), resuming from its last
+        checkpoint. Counted requeues back off exponentially and end in failure past the limit."""
+        requeues = row["requeues"] + (1 if count else 0)
+        if count and requeues > self.cfg.requeue_limit:
+            await tx.conn.execute("UPDATE executor.kube_jobs SET requeues = $2 WHERE job_id = $1", row["job_id"],
+                                  requeues)
+            await self._suspend(row)
+            await self._emit_failed(tx, row, ExitReason.PODS_NOT_READY,
+                                    f"{message}; gave up after {self.cfg.requeue_limit} requeue(s)")
+            return
+        await self._suspend(row)
+        backoff = tx.now + requeue_delay_s(requeues, self.cfg.requeue_backoff_s) if count else None
+        await tx.conn.execute("UPDATE executor.kube_jobs SET state = 'suspended', requeues = $2, backoff_until = $3 "
+                              "WHERE job_id = $1", row["job_id"], requeues, backoff)
+        await tx.conn.execute("UPDATE executor.runs SET status = 'preempted', ends_at = $2 WHERE job_id = $1 "
+                              "AND status = 'running'", row["job_id"], tx.now)
+        lost = (tx.now - row["started_at"]) * JobSpec.model_validate_json(row["spec"]).total_gpus \
+            if row["started_at"] else 0.0
+        await tx.emit(JobPreempted(job_id=row["job_id"], reason=reason, checkpoint_uri=row["last_checkpoint"],
+                                   lost_gpu_seconds=lost, preempted_at=utcnow_from(tx.now)),
+                      traceparent=row["traceparent"])
+        await self.notices.event(_ref(row), "Requeued", f"{reason.value}: {message}", tx.now, warning=True)
+
+    async def _fail(self, tx: Tx, row: asyncpg.Record, reason: ExitReason, message: str) -> None:
+        await self._suspend(row)
+        await self._emit_failed(tx, row, reason, message)
+
+    async def _set_state(self, tx: Tx, job_id: str, state: str, outcome: str | None = None) -> None:
+        await tx.conn.execute("UPDATE executor.kube_jobs SET state = $2 WHERE job_id = $1", job_id, state)
+        if outcome is not None:
+            status = outcome if outcome in ("preempted", "cancelled") else (
+                "completed" if outcome == ExitReason.SUCCEEDED.value else "failed")
+            await tx.conn.execute("UPDATE executor.runs SET status = $2, outcome = $3, ends_at = $4 "
+                                  "WHERE job_id = $1 AND status = 'running'", job_id, status, outcome, tx.now)
+
+    # ------------------------------------------------------------------ users' answers
+
+    async def on_status(self, tx: Tx, event: CloudEvent,
+                        payload: JobQueued | JobPending | JobAdmitted | JobRejected | JobRequeued) -> None:
+        row = await tx.conn.fetchrow("SELECT * FROM executor.kube_jobs WHERE job_id = $1 FOR UPDATE", payload.job_id)
+        if row is None or row["uid"] is None:
+            return
+        reason, message, warning = _notice(payload)
+        if isinstance(payload, JobRejected):
+            await self._set_state(tx, row["job_id"], "rejected")
+        key = f"{reason}|{message}"
+        if key == row["last_notice"]:
+            return
+        await tx.conn.execute("UPDATE executor.kube_jobs SET last_notice = $2 WHERE job_id = $1", row["job_id"], key)
+        await self.notices.event(_ref(row), reason, message, tx.now, warning=warning)
+        await self.notices.status(_ref(row), f"{reason}: {message}")
+
+    # ------------------------------------------------------------------ timers
+
+    async def timer_loop(self, runtime: ServiceRuntime) -> None:
+        while True:
+            await self.tick()
+            await asyncio.sleep(self.settings.tick_s)
+
+    async def tick(self) -> None:
+        """PodsReady timeout, runtime limit, image pull deadline, end of backoff."""
+        async with self._rt().transaction() as tx:
+            rows = await tx.conn.fetch(
+                "SELECT * FROM executor.kube_jobs WHERE state IN ('deferred', 'placed', 'running') "
+                "ORDER BY job_id FOR UPDATE")
+            for row in rows:
+                await self._check(tx, row)
+
+    async def _check(self, tx: Tx, row: asyncpg.Record) -> None:
+        now, cfg = tx.now, self.cfg
+        if row["state"] == "deferred":
+            if row["backoff_until"] is None or now >= row["backoff_until"]:
+                await self._run(tx, row["job_id"])
+            return
+        if row["pull_problem_at"] is not None and now - row["pull_problem_at"] >= cfg.image_pull_timeout_s:
+            problem = json.loads(row["failure"])["message"] if row["failure"] else "image cannot be pulled"
+            await self._fail(tx, row, ExitReason.IMAGE_PULL,
+                             f"{problem} (still failing after {cfg.image_pull_timeout_s:g} s)")
+            return
+        if row["unbound_at"] is not None and now - row["unbound_at"] >= cfg.bind_timeout_s:
+            await self._requeue(tx, row, PreemptionReason.PLACEMENT_FAILED,
+                                f"{row['unbound_message']} (for {cfg.bind_timeout_s:g} s)")
+            return
+        spec = JobSpec.model_validate_json(row["spec"])
+        if row["state"] == "running" and now - row["started_at"] >= spec.max_runtime_s:
+            await self._fail(tx, row, ExitReason.DEADLINE_EXCEEDED, f"ran past max_runtime_s={spec.max_runtime_s}")
+            return
+        if row["state"] == "placed" and now - row["placed_at"] >= cfg.pods_ready_timeout_s:
+            ready = ready_count(self._job_pods(row["job_label"]))
+            await self._requeue(tx, row, PreemptionReason.PODS_READY_TIMEOUT,
+                                f"{ready} of {spec.gang_size} pod(s) Ready after {cfg.pods_ready_timeout_s:g} s")
+
+
+def _notice(payload: Any) -> tuple[str, str, bool]:
+    """(Event reason, message, warning?) for a lifecycle event a user should see on the workload."""
+    if isinstance(payload, JobPending):
+        where = []
+        if payload.position_in_queue is not None:
+            where.append(f"position {payload.position_in_queue} in queue {payload.queue}")
+        if payload.position_in_cohort is not None:
+            where.append(f"{payload.position_in_cohort} in its cohort")
+        if payload.eta is not None:
+            where.append(f"expected start {payload.eta.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC")
+        suffix = f" ({', '.join(where)})" if where else ""
+        return "Pending", f"{payload.reason}: {payload.message}{suffix}", False
+    if isinstance(payload, JobQueued):
+        pos = f", position {payload.position}" if payload.position is not None else ""
+        return "Queued", f"queued in {payload.queue}{pos}", False
+    if isinstance(payload, JobAdmitted):
+        flavors = ", ".join(f"{k}={v}" for k, v in sorted(payload.flavors.items()))
+        text = "admitted, borrowing quota" if payload.borrowing else "admitted"
+        return "Admitted", text + (f" (flavors {flavors})" if flavors else ""), False
+    if isinstance(payload, JobRejected):
+        return "Rejected", f"{payload.reason}: {payload.message}", True
+    if isinstance(payload, JobRequeued):
+        return "Requeued", "back in the queue" + (f", resuming from {payload.resume_from}" if payload.resume_from
+                                                  else ""), False
+    raise TypeError(type(payload).__name__)
+
+
+def build_executor(settings: KubeExecutorSettings, kubeconfig: str | Path | None) -> KubeExecutor:
+    from services.executor.kube.client import load_config
+
+    return KubeExecutor(settings, KubeApi(load_config(kubeconfig), namespace=settings.kube.namespace))

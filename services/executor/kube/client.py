@@ -1,0 +1,114 @@
+"""The Kubernetes API through lightkube's async client, with every object as a plain dict.
+
+Generic (dict-based) resource classes are built here for every kind the executor touches, without lightkube's
+global registry: the pure core works on the API's JSON, so typed models would only be converted back. Errors
+are lightkube's `ApiError` (an httpx error carrying the API's Status).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from lightkube import ApiError, AsyncClient, KubeConfig
+from lightkube.core.generic_client import ALL_NS
+from lightkube.generic_resource import (
+    GenericGlobalResource,
+    GenericNamespacedResource,
+    create_api_info,
+)
+from lightkube.types import PatchType
+
+from services.executor.kube.core.workload import WorkloadKind
+
+FIELD_MANAGER = "gpuq-executor"
+
+
+def _resource(group: str, version: str, kind: str, plural: str, *, namespaced: bool) -> type:
+    base = GenericNamespacedResource if namespaced else GenericGlobalResource
+    cls = type(kind, (base,), {"_api_info": create_api_info(group, version, kind, plural)})
+    return cls
+
+
+POD = _resource("", "v1", "Pod", "pods", namespaced=True)
+NODE = _resource("", "v1", "Node", "nodes", namespaced=False)
+EVENT = _resource("", "v1", "Event", "events", namespaced=True)
+_WORKLOADS: dict[str, type] = {}
+
+
+def workload_resource(kind: WorkloadKind) -> type:
+    if kind.kind not in _WORKLOADS:
+        _WORKLOADS[kind.kind] = _resource(kind.group, kind.version, kind.kind, kind.plural, namespaced=True)
+    return _WORKLOADS[kind.kind]
+
+
+def plain(obj: Any) -> dict[str, Any]:
+    """A lightkube generic object as a plain JSON dict."""
+    out: dict[str, Any] = obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
+    return out
+
+
+def status_code(exc: BaseException) -> int | None:
+    """The HTTP status of a failed call: lightkube's ApiError carries the API's Status; a watch refused before it
+    streams (410 Gone on resume) is a plain HTTP status error."""
+    if isinstance(exc, ApiError) and exc.status.code:
+        return int(exc.status.code)
+    response = getattr(exc, "response", None)
+    code = getattr(response, "status_code", None)
+    return int(code) if code is not None else None
+
+
+def load_config(kubeconfig: str | Path | None) -> KubeConfig:
+    """A kubeconfig file, or the pod's service account (in-cluster) when no path is given."""
+    if kubeconfig is None:
+        return KubeConfig.from_service_account()
+    return KubeConfig.from_file(kubeconfig)
+
+
+class KubeApi:
+    """The calls the executor makes, and nothing else (docs/kubernetes.md lists the RBAC they need)."""
+
+    def __init__(self, config: KubeConfig, *, namespace: str | None = None):
+        # Resource classes are built at run time (generic dicts), which lightkube's overloads cannot type: Any.
+        self.client: Any = AsyncClient(config=config, field_manager=FIELD_MANAGER)  # lightkube's 10 s timeout
+        self.namespace = namespace  # None = all namespaces
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.client.close()
+
+    def _ns(self, res: type) -> dict[str, Any]:
+        if issubclass(res, GenericNamespacedResource):
+            return {"namespace": self.namespace or ALL_NS}
+        return {}
+
+    async def list(self, res: type, labels: Mapping[str, Any] | None = None) -> tuple[list[dict[str, Any]], str]:
+        """Every object and the list's resourceVersion (where a watch starts)."""
+        it = self.client.list(res, labels=labels, **self._ns(res))
+        items = [plain(o) async for o in it]
+        return items, str(it.resourceVersion)
+
+    async def watch(self, res: type, resource_version: str, labels: Mapping[str, Any] | None = None,
+                    server_timeout_s: int = 240) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Changes after `resource_version`. Raises ApiError(410) when that version is too old (relist)."""
+        stream = self.client.watch(res, labels=labels, resource_version=resource_version,
+                                   server_timeout=server_timeout_s, **self._ns(res))
+        async for kind, obj in stream:
+            yield kind, plain(obj)
+
+    async def get(self, res: type, name: str, namespace: str | None = None) -> dict[str, Any]:
+        kw = {"namespace": namespace} if namespace else {}
+        return plain(await self.client.get(res, name, **kw))
+
+    async def patch(self, res: type, name: str, patch: Mapping[str, Any], namespace: str | None = None
+                    ) -> dict[str, Any]:
+        kw = {"namespace": namespace} if namespace else {}
+        return plain(await self.client.patch(res, name, dict(patch), patch_type=PatchType.MERGE, **kw))
+
+    async def create(self, res: type, obj: Mapping[str, Any], namespace: str) -> dict[str, Any]:
+        return plain(await self.client.create(res(obj), namespace=namespace))
+
+    async def delete(self, res: type, name: str, namespace: str) -> None:
+        await self.client.delete(res, name, namespace=namespace)

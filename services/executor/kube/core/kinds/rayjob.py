@@ -1,0 +1,52 @@
+"""KubeRay `ray.io/v1` RayJob: the head (one pod) and one pod set per worker group. The submitter pod is not
+gpuq's (it asks for no GPU and runs outside the gang)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from services.executor.kube.core.workload import Finish, Obj, PodSetTemplate, WorkloadKind, register
+
+HEAD = "head"
+
+
+class RayJob(WorkloadKind):
+    api_version, kind, plural = "ray.io/v1", "RayJob", "rayjobs"
+
+    def pod_sets(self, obj: Obj) -> list[PodSetTemplate]:
+        cluster = (obj.get("spec") or {}).get("rayClusterSpec") or {}
+        head = (cluster.get("headGroupSpec") or {}).get("template") or {}
+        out = [PodSetTemplate(HEAD, 1, dict(head))]
+        for g in cluster.get("workerGroupSpecs") or []:
+            replicas = int(g.get("replicas", g.get("minReplicas", 1)))
+            if replicas > 0:
+                out.append(PodSetTemplate(g["groupName"], replicas, dict(g.get("template") or {})))
+        return out
+
+    def with_templates(self, spec: dict[str, Any], templates: Mapping[str, dict[str, Any]]) -> None:
+        cluster = spec.setdefault("rayClusterSpec", {})
+        if HEAD in templates:
+            cluster.setdefault("headGroupSpec", {})["template"] = templates[HEAD]
+        for g in cluster.get("workerGroupSpecs") or []:
+            if g["groupName"] in templates:
+                g["template"] = templates[g["groupName"]]
+
+    def suspended(self, obj: Obj) -> bool:
+        return bool((obj.get("spec") or {}).get("suspend"))
+
+    def suspend_patch(self, suspend: bool) -> dict[str, Any]:
+        return {"spec": {"suspend": suspend}}
+
+    def finished(self, obj: Obj) -> Finish | None:
+        status = obj.get("status") or {}
+        job_status = status.get("jobStatus")
+        deployment = status.get("jobDeploymentStatus")
+        if job_status == "SUCCEEDED":
+            return Finish(True, "Succeeded", status.get("message") or "")
+        if job_status in ("FAILED", "STOPPED") or deployment == "Failed":
+            return Finish(False, status.get("reason") or job_status or "Failed", status.get("message") or "")
+        return None
+
+
+RAYJOB = register(RayJob())

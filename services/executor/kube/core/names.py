@@ -1,0 +1,55 @@
+"""gpuq's labels, annotations, gates and environment variables on Kubernetes objects (docs/kubernetes.md)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+QUEUE_LABEL = "gpuq.io/queue"  # on a workload: the queue it asks for (intake)
+PRIORITY_LABEL = "gpuq.io/priority-class"  # on a workload: gpuq priority class
+JOB_LABEL = "gpuq.io/job"  # on pod templates and pods: a hash of the job id (label values are short)
+POD_SET_LABEL = "gpuq.io/pod-set"  # on pod templates and pods: the pod set
+
+JOB_ID_ANNOTATION = "gpuq.io/job-id"  # the full job id, on workloads and pods
+STATUS_ANNOTATION = "gpuq.io/status"  # on a workload: where it stands, kept current
+CHECKPOINT_ANNOTATION = "gpuq.io/checkpoint"  # on a workload: "true" when the job can checkpoint
+CHECKPOINT_INTERVAL_ANNOTATION = "gpuq.io/checkpoint-interval-s"
+MAX_RUNTIME_ANNOTATION = "gpuq.io/max-runtime-s"  # runtime limit when activeDeadlineSeconds is not set
+MIN_MEMBERS_ANNOTATION = "gpuq.io/min-members"
+TOPOLOGY_REQUIRED_ANNOTATION = "gpuq.io/topology-required"  # rack | block
+TOPOLOGY_PREFERRED_ANNOTATION = "gpuq.io/topology-preferred"
+GPU_MODELS_ANNOTATION = "gpuq.io/gpu-models"  # comma-separated flavors (any of)
+DATASETS_ANNOTATION = "gpuq.io/datasets"
+KIND_ANNOTATION = "gpuq.io/kind"  # training | inference | notebook
+PREEMPTIBLE_ANNOTATION = "gpuq.io/preemptible"
+
+CHECKPOINT_REQUESTED_ANNOTATION = "gpuq.io/checkpoint-requested"  # on pods: the deadline (RFC 3339)
+LAST_CHECKPOINT_ANNOTATION = "gpuq.io/last-checkpoint"  # on a pod, set by the SDK: the checkpoint URI
+LAST_CHECKPOINT_STEP_ANNOTATION = "gpuq.io/last-checkpoint-step"
+RESUME_FROM_ANNOTATION = "gpuq.io/resume-from"  # on pod templates: the checkpoint to resume from
+
+PLACEMENT_GATE = "gpuq.io/placement"  # scheduling gate held until gpuq gives the pod its node
+RESUME_ENV = "GPUQ_RESUME_FROM"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+GPU_RESOURCE = "nvidia.com/gpu"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+
+_DNS_INVALID = re.compile(r"[^a-z0-9-]+")
+
+
+def job_label(job_id: str) -> str:
+    """A label value for a job id (which may be longer than 63 characters or contain ':')."""
+    return hashlib.blake2b(job_id.encode(), digest_size=10).hexdigest()
+
+
+def dns_name(job_id: str, limit: int = 52) -> str:
+    """A DNS-1123 name for an event-submitted job's workload: readable, unique through a short hash.
+    (52 leaves room for the suffixes controllers append to pod names.)"""
+    base = _DNS_INVALID.sub("-", job_id.lower()).strip("-") or "job"
+    digest = hashlib.blake2b(job_id.encode(), digest_size=3).hexdigest()
+    return f"{base[: limit - 7].rstrip('-')}-{digest}"
+
+
+def cluster_job_id(namespace: str, name: str, uid: str) -> str:
+    """The job id of a workload created in the cluster: readable, and unique across re-creations."""
+    return f"{namespace}.{name}.{uid.replace('-', '')[:8]}"

@@ -1,0 +1,88 @@
+"""Nodes -> NodeInventory / NodeChanged, announced only when gpuq's view of a node changes.
+
+All publishing goes through `publish_all` (a whole list: the first sync and resyncs) and `publish_node` (one watch
+event), so that chunked or per-node inventories change this module only. Both return the nodes that just became
+unusable (failed or removed): their jobs must be requeued or failed."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from services.executor.kube.core.nodes import node_spec, selected
+from shared.config import KubernetesSource
+from shared.domain import NodeHealth, NodeSpec
+from shared.events import NodeChanged, NodeInventory
+from shared.service import Tx
+
+log = logging.getLogger("gpuq.executor.kube")
+SOURCE = "kubernetes"
+# Nodes per NodeInventory event: ~400 bytes each, so a chunk stays far below NATS's default 1 MiB max_payload
+# (every consumer upserts the nodes of an inventory, so several chunks mean the same as one event).
+INVENTORY_CHUNK = 500
+
+
+def _map(obj: dict[str, Any], cfg: KubernetesSource) -> NodeSpec | None:
+    if not selected(obj, cfg):
+        return None
+    try:
+        return node_spec(obj, cfg)
+    except ValueError as exc:  # a node we cannot read is not offered to the scheduler; say so
+        log.error("ignoring node: %s", exc)
+        return None
+
+
+async def _known(tx: Tx) -> dict[str, NodeSpec]:
+    rows = await tx.conn.fetch("SELECT name, spec FROM executor.kube_nodes ORDER BY name")
+    return {r["name"]: NodeSpec.model_validate_json(r["spec"]) for r in rows}
+
+
+async def _store(tx: Tx, node: NodeSpec) -> None:
+    await tx.conn.execute("INSERT INTO executor.kube_nodes(name, spec) VALUES ($1, $2) "
+                          "ON CONFLICT (name) DO UPDATE SET spec = excluded.spec", node.name, node.model_dump_json())
+
+
+def _unusable(before: NodeSpec | None, after: NodeSpec | None) -> bool:
+    was_up = before is not None and before.health is not NodeHealth.FAILED
+    return was_up and (after is None or after.health is NodeHealth.FAILED)
+
+
+async def publish_all(tx: Tx, objects: Iterable[dict[str, Any]], cfg: KubernetesSource, *, first: bool) -> list[str]:
+    """The whole node list. On this process's first sync, a NodeInventory of every node (when anything differs
+    from what was announced before); afterwards, a NodeChanged per difference. Nodes gone are removed."""
+    known = await _known(tx)
+    current = {spec.name: spec for obj in objects if (spec := _map(obj, cfg)) is not None}
+    changed = sorted(name for name in current if known.get(name) != current[name])
+    removed = sorted(known.keys() - current.keys())
+    if first and (changed or not known):
+        ordered = [current[k] for k in sorted(current)]
+        for start in range(0, max(1, len(ordered)), INVENTORY_CHUNK):
+            await tx.emit(NodeInventory(nodes=tuple(ordered[start:start + INVENTORY_CHUNK]), source=SOURCE))
+    else:
+        for name in changed:
+            await tx.emit(NodeChanged(node=current[name], change="updated" if name in known else "added"))
+    for name in changed:
+        await _store(tx, current[name])
+    for name in removed:
+        await tx.emit(NodeChanged(node=known[name], change="removed"))
+        await tx.conn.execute("DELETE FROM executor.kube_nodes WHERE name = $1", name)
+    return sorted(name for name in set(changed) | set(removed) if _unusable(known.get(name), current.get(name)))
+
+
+async def publish_node(tx: Tx, obj: dict[str, Any], cfg: KubernetesSource, *, deleted: bool) -> list[str]:
+    """One node's watch event: NodeChanged when gpuq's view of it changed."""
+    name = (obj.get("metadata") or {})["name"]
+    known = await tx.conn.fetchval("SELECT spec FROM executor.kube_nodes WHERE name = $1", name)
+    before = NodeSpec.model_validate_json(known) if known else None
+    after = None if deleted else _map(obj, cfg)
+    if after == before:
+        return []
+    if after is None:
+        assert before is not None
+        await tx.emit(NodeChanged(node=before, change="removed"))
+        await tx.conn.execute("DELETE FROM executor.kube_nodes WHERE name = $1", name)
+    else:
+        await tx.emit(NodeChanged(node=after, change="updated" if before is not None else "added"))
+        await _store(tx, after)
+    return [name] if _unusable(before, after) else []

@@ -1,0 +1,57 @@
+"""Intake: suspended workloads -> JobSpec; the team from the namespace; refusals with reasons."""
+
+from __future__ import annotations
+
+from services.executor.kube.core.intake import Refusal, job_spec
+from services.executor.kube.core.workload import kind_of
+from shared.config import KubernetesSource, QueuesConfig
+from shared.domain import TopologyLevel
+from tests.unit.executor_kube.conftest import job, pod_template, pytorchjob
+
+JOB = kind_of("batch/v1", "Job")
+PYTORCH = kind_of("kubeflow.org/v1", "PyTorchJob")
+
+
+def test_indexed_job_becomes_a_jobspec_of_its_namespace_team(queues: QueuesConfig, kube_cfg: KubernetesSource) -> None:
+    obj = job(activeDeadlineSeconds=7200, labels={"gpuq.io/priority-class": "low", "team": "team-b"},
+              annotations={"gpuq.io/checkpoint": "true", "gpuq.io/checkpoint-interval-s": "900"})
+    spec = job_spec(JOB, obj, queues, kube_cfg)
+    assert not isinstance(spec, Refusal)
+    assert spec.job_id == "ml-a.sweep.0b1c2d3e"
+    assert (spec.team, spec.queue, spec.priority_class) == ("team-a", "team-a", "low")  # never the "team" label
+    assert spec.max_runtime_s == 7200 and spec.checkpoint.supported and spec.checkpoint.interval_s == 900
+    (ps,) = spec.pod_sets
+    assert (ps.count, ps.gpus_per_pod, ps.cpu_milli, ps.memory_mib) == (2, 8, 16000, 65536)
+    assert spec.workload is not None and spec.workload.key == "Job/ml-a/sweep"
+    assert spec.workload.uid == "0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0"
+
+
+def test_priority_from_priority_class_name_and_limit_from_annotation(queues: QueuesConfig,
+                                                                     kube_cfg: KubernetesSource) -> None:
+    obj = job(annotations={"gpuq.io/max-runtime-s": "600"})
+    obj["spec"]["template"] = pod_template(priorityClassName="research-high")
+    spec = job_spec(JOB, obj, queues, kube_cfg)
+    assert not isinstance(spec, Refusal)
+    assert spec.priority_class == "high" and spec.max_runtime_s == 600 and not spec.checkpoint.supported
+
+
+def test_pytorchjob_workers_and_topology(queues: QueuesConfig, kube_cfg: KubernetesSource) -> None:
+    spec = job_spec(PYTORCH, pytorchjob(workers=2, gpus=8), queues, kube_cfg)
+    assert not isinstance(spec, Refusal)
+    assert [(p.name, p.count, p.gpus_per_pod) for p in spec.pod_sets] == [("worker", 2, 8)]
+    assert spec.topology.required_level is TopologyLevel.RACK and spec.total_gpus == 16
+
+
+def test_unmapped_namespace_and_foreign_queue_are_refused(queues: QueuesConfig, kube_cfg: KubernetesSource) -> None:
+    refused = job_spec(JOB, job(namespace="scratch"), queues, kube_cfg)
+    assert isinstance(refused, Refusal) and refused.reason == "UnmappedNamespace"
+    assert "namespace scratch is not mapped" in refused.message
+    foreign = job_spec(JOB, job(labels={"gpuq.io/queue": "team-b"}), queues, kube_cfg)
+    assert isinstance(foreign, Refusal) and foreign.reason == "QueueNotAllowed"
+
+
+def test_bad_annotations_are_refused_with_the_reason(queues: QueuesConfig, kube_cfg: KubernetesSource) -> None:
+    bad = job_spec(JOB, job(annotations={"gpuq.io/min-members": "many"}), queues, kube_cfg)
+    assert isinstance(bad, Refusal) and bad.reason == "InvalidWorkload" and "gpuq.io/min-members" in bad.message
+    unknown = job_spec(JOB, job(labels={"gpuq.io/priority-class": "urgent"}), queues, kube_cfg)
+    assert isinstance(unknown, Refusal) and unknown.reason == "UnknownPriorityClass"
