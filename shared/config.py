@@ -8,7 +8,8 @@ borrow nothing, preemption enabled for production classes) without refusing the 
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from shared.domain import NAME_RE, MigLayout, NodeSpec, Taint
+from shared.domain import NAME_RE, MigLayout, NodeSpec, Precision, Taint
 
 
 class ConfigError(ValueError):
@@ -93,11 +94,122 @@ class KubernetesSource(_Strict):
     namespace: str | None = None  # watch one namespace only (tests, single-tenant installs); None = all
 
 
+LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_MATCHER = r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(?:=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*'
+SELECTOR_RE = re.compile(rf"^(?:{_MATCHER}(?:,{_MATCHER})*,?\s*)?$")
+# XIDs that are the application's fault, not the GPU's: the GPU stays healthy. The list NVIDIA's Kubernetes
+# device plugin skips in its health check (13, 31, 43, 45, 68), plus 109 (context switch timeout), which NVIDIA's
+# XID catalogue also lists as an application error.
+APPLICATION_XIDS = (13, 31, 43, 45, 68, 109)
+
+
+class DcgmPodLabels(_Strict):
+    """One pair of labels naming the workload pod of a series. After Prometheus relabelling, the exporter's own
+    `pod`/`namespace` clash with the target's and arrive as `exported_pod`/`exported_namespace`."""
+
+    namespace: str
+    pod: str
+
+
+class DcgmLabels(_Strict):
+    """Label names of dcgm-exporter series as they reach Prometheus. Lists are tried in order, first non-empty wins."""
+
+    node: tuple[str, ...] = Field(default=("Hostname", "hostname"), min_length=1)  # renamed to hostname in 2026
+    gpu: str = "gpu"
+    uuid: str = "UUID"
+    gpu_instance: str = "GPU_I_ID"
+    gpu_instance_profile: str = "GPU_I_PROFILE"
+    pods: tuple[DcgmPodLabels, ...] = (DcgmPodLabels(namespace="exported_namespace", pod="exported_pod"),
+                                       DcgmPodLabels(namespace="namespace", pod="pod"))
+
+    @model_validator(mode="after")
+    def _label_names(self) -> DcgmLabels:
+        names = [*self.node, self.gpu, self.uuid, self.gpu_instance, self.gpu_instance_profile]
+        names += [n for p in self.pods for n in (p.namespace, p.pod)]
+        bad = sorted({n for n in names if not LABEL_NAME_RE.match(n)})
+        if bad:
+            raise ValueError(f"not valid Prometheus label names: {', '.join(bad)}")
+        return self
+
+
+class DcgmSettings(_Strict):
+    """Real GPU utilisation and health from dcgm-exporter series, read through the Prometheus HTTP API
+    (docs/observability.md, "GPU utilisation from DCGM"). Absent = the simulated executor's synthetic samples."""
+
+    prometheus_url: str
+    interval_s: float = Field(default=15.0, ge=1, le=3600)  # one poll (and one sample per GPU) per interval
+    # Each poll averages a series over this window (`avg_over_time`); default 2 × interval_s, so that one missed
+    # scrape does not drop a sample.
+    lookback_s: float | None = Field(default=None, ge=1, le=3600)
+    timeout_s: float = Field(default=10.0, gt=0, le=300)
+    selector: str = ""  # extra label matchers for every query, e.g. 'job="dcgm-exporter", cluster="prod"'
+    labels: DcgmLabels = DcgmLabels()
+    ignore_xids: tuple[int, ...] = APPLICATION_XIDS
+    missing_gpu_polls: int = Field(default=3, ge=1)  # a GPU absent this many polls in a row has left the bus
+    recovery_polls: int = Field(default=3, ge=1)  # a degraded node with no fault this many polls is ready again
+
+    @field_validator("prometheus_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        v = v.strip().rstrip("/")
+        if not re.match(r"^https?://[^\s/?#]+(/[^\s?#]*)?$", v):
+            raise ValueError(f"{v!r} is not an http(s) URL of a Prometheus server (e.g. http://prometheus:9090)")
+        return v
+
+    @field_validator("selector")
+    @classmethod
+    def _selector(cls, v: str) -> str:
+        v = v.strip().removeprefix("{").removesuffix("}")
+        if not SELECTOR_RE.match(v):
+            raise ValueError(f"{v!r} is not a list of PromQL label matchers "
+                             'like job="dcgm-exporter", cluster=~"a|b"')
+        return v.strip().rstrip(",")
+
+    @model_validator(mode="after")
+    def _timing(self) -> DcgmSettings:
+        if self.timeout_s > self.interval_s:
+            raise ValueError(f"timeout_s ({self.timeout_s}) must not exceed interval_s ({self.interval_s}): "
+                             "polls would overlap")
+        return self
+
+    @property
+    def window_s(self) -> float:
+        return self.lookback_s if self.lookback_s is not None else 2 * self.interval_s
+
+
+def dcgm_settings(cluster: ClusterConfig | None, env: Mapping[str, str]) -> DcgmSettings | None:
+    """The DCGM source's settings: cluster.yaml's `dcgm` section, with GPUQ_DCGM_PROMETHEUS_URL and
+    GPUQ_DCGM_INTERVAL_S overriding (the URL alone enables the source). None = keep the synthetic samples."""
+    base = cluster.dcgm if cluster is not None else None
+    doc: dict[str, Any] = base.model_dump() if base is not None else {}
+    for var, key in (("GPUQ_DCGM_PROMETHEUS_URL", "prometheus_url"), ("GPUQ_DCGM_INTERVAL_S", "interval_s")):
+        raw = env.get(var, "").strip()
+        if raw:
+            doc[key] = raw
+    if not doc:
+        return None
+    if "prometheus_url" not in doc:
+        raise ConfigError("environment", [("GPUQ_DCGM_INTERVAL_S", "set GPUQ_DCGM_PROMETHEUS_URL (or cluster.yaml "
+                                                                   "dcgm.prometheus_url) too")])
+    try:
+        return DcgmSettings.model_validate(doc)
+    except ValidationError as exc:
+        where = {"prometheus_url": "GPUQ_DCGM_PROMETHEUS_URL", "interval_s": "GPUQ_DCGM_INTERVAL_S"}
+        problems = []
+        for e in exc.errors():
+            key = str(e["loc"][0]) if e["loc"] else ""
+            from_env = key in where and env.get(where[key], "").strip()
+            problems.append((where[key] if from_env else f"dcgm.{_loc(e['loc'])}" if key else "dcgm",
+                             e["msg"].removeprefix("Value error, ")))
+        raise ConfigError("environment / cluster.yaml", problems) from None
+
+
 class ClusterConfig(_Strict):
     source: ClusterSource = ClusterSource.STATIC
     node_groups: tuple[NodeGroup, ...] = ()
     topology_file: str | None = None
     kubernetes: KubernetesSource | None = None
+    dcgm: DcgmSettings | None = None  # real utilisation and GPU health from dcgm-exporter via Prometheus
 
     @model_validator(mode="after")
     def _unique(self) -> ClusterConfig:
@@ -257,10 +369,20 @@ class QueueConfig(_Strict):
 
 
 class GpuFlavor(_Strict):
-    """Per GPU model: weight for fair share (one H100 is not one T4) and price for metering."""
+    """Per GPU model: weight for fair share (one H100 is not one T4), price for metering, and the peak dense
+    throughput per GPU in TFLOP/s by precision, the denominator of MFU (e.g. H100 SXM: bf16 989, fp8 1979)."""
 
     weight: float = Field(default=1.0, gt=0)
     cost_per_gpu_hour: float = Field(default=1.0, ge=0)
+    peak_tflops: dict[Precision, float] = Field(default_factory=dict)
+
+    @field_validator("peak_tflops")
+    @classmethod
+    def _positive(cls, v: dict[Precision, float]) -> dict[Precision, float]:
+        bad = sorted(str(p) for p, t in v.items() if not t > 0 or t == float("inf"))
+        if bad:
+            raise ValueError(f"peak TFLOP/s must be positive and finite; check {', '.join(bad)}")
+        return v
 
 
 class Policy(_Strict):

@@ -234,9 +234,39 @@ class JobSpec(Frozen):
 
 
 class NodeHealth(StrEnum):
+    """Only READY nodes take new placements. DEGRADED: the GPU health checks (DCGM XID errors, a GPU fallen off
+    the bus) found a fault; jobs already there run on, nothing new is placed until the fault clears."""
+
     READY = "ready"
     CORDONED = "cordoned"
     FAILED = "failed"
+    DEGRADED = "degraded"
+
+
+class Precision(StrEnum):
+    """Numeric formats a GPU's peak throughput is quoted in (gpu_flavors.*.peak_tflops) and a job reports its
+    achieved FLOP/s in (MFU)."""
+
+    FP64 = "fp64"
+    TF32 = "tf32"
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8 = "fp8"
+    INT8 = "int8"
+    FP4 = "fp4"
+
+
+MILLI_GPU = 1000  # a whole GPU in milli-GPUs, the unit GPU shares are counted in
+MIG_COMPUTE_SLICES = 7  # A100/H100 GPUs have 7 compute slices; a `3g.40gb` slice is 3/7 of a GPU
+_MIG_PROFILE_RE = re.compile(r"^(\d+)g\.")
+
+
+def mig_milli_gpus(profile: str | None) -> int:
+    """GPU share of one MIG slice of `profile` (`1g.10gb` → 142 milli-GPUs); unknown shapes count as 1g."""
+    m = _MIG_PROFILE_RE.match(profile or "")
+    compute = int(m.group(1)) if m else 1
+    return min(MILLI_GPU, compute * MILLI_GPU // MIG_COMPUTE_SLICES)
 
 
 class MigLayout(Frozen):
@@ -275,3 +305,25 @@ class GpuBinding(Frozen):
     node: str
     gpu_indices: tuple[int, ...] = ()
     mig_slice: tuple[int, int] | None = None
+
+
+def binding_milli_gpus(binding: GpuBinding, spec: JobSpec) -> int:
+    """Milli-GPUs one pod binding holds: whole GPUs ×1000, or the MIG share of its pod set's profile."""
+    if binding.gpu_indices:
+        return len(binding.gpu_indices) * MILLI_GPU
+    if binding.mig_slice is not None:
+        pod_set = binding.pod.rsplit("-", 1)[0]
+        profile = next((p.mig_profile for p in spec.pod_sets if p.name == pod_set), None)
+        if profile is None:  # pod name not in the spec: take the job's only MIG profile, if there is one
+            profiles = sorted({p.mig_profile for p in spec.pod_sets if p.mig_profile})
+            profile = profiles[0] if profiles else None
+        return mig_milli_gpus(profile)
+    return 0
+
+
+def node_shares(bindings: tuple[GpuBinding, ...] | list[GpuBinding], spec: JobSpec) -> tuple[tuple[str, int], ...]:
+    """Milli-GPUs per node of a placement, sorted by node name; nodes holding no GPU are left out."""
+    per_node: dict[str, int] = {}
+    for b in bindings:
+        per_node[b.node] = per_node.get(b.node, 0) + binding_milli_gpus(b, spec)
+    return tuple((node, milli) for node, milli in sorted(per_node.items()) if milli > 0)

@@ -27,7 +27,7 @@ from pydantic import (
 )
 
 from shared import namespace
-from shared.domain import GpuBinding, JobSpec, NodeSpec
+from shared.domain import GpuBinding, JobSpec, NodeSpec, Precision
 
 SPEC_VERSION = "1.0"
 TYPE_PREFIX = "io.gpuq."
@@ -287,6 +287,8 @@ class PreemptionRequested(Payload):
 
 
 class GpuSample(BaseModel):
+    """One GPU (or one MIG instance of it) over the interval that ends at the batch's `sampled_at`."""
+
     model_config = ConfigDict(extra="ignore", frozen=True)
     job_id: str | None = None
     gpu_index: int
@@ -294,6 +296,14 @@ class GpuSample(BaseModel):
     memory_used_mib: int = Field(default=0, ge=0)
     power_w: float = Field(default=0.0, ge=0)
     temperature_c: float | None = None
+    # Optional since v1 was first published (dcgm-exporter through Prometheus fills them; the simulator does not).
+    gpu_uuid: str | None = None
+    gpu_instance: int | None = Field(default=None, ge=0)  # MIG GPU instance id (DCGM's GPU_I_ID)
+    mig_profile: str | None = None  # MIG profile of that instance (GPU_I_PROFILE), e.g. "1g.10gb"
+    fb_free_mib: int | None = Field(default=None, ge=0)
+    tensor_active_pct: float | None = Field(default=None, ge=0, le=100)  # tensor-pipe activity: the MFU proxy
+    # True when the job was inferred from a node-level split (no pod labels, no GPU-level placement known).
+    approximate: bool = False
 
 
 class UtilizationSampled(Payload):
@@ -305,6 +315,42 @@ class UtilizationSampled(Payload):
     sampled_at: datetime
     interval_s: float = Field(gt=0)
     samples: tuple[GpuSample, ...]
+    source: str | None = None  # "sim" (synthetic) or "dcgm" (dcgm-exporter through Prometheus)
+
+
+class UtilizationSourceChecked(Payload):
+    """The outcome of one poll of a utilisation source: telemetry turns it into the source's health metrics.
+
+    `reason` is a machine code when `ok` is false: Unreachable, Timeout, HttpError, QueryError, BadResponse."""
+
+    aggregate, fact = "utilization", "source_checked"
+    source: str
+    endpoint: str = ""
+    ok: bool
+    reason: str | None = None
+    message: str = ""
+    checked_at: datetime
+    interval_s: float | None = Field(default=None, gt=0)  # how often the source polls (staleness)
+    series: int = Field(default=0, ge=0)  # series read in this poll
+    gpus_exact: int = Field(default=0, ge=0)  # GPUs attributed from pod labels or a GPU-level placement
+    gpus_approximate: int = Field(default=0, ge=0)  # GPUs attributed by a node-level split
+    gpus_unattributed: int = Field(default=0, ge=0)  # GPUs no job holds (or none we know of)
+    series_dropped: int = Field(default=0, ge=0)  # series without a usable node/GPU label or value
+
+
+class JobFlopsReported(Payload):
+    """A running job's achieved throughput, summed over all its GPUs, in TFLOP/s of one precision. Telemetry
+    divides it by the peak of the job's GPUs (queues.yaml gpu_flavors.*.peak_tflops) to get MFU.
+
+    Published by the job itself (see shared/mfu.py `flops_report`); on the utilisation stream, not the job stream,
+    because jobs may report every few seconds and the lifecycle consumers have no use for it."""
+
+    aggregate, fact = "utilization", "flops_reported"
+    job_id: str
+    achieved_tflops: float = Field(gt=0, allow_inf_nan=False)
+    precision: Precision
+    reported_at: datetime
+    step: int | None = Field(default=None, ge=0)
 
 
 class NodeInventory(Payload):
@@ -317,6 +363,9 @@ class NodeChanged(Payload):
     aggregate, fact = "node", "changed"
     node: NodeSpec
     change: str = "updated"  # added | updated | removed
+    # Why the node's health changed (a machine code such as "Xid79" or "GpuMissing"), and a sentence for people.
+    reason: str | None = None
+    message: str = ""
 
 
 class QueueConfigChanged(Payload):
@@ -347,7 +396,7 @@ CATALOGUE: tuple[type[Payload], ...] = (
     JobSubmitted, JobRejected, JobQueued, JobPending, JobAdmitted, JobPlaced, JobStarted, JobCompleted,
     JobFailed, JobCancelled, JobCancelRequested, JobApproved, CheckpointRequested, JobCheckpointed, JobPreempted,
     JobRequeued, PreemptionRequested, UtilizationSampled, NodeInventory, NodeChanged, QueueConfigChanged,
-    AuditRecorded,
+    AuditRecorded, UtilizationSourceChecked, JobFlopsReported,
 )
 BY_TYPE: dict[str, type[Payload]] = {cls.event_type(): cls for cls in CATALOGUE}
 

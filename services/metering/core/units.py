@@ -14,17 +14,17 @@ report turns integers into hours, kWh and money.
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime
 
-from shared.domain import GpuBinding, JobSpec
+# GPU shares of slices and bindings are domain facts (the DCGM source and telemetry's MFU need them too); the
+# ledger's callers keep importing them from here.
+from shared.domain import MILLI_GPU, JobSpec, binding_milli_gpus, mig_milli_gpus, node_shares
 
-MILLI_GPU = 1000
+__all__ = ["MILLI_GPU", "binding_milli_gpus", "mig_milli_gpus", "node_shares"]
+
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
 MS_PER_KWH_MJ = 3_600_000_000  # millijoules per kWh
-MIG_COMPUTE_SLICES = 7  # A100/H100 GPUs have 7 compute slices; a `3g.40gb` slice is 3/7 of a GPU
-_MIG_PROFILE_RE = re.compile(r"^(\d+)g\.")
 
 
 def to_ms(ts: datetime) -> int:
@@ -47,44 +47,18 @@ def ceil_to(ms: int, step_ms: int) -> int:
     return -((-ms) // step_ms) * step_ms
 
 
-def mig_milli_gpus(profile: str | None) -> int:
-    """GPU share of one MIG slice of `profile` (`1g.10gb` → 142 milli-GPUs); unknown shapes count as 1g."""
-    m = _MIG_PROFILE_RE.match(profile or "")
-    compute = int(m.group(1)) if m else 1
-    return min(MILLI_GPU, compute * MILLI_GPU // MIG_COMPUTE_SLICES)
-
-
-def binding_milli_gpus(binding: GpuBinding, spec: JobSpec) -> int:
-    """Milli-GPUs one pod binding holds: whole GPUs ×1000, or the MIG share of its pod set's profile."""
-    if binding.gpu_indices:
-        return len(binding.gpu_indices) * MILLI_GPU
-    if binding.mig_slice is not None:
-        pod_set = binding.pod.rsplit("-", 1)[0]
-        profile = next((p.mig_profile for p in spec.pod_sets if p.name == pod_set), None)
-        if profile is None:  # pod name not in the spec: take the job's only MIG profile, if there is one
-            profiles = sorted({p.mig_profile for p in spec.pod_sets if p.mig_profile})
-            profile = profiles[0] if profiles else None
-        return mig_milli_gpus(profile)
-    return 0
-
-
-def node_shares(bindings: tuple[GpuBinding, ...] | list[GpuBinding], spec: JobSpec) -> tuple[tuple[str, int], ...]:
-    """Milli-GPUs per node of a placement, sorted by node name; nodes holding no GPU are left out."""
-    per_node: dict[str, int] = {}
-    for b in bindings:
-        per_node[b.node] = per_node.get(b.node, 0) + binding_milli_gpus(b, spec)
-    return tuple((node, milli) for node, milli in sorted(per_node.items()) if milli > 0)
-
-
 def model_hint(spec: JobSpec) -> str | None:
     """The GPU model a job must run on when its spec leaves no choice (used when a node's model is unknown)."""
     models = spec.gpu_models
     return models[0] if len(models) == 1 else None
 
 
-def sample_used_gpu_ms(utilization_pct: float, interval_ms: int) -> int:
-    """GPU-milliseconds of useful work in one sample: utilisation × the interval it covers."""
-    return round(utilization_pct * interval_ms / 100)
+def sample_used_gpu_ms(utilization_pct: float, interval_ms: int, milli_gpus: int = MILLI_GPU) -> int:
+    """GPU-milliseconds of useful work in one sample: utilisation × the interval it covers × the share of a GPU
+    sampled (a MIG instance's utilisation is of its slice)."""
+    if milli_gpus == MILLI_GPU:
+        return round(utilization_pct * interval_ms / 100)
+    return round(utilization_pct * interval_ms * milli_gpus / (100 * MILLI_GPU))
 
 
 def sample_energy_mj(power_w: float, interval_ms: int) -> int:
