@@ -30,7 +30,15 @@ from services.stack import ALL_SERVICES, Stack, StackSettings
 from shared import namespace as namespaces
 from shared.bus import NamespaceInUse, delete_streams, ensure_streams, namespace_purposes
 from shared.clock import ScaledClock, SystemClock
-from shared.config import ClusterSource, ConfigError, load_cluster, load_queues, parse_cluster, parse_queues
+from shared.config import (
+    ClusterSource,
+    ConfigError,
+    dcgm_settings,
+    load_cluster,
+    load_queues,
+    parse_cluster,
+    parse_queues,
+)
 from shared.db import drop_database, redact, scratch_database
 from shared.events import JobSubmitted, utcnow_from
 from shared.health import HealthServer
@@ -95,6 +103,7 @@ def up(
         cluster_cfg = load_cluster(cluster) if cluster is not None else parse_cluster(
             {"source": "kubernetes"}, "built-in Kubernetes mapping")
         queues_cfg = load_queues(queues)
+        dcgm = dcgm_settings(cluster_cfg, os.environ)  # GPUQ_DCGM_PROMETHEUS_URL etc., checked before starting
     except ConfigError as exc:
         console.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(2) from None
@@ -122,7 +131,7 @@ def up(
         services=wanted,
         clock=ScaledClock(speedup) if speedup != 1.0 else SystemClock(), metrics_port=metrics_port,
         admission_cohorts=parse_cohorts(admission_cohorts), instance=instance, api_port=api_port,
-        nats_urls=_service_urls(servers, executor))
+        nats_urls=_service_urls(servers, executor), dcgm=dcgm)
 
     async def run() -> None:
         stop = asyncio.Event()

@@ -19,7 +19,7 @@ import asyncpg
 
 from services.admission.sharding import cohorts_from_env
 from shared.clock import Clock, SystemClock
-from shared.config import ClusterConfig, QueuesConfig
+from shared.config import ClusterConfig, DcgmSettings, QueuesConfig, dcgm_settings
 from shared.db import create_pool
 from shared.health import HealthReport, combine
 from shared.service import ServiceRuntime, ServiceSpec
@@ -54,6 +54,9 @@ class StackSettings:
     # The cohorts this process's admission instance serves ("-" = queues without a cohort); empty = all cohorts,
     # one instance for everything. Default: GPUQ_ADMISSION_COHORTS (comma separated). docs/admission.md.
     admission_cohorts: Sequence[str] = field(default_factory=cohorts_from_env)
+    # Real utilisation from dcgm-exporter via Prometheus for the executor; None = cluster.yaml's `dcgm` section
+    # with the GPUQ_DCGM_* environment applied (shared.config.dcgm_settings), absent = synthetic samples.
+    dcgm: DcgmSettings | None = None
 
 
 def build_specs(settings: StackSettings) -> list[ServiceSpec]:
@@ -99,7 +102,9 @@ def _executor_spec(settings: StackSettings) -> ServiceSpec:
         raise ValueError("the simulated executor needs a cluster.yaml (--cluster)")
     from services.executor.sim import SimExecutor, SimExecutorSettings
 
-    return SimExecutor(SimExecutorSettings(cluster=settings.cluster, cluster_dir=settings.cluster_dir)).spec()
+    dcgm = settings.dcgm or dcgm_settings(settings.cluster, os.environ)
+    return SimExecutor(SimExecutorSettings(cluster=settings.cluster, cluster_dir=settings.cluster_dir,
+                                           dcgm=dcgm)).spec()
 
 
 def _eta_function() -> EtaFn:

@@ -8,6 +8,11 @@ requests after a configurable delay.
 The true duration of a simulated job comes from the label `sim.gpuq.io/duration-s` that workload
 generators set; only this executor reads it (the scheduler plans with `max_runtime_s`). Optional labels:
 `sim.gpuq.io/utilization` (mean GPU utilisation %), `sim.gpuq.io/outcome` (e.g. OOMKilled).
+
+With `dcgm` settings (cluster.yaml or GPUQ_DCGM_PROMETHEUS_URL), the synthetic samples stop and the DCGM source
+(services/executor/dcgm.py) reads real ones; this executor then names its jobs' pods and GPUs the way a
+Kubernetes cluster with dcgm-exporter would: pod `<job>-<pod set>-<index>` in namespace `<team>`, GPU UUIDs
+derived from node and index (`sim_gpu_uuid`), and a MIG slice's index as its GPU instance id.
 """
 
 from __future__ import annotations
@@ -15,12 +20,20 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import re
+import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import asyncpg
+
+from services.executor.core.attribution import JobShare, Placements
+from services.executor.core.dcgm_series import Device
+from services.executor.dcgm import DcgmSource, degraded_nodes, ensure_health_table, with_health
 from services.executor.verify import verify_placement
-from shared.config import ClusterConfig
-from shared.domain import JobSpec
+from shared.config import ClusterConfig, DcgmSettings
+from shared.domain import GpuBinding, JobSpec, NodeSpec
 from shared.events import (
     CheckpointRequested,
     CloudEvent,
@@ -52,6 +65,7 @@ class SimExecutorSettings:
     tick_s: float = 0.1  # wall seconds between completion checks
     sample_every_s: float = 1.0  # wall seconds between utilisation batches
     checkpoint_delay_s: float = 30.0  # virtual seconds a job takes to write a checkpoint
+    dcgm: DcgmSettings | None = None  # real samples from dcgm-exporter via Prometheus instead of synthetic ones
 
 
 def true_duration(spec: JobSpec) -> float:
@@ -69,25 +83,76 @@ def jitter(job_id: str, gpu: int, t: float) -> float:
     return (int.from_bytes(digest, "big") / 65535.0 - 0.5) * 20.0
 
 
+def sim_pod_name(job_id: str, pod: str) -> str:
+    """The pod name a workload controller would give a simulated job's pod (a DNS-1123 label)."""
+    name = re.sub(r"[^a-z0-9-]+", "-", f"{job_id}-{pod}".lower()).strip("-")
+    return name[:63].rstrip("-") or "pod"
+
+
+def sim_gpu_uuid(node: str, gpu: int) -> str:
+    """A stable, unique UUID for a simulated GPU, in DCGM's `GPU-<uuid>` form."""
+    return f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, f'gpuq-sim/{node}/{gpu}')}"
+
+
+def sim_placements(runs: list[tuple[JobSpec, list[GpuBinding]]]) -> Placements:
+    """What the simulated executor knows of where its jobs run: every pod, GPU and MIG slice."""
+    pods: dict[tuple[str, str], str] = {}
+    devices: dict[Device, str] = {}
+    uuids: dict[tuple[str, int | None], str] = {}
+    per_node: dict[str, dict[str, int]] = {}
+    for spec, bindings in sorted(runs, key=lambda r: r[0].job_id):
+        job = spec.job_id
+        for b in bindings:
+            pods[(spec.team, sim_pod_name(job, b.pod))] = job
+            units = per_node.setdefault(b.node, {})
+            if b.mig_slice is not None:
+                gpu, instance = b.mig_slice
+                devices[Device(b.node, gpu, instance)] = job
+                uuids[(sim_gpu_uuid(b.node, gpu), instance)] = job
+                units[job] = units.get(job, 0) + 1
+            for gpu in b.gpu_indices:
+                devices[Device(b.node, gpu)] = job
+                uuids[(sim_gpu_uuid(b.node, gpu), None)] = job
+                units[job] = units.get(job, 0) + 1
+    nodes = {n: tuple(JobShare(j, u) for j, u in sorted(jobs.items())) for n, jobs in sorted(per_node.items())}
+    return Placements(pods=pods, devices=devices, uuids=uuids, nodes=nodes)
+
+
 class SimExecutor:
     def __init__(self, settings: SimExecutorSettings):
         self.settings = settings
         self.nodes = {n.name: n for n in settings.cluster.nodes(settings.cluster_dir)}
         self._last_sample: float | None = None
         self._last_sample_at: float | None = None
+        self.dcgm = DcgmSource(settings.dcgm, self) if settings.dcgm is not None else None
 
     def spec(self) -> ServiceSpec:
+        background = (self.run_loop,) if self.dcgm is None else (self.run_loop, self.dcgm.run)
         return ServiceSpec(
             name="executor", schema="executor", migrations=MIGRATIONS,
             handlers={JobPlaced: self.on_placed, CheckpointRequested: self.on_checkpoint_requested,
                       JobPreempted: self.on_stopped, JobCancelled: self.on_stopped},
-            on_start=self.announce_inventory, background=(self.run_loop,), singleton=False,
+            on_start=self.announce_inventory, background=background, singleton=False,
         )
+
+    # ------------------------------------------------------------------ what the DCGM source needs (ExecutorView)
+
+    def node_specs(self) -> Mapping[str, NodeSpec]:
+        return self.nodes
+
+    async def placements(self, conn: asyncpg.Connection) -> Placements:
+        rows = await conn.fetch("SELECT spec, bindings FROM executor.runs WHERE status = 'running'")
+        return sim_placements([(JobSpec.model_validate_json(r["spec"]),
+                                [GpuBinding.model_validate(b) for b in json.loads(r["bindings"])]) for r in rows])
 
     # ------------------------------------------------------------------ inventory
 
     async def announce_inventory(self, runtime: ServiceRuntime) -> None:
         nodes = tuple(sorted(self.nodes.values(), key=lambda n: n.name))
+        if self.dcgm is not None:  # nodes the DCGM source degraded stay degraded in a new announcement
+            async with runtime.pool.acquire() as conn:
+                await ensure_health_table(conn, runtime.spec.schema)
+                nodes = tuple(with_health(list(nodes), await degraded_nodes(conn, runtime.spec.schema)))
         digest = hashlib.sha256(json.dumps([n.model_dump(mode="json") for n in nodes]).encode()).hexdigest()
         async with runtime.transaction() as tx:
             last = await tx.conn.fetchval("SELECT value FROM executor.meta WHERE key = 'inventory'")
@@ -118,13 +183,16 @@ class SimExecutor:
         done_s = float(row["done_s"]) if row is not None and placed.resume_from else 0.0
         remaining = max(0.0, true_duration(spec) - done_s)
         ends_at = tx.now + min(remaining, float(spec.max_runtime_s))
+        bindings = json.dumps([b.model_dump(mode="json") for b in placed.bindings])
         await tx.conn.execute(
-            """INSERT INTO executor.runs(job_id, spec, nodes, gpus, status, started_at, ends_at, done_s, traceparent)
-               VALUES ($1, $2, $3, $4, 'running', $5, $6, $7, $8)
+            """INSERT INTO executor.runs(job_id, spec, nodes, gpus, status, started_at, ends_at, done_s, traceparent,
+                                         bindings)
+               VALUES ($1, $2, $3, $4, 'running', $5, $6, $7, $8, $9::jsonb)
                ON CONFLICT (job_id) DO UPDATE SET spec = excluded.spec, nodes = excluded.nodes, gpus = excluded.gpus,
                  status = 'running', outcome = NULL, started_at = excluded.started_at, ends_at = excluded.ends_at,
-                 done_s = excluded.done_s, attempt = executor.runs.attempt + 1, traceparent = excluded.traceparent""",
-            spec.job_id, spec.model_dump_json(), nodes, gpus, tx.now, ends_at, done_s, tx.traceparent)
+                 done_s = excluded.done_s, attempt = executor.runs.attempt + 1, traceparent = excluded.traceparent,
+                 bindings = excluded.bindings""",
+            spec.job_id, spec.model_dump_json(), nodes, gpus, tx.now, ends_at, done_s, tx.traceparent, bindings)
         await tx.emit(JobStarted(job_id=spec.job_id, nodes=tuple(nodes), started_at=utcnow_from(tx.now)))
 
     async def on_checkpoint_requested(self, tx: Tx, event: CloudEvent, req: CheckpointRequested) -> None:
@@ -160,7 +228,8 @@ class SimExecutor:
             await self._finish_due(tx)
             await self._checkpoint_due(tx)
             wall = asyncio.get_running_loop().time()
-            if self._last_sample is None or wall - self._last_sample >= self.settings.sample_every_s:
+            due = self._last_sample is None or wall - self._last_sample >= self.settings.sample_every_s
+            if due and self.dcgm is None:  # with DCGM, real samples replace the synthetic ones
                 await self._sample(tx, wall)
 
     async def _finish_due(self, tx: Tx) -> None:
@@ -226,4 +295,4 @@ class SimExecutor:
         for node in sorted(per_node):
             await tx.emit(UtilizationSampled(node=node, gpu_model=self.nodes[node].gpu_model,
                                              sampled_at=utcnow_from(tx.now), interval_s=interval,
-                                             samples=tuple(per_node[node])), subject_suffix=None)
+                                             samples=tuple(per_node[node]), source="sim"), subject_suffix=None)
