@@ -86,8 +86,16 @@ def _check_pod_set(state: ClusterIndex, spec: JobSpec, req: PodReq, elig: Eligib
                            f"({', '.join(taints)})")
     if sum(c.ready_nodes for c in tolerated) == 0:
         total = sum(c.total_nodes for c in tolerated)
+        by_health: dict[str, int] = {}
+        for c in tolerated:
+            for name in _class_nodes(state, c):
+                health = state.indexed_nodes[name].spec.health.value
+                by_health[health] = by_health.get(health, 0) + 1
+        states = ", ".join(f"{n} {h}" for h, n in sorted(by_health.items()))
+        hint = " (degraded = a GPU fault found by the health checks)" if "degraded" in by_health else ""
         return Unplaceable(jid, Reason.NO_READY_NODES,
-                           f"all {total} node(s) with {_models(req.models)} usable by the job are cordoned or failed")
+                           f"none of the {total} node(s) with {_models(req.models)} usable by the job is ready: "
+                           f"{states}{hint}")
     free = sum(c.free for c in tolerated)
     cap = sum(c.cap for c in tolerated)
     if req.unit and free < req.need:

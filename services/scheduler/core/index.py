@@ -91,6 +91,8 @@ class IndexedNode:
         n.rack = spec.rack
         n.block = spec.block
         n.cls = class_key(spec)
+        # Cordoned, failed and degraded (a GPU fault from the DCGM health checks) nodes take no new placements;
+        # allocations already there are kept (see upsert_node) until their jobs end.
         n.ready = spec.health is NodeHealth.READY
         n.gpus = spec.gpus
         if spec.mig is not None:

@@ -145,6 +145,30 @@ def test_unready_nodes_and_gpu_models_are_explained() -> None:
     assert why.reason == Reason.NO_GPU_MODEL and "admission allowed H100-80GB" in why.message
 
 
+def test_a_degraded_node_takes_no_new_work_but_keeps_its_jobs_until_it_recovers() -> None:
+    # Two nodes; a job runs on n-0; then DCGM reports an XID on n-0 and the executor marks it degraded.
+    specs = nodes(2)
+    state = ClusterState.from_nodes(specs)
+    state.commit(placed(state.place(job("running", gpus=4))))
+    assert state.allocations()["running"].bindings[0].node == "n-0"
+    state.upsert_node(specs[0].model_copy(update={"health": NodeHealth.DEGRADED}))
+    # Binpack would have chosen n-0 (4 free, fuller): the new job goes to the healthy node instead.
+    assert {b.node for b in placed(state.place(job("new", gpus=2))).bindings} == {"n-1"}
+    assert state.free_gpus() == 8 and "running" in state.allocations()  # n-0's GPUs are no capacity; job kept
+    # Nothing fits on the healthy node alone: the reason names the degraded node.
+    state.commit(placed(state.place(job("fill", gpus=8))))
+    why = refused(state.place(job("more", gpus=1)))
+    assert why.reason == Reason.INSUFFICIENT_GPUS
+    state.upsert_node(specs[1].model_copy(update={"health": NodeHealth.CORDONED}))
+    why = refused(state.place(job("more", gpus=1)))
+    assert why.reason == Reason.NO_READY_NODES
+    assert "1 cordoned, 1 degraded" in why.message and "GPU fault" in why.message
+    # The fault clears: n-0 is ready again, with the running job's 4 GPUs still held.
+    state.upsert_node(specs[0])
+    assert {b.node for b in placed(state.place(job("after", gpus=4))).bindings} == {"n-0"}
+    assert refused(state.place(job("too-big", gpus=5))).reason == Reason.INSUFFICIENT_GPUS
+
+
 def test_cpu_and_memory_are_respected_per_pod() -> None:
     state = ClusterState.from_nodes(nodes(2, cpu=16_000, mem=65_536))
     why = refused(state.place(job("x", pods=4, gpus=1, cpu=10_000)))
