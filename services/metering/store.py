@@ -116,18 +116,24 @@ async def rebuild_allocations(conn: Conn, job_id: str) -> None:
 _INSERT_SAMPLES = """
 WITH s AS (
     SELECT * FROM unnest($1::text[], $2::int[], $3::timestamptz[], $4::text[], $5::int[], $6::real[],
-                         $7::int[], $8::real[], $9::real[], $10::bigint[], $11::bigint[])
+                         $7::int[], $8::real[], $9::real[], $10::bigint[], $11::bigint[], $14::int[], $15::int[],
+                         $16::boolean[])
         AS t(node, gpu_index, sampled_at, job_id, interval_ms, utilization_pct, memory_used_mib, power_w,
-             temperature_c, used_gpu_ms, energy_mj)
+             temperature_c, used_gpu_ms, energy_mj, gpu_instance, milli_gpus, approximate)
 ), ins AS (
-    INSERT INTO metering.gpu_samples SELECT * FROM s ON CONFLICT DO NOTHING
-    RETURNING job_id, node, sampled_at, interval_ms, used_gpu_ms, energy_mj
+    INSERT INTO metering.gpu_samples (node, gpu_index, sampled_at, job_id, interval_ms, utilization_pct,
+                                      memory_used_mib, power_w, temperature_c, used_gpu_ms, energy_mj,
+                                      gpu_instance, milli_gpus, approximate)
+    SELECT * FROM s ON CONFLICT DO NOTHING
+    RETURNING job_id, node, sampled_at, interval_ms, used_gpu_ms, energy_mj, milli_gpus
 ), agg AS (
     -- A sample covers (sampled_at - interval, sampled_at]: it belongs to the hour its interval starts in.
+    -- A MIG instance's sample covers its slice's share of a GPU (milli_gpus), whole GPUs 1000.
     SELECT job_id, node,
            date_bin('1 hour', sampled_at - interval_ms * interval '1 millisecond',
                     timestamptz '1970-01-01 00:00:00+00') AS hour,
-           count(*) AS samples, sum(interval_ms)::bigint AS sampled_gpu_ms, sum(used_gpu_ms)::bigint AS used,
+           count(*) AS samples, sum(interval_ms::bigint * milli_gpus / 1000)::bigint AS sampled_gpu_ms,
+           sum(used_gpu_ms)::bigint AS used,
            sum(energy_mj)::bigint AS energy, max(sampled_at) AS last_at
     FROM ins WHERE job_id IS NOT NULL GROUP BY 1, 2, 3
 ), up AS (

@@ -32,11 +32,13 @@ from shared.config import QueuesConfig, parse_queues
 from shared.events import (
     CATALOGUE,
     CloudEvent,
+    JobFlopsReported,
     NodeChanged,
     NodeInventory,
     Payload,
     QueueConfigChanged,
     UtilizationSampled,
+    UtilizationSourceChecked,
 )
 from shared.service import ServiceRuntime, ServiceSpec, Tx
 
@@ -44,10 +46,13 @@ if TYPE_CHECKING:
     from services.stack import StackSettings
 
 MIGRATIONS = Path(__file__).parent / "migrations"
-# Every job lifecycle event (also the webhook-able ones), plus utilisation, inventory and queue config.
+# Every job lifecycle event (also the webhook-able ones), plus utilisation (samples, the sources' polls, jobs'
+# FLOP/s reports), inventory and queue config.
 HANDLED: tuple[type[Payload], ...] = (*(c for c in CATALOGUE if c.aggregate == "job"), UtilizationSampled,
-                                      NodeInventory, NodeChanged, QueueConfigChanged)
+                                      UtilizationSourceChecked, JobFlopsReported, NodeInventory, NodeChanged,
+                                      QueueConfigChanged)
 _QUEUES_KEY = "queues"
+_SOURCE_KEY = "source:"  # + source name: the latest poll of a utilisation source
 
 
 class TelemetryService:
@@ -106,6 +111,12 @@ class TelemetryService:
             jobs = [(j, self.state.job_doc(j)) for j in sorted(fx.jobs)]
             nodes = [(n, self.state.node_doc(n)) for n in sorted(fx.nodes)]
             samples = [(n, self.state.sample_doc(n)) for n in sorted(fx.samples)]
+            sources = [(n, self.state.source_doc(n)) for n in sorted(fx.sources)]
+        for name, doc in sources:
+            if doc is not None:
+                await conn.execute("INSERT INTO telemetry.settings(key, doc) VALUES ($1, $2::jsonb) "
+                                   "ON CONFLICT (key) DO UPDATE SET doc = excluded.doc", _SOURCE_KEY + name,
+                                   json.dumps(doc))
         for table, key, rows in (("jobs", "job_id", jobs), ("nodes", "name", nodes), ("samples", "node", samples)):
             for k, doc in rows:
                 if doc is None:
@@ -124,13 +135,16 @@ class TelemetryService:
     async def load(self, conn: asyncpg.Connection) -> None:
         """Rebuild the core from its tables (after a restart)."""
         state = TelemetryState(self.state.job_series_cap)
-        state.guaranteed, state.prices = self.state.guaranteed, self.state.prices
+        state.guaranteed, state.prices, state.flavors = self.state.guaranteed, self.state.prices, self.state.flavors
         for row in await conn.fetch("SELECT doc FROM telemetry.jobs ORDER BY job_id"):
             state.load_job(json.loads(row["doc"]))
         for row in await conn.fetch("SELECT doc FROM telemetry.nodes ORDER BY name"):
             state.load_node(json.loads(row["doc"]))
         for row in await conn.fetch("SELECT doc FROM telemetry.samples ORDER BY node"):
             state.load_sample(json.loads(row["doc"]))
+        for row in await conn.fetch("SELECT doc FROM telemetry.settings WHERE key LIKE $1 ORDER BY key",
+                                    _SOURCE_KEY + "%"):
+            state.load_source(json.loads(row["doc"]))
         doc = await conn.fetchval("SELECT doc FROM telemetry.settings WHERE key = $1", _QUEUES_KEY)
         if doc is not None:
             state.set_queues(parse_queues(json.loads(doc), "<telemetry.settings queues>"))

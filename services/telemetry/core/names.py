@@ -49,6 +49,11 @@ _DEFS = (
               "GPU-seconds allocated to jobs (from utilisation samples)."),
     MetricDef("gpuq_gpu_used_seconds", COUNTER, "s", ("queue", "team", "gpu_model", "feature"),
               "GPU-seconds allocated to jobs weighted by sampled utilisation."),
+    MetricDef("gpuq_utilization_source_failures", COUNTER, "1", ("source", "reason"),
+              "Failed polls of a utilisation source (Unreachable, Timeout, HttpError, QueryError, BadResponse)."),
+    MetricDef("gpuq_flops_reports_rejected", COUNTER, "1", ("reason",),
+              "JobFlopsReported ignored: the job is not running (NotRunning) or claims more than its peak "
+              "(AbovePeak)."),
     # ---- histograms (from events)
     MetricDef("gpuq_admission_wait_seconds", HISTOGRAM, "s", ("queue", "priority_class"),
               "Time from entering the queue (or requeue) to admission."),
@@ -69,6 +74,8 @@ _DEFS = (
     MetricDef("gpuq_gpus_fragmented", GAUGE, "1", ("pool", "gpu_model"),
               "Free GPUs that no waiting gang can use (0 when no job waits)."),
     MetricDef("gpuq_nodes", GAUGE, "1", ("pool", "gpu_model", "health"), "Nodes by health."),
+    MetricDef("gpuq_node_degraded", GAUGE, "1", ("node", "pool", "gpu_model", "reason"),
+              "1 while a node is degraded by a GPU fault (reason: XidN or GpuMissing); it takes no new placements."),
     MetricDef("gpuq_quota_guaranteed_gpus", GAUGE, "1", ("gpu_model",),
               "Sum of the queues' nominal (guaranteed) quotas."),
     MetricDef("gpuq_gpu_hourly_cost", GAUGE, "1", ("gpu_model",),
@@ -81,6 +88,19 @@ _DEFS = (
               "Latest sampled memory use of one physical GPU."),
     MetricDef("gpuq_node_gpu_allocated", GAUGE, "1", ("node", "gpu", "queue", "team"),
               "1 while the GPU is bound to a job of this queue/team."),
+    MetricDef("gpuq_node_gpu_tensor_active_ratio", GAUGE, "1", ("node", "gpu", "pool", "gpu_model"),
+              "Latest tensor-pipe activity of one physical GPU, 0..1 (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE)."),
+    MetricDef("gpuq_gpus_tensor_active", GAUGE, "1", ("queue", "team", "pool", "gpu_model"),
+              "GPU-equivalents of tensor-pipe activity of jobs' GPUs: the MFU proxy (÷ gpuq_gpus_allocated)."),
+    MetricDef("gpuq_mfu_ratio", GAUGE, "1", ("queue", "team"),
+              "Model FLOPs utilisation of running jobs that report FLOP/s, weighted by their GPUs, 0..1."),
+    MetricDef("gpuq_utilization_source_up", GAUGE, "1", ("source",),
+              "1 while the utilisation source's latest poll succeeded (and is recent)."),
+    MetricDef("gpuq_utilization_source_last_success_timestamp_seconds", GAUGE, "s", ("source",),
+              "When the utilisation source last polled successfully (epoch seconds)."),
+    MetricDef("gpuq_utilization_source_gpus", GAUGE, "1", ("source", "attribution"),
+              "GPUs in the latest poll by attribution: exact (pod labels or GPU placement), approximate "
+              "(node-level split), unattributed."),
     # ---- short-lived per-job gauges (only while the job waits or runs)
     MetricDef("gpuq_job_pending_info", GAUGE, "1", ("job_id", "queue", "team", "stage", "reason"),
               "1 for each waiting job, with why it waits."),
@@ -92,6 +112,10 @@ _DEFS = (
     MetricDef("gpuq_job_gpus_allocated", GAUGE, "1", ("job_id", "queue", "team"), "GPUs held by a job."),
     MetricDef("gpuq_job_gpu_utilization_ratio", GAUGE, "1", ("job_id", "queue", "team"),
               "Mean latest utilisation over a running job's GPUs, 0..1."),
+    MetricDef("gpuq_job_tensor_active_ratio", GAUGE, "1", ("job_id", "queue", "team"),
+              "Mean tensor-pipe activity over a running job's GPUs, 0..1: the MFU proxy when it reports no FLOP/s."),
+    MetricDef("gpuq_job_mfu_ratio", GAUGE, "1", ("job_id", "queue", "team", "precision"),
+              "Model FLOPs utilisation of a running job: reported FLOP/s ÷ peak of its GPUs at that precision."),
 )
 
 METRICS: dict[str, MetricDef] = {d.name: d for d in _DEFS}

@@ -9,7 +9,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.domain import JobSpec, NodeSpec
+from shared.domain import JobSpec, NodeSpec, Precision
 from shared.events import GpuSample
 
 UNKNOWN = "unknown"
@@ -20,6 +20,15 @@ class JobPhase(StrEnum):
     PENDING = "pending"  # waiting for admission (quota) or, once admitted, for placement
     PLACED = "placed"  # GPUs bound, pods starting
     RUNNING = "running"
+
+
+class FlopsRecord(BaseModel):
+    """A running job's latest achieved throughput (JobFlopsReported): TFLOP/s over all its GPUs."""
+
+    model_config = ConfigDict(extra="ignore")
+    tflops: float
+    precision: Precision
+    reported_at: float
 
 
 class JobRecord(BaseModel):
@@ -44,6 +53,9 @@ class JobRecord(BaseModel):
     last_checkpoint_at: float | None = None
     # Whole GPUs held, as (node, gpu index); a MIG slice holds its parent GPU index here too.
     gpus: list[tuple[str, int]] = Field(default_factory=list)
+    # Share of GPUs held per node in milli-GPUs (a MIG slice is its fraction of a GPU): the peak for MFU.
+    shares: list[tuple[str, int]] = Field(default_factory=list)
+    flops: FlopsRecord | None = None
 
     @property
     def holds_gpus(self) -> bool:
@@ -56,6 +68,8 @@ class JobRecord(BaseModel):
 class NodeRecord(BaseModel):
     model_config = ConfigDict(extra="ignore")
     node: NodeSpec
+    reason: str | None = None  # why its health last changed (NodeChanged.reason), e.g. "Xid79"
+    message: str = ""
 
     @property
     def pool(self) -> str:
@@ -71,3 +85,19 @@ class NodeSample(BaseModel):
     sampled_at: float
     interval_s: float
     samples: tuple[GpuSample, ...]
+
+
+class SourceRecord(BaseModel):
+    """The latest poll of a utilisation source (UtilizationSourceChecked). Times are epoch seconds."""
+
+    model_config = ConfigDict(extra="ignore")
+    source: str
+    endpoint: str = ""
+    ok: bool
+    reason: str | None = None
+    checked_at: float
+    interval_s: float | None = None
+    last_ok_at: float | None = None
+    gpus_exact: int = 0
+    gpus_approximate: int = 0
+    gpus_unattributed: int = 0

@@ -16,16 +16,27 @@ from typing import Any
 
 from services.telemetry.core.fragmentation import fragmented_gpus
 from services.telemetry.core.names import JOB_SERIES_CAP
-from services.telemetry.core.records import DEFAULT_POOL, UNKNOWN, JobPhase, JobRecord, NodeRecord, NodeSample
-from shared.config import ConfigError, QueuesConfig, parse_queues
-from shared.domain import JobSpec, NodeHealth, NodeSpec
+from services.telemetry.core.records import (
+    DEFAULT_POOL,
+    UNKNOWN,
+    FlopsRecord,
+    JobPhase,
+    JobRecord,
+    NodeRecord,
+    NodeSample,
+    SourceRecord,
+)
+from shared.config import ConfigError, GpuFlavor, QueuesConfig, parse_queues
+from shared.domain import MILLI_GPU, JobSpec, NodeHealth, NodeSpec, Precision, mig_milli_gpus, node_shares
 from shared.events import (
     ExitReason,
+    GpuSample,
     JobAdmitted,
     JobCancelled,
     JobCheckpointed,
     JobCompleted,
     JobFailed,
+    JobFlopsReported,
     JobPending,
     JobPlaced,
     JobPreempted,
@@ -39,10 +50,15 @@ from shared.events import (
     Payload,
     QueueConfigChanged,
     UtilizationSampled,
+    UtilizationSourceChecked,
 )
+from shared.mfu import mfu, peak_tflops
 
 MIB = 1024 * 1024
 STALE_SAMPLE_INTERVALS = 3  # a node whose latest sample is older than this many intervals reports nothing
+# A job's MFU is shown from its latest JobFlopsReported for this long; a job that stopped reporting shows the
+# tensor-activity proxy only (reports are expected every few seconds to minutes).
+FLOPS_REPORT_MAX_AGE_S = 900.0
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -69,6 +85,7 @@ class Effects:
     jobs: set[str] = field(default_factory=set)  # upsert if still present, else delete
     nodes: set[str] = field(default_factory=set)
     samples: set[str] = field(default_factory=set)
+    sources: set[str] = field(default_factory=set)
     quotas: bool = False
 
     def count(self, name: str, value: float = 1.0, **kv: str) -> None:
@@ -85,6 +102,11 @@ def _ts(dt: datetime | None) -> float | None:
     return dt.timestamp() if dt is not None else None
 
 
+def sample_share(s: GpuSample) -> float:
+    """The part of a physical GPU a sample covers: 1, or a MIG instance's slice of it."""
+    return mig_milli_gpus(s.mig_profile) / MILLI_GPU if s.gpu_instance is not None else 1.0
+
+
 class TelemetryState:
     def __init__(self, job_series_cap: int = JOB_SERIES_CAP):
         self.jobs: dict[str, JobRecord] = {}
@@ -92,6 +114,8 @@ class TelemetryState:
         self.samples: dict[str, NodeSample] = {}
         self.guaranteed: dict[str, int] = {}  # gpu model -> sum of nominal quotas
         self.prices: dict[str, float] = {}  # gpu model -> cost per GPU-hour
+        self.flavors: dict[str, GpuFlavor] = {}  # gpu model -> flavor (peak TFLOP/s for MFU)
+        self.sources: dict[str, SourceRecord] = {}  # utilisation source -> its latest poll
         self.job_series_cap = job_series_cap
 
     # ------------------------------------------------------------------ configuration and rebuild
@@ -103,6 +127,7 @@ class TelemetryState:
                 guaranteed[model] += quota.nominal
         self.guaranteed = dict(sorted(guaranteed.items()))
         self.prices = {m: f.cost_per_gpu_hour for m, f in sorted(config.gpu_flavors.items())}
+        self.flavors = dict(sorted(config.gpu_flavors.items()))
 
     def load_job(self, doc: dict[str, Any]) -> None:
         rec = JobRecord.model_validate(doc)
@@ -115,6 +140,14 @@ class TelemetryState:
     def load_sample(self, doc: dict[str, Any]) -> None:
         rec = NodeSample.model_validate(doc)
         self.samples[rec.node] = rec
+
+    def load_source(self, doc: dict[str, Any]) -> None:
+        rec = SourceRecord.model_validate(doc)
+        self.sources[rec.source] = rec
+
+    def source_doc(self, name: str) -> dict[str, Any] | None:
+        rec = self.sources.get(name)
+        return rec.model_dump(mode="json") if rec is not None else None
 
     def job_doc(self, job_id: str) -> dict[str, Any] | None:
         rec = self.jobs.get(job_id)
@@ -219,6 +252,8 @@ class TelemetryState:
             if b.mig_slice is not None:
                 held.add((b.node, b.mig_slice[0]))
         rec.gpus = sorted(held)
+        rec.shares = [tuple(x) for x in node_shares(p.bindings, p.spec)]  # type: ignore[misc]
+        rec.flops = None  # a new placement: earlier throughput reports were for other GPUs
         rec.phase = JobPhase.PLACED
         rec.position = rec.eta = None
 
@@ -260,7 +295,7 @@ class TelemetryState:
         fx.count("gpuq_preemptions", queue=rec.queue, reason=reason)
         if p.lost_gpu_seconds > 0:
             fx.count("gpuq_preemption_lost_gpu_seconds", p.lost_gpu_seconds, queue=rec.queue, reason=reason)
-        rec.gpus = []
+        rec.gpus, rec.shares, rec.flops = [], [], None
         rec.phase, rec.stage, rec.reason = JobPhase.PENDING, "admission", "Preempted"
         rec.queued_at = _ts(p.preempted_at) or now
         rec.started_at = rec.last_checkpoint_at = rec.admitted_at = None
@@ -271,7 +306,7 @@ class TelemetryState:
         if rec.submitted_at is None:
             rec.submitted_at = _ts(p.submitted_at)
         if fresh or rec.holds_gpus:
-            rec.gpus, rec.queued_at = [], now
+            rec.gpus, rec.shares, rec.flops, rec.queued_at = [], [], None, now
         rec.phase, rec.stage, rec.reason = JobPhase.PENDING, "admission", "Requeued"
 
     def _on_UtilizationSampled(self, p: UtilizationSampled, now: float, fx: Effects) -> None:
@@ -280,14 +315,49 @@ class TelemetryState:
         self.samples[p.node] = NodeSample(node=p.node, gpu_model=model, sampled_at=_ts(p.sampled_at) or now,
                                           interval_s=p.interval_s, samples=p.samples)
         fx.samples.add(p.node)
-        for s in sorted(p.samples, key=lambda s: s.gpu_index):
+        for s in sorted(p.samples, key=lambda s: (s.gpu_index, s.gpu_instance or -1)):
             if s.job_id is None:
                 continue
             rec = self.jobs.get(s.job_id)
             kv = {"queue": rec.queue if rec else UNKNOWN, "team": rec.team if rec else UNKNOWN,
                   "gpu_model": model, "feature": rec.feature if rec else ""}
-            fx.count("gpuq_gpu_allocated_seconds", p.interval_s, **kv)
-            fx.count("gpuq_gpu_used_seconds", p.interval_s * s.utilization_pct / 100.0, **kv)
+            gpu_seconds = p.interval_s * sample_share(s)  # a MIG instance's sample covers its slice
+            fx.count("gpuq_gpu_allocated_seconds", gpu_seconds, **kv)
+            fx.count("gpuq_gpu_used_seconds", gpu_seconds * s.utilization_pct / 100.0, **kv)
+
+    def _on_UtilizationSourceChecked(self, p: UtilizationSourceChecked, now: float, fx: Effects) -> None:
+        checked = _ts(p.checked_at) or now
+        old = self.sources.get(p.source)
+        if old is not None and old.checked_at > checked:
+            return  # a late report of an older poll
+        last_ok = checked if p.ok else (old.last_ok_at if old is not None else None)
+        self.sources[p.source] = SourceRecord(
+            source=p.source, endpoint=p.endpoint, ok=p.ok, reason=p.reason, checked_at=checked,
+            interval_s=p.interval_s, last_ok_at=last_ok, gpus_exact=p.gpus_exact,
+            gpus_approximate=p.gpus_approximate, gpus_unattributed=p.gpus_unattributed)
+        fx.sources.add(p.source)
+        if not p.ok:
+            fx.count("gpuq_utilization_source_failures", source=p.source, reason=p.reason or "Unknown")
+
+    def _on_JobFlopsReported(self, p: JobFlopsReported, now: float, fx: Effects) -> None:
+        rec = self.jobs.get(p.job_id)
+        if rec is None or rec.phase is not JobPhase.RUNNING:
+            fx.count("gpuq_flops_reports_rejected", reason="NotRunning")
+            return
+        reported = _ts(p.reported_at) or now
+        if rec.flops is not None and rec.flops.reported_at > reported:
+            return  # an older report arriving late
+        ratio = mfu(p.achieved_tflops, self._peak(rec, p.precision))
+        if ratio is not None and ratio > 1.0:
+            # More than the GPUs' peak: the report (or the configured peak) is wrong; showing it would mislead.
+            fx.count("gpuq_flops_reports_rejected", reason="AbovePeak")
+            return
+        rec.flops = FlopsRecord(tflops=p.achieved_tflops, precision=p.precision, reported_at=reported)
+        fx.jobs.add(p.job_id)
+
+    def _peak(self, rec: JobRecord, precision: Precision) -> float | None:
+        return peak_tflops([(self._node_labels(node)[1], milli) for node, milli in rec.shares], precision,
+                           self.flavors)
 
     def _on_NodeInventory(self, p: NodeInventory, now: float, fx: Effects) -> None:
         names = {n.name for n in p.nodes}
@@ -303,7 +373,7 @@ class TelemetryState:
         if p.change == "removed":
             self.nodes.pop(p.node.name, None)
         else:
-            self.nodes[p.node.name] = NodeRecord(node=p.node)
+            self.nodes[p.node.name] = NodeRecord(node=p.node, reason=p.reason, message=p.message)
 
     def _on_QueueConfigChanged(self, p: QueueConfigChanged, now: float, fx: Effects) -> None:
         try:
@@ -341,9 +411,11 @@ class TelemetryState:
             else:
                 g["gpuq_pending_jobs"][labels(**rec.labels(), stage=rec.stage, reason=rec.reason)] += 1
         self._checkpoint_ages(jobs, now, g)
-        self._sample_gauges(now, owner, g)
+        per_job = self._sample_gauges(now, owner, g)
         self._capacity_gauges(g)
-        self._job_gauges(jobs, now, g)
+        self._job_gauges(jobs, now, per_job, g)
+        self._mfu_gauges(jobs, now, g)
+        self._source_gauges(now, g)
         for model, total in self.guaranteed.items():
             g["gpuq_quota_guaranteed_gpus"][labels(gpu_model=model)] = total
         for model, price in self.prices.items():
@@ -361,23 +433,37 @@ class TelemetryState:
             g["gpuq_checkpoint_age_max_seconds"][key] = max(g["gpuq_checkpoint_age_max_seconds"].get(key, 0.0),
                                                              max(0.0, now - since))
 
-    def _sample_gauges(self, now: float, owner: dict[tuple[str, int], JobRecord], g: Gauges) -> None:
+    def _sample_gauges(self, now: float, owner: dict[tuple[str, int], JobRecord],
+                       g: Gauges) -> dict[str, list[tuple[GpuSample, float]]]:
+        """Per-GPU and per-queue gauges from the fresh samples; returns each job's samples with their shares.
+
+        A MIG-partitioned GPU has one sample per instance: the physical GPU's utilisation is the instances' sum
+        weighted by their slices' shares (an unsampled slice counts as idle), and so is its memory."""
+        per_job: dict[str, list[tuple[GpuSample, float]]] = defaultdict(list)
         for sample in self._fresh_samples(now):
             pool, model = self._node_labels(sample.node, sample.gpu_model)
-            for s in sorted(sample.samples, key=lambda s: s.gpu_index):
+            for s in sorted(sample.samples, key=lambda s: (s.gpu_index, s.gpu_instance or -1)):
+                share = sample_share(s)
                 gpu_key = labels(node=sample.node, gpu=str(s.gpu_index), pool=pool, gpu_model=model)
-                g["gpuq_node_gpu_utilization_ratio"][gpu_key] = s.utilization_pct / 100.0
-                g["gpuq_node_gpu_memory_used_bytes"][gpu_key] = float(s.memory_used_mib * MIB)
+                g["gpuq_node_gpu_utilization_ratio"][gpu_key] += share * s.utilization_pct / 100.0
+                g["gpuq_node_gpu_memory_used_bytes"][gpu_key] += float(s.memory_used_mib * MIB)
+                if s.tensor_active_pct is not None:
+                    g["gpuq_node_gpu_tensor_active_ratio"][gpu_key] += share * s.tensor_active_pct / 100.0
                 # Bindings say who holds the GPU; the sample's job id covers placements we never saw
-                # (e.g. after a restart mid-flight), but only while that job still holds GPUs.
-                rec = owner.get((sample.node, s.gpu_index))
-                if rec is None and s.job_id is not None:
-                    rec = self.jobs.get(s.job_id)
+                # (e.g. after a restart mid-flight), but only while that job still holds GPUs. A sample's own
+                # job id wins; a MIG instance has only its own (the bindings know the GPU, not the instance).
+                rec = self.jobs.get(s.job_id) if s.job_id is not None else None
+                if rec is None and s.gpu_instance is None:
+                    rec = owner.get((sample.node, s.gpu_index))
                 if rec is None or not rec.holds_gpus:
                     continue
+                per_job[rec.job_id].append((s, share))
                 key = labels(**rec.labels(), pool=pool, gpu_model=model)
-                g["gpuq_gpus_used"][key] += s.utilization_pct / 100.0
+                g["gpuq_gpus_used"][key] += share * s.utilization_pct / 100.0
                 g["gpuq_gpu_memory_used_bytes"][key] += float(s.memory_used_mib * MIB)
+                if s.tensor_active_pct is not None:
+                    g["gpuq_gpus_tensor_active"][key] += share * s.tensor_active_pct / 100.0
+        return per_job
 
     def _free_by_node(self) -> dict[str, int]:
         held: dict[str, int] = defaultdict(int)
@@ -396,6 +482,9 @@ class TelemetryState:
             node = rec.node
             key = labels(pool=rec.pool, gpu_model=node.gpu_model)
             g["gpuq_nodes"][labels(pool=rec.pool, gpu_model=node.gpu_model, health=str(node.health))] += 1
+            if node.health is NodeHealth.DEGRADED:
+                g["gpuq_node_degraded"][labels(node=node.name, pool=rec.pool, gpu_model=node.gpu_model,
+                                               reason=rec.reason or UNKNOWN)] = 1
             # Keep the pool's series present at zero so dashboards show 0 rather than "no data".
             for name in ("gpuq_gpus_capacity", "gpuq_gpus_free", "gpuq_gpus_fragmented"):
                 g[name][key] += 0
@@ -405,19 +494,19 @@ class TelemetryState:
             g["gpuq_gpus_free"][key] += free[node.name]
             g["gpuq_gpus_fragmented"][key] += fragmented.get(node.name, 0)
 
-    def _job_gauges(self, jobs: list[JobRecord], now: float, g: Gauges) -> None:
-        util: dict[tuple[str, int], float] = {}
-        for sample in self._fresh_samples(now):
-            for s in sample.samples:
-                util[(sample.node, s.gpu_index)] = s.utilization_pct / 100.0
+    def _job_gauges(self, jobs: list[JobRecord], now: float, per_job: dict[str, list[tuple[GpuSample, float]]],
+                    g: Gauges) -> None:
         chosen = sorted(jobs, key=lambda r: (r.queue, r.job_id))[: self.job_series_cap]
         for rec in chosen:
             key = labels(job_id=rec.job_id, **rec.labels())
             if rec.holds_gpus:
                 g["gpuq_job_gpus_allocated"][key] = len(rec.gpus)
-                seen = [util[k] for k in (tuple(x) for x in rec.gpus) if k in util]
-                if seen:
-                    g["gpuq_job_gpu_utilization_ratio"][key] = sum(seen) / len(seen)
+                seen = per_job.get(rec.job_id, [])
+                if seen:  # each instance's utilisation is of its own slice: a plain mean over what the job holds
+                    g["gpuq_job_gpu_utilization_ratio"][key] = sum(s.utilization_pct for s, _ in seen) / 100 / len(seen)
+                    tensors = [s.tensor_active_pct for s, _ in seen if s.tensor_active_pct is not None]
+                    if tensors:
+                        g["gpuq_job_tensor_active_ratio"][key] = sum(tensors) / 100 / len(tensors)
                 continue
             g["gpuq_job_pending_info"][labels(job_id=rec.job_id, **rec.labels(), stage=rec.stage,
                                               reason=rec.reason)] = 1
@@ -427,3 +516,36 @@ class TelemetryState:
                 g["gpuq_job_eta_timestamp_seconds"][key] = rec.eta
             if rec.queued_at is not None:
                 g["gpuq_job_waiting_seconds"][key] = max(0.0, now - rec.queued_at)
+
+    def _mfu_gauges(self, jobs: list[JobRecord], now: float, g: Gauges) -> None:
+        """MFU per job (capped like every per-job series) and its GPU-weighted mean per queue/team."""
+        cap = {r.job_id for r in sorted(jobs, key=lambda r: (r.queue, r.job_id))[: self.job_series_cap]}
+        weighted: dict[Labels, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        for rec in jobs:
+            f = rec.flops
+            if f is None or rec.phase is not JobPhase.RUNNING or now - f.reported_at > FLOPS_REPORT_MAX_AGE_S:
+                continue
+            ratio = mfu(f.tflops, self._peak(rec, f.precision))
+            if ratio is None:
+                continue
+            if rec.job_id in cap:
+                g["gpuq_job_mfu_ratio"][labels(job_id=rec.job_id, **rec.labels(), precision=str(f.precision))] = ratio
+            gpus = sum(m for _, m in rec.shares) / MILLI_GPU
+            acc = weighted[labels(**rec.labels())]
+            acc[0] += ratio * gpus
+            acc[1] += gpus
+        for key, (num, den) in sorted(weighted.items()):
+            if den > 0:
+                g["gpuq_mfu_ratio"][key] = num / den
+
+    def _source_gauges(self, now: float, g: Gauges) -> None:
+        for name, rec in sorted(self.sources.items()):
+            key = labels(source=name)
+            # A source that stopped reporting (its executor is gone) is down, not up forever.
+            fresh = rec.interval_s is None or now - rec.checked_at <= STALE_SAMPLE_INTERVALS * rec.interval_s
+            g["gpuq_utilization_source_up"][key] = 1.0 if rec.ok and fresh else 0.0
+            if rec.last_ok_at is not None:
+                g["gpuq_utilization_source_last_success_timestamp_seconds"][key] = rec.last_ok_at
+            for kind, count in (("exact", rec.gpus_exact), ("approximate", rec.gpus_approximate),
+                                ("unattributed", rec.gpus_unattributed)):
+                g["gpuq_utilization_source_gpus"][labels(source=name, attribution=kind)] = count

@@ -11,11 +11,14 @@ import pytest
 
 from services.metering import store
 from services.metering.testing import QUEUES_DOC, T0_MS, at, deliver, event, placed, sampled, scenario, spec
-from shared.domain import NodeSpec
+from shared.domain import GpuBinding, NodeSpec
 from shared.events import (
+    GpuSample,
     JobFailed,
+    JobPlaced,
     NodeInventory,
     QueueConfigChanged,
+    UtilizationSampled,
     make_event,
 )
 
@@ -122,3 +125,35 @@ async def test_batched_samples_count_once_and_prune_keeps_rollups(pool):
         assert await conn.fetchval("SELECT sum(used_gpu_ms) FROM metering.usage_hourly") == 3 * 4 * 600 * 10
         assert await store.prune_samples(conn, datetime(2030, 1, 1, tzinfo=UTC)) == 48
         assert await conn.fetchval("SELECT sum(samples) FROM metering.usage_hourly") == 48
+
+
+
+async def test_mig_instances_are_separate_samples_charged_their_slice(pool):
+    """dcgm-exporter samples each MIG instance: two jobs on one GPU are two samples at the same instant, each
+    counting its slice's share of a GPU in used and sampled time; delivering them again counts nothing twice."""
+    bindings = {"nb-a": (0, 0), "nb-b": (0, 3)}
+    events = [event(JobPlaced(job_id=j, spec=spec(j, mig_profile="3g.40gb", model="A100-80GB"), placed_at=at(0),
+                              bindings=(GpuBinding(pod="main-0", node="m-0", mig_slice=s),)))
+              for j, s in bindings.items()]
+    for t in range(60, 3601, 60):
+        events.append(event(UtilizationSampled(node="m-0", gpu_model="A100-80GB", sampled_at=at(t), interval_s=60,
+                                               source="dcgm", samples=(
+            GpuSample(job_id="nb-a", gpu_index=0, gpu_instance=1, mig_profile="3g.40gb", utilization_pct=100,
+                      power_w=100),
+            GpuSample(job_id="nb-b", gpu_index=0, gpu_instance=2, mig_profile="3g.40gb", utilization_pct=50,
+                      power_w=100))), t))
+    await deliver(pool, events)
+    await deliver(pool, events[2:])  # again: the ledger's own deduplication, without the runtime's inbox
+    async with pool.acquire() as conn:
+        rows = {r["job_id"]: r for r in await conn.fetch(
+            "SELECT job_id, sum(used_gpu_ms) AS used, sum(sampled_gpu_ms) AS sampled, sum(samples) AS n "
+            "FROM metering.usage_hourly GROUP BY job_id")}
+        summary = {r["team"]: r for r in await store.team_summary(conn)}
+    assert rows["nb-a"]["n"] == rows["nb-b"]["n"] == 60
+    assert rows["nb-a"]["used"] == 60 * 60_000 * 428 // 1000  # 3g = 428 milli-GPUs, at 100 %
+    assert rows["nb-b"]["used"] == 60 * 60_000 * 428 // 1000 // 2
+    assert rows["nb-a"]["sampled"] == rows["nb-b"]["sampled"] == 60 * 60_000 * 428 // 1000
+    # Allocated and used are both in slices: a slice busy all hour is not idle, however small it is.
+    assert summary["team-a"]["allocated_gpu_hours"] == pytest.approx(2 * 0.428)
+    assert summary["team-a"]["used_gpu_hours"] == pytest.approx(0.428 * 1.5)
+    assert summary["team-a"]["idle_gpu_hours"] == pytest.approx(0.428 * 0.5)

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import socket
-import subprocess
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -35,6 +32,7 @@ from shared.events import (
     PreemptionReason,
     UtilizationSampled,
 )
+from tests.support.prometheus_process import query, running_prometheus
 from tests.unit.telemetry.telemetry_builders import bindings, node, spec
 
 REPO = Path(__file__).resolve().parents[3]
@@ -56,12 +54,6 @@ KEY_PANELS = {
 SAMPLE_INTERVAL_S = 60.0
 SUBSTITUTIONS = {"$__rate_interval": "15s", "$__range": "5m", "$__interval": "1s"}
 VARIABLE_RE = re.compile(r"\$(team|queue|pool|gpu_model|feature)\b")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # Telemetry drops a node's samples after 3 intervals (STALE_SAMPLE_INTERVALS). The queries below run a while after
@@ -141,52 +133,13 @@ def telemetry() -> Iterator[tuple[TelemetryService, int]]:
 
 @pytest.fixture
 def prometheus(tmp_path: Path, telemetry: tuple[TelemetryService, int]) -> Iterator[str]:
-    binary = shutil.which("prometheus")
-    if binary is None:
-        pytest.fail("the `prometheus` binary is missing: install Debian's prometheus package "
-                    "(apt-get install -y prometheus); this test never skips")
     _, metrics_port = telemetry
-    port = free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(json.dumps({  # JSON is YAML
+    with running_prometheus(tmp_path, {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(RULES)],
         "scrape_configs": [{"job_name": "gpuq", "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}"]}]}],
-    }))
-    log = (tmp_path / "prometheus.log").open("w")
-    proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-                            stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"prometheus exited: {(tmp_path / 'prometheus.log').read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("prometheus did not become ready in 60 s")
-            time.sleep(0.2)
+    }) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-        log.close()
-
-
-def query(url: str, expr: str) -> dict:
-    resp = httpx.get(f"{url}/api/v1/query", params={"query": expr}, timeout=10)
-    body = resp.json()
-    assert resp.status_code == 200 and body.get("status") == "success", f"{expr}\n→ {body}"
-    return body["data"]
 
 
 def wait_for_scrapes(url: str, n: int) -> None:
