@@ -23,17 +23,17 @@ import asyncpg
 import httpx
 import nats
 import pytest
-from dcgm_fixture import FixtureExporter, FixtureGpu
-from prometheus_process import free_port, query, running_prometheus
 
 from cli.status import fetch_status
 from services.executor.sim import DURATION_LABEL, sim_pod_name
 from services.stack import Stack, StackSettings
 from shared.config import DcgmSettings, parse_cluster, parse_queues
 from shared.domain import JobSpec, PodSet, Precision
-from shared.events import JobFlopsReported, JobSubmitted, make_event
+from shared.events import JobFlopsReported, JobSubmitted, NodeChanged, make_event
 from shared.mfu import flops_event
 from shared.service import publish_event
+from tests.support.dcgm_fixture import FixtureExporter, FixtureGpu
+from tests.support.prometheus_process import free_port, query, running_prometheus
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "deploy" / "prometheus" / "rules" / "gpuq.rules.yml"
@@ -247,8 +247,8 @@ async def scenario(nats_url: str, database_url: str, prom_url: str, exporter: Fi
             return row is not None and json.loads(row)["health"] == "degraded"
 
         await wait_for("h100s-0 to be degraded", degraded)
-        changed = await conn.fetchval("SELECT body FROM executor.outbox WHERE subject = 'gpuq.node.changed' "
-                                      "ORDER BY seq DESC LIMIT 1")
+        changed = await conn.fetchval("SELECT body FROM executor.outbox WHERE subject = $1 ORDER BY seq DESC LIMIT 1",
+                                      NodeChanged.subject())
         assert json.loads(changed)["data"]["reason"] == "Xid79"
         now = datetime.now(UTC)
         await publish_event(js, make_event(JobSubmitted(spec=LATE, submitted_at=now), source="test", time=now),

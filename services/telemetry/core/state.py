@@ -252,7 +252,7 @@ class TelemetryState:
             if b.mig_slice is not None:
                 held.add((b.node, b.mig_slice[0]))
         rec.gpus = sorted(held)
-        rec.shares = [tuple(x) for x in node_shares(p.bindings, p.spec)]  # type: ignore[misc]
+        rec.shares = list(node_shares(p.bindings, p.spec))
         rec.flops = None  # a new placement: earlier throughput reports were for other GPUs
         rec.phase = JobPhase.PLACED
         rec.position = rec.eta = None

@@ -13,14 +13,15 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
-from dcgm_fixture import FixtureExporter, FixtureGpu
-from prometheus_process import free_port, query, running_prometheus
 
 from services.executor.dcgm import PrometheusError, query_prometheus
 from services.executor.sim import SimExecutor, SimExecutorSettings
 from shared.config import DcgmSettings, parse_cluster
 from shared.db import create_pool
+from shared.events import NodeChanged, NodeInventory, UtilizationSampled, UtilizationSourceChecked
 from shared.service import ServiceRuntime
+from tests.support.dcgm_fixture import FixtureExporter, FixtureGpu
+from tests.support.prometheus_process import free_port, query, running_prometheus
 
 CLUSTER = parse_cluster({"node_groups": [{"name": "n", "count": 2, "gpus_per_node": 2, "gpu_model": "H100-80GB",
                                           "cpu_milli": 1000, "memory_mib": 1024}]})
@@ -110,19 +111,19 @@ async def test_a_degraded_node_stays_degraded_across_a_restart_and_recovers_when
     async with executor.dcgm.client() as client:
         outcome = await executor.dcgm.poll(runtime, client, time.time())
     assert outcome.ok and [c.node.name for c in outcome.changes] == ["n-0"]
-    changed = await outbox(runtime, "gpuq.node.changed")
+    changed = await outbox(runtime, NodeChanged.subject())
     assert [(c["node"]["name"], c["node"]["health"], c["reason"]) for c in changed] == [("n-0", "degraded", "Xid48")]
     assert "XID 48 (double-bit ECC error) on GPU 1" in changed[0]["message"]
-    sampled = await outbox(runtime, "gpuq.utilization.sampled")
+    sampled = await outbox(runtime, UtilizationSampled.subject())
     assert sorted(b["node"] for b in sampled) == ["n-0", "n-1"] and all(b["source"] == "dcgm" for b in sampled)
-    checked = await outbox(runtime, "gpuq.utilization.source_checked")
+    checked = await outbox(runtime, UtilizationSourceChecked.subject())
     assert checked[-1]["ok"] and checked[-1]["gpus_unattributed"] == 4
 
     # A restart: the new executor announces its inventory with the node still degraded, and its source
     # remembers it (no second NodeChanged while the fault lasts).
     executor, runtime = await runtime_factory(settings)
     await executor.announce_inventory(runtime)
-    inventory = (await outbox(runtime, "gpuq.node.inventory"))[-1]
+    inventory = (await outbox(runtime, NodeInventory.subject()))[-1]
     assert {n["name"]: n["health"] for n in inventory["nodes"]} == {"n-0": "degraded", "n-1": "ready"}
     assert executor.dcgm is not None
     async with executor.dcgm.client() as client:
@@ -134,6 +135,6 @@ async def test_a_degraded_node_stays_degraded_across_a_restart_and_recovers_when
         first = await executor.dcgm.poll(runtime, client, time.time())
         second = await executor.dcgm.poll(runtime, client, time.time())
     assert first.changes == [] and [(c.node.name, c.node.health.value) for c in second.changes] == [("n-0", "ready")]
-    assert [c["node"]["health"] for c in await outbox(runtime, "gpuq.node.changed")] == ["degraded", "ready"]
+    assert [c["node"]["health"] for c in await outbox(runtime, NodeChanged.subject())] == ["degraded", "ready"]
     async with runtime.pool.acquire() as conn:
         assert await conn.fetchval("SELECT count(*) FROM executor.gpu_health") == 0

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from dcgm_builders import busy, gpu, node, results, series
 
 from services.executor.core.attribution import JobShare, Placements, attribute
 from services.executor.core.dcgm_series import DcgmField, Device, parse_results, queries
 from services.executor.core.gpu_health import HealthChange, HealthMemory, HealthPolicy, assess
 from shared.config import DcgmLabels, DcgmSettings
 from shared.domain import MigLayout, NodeHealth, NodeSpec
+from tests.unit.executor.dcgm_builders import busy, gpu, node, results, series
 
 LABELS = DcgmLabels()
 POLICY = HealthPolicy(ignore_xids=frozenset({13, 31, 43, 45, 68, 109}), missing_gpu_polls=2, recovery_polls=2)
