@@ -14,7 +14,7 @@ import pytest
 from cloudevents.core.exceptions import BaseCloudEventException
 from cloudevents.core.formats.json import JSONFormat
 
-from shared.domain import GpuBinding, JobSpec, NodeSpec, PodSet
+from shared.domain import GpuBinding, JobSpec, NodeSpec, PodSet, Precision
 from shared.events import (
     BY_TYPE,
     CATALOGUE,
@@ -31,6 +31,7 @@ from shared.events import (
     JobCheckpointed,
     JobCompleted,
     JobFailed,
+    JobFlopsReported,
     JobPending,
     JobPlaced,
     JobPreempted,
@@ -46,6 +47,7 @@ from shared.events import (
     PreemptionRequested,
     QueueConfigChanged,
     UtilizationSampled,
+    UtilizationSourceChecked,
     encode_event,
     make_event,
     parse_event,
@@ -79,9 +81,12 @@ def one_of_each() -> list[Payload]:
                      preempted_at=T0),
         JobRequeued(job_id="j1", spec=SPEC, resume_from="s3://ckpt/j1/1", submitted_at=T0),
         PreemptionRequested(preemptor="j2", queue="team-b", reason=PreemptionReason.PRIORITY, need={"H100-80GB": 8}),
-        UtilizationSampled(node="n1", gpu_model="H100-80GB", sampled_at=T0, interval_s=15,
+        UtilizationSampled(node="n1", gpu_model="H100-80GB", sampled_at=T0, interval_s=15, source="dcgm",
                            samples=(GpuSample(job_id="j1", gpu_index=0, utilization_pct=87.5, memory_used_mib=1000,
-                                              power_w=500.0),)),
+                                              power_w=500.0),
+                                    GpuSample(job_id="j1", gpu_index=1, gpu_instance=7, mig_profile="1g.10gb",
+                                              utilization_pct=50.0, tensor_active_pct=20.0, fb_free_mib=9000,
+                                              gpu_uuid="GPU-5c1d", approximate=True))),
         NodeInventory(nodes=(NODE,)),
         NodeChanged(node=NODE, change="added"),
         QueueConfigChanged(config={"queues": []}, changed_by="admin"),
@@ -89,6 +94,9 @@ def one_of_each() -> list[Payload]:
         JobApproved(job_id="j1", approved_by="admin:carol", approved_at=T0),
         AuditRecorded(action="submit", actor="team:team-a", at=T0, job_id="j1", team="team-a",
                       detail={"queue": "team-a"}),
+        UtilizationSourceChecked(source="dcgm", endpoint="http://prometheus:9090", ok=False, reason="Unreachable",
+                                 message="cannot reach Prometheus", checked_at=T0, interval_s=15),
+        JobFlopsReported(job_id="j1", achieved_tflops=1582.4, precision=Precision.BF16, reported_at=T0, step=100),
     ]
 
 
