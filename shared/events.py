@@ -342,10 +342,13 @@ class JobFlopsReported(Payload):
     """A running job's achieved throughput, summed over all its GPUs, in TFLOP/s of one precision. Telemetry
     divides it by the peak of the job's GPUs (queues.yaml gpu_flavors.*.peak_tflops) to get MFU.
 
-    Published by the job itself (see shared/mfu.py `flops_report`); on the utilisation stream, not the job stream,
-    because jobs may report every few seconds and the lifecycle consumers have no use for it."""
+    Published by the job itself (see shared/mfu.py `flops_event`) on `<ns>.utilization.flops_reported.<team>` with
+    its team's credential: telemetry believes a report only for a job of the subject's team. On the utilisation
+    stream, not the job stream, because jobs may report every few seconds and lifecycle consumers have no use
+    for it."""
 
     aggregate, fact = "utilization", "flops_reported"
+    scope = "team"
     job_id: str
     achieved_tflops: float = Field(gt=0, allow_inf_nan=False)
     precision: Precision

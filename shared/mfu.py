@@ -1,8 +1,9 @@
 """Model FLOPs utilisation (MFU): the FLOP/s a job achieves divided by the peak of the GPUs it holds.
 
-The contract for jobs: a running job publishes `JobFlopsReported` (subject `gpuq.utilization.flops_reported`)
-with its achieved throughput summed over all its GPUs. `flops_report` builds that event from FLOP/s as
-training loops count them (e.g. 6 × parameters × tokens per second for a dense transformer); an SDK only has
+The contract for jobs: a running job publishes `JobFlopsReported` on its team's subject
+(`<ns>.utilization.flops_reported.<team>`, `JobFlopsReported.scoped_subject(team)`, with the team's bus
+credential) with its achieved throughput summed over all its GPUs. `flops_event` builds that event from FLOP/s
+as training loops count them (e.g. 6 × parameters × tokens per second for a dense transformer); an SDK only has
 to publish the result with `shared.service.publish_event`. Telemetry turns the latest report into
 `gpuq_job_mfu_ratio` with the peaks of `queues.yaml` `gpu_flavors.<model>.peak_tflops.<precision>`.
 
@@ -38,7 +39,8 @@ def flops_report(job_id: str, achieved_flops_per_s: float, precision: Precision 
 
 def flops_event(job_id: str, achieved_flops_per_s: float, precision: Precision | str, *, at: datetime,
                 source: str, step: int | None = None) -> CloudEvent:
-    """The CloudEvent to publish on `JobFlopsReported.subject()` (`source` names the reporter, e.g. the pod)."""
+    """The CloudEvent to publish on `JobFlopsReported.scoped_subject(team)` (`source` names the reporter, e.g. the
+    pod)."""
     return make_event(flops_report(job_id, achieved_flops_per_s, precision, at=at, step=step), source=source, time=at)
 
 

@@ -47,7 +47,7 @@ SERVICE_PUBLISHES: dict[str, tuple[str, ...]] = {
     "metering": (),
     "telemetry": (),
     "executor": ("job.started", "job.completed", "job.failed", "job.checkpointed", "utilization.sampled",
-                 "node.inventory", "node.changed"),
+                 "utilization.source_checked", "node.inventory", "node.changed"),
     "audit": (),
     # The API publishes what authenticated people ask for: submissions and cancels of any team (it checked the
     # caller's team), approvals and configuration changes (it checked the caller is an admin).
@@ -102,12 +102,14 @@ def permissions(user: str, ns: str, *, kube_teams: Iterable[str] | None = None) 
         return Permissions(publish=(">",), subscribe=(">",))
     if user.startswith(TEAM_PREFIX) and user not in SERVICE_PUBLISHES:
         team = user.removeprefix(TEAM_PREFIX)
-        return Permissions(publish=(f"{ns}.job.submitted.{team}", f"{ns}.job.cancel_requested.{team}"),
-                           subscribe=inbox)
+        # A team's jobs also report their own throughput (MFU), on their team's subject.
+        return Permissions(publish=(f"{ns}.job.submitted.{team}", f"{ns}.job.cancel_requested.{team}",
+                                    f"{ns}.utilization.flops_reported.{team}"), subscribe=inbox)
     if user == KUBE:
         teams = sorted(kube_teams) if kube_teams is not None else ["*"]
         own = [*SERVICE_PUBLISHES[KUBE_RECORDS_AS],
-               *(f"job.submitted.{t}" for t in teams), *(f"job.cancel_requested.{t}" for t in teams)]
+               *(f"job.submitted.{t}" for t in teams), *(f"job.cancel_requested.{t}" for t in teams),
+               *(f"utilization.flops_reported.{t}" for t in teams)]
         recorder = KUBE_RECORDS_AS
     elif user in SERVICE_PUBLISHES:
         own, recorder = list(SERVICE_PUBLISHES[user]), user

@@ -89,17 +89,19 @@ class TelemetryService:
 
     # ------------------------------------------------------------------ events
 
-    def apply(self, payload: Payload, now: float) -> tuple[Effects, str | None]:
+    def apply(self, payload: Payload, now: float, subject: str = "") -> tuple[Effects, str | None]:
         """Fold one event into the core (no I/O) and record its counters; returns the effects and the
-        team the event concerns (looked up before a finishing job's record is dropped)."""
+        team the event concerns (looked up before a finishing job's record is dropped). `subject` is the one the
+        event arrived on (its scope token names the publishing team of a team-scoped event)."""
+        scope = type(payload).scope_of(subject) if payload.scope and subject else None
         with self.lock:
             team = self.state.team_of(payload)
-            fx = self.state.apply(payload, now)
+            fx = self.state.apply(payload, now, scope or None)
         self.metrics.record(fx.observations)
         return fx, team
 
     async def on_event(self, tx: Tx, event: CloudEvent, payload: Payload) -> None:
-        fx, team = self.apply(payload, tx.now)
+        fx, team = self.apply(payload, tx.now, tx.subject)
         await self.persist(tx.conn, fx)
         if fx.quotas and isinstance(payload, QueueConfigChanged):
             await self.persist_queues(tx.conn, payload.config)

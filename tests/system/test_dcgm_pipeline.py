@@ -24,7 +24,7 @@ import httpx
 import nats
 import pytest
 
-from cli.status import fetch_status
+from services.api.readmodel import fetch_status
 from services.executor.sim import DURATION_LABEL, sim_pod_name
 from services.stack import Stack, StackSettings
 from shared.config import DcgmSettings, parse_cluster, parse_queues
@@ -38,6 +38,7 @@ from tests.support.prometheus_process import free_port, query, running_prometheu
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "deploy" / "prometheus" / "rules" / "gpuq.rules.yml"
 INTERVAL_S = 2.0
+PIPELINE = ("admission", "scheduler", "executor", "metering", "telemetry")  # no API server: no fixed port
 
 CLUSTER = parse_cluster({"node_groups": [
     # One node per shape, so that every job's node (and so its fixture series) is known in advance.
@@ -155,7 +156,7 @@ async def test_dcgm_samples_reach_the_ledger_the_idle_alert_fires_and_an_xid_deg
                                 timeout_s=INTERVAL_S, selector='job="dcgm-exporter"', missing_gpu_polls=2,
                                 recovery_polls=2)
             settings = StackSettings(nats_url=nats_url, database_url=database_url, queues=QUEUES, cluster=CLUSTER,
-                                     metrics_port=metrics_port, dcgm=dcgm)
+                                     services=PIPELINE, metrics_port=metrics_port, dcgm=dcgm)
             async with Stack(settings):
                 await scenario(nats_url, database_url, prom_url, exporter)
     finally:
@@ -170,7 +171,7 @@ async def scenario(nats_url: str, database_url: str, prom_url: str, exporter: Fi
         for s in (TRAIN, IDLE, NOTEBOOK):
             now = datetime.now(UTC)
             await publish_event(js, make_event(JobSubmitted(spec=s, submitted_at=now), source="test", time=now),
-                                JobSubmitted.subject())
+                                JobSubmitted.scoped_subject(s.team))
 
         async def running() -> bool:
             rows = {r["job_id"]: r["state"] for r in await fetch_status(database_url, None)}
@@ -217,8 +218,11 @@ async def scenario(nats_url: str, database_url: str, prom_url: str, exporter: Fi
         # ---- 2. MFU: the training job reports its throughput; the idle job shows only the proxy
         started = await conn.fetchval("SELECT started_at FROM executor.runs WHERE job_id = 'train'")
         assert started is not None
+        # Another team cannot report for the training job: only a report on team-a's subject is believed.
+        forged = flops_event("train", 4 * 989e12 * 0.9, Precision.BF16, at=datetime.now(UTC), source="test/forged")
+        await publish_event(js, forged, JobFlopsReported.scoped_subject("team-b"))
         report = flops_event("train", 4 * 989e12 * 0.4, Precision.BF16, at=datetime.now(UTC), source="test/train")
-        await publish_event(js, report, JobFlopsReported.subject())
+        await publish_event(js, report, JobFlopsReported.scoped_subject("team-a"))
 
         # ---- 3. the idle-GPU alert, evaluated by the started Prometheus on the pipeline's own metrics
         async def idle_alert() -> list[dict[str, Any]]:
@@ -233,6 +237,8 @@ async def scenario(nats_url: str, database_url: str, prom_url: str, exporter: Fi
 
         mfu_series = await wait_for("the training job's MFU", mfu)
         assert float(mfu_series[0]["value"][1]) == pytest.approx(0.4) and mfu_series[0]["metric"]["precision"] == "bf16"
+        refused = await prom(prom_url, 'gpuq_flops_reports_rejected_total{reason="WrongTeam"}')
+        assert float(refused[0]["value"][1]) == 1
         proxy = await prom(prom_url, 'gpuq_job_tensor_active_ratio{job_id="train"}')
         assert float(proxy[0]["value"][1]) == pytest.approx(0.45)
         source = await prom(prom_url, 'gpuq_utilization_source_gpus{attribution="exact"}')
@@ -252,7 +258,7 @@ async def scenario(nats_url: str, database_url: str, prom_url: str, exporter: Fi
         assert json.loads(changed)["data"]["reason"] == "Xid79"
         now = datetime.now(UTC)
         await publish_event(js, make_event(JobSubmitted(spec=LATE, submitted_at=now), source="test", time=now),
-                            JobSubmitted.subject())
+                            JobSubmitted.scoped_subject(LATE.team))
 
         async def late_waits_for_placement() -> str | None:
             rows = await fetch_status(database_url, "late")
@@ -307,14 +313,14 @@ async def test_an_unreachable_prometheus_is_reported_and_scheduling_goes_on(
     quick = JobSpec(job_id="quick", team="team-b", queue="team-b", max_runtime_s=60, labels={DURATION_LABEL: "2"},
                     pod_sets=(PodSet(count=1, gpus_per_pod=1, gpu_models=("L40S",)),))
     settings = StackSettings(nats_url=nats_url, database_url=database_url, queues=QUEUES, cluster=CLUSTER,
-                             metrics_port=metrics_port,
+                             services=PIPELINE, metrics_port=metrics_port,
                              dcgm=DcgmSettings(prometheus_url=dead, interval_s=1, timeout_s=1))
     caplog.set_level("ERROR", logger="gpuq.executor.dcgm")
     async with Stack(settings):
         nc = await nats.connect(nats_url)
         now = datetime.now(UTC)
         await publish_event(nc.jetstream(), make_event(JobSubmitted(spec=quick, submitted_at=now), source="test",
-                                                       time=now), JobSubmitted.subject())
+                                                       time=now), JobSubmitted.scoped_subject(quick.team))
 
         async def completed() -> bool:
             rows = await fetch_status(database_url, "quick")

@@ -177,8 +177,13 @@ class TelemetryState:
 
     # ------------------------------------------------------------------ events
 
-    def apply(self, payload: Payload, now: float) -> Effects:
+    def apply(self, payload: Payload, now: float, scope: str | None = None) -> Effects:
+        """Fold one event. `scope` is the scope token of the subject it arrived on (the publishing team of a
+        team-scoped event: `Payload.scope_of`), which a consumer believes instead of anything in the payload."""
         fx = Effects()
+        if isinstance(payload, JobFlopsReported):
+            self.flops_reported(payload, now, fx, team=scope)
+            return fx
         handler = getattr(self, f"_on_{type(payload).__name__}", None)
         if handler is not None:
             handler(payload, now, fx)
@@ -339,10 +344,14 @@ class TelemetryState:
         if not p.ok:
             fx.count("gpuq_utilization_source_failures", source=p.source, reason=p.reason or "Unknown")
 
-    def _on_JobFlopsReported(self, p: JobFlopsReported, now: float, fx: Effects) -> None:
+    def flops_reported(self, p: JobFlopsReported, now: float, fx: Effects, *, team: str | None) -> None:
+        """A job's throughput report, from `team`'s subject: believed only for a running job of that team."""
         rec = self.jobs.get(p.job_id)
         if rec is None or rec.phase is not JobPhase.RUNNING:
             fx.count("gpuq_flops_reports_rejected", reason="NotRunning")
+            return
+        if team is None or team != rec.team:
+            fx.count("gpuq_flops_reports_rejected", reason="WrongTeam")  # another team's credential, or none
             return
         reported = _ts(p.reported_at) or now
         if rec.flops is not None and rec.flops.reported_at > reported:

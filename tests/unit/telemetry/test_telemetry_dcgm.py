@@ -40,6 +40,11 @@ def flops(job_id: str, tflops: float, t: float) -> JobFlopsReported:
     return JobFlopsReported(job_id=job_id, achieved_tflops=tflops, precision=Precision.BF16, reported_at=at(t))
 
 
+def report(s: TelemetryState, job_id: str, tflops: float, t: float, team: str = "team-a") -> list[Observation]:
+    """A report as it arrives on `team`'s subject."""
+    return s.apply(flops(job_id, tflops, t), T0 + t, scope=team).observations
+
+
 def test_mig_instances_count_their_slice_of_the_gpu() -> None:
     s = TelemetryState()
     mig = node("m0", gpus=1).model_copy(update={"mig": MigLayout(profile="1g.10gb", slices_per_gpu=7)})
@@ -90,7 +95,11 @@ def test_mfu_from_reports_and_the_tensor_proxy_otherwise() -> None:
     s.apply(UtilizationSampled(node="n-b", gpu_model="H100", sampled_at=at(100), interval_s=30, samples=tuple(
         GpuSample(job_id="b", gpu_index=g, utilization_pct=90, tensor_active_pct=30 + 20 * g) for g in range(2))),
         T0 + 100)
-    assert s.apply(flops("a", 1600.0, 100), T0 + 100).observations == []  # 4 × 1000 peak: MFU 0.4
+    # Another team's credential cannot report for team-a's job; without a subject nobody can.
+    assert [o.labels for o in report(s, "a", 1600.0, 90, team="team-b")] == [labels(reason="WrongTeam")]
+    assert [o.labels for o in s.apply(flops("a", 1600.0, 95), T0 + 95).observations] == [labels(reason="WrongTeam")]
+    assert "gpuq_job_mfu_ratio" not in s.gauges(T0 + 96)
+    assert report(s, "a", 1600.0, 100) == []  # 4 × 1000 peak: MFU 0.4
     g = s.gauges(T0 + 110)
     assert g["gpuq_job_mfu_ratio"] == {labels(job_id="a", queue="team-a", team="team-a", precision="bf16"): 0.4}
     assert g["gpuq_mfu_ratio"] == {labels(queue="team-a", team="team-a"): 0.4}
@@ -98,14 +107,14 @@ def test_mfu_from_reports_and_the_tensor_proxy_otherwise() -> None:
     assert g["gpuq_gpus_tensor_active"][labels(queue="team-b", team="team-b", pool="training",
                                                 gpu_model="H100")] == pytest.approx(0.8)
     # An older report arriving late changes nothing; a report above the peak is refused, never shown.
-    s.apply(flops("a", 800.0, 50), T0 + 120)
-    obs = s.apply(flops("a", 4100.0, 130), T0 + 130).observations
+    report(s, "a", 800.0, 50)
+    obs = report(s, "a", 4100.0, 130)
     assert [(o.name, o.labels) for o in obs] == [("gpuq_flops_reports_rejected", labels(reason="AbovePeak"))]
     assert s.gauges(T0 + 130)["gpuq_job_mfu_ratio"][labels(job_id="a", queue="team-a", team="team-a",
                                                             precision="bf16")] == 0.4
     # A job that stops reporting shows no MFU after a while.
     assert "gpuq_job_mfu_ratio" not in s.gauges(T0 + 100 + FLOPS_REPORT_MAX_AGE_S + 1)
-    obs = s.apply(flops("ghost", 1.0, 140), T0 + 140).observations
+    obs = report(s, "ghost", 1.0, 140)
     assert [o.labels for o in obs] == [labels(reason="NotRunning")]
 
 
@@ -114,7 +123,7 @@ def test_mfu_follows_the_placement_and_a_changed_peak() -> None:
     s.set_queues(QUEUES)
     s.apply(inventory(node("n-a")), T0)
     running(s, "a", gpus=2)
-    s.apply(flops("a", 500.0, 100), T0 + 100)
+    report(s, "a", 500.0, 100)
     key = labels(job_id="a", queue="team-a", team="team-a", precision="bf16")
     assert s.gauges(T0 + 100)["gpuq_job_mfu_ratio"][key] == 0.25
     s.set_queues(parse_queues({"priority_classes": [{"name": "normal", "value": 1}], "queues": [{"name": "team-a"}],
