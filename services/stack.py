@@ -87,6 +87,12 @@ def build_specs(settings: StackSettings) -> list[ServiceSpec]:
 
 def _executor_spec(settings: StackSettings) -> ServiceSpec:
     if settings.executor == "kube":
+        if settings.dcgm or dcgm_settings(settings.cluster, os.environ):
+            # Said, not ignored: the source needs the executor's ExecutorView (its pods and nodes) and its inventory
+            # announcements to keep degraded nodes degraded; only the simulated executor has them so far.
+            raise ValueError("the DCGM utilisation source is not wired into the Kubernetes executor yet "
+                             "(services/executor/dcgm.py ExecutorView): unset GPUQ_DCGM_PROMETHEUS_URL and remove "
+                             "`dcgm:` from cluster.yaml to run it")
         from services.executor.kube.app import KubeExecutorSettings, build_executor
         from shared.config import ClusterConfig, ClusterSource
 

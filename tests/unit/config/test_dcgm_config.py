@@ -99,3 +99,14 @@ def test_the_job_side_helper_builds_a_valid_event() -> None:
         flops_report("j1", float("nan"), "bf16", at=at)
     with pytest.raises(ValueError, match="unknown precision 'bf17'"):
         flops_report("j1", 1e15, "bf17", at=at)
+
+
+def test_the_kubernetes_executor_refuses_the_source_rather_than_ignore_it() -> None:
+    from services.stack import StackSettings, build_specs
+
+    queues = parse_queues({"priority_classes": [{"name": "normal", "value": 1}], "queues": [{"name": "a"}]})
+    settings = StackSettings(nats_url="nats://127.0.0.1:1", database_url="postgresql://127.0.0.1:1/x", queues=queues,
+                             cluster=parse_cluster({"source": "kubernetes"}), services=("executor",),
+                             executor="kube", dcgm=dcgm_settings(None, {"GPUQ_DCGM_PROMETHEUS_URL": "http://p:9090"}))
+    with pytest.raises(ValueError, match="not wired into the Kubernetes executor yet"):
+        build_specs(settings)
