@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
-from shared.config import parse_cluster, parse_queues
+from shared.config import ClusterSource, parse_cluster, parse_queues
+from shared.natsauth import KUBE
+from shared.natsauth import SERVICES as BUS_USERS
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "gpuq"
@@ -21,22 +23,34 @@ CI_VALUES = CHART / "ci" / "ci-values.yaml"
 SIM_VALUES = CHART / "ci" / "sim-values.yaml"
 RULES_DIR = ROOT / "deploy" / "prometheus" / "rules"
 DASHBOARDS_DIR = ROOT / "deploy" / "grafana" / "dashboards"
-SERVICES = ("admission", "executor", "metering", "preemption", "scheduler", "telemetry")
+SERVICES = ("admission", "api", "audit", "executor", "metering", "preemption", "scheduler", "telemetry")
 SINGLETONS = ("admission", "preemption", "scheduler")
+REPLICATED = (*SINGLETONS, "api")  # the API is stateless: two replicas serve
+SECRETS_KEY_USERS = ("api", "telemetry")  # they keep webhook signing secrets, encrypted at rest
+# The least values an install needs (what docs/install.md tells an operator to set), on the chart's defaults.
+MINIMAL = ("externalNats.url=nats://nats.messaging.svc:4222", "externalDatabase.existingSecret.name=gpuq-database",
+           "secretsKey.existingSecret.name=gpuq-secrets-key")
 CI_DIGEST = "4f5c2d8a7b1e9f3c6d0a2b4e8f1c3d5a7b9e0f2c4d6a8b0e1f3c5d7a9b2e4f6c"
 
 Doc = dict[str, Any]
 
-# The issue's list, exactly: anything wider (a verb, a resource, a wildcard) fails.
+# What the executor calls (services/executor/kube/), exactly: anything wider (a verb, a resource, a wildcard) fails,
+# and tests/service/kube/test_executor_rbac.py runs the executor against an API server that enforces this role.
 EXECUTOR_RULES = {
     ("", "nodes"): {"list", "watch"},
-    ("", "pods"): {"get", "list", "watch", "patch", "delete"},
+    ("", "pods"): {"list", "watch", "patch"},
     ("", "events"): {"create"},
-    ("batch", "jobs"): {"get", "list", "watch", "patch", "update", "create"},
-    ("jobset.x-k8s.io", "jobsets"): {"get", "list", "watch", "patch", "update", "create"},
-    ("kubeflow.org", "pytorchjobs"): {"get", "list", "watch", "patch", "update"},
-    ("ray.io", "rayjobs"): {"get", "list", "watch", "patch", "update"},
+    ("batch", "jobs"): {"get", "list", "watch", "patch", "create"},
+    ("jobset.x-k8s.io", "jobsets"): {"get", "list", "watch", "patch", "create"},
+    ("kubeflow.org", "pytorchjobs"): {"get", "list", "watch", "patch"},
+    ("ray.io", "rayjobs"): {"get", "list", "watch", "patch"},
 }
+# Issue 12's list, the ceiling: the executor's role stays inside it, except `create` on Jobs and JobSets for jobs
+# submitted as events, which `rbac.eventSubmittedJobs=false` takes away.
+WORKLOADS = (("batch", "jobs"), ("jobset.x-k8s.io", "jobsets"), ("kubeflow.org", "pytorchjobs"), ("ray.io", "rayjobs"))
+CEILING = {("", "nodes"): {"list", "watch"}, ("", "pods"): {"get", "list", "watch", "patch", "delete"},
+           ("", "events"): {"create"}, **{w: {"get", "list", "watch", "patch", "update"} for w in WORKLOADS}}
+API_RULES = {("authentication.k8s.io", "tokenreviews"): {"create"}}
 
 
 def of_kind(docs: Sequence[Doc], kind: str) -> dict[str, Doc]:
@@ -64,28 +78,48 @@ def docs(render: Any) -> list[Doc]:
     return out
 
 
-def test_rbac_grants_the_executor_exactly_its_verbs_and_nothing_wider(docs: list[Doc]) -> None:
-    roles = of_kind(docs, "ClusterRole")
-    assert list(roles) == ["gpuq-executor"] and not of_kind(docs, "Role")
+def granted_by(role: Doc) -> dict[tuple[str, str], set[str]]:
     granted: dict[tuple[str, str], set[str]] = {}
-    for rule in roles["gpuq-executor"]["rules"]:
+    for rule in role["rules"]:
         assert set(rule) == {"apiGroups", "resources", "verbs"}, rule  # no resourceNames/nonResourceURLs tricks
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
                 granted.setdefault((group, resource), set()).update(rule["verbs"])
-    assert granted == EXECUTOR_RULES
+    return granted
 
-    (binding,) = of_kind(docs, "ClusterRoleBinding").values()
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                                  "name": "gpuq-executor"}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpuq-executor", "namespace": "gpuq-system"}]
-    # Only the executor's pods carry that identity and a token; the others have no token at all.
+
+def test_rbac_grants_the_executor_and_the_api_exactly_their_verbs_and_nothing_wider(render: Any,
+                                                                                     docs: list[Doc]) -> None:
+    roles = of_kind(docs, "ClusterRole")
+    assert sorted(roles) == ["gpuq-api", "gpuq-executor"] and not of_kind(docs, "Role")
+    executor = granted_by(roles["gpuq-executor"])
+    assert executor == EXECUTOR_RULES
+    # Inside issue 12's list but for `create` on Jobs and JobSets, which the switch takes away.
+    beyond = {k: v - CEILING.get(k, set()) for k, v in executor.items() if v - CEILING.get(k, set())}
+    assert beyond == {("batch", "jobs"): {"create"}, ("jobset.x-k8s.io", "jobsets"): {"create"}}
+    narrow = granted_by(of_kind(render(CI_VALUES, sets=["rbac.eventSubmittedJobs=false"]),
+                                "ClusterRole")["gpuq-executor"])
+    assert all(verbs <= CEILING[k] for k, verbs in narrow.items())
+    assert narrow == {k: v - {"create"} if k in WORKLOADS else v for k, v in EXECUTOR_RULES.items()}
+    assert granted_by(roles["gpuq-api"]) == API_RULES
+
+    bindings = of_kind(docs, "ClusterRoleBinding")
+    for name in ("gpuq-executor", "gpuq-api"):
+        assert bindings[name]["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                             "name": name}
+        assert bindings[name]["subjects"] == [{"kind": "ServiceAccount", "name": name, "namespace": "gpuq-system"}]
+    # Only the executor's and the API's pods carry those identities and a token; the others have no token at all.
     for service, deployment in deployments(docs).items():
         pod = deployment["spec"]["template"]["spec"]
-        if service == "executor":
-            assert pod["serviceAccountName"] == "gpuq-executor" and pod["automountServiceAccountToken"] is True
+        if service in ("executor", "api"):
+            assert pod["serviceAccountName"] == f"gpuq-{service}" and pod["automountServiceAccountToken"] is True
         else:
             assert pod["serviceAccountName"] == "gpuq" and pod["automountServiceAccountToken"] is False
+    # Without TokenReview the API has no identity of its own either.
+    sim = render(SIM_VALUES)
+    assert "gpuq-api" not in of_kind(sim, "ClusterRole") and "gpuq-api" not in of_kind(sim, "ServiceAccount")
+    api_pod = deployments(sim)["api"]["spec"]["template"]["spec"]
+    assert api_pod["serviceAccountName"] == "gpuq" and api_pod["automountServiceAccountToken"] is False
 
 
 def test_every_pod_is_non_root_read_only_without_capabilities_and_sized(docs: list[Doc]) -> None:
@@ -101,9 +135,11 @@ def test_every_pod_is_non_root_read_only_without_capabilities_and_sized(docs: li
         assert sc["capabilities"] == {"drop": ["ALL"]}, service
         assert c["resources"]["requests"]["cpu"] and c["resources"]["requests"]["memory"], service
         assert c["resources"]["limits"]["memory"], service
-        # The writable places a read-only root needs: /tmp only.
+        # The writable places a read-only root needs: /tmp only. The secrets key only where it is used.
         mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
-        assert mounts["/etc/gpuq"]["readOnly"] is True and set(mounts) == {"/etc/gpuq", "/tmp"}
+        keyed = service in SECRETS_KEY_USERS
+        assert mounts["/etc/gpuq"]["readOnly"] is True
+        assert set(mounts) == {"/etc/gpuq", "/tmp", *(["/etc/gpuq-secrets"] if keyed else [])}, service
         assert c["image"] == f"registry.example.com/platform/gpuq@sha256:{CI_DIGEST}"  # pulled by digest
 
 
@@ -120,6 +156,8 @@ def test_probes_use_the_health_endpoints_of_gpuq_up(docs: list[Doc]) -> None:
         # The readiness checks wait 2 s each at most (shared/health.py): the probe must wait longer.
         assert c["readinessProbe"]["timeoutSeconds"] >= 4
         assert ("--metrics-port=9464" in c["args"]) == (service == "telemetry")
+        assert ("--api-port=8000" in c["args"]) == (service == "api")
+        assert ("http" in ports) == (service == "api")
     executor = container(deployments(docs)["executor"])
     assert "--executor=kube" in executor["args"]
 
@@ -130,12 +168,12 @@ def test_singletons_run_a_hot_standby_and_pdbs_keep_one_pod(docs: list[Doc]) -> 
     assert set(pdbs) == set(SERVICES)
     for service, deployment in deployments(docs).items():
         spec = deployment["spec"]
-        assert spec["replicas"] == (2 if service in SINGLETONS else 1), service
+        assert spec["replicas"] == (2 if service in REPLICATED else 1), service
         assert spec["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
         assert pdbs[service]["spec"]["selector"] == spec["selector"]
         assert pdbs[service]["spec"]["maxUnavailable"] == 1
         spread = spec["template"]["spec"].get("topologySpreadConstraints")
-        if service in SINGLETONS:  # the standby does not share the leader's node when another one is free
+        if service in REPLICATED:  # the standby does not share the leader's node when another one is free
             assert spread[0]["topologyKey"] == "kubernetes.io/hostname"
             assert spread[0]["labelSelector"]["matchLabels"] == spec["selector"]["matchLabels"]
         else:
@@ -148,6 +186,15 @@ def test_config_comes_from_a_configmap_whose_checksum_rolls_the_pods(render: Any
     assert [q.name for q in queues.queues] == ["vision", "nlp"]  # gpuq's own loader accepts what the chart mounts
     sim = of_kind(render(SIM_VALUES), "ConfigMap")["gpuq-config"]
     assert parse_cluster(yaml.safe_load(sim["data"]["cluster.yaml"]), "rendered cluster.yaml").total_gpus == 32
+    # The Kubernetes executor's mapping (`source: kubernetes`), as the chart's defaults and the CI values give it.
+    ci_cluster = parse_cluster(yaml.safe_load(config["data"]["cluster.yaml"]), "rendered cluster.yaml")
+    assert ci_cluster.source is ClusterSource.KUBERNETES and ci_cluster.kubernetes is not None
+    assert ci_cluster.kubernetes.gpu_flavors == {"NVIDIA-H100-80GB-HBM3": "H100-80GB"}
+    default = of_kind(render(sets=MINIMAL), "ConfigMap")["gpuq-config"]
+    default_cluster = parse_cluster(yaml.safe_load(default["data"]["cluster.yaml"]), "default cluster.yaml")
+    assert default_cluster.source is ClusterSource.KUBERNETES and not default_cluster.node_groups
+    default_queues = parse_queues(yaml.safe_load(default["data"]["queues.yaml"]), "default queues.yaml")
+    assert [q.name for q in default_queues.queues] == ["default"]
 
     def checksums(rendered: list[Doc]) -> set[str]:
         return {d["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
@@ -171,10 +218,73 @@ def test_secrets_are_only_referenced(render: Any, docs: list[Doc]) -> None:
             env = env_of(container(deployment))
             assert env["DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {"name": "gpuq-database", "key": "uri"}
             assert env["GPUQ_INSTANCE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
-    ci_env = env_of(container(deployments(docs)["scheduler"]))
-    assert ci_env["NATS_URL"] == {"name": "NATS_URL", "value": "nats://nats.messaging.svc:4222"}
+    # Without natsAuth: one URL for all, from a Secret (sim values) or plain (no credentials in it).
     sim_env = env_of(container(deployments(render(SIM_VALUES))["scheduler"]))
     assert sim_env["NATS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "gpuq-nats", "key": "url"}
+    plain = env_of(container(deployments(render(sets=MINIMAL))["scheduler"]))
+    assert plain["NATS_URL"] == {"name": "NATS_URL", "value": "nats://nats.messaging.svc:4222"}
+
+
+def test_each_service_connects_as_its_own_bus_user(render: Any, docs: list[Doc]) -> None:
+    users = {}
+    for service, deployment in deployments(docs).items():
+        ref = env_of(container(deployment))["NATS_URL"]["valueFrom"]["secretKeyRef"]
+        assert ref["key"] == "url" and ref["name"].startswith("gpuq-nats-")
+        users[service] = ref["name"].removeprefix("gpuq-nats-")
+    # Its own user, which `gpuq nats-auth` knows; the Kubernetes executor is also the workloads' intake: `kube`.
+    assert users == {s: (KUBE if s == "executor" else s) for s in SERVICES}
+    assert set(users.values()) <= {*BUS_USERS, KUBE}
+    # The simulated executor is only an executor.
+    sim = render(SIM_VALUES, sets=["natsAuth.enabled=true"])
+    ref = env_of(container(deployments(sim)["executor"]))["NATS_URL"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "gpuq-nats-executor", "key": "url"}
+
+
+def test_every_pod_runs_in_the_platform_namespace(render: Any, docs: list[Doc]) -> None:
+    for rendered, expected in ((docs, "prod"), (render(SIM_VALUES), "gpuq")):
+        for service, deployment in deployments(rendered).items():
+            assert env_of(container(deployment))["GPUQ_NAMESPACE"] == {"name": "GPUQ_NAMESPACE",
+                                                                        "value": expected}, service
+
+
+def test_the_secrets_key_is_a_mounted_secret_for_the_services_that_use_it(docs: list[Doc]) -> None:
+    for service, deployment in deployments(docs).items():
+        c = container(deployment)
+        env = env_of(c)
+        volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+        if service not in SECRETS_KEY_USERS:
+            assert "GPUQ_SECRETS_KEY_FILE" not in env and "secrets-key" not in volumes, service
+            continue
+        assert volumes["secrets-key"]["secret"]["secretName"] == "gpuq-secrets-key"
+        assert volumes["secrets-key"]["secret"]["defaultMode"] == 0o440  # root-owned, readable by the pod's group
+        (item,) = volumes["secrets-key"]["secret"]["items"]
+        (mount,) = [m for m in c["volumeMounts"] if m["name"] == "secrets-key"]
+        assert item["key"] == "key" and mount["readOnly"] is True
+        assert env["GPUQ_SECRETS_KEY_FILE"]["value"] == f"{mount['mountPath']}/{item['path']}"
+        assert "GPUQ_SECRETS_KEY" not in env  # the key itself never in the pod spec
+
+
+def test_the_api_is_served_inside_and_optionally_through_an_ingress(render: Any, docs: list[Doc]) -> None:
+    api = deployments(docs)["api"]
+    service = of_kind(docs, "Service")["gpuq-api"]
+    assert service["spec"]["selector"] == api["spec"]["selector"]["matchLabels"]
+    assert service["spec"]["type"] == "ClusterIP"
+    assert service["spec"]["ports"] == [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
+    assert {"name": "http", "containerPort": 8000, "protocol": "TCP"} in container(api)["ports"]
+    (ingress,) = of_kind(docs, "Ingress").values()
+    assert ingress["spec"]["ingressClassName"] == "nginx"
+    assert ingress["spec"]["tls"] == [{"secretName": "gpuq-api-tls", "hosts": ["gpuq.example.com"]}]
+    (rule,) = ingress["spec"]["rules"]
+    assert rule["host"] == "gpuq.example.com"
+    (path,) = rule["http"]["paths"]
+    assert path["backend"] == {"service": {"name": "gpuq-api", "port": {"name": "http"}}}
+    assert not of_kind(render(SIM_VALUES), "Ingress")  # off by default
+    # TokenReview's settings reach the API as its environment (services/api/kubeauth.py reads them).
+    env = env_of(container(api))
+    assert {k: env[k]["value"] for k in env if k.startswith("GPUQ_API_")} == {
+        "GPUQ_API_TOKEN_REVIEW": "true", "GPUQ_API_TOKEN_AUDIENCES": "gpuq",
+        "GPUQ_API_ADMIN_GROUPS": "platform-admins", "GPUQ_API_TEAM_GROUP_PREFIX": "gpuq:team:"}
+    assert not [k for k in env_of(container(deployments(render(SIM_VALUES))["api"])) if k.startswith("GPUQ_API_")]
 
 
 def test_prometheus_rule_is_the_rules_directory(docs: list[Doc]) -> None:
@@ -219,7 +329,7 @@ def test_servicemonitor_scrapes_telemetrys_metrics_port(docs: list[Doc]) -> None
     assert {"name": "metrics", "containerPort": 9464, "protocol": "TCP"} in container(telemetry)["ports"]
 
 
-def test_network_policies_allow_only_what_the_services_use(docs: list[Doc]) -> None:
+def test_network_policies_allow_only_what_the_services_use(render: Any, docs: list[Doc]) -> None:
     policies = of_kind(docs, "NetworkPolicy")
     base = policies["gpuq"]
     assert base["spec"]["policyTypes"] == ["Ingress", "Egress"]
@@ -230,8 +340,18 @@ def test_network_policies_allow_only_what_the_services_use(docs: list[Doc]) -> N
     telemetry = policies["gpuq-telemetry"]["spec"]
     assert telemetry["ingress"][0]["from"] == [
         {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    kube_api = [{"ports": [{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}]}]
     executor = policies["gpuq-executor"]["spec"]
-    assert executor["egress"] == [{"ports": [{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}]}]
+    assert executor["egress"] == kube_api
+    # The API: its callers (here only the ingress controller's namespace) on its HTTP port, and the Kubernetes API
+    # for TokenReview; without TokenReview, no egress beyond the base policy's.
+    api = policies["gpuq-api"]["spec"]
+    assert api["ingress"] == [{"ports": [{"port": "http", "protocol": "TCP"}], "from": [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}}]}]
+    assert api["policyTypes"] == ["Ingress", "Egress"] and api["egress"] == kube_api
+    plain = of_kind(render(sets=MINIMAL), "NetworkPolicy")["gpuq-api"]["spec"]
+    assert plain["policyTypes"] == ["Ingress"] and "egress" not in plain
+    assert plain["ingress"] == [{"ports": [{"port": "http", "protocol": "TCP"}]}]
 
 
 def test_simulated_executor_gets_no_kubernetes_permissions(render: Any) -> None:
@@ -256,7 +376,7 @@ def test_optional_subcharts_are_off_by_default_and_wired_when_on(render: Any) ->
     assert values["nats"]["config"]["cluster"]["replicas"] == 3
     # With both on, the services reach the subcharts' own service and secret (the subcharts themselves need
     # `helm dependency build`, so they are not rendered here).
-    docs = render(CI_VALUES, sets=["nats.enabled=true", "cnpg.enabled=true"])
+    docs = render(CI_VALUES, sets=["nats.enabled=true", "cnpg.enabled=true", "natsAuth.enabled=false"])
     env = env_of(container(deployments(docs)["admission"]))
     assert env["NATS_URL"]["value"] == "nats://gpuq-nats:4222"
     assert env["DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {"name": "gpuq-cnpg-app", "key": "uri"}

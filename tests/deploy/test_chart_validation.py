@@ -90,6 +90,10 @@ def test_monitoring_resources_pass_the_prometheus_operator_schemas(render: Any, 
     ("externalNats.url=nats://admin:secret@nats:4222", "at '/externalNats/url'"),  # credentials belong in a Secret
     ("metrics.serviceMonitor.interval=30", "at '/metrics/serviceMonitor/interval'"),
     ("servics.admission.replicas=3", "additional properties 'servics' not allowed"),  # a typo is not ignored
+    ("platformNamespace=Prod_1", "at '/platformNamespace'"),  # not a valid subject token / stream prefix
+    ("services.api.ingress.host=", "at '/services/api/ingress/host': minLength"),  # an ingress needs its host
+    ("services.api.service.type=ExternalName", "at '/services/api/service/type'"),
+    ("natsAuth.secretPrefix=Gpuq_", "at '/natsAuth/secretPrefix'"),  # not a Secret name
 ])
 def test_values_schema_rejects_bad_values(helm: Any, chart: Path, setting: str, complaint: str) -> None:
     res = helm("template", "gpuq", str(chart), "-f", str(CI_VALUES), "--set", setting)
@@ -97,11 +101,21 @@ def test_values_schema_rejects_bad_values(helm: Any, chart: Path, setting: str, 
     assert "values don't meet the specifications of the schema" in res.stderr and complaint in res.stderr, res.stderr
 
 
-def test_missing_nats_or_postgres_is_a_clear_error(helm: Any, chart: Path) -> None:
+def test_missing_nats_postgres_or_secrets_key_is_a_clear_error(helm: Any, chart: Path) -> None:
     res = helm("template", "gpuq", str(chart))
-    assert res.returncode != 0 and "NATS: set externalNats.url, or externalNats.existingSecret.name" in res.stderr
+    assert res.returncode != 0 and "NATS: set natsAuth.enabled (a bus user per service, by Secret), " \
+        "externalNats.url, or externalNats.existingSecret.name" in res.stderr
     res = helm("template", "gpuq", str(chart), "--set", "externalNats.url=nats://nats:4222")
     assert res.returncode != 0 and "Postgres: set externalDatabase.existingSecret.name" in res.stderr
+    res = helm("template", "gpuq", str(chart), "--set", "externalNats.url=nats://nats:4222",
+               "--set", "externalDatabase.existingSecret.name=db")
+    assert res.returncode != 0 and "secretsKey.existingSecret.name: api keeps webhook signing secrets encrypted" \
+        in res.stderr
+    # Without the two services that keep webhook secrets, no key is needed.
+    res = helm("template", "gpuq", str(chart), "--set", "externalNats.url=nats://nats:4222",
+               "--set", "externalDatabase.existingSecret.name=db", "--set", "services.api.enabled=false",
+               "--set", "services.telemetry.enabled=false")
+    assert res.returncode == 0, res.stderr
 
 
 def hadolint(tools: Any, dockerfile: Path) -> subprocess.CompletedProcess[str]:

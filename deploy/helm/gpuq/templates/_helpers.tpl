@@ -44,22 +44,55 @@ app.kubernetes.io/component: {{ .service }}
 {{- default (printf "%s-executor" (include "gpuq.fullname" .)) .Values.serviceAccount.name }}
 {{- end }}
 
-{{/* NATS_URL: the subchart's client service, a Secret, or the plain external URL (in that order). */}}
+{{/* Whether the executor is the Kubernetes one (RBAC, service account, the `kube` bus user). */}}
+{{- define "gpuq.kubeExecutor" -}}
+{{- if and .Values.services.executor.enabled (eq (.Values.services.executor.kind | default "kube") "kube") }}true{{ end }}
+{{- end }}
+
+{{/* Whether the API verifies Kubernetes tokens (TokenReview): its own service account, token and ClusterRole. */}}
+{{- define "gpuq.apiTokenReview" -}}
+{{- if and .Values.services.api.enabled .Values.services.api.tokenReview.enabled }}true{{ end }}
+{{- end }}
+
+{{- define "gpuq.apiServiceAccount" -}}
+{{- printf "%s-api" (include "gpuq.fullname" .) }}
+{{- end }}
+
+{{/* The bus user a service connects as (shared/natsauth.py): its own name, except the Kubernetes executor, which
+is also the intake of workloads and connects as `kube`. (dict "root" $ "service" "executor") */}}
+{{- define "gpuq.busUser" -}}
+{{- if and (eq .service "executor") (include "gpuq.kubeExecutor" .root) }}kube{{ else }}{{ .service }}{{ end }}
+{{- end }}
+
+{{/* NATS_URL of one service: with natsAuth, its own bus user's Secret (`gpuq nats-auth --kube-secrets` writes
+them); else the subchart's client service, a Secret, or the plain external URL (in that order).
+(dict "root" $ "service" "admission") */}}
 {{- define "gpuq.natsEnv" -}}
+{{- $v := .root.Values }}
 - name: NATS_URL
-{{- if .Values.nats.enabled }}
-  {{- $nats := ternary .Release.Name (printf "%s-nats" .Release.Name) (contains "nats" .Release.Name) }}
-  value: {{ printf "nats://%s:4222" (.Values.nats.fullnameOverride | default $nats) | quote }}
-{{- else if .Values.externalNats.existingSecret.name }}
+{{- if $v.natsAuth.enabled }}
   valueFrom:
     secretKeyRef:
-      name: {{ .Values.externalNats.existingSecret.name }}
-      key: {{ .Values.externalNats.existingSecret.key }}
-{{- else if .Values.externalNats.url }}
-  value: {{ .Values.externalNats.url | quote }}
+      name: {{ printf "%s%s" $v.natsAuth.secretPrefix (include "gpuq.busUser" .) }}
+      key: {{ $v.natsAuth.key }}
+{{- else if $v.nats.enabled }}
+  {{- $nats := ternary .root.Release.Name (printf "%s-nats" .root.Release.Name) (contains "nats" .root.Release.Name) }}
+  value: {{ printf "nats://%s:4222" ($v.nats.fullnameOverride | default $nats) | quote }}
+{{- else if $v.externalNats.existingSecret.name }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $v.externalNats.existingSecret.name }}
+      key: {{ $v.externalNats.existingSecret.key }}
+{{- else if $v.externalNats.url }}
+  value: {{ $v.externalNats.url | quote }}
 {{- else }}
-  {{- fail "NATS: set externalNats.url, or externalNats.existingSecret.name (a Secret holding the URL with credentials), or nats.enabled=true" }}
+  {{- fail "NATS: set natsAuth.enabled (a bus user per service, by Secret), externalNats.url, or externalNats.existingSecret.name (a Secret holding the URL with credentials), or nats.enabled=true" }}
 {{- end }}
+{{- end }}
+
+{{/* The services that keep webhook signing secrets, encrypted with the secrets key (shared/secretbox.py). */}}
+{{- define "gpuq.needsSecretsKey" -}}
+{{- if or (eq . "api") (eq . "telemetry") }}true{{ end }}
 {{- end }}
 
 {{/* DATABASE_URL: the CloudNativePG cluster's app Secret (key uri), or the external Secret. */}}
