@@ -20,7 +20,14 @@ from services.api.app import MIGRATIONS as API_MIGRATIONS
 from shared import namespace as namespaces
 from shared.config import ConfigError, load_queues
 from shared.db import apply_migrations, create_pool
-from shared.natsauth import NatsAuthError, generate, read_credentials, write_bundle
+from shared.natsauth import (
+    NatsAuthError,
+    generate,
+    kube_secrets,
+    read_credentials,
+    write_bundle,
+    write_private,
+)
 
 console = Console()
 tokens_app = typer.Typer(help="API bearer tokens (admins, with DATABASE_URL): create, list, revoke.",
@@ -77,32 +84,55 @@ def revoke_token(token_id: str = typer.Argument(..., help="The token's id (or th
 def nats_auth(
     out: Path = typer.Option(Path("nats-auth"), "--out", help="Directory for nats-auth.conf and credentials.json"),
     queues: Path = typer.Option(..., "--queues", help="queues.yaml: each team in it gets a producer credential"),
-    base_url: str | None = typer.Option(None, "--url", help="The server's nats:// URL, to write each user's URL"),
+    base_url: str | None = typer.Option(None, "--url", help="The server's nats:// URL as the platform's processes "
+                                                            "reach it, to write each user's URL"),
+    namespace: str | None = typer.Option(None, "--namespace", envvar=namespaces.ENV,
+                                         help="The platform's namespace, which every permission names (the "
+                                              "services' GPUQ_NAMESPACE; the chart's platformNamespace; "
+                                              "default gpuq)"),
     kube_team: list[str] = typer.Option([], "--kube-team", help="Teams the Kubernetes intake may submit for "
                                                                    "(repeat; default: every team)"),
     rotate: list[str] = typer.Option([], "--rotate", help="With an existing credentials.json: new passwords for "
                                                          "these users only (repeat), the others kept"),
+    kube_secrets_file: Path | None = typer.Option(
+        None, "--kube-secrets", help="Also write Kubernetes Secrets (YAML, 0600) to this file: one per service user "
+                                     "with its NATS_URL, as the Helm chart's natsAuth reads them, and one with "
+                                     "nats-auth.conf for the server (needs --url)"),
+    secret_prefix: str = typer.Option("gpuq-nats-", help="Name prefix of those Secrets (the chart's "
+                                                          "natsAuth.secretPrefix)"),
+    kube_namespace: str | None = typer.Option(None, help="Kubernetes namespace written into those Secrets "
+                                                         "(default: none, kubectl's -n decides)"),
     bcrypt_cost: int = typer.Option(11, help="bcrypt cost of the password hashes in the server configuration"),
 ) -> None:
     """Write the bus users' configuration: `nats-auth.conf` (users, bcrypt hashes and subject permissions: include it
     in the nats-server configuration, then reload the server) and `credentials.json` (each user's password; give
-    each service and team only its own). Both 0600. docs/security.md explains who may publish what."""
+    each service and team only its own). Both 0600. docs/security.md explains who may publish what; docs/install.md
+    how to load them into a cluster."""
     try:
+        if kube_secrets_file is not None and not base_url:
+            raise NatsAuthError("--kube-secrets needs --url: each Secret holds its user's whole NATS_URL")
+        ns = namespaces.validate(namespace) if namespace else namespaces.current()
         config = load_queues(queues)
         teams = sorted({t for q in config.queues for t in q.teams} | set(config.governance.teams))
         kept: dict[str, str] = {}
         cred_file = out / "credentials.json"
-        if rotate or cred_file.exists():
-            kept = {u: p for u, p in read_credentials(cred_file).items() if u not in rotate} \
-                if cred_file.exists() else {}
-        bundle = generate(namespaces.current(), teams, kube_teams=kube_team or None, bcrypt_cost=bcrypt_cost,
-                          passwords=kept)
+        if rotate and not cred_file.exists():
+            raise NatsAuthError(f"--rotate needs the existing {cred_file}: without it every password would change")
+        if cred_file.exists():
+            kept = {u: p for u, p in read_credentials(cred_file).items() if u not in rotate}
+        bundle = generate(ns, teams, kube_teams=kube_team or None, bcrypt_cost=bcrypt_cost, passwords=kept)
         paths = write_bundle(bundle, out, base_url)
-    except (ConfigError, NatsAuthError) as exc:
+        if kube_secrets_file is not None:
+            assert base_url is not None
+            write_private(kube_secrets_file, kube_secrets(bundle, base_url, prefix=secret_prefix,
+                                                          namespace=kube_namespace))
+            paths.append(kube_secrets_file)
+    except (ConfigError, NatsAuthError, namespaces.NamespaceError) as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None
     console.print(f"{len(bundle.users)} bus users for namespace {bundle.namespace} "
-                  f"(teams: {', '.join(teams) or 'none'}): " + ", ".join(str(p) for p in paths))
+                  f"(teams: {', '.join(teams) or 'none'}): " + ", ".join(str(p) for p in paths)
+                  + (f"; new passwords for {', '.join(sorted(rotate))}" if rotate else ""))
 
 
 def audit(since: str | None = typer.Option(None, "--since", help="From (ISO date/time, 'today', or 7d, 12h ago)"),

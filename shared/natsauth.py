@@ -28,6 +28,7 @@ from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import bcrypt
+import yaml
 
 from shared import namespace as namespaces
 from shared.bus import streams
@@ -36,6 +37,8 @@ USER_RE = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,62}[a-z0-9])?$")
 TEAM_PREFIX = "producer-"
 ADMIN = "admin"
 KUBE = "kube"
+SERVER_CONFIG_FILE = "nats-auth.conf"  # the server's part: users, bcrypt hashes, permissions
+SERVER_SECRET_SUFFIX = "server-auth"  # its Kubernetes Secret: <prefix>server-auth
 
 # What each service publishes (subjects below the namespace), besides its dead letters and audit records. The
 # owner of each fact: nobody else may publish it.
@@ -201,13 +204,32 @@ def write_private(path: Path, text: str) -> None:
 def write_bundle(bundle: AuthBundle, directory: Path, base_url: str | None = None) -> list[Path]:
     """`nats-auth.conf` for the server (include it from its configuration) and `credentials.json` (user ->
     password, and URL when `base_url` is given) for the platform's processes. Both 0600."""
-    config = directory / "nats-auth.conf"
+    config = directory / SERVER_CONFIG_FILE
     write_private(config, bundle.server_config)
     creds = {u: {"password": p, **({"url": bundle.url(base_url, u)} if base_url else {})}
              for u, p in sorted(bundle.passwords.items())}
     cred_file = directory / "credentials.json"
     write_private(cred_file, json.dumps({"namespace": bundle.namespace, "users": creds}, indent=2))
     return [config, cred_file]
+
+
+def kube_secrets(bundle: AuthBundle, base_url: str, *, prefix: str = "gpuq-nats-",
+                 namespace: str | None = None) -> str:
+    """Kubernetes Secrets (YAML, one document each) for a cluster install: `<prefix><user>` with key `url` for every
+    service user and `kube` (what the Helm chart's natsAuth reads), and `<prefix>server-auth` with the server's
+    `nats-auth.conf` (for the NATS chart, or a NATS in the cluster, to include). Team and admin credentials are
+    not in it: those are people's and pipelines', handed out from credentials.json."""
+    def secret(name: str, data: dict[str, str]) -> dict[str, object]:
+        meta: dict[str, object] = {"name": name, "labels": {"app.kubernetes.io/part-of": "gpuq",
+                                                             "gpuq.io/nats-auth": bundle.namespace}}
+        if namespace:
+            meta["namespace"] = namespace
+        return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": meta, "stringData": data}
+
+    docs = [secret(f"{prefix}{user}", {"url": bundle.url(base_url, user)})
+            for user in (*SERVICES, KUBE) if user in bundle.passwords]
+    docs.append(secret(f"{prefix}{SERVER_SECRET_SUFFIX}", {SERVER_CONFIG_FILE: bundle.server_config}))
+    return yaml.safe_dump_all(docs, sort_keys=False)
 
 
 def read_credentials(path: Path) -> dict[str, str]:
