@@ -15,15 +15,14 @@ import typer
 from cli.admin import audit, nats_auth, tokens_app
 from cli.jobs import apply_queues, approve, cancel, explain, queues, status, submit
 from cli.platform import demo, up
+from cli.remote import report, webhooks_app
 from services.admission.bench import bench_admission
 from services.admission.bench_e2e import bench_admission_e2e
 from services.executor.bench import bench_dcgm
 from services.metering.bench import bench_metering
-from services.metering.report import report
 from services.preemption.cli import preemptible
 from services.scheduler.bench import bench_placement
 from services.telemetry.bench import bench_telemetry
-from services.telemetry.cli import webhooks_app
 from sim.cli import simulate
 
 app = typer.Typer(

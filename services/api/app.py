@@ -35,6 +35,7 @@ from services.admission.app import latest_config, load_state
 from services.admission.core import governance, queue_summaries
 from services.api import readmodel, tokens
 from services.api.tokens import Principal
+from services.metering.core.rollup import Granularity
 from services.telemetry.webhooks import store as webhooks
 from shared import audit
 from shared.config import ConfigError, QueuesConfig, parse_queues
@@ -230,16 +231,22 @@ def create_app(ctx: ApiContext) -> FastAPI:
 
     @app.get("/v1/report", summary="GPU usage and cost of the token's team (every team for an admin)")
     async def report(who: Caller, by: str = "team", since: str | None = None, until: str | None = None,
-                     team: str | None = None) -> dict[str, Any]:
-        from services.metering.report import ReportError, report_document
+                     granularity: Granularity = Granularity.TOTAL, team: str | None = None) -> dict[str, Any]:
+        from services.metering.report import report_document
 
-        try:
-            return await report_document(ctx.database_url, by=by, since=since, until=until,
+        with _report_errors():
+            return await report_document(ctx.database_url, by=by, since=since, until=until, granularity=granularity,
                                          team=team if who.admin else who.team, now=datetime.now(UTC))
-        except ReportError as exc:
-            raise HTTPException(422, str(exc)) from None
-        except asyncpg.UndefinedTableError:
-            raise HTTPException(503, "no metering ledger here yet") from None
+
+    @app.get("/v1/report/focus", summary="FinOps FOCUS rows of the token's team's jobs (every team's: admin)")
+    async def report_focus(who: Caller, since: str | None = None, until: str | None = None,
+                           granularity: Granularity = Granularity.DAY,
+                           team: str | None = None) -> list[dict[str, Any]]:
+        from services.metering.report import focus_document
+
+        with _report_errors():
+            return await focus_document(ctx.database_url, since=since, until=until, granularity=granularity,
+                                        team=team if who.admin else who.team, now=datetime.now(UTC))
 
     @app.get("/v1/webhooks", summary="Webhook subscriptions of the token's team (all: admin)")
     async def list_webhooks(who: Caller) -> list[dict[str, Any]]:
@@ -268,16 +275,41 @@ def create_app(ctx: ApiContext) -> FastAPI:
                                events=list(sub.events))
         return {"id": sub.id, "url": sub.url, "team": sub.team, "events": list(sub.events), "secret": sub.secret}
 
+    async def own_subscription(conn: asyncpg.Connection, who: Principal, sub_id: str) -> webhooks.Subscription:
+        """The caller's team's subscription (any, for an admin); another team's is not found."""
+        sub = {s.id: s for s in await webhooks.list_subscriptions(conn, None)}.get(sub_id)
+        if sub is None or not (who.admin or sub.team == who.team):
+            raise HTTPException(404, f"no subscription {sub_id}")
+        return sub
+
     @app.delete("/v1/webhooks/{sub_id}", summary="Remove a subscription")
     async def remove_webhook(who: Caller, sub_id: str) -> dict[str, str]:
         async with ctx.rt().transaction() as tx:
-            subs = {s.id: s for s in await webhooks.list_subscriptions(tx.conn, None)}
-            sub = subs.get(sub_id)
-            if sub is None or not (who.admin or sub.team == who.team):
-                raise HTTPException(404, f"no subscription {sub_id}")
+            sub = await own_subscription(tx.conn, who, sub_id)
             await webhooks.remove_subscription(tx.conn, sub_id)
             await audit.record(tx, "webhook_remove", who.actor, team=sub.team, subscription=sub_id, url=sub.url)
         return {"id": sub_id, "status": "removed"}
+
+    @app.post("/v1/webhooks/{sub_id}/rotate", summary="A new signing secret (the old one also signs for a while)")
+    async def rotate_webhook(who: Caller, sub_id: str,
+                             grace_hours: Annotated[float, Query(ge=0, le=24 * 30)] = 24.0) -> dict[str, Any]:
+        async with ctx.rt().transaction() as tx:
+            await own_subscription(tx.conn, who, sub_id)
+            sub = await webhooks.rotate_secret(tx.conn, sub_id, tx.now, grace_hours * 3600)
+            assert sub is not None  # found just above, in this transaction
+            until = sub.previous_secret_expires_at
+            await audit.record(tx, "webhook_rotate", who.actor, team=sub.team, subscription=sub_id,
+                               grace_hours=grace_hours)
+        return {"id": sub.id, "secret": sub.secret,
+                "previous_secret_valid_until": until.isoformat(timespec="seconds") if until else None}
+
+    @app.post("/v1/webhooks/{sub_id}/enable", summary="Re-enable a subscription its receiver disabled")
+    async def enable_webhook(who: Caller, sub_id: str) -> dict[str, str]:
+        async with ctx.rt().transaction() as tx:
+            sub = await own_subscription(tx.conn, who, sub_id)
+            await webhooks.enable_subscription(tx.conn, sub_id)
+            await audit.record(tx, "webhook_enable", who.actor, team=sub.team, subscription=sub_id)
+        return {"id": sub_id, "status": "enabled"}
 
     @app.get("/v1/audit", summary="Audit records (the token's team's; all for an admin)")
     async def audit_records(who: Caller, since: datetime | None = None, until: datetime | None = None,
@@ -291,6 +323,19 @@ def create_app(ctx: ApiContext) -> FastAPI:
         return [{**r, "at": r["at"].isoformat()} for r in rows]
 
     return app
+
+
+@contextlib.contextmanager
+def _report_errors() -> Iterator[None]:
+    """A report the caller asked wrongly is 422 with the reason; no ledger yet is 503."""
+    from services.metering.report import ReportError
+
+    try:
+        yield
+    except ReportError as exc:
+        raise HTTPException(422, str(exc)) from None
+    except asyncpg.UndefinedTableError:
+        raise HTTPException(503, "no metering ledger here yet") from None
 
 
 def _specs_from_body(doc: Any) -> list[JobSpec]:

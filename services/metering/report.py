@@ -107,28 +107,29 @@ def row_dicts(rows: list[RollupRow], by: tuple[str, ...], granularity: Granulari
     return out
 
 
-def render(rows: list[RollupRow], *, by: tuple[str, ...], granularity: Granularity, fmt: OutputFormat,
-           since_ms: int, until_ms: int, rates: dict[str, float], console: Console) -> None:
-    dicts = row_dicts(rows, by, granularity)
-    total = _figures(grand_total(rows))
+def render(doc: dict[str, Any], *, fmt: OutputFormat, console: Console) -> None:
+    """Print a report document (`report_document`'s shape, also what the API answers) as a table, CSV or JSON."""
+    by: list[str] = list(doc["by"])
+    hourly_or_daily = doc["granularity"] != Granularity.TOTAL.value
+    dicts: list[dict[str, Any]] = doc["rows"]
+    total: dict[str, Any] = doc["total"]
     if fmt is OutputFormat.JSON:
-        doc = {"since": from_ms(since_ms).isoformat(), "until": from_ms(until_ms).isoformat(), "by": list(by),
-               "granularity": granularity.value, "rates": rates, "rows": dicts, "total": total}
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return
     if fmt is OutputFormat.CSV:
-        columns = [*by, *(["period_start"] if granularity is not Granularity.TOTAL else []), *total]
+        columns = [*by, *(["period_start"] if hourly_or_daily else []), *total]
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
         writer.writeheader()
         writer.writerows(dicts)
         sys.stdout.write(buf.getvalue())
         return
+    since, until = datetime.fromisoformat(doc["since"]), datetime.fromisoformat(doc["until"])
     table = Table(title=f"GPU usage and cost by {', '.join(by)}  "
-                        f"[{from_ms(since_ms):%Y-%m-%d %H:%M} → {from_ms(until_ms):%Y-%m-%d %H:%M} UTC]")
+                        f"[{since:%Y-%m-%d %H:%M} → {until:%Y-%m-%d %H:%M} UTC]")
     for d in by:
         table.add_column(d)
-    if granularity is not Granularity.TOTAL:
+    if hourly_or_daily:
         table.add_column("period")
     for name in ("jobs", "allocated GPU-h", "used GPU-h", "idle GPU-h", "util", "lost GPU-h", "energy kWh",
                  "cost", "idle cost"):
@@ -140,12 +141,21 @@ def render(rows: list[RollupRow], *, by: tuple[str, ...], granularity: Granulari
                 f"{f['energy_kwh']:,.2f}", f"{f['cost']:,.2f}", f"{f['idle_cost']:,.2f}"]
 
     for row in dicts:
-        period = [row["period_start"][:16].replace("T", " ")] if granularity is not Granularity.TOTAL else []
+        period = [row["period_start"][:16].replace("T", " ")] if hourly_or_daily else []
         table.add_row(*[str(row[k]) for k in by], *period, *cells(row))
-    pad = [""] * (len(by) - 1 + (granularity is not Granularity.TOTAL))
+    pad = [""] * (len(by) - 1 + hourly_or_daily)
     table.add_section()
     table.add_row("total", *pad, *cells(total), style="bold")
     console.print(table)
+
+
+def document(rows: list[RollupRow], *, by: tuple[str, ...], granularity: Granularity, since_ms: int, until_ms: int,
+             rates: dict[str, float]) -> dict[str, Any]:
+    """The report as one JSON-able document (what `--format json` prints and the API answers)."""
+    lo, hi = aligned_window(since_ms, until_ms)
+    return {"since": from_ms(lo).isoformat(), "until": from_ms(hi).isoformat(), "by": list(by),
+            "granularity": granularity.value, "rates": rates, "rows": row_dicts(rows, by, granularity),
+            "total": _figures(grand_total(rows))}
 
 
 async def _load(database_url: str, since: str | None, until: str | None, queues: Path | None,
@@ -203,10 +213,27 @@ async def report_document(database_url: str, *, by: str = "team", since: str | N
         raise ReportError("until must be later than since")
     rows = rollup(cells, dims, by=dims_by, granularity=granularity, since_ms=since_ms, until_ms=until_ms,
                   rates=rates)
-    lo, hi = aligned_window(since_ms, until_ms)
-    return {"since": from_ms(lo).isoformat(), "until": from_ms(hi).isoformat(), "by": list(dims_by),
-            "granularity": granularity.value, "rates": rates, "rows": row_dicts(rows, dims_by, granularity),
-            "total": _figures(grand_total(rows))}
+    return document(rows, by=dims_by, granularity=granularity, since_ms=since_ms, until_ms=until_ms, rates=rates)
+
+
+async def focus_document(database_url: str, *, since: str | None = None, until: str | None = None,
+                         granularity: Granularity = Granularity.DAY, team: str | None = None,
+                         now: datetime) -> list[dict[str, Any]]:
+    """FinOps FOCUS rows (one per job, GPU model and day or hour), optionally for one team's jobs only."""
+    (cells, dims), rates, since_ms, until_ms = await _load(database_url, since, until, None, now, team)
+    if until_ms <= since_ms:
+        raise ReportError("until must be later than since")
+    gran = Granularity.DAY if granularity is Granularity.TOTAL else granularity
+    return focus_rows(cells, dims, since_ms=since_ms, until_ms=until_ms, granularity=gran, rates=rates)
+
+
+def write_focus(rows: list[dict[str, Any]], output: Path, err: Console) -> None:
+    with output.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(FOCUS_COLUMNS))
+        writer.writeheader()
+        writer.writerows(rows)
+    total = sum(float(r["BilledCost"]) for r in rows)
+    err.print(f"wrote {len(rows)} FOCUS rows ({total:,.2f} billed) to {output}")
 
 
 def report(
@@ -228,7 +255,8 @@ def report(
                                             help="Postgres holding the metering ledger (env DATABASE_URL)."),
 ) -> None:
     """GPU usage and cost: allocated, used, idle and lost GPU-hours, energy and cost, grouped by team,
-    queue, label, GPU model or priority class, from the metering ledger in Postgres."""
+    queue, label, GPU model or priority class, from the metering ledger in Postgres. With GPUQ_API_URL and
+    GPUQ_TOKEN set: through the API, your team's jobs only."""
     console = Console()
     err = Console(stderr=True)
     try:
@@ -248,16 +276,10 @@ def report(
     if export is Export.FOCUS:
         assert output is not None
         gran = Granularity.DAY if granularity is Granularity.TOTAL else granularity
-        focus = focus_rows(cells, dims, since_ms=since_ms, until_ms=until_ms, granularity=gran, rates=rates)
-        with output.open("w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=list(FOCUS_COLUMNS))
-            writer.writeheader()
-            writer.writerows(focus)
-        total = sum(float(r["BilledCost"]) for r in focus)
-        err.print(f"wrote {len(focus)} FOCUS rows ({total:,.2f} billed) to {output}")
+        write_focus(focus_rows(cells, dims, since_ms=since_ms, until_ms=until_ms, granularity=gran, rates=rates),
+                    output, err)
         return
     rows = rollup(cells, dims, by=dims_by, granularity=granularity, since_ms=since_ms, until_ms=until_ms,
                   rates=rates)
-    lo, hi = aligned_window(since_ms, until_ms)
-    render(rows, by=dims_by, granularity=granularity, fmt=fmt, since_ms=lo, until_ms=hi, rates=rates,
-           console=console)
+    render(document(rows, by=dims_by, granularity=granularity, since_ms=since_ms, until_ms=until_ms, rates=rates),
+           fmt=fmt, console=console)

@@ -18,7 +18,8 @@ from services.telemetry.webhooks.ssrf import ALLOW_ENV, AllowList, TargetRefused
 from shared.db import apply_migrations, create_pool
 
 webhooks_app = typer.Typer(help="Webhook subscriptions: signed CloudEvents POSTed to your URL when your "
-                                "jobs change state.", no_args_is_help=True)
+                                "jobs change state. With GPUQ_API_URL and GPUQ_TOKEN set: through the API, your "
+                                "team's subscriptions only.", no_args_is_help=True)
 console = Console()
 
 DbOption = typer.Option(None, "--database-url", envvar="DATABASE_URL",

@@ -5,23 +5,30 @@ system's (NATS 2.9 on CI machines), so the permissions are proven on both."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import asyncpg
+import httpx
 import nats
 import pytest
 import pytest_asyncio
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
+from services.api import tokens
+from services.stack import Stack, StackSettings
 from shared import namespace
 from shared.bus import delete_streams, ensure_streams
-from shared.natsauth import ADMIN, AuthBundle, generate, inbox_prefix_for
-from shared.servers import EmbeddedNats, nats_server_binary
+from shared.clock import ScaledClock
+from shared.config import ClusterConfig, QueuesConfig
+from shared.natsauth import ADMIN, SERVICES, AuthBundle, generate, inbox_prefix_for
+from shared.servers import EmbeddedNats, free_port, nats_server_binary
 
 TEAMS = ("team-a", "team-b")
 
@@ -108,3 +115,49 @@ async def admin_js(auth_server: AuthServer) -> AsyncIterator[JetStreamContext]:
         yield js
     finally:
         await nc.close()
+
+
+@dataclass
+class ApiPlatform:
+    """A running platform with the API service: its base URL, tokens of alice (team-a), mallory (team-b) and ops
+    (admin), and a connection to its database."""
+
+    base: str
+    tokens: dict[str, str]
+    conn: asyncpg.Connection
+    database_url: str
+    stack: Stack
+
+
+@contextlib.asynccontextmanager
+async def api_platform(auth_server: AuthServer, database_url: str, queues: QueuesConfig, cluster: ClusterConfig,
+                       services: Sequence[str], **settings: Any) -> AsyncIterator[ApiPlatform]:
+    """The platform on the authenticated server, each service on its own bus user, the API listening."""
+    await reset_streams(auth_server.admin_url)
+    port = free_port()
+    stack_settings = StackSettings(nats_url=auth_server.admin_url, database_url=database_url, queues=queues,
+                                   cluster=cluster, services=services, clock=ScaledClock(100.0), api_port=port,
+                                   nats_urls={s: auth_server.url(s) for s in SERVICES}, **settings)
+    async with Stack(stack_settings) as stack:
+        conn = await asyncpg.connect(database_url)
+        try:
+            issued = {"a": (await tokens.issue(conn, "alice", team="team-a")).token,
+                      "b": (await tokens.issue(conn, "mallory", team="team-b")).token,
+                      "admin": (await tokens.issue(conn, "ops", team=None, admin=True)).token}
+            base = f"http://127.0.0.1:{port}"
+            await wait_for(lambda: _listening(base), what="the API listening")
+            yield ApiPlatform(base, issued, conn, database_url, stack)
+        finally:
+            await conn.close()
+
+
+async def _listening(base: str) -> bool:
+    try:
+        async with httpx.AsyncClient() as c:
+            return (await c.get(base + "/healthz")).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}

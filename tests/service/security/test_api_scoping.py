@@ -9,48 +9,17 @@ import asyncpg
 import httpx
 import pytest_asyncio
 
-from services.api import tokens
-from services.stack import Stack, StackSettings
-from shared.clock import ScaledClock
-from shared.natsauth import SERVICES
-from shared.servers import free_port
-from tests.service.security.conftest import AuthServer, reset_streams, wait_for
+from tests.service.security.conftest import AuthServer, api_platform, wait_for
+from tests.service.security.conftest import bearer as auth
 from tests.service.security.test_attacks import CLUSTER, QUEUES, job
 
 
 @pytest_asyncio.fixture
 async def api(auth_server: AuthServer, make_database: Callable[[str], Awaitable[str]]
               ) -> AsyncIterator[tuple[str, dict[str, str], asyncpg.Connection]]:
-    await reset_streams(auth_server.admin_url)
-    database_url = await make_database("api")
-    port = free_port()
-    settings = StackSettings(nats_url=auth_server.admin_url, database_url=database_url, queues=QUEUES,
-                             cluster=CLUSTER, services=("admission", "scheduler", "executor", "audit", "api"),
-                             clock=ScaledClock(100.0), api_port=port,
-                             nats_urls={s: auth_server.url(s) for s in SERVICES})
-    async with Stack(settings):
-        conn = await asyncpg.connect(database_url)
-        try:
-            issued = {"a": (await tokens.issue(conn, "alice", team="team-a")).token,
-                      "b": (await tokens.issue(conn, "mallory", team="team-b")).token,
-                      "admin": (await tokens.issue(conn, "ops", team=None, admin=True)).token}
-            base = f"http://127.0.0.1:{port}"
-            await wait_for(lambda: _up(base), what="the API listening")
-            yield base, issued, conn
-        finally:
-            await conn.close()
-
-
-async def _up(base: str) -> bool:
-    try:
-        async with httpx.AsyncClient() as c:
-            return (await c.get(base + "/healthz")).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-def auth(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
+    async with api_platform(auth_server, await make_database("api"), QUEUES, CLUSTER,
+                            ("admission", "scheduler", "executor", "audit", "api")) as platform:
+        yield platform.base, platform.tokens, platform.conn
 
 
 async def test_team_a_cannot_see_or_cancel_team_b_jobs(api: tuple[str, dict[str, str], asyncpg.Connection]) -> None:
