@@ -14,8 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from lightkube import AsyncClient, KubeConfig
 from lightkube.core.exceptions import ApiError
+from lightkube.models.authentication_v1 import TokenRequestSpec
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import ServiceAccount
 
 from .controllers import RayJobController, all_controllers
 from .kinds import LIGHTKUBE_KINDS
@@ -85,6 +89,28 @@ class KubeCluster:
         await self.client().create(LIGHTKUBE_KINDS[NAMESPACES].from_dict(body))
         self._namespaces.append(name)
         return name
+
+    async def create_service_account(self, namespace: str, name: str) -> None:
+        await self.client().create(ServiceAccount.from_dict(
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": namespace}}))
+
+    async def service_account_token(self, namespace: str, name: str, audiences: tuple[str, ...] = (),
+                                    expiration_s: int = 3600) -> str:
+        """A token of the ServiceAccount from the TokenRequest API (`kubectl create token`), for `audiences` (the
+        API server's own when empty)."""
+        request = ServiceAccount.Token(metadata=ObjectMeta(name=name, namespace=namespace),
+                                       spec=TokenRequestSpec(audiences=list(audiences), expirationSeconds=expiration_s))
+        issued = await self.client().create(request, name, namespace=namespace)
+        assert issued.status is not None
+        return str(issued.status.token)
+
+    def token_kubeconfig(self, token: str, path: Path) -> Path:
+        """This cluster's kubeconfig, with the current context's user replaced by `token` (another identity)."""
+        config = yaml.safe_load(self.kubeconfig.read_text())
+        context = next(c for c in config["contexts"] if c["name"] == config["current-context"])["context"]
+        config["users"] = [{"name": context["user"], "user": {"token": token}}]
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        return path
 
     async def read(self, resource: ResourceType, name: str, namespace: str | None = None) -> Obj | None:
         try:

@@ -24,6 +24,7 @@ class ResourceType:
     # Field selectors kube-apiserver supports for this kind, besides metadata.name and metadata.namespace.
     fields: frozenset[str] = field(default_factory=frozenset)
     custom: bool = False  # a CRD: no strategic merge patch
+    create_only: bool = False  # a review API: POST answers, nothing is stored (tokenreviews)
 
     @property
     def api_version(self) -> str:
@@ -90,11 +91,17 @@ EVENTS = ResourceType("", "v1", "events", "Event", True, (), ("ev",), EVENT_FIEL
 CONFIGMAPS = ResourceType("", "v1", "configmaps", "ConfigMap", True, (), ("cm",))
 SECRETS = ResourceType("", "v1", "secrets", "Secret", True, (), (), frozenset({"type"}))
 SERVICES = ResourceType("", "v1", "services", "Service", True, ("status",), ("svc",))
-SERVICE_ACCOUNTS = ResourceType("", "v1", "serviceaccounts", "ServiceAccount", True, (), ("sa",))
+SERVICE_ACCOUNTS = ResourceType("", "v1", "serviceaccounts", "ServiceAccount", True, ("token",), ("sa",))
 NEW_EVENTS = ResourceType("events.k8s.io", "v1", "events", "Event", True, (), ("ev",), NEW_EVENT_FIELDS)
 JOBS = ResourceType("batch", "v1", "jobs", "Job", True, ("status",), (), frozenset({"status.successful"}))
 PRIORITY_CLASSES = ResourceType("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, (), ("pc",))
 LEASES = ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True, ())
+TOKEN_REVIEWS = ResourceType("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", False, (), create_only=True)
+RBAC = "rbac.authorization.k8s.io"
+CLUSTER_ROLES = ResourceType(RBAC, "v1", "clusterroles", "ClusterRole", False, ())
+CLUSTER_ROLE_BINDINGS = ResourceType(RBAC, "v1", "clusterrolebindings", "ClusterRoleBinding", False, ())
+ROLES = ResourceType(RBAC, "v1", "roles", "Role", True, ())
+ROLE_BINDINGS = ResourceType(RBAC, "v1", "rolebindings", "RoleBinding", True, ())
 CRDS = ResourceType(
     "apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False, ("status",), ("crd",)
 )
@@ -116,6 +123,11 @@ ALL_RESOURCES: tuple[ResourceType, ...] = (
     JOBS,
     PRIORITY_CLASSES,
     LEASES,
+    TOKEN_REVIEWS,
+    CLUSTER_ROLES,
+    CLUSTER_ROLE_BINDINGS,
+    ROLES,
+    ROLE_BINDINGS,
     CRDS,
     JOBSETS,
     PYTORCHJOBS,

@@ -21,9 +21,10 @@ from kmock import KubernetesError, KubernetesScaffold, ResourceInfo, Response, S
 # kmock's request type and path parser: the handler builds a request itself where kmock's parser fails.
 from kmock._internal import parsing, rendering
 
+from .auth import Authenticator, Refused, UserInfo, request_verb
 from .errors import bad_request, method_not_allowed, status_body, unauthorized
 from .patch import APPLY_PATCH_CBOR, APPLY_PATCH_YAML, parse_patch_body
-from .resources import ALL_RESOURCES, BY_PATH, PODS, ResourceType
+from .resources import ALL_RESOURCES, BY_PATH, PODS, SERVICE_ACCOUNTS, ResourceType
 from .selectors import make_matcher, parse_field_selector, parse_label_selector
 from .store import Obj, Store, WatchStream
 
@@ -95,10 +96,14 @@ class FakeKubeAPI(KubernetesScaffold):
     """kmock's Kubernetes scaffold plus a stateful store behind every resource path."""
 
     store: Store = attrs.field(factory=Store)
-    token: str | None = None  # when set, requests must carry `Authorization: Bearer <token>`
+    # When set, requests must carry a bearer token: this one (an unrestricted admin), or a ServiceAccount's or a
+    # user's that `auth` knows, whose requests RBAC decides (auth.py).
+    token: str | None = None
+    auth: Authenticator = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
+        self.auth = Authenticator(self.store, self.token)
         for res in ALL_RESOURCES:
             self.resources[resource(res.group, res.version, res.plural)] = ResourceInfo(
                 kind=res.kind,
@@ -106,7 +111,8 @@ class FakeKubeAPI(KubernetesScaffold):
                 singular=res.singular,
                 shortnames=set(res.short_names),
                 subresources=set(res.subresources),
-                verbs={"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"},
+                verbs={"create"} if res.create_only else {
+                    "create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"},
             )
         self.fallback[self._is_resource_request] << self._serve
 
@@ -161,13 +167,29 @@ class FakeKubeAPI(KubernetesScaffold):
 
     # --- dispatch ------------------------------------------------------------------------------------------------
 
-    async def _serve(self, request: rendering.Request) -> Response:
-        if self.token is not None and request.headers.get("Authorization") != f"Bearer {self.token}":
+    def _caller(self, request: rendering.Request) -> UserInfo | None:
+        """The authenticated caller (401 otherwise); None when the server runs without authentication."""
+        if self.token is None:
+            return None
+        header = request.headers.get("Authorization") or ""
+        found = self.auth.authenticate(header.removeprefix("Bearer ")) if header.startswith("Bearer ") else None
+        if found is None or isinstance(found, Refused):
             raise unauthorized()
+        return found[0]
+
+    async def _serve(self, request: rendering.Request) -> Response:
         path = parse_api_path(request.url.path)
         assert path is not None  # the criterion only lets resource paths through
         method = str(request.method.value if hasattr(request.method, "value") else request.method).upper()
         params = request.params
+        user = self._caller(request)
+        if user is not None:
+            verb = request_verb(method, params, path.name)
+            self.auth.authorize(user, verb, path.resource, path.subresource, path.namespace, path.name)
+        if path.resource.create_only:
+            if method != "POST" or path.name is not None:
+                raise method_not_allowed("the server does not allow this method on the requested resource")
+            return _reply(self.auth.review(self._body(request)), 201)
         if method == "GET":
             if params.get("watch") in TRUE:
                 return self._watch(request, path)
@@ -216,6 +238,8 @@ class FakeKubeAPI(KubernetesScaffold):
                 raise bad_request("a Binding needs target.name (the node)")
             self.store.bind(path.namespace or "", path.name, target)
             return _reply(_status_success(201), 201)
+        if path.resource is SERVICE_ACCOUNTS and path.subresource == "token":
+            return _reply(self.auth.request_token(path.namespace or "", path.name, self._body(request)), 201)
         if path.resource is PODS and path.subresource == "eviction":
             eviction = self._body(request)
             grace = (eviction.get("deleteOptions") or {}).get("gracePeriodSeconds")
