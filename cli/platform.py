@@ -58,7 +58,8 @@ def up(
     executor: str = typer.Option("sim", help="sim: a simulated cluster (nothing really runs); kube: run jobs on "
                                              "Kubernetes"),
     kubeconfig: Path | None = typer.Option(
-        None, help="kubeconfig for --executor kube (default: the in-cluster service account)"),
+        None, help="kubeconfig for --executor kube and for the API's TokenReview (GPUQ_API_TOKEN_REVIEW; default: "
+                   "the in-cluster service account)"),
     queues: Path = typer.Option(EXAMPLES / "queues.yaml", help="queues.yaml: teams, quotas, policy"),
     services: str = typer.Option(",".join(ALL_SERVICES), help="Comma-separated services to run here"),
     data_dir: Path = typer.Option(STATE_DIR, help="Where embedded NATS/Postgres keep their data"),
@@ -115,7 +116,16 @@ def up(
     # Capacity warnings need the nodes, which a `source: kubernetes` cluster.yaml does not list.
     for warning in queues_cfg.warnings(cluster_cfg if cluster_cfg.source is ClusterSource.STATIC else None):
         console.print(f"[yellow]warning:[/] {warning}")
-    if executor == "kube" and runs_executor:
+    reviews_tokens = False
+    if "api" in wanted:
+        from services.api.kubeauth import TokenReviewSettings
+
+        try:
+            reviews_tokens = TokenReviewSettings.from_env().enabled
+        except ValueError as exc:
+            console.print(f"[red]{escape(str(exc))}[/]")
+            raise typer.Exit(2) from None
+    if (executor == "kube" and runs_executor) or reviews_tokens:
         from services.executor.kube.client import load_config
 
         try:

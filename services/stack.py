@@ -41,7 +41,7 @@ class StackSettings:
     cluster: ClusterConfig | None = None  # needed by the simulated executor
     cluster_dir: Path | None = None
     # "sim": the simulated cluster of cluster.yaml; "kube": the Kubernetes executor (services/executor/kube), with
-    # `kubeconfig` (None = the pod's in-cluster service account).
+    # `kubeconfig` (None = the pod's in-cluster service account), which the API's TokenReview also uses.
     executor: str = "sim"
     kubeconfig: Path | None = None
     services: Sequence[str] = ALL_SERVICES
@@ -76,7 +76,8 @@ def build_specs(settings: StackSettings) -> list[ServiceSpec]:
     if "api" in wanted:
         from services.api.app import ApiService
 
-        specs.append(ApiService(settings.database_url, port=settings.api_port).spec())
+        specs.append(ApiService(settings.database_url, port=settings.api_port, queues=settings.queues,
+                                kubeconfig=settings.kubeconfig).spec())
     for optional in ("preemption", "metering", "telemetry", "audit"):
         if optional in wanted:
             spec = _optional_spec(optional, settings)

@@ -34,6 +34,7 @@ from pydantic import BaseModel, Field, ValidationError
 from services.admission.app import latest_config, load_state
 from services.admission.core import governance, queue_summaries
 from services.api import readmodel, tokens
+from services.api.kubeauth import NoTeam, ReviewUnavailable, TokenReviewer, TokenReviewSettings, principal_for
 from services.api.tokens import Principal
 from services.metering.core.rollup import Granularity
 from services.telemetry.webhooks import store as webhooks
@@ -79,6 +80,8 @@ class ConfigBody(BaseModel):
 class ApiContext:
     database_url: str
     runtime: ServiceRuntime | None = None
+    queues: QueuesConfig | None = None  # the configuration started with (admission's latest one wins)
+    reviewer: TokenReviewer | None = None  # Kubernetes tokens (services/api/kubeauth.py), when enabled
 
     def rt(self) -> ServiceRuntime:
         if self.runtime is None:
@@ -91,15 +94,44 @@ bearer = HTTPBearer(auto_error=False, description="`gpuq tokens create` issues t
 
 async def principal(request: Request,
                     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Principal:
-    """The caller, from its bearer token (401 otherwise)."""
+    """The caller, from its bearer token: a gpuq token, or (with TokenReview on) a Kubernetes one. 401 for a token
+    nobody vouches for, 403 for a Kubernetes identity that maps to no team."""
     if creds is None:
         raise HTTPException(401, "missing bearer token", headers={"WWW-Authenticate": "Bearer"})
     ctx: ApiContext = request.app.state.ctx
+    if ctx.reviewer is not None and not creds.credentials.startswith(tokens.PREFIX):
+        return await _kube_principal(ctx, ctx.reviewer, creds.credentials)
     async with ctx.rt().pool.acquire() as conn:
         who = await tokens.authenticate(conn, creds.credentials, datetime.now(UTC))
     if who is None:
         raise HTTPException(401, "unknown, expired or revoked token", headers={"WWW-Authenticate": "Bearer"})
     return who
+
+
+async def _kube_principal(ctx: ApiContext, reviewer: TokenReviewer, token: str) -> Principal:
+    try:
+        user = await reviewer.review(token)
+    except ReviewUnavailable as exc:
+        log.warning("%s", exc)
+        raise HTTPException(503, f"cannot verify the token now: {exc}") from None
+    if user is None:
+        raise HTTPException(401, "the Kubernetes API does not accept this token"
+                            + (f" for audience {', '.join(reviewer.settings.audiences)}"
+                               if reviewer.settings.audiences else ""), headers={"WWW-Authenticate": "Bearer"})
+    config = await _current_config(ctx) or ctx.queues
+    who = principal_for(user, config.namespaces if config is not None else (), reviewer.settings)
+    if isinstance(who, NoTeam):
+        raise HTTPException(403, who.reason)
+    return who
+
+
+async def _current_config(ctx: ApiContext) -> QueuesConfig | None:
+    """Admission's current queues configuration (changed at runtime by QueueConfigChanged), if it has one."""
+    async with ctx.rt().pool.acquire() as conn:
+        try:
+            return (await latest_config(conn))[1]
+        except (LookupError, asyncpg.UndefinedTableError):
+            return None
 
 
 Caller = Annotated[Principal, Depends(principal)]
@@ -119,12 +151,6 @@ def create_app(ctx: ApiContext) -> FastAPI:
             raise HTTPException(404, f"no job {job_id!r}")  # another team's job is not found, not forbidden
         return rows[0]
 
-    async def current_config() -> QueuesConfig | None:
-        async with ctx.rt().pool.acquire() as conn:
-            try:
-                return (await latest_config(conn))[1]
-            except (LookupError, asyncpg.UndefinedTableError):
-                return None
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:
@@ -135,7 +161,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
     async def submit(who: Caller, request: Request,
                      wait: Annotated[float, Query(ge=0, le=30)] = VERDICT_WAIT_S) -> list[SubmitResult]:
         specs = _specs_from_body(await request.json())
-        config = await current_config()
+        config = await _current_config(ctx)
         for spec in specs:
             if not who.admin and spec.team != who.team:
                 raise HTTPException(403, f"job {spec.job_id} names team {spec.team!r}; this token submits for team "
@@ -388,8 +414,14 @@ class _Server(uvicorn.Server):
 
 
 class ApiService:
-    def __init__(self, database_url: str, *, port: int = DEFAULT_PORT, host: str = "0.0.0.0"):
-        self.ctx = ApiContext(database_url=database_url)
+    def __init__(self, database_url: str, *, port: int = DEFAULT_PORT, host: str = "0.0.0.0",
+                 queues: QueuesConfig | None = None, kubeconfig: Path | None = None,
+                 token_review: TokenReviewSettings | None = None):
+        """`token_review`: default from the environment (GPUQ_API_TOKEN_REVIEW...); `kubeconfig`: where to send
+        TokenReviews (default: the pod's service account)."""
+        review = token_review if token_review is not None else TokenReviewSettings.from_env()
+        self.ctx = ApiContext(database_url=database_url, queues=queues,
+                              reviewer=TokenReviewer(review, kubeconfig) if review.enabled else None)
         self.port = port
         self.host = host
         self.app = create_app(self.ctx)
@@ -404,6 +436,11 @@ class ApiService:
     async def serve(self, runtime: ServiceRuntime) -> None:
         server = _Server(uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning",
                                         lifespan="off"))
-        log.info("API listening on %s:%d", self.host, self.port)
-        await server.serve()
+        log.info("API listening on %s:%d%s", self.host, self.port,
+                 " (Kubernetes tokens accepted: TokenReview)" if self.ctx.reviewer is not None else "")
+        try:
+            await server.serve()
+        finally:
+            if self.ctx.reviewer is not None:
+                await self.ctx.reviewer.close()
 

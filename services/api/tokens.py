@@ -28,10 +28,15 @@ class Principal:
     name: str
     team: str | None
     admin: bool
+    via: str = "token"  # "token": a gpuq API token; "kube": a Kubernetes token the API server vouched for
 
     @property
     def actor(self) -> str:
-        return f"admin:{self.name}" if self.admin else f"token:{self.name}"
+        """As the audit trail names it: token:<name> / admin:<name>, kube:<user> / admin:kube:<user>."""
+        who = f"kube:{self.name}" if self.via == "kube" else self.name
+        if self.admin:
+            return f"admin:{who}"
+        return who if self.via == "kube" else f"token:{who}"
 
     def may_see(self, team: str) -> bool:
         return self.admin or self.team == team
