@@ -35,7 +35,7 @@ CI_DIGEST = "4f5c2d8a7b1e9f3c6d0a2b4e8f1c3d5a7b9e0f2c4d6a8b0e1f3c5d7a9b2e4f6c"
 Doc = dict[str, Any]
 
 # What the executor calls (services/executor/kube/), exactly: anything wider (a verb, a resource, a wildcard) fails,
-# and tests/service/kube/test_executor_rbac.py runs the executor against an API server that enforces this role.
+# and tests/deploy/test_rbac_enforced.py runs the executor against an API server that enforces this role.
 EXECUTOR_RULES = {
     ("", "nodes"): {"list", "watch"},
     ("", "pods"): {"list", "watch", "patch"},

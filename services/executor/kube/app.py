@@ -389,13 +389,24 @@ class KubeExecutor:
         try:
             created = await self.api.create(res, _strip_nulls(obj), namespace=namespace)
         except Exception as exc:
-            if status_code(exc) != 409:
+            code = status_code(exc)
+            if code in (403, 422):  # refused for good (no `create` in the executor's role, an invalid template)
+                reason = getattr(getattr(exc, "status", None), "message", None) or str(exc)
+                await tx.emit(JobFailed(job_id=spec.job_id, exit_reason=ExitReason.ERROR,
+                                        finished_at=utcnow_from(tx.now),
+                                        message=f"cannot create {kind.kind} {namespace}/{name}: {reason}"))
+                await self._set_state(tx, spec.job_id, "failed", outcome=ExitReason.ERROR.value)
+                return
+            if code != 409:
                 raise
             created = await self.api.get(res, name, namespace=namespace)  # created before a crash: adopt it
-        # The templates as the API server stored them (defaulted), which later patches must start from.
+        # The templates as the API server stored them (defaulted), which later patches must start from, under the
+        # spec's pod set names (the placement's bindings name them; a Job's one set is "main" to its kind).
+        stored = kind.pod_sets(created)
         await tx.conn.execute("UPDATE executor.kube_jobs SET uid = $2, templates = $3 WHERE job_id = $1", spec.job_id,
                               (created.get("metadata") or {}).get("uid"),
-                              json.dumps({ps.name: ps.template for ps in kind.pod_sets(created)}))
+                              json.dumps({wanted.name: ps.template
+                                          for wanted, ps in zip(spec.pod_sets, stored, strict=True)}))
         await self._run(tx, spec.job_id)
 
     # ------------------------------------------------------------------ pods

@@ -19,7 +19,9 @@ class Job(WorkloadKind):
         return [PodSetTemplate("main", max(1, count), dict(spec.get("template") or {}))]
 
     def with_templates(self, spec: dict[str, Any], templates: Mapping[str, dict[str, Any]]) -> None:
-        spec["template"] = templates["main"]
+        # One pod set: "main" when taken in from the cluster, the submitter's name when created from an event.
+        (only,) = templates.values()
+        spec["template"] = only
 
     def suspended(self, obj: Obj) -> bool:
         return bool((obj.get("spec") or {}).get("suspend"))

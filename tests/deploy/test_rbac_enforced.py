@@ -1,0 +1,194 @@
+"""The chart's roles are exactly what gpuq uses: the executor and the API run with the identities the rendered chart
+gives them (its ServiceAccounts, ClusterRoles and bindings applied to the fake API server of tests/kube/kubefake,
+which enforces RBAC), on real NATS and Postgres. Every kind of workload the executor handles runs without one
+Forbidden, and the access log shows every granted verb used: nothing missing, nothing to spare. Without
+`rbac.eventSubmittedJobs`, a job submitted as an event fails at once with the API server's refusal, and workloads
+created in the cluster still run."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import nats
+import pytest
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.resources.core_v1 import Namespace, ServiceAccount
+from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
+
+from services.stack import Stack, StackSettings
+from shared.config import parse_queues
+from shared.domain import JobSpec, PodSet, PodTemplate
+from shared.events import JobSubmitted, make_event
+from shared.servers import free_port
+from shared.service import publish_event
+from tests.deploy.test_chart import CI_VALUES, EXECUTOR_RULES, WORKLOADS
+from tests.kube.kubefake.cluster import KubeCluster
+from tests.kube_support import BLOCK, H100, RACK, bus_events, eventually, kube_cluster
+
+NS = "ml-team-a"
+RELEASE_NS = "gpuq-system"
+QUEUES = parse_queues({
+    "priority_classes": [{"name": "normal", "value": 100}],
+    "queues": [{"name": "team-a", "teams": ["team-a"], "quotas": {"H100-80GB": {"nominal": 32}}}],
+    "namespaces": [{"name": NS, "team": "team-a", "queues": ["team-a"]}],
+})
+JOB = create_namespaced_resource("batch", "v1", "Job", "jobs")
+PYTORCHJOB = create_namespaced_resource("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs")
+RAYJOB = create_namespaced_resource("ray.io", "v1", "RayJob", "rayjobs")
+
+
+def _pod_spec(gpus: int, name: str = "main") -> dict[str, Any]:
+    return {"restartPolicy": "Never", "containers": [{"name": name, "image": "ghcr.io/example/x:1", "resources": {
+        "limits": {"nvidia.com/gpu": str(gpus)} if gpus else {}, "requests": {"cpu": "1", "memory": "1Gi"}}}]}
+
+
+def _labels() -> dict[str, Any]:
+    return {"namespace": NS, "labels": {"gpuq.io/queue": "team-a"}}
+
+
+CLUSTER_WORKLOADS = [
+    JOB({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "plain", **_labels()},
+         "spec": {"suspend": True, "backoffLimit": 0, "template": {"spec": _pod_spec(1)}}}),
+    PYTORCHJOB({"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "bert", **_labels()},
+                "spec": {"runPolicy": {"suspend": True}, "pytorchReplicaSpecs": {"Worker": {
+                    "replicas": 1, "restartPolicy": "Never", "template": {"spec": _pod_spec(1, "pytorch")}}}}}),
+    RAYJOB({"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": "tune", **_labels()},
+            "spec": {"suspend": True, "entrypoint": "python tune.py", "rayClusterSpec": {
+                "headGroupSpec": {"rayStartParams": {}, "template": {"spec": _pod_spec(0, "ray-head")}},
+                "workerGroupSpecs": [{"groupName": "gpu", "replicas": 1, "minReplicas": 1, "maxReplicas": 1,
+                                      "rayStartParams": {}, "template": {"spec": _pod_spec(1, "ray-worker")}}]}}}),
+]
+
+
+def event_job(job_id: str, pod_sets: int) -> JobSpec:
+    return JobSpec(job_id=job_id, team="team-a", queue="team-a", pod_sets=tuple(
+        PodSet(name=f"set{i}", count=1, gpus_per_pod=1, cpu_milli=1000, memory_mib=1024,
+               template=PodTemplate(image="ghcr.io/example/eval:3", command=("python", "eval.py")))
+        for i in range(pod_sets)))
+
+
+async def install_identities(kube_api: KubeCluster, docs: list[dict[str, Any]]) -> None:
+    """What `helm install` would create for RBAC: the release namespace, its ServiceAccounts, the ClusterRoles and
+    their bindings, exactly as rendered."""
+    client = kube_api.client()
+    if await kube_api.read(_namespaces(), RELEASE_NS) is None:
+        await client.create(Namespace.from_dict({"metadata": {"name": RELEASE_NS}}))
+    kinds = {"ServiceAccount": ServiceAccount, "ClusterRole": ClusterRole, "ClusterRoleBinding": ClusterRoleBinding}
+    for doc in docs:
+        if doc["kind"] in kinds:
+            await client.create(kinds[doc["kind"]].from_dict(doc))
+
+
+def _namespaces() -> Any:
+    from tests.kube.kubefake.resources import NAMESPACES
+
+    return NAMESPACES
+
+
+async def as_service_account(kube_api: KubeCluster, name: str, tmp_path: Path) -> Path:
+    token = await kube_api.service_account_token(RELEASE_NS, name)
+    return kube_api.token_kubeconfig(token, tmp_path / f"{name}.kubeconfig")
+
+
+async def setup_cluster(kube_api: KubeCluster) -> None:
+    for i in range(1, 4):
+        kube_api.fake.add_node(f"n{i}", gpus=8, gpu_product=H100, labels={BLOCK: "b1", RACK: "r1"})
+    await kube_api.create_namespace(NS)
+
+
+async def submit(nats_url: str, *specs: JobSpec) -> None:
+    nc = await nats.connect(nats_url)
+    try:
+        now = datetime.now(UTC)
+        for spec in specs:
+            await publish_event(nc.jetstream(), make_event(JobSubmitted(spec=spec, submitted_at=now),
+                                                           source="pipeline", time=now),
+                                JobSubmitted.scoped_subject(spec.team))
+    finally:
+        await nc.close()
+
+
+@contextlib.asynccontextmanager
+async def executor_stack(nats_url: str, database_url: str, kubeconfig: Path) -> AsyncIterator[Stack]:
+    settings = StackSettings(nats_url=nats_url, database_url=database_url, queues=QUEUES, cluster=kube_cluster(),
+                             services=("admission", "scheduler", "executor"), executor="kube", kubeconfig=kubeconfig)
+    async with Stack(settings) as stack:
+        yield stack
+
+
+async def test_the_executor_and_the_api_run_with_exactly_the_charts_roles(
+        render: Any, fresh: tuple[str, str], kube_api: KubeCluster, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    nats_url, database_url = fresh
+    auth = kube_api.fake.http.api.auth
+    docs = render(CI_VALUES)
+    await install_identities(kube_api, docs)
+    await setup_cluster(kube_api)
+    executor_config = await as_service_account(kube_api, "gpuq-executor", tmp_path)
+    client = kube_api.client()
+    async with kube_api.autopilot(), executor_stack(nats_url, database_url, executor_config):
+        for workload in CLUSTER_WORKLOADS:
+            await client.create(workload)
+        await submit(nats_url, event_job("event-job", 1), event_job("event-jobset", 2))
+        started = await eventually("every job started", lambda: _at_least(bus_events(nats_url, "job.started"), 5),
+                                   timeout_s=90)
+    assert len({e["job_id"] for e in started}) == 5
+    assert await bus_events(nats_url, "job.failed") == []
+    executor_user = f"system:serviceaccount:{RELEASE_NS}:gpuq-executor"
+    refused = [a for a in auth.log if a.user == executor_user and not a.allowed]
+    assert refused == []
+    # Every verb the role grants was needed, and nothing it does not grant was asked for.
+    assert auth.used_by(executor_user) == EXECUTOR_RULES
+
+    # The API reviews a pipeline's token with its own identity, which may do that and nothing else.
+    monkeypatch.setenv("GPUQ_API_TOKEN_REVIEW", "true")
+    monkeypatch.setenv("GPUQ_API_TOKEN_AUDIENCES", "gpuq")
+    await kube_api.create_service_account(NS, "pipeline")
+    pipeline = await kube_api.service_account_token(NS, "pipeline", audiences=("gpuq",))
+    port = free_port()
+    settings = StackSettings(nats_url=nats_url, database_url=database_url, queues=QUEUES, services=("api",),
+                             api_port=port, kubeconfig=await as_service_account(kube_api, "gpuq-api", tmp_path))
+    async with Stack(settings), httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+        async def listed() -> Any:
+            try:
+                r = await http.get("/v1/jobs", headers={"Authorization": f"Bearer {pipeline}"})
+            except httpx.HTTPError:
+                return None
+            return r if r.status_code != 503 else None
+
+        r = await eventually("the API answering", listed)
+        assert r.status_code == 200, r.text
+        assert {j["job_id"] for j in r.json()} >= {"event-job", "event-jobset"}
+    assert auth.used_by(f"system:serviceaccount:{RELEASE_NS}:gpuq-api") == {
+        ("authentication.k8s.io", "tokenreviews"): {"create"}}
+
+
+async def test_without_event_submitted_jobs_such_a_job_fails_at_once_and_cluster_workloads_still_run(
+        render: Any, fresh: tuple[str, str], kube_api: KubeCluster, tmp_path: Path) -> None:
+    nats_url, database_url = fresh
+    docs = render(CI_VALUES, sets=["rbac.eventSubmittedJobs=false"])
+    role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "gpuq-executor")
+    assert all("create" not in r["verbs"] for r in role["rules"] if (r["apiGroups"][0], r["resources"][0]) in
+               WORKLOADS)
+    await install_identities(kube_api, docs)
+    await setup_cluster(kube_api)
+    client = kube_api.client()
+    async with kube_api.autopilot(), executor_stack(nats_url, database_url,
+                                                    await as_service_account(kube_api, "gpuq-executor", tmp_path)):
+        await client.create(CLUSTER_WORKLOADS[0])
+        await submit(nats_url, event_job("event-job", 1))
+        (failed,) = await eventually("the event job failed", lambda: bus_events(nats_url, "job.failed"))
+        (started,) = await eventually("the cluster's Job started", lambda: bus_events(nats_url, "job.started"))
+    assert failed["job_id"] == "event-job"
+    assert "cannot create Job ml-team-a/" in failed["message"] and "forbidden" in failed["message"]
+    assert started["job_id"].startswith(f"{NS}.plain.")
+
+
+async def _at_least(events: Any, count: int) -> Any:
+    found = await events
+    return found if len({e["job_id"] for e in found}) >= count else None
