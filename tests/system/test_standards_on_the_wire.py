@@ -29,6 +29,7 @@ from shared.bus import streams
 from shared.clock import ScaledClock
 from shared.events import JobSubmitted, make_event, parse_event, schema_uri
 from shared.schemas import schema_for_uri
+from shared.servers import free_port
 from shared.service import publish_event
 from shared.tracing import TRACEPARENT_ENV, valid_traceparent
 from tests.system.reclaim_story import BORROWER, CLUSTER, QUEUES, QUEUES_DOC, wait_until
@@ -81,7 +82,7 @@ async def test_every_published_event_is_a_valid_cloudevent_with_trace_context(fr
     nats_url, database_url = fresh
     clock = ScaledClock(100.0)
     settings = StackSettings(nats_url=nats_url, database_url=database_url, queues=QUEUES,
-                             cluster=CLUSTER, clock=clock)
+                             cluster=CLUSTER, clock=clock, api_port=free_port())  # every service, the API too
     borrower = BORROWER
     queues_file = tmp_path / "queues.yaml"
     queues_file.write_text(yaml.safe_dump(QUEUES_DOC))
