@@ -1,5 +1,6 @@
 """`gpuq bench dcgm`: the CPU cost of one DCGM poll on a big cluster (parse the Prometheus replies, attribute,
-assess health, build the UtilizationSampled events), without the network."""
+assess health, build the UtilizationSampled events), without the network; and what the Kubernetes executor adds
+to each poll (mapping its informer's Node objects and pods to the source's view)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,11 @@ from rich.progress import Progress
 from services.executor.core.attribution import JobShare, Placements, attribute
 from services.executor.core.dcgm_series import DcgmField, Device, parse_results
 from services.executor.core.gpu_health import HealthMemory, HealthPolicy, assess
-from shared.config import APPLICATION_XIDS, DcgmLabels
-from shared.domain import NodeSpec
+from services.executor.kube import inventory
+from services.executor.kube.core import dcgm_view
+from services.executor.kube.core.names import job_label
+from shared.config import APPLICATION_XIDS, DcgmLabels, KubernetesSource
+from shared.domain import GpuBinding, NodeSpec
 from shared.events import UtilizationSampled, make_event, utcnow_from
 
 T0 = 1_767_225_600.0
@@ -24,7 +28,7 @@ T0 = 1_767_225_600.0
 
 def synthetic_poll(nodes: int) -> tuple[dict[DcgmField, list[dict[str, Any]]], Placements, dict[str, NodeSpec]]:
     """Prometheus replies for `nodes` × 8 GPUs: a quarter of the nodes with pod labels, a quarter known per device,
-    a quarter known per node only (node-level split), a quarter free."""
+    a quarter shared by two jobs known per node only (node-level split), a quarter free."""
     results: dict[DcgmField, list[dict[str, Any]]] = {f: [] for f in DcgmField}
     pods: dict[tuple[str, str], str] = {}
     devices: dict[Device, str] = {}
@@ -35,8 +39,10 @@ def synthetic_poll(nodes: int) -> tuple[dict[DcgmField, list[dict[str, Any]]], P
         specs[name] = NodeSpec(name=name, gpus=8, gpu_model="H100", cpu_milli=1, memory_mib=1, rack="r", block="b")
         kind = i % 4
         job = f"job-{i}"
-        if kind in (0, 1, 2):
+        if kind in (0, 1):
             per_node[name] = (JobShare(job, 8),)
+        elif kind == 2:
+            per_node[name] = (JobShare(f"{job}-a", 4), JobShare(f"{job}-b", 4))
         for g in range(8):
             labels = {"Hostname": name, "gpu": str(g), "UUID": f"GPU-{i}-{g}", "modelName": "NVIDIA H100"}
             if kind == 0:
@@ -51,6 +57,28 @@ def synthetic_poll(nodes: int) -> tuple[dict[DcgmField, list[dict[str, Any]]], P
     return results, Placements(pods=pods, devices=devices, nodes=per_node), specs
 
 
+def kube_objects(nodes: int) -> tuple[list[dict[str, Any]], list[dcgm_view.RunningJob], list[dict[str, Any]]]:
+    """The Kubernetes executor's side: Node objects as its informer holds them, and a running job per node with
+    one 8-GPU pod each, plus as many pods of jobs that do not run (finished, or someone else's)."""
+    objects: list[dict[str, Any]] = []
+    running: list[dcgm_view.RunningJob] = []
+    pods: list[dict[str, Any]] = []
+    for i in range(nodes):
+        name = f"n{i:04d}"
+        objects.append({"metadata": {"name": name, "labels": {
+            "kubernetes.io/hostname": name, "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+            "nvidia.com/gpu.count": "8", "nvidia.com/gpu.memory": "81559", "feature.node.kubernetes.io/x": "1"}},
+            "spec": {}, "status": {"allocatable": {"nvidia.com/gpu": "8", "cpu": "95500m", "memory": "1056000Mi"},
+                                   "conditions": [{"type": "Ready", "status": "True"}]}})
+        job = f"team.job-{i}.0a1b2c3d"
+        running.append(dcgm_view.RunningJob(job, job_label(job), [GpuBinding(pod="main-0", node=name,
+                                                                             gpu_indices=tuple(range(8)))]))
+        for j, label in ((0, job_label(job)), (1, job_label(f"done-{i}"))):
+            pods.append({"metadata": {"namespace": "team", "name": f"job-{i}-{j}-x7k2p", "labels": {
+                "gpuq.io/job": label, "batch.kubernetes.io/job-name": f"job-{i}"}}})
+    return objects, running, pods
+
+
 def bench_dcgm(
     nodes: int = typer.Option(512, help="Nodes of 8 GPUs each."),
     rounds: int = typer.Option(5, help="Polls to time (the median is printed)."),
@@ -58,9 +86,12 @@ def bench_dcgm(
 ) -> None:
     """Time the DCGM source's work per poll: parsing the series, attribution, health and event building."""
     results, placements, specs = synthetic_poll(nodes)
+    node_objects, running, pods = kube_objects(nodes)
+    kube_cfg = KubernetesSource(gpu_flavors={"NVIDIA-H100-80GB-HBM3": "H100-80GB"})
     policy = HealthPolicy(frozenset(APPLICATION_XIDS), 3, 3)
     memory = HealthMemory()
-    phases: dict[str, list[float]] = {"parse_s": [], "attribute_s": [], "health_s": [], "events_s": []}
+    phases: dict[str, list[float]] = {"parse_s": [], "attribute_s": [], "health_s": [], "events_s": [],
+                                      "kube_view_s": []}
     batches = 0
     with Progress(transient=True) as progress:
         task = progress.add_task("polls", total=rounds)
@@ -77,8 +108,11 @@ def bench_dcgm(
                                               interval_s=15, samples=b.samples, source="dcgm"),
                            source="bench", time=utcnow_from(T0))
             t4 = time.perf_counter()
+            inventory.specs(node_objects, kube_cfg)  # KubeExecutor.node_specs and .placements, without the query
+            dcgm_view.placements(running, pods)
+            t5 = time.perf_counter()
             batches = len(out.batches)
-            for key, value in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+            for key, value in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True):
                 phases[key].append(value)
             progress.advance(task)
     medians = {k: round(statistics.median(v), 4) for k, v in phases.items()}

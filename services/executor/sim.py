@@ -28,7 +28,7 @@ from pathlib import Path
 
 import asyncpg
 
-from services.executor.core.attribution import JobShare, Placements
+from services.executor.core.attribution import Placements, units_by_node
 from services.executor.core.dcgm_series import Device
 from services.executor.dcgm import DcgmSource, degraded_nodes, ensure_health_table, with_health
 from services.executor.verify import verify_placement
@@ -99,23 +99,20 @@ def sim_placements(runs: list[tuple[JobSpec, list[GpuBinding]]]) -> Placements:
     pods: dict[tuple[str, str], str] = {}
     devices: dict[Device, str] = {}
     uuids: dict[tuple[str, int | None], str] = {}
-    per_node: dict[str, dict[str, int]] = {}
-    for spec, bindings in sorted(runs, key=lambda r: r[0].job_id):
+    runs = sorted(runs, key=lambda r: r[0].job_id)
+    for spec, bindings in runs:
         job = spec.job_id
         for b in bindings:
             pods[(spec.team, sim_pod_name(job, b.pod))] = job
-            units = per_node.setdefault(b.node, {})
             if b.mig_slice is not None:
                 gpu, instance = b.mig_slice
                 devices[Device(b.node, gpu, instance)] = job
                 uuids[(sim_gpu_uuid(b.node, gpu), instance)] = job
-                units[job] = units.get(job, 0) + 1
             for gpu in b.gpu_indices:
                 devices[Device(b.node, gpu)] = job
                 uuids[(sim_gpu_uuid(b.node, gpu), None)] = job
-                units[job] = units.get(job, 0) + 1
-    nodes = {n: tuple(JobShare(j, u) for j, u in sorted(jobs.items())) for n, jobs in sorted(per_node.items())}
-    return Placements(pods=pods, devices=devices, uuids=uuids, nodes=nodes)
+    return Placements(pods=pods, devices=devices, uuids=uuids,
+                      nodes=units_by_node((spec.job_id, bindings) for spec, bindings in runs))
 
 
 class SimExecutor:
@@ -144,6 +141,10 @@ class SimExecutor:
         rows = await conn.fetch("SELECT spec, bindings FROM executor.runs WHERE status = 'running'")
         return sim_placements([(JobSpec.model_validate_json(r["spec"]),
                                 [GpuBinding.model_validate(b) for b in json.loads(r["bindings"])]) for r in rows])
+
+    async def node_announced(self, tx: Tx, node: NodeSpec) -> None:
+        """Nothing to record: the inventory is announced whole, with the source's verdicts (`with_health`), and
+        only when its digest changes."""
 
     # ------------------------------------------------------------------ inventory
 

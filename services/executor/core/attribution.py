@@ -5,22 +5,25 @@ In order of trust, per device (a whole GPU, or a MIG instance on a MIG-partition
 2. **device join** — `(node, gpu index[, GPU instance])`, else `(GPU UUID[, instance])`, looked up in what the
    executor knows of which job holds which device (the simulated executor knows; Kubernetes does not: the
    device plugin, not gpuq, picks the GPUs of a pod);
-3. **node-level split** — a job known to run on the node with units (GPUs, or MIG slices) no step above
+3. **sole holder** — a job that holds every device of the node, on a node that reports no more devices than
+   that, owns each of them (exact): the usual case of a training job taking whole nodes, which an executor
+   that does not know device indices (Kubernetes, where the device plugin picks them) still knows exactly;
+4. **node-level split** — a job known to run on the node with units (GPUs, or MIG slices) no step above
    found gets that many of the node's still-unattributed devices (those holding the most memory first: a
    GPU with a process on it holds memory, a free one almost none). Every such sample carries the *mean* of
    the devices taken, so no job is credited with one particular GPU's numbers, and is marked `approximate`;
-4. anything left is sampled with no job (the node's free GPUs: capacity and idle figures still need them).
+5. anything left is sampled with no job (the node's free GPUs: capacity and idle figures still need them).
 
 Pure and deterministic: nodes, devices and jobs are visited in sorted order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from services.executor.core.dcgm_series import DcgmField, Device, DeviceReading, ParsedSeries
-from shared.domain import MILLI_GPU, NodeSpec, mig_milli_gpus
+from shared.domain import MILLI_GPU, GpuBinding, NodeSpec, mig_milli_gpus
 from shared.events import GpuSample
 
 
@@ -40,6 +43,17 @@ class Placements:
     devices: Mapping[Device, str] = field(default_factory=dict)  # (node, gpu, MIG instance or None) -> job
     uuids: Mapping[tuple[str, int | None], str] = field(default_factory=dict)  # (GPU UUID, instance) -> job
     nodes: Mapping[str, tuple[JobShare, ...]] = field(default_factory=dict)  # node -> jobs and their units
+
+
+def units_by_node(placed: Iterable[tuple[str, Iterable[GpuBinding]]]) -> dict[str, tuple[JobShare, ...]]:
+    """`Placements.nodes` from (job, bindings) pairs: per node, each job's whole GPUs plus MIG slices there."""
+    per_node: dict[str, dict[str, int]] = {}
+    for job_id, bindings in placed:
+        for b in bindings:
+            units = per_node.setdefault(b.node, {})
+            units[job_id] = units.get(job_id, 0) + len(b.gpu_indices) + (1 if b.mig_slice is not None else 0)
+    return {n: tuple(JobShare(j, u) for j, u in sorted(jobs.items()) if u > 0)
+            for n, jobs in sorted(per_node.items())}
 
 
 @dataclass
@@ -137,6 +151,17 @@ def _split(units: list[_Unit], wanted: list[tuple[str, int]]) -> list[tuple[str,
     return out
 
 
+def _sole_holder(shares: list[JobShare], node: NodeSpec, reported: int, device_level: set[str]) -> str | None:
+    """The job that holds every device of the node, when it is the node's only job and the node reports no more
+    devices than that (a GPU the device plugin hides from allocatable still has series: then which are the job's
+    is unknown, and the split applies)."""
+    capacity = node.gpus * (node.mig.slices_per_gpu if node.mig is not None else 1)
+    if len(shares) != 1 or capacity == 0 or reported > capacity:
+        return None
+    share = shares[0]
+    return share.job_id if share.units >= capacity and share.job_id not in device_level else None
+
+
 def attribute(parsed: ParsedSeries, placements: Placements, nodes: Mapping[str, NodeSpec]) -> Attribution:
     out = Attribution()
     # Jobs the executor places at device level are fully known: a device of theirs without series stays
@@ -160,9 +185,13 @@ def attribute(parsed: ParsedSeries, placements: Placements, nodes: Mapping[str, 
             if job is not None:
                 u.job_id = job
                 exact[job] = exact.get(job, 0) + 1
-        wanted = [(s.job_id, s.units - exact.get(s.job_id, 0))
-                  for s in sorted(placements.nodes.get(node_name, ()), key=lambda s: s.job_id)
-                  if s.job_id not in device_level and s.units > exact.get(s.job_id, 0)]
+        shares = sorted(placements.nodes.get(node_name, ()), key=lambda s: s.job_id)
+        sole = _sole_holder(shares, node, len(units) + skipped, device_level)
+        if sole is not None:
+            for u in units:
+                u.job_id = u.job_id or sole
+        wanted = [(s.job_id, s.units - exact.get(s.job_id, 0)) for s in shares
+                  if s.job_id not in device_level and s.job_id != sole and s.units > exact.get(s.job_id, 0)]
         split = _split(units, wanted)
         samples: list[GpuSample] = []
         if split:

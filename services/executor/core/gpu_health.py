@@ -9,7 +9,8 @@ A node is degraded when, in a poll that has series for it:
 A degraded node is ready again after `recovery_polls` polls in a row with series and without any fault (the XID
 gauge keeps its last code until the GPU or driver is reset, so this means the fault was cleared). A node without
 any series is not assessed at all: an exporter that is down says nothing about the GPUs. Only nodes the executor
-reports READY are degraded (a cordoned or failed node keeps the executor's health).
+reports READY are degraded (a cordoned or failed node keeps the executor's health). A verdict outlives the node's
+absence from the executor's list: it ends only with clean polls.
 """
 
 from __future__ import annotations
@@ -105,7 +106,9 @@ def assess(parsed: ParsedSeries, nodes: Mapping[str, NodeSpec], memory: HealthMe
            policy: HealthPolicy) -> tuple[HealthMemory, list[HealthChange]]:
     """The next memory and the nodes whose health changes now (sorted by node)."""
     faults, streaks = faults_of(parsed, nodes, memory, policy)
-    degraded = {n: v for n, v in memory.degraded.items() if n in nodes}
+    # Verdicts of nodes the executor does not list now are kept, as in the health table: a node that leaves and
+    # registers again (repaired, or an informer relisting) is announced degraded again and recovers only here.
+    degraded = dict(memory.degraded)
     clean: dict[str, int] = {}
     changes: list[HealthChange] = []
     for name in sorted(faults):

@@ -212,3 +212,64 @@ def test_only_ready_nodes_are_degraded() -> None:
     cordoned = node("n1", gpus=1).model_copy(update={"health": NodeHealth.CORDONED})
     memory, changes = poll(HealthMemory(), [(gpu("n1", 0), busy(0.5, xid=48))], {"n1": cordoned})
     assert changes == [] and memory.degraded == {}
+
+
+def test_a_job_holding_every_gpu_of_its_node_owns_each_one_exactly() -> None:
+    # Kubernetes without pod labels: the device plugin chose the GPUs, but the job holds all 8 of n1.
+    devices = [(gpu("n1", i), busy(0.1 * i, fb=1000 * i)) for i in range(8)]
+    out = attribute(parse_results(results(devices), LABELS), Placements(nodes={"n1": (JobShare("a", 8),)}),
+                    {"n1": node("n1")})
+    samples = out.batches[0].samples
+    assert [(s.gpu_index, s.job_id, s.approximate) for s in samples] == [(i, "a", False) for i in range(8)]
+    assert [s.utilization_pct for s in samples] == pytest.approx([10.0 * i for i in range(8)])  # each its own
+    assert (out.exact, out.approximate, out.unattributed) == (8, 0, 0)
+    # A GPU without series (it fell off the bus) takes nothing from the others: the 7 left are still the job's.
+    out = attribute(parse_results(results(devices[1:]), LABELS), Placements(nodes={"n1": (JobShare("a", 8),)}),
+                    {"n1": node("n1")})
+    assert (out.exact, out.approximate) == (7, 0)
+
+
+def test_holding_every_allocatable_gpu_is_not_enough_when_the_node_reports_more() -> None:
+    # The device plugin hides an unhealthy GPU (allocatable 7) that DCGM still reports: which 7 are the job's is
+    # unknown, so the node-level split applies.
+    devices = [(gpu("n1", i), busy(0.5 if i else 0.0, fb=40_000 if i else 0)) for i in range(8)]
+    out = attribute(parse_results(results(devices), LABELS), Placements(nodes={"n1": (JobShare("a", 7),)}),
+                    {"n1": node("n1", gpus=7)})
+    assert (out.exact, out.approximate, out.unattributed) == (0, 7, 1)
+
+
+def test_a_job_holding_every_mig_slice_of_its_node_owns_each_one_exactly() -> None:
+    devices = [(gpu("m1", 0), {DcgmField.POWER: 350.0}),
+               *((gpu("m1", 0, instance=i + 7), busy(0.1 * i, fb=1000)) for i in range(7))]
+    out = attribute(parse_results(results(devices), LABELS), Placements(nodes={"m1": (JobShare("nb", 7),)}),
+                    {"m1": node("m1", gpus=1, mig=MIG)})
+    samples = out.batches[0].samples
+    assert [(s.gpu_instance, s.job_id, s.approximate) for s in samples] == [(i + 7, "nb", False) for i in range(7)]
+    # Two jobs on the node: which slice is whose is unknown without pod labels (approximate).
+    shared = Placements(nodes={"m1": (JobShare("nb", 5), JobShare("other", 2))})
+    out = attribute(parse_results(results(devices), LABELS), shared, {"m1": node("m1", gpus=1, mig=MIG)})
+    assert (out.exact, out.approximate) == (0, 7)
+
+
+def test_units_by_node_counts_whole_gpus_and_mig_slices() -> None:
+    from services.executor.core.attribution import units_by_node
+    from shared.domain import GpuBinding
+
+    placed = [("b", [GpuBinding(pod="main-0", node="n1", gpu_indices=(0, 1)),
+                     GpuBinding(pod="main-1", node="n2", gpu_indices=(0, 1, 2, 3))]),
+              ("a", [GpuBinding(pod="nb-0", node="m1", mig_slice=(0, 3)), GpuBinding(pod="nb-1", node="m1",
+                                                                                     mig_slice=(0, 4))]),
+              ("c", [GpuBinding(pod="cpu-0", node="n1")])]  # no GPU: no share
+    assert units_by_node(placed) == {"m1": (JobShare("a", 2),), "n1": (JobShare("b", 2),),
+                                     "n2": (JobShare("b", 4),)}
+
+
+def test_a_verdict_outlives_the_nodes_absence_and_ends_with_clean_polls_only() -> None:
+    clean = [(gpu("n1", 0), busy(0.5)), (gpu("n1", 1), busy(0.5))]
+    memory = HealthMemory(degraded={"n1": ("Xid48", "XID 48")})
+    # The executor does not list n1 for a while (removed and registered again, or not yet relisted).
+    memory, changes = poll(memory, clean, nodes={"n2": node("n2", gpus=2)})
+    assert changes == [] and memory.degraded == {"n1": ("Xid48", "XID 48")}
+    memory, changes = poll(memory, clean)
+    memory, changes = poll(memory, clean)
+    assert [(c.node.name, c.node.health) for c in changes] == [("n1", NodeHealth.READY)]
