@@ -108,11 +108,6 @@ def up(
     except ConfigError as exc:
         console.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(2) from None
-    if dcgm is not None and executor == "kube" and runs_executor:
-        console.print("[red]the DCGM utilisation source runs in the simulated executor only so far: unset "
-                      "GPUQ_DCGM_PROMETHEUS_URL and remove `dcgm:` from cluster.yaml for --executor kube "
-                      "(docs/observability.md)[/]")
-        raise typer.Exit(2)
     # Capacity warnings need the nodes, which a `source: kubernetes` cluster.yaml does not list.
     for warning in queues_cfg.warnings(cluster_cfg if cluster_cfg.source is ClusterSource.STATIC else None):
         console.print(f"[yellow]warning:[/] {warning}")

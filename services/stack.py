@@ -87,13 +87,9 @@ def build_specs(settings: StackSettings) -> list[ServiceSpec]:
 
 
 def _executor_spec(settings: StackSettings) -> ServiceSpec:
+    # Real utilisation and GPU health from dcgm-exporter, for either executor (docs/observability.md).
+    dcgm = settings.dcgm or dcgm_settings(settings.cluster, os.environ)
     if settings.executor == "kube":
-        if settings.dcgm or dcgm_settings(settings.cluster, os.environ):
-            # Said, not ignored: the source needs the executor's ExecutorView (its pods and nodes) and its inventory
-            # announcements to keep degraded nodes degraded; only the simulated executor has them so far.
-            raise ValueError("the DCGM utilisation source is not wired into the Kubernetes executor yet "
-                             "(services/executor/dcgm.py ExecutorView): unset GPUQ_DCGM_PROMETHEUS_URL and remove "
-                             "`dcgm:` from cluster.yaml to run it")
         from services.executor.kube.app import KubeExecutorSettings, build_executor
         from shared.config import ClusterConfig, ClusterSource
 
@@ -101,7 +97,7 @@ def _executor_spec(settings: StackSettings) -> ServiceSpec:
         if cluster.source is not ClusterSource.KUBERNETES:
             raise ValueError("the Kubernetes executor reads its nodes from the API: give a cluster.yaml with "
                              "source: kubernetes (or none, for the defaults)")
-        return build_executor(KubeExecutorSettings(cluster=cluster, queues=settings.queues),
+        return build_executor(KubeExecutorSettings(cluster=cluster, queues=settings.queues, dcgm=dcgm),
                               settings.kubeconfig).spec()
     if settings.executor != "sim":
         raise ValueError(f"unknown executor {settings.executor!r} (sim or kube)")
@@ -109,7 +105,6 @@ def _executor_spec(settings: StackSettings) -> ServiceSpec:
         raise ValueError("the simulated executor needs a cluster.yaml (--cluster)")
     from services.executor.sim import SimExecutor, SimExecutorSettings
 
-    dcgm = settings.dcgm or dcgm_settings(settings.cluster, os.environ)
     return SimExecutor(SimExecutorSettings(cluster=settings.cluster, cluster_dir=settings.cluster_dir,
                                            dcgm=dcgm)).spec()
 

@@ -12,7 +12,7 @@ import asyncpg
 import nats
 
 from services.stack import Stack, StackSettings
-from shared.config import ClusterConfig, QueuesConfig, parse_cluster
+from shared.config import ClusterConfig, DcgmSettings, QueuesConfig, parse_cluster
 from shared.namespace import subject as ns_subject
 
 H100 = "NVIDIA-H100-80GB-HBM3"
@@ -26,9 +26,10 @@ def kube_cluster(namespace: str | None = None, **kube: Any) -> ClusterConfig:
 
 
 def kube_stack(nats_url: str, database_url: str, queues: QueuesConfig, cluster: ClusterConfig, kubeconfig: Any,
-               services: tuple[str, ...] = ("admission", "scheduler", "executor")) -> Stack:
+               services: tuple[str, ...] = ("admission", "scheduler", "executor"),
+               dcgm: DcgmSettings | None = None) -> Stack:
     return Stack(StackSettings(nats_url=nats_url, database_url=database_url, queues=queues, cluster=cluster,
-                               services=services, executor="kube", kubeconfig=kubeconfig))
+                               services=services, executor="kube", kubeconfig=kubeconfig, dcgm=dcgm))
 
 
 async def eventually(what: str, check: Callable[[], Awaitable[Any]], timeout_s: float = 60.0,

@@ -2,8 +2,8 @@
 
 The source runs inside an executor (a background loop of its service), because the executor owns the two facts
 it needs and produces: which job runs where (for attribution), and the nodes (`NodeChanged` when a GPU fault
-degrades one). An executor plugs it in by implementing `ExecutorView` (two methods); the simulated executor does
-(services/executor/sim.py), and so can the Kubernetes one.
+degrades one). An executor plugs it in by implementing `ExecutorView`: the simulated executor
+(services/executor/sim.py) and the Kubernetes one (services/executor/kube/app.py) do.
 
 Every `interval_s`, aligned to multiples of it (so replicas and restarts produce the same sample times, which
 metering deduplicates), the source:
@@ -62,6 +62,11 @@ class ExecutorView(Protocol):
 
     async def placements(self, conn: asyncpg.Connection) -> Placements:
         """Running jobs: by (namespace, pod), by device when the executor knows it, and per node."""
+        ...
+
+    async def node_announced(self, tx: Tx, node: NodeSpec) -> None:
+        """The source has just announced `node` with a new health (NodeChanged, in `tx`): an executor that
+        remembers what it announced, to announce only changes, records it here."""
         ...
 
 
@@ -225,6 +230,7 @@ class DcgmSource:
                 log.warning("DCGM source: node %s: %s", name, change.message)
             await tx.emit(NodeChanged(node=change.node, change="updated", reason=change.reason,
                                       message=change.message))
+            await self.view.node_announced(tx, change.node)
         await tx.emit(self._checked(outcome), subject_suffix=None)
 
     def _checked(self, outcome: PollOutcome) -> UtilizationSourceChecked:

@@ -4,7 +4,8 @@ Written from the format as NVIDIA documents it (dcgm-exporter README and the GPU
 DCGM field with `# HELP`/`# TYPE` lines, a series per GPU labelled `gpu`, `UUID`, `device`, `modelName`,
 `Hostname`; on MIG-enabled GPUs a series for the whole GPU plus one per GPU instance with `GPU_I_PROFILE` and
 `GPU_I_ID`; and, with Kubernetes pod mapping on, `container`, `namespace` and `pod` labels on the GPUs a pod
-uses. The test changes values while it runs (e.g. an XID error) with `set`.
+uses. The test changes values while it runs (e.g. an XID error) with `set`, pod mapping with `set_pod`, and adds
+GPUs with `add`.
 """
 
 from __future__ import annotations
@@ -64,6 +65,18 @@ class FixtureExporter:
             assert hits, f"no fixture GPU {host}/{gpu}/{instance}"
             for g in hits:
                 g.values[metric] = value
+
+    def set_pod(self, host: str, gpu: int, pod: tuple[str, str, str] | None) -> None:
+        """Pod mapping as dcgm-exporter learns it from the kubelet once a pod holds the GPU (None: no pod)."""
+        with self._lock:
+            hits = [g for g in self.gpus if g.host == host and g.gpu == gpu]
+            assert hits, f"no fixture GPU {host}/{gpu}"
+            for g in hits:
+                g.pod = pod
+
+    def add(self, gpu: FixtureGpu) -> None:
+        with self._lock:
+            self.gpus.append(gpu)
 
     def render(self) -> str:
         with self._lock:

@@ -5,6 +5,8 @@ JobCompleted/JobFailed with reasons; CheckpointRequested -> checkpoint annotatio
 from the SDK's answer -> (preemption service) JobPreempted -> suspend; a resumed job gets GPUQ_RESUME_FROM.
 It also feeds the platform: NodeInventory/NodeChanged from the node informer, JobSubmitted from suspended workloads
 labelled `gpuq.io/queue`, and Kubernetes Events + the `gpuq.io/status` annotation from the jobs' lifecycle events.
+With `dcgm` settings it runs the DCGM source (services/executor/dcgm.py) as a background loop and is its
+`ExecutorView`: GPU utilisation samples attributed to its jobs' pods, and GPU faults degrading its nodes.
 
 Every decision is written to Postgres with the events it emits, in one transaction (the runtime's outbox); API
 calls are made inside that unit of work, so a failed call rolls the decision back and it is retried.
@@ -15,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,8 +26,11 @@ from typing import Any
 import asyncpg
 from lightkube import operators
 
+from services.executor.core.attribution import Placements
+from services.executor.dcgm import DcgmSource, degraded_nodes, ensure_health_table
 from services.executor.kube import inventory
 from services.executor.kube.client import NODE, POD, KubeApi, status_code, workload_resource
+from services.executor.kube.core import dcgm_view
 from services.executor.kube.core import names as n
 from services.executor.kube.core.intake import Refusal, job_spec
 from services.executor.kube.core.placement import (
@@ -49,8 +54,8 @@ from services.executor.kube.core.workload import Finish, PodSetTemplate, Workloa
 from services.executor.kube.informer import Informer
 from services.executor.kube.notices import Notices
 from services.executor.verify import verify_placement
-from shared.config import ClusterConfig, KubernetesSource, QueuesConfig
-from shared.domain import GpuBinding, JobSpec
+from shared.config import ClusterConfig, DcgmSettings, KubernetesSource, QueuesConfig
+from shared.domain import GpuBinding, JobSpec, NodeSpec
 from shared.events import (
     CheckpointRequested,
     CloudEvent,
@@ -86,6 +91,7 @@ class KubeExecutorSettings:
     cluster: ClusterConfig
     queues: QueuesConfig
     tick_s: float = 1.0  # wall seconds between timer checks (PodsReady timeout, runtime limit, backoff)
+    dcgm: DcgmSettings | None = None  # GPU utilisation and health from dcgm-exporter via Prometheus
 
     @property
     def kube(self) -> KubernetesSource:
@@ -137,20 +143,52 @@ class KubeExecutor:
             Informer(api, workload_resource(k), self._workload_handler(k), labels=label_exists,
                      resync_s=self.cfg.resync_s, name=k.plural) for k in all_kinds()]
         self._nodes_announced = False
+        self.dcgm = DcgmSource(settings.dcgm, self) if settings.dcgm is not None else None
 
     def spec(self) -> ServiceSpec:
+        background = (self.watch_cluster, self.timer_loop) + ((self.poll_gpus,) if self.dcgm is not None else ())
         return ServiceSpec(
             name="executor", schema="executor", migrations=MIGRATIONS, singleton=True,
             handlers={JobPlaced: self.on_placed, CheckpointRequested: self.on_checkpoint_requested,
                       JobPreempted: self.on_stopped, JobCancelled: self.on_stopped, JobQueued: self.on_status,
                       JobPending: self.on_status, JobAdmitted: self.on_status, JobRejected: self.on_status,
                       JobRequeued: self.on_status, JobCheckpointed: self.on_checkpointed},
-            on_start=self.start, background=(self.watch_cluster, self.timer_loop),
+            on_start=self.start, background=background,
         )
 
     async def start(self, runtime: ServiceRuntime) -> None:
         self.runtime = runtime
         self.notices.instance = runtime.source
+        if self.dcgm is not None:  # the inventory reads the source's verdicts from its first announcement on
+            async with runtime.pool.acquire() as conn:
+                await ensure_health_table(conn, runtime.spec.schema)
+
+    # ------------------------------------------------------------------ the DCGM source (ExecutorView)
+
+    async def poll_gpus(self, runtime: ServiceRuntime) -> None:
+        """The DCGM source's loop, once the informers have listed nodes and pods: before that, every series would
+        name a node or pod this executor does not know yet."""
+        assert self.dcgm is not None
+        await self.node_informer.synced.wait()
+        await self.pod_informer.synced.wait()
+        await self.dcgm.run(runtime)
+
+    def node_specs(self) -> Mapping[str, NodeSpec]:
+        return inventory.specs(list(self.node_informer.cache.values()), self.cfg)
+
+    async def placements(self, conn: asyncpg.Connection) -> Placements:
+        rows = await conn.fetch("SELECT job_id, job_label, placement FROM executor.kube_jobs WHERE state = 'running' "
+                                "ORDER BY job_id")
+        running = [dcgm_view.RunningJob(r["job_id"], r["job_label"], _bindings(r)) for r in rows]
+        return dcgm_view.placements(running, list(self.pod_informer.cache.values()))
+
+    async def node_announced(self, tx: Tx, node: NodeSpec) -> None:
+        for name in await inventory.record(tx, node):
+            await self._node_failed(tx, name)
+
+    async def _verdicts(self, tx: Tx) -> inventory.Verdicts:
+        """The nodes the DCGM source has degraded (none without the source)."""
+        return await degraded_nodes(tx.conn, tx.schema) if self.dcgm is not None else inventory.NO_VERDICTS
 
     # ------------------------------------------------------------------ informers
 
@@ -178,13 +216,15 @@ class KubeExecutor:
         if not self._nodes_announced:
             return  # the first list is announced whole by on_nodes_synced
         async with self._rt().transaction() as tx:
-            changed = await inventory.publish_node(tx, obj, self.cfg, deleted=kind == "DELETED")
+            changed = await inventory.publish_node(tx, obj, self.cfg, deleted=kind == "DELETED",
+                                                   degraded=await self._verdicts(tx))
             for name in changed:
                 await self._node_failed(tx, name)
 
     async def on_nodes_synced(self, cache: dict[str, dict[str, Any]]) -> None:
         async with self._rt().transaction() as tx:
-            failed = await inventory.publish_all(tx, list(cache.values()), self.cfg, first=not self._nodes_announced)
+            failed = await inventory.publish_all(tx, list(cache.values()), self.cfg, first=not self._nodes_announced,
+                                                 degraded=await self._verdicts(tx))
             for name in failed:
                 await self._node_failed(tx, name)
         self._nodes_announced = True

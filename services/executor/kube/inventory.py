@@ -2,14 +2,20 @@
 
 All publishing goes through `publish_all` (a whole list: the first sync and resyncs) and `publish_node` (one watch
 event), so that chunked or per-node inventories change this module only. Both return the nodes that just became
-unusable (failed or removed): their jobs must be requeued or failed."""
+unusable (failed or removed): their jobs must be requeued or failed.
+
+With the DCGM source on, nodes are announced with its verdicts applied (`degraded`: a ready node with a GPU fault
+is announced degraded), and `executor.kube_nodes` holds what was last announced, verdict included (the source
+records its own NodeChanged there through `record`). So a Node update (a label, a cordon and uncordon, a relist)
+never announces a degraded node ready again: only the source's clean polls do."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+from services.executor.dcgm import with_health
 from services.executor.kube.core.nodes import node_spec, selected
 from shared.config import KubernetesSource
 from shared.domain import NodeHealth, NodeSpec
@@ -23,19 +29,40 @@ SOURCE = "kubernetes"
 INVENTORY_CHUNK = 500
 
 
-def _map(obj: dict[str, Any], cfg: KubernetesSource) -> NodeSpec | None:
+Verdicts = Mapping[str, tuple[str, str]]  # node -> (reason, message) of the DCGM source's degraded nodes
+NO_VERDICTS: Verdicts = {}
+
+
+def _map(obj: dict[str, Any], cfg: KubernetesSource, degraded: Verdicts = NO_VERDICTS, *,
+         quiet: bool = False) -> NodeSpec | None:
     if not selected(obj, cfg):
         return None
     try:
-        return node_spec(obj, cfg)
-    except ValueError as exc:  # a node we cannot read is not offered to the scheduler; say so
-        log.error("ignoring node: %s", exc)
+        spec = node_spec(obj, cfg)
+    except ValueError as exc:  # a node we cannot read is not offered to the scheduler; say so (once, on its event)
+        if not quiet:
+            log.error("ignoring node: %s", exc)
         return None
+    return with_health([spec], degraded)[0]
+
+
+def specs(objects: Iterable[dict[str, Any]], cfg: KubernetesSource) -> dict[str, NodeSpec]:
+    """gpuq's nodes as the cluster reports them (without the DCGM verdicts), by name."""
+    return {spec.name: spec for obj in objects if (spec := _map(obj, cfg, quiet=True)) is not None}
 
 
 async def _known(tx: Tx) -> dict[str, NodeSpec]:
     rows = await tx.conn.fetch("SELECT name, spec FROM executor.kube_nodes ORDER BY name")
     return {r["name"]: NodeSpec.model_validate_json(r["spec"]) for r in rows}
+
+
+async def record(tx: Tx, node: NodeSpec) -> list[str]:
+    """Remember `node` as the DCGM source has just announced it (its NodeChanged). The source announces the node as
+    the informer's cache has it, which may be ahead of this module's last announcement (a node gone NotReady whose
+    watch event is still queued): returned, like the publishers', when that made it unusable."""
+    known = await tx.conn.fetchval("SELECT spec FROM executor.kube_nodes WHERE name = $1", node.name)
+    await _store(tx, node)
+    return [node.name] if _unusable(NodeSpec.model_validate_json(known) if known else None, node) else []
 
 
 async def _store(tx: Tx, node: NodeSpec) -> None:
@@ -48,11 +75,12 @@ def _unusable(before: NodeSpec | None, after: NodeSpec | None) -> bool:
     return was_up and (after is None or after.health is NodeHealth.FAILED)
 
 
-async def publish_all(tx: Tx, objects: Iterable[dict[str, Any]], cfg: KubernetesSource, *, first: bool) -> list[str]:
+async def publish_all(tx: Tx, objects: Iterable[dict[str, Any]], cfg: KubernetesSource, *, first: bool,
+                      degraded: Verdicts = NO_VERDICTS) -> list[str]:
     """The whole node list. On this process's first sync, a NodeInventory of every node (when anything differs
     from what was announced before); afterwards, a NodeChanged per difference. Nodes gone are removed."""
     known = await _known(tx)
-    current = {spec.name: spec for obj in objects if (spec := _map(obj, cfg)) is not None}
+    current = {spec.name: spec for obj in objects if (spec := _map(obj, cfg, degraded)) is not None}
     changed = sorted(name for name in current if known.get(name) != current[name])
     removed = sorted(known.keys() - current.keys())
     if first and (changed or not known):
@@ -70,12 +98,13 @@ async def publish_all(tx: Tx, objects: Iterable[dict[str, Any]], cfg: Kubernetes
     return sorted(name for name in set(changed) | set(removed) if _unusable(known.get(name), current.get(name)))
 
 
-async def publish_node(tx: Tx, obj: dict[str, Any], cfg: KubernetesSource, *, deleted: bool) -> list[str]:
+async def publish_node(tx: Tx, obj: dict[str, Any], cfg: KubernetesSource, *, deleted: bool,
+                       degraded: Verdicts = NO_VERDICTS) -> list[str]:
     """One node's watch event: NodeChanged when gpuq's view of it changed."""
     name = (obj.get("metadata") or {})["name"]
     known = await tx.conn.fetchval("SELECT spec FROM executor.kube_nodes WHERE name = $1", name)
     before = NodeSpec.model_validate_json(known) if known else None
-    after = None if deleted else _map(obj, cfg)
+    after = None if deleted else _map(obj, cfg, degraded)
     if after == before:
         return []
     if after is None:

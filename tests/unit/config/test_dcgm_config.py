@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
@@ -101,12 +103,27 @@ def test_the_job_side_helper_builds_a_valid_event() -> None:
         flops_report("j1", 1e15, "bf17", at=at)
 
 
-def test_the_kubernetes_executor_refuses_the_source_rather_than_ignore_it() -> None:
+def test_the_kubernetes_executor_runs_the_source_from_cluster_yaml_or_the_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from services.stack import StackSettings, build_specs
 
+    kubeconfig = tmp_path / "kubeconfig"  # read, never contacted: building the service makes no request
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "k", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}]}))
     queues = parse_queues({"priority_classes": [{"name": "normal", "value": 1}], "queues": [{"name": "a"}]})
-    settings = StackSettings(nats_url="nats://127.0.0.1:1", database_url="postgresql://127.0.0.1:1/x", queues=queues,
-                             cluster=parse_cluster({"source": "kubernetes"}), services=("executor",),
-                             executor="kube", dcgm=dcgm_settings(None, {"GPUQ_DCGM_PROMETHEUS_URL": "http://p:9090"}))
-    with pytest.raises(ValueError, match="not wired into the Kubernetes executor yet"):
-        build_specs(settings)
+
+    def loops(cluster: dict[str, object]) -> list[str]:
+        settings = StackSettings(nats_url="nats://127.0.0.1:1", database_url="postgresql://127.0.0.1:1/x",
+                                 queues=queues, cluster=parse_cluster(cluster), services=("executor",),
+                                 executor="kube", kubeconfig=kubeconfig)
+        (spec,) = build_specs(settings)
+        return [loop.__name__ for loop in spec.background]
+
+    monkeypatch.delenv("GPUQ_DCGM_PROMETHEUS_URL", raising=False)
+    assert "poll_gpus" not in loops({"source": "kubernetes"})  # no setting: no source
+    assert "poll_gpus" in loops({"source": "kubernetes", "dcgm": {"prometheus_url": "http://prometheus:9090"}})
+    monkeypatch.setenv("GPUQ_DCGM_PROMETHEUS_URL", "http://prometheus.monitoring:9090")
+    assert "poll_gpus" in loops({"source": "kubernetes"})
