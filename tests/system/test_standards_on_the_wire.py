@@ -83,7 +83,10 @@ async def test_every_published_event_is_a_valid_cloudevent_with_trace_context(fr
     clock = ScaledClock(100.0)
     settings = StackSettings(nats_url=nats_url, database_url=database_url, queues=QUEUES,
                              cluster=CLUSTER, clock=clock, api_port=free_port())  # every service, the API too
-    borrower = BORROWER
+    # The borrower must still run when team B's job arrives, after three `gpuq` commands that take seconds each on
+    # a loaded machine: 6000 virtual s is a minute of wall time at 100x (the story's 2000 s left only 20 s).
+    borrower = BORROWER.model_copy(update={"labels": {**BORROWER.labels, "sim.gpuq.io/duration-s": "6000"},
+                                           "max_runtime_s": 12000})
     queues_file = tmp_path / "queues.yaml"
     queues_file.write_text(yaml.safe_dump(QUEUES_DOC))
     cli_env = {"NATS_URL": nats_url, "DATABASE_URL": database_url, "GPUQ_HOME": str(tmp_path / "home")}
@@ -113,7 +116,7 @@ async def test_every_published_event_is_a_valid_cloudevent_with_trace_context(fr
                    env={**cli_env, TRACEPARENT_ENV: CLI_CALLER_TRACEPARENT})
         await gpuq("submit", "--team", "team-b", "--queue", "team-a", "--name", "intruder", env=cli_env)
         await wait_until(lambda: in_state("b-train", "completed"), timeout=120)
-        await wait_until(lambda: in_state("a-sweep", "completed"), timeout=120)
+        await wait_until(lambda: in_state("a-sweep", "completed"), timeout=240)
         assert await state("intruder") == "rejected"
         await asyncio.sleep(1.0)  # let the last outbox rows reach the bus
 
