@@ -1,0 +1,252 @@
+"""Predicted run times: how long a job will take, from its limit and the history of similar jobs.
+
+Users' limits (`max_runtime_s`) are typically several times the true duration, so a forecast built on limits
+(ETAs, duration-aware ordering) is late by that factor. This core learns, from jobs that finished, the ratio
+`duration / limit` of similar jobs and predicts `limit × ratio`:
+
+- "similar" is the most specific of (team, user, job-name stem), (team, user), (team), everyone that has at least
+  `min_samples` finished jobs in its window (the last `window` of them); with no history at all the prediction is
+  the limit itself (the only thing known);
+- the spread of the ratios of that group is the spread of the prediction's errors: p10 and p90 of
+  `limit × ratio` are the range;
+- a running job's remaining time conditions on what is known: it has already run `elapsed_s` (durations shorter
+  than that are ruled out) and, if it reports checkpoint progress, `elapsed / progress` is its total;
+- the predictor records each prediction it would have made against the actual duration when a job ends
+  (`BiasRecord`) and multiplies its predictions by the median error: a systematic bias (a group whose jobs got
+  longer, a level fallback that is off) is corrected from the record.
+
+Pure: no I/O and no clock; all times are seconds handed in. It never sees a job's true duration except through
+`observe`, which callers invoke only when the job has ended. Deterministic: same observations in the same order,
+same predictions.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import re
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from shared.domain import JobSpec
+
+# Window and thresholds are statistical choices, not fitted to any trace: a window long enough for stable
+# p10/p90 (the 10% tail of 200 is 20 points) and short enough to follow drift.
+DEFAULT_WINDOW = 200
+DEFAULT_MIN_SAMPLES = 5
+LOW_Q, HIGH_Q = 0.1, 0.9
+MIN_REMAINING_S = 60.0  # a job past everything history allows is assumed to end this soon
+_STEM_TAIL = re.compile(r"([-_.:]?([0-9]+|[0-9a-f]{6,}))+$")
+
+
+def name_stem(job_id: str) -> str:
+    """The job-name stem: the id without its trailing counters or hashes ("bert-ft-0042" -> "bert-ft",
+    "sweep_lr.3" -> "sweep_lr"). An id that is all counter keeps itself."""
+    stem = _STEM_TAIL.sub("", job_id)
+    return stem or job_id
+
+
+@dataclass(frozen=True, order=True)
+class JobKey:
+    """What makes jobs similar: the team, the user (None when unknown) and the job-name stem."""
+
+    team: str
+    user: str | None
+    stem: str
+
+    @classmethod
+    def of(cls, spec: JobSpec) -> JobKey:
+        stem = spec.labels.get("gpuq.io/name") or name_stem(spec.job_id)
+        return cls(team=spec.team, user=spec.user, stem=stem)
+
+    def levels(self) -> tuple[tuple[str, ...], ...]:
+        """History groups, most specific first (the last is everyone)."""
+        user = self.user or ""
+        return (("s", self.team, user, self.stem), ("u", self.team, user), ("t", self.team), ("*",))
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A predicted duration (or remaining time) in seconds: the median and the p10-p90 range."""
+
+    median_s: float
+    low_s: float
+    high_s: float
+    samples: int  # finished jobs the prediction rests on (0: the limit alone)
+    basis: str  # which history group: "team/user/name", "team/user", "team", "all" or "limit"
+
+
+def quantile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolated quantile of an already sorted, non-empty sequence."""
+    if not sorted_values:
+        raise ValueError("quantile of an empty sequence")
+    pos = q * (len(sorted_values) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    frac = pos - lo
+    return sorted_values[lo] * (1 - frac) + sorted_values[hi] * frac
+
+
+class BiasRecord:
+    """A record of (predicted, actual) pairs per key, and the correction it implies.
+
+    Errors are kept as log(actual / predicted) (late positive), the last `window` per key. `factor(key)` is
+    exp(median error) once `min_samples` pairs exist (1.0 before): multiply a prediction by it to remove the
+    bias seen so far. `spread(key)` gives the error quantiles, for an interval whose coverage follows the record.
+    """
+
+    def __init__(self, window: int = DEFAULT_WINDOW, min_samples: int = DEFAULT_MIN_SAMPLES):
+        if window < 1 or min_samples < 1:
+            raise ValueError("window and min_samples must be at least 1")
+        self.window = window
+        self.min_samples = min_samples
+        self._errors: dict[str, deque[float]] = {}
+
+    def record(self, key: str, predicted: float, actual: float) -> None:
+        """One prediction checked against what happened (both > 0; non-positive values are floored at 1 s)."""
+        err = math.log(max(actual, 1.0) / max(predicted, 1.0))
+        self._errors.setdefault(key, deque(maxlen=self.window)).append(err)
+
+    def count(self, key: str) -> int:
+        return len(self._errors.get(key, ()))
+
+    def errors(self, key: str) -> list[float]:
+        """The recorded log errors of `key`, sorted."""
+        return sorted(self._errors.get(key, ()))
+
+    def factor(self, key: str) -> float:
+        errs = self.errors(key)
+        if len(errs) < self.min_samples:
+            return 1.0
+        return math.exp(quantile(errs, 0.5))
+
+    def spread(self, key: str, low_q: float = LOW_Q, high_q: float = HIGH_Q) -> tuple[float, float] | None:
+        """(low, high) multiplicative error quantiles around the bias-corrected prediction; None until
+        `min_samples` pairs exist."""
+        errs = self.errors(key)
+        if len(errs) < self.min_samples:
+            return None
+        mid = quantile(errs, 0.5)
+        return math.exp(quantile(errs, low_q) - mid), math.exp(quantile(errs, high_q) - mid)
+
+    def keys(self) -> list[str]:
+        return sorted(self._errors)
+
+
+_BASIS = {"s": "team/user/name", "u": "team/user", "t": "team", "*": "all"}
+
+
+class DurationPredictor:
+    """Predicts run times from limits and the history of similar finished jobs (see the module doc).
+
+    `observe(key, limit_s, duration_s)` when a job ends; `predict(key, limit_s)` for a job not started;
+    `remaining(key, limit_s, elapsed_s, progress)` for a running one. Predictions never exceed the limit by
+    more than history says jobs overrun it (a job killed at its limit never does).
+    """
+
+    def __init__(self, *, window: int = DEFAULT_WINDOW, min_samples: int = DEFAULT_MIN_SAMPLES,
+                 low_q: float = LOW_Q, high_q: float = HIGH_Q, correct_bias: bool = True):
+        if not 0.0 < low_q < 0.5 < high_q < 1.0:
+            raise ValueError(f"need 0 < low_q < 0.5 < high_q < 1, got {low_q}, {high_q}")
+        if window < 1 or min_samples < 1:
+            raise ValueError("window and min_samples must be at least 1")
+        self.window = window
+        self.min_samples = min_samples
+        self.low_q, self.high_q = low_q, high_q
+        self.correct_bias = correct_bias
+        self._ratios: dict[tuple[str, ...], deque[float]] = {}  # group -> duration/limit of finished jobs
+        self._sorted: dict[tuple[str, ...], list[float]] = {}  # cache of sorted ratios, dropped on change
+        # A shorter memory for errors than for ratios: the correction follows a drift quickly and forgets it once
+        # the ratios themselves have caught up (the same window would over-correct for a whole window).
+        self.bias = BiasRecord(window=max(min_samples, window // 4), min_samples=min_samples)
+        self.observed = 0
+
+    # ------------------------------------------------------------------ learning
+
+    def observe(self, key: JobKey, limit_s: float, duration_s: float) -> None:
+        """A job of `key` with this limit ran `duration_s` in all (it has ended). Its error against what would
+        have been predicted is recorded first, then its ratio joins every group it belongs to."""
+        if limit_s <= 0 or duration_s < 0:
+            raise ValueError(f"limit_s must be > 0 and duration_s >= 0, got {limit_s}, {duration_s}")
+        ratios, _, used = self._group(key)
+        if ratios:
+            self.bias.record(used, limit_s * quantile(ratios, 0.5), duration_s)
+        ratio = max(duration_s, 1.0) / limit_s
+        for level in key.levels():
+            self._ratios.setdefault(level, deque(maxlen=self.window)).append(ratio)
+            self._sorted.pop(level, None)
+        self.observed += 1
+
+    # ------------------------------------------------------------------ predicting
+
+    def predict(self, key: JobKey, limit_s: float) -> Prediction:
+        """The duration of a job of `key` with limit `limit_s` that has not started."""
+        raw = self._raw(key, limit_s)
+        f = self._factor(self._group(key)[2])
+        return Prediction(raw.median_s * f, raw.low_s * f, raw.high_s * f, raw.samples, raw.basis)
+
+    def remaining(self, key: JobKey, limit_s: float, elapsed_s: float, progress: float | None = None) -> Prediction:
+        """Seconds left for a job of `key` that has run `elapsed_s`. `progress` (0-1], the fraction of its work
+        its last checkpoint reports done, gives the total as elapsed / progress when it is known."""
+        elapsed_s = max(0.0, elapsed_s)
+        if progress is not None and 0.0 < progress <= 1.0 and elapsed_s > 0:
+            left = elapsed_s * (1.0 - progress) / progress
+            left = max(MIN_REMAINING_S, left) if progress < 1.0 else MIN_REMAINING_S
+            return Prediction(left, left, left, 0, "progress")
+        ratios, samples, group = self._group(key)
+        basis, f = _basis(group), self._factor(group)
+        # History bounds the total: a bias correction never predicts a run longer than any similar job took.
+        cap = limit_s * ratios[-1] if ratios else float(limit_s)
+        totals = [min(cap, limit_s * r * f) for r in ratios] if ratios else [float(limit_s)]
+        alive = totals[bisect.bisect_right(totals, elapsed_s):]  # durations still possible
+        if not alive:
+            return Prediction(MIN_REMAINING_S, MIN_REMAINING_S, MIN_REMAINING_S, samples, basis)
+        med = quantile(alive, 0.5) - elapsed_s
+        low = quantile(alive, self.low_q) - elapsed_s
+        high = quantile(alive, self.high_q) - elapsed_s
+        return Prediction(max(1.0, med), max(1.0, low), max(1.0, high), samples, basis)
+
+    def ratios(self, key: JobKey) -> list[float]:
+        """The sorted duration/limit ratios of the group a prediction for `key` rests on (empty: none yet)."""
+        return list(self._group(key)[0])
+
+    # ------------------------------------------------------------------ internals
+
+    def _group(self, key: JobKey) -> tuple[list[float], int, str]:
+        """The sorted ratios of the most specific group with enough history, their count and the group's name
+        ("\x1f"-joined, also the key of its bias record); ([], 0, "") when no group has enough."""
+        for group in key.levels():
+            values = self._ratios.get(group)
+            if values is not None and len(values) >= self.min_samples:
+                cached = self._sorted.get(group)
+                if cached is None:
+                    cached = self._sorted[group] = sorted(values)
+                return cached, len(cached), "\x1f".join(group)
+        return [], 0, ""
+
+    def _raw(self, key: JobKey, limit_s: float) -> Prediction:
+        if limit_s <= 0:
+            raise ValueError(f"limit_s must be > 0, got {limit_s}")
+        ratios, samples, group = self._group(key)
+        if not ratios:
+            return Prediction(float(limit_s), float(limit_s), float(limit_s), 0, "limit")
+        return Prediction(limit_s * quantile(ratios, 0.5), limit_s * quantile(ratios, self.low_q),
+                          limit_s * quantile(ratios, self.high_q), samples, _basis(group))
+
+    def _factor(self, group: str) -> float:
+        """The bias correction of predictions resting on `group` (its own record of errors)."""
+        if not self.correct_bias or not group:
+            return 1.0
+        return self.bias.factor(group)
+
+
+def _basis(group: str) -> str:
+    return _BASIS[group[0]] if group else "limit"
+
+
+def observe_all(predictor: DurationPredictor, finished: Iterable[tuple[JobSpec, float]]) -> DurationPredictor:
+    """Feed finished jobs (spec, actual duration s), in the order given, into `predictor`; returns it."""
+    for spec, duration in finished:
+        predictor.observe(JobKey.of(spec), float(spec.max_runtime_s), duration)
+    return predictor
