@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ import asyncpg
 from faststream import AckPolicy
 from faststream.nats import ConsumerConfig, JStream, NatsBroker, NatsMessage, PullSub
 from nats.aio.msg import Msg
+from nats.js.errors import APIError, NoStreamResponseError, ServerError, ServiceUnavailableError
 
 from shared.bus import consumer_plan, dlq_subject, ensure_streams, stream_for_subject
 from shared.clock import Clock, SystemClock
@@ -64,6 +66,36 @@ BatchHandler = Callable[[asyncpg.Connection, Sequence[bytes]], Awaitable[Any]]
 MAX_DELIVER = 8
 ACK_WAIT_S = 30.0
 NAK_DELAYS_S = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0)
+# The outbox relay: rows per pipelined batch, and how long the batch's PubAcks may take all together.
+RELAY_BATCH = 512
+PUBLISH_TIMEOUT_S = 10.0
+HEADER_ROOM = 4096  # bytes kept free below max_payload for the message's headers (Nats-Msg-Id, trace context)
+# An event body's own limit (the server's max_payload, 1 MiB by default, minus HEADER_ROOM applies as well).
+EVENT_BYTES_LIMIT = 1024 * 1024
+DLQ_BODY_BYTES = 64 * 1024  # the body a dead letter's bus notice carries (the table row keeps all of it)
+# Published outbox rows and inbox rows are kept this long, then pruned (GPUQ_PLUMBING_RETENTION_S). The inbox must
+# outlive every redelivery of an event (max_deliver x ack_wait plus backoff: minutes) and the publish duplicate
+# window, so the setting has a floor of one hour.
+RETENTION_ENV = "GPUQ_PLUMBING_RETENTION_S"
+DEFAULT_RETENTION_S = 7 * 86_400.0
+MIN_RETENTION_S = 3_600.0
+PRUNE_EVERY_S = 300.0
+PRUNE_BATCH = 10_000
+
+
+def retention_from_env(env: Mapping[str, str] = os.environ) -> float:
+    """The plumbing retention in seconds from GPUQ_PLUMBING_RETENTION_S (default 7 days, at least one hour)."""
+    raw = env.get(RETENTION_ENV)
+    if raw is None or raw == "":
+        return DEFAULT_RETENTION_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{RETENTION_ENV}={raw!r} is not a number of seconds") from None
+    if value < MIN_RETENTION_S:
+        raise ValueError(f"{RETENTION_ENV}={raw!r} is below the {MIN_RETENTION_S:.0f} s floor: the inbox must outlive "
+                         "every redelivery of an event")
+    return value
 
 PLUMBING_SQL = """
 CREATE SCHEMA IF NOT EXISTS {s};
@@ -244,6 +276,8 @@ class ServiceRuntime:
         self.broker = NatsBroker(nats_url, logger=None, connect_timeout=5, inbox_prefix=inbox_prefix_for(nats_url))
         self.state: dict[str, Any] = {}  # service-specific in-memory state (rebuilt by on_start)
         self._outbox_wakeup = asyncio.Event()
+        self.retention_s = retention_from_env()
+        self.event_bytes_limit = EVENT_BYTES_LIMIT
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
         self._handle_lock = asyncio.Lock()
@@ -505,14 +539,20 @@ class ServiceRuntime:
         self.counters.dead_lettered += 1
         log.error("%s: dead-lettering message on %s (seq %s): %s: %s", self.spec.name, subject, stream_seq,
                   reason, message)
-        record = {"service": self.spec.name, "subject": subject, "stream_seq": stream_seq,
-                  "deliveries": deliveries, "reason": reason, "message": message,
-                  "body": raw.decode("utf-8", errors="replace")}
         async with self.pool.acquire() as conn:
             await conn.execute(
                 f"INSERT INTO {self.spec.schema}.dead_letters(subject, stream_seq, deliveries, reason, message, body)"
                 " VALUES ($1, $2, $3, $4, $5, $6)", subject, stream_seq, deliveries, reason, message, raw)
-        msg_id = f"dlq-{self.spec.name}-{subject}-{stream_seq}"
+        await self._publish_dlq_notice(subject, stream_seq, deliveries, reason, message, raw,
+                                       f"dlq-{self.spec.name}-{subject}-{stream_seq}")
+
+    async def _publish_dlq_notice(self, subject: str, stream_seq: int | None, deliveries: int, reason: str,
+                                  message: str, raw: bytes, msg_id: str) -> None:
+        """The dead letter on `<ns>.dlq.<service>`, its body cut to DLQ_BODY_BYTES (the table keeps it whole: an
+        oversize outbox row would not fit in a NATS message either)."""
+        record = {"service": self.spec.name, "subject": subject, "stream_seq": stream_seq,
+                  "deliveries": deliveries, "reason": reason, "message": message,
+                  "body": raw[:DLQ_BODY_BYTES].decode("utf-8", errors="replace"), "body_bytes": len(raw)}
         subject_dlq = dlq_subject(self.spec.name)
         await self.broker.publish(json.dumps(record).encode(), subject_dlq, headers={"Nats-Msg-Id": msg_id},
                                   stream=stream_for_subject(subject_dlq).name)
@@ -520,9 +560,13 @@ class ServiceRuntime:
     # ------------------------------------------------------------------ outbox relay
 
     async def _relay_loop(self) -> None:
+        next_prune = 0.0
         while True:
             try:
                 published = await self.relay_once()
+                if asyncio.get_running_loop().time() >= next_prune:
+                    next_prune = asyncio.get_running_loop().time() + PRUNE_EVERY_S
+                    await self.prune_once()
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -534,26 +578,95 @@ class ServiceRuntime:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._outbox_wakeup.wait(), timeout=0.5)
 
-    async def relay_once(self, limit: int = 256) -> int:
-        """Publish the oldest unpublished outbox rows, then mark them. A crash between the two
-        republishes them on restart; JetStream drops the copy by Nats-Msg-Id."""
+    async def relay_once(self, limit: int = RELAY_BATCH) -> int:
+        """Publish the oldest unpublished outbox rows as one pipelined batch (JetStream async publish, the acks
+        awaited together), then mark them. A crash between the two republishes them on restart; JetStream drops
+        the copy by Nats-Msg-Id. A row that can never be published (larger than the server's max_payload, a
+        subject no stream captures, a publish JetStream refuses) is moved to `dead_letters` with its reason, so
+        it never holds back the rows behind it. Returns how many rows it settled."""
+        dead: list[tuple[Any, str, str]] = []
         async with self.pool.acquire() as conn, conn.transaction():
             rows = await conn.fetch(
                 f"SELECT seq, event_id, subject, body FROM {self.spec.schema}.outbox "
                 "WHERE published_at IS NULL ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED", limit)
             if not rows:
                 return 0
+            sendable = []
+            limit_bytes = self.max_event_bytes()
             for row in rows:
-                await self.publish_raw(row["subject"], bytes(row["body"]), row["event_id"])
+                size = len(row["body"])
+                if size > limit_bytes:
+                    dead.append((row, "OutboxOversize", f"{size} bytes, above the {limit_bytes}-byte limit of one "
+                                                        "NATS message"))
+                    continue
+                try:
+                    stream_for_subject(row["subject"])
+                except LookupError as exc:
+                    dead.append((row, "OutboxNoStream", str(exc)))
+                    continue
+                sendable.append(row)
+            refused = await self.publish_batch(
+                [(r["subject"], bytes(r["body"]), r["event_id"]) for r in sendable]) if sendable else {}
+            dead += [(r, "OutboxRefused", refused[r["event_id"]]) for r in sendable if r["event_id"] in refused]
+            if dead:
+                await conn.executemany(
+                    f"INSERT INTO {self.spec.schema}.dead_letters(subject, stream_seq, deliveries, reason, message, "
+                    "body) VALUES ($1, NULL, 0, $2, $3, $4)",
+                    [(r["subject"], reason, message, bytes(r["body"])) for r, reason, message in dead])
+                await conn.execute(f"DELETE FROM {self.spec.schema}.outbox WHERE seq = ANY($1::bigint[])",
+                                   [r["seq"] for r, _, _ in dead])
+            published = [r["seq"] for r in sendable if r["event_id"] not in refused]
             await conn.execute(
-                f"UPDATE {self.spec.schema}.outbox SET published_at = now() WHERE seq = ANY($1::bigint[])",
-                [r["seq"] for r in rows])
-        self.counters.published += len(rows)
+                f"UPDATE {self.spec.schema}.outbox SET published_at = now() WHERE seq = ANY($1::bigint[])", published)
+        self.counters.published += len(published)
+        for row, reason, message in dead:  # after commit: the table row is the record, this is the notice
+            self.counters.dead_lettered += 1
+            log.error("%s: outbox row %s (%s) dead-lettered: %s: %s", self.spec.name, row["event_id"],
+                      row["subject"], reason, message)
+            with contextlib.suppress(Exception):
+                await self._publish_dlq_notice(row["subject"], None, 0, reason, message, bytes(row["body"]),
+                                               f"dlq-{self.spec.name}-outbox-{row['event_id']}")
         return len(rows)
 
-    async def publish_raw(self, subject: str, body: bytes, event_id: str) -> None:
-        await self.broker.publish(body, subject, headers={"Nats-Msg-Id": event_id},
-                                  stream=stream_for_subject(subject).name, timeout=5.0)
+    def max_event_bytes(self) -> int:
+        """The largest body one NATS message carries here: the server's max_payload less room for the headers."""
+        nc = self.broker.config.connection_state.connection
+        return min(self.event_bytes_limit, nc.max_payload - HEADER_ROOM)
+
+    async def publish_batch(self, messages: Sequence[tuple[str, bytes, str]]) -> dict[str, str]:
+        """Publish (subject, body, event id) messages in order without waiting for each PubAck, then await the
+        acks together. Returns {event id: reason} of those JetStream refused (a verdict on the message, not the
+        link); raises on a transient failure (timeout, connection), so that the whole batch is retried."""
+        js = self.broker.config.connection_state.stream
+        futures = [await js.publish_async(subject, body, stream=stream_for_subject(subject).name,
+                                          headers={"Nats-Msg-Id": event_id})
+                   for subject, body, event_id in messages]
+        results = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), timeout=PUBLISH_TIMEOUT_S)
+        refused: dict[str, str] = {}
+        for (_, _, event_id), result in zip(messages, results, strict=True):
+            if isinstance(result, NoStreamResponseError | ServiceUnavailableError | ServerError):
+                raise result  # the server or the stream is not there or not well: a condition, retried later
+            if isinstance(result, APIError):  # a 4xx answer about this message: it would fail the same way again
+                refused[event_id] = f"JetStream refused the publish: {result}"
+            elif isinstance(result, BaseException):
+                raise result
+        return refused
+
+    async def prune_once(self, retention_s: float | None = None) -> tuple[int, int]:
+        """Delete published outbox rows and inbox rows older than the retention (`GPUQ_PLUMBING_RETENTION_S`),
+        a bounded number per call. Returns (outbox rows, inbox rows) deleted. Unpublished rows are never touched."""
+        keep = self.retention_s if retention_s is None else retention_s
+        s = self.spec.schema
+        async with self.pool.acquire() as conn:
+            outbox = await conn.fetchval(
+                f"WITH gone AS (DELETE FROM {s}.outbox WHERE seq IN (SELECT seq FROM {s}.outbox WHERE published_at "
+                f"< now() - make_interval(secs => $1) LIMIT $2) RETURNING 1) SELECT count(*) FROM gone",
+                keep, PRUNE_BATCH)
+            inbox = await conn.fetchval(
+                f"WITH gone AS (DELETE FROM {s}.inbox WHERE event_id IN (SELECT event_id FROM {s}.inbox WHERE "
+                f"handled_at < now() - make_interval(secs => $1) LIMIT $2) RETURNING 1) SELECT count(*) FROM gone",
+                keep, PRUNE_BATCH)
+        return int(outbox), int(inbox)
 
 
 def default_subject(payload: Payload) -> str:
