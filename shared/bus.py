@@ -101,7 +101,7 @@ def consumer_plan(payload_types: Iterable[type[Payload]]) -> list[tuple[StreamDe
 # Every stream gpuq creates says who created it in its description ("gpuq:<purpose>"), so that a command that
 # resets a namespace (the demo, a test session) can tell a platform it must never touch from its own leftovers.
 # (Stream descriptions exist on NATS 2.9; stream metadata would need 2.10.)
-PURPOSES = ("platform", "demo", "test")
+PURPOSES = ("platform", "demo", "test", "bench")
 MARKER_PREFIX = "gpuq:"
 
 
