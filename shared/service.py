@@ -30,12 +30,14 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-from faststream import AckPolicy
-from faststream.nats import ConsumerConfig, JStream, NatsBroker, NatsMessage, PullSub
+from faststream.nats import NatsBroker
 from nats.aio.msg import Msg
-from nats.js.errors import APIError, NoStreamResponseError, ServerError, ServiceUnavailableError
+from nats.js.api import AckPolicy as NatsAckPolicy
+from nats.js.api import ConsumerConfig as NatsConsumerConfig
+from nats.js.api import DeliverPolicy
+from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, ServerError, ServiceUnavailableError
 
-from shared.bus import consumer_plan, dlq_subject, ensure_streams, stream_for_subject
+from shared.bus import StreamDef, consumer_plan, dlq_subject, ensure_streams, matches, stream_for_subject
 from shared.clock import Clock, SystemClock
 from shared.db import apply_migrations
 from shared.events import (
@@ -66,6 +68,10 @@ BatchHandler = Callable[[asyncpg.Connection, Sequence[bytes]], Awaitable[Any]]
 MAX_DELIVER = 8
 ACK_WAIT_S = 30.0
 NAK_DELAYS_S = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0)
+# Consumption: messages per pull, and how long a pull waits for the first one. A pulled batch is handled in one
+# transaction (one savepoint per message) and settled after its commit.
+FETCH_BATCH = 256
+FETCH_WAIT_S = 1.0
 # The outbox relay: rows per pipelined batch, and how long the batch's PubAcks may take all together.
 RELAY_BATCH = 512
 PUBLISH_TIMEOUT_S = 10.0
@@ -132,6 +138,15 @@ CREATE TABLE IF NOT EXISTS {s}.dead_letters (
 """
 
 
+class _DeadLetter(Exception):  # a verdict on one message inside the runtime: dead-letter it, never retry
+    def __init__(self, reason: str, message: str, *, handler_ran: bool, subject: str = ""):
+        self.reason = reason
+        self.message = message
+        self.handler_ran = handler_ran  # memory may have changed before the rollback
+        self.subject = subject  # the subject the event stands for (an in-process call names none)
+        super().__init__(f"{reason}: {message}")
+
+
 class Refused(Exception):  # a verdict, not a failure: the event is dead-lettered with the reason
     """Raised by a handler that refuses an event it must not act on (a forged or stale placement, ...): the unit of
     work rolls back and the event is dead-lettered at once with `reason` and `message`, never retried."""
@@ -156,6 +171,18 @@ class Tx:
     subject: str = ""  # the NATS subject the handled event arrived on (its scope token names the team)
     job: str | None = None  # the job the handled event is about (its CloudEvents `subject`), if any
     job_traces: JobTraces | None = None
+    # Work a handler asks to run once after every event of the unit of work (a batch of messages shares one
+    # transaction): key -> callable. None: a unit of one event, whose deferred work runs at once.
+    deferred: dict[str, Callable[[Tx], Awaitable[None]]] | None = None
+
+    async def after_events(self, key: str, work: Callable[[Tx], Awaitable[None]]) -> None:
+        """Run `work` once after the events of this unit of work are applied, in its transaction: at once for a unit
+        of one event, else once per batch whatever the number of events that asked (a scheduling cycle after a
+        batch of admissions sees them all, instead of one cycle per event)."""
+        if self.deferred is None:
+            await work(self)
+        else:
+            self.deferred.setdefault(key, work)
 
     async def emit(self, payload: Payload, subject_suffix: str | None = None,
                    traceparent: str | None = None) -> CloudEvent:
@@ -251,6 +278,7 @@ class Counters:
     retried: int = 0
     dead_lettered: int = 0
     published: int = 0
+    batches: int = 0  # pulled batches committed as one unit of work
 
 
 class ServiceRuntime:
@@ -286,22 +314,15 @@ class ServiceRuntime:
         self.migrated = False
         self._stale = False  # in-memory state may be ahead of Postgres (a unit of work failed)
         batch_subjects = {cls.subject(): fn for cls, fn in spec.batch_handlers.items()}
-        for stream, subject, suffix in consumer_plan([*spec.handlers, *spec.batch_handlers]):
-            durable = f"{spec.name}{spec.consumer_suffix}-{suffix}"
-            batch_fn = batch_subjects.get(subject)
-            self.broker.subscriber(
-                subject,
-                stream=JStream(stream.name, declare=False),
-                durable=durable,
-                # One message per fetch on the per-message path: FastStream runs the messages of a fetched batch
-                # as concurrent tasks, which reach the handler in no fixed order, and the cores rely on stream
-                # order. (Handling is one at a time anyway; a fetch costs one round trip to NATS.)
-                pull_sub=PullSub(batch_size=64 if batch_fn else 1, timeout=0.5, batch=batch_fn is not None),
-                ack_policy=AckPolicy.MANUAL,
-                max_workers=spec.max_workers,
-                config=ConsumerConfig(max_deliver=MAX_DELIVER, ack_wait=ACK_WAIT_S),
-                inbox_prefix=f"{inbox_prefix_for(nats_url)}.".encode(),  # the pull requests' replies
-            )(self._batch_consumer(batch_fn) if batch_fn else self._on_message)
+        # (stream, filter subject, durable name, batch handler): one durable pull consumer each, pulled by this
+        # runtime's own loop (`_consume`), which settles each message itself in stream order.
+        self.consumers: list[tuple[StreamDef, str, str, BatchHandler | None]] = [
+            (stream, subject, f"{spec.name}{spec.consumer_suffix}-{suffix}", batch_subjects.get(subject))
+            for stream, subject, suffix in consumer_plan([*spec.handlers, *spec.batch_handlers])]
+        # The subscriptions of the handled types: a message on any other subject of a consumer's filter is acked
+        # unread (routing on the subject, before any parsing).
+        self.routes = tuple(sorted({cls.subscription() for cls in spec.handlers}))
+        self._inbox_prefix = f"{inbox_prefix_for(nats_url)}.".encode()  # the pull requests' replies
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -331,6 +352,7 @@ class ServiceRuntime:
             await self.spec.on_start(self)
         self._tasks.append(asyncio.create_task(self._relay_loop(), name=f"{self.spec.name}-outbox"))
         await self.broker.start()
+        await self._start_consumers()
         for loop in self.spec.background:
             self._tasks.append(asyncio.create_task(self._guard(loop), name=f"{self.spec.name}-bg"))
         self._started = True
@@ -429,120 +451,267 @@ class ServiceRuntime:
 
     async def handle(self, raw: bytes, *, subject: str = "", stream_seq: int | None = None,
                      deliveries: int = 1) -> str:
-        """Handle one message body. Returns what happened: handled, duplicate, ignored, dead_letter.
-        Raises when the handler failed and the message should be retried."""
+        """Handle one message body in a unit of work of its own. Returns what happened: handled, duplicate, ignored,
+        dead_letter. Raises when the handler failed and the message should be retried."""
+        verdict: _DeadLetter | None = None
+        async with self._handle_lock:
+            try:
+                async with self.pool.acquire() as conn, conn.transaction():
+                    await self._reload_if_stale(conn)
+                    outcome, emitted = await self._unit(conn, raw, subject, None)
+            except _DeadLetter as dead:
+                self._stale = self._stale or dead.handler_ran
+                verdict = dead
+            except BaseException:
+                self._stale = True  # the handler may have changed memory before the rollback
+                raise
+        if verdict is not None:
+            await self.dead_letter(raw, verdict.subject or subject, stream_seq, deliveries,
+                                   verdict.reason, verdict.message)
+            return "dead_letter"
+        self._count(outcome)
+        if emitted:
+            self._outbox_wakeup.set()
+        return outcome
+
+    def _count(self, outcome: str) -> None:
+        if outcome == "handled":
+            self.counters.handled += 1
+        elif outcome == "duplicate":
+            self.counters.duplicates += 1
+        elif outcome == "ignored":
+            self.counters.ignored += 1
+
+    async def _unit(self, conn: asyncpg.Connection, raw: bytes, subject: str,
+                    deferred: dict[str, Callable[[Tx], Awaitable[None]]] | None) -> tuple[str, bool]:
+        """One event's work inside the caller's transaction: parse, check the subject, claim, the inbox row, the
+        handler. Returns (outcome, whether it emitted events); raises _DeadLetter for a verdict, anything else
+        for a failure worth retrying."""
         try:
             event, payload = parse_event(raw)
         except InvalidEvent as exc:
-            await self.dead_letter(raw, subject, stream_seq, deliveries, exc.reason, exc.message)
-            return "dead_letter"
+            raise _DeadLetter(exc.reason, exc.message, handler_ran=False) from exc
         handler = self.spec.handlers.get(type(payload))
         if handler is None:
-            self.counters.ignored += 1
-            return "ignored"
+            return "ignored", False
         # The subject, not the body, says what an event may be: NATS permissions grant subjects to credentials,
         # so a body whose type does not belong on its subject (a JobPlaced sent on a team's submission subject)
         # is forged. In-process calls without a subject (benchmarks, tests) stand for the event's own subject.
         subject = subject or default_subject(payload)
         if type(payload).scope_of(subject) is None:
-            await self.dead_letter(raw, subject, stream_seq, deliveries, "SubjectMismatch",
-                                   f"a {event.type} event may not travel on {subject!r} (expected "
-                                   f"{type(payload).subscription()})")
-            return "dead_letter"
-        try:
-            return await self._handle_parsed(handler, event, payload, subject)
-        except Refused as exc:
-            await self.dead_letter(raw, subject, stream_seq, deliveries, exc.reason, exc.message)
-            return "dead_letter"
+            raise _DeadLetter("SubjectMismatch", f"a {event.type} event may not travel on {subject!r} (expected "
+                                                 f"{type(payload).subscription()})", handler_ran=False,
+                              subject=subject)
+        if self.spec.claim is not None and not await self.spec.claim(conn, event, payload):
+            return "ignored", False
+        inbox_id = event.id + (self.spec.consumer_suffix if type(payload) in self.spec.broadcast else "")
+        fresh = await conn.fetchval(
+            f"INSERT INTO {self.spec.schema}.inbox(event_id, type) VALUES ($1, $2) "
+            "ON CONFLICT DO NOTHING RETURNING true", inbox_id, event.type)
+        if not fresh:
+            return "duplicate", False
+        # One span per hop, child of the event's trace context; emitted events carry this span's
+        # context, so a job's life from JobSubmitted to JobCompleted is one trace across services.
+        with start_span_from_event(event, name=f"{self.spec.name} {BY_TYPE[event.type].__name__}"):
+            tx = Tx(conn=conn, now=self.clock.now(), source=self.source, schema=self.spec.schema,
+                    traceparent=current_traceparent() or event.traceparent, subject=subject,
+                    job=event.subject, job_traces=self.job_traces, deferred=deferred)
+            if event.subject and tx.traceparent:
+                await self.job_traces.remember(conn, self.spec.schema, event.subject, tx.traceparent)
+            try:
+                await handler(tx, event, payload)
+            except Refused as exc:
+                raise _DeadLetter(exc.reason, exc.message, handler_ran=True, subject=subject) from exc
+        return "handled", bool(tx.emitted)
 
-    async def _handle_parsed(self, handler: Handler, event: CloudEvent, payload: Payload, subject: str) -> str:
+    def routed(self, subject: str) -> bool:
+        """Does a handler of this service take events on `subject`? (Read from the subject alone: a message on a
+        subject no handler takes is acked without parsing its body.)"""
+        return any(matches(pattern, subject) for pattern in self.routes)
+
+    # ------------------------------------------------------------------ consumption
+
+    async def _start_consumers(self) -> None:
+        """Create the durable pull consumers that do not exist yet (an existing one is used as it is: its pending
+        messages are the service's), then pull each in a task of its own."""
+        js = self.broker.config.connection_state.stream
+        for stream, subject, durable, _ in self.consumers:
+            try:
+                await js.consumer_info(stream.name, durable)
+            except NotFoundError:
+                await js.add_consumer(stream.name, NatsConsumerConfig(
+                    durable_name=durable, filter_subject=subject, ack_policy=NatsAckPolicy.EXPLICIT,
+                    deliver_policy=DeliverPolicy.ALL, max_deliver=MAX_DELIVER, ack_wait=ACK_WAIT_S))
+        for stream, subject, durable, batch_fn in self.consumers:
+            self._tasks.append(asyncio.create_task(self._consume(stream.name, subject, durable, batch_fn),
+                                                   name=f"{self.spec.name}-consume-{durable}"))
+
+    async def _consume(self, stream: str, subject: str, durable: str, batch_fn: BatchHandler | None) -> None:
+        """Pull batches from one durable consumer and settle every message, until the connection is closed (the
+        broker stopped: shutdown, or a lost lease) or the task is cancelled. A failed pull (a timeout, a status
+        the server answers a pull with, a reconnection) is followed by the next one: it never ends consumption."""
+        nc = self.broker.config.connection_state.connection
+        js = self.broker.config.connection_state.stream
+        psub = await js.pull_subscribe_bind(durable=durable, stream=stream, inbox_prefix=self._inbox_prefix)
+        try:
+            while True:
+                try:
+                    msgs = await psub.fetch(FETCH_BATCH, timeout=FETCH_WAIT_S)
+                except TimeoutError:
+                    continue
+                except Exception as exc:
+                    if nc.is_closed:
+                        log.info("%s: stopped consuming %s: the connection is closed", self.spec.name, subject)
+                        return
+                    log.warning("%s: pull from %s failed, pulling again: %s: %s", self.spec.name, durable,
+                                type(exc).__name__, exc)
+                    await asyncio.sleep(0.5)
+                    continue
+                if batch_fn is not None:
+                    await self._on_batch(batch_fn, msgs)
+                else:
+                    await self._process_batch(msgs)
+        finally:
+            with contextlib.suppress(Exception):
+                await psub.unsubscribe()
+
+    async def _process_batch(self, msgs: Sequence[Msg]) -> None:
+        """Handle a pulled batch in stream order in one transaction, each message in a savepoint of its own with its
+        inbox row; then settle each: ack (handled, duplicate, ignored, dead-lettered) or nak with delay (failed).
+        A message that fails or is poison rolls back only its own savepoint. If the batch as a whole fails
+        (the commit, or the work deferred to its end), each message is handled again on its own."""
+        work = []
+        for m in msgs:
+            if self.routed(m.subject):
+                work.append(m)
+            else:
+                self.counters.ignored += 1
+                await m.ack()
+        if not work:
+            return
+        outcomes: list[tuple[Msg, str, BaseException | None]] = []
+        dead: list[tuple[Msg, _DeadLetter]] = []
+        emitted = False
         async with self._handle_lock:
             try:
                 async with self.pool.acquire() as conn, conn.transaction():
                     await self._reload_if_stale(conn)
-                    if self.spec.claim is not None and not await self.spec.claim(conn, event, payload):
-                        self.counters.ignored += 1
-                        return "ignored"
-                    inbox_id = event.id + (self.spec.consumer_suffix if type(payload) in self.spec.broadcast else "")
-                    fresh = await conn.fetchval(
-                        f"INSERT INTO {self.spec.schema}.inbox(event_id, type) VALUES ($1, $2) "
-                        "ON CONFLICT DO NOTHING RETURNING true", inbox_id, event.type)
-                    if not fresh:
-                        self.counters.duplicates += 1
-                        return "duplicate"
-                    # One span per hop, child of the event's trace context; emitted events carry this span's
-                    # context, so a job's life from JobSubmitted to JobCompleted is one trace across services.
-                    with start_span_from_event(event, name=f"{self.spec.name} {BY_TYPE[event.type].__name__}"):
+                    deferred: dict[str, Callable[[Tx], Awaitable[None]]] = {}
+                    for m in work:
+                        try:
+                            async with conn.transaction():  # a savepoint: this message's work alone
+                                outcome, wrote = await self._unit(conn, m.data, m.subject, deferred)
+                            emitted = emitted or wrote
+                            outcomes.append((m, outcome, None))
+                        except _DeadLetter as verdict:
+                            if verdict.handler_ran:
+                                await self._reload_in(conn)
+                            dead.append((m, verdict))
+                            await self._record_dead_letter(conn, m.data, m.subject, m.metadata.sequence.stream,
+                                                           m.metadata.num_delivered, verdict.reason, verdict.message)
+                        except Exception as exc:
+                            await self._reload_in(conn)
+                            outcomes.append((m, "failed", exc))
+                    if deferred:
                         tx = Tx(conn=conn, now=self.clock.now(), source=self.source, schema=self.spec.schema,
-                                traceparent=current_traceparent() or event.traceparent, subject=subject,
-                                job=event.subject, job_traces=self.job_traces)
-                        if event.subject and tx.traceparent:
-                            await self.job_traces.remember(conn, self.spec.schema, event.subject, tx.traceparent)
-                        await handler(tx, event, payload)
-            except BaseException:  # Refused too: rolled back like any failure, then dead-lettered by the caller
-                self._stale = True  # the handler may have changed memory before the rollback
-                raise
-        self.counters.handled += 1
-        if tx.emitted:
+                                job_traces=self.job_traces)
+                        for key in sorted(deferred):
+                            await deferred[key](tx)
+                        emitted = emitted or bool(tx.emitted)
+            except Exception as exc:
+                self._stale = True
+                log.warning("%s: a batch of %d failed as a whole, handling its messages one by one: %s: %s",
+                            self.spec.name, len(work), type(exc).__name__, exc)
+                failed_whole = True
+            else:
+                failed_whole = False
+        if failed_whole:
+            for m in work:
+                await self._process(m)
+            return
+        self.counters.batches += 1
+        if emitted:
             self._outbox_wakeup.set()
-        return "handled"
+        for m, why in dead:
+            await self._notify_dead_letter(m.data, m.subject, m.metadata.sequence.stream, m.metadata.num_delivered,
+                                           why.reason, why.message)
+            await m.ack()
+        for m, outcome, error in outcomes:
+            if error is None:
+                self._count(outcome)
+                await m.ack()
+            else:
+                await self._retry_or_give_up(m, error)
 
-    async def _on_message(self, msg: NatsMessage) -> None:
-        await self._process(msg.raw_message)
+    async def _reload_in(self, conn: asyncpg.Connection) -> None:
+        """After one message's savepoint rolled back: its handler may have changed memory, which must match the
+        transaction again (the batch's earlier messages included) before the next message."""
+        if self.spec.reload is not None:
+            await self.spec.reload(conn)
 
-    async def _process(self, raw: Any) -> None:
-        """Handle one JetStream message and settle it: ack, nak with delay, or dead-letter then ack."""
+    async def _retry_or_give_up(self, raw: Msg, exc: BaseException) -> None:
         meta = raw.metadata
         deliveries = meta.num_delivered
+        if deliveries >= MAX_DELIVER:
+            await self.dead_letter(raw.data, raw.subject, meta.sequence.stream, deliveries,
+                                   "HandlerFailed", f"{type(exc).__name__}: {exc}")
+            await raw.ack()
+            return
+        self.counters.retried += 1
+        # Early retries are routine (events of two streams arrive in no fixed order); repeated ones are not.
+        log.log(logging.WARNING if deliveries >= 3 else logging.INFO,
+                "%s: handler failed (delivery %d/%d), will retry: %s", self.spec.name, deliveries, MAX_DELIVER, exc)
+        await raw.nak(delay=NAK_DELAYS_S[min(deliveries, len(NAK_DELAYS_S)) - 1])
+
+    async def _process(self, raw: Msg) -> None:
+        """Handle one JetStream message in a unit of work of its own and settle it: ack, nak with delay, or
+        dead-letter then ack."""
+        meta = raw.metadata
         try:
-            await self.handle(raw.data, subject=raw.subject, stream_seq=meta.sequence.stream, deliveries=deliveries)
+            await self.handle(raw.data, subject=raw.subject, stream_seq=meta.sequence.stream,
+                              deliveries=meta.num_delivered)
         except Exception as exc:
-            if deliveries >= MAX_DELIVER:
-                await self.dead_letter(raw.data, raw.subject, meta.sequence.stream, deliveries,
-                                       "HandlerFailed", f"{type(exc).__name__}: {exc}")
-                await raw.ack()
-                return
-            self.counters.retried += 1
-            # Early retries are routine (events of two streams arrive in no fixed order); repeated ones are not.
-            log.log(logging.WARNING if deliveries >= 3 else logging.INFO,
-                    "%s: handler failed (delivery %d/%d), will retry: %s", self.spec.name, deliveries, MAX_DELIVER, exc)
-            await raw.nak(delay=NAK_DELAYS_S[min(deliveries, len(NAK_DELAYS_S)) - 1])
+            await self._retry_or_give_up(raw, exc)
             return
         await raw.ack()
 
-    def _batch_consumer(self, batch_fn: BatchHandler) -> Callable[[NatsMessage], Awaitable[None]]:
-        async def on_batch(msg: NatsMessage) -> None:
-            raws: list[Msg] = list(msg.raw_message)  # type: ignore[call-overload]  # a batch's raw_message is a list
-            try:
-                async with self._handle_lock, self.pool.acquire() as conn:
-                    outcome = await batch_fn(conn, [m.data for m in raws])
-            except Exception as exc:
-                # The batch rolled back as a whole: settle each message on its own path instead.
-                log.warning("%s: batch of %d failed, falling back to one by one: %s", self.spec.name, len(raws), exc)
-                for m in raws:
-                    await self._process(m)
-                return
-            self.counters.handled += outcome.handled
-            self.counters.duplicates += outcome.duplicates
-            rest = list(outcome.rest)
+    async def _on_batch(self, batch_fn: BatchHandler, raws: Sequence[Msg]) -> None:
+        try:
+            async with self._handle_lock, self.pool.acquire() as conn:
+                outcome = await batch_fn(conn, [m.data for m in raws])
+        except Exception as exc:
+            # The batch rolled back as a whole: settle each message on its own path instead.
+            log.warning("%s: batch of %d failed, falling back to one by one: %s", self.spec.name, len(raws), exc)
             for m in raws:
-                if m.data in rest:
-                    rest.remove(m.data)
-                    await self._process(m)  # not the batch handler's: dead letter or another handler
-                else:
-                    await m.ack()
-
-        return on_batch
+                await self._process(m)
+            return
+        self.counters.handled += outcome.handled
+        self.counters.duplicates += outcome.duplicates
+        rest = list(outcome.rest)
+        for m in raws:
+            if m.data in rest:
+                rest.remove(m.data)
+                await self._process(m)  # not the batch handler's: dead letter or another handler
+            else:
+                await m.ack()
 
     async def dead_letter(self, raw: bytes, subject: str, stream_seq: int | None, deliveries: int,
                           reason: str, message: str) -> None:
+        async with self.pool.acquire() as conn:
+            await self._record_dead_letter(conn, raw, subject, stream_seq, deliveries, reason, message)
+        await self._notify_dead_letter(raw, subject, stream_seq, deliveries, reason, message)
+
+    async def _record_dead_letter(self, conn: asyncpg.Connection, raw: bytes, subject: str, stream_seq: int | None,
+                                  deliveries: int, reason: str, message: str) -> None:
+        await conn.execute(
+            f"INSERT INTO {self.spec.schema}.dead_letters(subject, stream_seq, deliveries, reason, message, body)"
+            " VALUES ($1, $2, $3, $4, $5, $6)", subject, stream_seq, deliveries, reason, message, raw)
+
+    async def _notify_dead_letter(self, raw: bytes, subject: str, stream_seq: int | None, deliveries: int,
+                                  reason: str, message: str) -> None:
         self.counters.dead_lettered += 1
         log.error("%s: dead-lettering message on %s (seq %s): %s: %s", self.spec.name, subject, stream_seq,
                   reason, message)
-        async with self.pool.acquire() as conn:
-            await conn.execute(
-                f"INSERT INTO {self.spec.schema}.dead_letters(subject, stream_seq, deliveries, reason, message, body)"
-                " VALUES ($1, $2, $3, $4, $5, $6)", subject, stream_seq, deliveries, reason, message, raw)
         await self._publish_dlq_notice(subject, stream_seq, deliveries, reason, message, raw,
                                        f"dlq-{self.spec.name}-{subject}-{stream_seq}")
 
