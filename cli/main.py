@@ -18,6 +18,7 @@ from cli.platform import demo, up
 from cli.remote import report, webhooks_app
 from services.admission.bench import bench_admission
 from services.admission.bench_e2e import bench_admission_e2e
+from services.bench_e2e import bench_e2e
 from services.executor.bench import bench_dcgm
 from services.metering.bench import bench_metering
 from services.preemption.cli import preemptible
@@ -56,6 +57,7 @@ COMMANDS: dict[str, Callable[..., Any]] = {
 BENCHMARKS: dict[str, Callable[..., Any]] = {
     "admission": bench_admission,
     "admission-e2e": bench_admission_e2e,
+    "e2e": bench_e2e,
     "dcgm": bench_dcgm,  # executor
     "metering": bench_metering,
     "placement": bench_placement,

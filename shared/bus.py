@@ -62,7 +62,8 @@ def dlq_subject(service: str) -> str:
     return f"{namespaces.current()}.dlq.{service}"
 
 
-def _matches(pattern: str, subject: str) -> bool:
+def matches(pattern: str, subject: str) -> bool:
+    """Does NATS subject `subject` match `pattern` (with `*` and `>` wildcards)?"""
     p, s = pattern.split("."), subject.split(".")
     for i, tok in enumerate(p):
         if tok == ">":
@@ -74,7 +75,7 @@ def _matches(pattern: str, subject: str) -> bool:
 
 def stream_for_subject(subject: str) -> StreamDef:
     for stream in streams():
-        if any(_matches(p, subject) for p in stream.subjects):
+        if any(matches(p, subject) for p in stream.subjects):
             return stream
     raise LookupError(f"no stream of namespace {namespaces.current()!r} captures subject {subject!r}")
 
@@ -90,7 +91,7 @@ def consumer_plan(payload_types: Iterable[type[Payload]]) -> list[tuple[StreamDe
     ns = namespaces.current()
     for stream in streams():
         for pattern in stream.subjects:
-            subjects = [s for s in wanted if _matches(pattern, s)]
+            subjects = [s for s in wanted if matches(pattern, s)]
             if not subjects:
                 continue
             name = pattern.removeprefix(f"{ns}.").removesuffix(".>").replace(".", "-")
@@ -101,7 +102,7 @@ def consumer_plan(payload_types: Iterable[type[Payload]]) -> list[tuple[StreamDe
 # Every stream gpuq creates says who created it in its description ("gpuq:<purpose>"), so that a command that
 # resets a namespace (the demo, a test session) can tell a platform it must never touch from its own leftovers.
 # (Stream descriptions exist on NATS 2.9; stream metadata would need 2.10.)
-PURPOSES = ("platform", "demo", "test")
+PURPOSES = ("platform", "demo", "test", "bench")
 MARKER_PREFIX = "gpuq:"
 
 

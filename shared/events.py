@@ -356,10 +356,46 @@ class JobFlopsReported(Payload):
     step: int | None = Field(default=None, ge=0)
 
 
+INVENTORY_CHUNK = 500  # nodes per NodeInventory part: ~250-450 bytes each, far below NATS's 1 MiB max_payload
+
+
 class NodeInventory(Payload):
+    """Every node of a source, announced in `parts` events of at most INVENTORY_CHUNK nodes each (one NATS message
+    holds 1 MiB by default: a 5,000-node cluster does not fit in one). Each part means "these nodes are as given"
+    on its own, so consumers upsert a part's nodes as it comes; only "every node not announced is gone" waits for
+    the last part of an `announcement` (parts of one announcement travel in order on one subject)."""
+
     aggregate, fact = "node", "inventory"
     nodes: tuple[NodeSpec, ...]
     source: str = "sim"
+    part: int = Field(default=1, ge=1)
+    parts: int = Field(default=1, ge=1)
+    announcement: str = ""  # shared by the parts of one announcement ("" for a single-part one)
+
+    @model_validator(mode="after")
+    def _part_in_range(self) -> NodeInventory:
+        if self.part > self.parts:
+            raise ValueError(f"part {self.part} of {self.parts}: a part number cannot exceed the number of parts")
+        if self.parts > 1 and not self.announcement:
+            raise ValueError(f"part {self.part} of {self.parts} names no announcement: the parts could not be "
+                             "told apart from another announcement's")
+        return self
+
+    @property
+    def last_part(self) -> bool:
+        return self.part == self.parts
+
+    @classmethod
+    def chunked(cls, nodes: tuple[NodeSpec, ...] | list[NodeSpec], *, source: str, announcement: str,
+                chunk: int = INVENTORY_CHUNK) -> list[NodeInventory]:
+        """The announcement of `nodes` (sorted by name) as parts of at most `chunk` nodes; one part when they fit,
+        and one empty part for no nodes at all."""
+        ordered = sorted(nodes, key=lambda n: n.name)
+        slices = [tuple(ordered[i:i + chunk]) for i in range(0, len(ordered), chunk)] or [()]
+        if len(slices) == 1:
+            return [cls(nodes=slices[0], source=source)]
+        return [cls(nodes=part_nodes, source=source, part=i + 1, parts=len(slices), announcement=announcement)
+                for i, part_nodes in enumerate(slices)]
 
 
 class NodeChanged(Payload):

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,11 +30,14 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-from faststream import AckPolicy
-from faststream.nats import ConsumerConfig, JStream, NatsBroker, NatsMessage, PullSub
+from faststream.nats import NatsBroker
 from nats.aio.msg import Msg
+from nats.js.api import AckPolicy as NatsAckPolicy
+from nats.js.api import ConsumerConfig as NatsConsumerConfig
+from nats.js.api import DeliverPolicy
+from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, ServerError, ServiceUnavailableError
 
-from shared.bus import consumer_plan, dlq_subject, ensure_streams, stream_for_subject
+from shared.bus import StreamDef, consumer_plan, dlq_subject, ensure_streams, matches, stream_for_subject
 from shared.clock import Clock, SystemClock
 from shared.db import apply_migrations
 from shared.events import (
@@ -64,6 +68,40 @@ BatchHandler = Callable[[asyncpg.Connection, Sequence[bytes]], Awaitable[Any]]
 MAX_DELIVER = 8
 ACK_WAIT_S = 30.0
 NAK_DELAYS_S = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0)
+# Consumption: messages per pull, and how long a pull waits for the first one. A pulled batch is handled in one
+# transaction (one savepoint per message) and settled after its commit.
+FETCH_BATCH = 256
+FETCH_WAIT_S = 1.0
+# The outbox relay: rows per pipelined batch, and how long the batch's PubAcks may take all together.
+RELAY_BATCH = 512
+PUBLISH_TIMEOUT_S = 10.0
+HEADER_ROOM = 4096  # bytes kept free below max_payload for the message's headers (Nats-Msg-Id, trace context)
+# An event body's own limit (the server's max_payload, 1 MiB by default, minus HEADER_ROOM applies as well).
+EVENT_BYTES_LIMIT = 1024 * 1024
+DLQ_BODY_BYTES = 64 * 1024  # the body a dead letter's bus notice carries (the table row keeps all of it)
+# Published outbox rows and inbox rows are kept this long, then pruned (GPUQ_PLUMBING_RETENTION_S). The inbox must
+# outlive every redelivery of an event (max_deliver x ack_wait plus backoff: minutes) and the publish duplicate
+# window, so the setting has a floor of one hour.
+RETENTION_ENV = "GPUQ_PLUMBING_RETENTION_S"
+DEFAULT_RETENTION_S = 7 * 86_400.0
+MIN_RETENTION_S = 3_600.0
+PRUNE_EVERY_S = 300.0
+PRUNE_BATCH = 10_000
+
+
+def retention_from_env(env: Mapping[str, str] = os.environ) -> float:
+    """The plumbing retention in seconds from GPUQ_PLUMBING_RETENTION_S (default 7 days, at least one hour)."""
+    raw = env.get(RETENTION_ENV)
+    if raw is None or raw == "":
+        return DEFAULT_RETENTION_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{RETENTION_ENV}={raw!r} is not a number of seconds") from None
+    if value < MIN_RETENTION_S:
+        raise ValueError(f"{RETENTION_ENV}={raw!r} is below the {MIN_RETENTION_S:.0f} s floor: the inbox must outlive "
+                         "every redelivery of an event")
+    return value
 
 PLUMBING_SQL = """
 CREATE SCHEMA IF NOT EXISTS {s};
@@ -100,6 +138,15 @@ CREATE TABLE IF NOT EXISTS {s}.dead_letters (
 """
 
 
+class _DeadLetter(Exception):  # a verdict on one message inside the runtime: dead-letter it, never retry
+    def __init__(self, reason: str, message: str, *, handler_ran: bool, subject: str = ""):
+        self.reason = reason
+        self.message = message
+        self.handler_ran = handler_ran  # memory may have changed before the rollback
+        self.subject = subject  # the subject the event stands for (an in-process call names none)
+        super().__init__(f"{reason}: {message}")
+
+
 class Refused(Exception):  # a verdict, not a failure: the event is dead-lettered with the reason
     """Raised by a handler that refuses an event it must not act on (a forged or stale placement, ...): the unit of
     work rolls back and the event is dead-lettered at once with `reason` and `message`, never retried."""
@@ -124,6 +171,18 @@ class Tx:
     subject: str = ""  # the NATS subject the handled event arrived on (its scope token names the team)
     job: str | None = None  # the job the handled event is about (its CloudEvents `subject`), if any
     job_traces: JobTraces | None = None
+    # Work a handler asks to run once after every event of the unit of work (a batch of messages shares one
+    # transaction): key -> callable. None: a unit of one event, whose deferred work runs at once.
+    deferred: dict[str, Callable[[Tx], Awaitable[None]]] | None = None
+
+    async def after_events(self, key: str, work: Callable[[Tx], Awaitable[None]]) -> None:
+        """Run `work` once after the events of this unit of work are applied, in its transaction: at once for a unit
+        of one event, else once per batch whatever the number of events that asked (a scheduling cycle after a
+        batch of admissions sees them all, instead of one cycle per event)."""
+        if self.deferred is None:
+            await work(self)
+        else:
+            self.deferred.setdefault(key, work)
 
     async def emit(self, payload: Payload, subject_suffix: str | None = None,
                    traceparent: str | None = None) -> CloudEvent:
@@ -219,6 +278,7 @@ class Counters:
     retried: int = 0
     dead_lettered: int = 0
     published: int = 0
+    batches: int = 0  # pulled batches committed as one unit of work
 
 
 class ServiceRuntime:
@@ -244,6 +304,8 @@ class ServiceRuntime:
         self.broker = NatsBroker(nats_url, logger=None, connect_timeout=5, inbox_prefix=inbox_prefix_for(nats_url))
         self.state: dict[str, Any] = {}  # service-specific in-memory state (rebuilt by on_start)
         self._outbox_wakeup = asyncio.Event()
+        self.retention_s = retention_from_env()
+        self.event_bytes_limit = EVENT_BYTES_LIMIT
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
         self._handle_lock = asyncio.Lock()
@@ -252,22 +314,15 @@ class ServiceRuntime:
         self.migrated = False
         self._stale = False  # in-memory state may be ahead of Postgres (a unit of work failed)
         batch_subjects = {cls.subject(): fn for cls, fn in spec.batch_handlers.items()}
-        for stream, subject, suffix in consumer_plan([*spec.handlers, *spec.batch_handlers]):
-            durable = f"{spec.name}{spec.consumer_suffix}-{suffix}"
-            batch_fn = batch_subjects.get(subject)
-            self.broker.subscriber(
-                subject,
-                stream=JStream(stream.name, declare=False),
-                durable=durable,
-                # One message per fetch on the per-message path: FastStream runs the messages of a fetched batch
-                # as concurrent tasks, which reach the handler in no fixed order, and the cores rely on stream
-                # order. (Handling is one at a time anyway; a fetch costs one round trip to NATS.)
-                pull_sub=PullSub(batch_size=64 if batch_fn else 1, timeout=0.5, batch=batch_fn is not None),
-                ack_policy=AckPolicy.MANUAL,
-                max_workers=spec.max_workers,
-                config=ConsumerConfig(max_deliver=MAX_DELIVER, ack_wait=ACK_WAIT_S),
-                inbox_prefix=f"{inbox_prefix_for(nats_url)}.".encode(),  # the pull requests' replies
-            )(self._batch_consumer(batch_fn) if batch_fn else self._on_message)
+        # (stream, filter subject, durable name, batch handler): one durable pull consumer each, pulled by this
+        # runtime's own loop (`_consume`), which settles each message itself in stream order.
+        self.consumers: list[tuple[StreamDef, str, str, BatchHandler | None]] = [
+            (stream, subject, f"{spec.name}{spec.consumer_suffix}-{suffix}", batch_subjects.get(subject))
+            for stream, subject, suffix in consumer_plan([*spec.handlers, *spec.batch_handlers])]
+        # The subscriptions of the handled types: a message on any other subject of a consumer's filter is acked
+        # unread (routing on the subject, before any parsing).
+        self.routes = tuple(sorted({cls.subscription() for cls in spec.handlers}))
+        self._inbox_prefix = f"{inbox_prefix_for(nats_url)}.".encode()  # the pull requests' replies
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -297,6 +352,7 @@ class ServiceRuntime:
             await self.spec.on_start(self)
         self._tasks.append(asyncio.create_task(self._relay_loop(), name=f"{self.spec.name}-outbox"))
         await self.broker.start()
+        await self._start_consumers()
         for loop in self.spec.background:
             self._tasks.append(asyncio.create_task(self._guard(loop), name=f"{self.spec.name}-bg"))
         self._started = True
@@ -395,124 +451,277 @@ class ServiceRuntime:
 
     async def handle(self, raw: bytes, *, subject: str = "", stream_seq: int | None = None,
                      deliveries: int = 1) -> str:
-        """Handle one message body. Returns what happened: handled, duplicate, ignored, dead_letter.
-        Raises when the handler failed and the message should be retried."""
+        """Handle one message body in a unit of work of its own. Returns what happened: handled, duplicate, ignored,
+        dead_letter. Raises when the handler failed and the message should be retried."""
+        verdict: _DeadLetter | None = None
+        async with self._handle_lock:
+            try:
+                async with self.pool.acquire() as conn, conn.transaction():
+                    await self._reload_if_stale(conn)
+                    outcome, emitted = await self._unit(conn, raw, subject, None)
+            except _DeadLetter as dead:
+                self._stale = self._stale or dead.handler_ran
+                verdict = dead
+            except BaseException:
+                self._stale = True  # the handler may have changed memory before the rollback
+                raise
+        if verdict is not None:
+            await self.dead_letter(raw, verdict.subject or subject, stream_seq, deliveries,
+                                   verdict.reason, verdict.message)
+            return "dead_letter"
+        self._count(outcome)
+        if emitted:
+            self._outbox_wakeup.set()
+        return outcome
+
+    def _count(self, outcome: str) -> None:
+        if outcome == "handled":
+            self.counters.handled += 1
+        elif outcome == "duplicate":
+            self.counters.duplicates += 1
+        elif outcome == "ignored":
+            self.counters.ignored += 1
+
+    async def _unit(self, conn: asyncpg.Connection, raw: bytes, subject: str,
+                    deferred: dict[str, Callable[[Tx], Awaitable[None]]] | None) -> tuple[str, bool]:
+        """One event's work inside the caller's transaction: parse, check the subject, claim, the inbox row, the
+        handler. Returns (outcome, whether it emitted events); raises _DeadLetter for a verdict, anything else
+        for a failure worth retrying."""
         try:
             event, payload = parse_event(raw)
         except InvalidEvent as exc:
-            await self.dead_letter(raw, subject, stream_seq, deliveries, exc.reason, exc.message)
-            return "dead_letter"
+            raise _DeadLetter(exc.reason, exc.message, handler_ran=False) from exc
         handler = self.spec.handlers.get(type(payload))
         if handler is None:
-            self.counters.ignored += 1
-            return "ignored"
+            return "ignored", False
         # The subject, not the body, says what an event may be: NATS permissions grant subjects to credentials,
         # so a body whose type does not belong on its subject (a JobPlaced sent on a team's submission subject)
         # is forged. In-process calls without a subject (benchmarks, tests) stand for the event's own subject.
         subject = subject or default_subject(payload)
         if type(payload).scope_of(subject) is None:
-            await self.dead_letter(raw, subject, stream_seq, deliveries, "SubjectMismatch",
-                                   f"a {event.type} event may not travel on {subject!r} (expected "
-                                   f"{type(payload).subscription()})")
-            return "dead_letter"
-        try:
-            return await self._handle_parsed(handler, event, payload, subject)
-        except Refused as exc:
-            await self.dead_letter(raw, subject, stream_seq, deliveries, exc.reason, exc.message)
-            return "dead_letter"
+            raise _DeadLetter("SubjectMismatch", f"a {event.type} event may not travel on {subject!r} (expected "
+                                                 f"{type(payload).subscription()})", handler_ran=False,
+                              subject=subject)
+        if self.spec.claim is not None and not await self.spec.claim(conn, event, payload):
+            return "ignored", False
+        inbox_id = event.id + (self.spec.consumer_suffix if type(payload) in self.spec.broadcast else "")
+        fresh = await conn.fetchval(
+            f"INSERT INTO {self.spec.schema}.inbox(event_id, type) VALUES ($1, $2) "
+            "ON CONFLICT DO NOTHING RETURNING true", inbox_id, event.type)
+        if not fresh:
+            return "duplicate", False
+        # One span per hop, child of the event's trace context; emitted events carry this span's
+        # context, so a job's life from JobSubmitted to JobCompleted is one trace across services.
+        with start_span_from_event(event, name=f"{self.spec.name} {BY_TYPE[event.type].__name__}"):
+            tx = Tx(conn=conn, now=self.clock.now(), source=self.source, schema=self.spec.schema,
+                    traceparent=current_traceparent() or event.traceparent, subject=subject,
+                    job=event.subject, job_traces=self.job_traces, deferred=deferred)
+            if event.subject and tx.traceparent:
+                await self.job_traces.remember(conn, self.spec.schema, event.subject, tx.traceparent)
+            try:
+                await handler(tx, event, payload)
+            except Refused as exc:
+                raise _DeadLetter(exc.reason, exc.message, handler_ran=True, subject=subject) from exc
+        return "handled", bool(tx.emitted)
 
-    async def _handle_parsed(self, handler: Handler, event: CloudEvent, payload: Payload, subject: str) -> str:
+    def routed(self, subject: str) -> bool:
+        """Does a handler of this service take events on `subject`? (Read from the subject alone: a message on a
+        subject no handler takes is acked without parsing its body.)"""
+        return any(matches(pattern, subject) for pattern in self.routes)
+
+    # ------------------------------------------------------------------ consumption
+
+    async def _start_consumers(self) -> None:
+        """Create the durable pull consumers that do not exist yet (an existing one is used as it is: its pending
+        messages are the service's), then pull each in a task of its own."""
+        js = self.broker.config.connection_state.stream
+        for stream, subject, durable, _ in self.consumers:
+            try:
+                await js.consumer_info(stream.name, durable)
+            except NotFoundError:
+                await js.add_consumer(stream.name, NatsConsumerConfig(
+                    durable_name=durable, filter_subject=subject, ack_policy=NatsAckPolicy.EXPLICIT,
+                    deliver_policy=DeliverPolicy.ALL, max_deliver=MAX_DELIVER, ack_wait=ACK_WAIT_S))
+        for stream, subject, durable, batch_fn in self.consumers:
+            self._tasks.append(asyncio.create_task(self._consume(stream.name, subject, durable, batch_fn),
+                                                   name=f"{self.spec.name}-consume-{durable}"))
+
+    async def _consume(self, stream: str, subject: str, durable: str, batch_fn: BatchHandler | None) -> None:
+        """Pull batches from one durable consumer and settle every message, until the connection is closed (the
+        broker stopped: shutdown, or a lost lease) or the task is cancelled. A failed pull (a timeout, a status
+        the server answers a pull with, a reconnection) is followed by the next one: it never ends consumption."""
+        nc = self.broker.config.connection_state.connection
+        js = self.broker.config.connection_state.stream
+        psub = await js.pull_subscribe_bind(durable=durable, stream=stream, inbox_prefix=self._inbox_prefix)
+        try:
+            while True:
+                try:
+                    msgs = await psub.fetch(FETCH_BATCH, timeout=FETCH_WAIT_S)
+                except TimeoutError:
+                    continue
+                except Exception as exc:
+                    if nc.is_closed:
+                        log.info("%s: stopped consuming %s: the connection is closed", self.spec.name, subject)
+                        return
+                    log.warning("%s: pull from %s failed, pulling again: %s: %s", self.spec.name, durable,
+                                type(exc).__name__, exc)
+                    await asyncio.sleep(0.5)
+                    continue
+                if batch_fn is not None:
+                    await self._on_batch(batch_fn, msgs)
+                else:
+                    await self._process_batch(msgs)
+        finally:
+            with contextlib.suppress(Exception):
+                await psub.unsubscribe()
+
+    async def _process_batch(self, msgs: Sequence[Msg]) -> None:
+        """Handle a pulled batch in stream order in one transaction, each message in a savepoint of its own with its
+        inbox row; then settle each: ack (handled, duplicate, ignored, dead-lettered) or nak with delay (failed).
+        A message that fails or is poison rolls back only its own savepoint. If the batch as a whole fails
+        (the commit, or the work deferred to its end), each message is handled again on its own."""
+        work = []
+        for m in msgs:
+            if self.routed(m.subject):
+                work.append(m)
+            else:
+                self.counters.ignored += 1
+                await m.ack()
+        if not work:
+            return
+        outcomes: list[tuple[Msg, str, BaseException | None]] = []
+        dead: list[tuple[Msg, _DeadLetter]] = []
+        emitted = False
         async with self._handle_lock:
             try:
                 async with self.pool.acquire() as conn, conn.transaction():
                     await self._reload_if_stale(conn)
-                    if self.spec.claim is not None and not await self.spec.claim(conn, event, payload):
-                        self.counters.ignored += 1
-                        return "ignored"
-                    inbox_id = event.id + (self.spec.consumer_suffix if type(payload) in self.spec.broadcast else "")
-                    fresh = await conn.fetchval(
-                        f"INSERT INTO {self.spec.schema}.inbox(event_id, type) VALUES ($1, $2) "
-                        "ON CONFLICT DO NOTHING RETURNING true", inbox_id, event.type)
-                    if not fresh:
-                        self.counters.duplicates += 1
-                        return "duplicate"
-                    # One span per hop, child of the event's trace context; emitted events carry this span's
-                    # context, so a job's life from JobSubmitted to JobCompleted is one trace across services.
-                    with start_span_from_event(event, name=f"{self.spec.name} {BY_TYPE[event.type].__name__}"):
+                    deferred: dict[str, Callable[[Tx], Awaitable[None]]] = {}
+                    for m in work:
+                        try:
+                            async with conn.transaction():  # a savepoint: this message's work alone
+                                outcome, wrote = await self._unit(conn, m.data, m.subject, deferred)
+                            emitted = emitted or wrote
+                            outcomes.append((m, outcome, None))
+                        except _DeadLetter as verdict:
+                            if verdict.handler_ran:
+                                await self._reload_in(conn)
+                            dead.append((m, verdict))
+                            await self._record_dead_letter(conn, m.data, m.subject, m.metadata.sequence.stream,
+                                                           m.metadata.num_delivered, verdict.reason, verdict.message)
+                        except Exception as exc:
+                            await self._reload_in(conn)
+                            outcomes.append((m, "failed", exc))
+                    if deferred:
                         tx = Tx(conn=conn, now=self.clock.now(), source=self.source, schema=self.spec.schema,
-                                traceparent=current_traceparent() or event.traceparent, subject=subject,
-                                job=event.subject, job_traces=self.job_traces)
-                        if event.subject and tx.traceparent:
-                            await self.job_traces.remember(conn, self.spec.schema, event.subject, tx.traceparent)
-                        await handler(tx, event, payload)
-            except BaseException:  # Refused too: rolled back like any failure, then dead-lettered by the caller
-                self._stale = True  # the handler may have changed memory before the rollback
-                raise
-        self.counters.handled += 1
-        if tx.emitted:
+                                job_traces=self.job_traces)
+                        for key in sorted(deferred):
+                            await deferred[key](tx)
+                        emitted = emitted or bool(tx.emitted)
+            except Exception as exc:
+                self._stale = True
+                log.warning("%s: a batch of %d failed as a whole, handling its messages one by one: %s: %s",
+                            self.spec.name, len(work), type(exc).__name__, exc)
+                failed_whole = True
+            else:
+                failed_whole = False
+        if failed_whole:
+            for m in work:
+                await self._process(m)
+            return
+        self.counters.batches += 1
+        if emitted:
             self._outbox_wakeup.set()
-        return "handled"
+        for m, why in dead:
+            await self._notify_dead_letter(m.data, m.subject, m.metadata.sequence.stream, m.metadata.num_delivered,
+                                           why.reason, why.message)
+            await m.ack()
+        for m, outcome, error in outcomes:
+            if error is None:
+                self._count(outcome)
+                await m.ack()
+            else:
+                await self._retry_or_give_up(m, error)
 
-    async def _on_message(self, msg: NatsMessage) -> None:
-        await self._process(msg.raw_message)
+    async def _reload_in(self, conn: asyncpg.Connection) -> None:
+        """After one message's savepoint rolled back: its handler may have changed memory, which must match the
+        transaction again (the batch's earlier messages included) before the next message."""
+        if self.spec.reload is not None:
+            await self.spec.reload(conn)
 
-    async def _process(self, raw: Any) -> None:
-        """Handle one JetStream message and settle it: ack, nak with delay, or dead-letter then ack."""
+    async def _retry_or_give_up(self, raw: Msg, exc: BaseException) -> None:
         meta = raw.metadata
         deliveries = meta.num_delivered
+        if deliveries >= MAX_DELIVER:
+            await self.dead_letter(raw.data, raw.subject, meta.sequence.stream, deliveries,
+                                   "HandlerFailed", f"{type(exc).__name__}: {exc}")
+            await raw.ack()
+            return
+        self.counters.retried += 1
+        # Early retries are routine (events of two streams arrive in no fixed order); repeated ones are not.
+        log.log(logging.WARNING if deliveries >= 3 else logging.INFO,
+                "%s: handler failed (delivery %d/%d), will retry: %s", self.spec.name, deliveries, MAX_DELIVER, exc)
+        await raw.nak(delay=NAK_DELAYS_S[min(deliveries, len(NAK_DELAYS_S)) - 1])
+
+    async def _process(self, raw: Msg) -> None:
+        """Handle one JetStream message in a unit of work of its own and settle it: ack, nak with delay, or
+        dead-letter then ack."""
+        meta = raw.metadata
         try:
-            await self.handle(raw.data, subject=raw.subject, stream_seq=meta.sequence.stream, deliveries=deliveries)
+            await self.handle(raw.data, subject=raw.subject, stream_seq=meta.sequence.stream,
+                              deliveries=meta.num_delivered)
         except Exception as exc:
-            if deliveries >= MAX_DELIVER:
-                await self.dead_letter(raw.data, raw.subject, meta.sequence.stream, deliveries,
-                                       "HandlerFailed", f"{type(exc).__name__}: {exc}")
-                await raw.ack()
-                return
-            self.counters.retried += 1
-            # Early retries are routine (events of two streams arrive in no fixed order); repeated ones are not.
-            log.log(logging.WARNING if deliveries >= 3 else logging.INFO,
-                    "%s: handler failed (delivery %d/%d), will retry: %s", self.spec.name, deliveries, MAX_DELIVER, exc)
-            await raw.nak(delay=NAK_DELAYS_S[min(deliveries, len(NAK_DELAYS_S)) - 1])
+            await self._retry_or_give_up(raw, exc)
             return
         await raw.ack()
 
-    def _batch_consumer(self, batch_fn: BatchHandler) -> Callable[[NatsMessage], Awaitable[None]]:
-        async def on_batch(msg: NatsMessage) -> None:
-            raws: list[Msg] = list(msg.raw_message)  # type: ignore[call-overload]  # a batch's raw_message is a list
-            try:
-                async with self._handle_lock, self.pool.acquire() as conn:
-                    outcome = await batch_fn(conn, [m.data for m in raws])
-            except Exception as exc:
-                # The batch rolled back as a whole: settle each message on its own path instead.
-                log.warning("%s: batch of %d failed, falling back to one by one: %s", self.spec.name, len(raws), exc)
-                for m in raws:
-                    await self._process(m)
-                return
-            self.counters.handled += outcome.handled
-            self.counters.duplicates += outcome.duplicates
-            rest = list(outcome.rest)
+    async def _on_batch(self, batch_fn: BatchHandler, raws: Sequence[Msg]) -> None:
+        try:
+            async with self._handle_lock, self.pool.acquire() as conn:
+                outcome = await batch_fn(conn, [m.data for m in raws])
+        except Exception as exc:
+            # The batch rolled back as a whole: settle each message on its own path instead.
+            log.warning("%s: batch of %d failed, falling back to one by one: %s", self.spec.name, len(raws), exc)
             for m in raws:
-                if m.data in rest:
-                    rest.remove(m.data)
-                    await self._process(m)  # not the batch handler's: dead letter or another handler
-                else:
-                    await m.ack()
-
-        return on_batch
+                await self._process(m)
+            return
+        self.counters.handled += outcome.handled
+        self.counters.duplicates += outcome.duplicates
+        rest = list(outcome.rest)
+        for m in raws:
+            if m.data in rest:
+                rest.remove(m.data)
+                await self._process(m)  # not the batch handler's: dead letter or another handler
+            else:
+                await m.ack()
 
     async def dead_letter(self, raw: bytes, subject: str, stream_seq: int | None, deliveries: int,
                           reason: str, message: str) -> None:
+        async with self.pool.acquire() as conn:
+            await self._record_dead_letter(conn, raw, subject, stream_seq, deliveries, reason, message)
+        await self._notify_dead_letter(raw, subject, stream_seq, deliveries, reason, message)
+
+    async def _record_dead_letter(self, conn: asyncpg.Connection, raw: bytes, subject: str, stream_seq: int | None,
+                                  deliveries: int, reason: str, message: str) -> None:
+        await conn.execute(
+            f"INSERT INTO {self.spec.schema}.dead_letters(subject, stream_seq, deliveries, reason, message, body)"
+            " VALUES ($1, $2, $3, $4, $5, $6)", subject, stream_seq, deliveries, reason, message, raw)
+
+    async def _notify_dead_letter(self, raw: bytes, subject: str, stream_seq: int | None, deliveries: int,
+                                  reason: str, message: str) -> None:
         self.counters.dead_lettered += 1
         log.error("%s: dead-lettering message on %s (seq %s): %s: %s", self.spec.name, subject, stream_seq,
                   reason, message)
+        await self._publish_dlq_notice(subject, stream_seq, deliveries, reason, message, raw,
+                                       f"dlq-{self.spec.name}-{subject}-{stream_seq}")
+
+    async def _publish_dlq_notice(self, subject: str, stream_seq: int | None, deliveries: int, reason: str,
+                                  message: str, raw: bytes, msg_id: str) -> None:
+        """The dead letter on `<ns>.dlq.<service>`, its body cut to DLQ_BODY_BYTES (the table keeps it whole: an
+        oversize outbox row would not fit in a NATS message either)."""
         record = {"service": self.spec.name, "subject": subject, "stream_seq": stream_seq,
                   "deliveries": deliveries, "reason": reason, "message": message,
-                  "body": raw.decode("utf-8", errors="replace")}
-        async with self.pool.acquire() as conn:
-            await conn.execute(
-                f"INSERT INTO {self.spec.schema}.dead_letters(subject, stream_seq, deliveries, reason, message, body)"
-                " VALUES ($1, $2, $3, $4, $5, $6)", subject, stream_seq, deliveries, reason, message, raw)
-        msg_id = f"dlq-{self.spec.name}-{subject}-{stream_seq}"
+                  "body": raw[:DLQ_BODY_BYTES].decode("utf-8", errors="replace"), "body_bytes": len(raw)}
         subject_dlq = dlq_subject(self.spec.name)
         await self.broker.publish(json.dumps(record).encode(), subject_dlq, headers={"Nats-Msg-Id": msg_id},
                                   stream=stream_for_subject(subject_dlq).name)
@@ -520,9 +729,13 @@ class ServiceRuntime:
     # ------------------------------------------------------------------ outbox relay
 
     async def _relay_loop(self) -> None:
+        next_prune = 0.0
         while True:
             try:
                 published = await self.relay_once()
+                if asyncio.get_running_loop().time() >= next_prune:
+                    next_prune = asyncio.get_running_loop().time() + PRUNE_EVERY_S
+                    await self.prune_once()
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -534,26 +747,95 @@ class ServiceRuntime:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._outbox_wakeup.wait(), timeout=0.5)
 
-    async def relay_once(self, limit: int = 256) -> int:
-        """Publish the oldest unpublished outbox rows, then mark them. A crash between the two
-        republishes them on restart; JetStream drops the copy by Nats-Msg-Id."""
+    async def relay_once(self, limit: int = RELAY_BATCH) -> int:
+        """Publish the oldest unpublished outbox rows as one pipelined batch (JetStream async publish, the acks
+        awaited together), then mark them. A crash between the two republishes them on restart; JetStream drops
+        the copy by Nats-Msg-Id. A row that can never be published (larger than the server's max_payload, a
+        subject no stream captures, a publish JetStream refuses) is moved to `dead_letters` with its reason, so
+        it never holds back the rows behind it. Returns how many rows it settled."""
+        dead: list[tuple[Any, str, str]] = []
         async with self.pool.acquire() as conn, conn.transaction():
             rows = await conn.fetch(
                 f"SELECT seq, event_id, subject, body FROM {self.spec.schema}.outbox "
                 "WHERE published_at IS NULL ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED", limit)
             if not rows:
                 return 0
+            sendable = []
+            limit_bytes = self.max_event_bytes()
             for row in rows:
-                await self.publish_raw(row["subject"], bytes(row["body"]), row["event_id"])
+                size = len(row["body"])
+                if size > limit_bytes:
+                    dead.append((row, "OutboxOversize", f"{size} bytes, above the {limit_bytes}-byte limit of one "
+                                                        "NATS message"))
+                    continue
+                try:
+                    stream_for_subject(row["subject"])
+                except LookupError as exc:
+                    dead.append((row, "OutboxNoStream", str(exc)))
+                    continue
+                sendable.append(row)
+            refused = await self.publish_batch(
+                [(r["subject"], bytes(r["body"]), r["event_id"]) for r in sendable]) if sendable else {}
+            dead += [(r, "OutboxRefused", refused[r["event_id"]]) for r in sendable if r["event_id"] in refused]
+            if dead:
+                await conn.executemany(
+                    f"INSERT INTO {self.spec.schema}.dead_letters(subject, stream_seq, deliveries, reason, message, "
+                    "body) VALUES ($1, NULL, 0, $2, $3, $4)",
+                    [(r["subject"], reason, message, bytes(r["body"])) for r, reason, message in dead])
+                await conn.execute(f"DELETE FROM {self.spec.schema}.outbox WHERE seq = ANY($1::bigint[])",
+                                   [r["seq"] for r, _, _ in dead])
+            published = [r["seq"] for r in sendable if r["event_id"] not in refused]
             await conn.execute(
-                f"UPDATE {self.spec.schema}.outbox SET published_at = now() WHERE seq = ANY($1::bigint[])",
-                [r["seq"] for r in rows])
-        self.counters.published += len(rows)
+                f"UPDATE {self.spec.schema}.outbox SET published_at = now() WHERE seq = ANY($1::bigint[])", published)
+        self.counters.published += len(published)
+        for row, reason, message in dead:  # after commit: the table row is the record, this is the notice
+            self.counters.dead_lettered += 1
+            log.error("%s: outbox row %s (%s) dead-lettered: %s: %s", self.spec.name, row["event_id"],
+                      row["subject"], reason, message)
+            with contextlib.suppress(Exception):
+                await self._publish_dlq_notice(row["subject"], None, 0, reason, message, bytes(row["body"]),
+                                               f"dlq-{self.spec.name}-outbox-{row['event_id']}")
         return len(rows)
 
-    async def publish_raw(self, subject: str, body: bytes, event_id: str) -> None:
-        await self.broker.publish(body, subject, headers={"Nats-Msg-Id": event_id},
-                                  stream=stream_for_subject(subject).name, timeout=5.0)
+    def max_event_bytes(self) -> int:
+        """The largest body one NATS message carries here: the server's max_payload less room for the headers."""
+        nc = self.broker.config.connection_state.connection
+        return min(self.event_bytes_limit, nc.max_payload - HEADER_ROOM)
+
+    async def publish_batch(self, messages: Sequence[tuple[str, bytes, str]]) -> dict[str, str]:
+        """Publish (subject, body, event id) messages in order without waiting for each PubAck, then await the
+        acks together. Returns {event id: reason} of those JetStream refused (a verdict on the message, not the
+        link); raises on a transient failure (timeout, connection), so that the whole batch is retried."""
+        js = self.broker.config.connection_state.stream
+        futures = [await js.publish_async(subject, body, stream=stream_for_subject(subject).name,
+                                          headers={"Nats-Msg-Id": event_id})
+                   for subject, body, event_id in messages]
+        results = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), timeout=PUBLISH_TIMEOUT_S)
+        refused: dict[str, str] = {}
+        for (_, _, event_id), result in zip(messages, results, strict=True):
+            if isinstance(result, NoStreamResponseError | ServiceUnavailableError | ServerError):
+                raise result  # the server or the stream is not there or not well: a condition, retried later
+            if isinstance(result, APIError):  # a 4xx answer about this message: it would fail the same way again
+                refused[event_id] = f"JetStream refused the publish: {result}"
+            elif isinstance(result, BaseException):
+                raise result
+        return refused
+
+    async def prune_once(self, retention_s: float | None = None) -> tuple[int, int]:
+        """Delete published outbox rows and inbox rows older than the retention (`GPUQ_PLUMBING_RETENTION_S`),
+        a bounded number per call. Returns (outbox rows, inbox rows) deleted. Unpublished rows are never touched."""
+        keep = self.retention_s if retention_s is None else retention_s
+        s = self.spec.schema
+        async with self.pool.acquire() as conn:
+            outbox = await conn.fetchval(
+                f"WITH gone AS (DELETE FROM {s}.outbox WHERE seq IN (SELECT seq FROM {s}.outbox WHERE published_at "
+                f"< now() - make_interval(secs => $1) LIMIT $2) RETURNING 1) SELECT count(*) FROM gone",
+                keep, PRUNE_BATCH)
+            inbox = await conn.fetchval(
+                f"WITH gone AS (DELETE FROM {s}.inbox WHERE event_id IN (SELECT event_id FROM {s}.inbox WHERE "
+                f"handled_at < now() - make_interval(secs => $1) LIMIT $2) RETURNING 1) SELECT count(*) FROM gone",
+                keep, PRUNE_BATCH)
+        return int(outbox), int(inbox)
 
 
 def default_subject(payload: Payload) -> str:

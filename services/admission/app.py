@@ -207,9 +207,13 @@ class AdmissionService:
             self._version += 1
 
     async def _then_cycle(self, tx: Tx, body: Callable[[], Awaitable[None]]) -> None:
-        """Apply an event's change, then run one admission cycle in the same transaction. (If anything fails,
-        the runtime rebuilds memory from the tables through `reload` before the next unit of work.)"""
+        """Apply an event's change, then run one admission cycle in the same transaction: after this event, or once
+        after the whole batch of events the unit of work handles (`Tx.after_events`). (If anything fails, the
+        runtime rebuilds memory from the tables through `reload` before the next unit of work.)"""
         await body()
+        await tx.after_events("admission-cycle", self._cycle_and_count)
+
+    async def _cycle_and_count(self, tx: Tx) -> None:
         await self.cycle(tx)
         self._version += 1
 

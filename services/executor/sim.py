@@ -159,7 +159,8 @@ class SimExecutor:
             last = await tx.conn.fetchval("SELECT value FROM executor.meta WHERE key = 'inventory'")
             if last == digest:
                 return
-            await tx.emit(NodeInventory(nodes=nodes, source="sim"))
+            for part in NodeInventory.chunked(nodes, source="sim", announcement=f"sim-{digest[:16]}"):
+                await tx.emit(part)  # one NATS message holds 1 MiB: a big cluster is announced in parts
             await tx.conn.execute(
                 "INSERT INTO executor.meta(key, value) VALUES ('inventory', $1) "
                 "ON CONFLICT (key) DO UPDATE SET value = excluded.value", digest)

@@ -87,10 +87,11 @@ class SchedulerService:
         self._published.clear()
 
     async def _then_cycle(self, tx: Tx, body: Callable[[], Awaitable[None]]) -> None:
-        """Apply an event's change, then run one scheduling cycle in the same transaction. (If anything
-        fails, the runtime rebuilds memory from the tables through `reload` before the next unit of work.)"""
+        """Apply an event's change, then run one scheduling cycle in the same transaction: after this event, or
+        once after the whole batch of events the unit of work handles (`Tx.after_events`). (If anything fails, the
+        runtime rebuilds memory from the tables through `reload` before the next unit of work.)"""
         await body()
-        await self.cycle(tx)
+        await tx.after_events("scheduling-cycle", self.cycle)
 
     # ------------------------------------------------------------------ handlers
 

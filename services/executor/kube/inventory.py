@@ -11,6 +11,7 @@ never announces a degraded node ready again: only the source's clean polls do.""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -24,10 +25,6 @@ from shared.service import Tx
 
 log = logging.getLogger("gpuq.executor.kube")
 SOURCE = "kubernetes"
-# Nodes per NodeInventory event: ~400 bytes each, so a chunk stays far below NATS's default 1 MiB max_payload
-# (every consumer upserts the nodes of an inventory, so several chunks mean the same as one event).
-INVENTORY_CHUNK = 500
-
 
 Verdicts = Mapping[str, tuple[str, str]]  # node -> (reason, message) of the DCGM source's degraded nodes
 NO_VERDICTS: Verdicts = {}
@@ -85,8 +82,9 @@ async def publish_all(tx: Tx, objects: Iterable[dict[str, Any]], cfg: Kubernetes
     removed = sorted(known.keys() - current.keys())
     if first and (changed or not known):
         ordered = [current[k] for k in sorted(current)]
-        for start in range(0, max(1, len(ordered)), INVENTORY_CHUNK):
-            await tx.emit(NodeInventory(nodes=tuple(ordered[start:start + INVENTORY_CHUNK]), source=SOURCE))
+        digest = hashlib.sha256("".join(n.model_dump_json() for n in ordered).encode()).hexdigest()[:16]
+        for part in NodeInventory.chunked(ordered, source=SOURCE, announcement=f"{SOURCE}-{digest}"):
+            await tx.emit(part)
     else:
         for name in changed:
             await tx.emit(NodeChanged(node=current[name], change="updated" if name in known else "added"))

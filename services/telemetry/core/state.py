@@ -111,6 +111,8 @@ class TelemetryState:
     def __init__(self, job_series_cap: int = JOB_SERIES_CAP):
         self.jobs: dict[str, JobRecord] = {}
         self.nodes: dict[str, NodeRecord] = {}
+        # The node inventory announcement being received in parts: its id and the nodes its parts named so far.
+        self._announcing: tuple[str, set[str]] = ("", set())
         self.samples: dict[str, NodeSample] = {}
         self.guaranteed: dict[str, int] = {}  # gpu model -> sum of nominal quotas
         self.prices: dict[str, float] = {}  # gpu model -> cost per GPU-hour
@@ -369,13 +371,20 @@ class TelemetryState:
                            self.flavors)
 
     def _on_NodeInventory(self, p: NodeInventory, now: float, fx: Effects) -> None:
-        names = {n.name for n in p.nodes}
-        for gone in sorted(set(self.nodes) - names):
-            del self.nodes[gone]
-            fx.nodes.add(gone)
+        # A part's nodes are as given at once; "the nodes not announced are gone" waits for the last part of the
+        # announcement (its parts arrive in order). A part of another announcement starts over.
+        if p.part == 1 or p.announcement != self._announcing[0]:
+            self._announcing = (p.announcement, set())
+        names = self._announcing[1]
+        names.update(n.name for n in p.nodes)
         for n in p.nodes:
             self.nodes[n.name] = NodeRecord(node=n)
             fx.nodes.add(n.name)
+        if p.last_part:
+            for gone in sorted(set(self.nodes) - names):
+                del self.nodes[gone]
+                fx.nodes.add(gone)
+            self._announcing = ("", set())
 
     def _on_NodeChanged(self, p: NodeChanged, now: float, fx: Effects) -> None:
         fx.nodes.add(p.node.name)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 
 import asyncpg
@@ -150,14 +150,14 @@ async def test_publish_interrupted_after_commit_is_published_once_after_restart(
 
     # First relay publishes, then "crashes" before marking the row published.
     published: list[str] = []
-    original = runtime.publish_raw
+    original = runtime.publish_batch
 
-    async def publish_then_crash(subject: str, body: bytes, event_id: str) -> None:
-        await original(subject, body, event_id)
-        published.append(event_id)
+    async def publish_then_crash(messages: Sequence[tuple[str, bytes, str]]) -> dict[str, str]:
+        await original(messages)
+        published.extend(event_id for _, _, event_id in messages)
         raise ConnectionError("process killed after publish, before marking the outbox row")
 
-    runtime.publish_raw = publish_then_crash  # type: ignore[method-assign]
+    runtime.publish_batch = publish_then_crash  # type: ignore[method-assign]  # the crash point under test
     with pytest.raises(ConnectionError):
         await runtime.relay_once()
     assert published == [event.id]

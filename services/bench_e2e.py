@@ -1,0 +1,343 @@
+"""`gpuq bench e2e`: the running platform end to end, driven through NATS as producers drive it.
+
+It starts a stack (or attaches to one with `--attach`), publishes `JobSubmitted` events on the teams' submission
+subjects, and watches `JobAdmitted` and `JobPlaced` go by on the bus. It prints one JSON object: placements/s and
+admissions/s, submit→admitted and submit→placed p50/p99, events on the bus and consumer deliveries per job, CPU
+and RSS of the gpuq process(es), and the CPU the Postgres server processes used meanwhile (all Postgres processes
+of this machine: on a shared machine that includes other users' load).
+
+Scenarios:
+- `burst`: `--jobs` 1-GPU jobs at once on `--nodes` nodes × 8 GPUs in `--queues` queues of one cohort;
+- `steady`: `--waiting` jobs waiting for quota in the same cohort, then arrivals at `--rate`/s for `--seconds`,
+  each running `--duration` s, so that jobs complete while others arrive;
+- `scale`: start-up on `--nodes` (say 20,000) nodes, then a burst; reports how long the scheduler took to learn
+  every node.
+
+Unless attached, the stack runs in a fresh platform namespace (`bench-…`, streams marked `gpuq:bench`) and a
+scratch database on the servers of NATS_URL / DATABASE_URL (embedded ones when unset), and both are deleted at
+the end: nothing it did not create is touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.progress import Progress
+
+from shared import namespace as namespaces
+
+SERVICES = "admission,scheduler,executor,preemption,metering,telemetry"
+LONG_S = 86_400  # a burst's jobs run this long: they hold their GPUs for the whole measurement
+
+
+@dataclass
+class Watch:
+    """Arrival times of JobAdmitted / JobPlaced per job, read off the bus (core NATS subscriptions)."""
+
+    submitted: dict[str, float] = field(default_factory=dict)
+    admitted: dict[str, float] = field(default_factory=dict)
+    placed: dict[str, float] = field(default_factory=dict)
+
+    def on(self, kind: dict[str, float]) -> Any:
+        async def cb(msg: Any) -> None:
+            now = time.perf_counter()
+            try:
+                job = json.loads(msg.data)["data"]["job_id"]
+            except (ValueError, KeyError, TypeError):
+                return
+            kind.setdefault(job, now)
+
+        return cb
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value * 1000, 1)
+
+
+def _cluster(nodes: int) -> dict[str, Any]:
+    return {"node_groups": [{"name": "h100", "count": nodes, "gpus_per_node": 8, "gpu_model": "H100-80GB",
+                             "cpu_milli": 192_000, "memory_mib": 2_000_000, "nodes_per_rack": 8}]}
+
+
+def _queues(queues: int, nodes: int, waiting: int) -> dict[str, Any]:
+    per_queue = nodes * 8 // queues
+    return {
+        "priority_classes": [{"name": "normal", "value": 100}],
+        "cohorts": [{"name": "bench"}],
+        "queues": [{"name": f"team-{i:02d}", "cohort": "bench", "quotas": {"H100-80GB": {"nominal": per_queue}}}
+                   for i in range(queues)]
+        + ([{"name": "waiting", "cohort": "bench", "quotas": {"H100-80GB": {"nominal": 0, "borrowing_limit": 0}}}]
+           if waiting else []),
+    }
+
+
+def _submission(job_id: str, queue: str, duration_s: float) -> tuple[str, bytes, str]:
+    from services.executor.sim import DURATION_LABEL
+    from shared.domain import JobSpec, PodSet
+    from shared.events import JobSubmitted, encode_event
+    from shared.tracing import traced_event
+
+    at = datetime.now(UTC)
+    spec = JobSpec(job_id=job_id, team=queue, queue=queue, max_runtime_s=max(LONG_S, int(duration_s) + 60),
+                   labels={DURATION_LABEL: str(duration_s)},
+                   pod_sets=(PodSet(count=1, gpus_per_pod=1, gpu_models=("H100-80GB",)),))
+    event = traced_event(JobSubmitted(spec=spec, submitted_at=at), source="bench", time=at)
+    return JobSubmitted(spec=spec).scoped_subject(queue), encode_event(event), event.id
+
+
+class Meter:
+    """CPU seconds and RSS of this process and its children, and CPU seconds of the machine's Postgres processes."""
+
+    def __init__(self, pids: list[int]) -> None:
+        import psutil
+
+        self.psutil = psutil
+        self.procs = [psutil.Process(pid) for pid in pids]
+        self.start = self._read()
+
+    def _postgres(self) -> float:
+        total = 0.0
+        for proc in self.psutil.process_iter(["name"]):
+            if proc.info["name"] in ("postgres", "postmaster"):
+                with contextlib.suppress(self.psutil.Error):
+                    t = proc.cpu_times()
+                    total += t.user + t.system
+        return total
+
+    def _read(self) -> dict[str, float]:
+        out = {}
+        for proc in self.procs:
+            with contextlib.suppress(self.psutil.Error):
+                t = proc.cpu_times()
+                out[str(proc.pid)] = t.user + t.system
+        out["postgres"] = self._postgres()
+        return out
+
+    def report(self, jobs: int) -> dict[str, Any]:
+        end = self._read()
+        gpuq = {pid: round(end[pid] - self.start.get(pid, 0.0), 2) for pid in end if pid != "postgres"}
+        rss = {}
+        for proc in self.procs:
+            with contextlib.suppress(self.psutil.Error):
+                rss[str(proc.pid)] = round(proc.memory_info().rss / 2**20, 1)
+        pg = end["postgres"] - self.start["postgres"]
+        cpu = sum(gpuq.values())
+        return {"gpuq_cpu_s": gpuq, "gpuq_rss_mib": rss, "postgres_cpu_s": round(pg, 2),
+                "gpuq_cpu_ms_per_job": round(1000 * cpu / max(1, jobs), 2),
+                "postgres_cpu_ms_per_job": round(1000 * pg / max(1, jobs), 2)}
+
+
+async def _bus_totals(js: Any, ns: str) -> tuple[int, int]:
+    """(messages in the namespace's streams but utilisation samples and dead letters, deliveries to consumers)."""
+    from nats.js.errors import NotFoundError
+
+    from shared.bus import streams
+
+    messages = deliveries = 0
+    for stream in streams(ns):
+        if stream.name.endswith(("_UTILIZATION", "_DLQ", "_AUDIT")):
+            continue
+        try:
+            info = await js.stream_info(stream.name)
+        except NotFoundError:
+            continue
+        messages += info.state.messages
+        for consumer in await js.consumers_info(stream.name):
+            deliveries += consumer.delivered.consumer_seq
+    return messages, deliveries
+
+
+async def _wait(predicate: Any, timeout: float, what: str, progress: Progress | None = None,
+                task: Any = None, total: Any = None) -> bool:
+    deadline = time.perf_counter() + timeout
+    while not predicate():
+        if time.perf_counter() > deadline:
+            print(f"bench e2e: timed out after {timeout:.0f} s waiting for {what}", file=sys.stderr)
+            return False
+        if progress is not None and task is not None and total is not None:
+            progress.update(task, completed=total())
+        await asyncio.sleep(0.05)
+    return True
+
+
+async def _run(scenario: str, *, nodes: int, queues: int, jobs: int, rate: float, seconds: float, waiting: int,
+               duration: float, services: str, attach: bool, timeout: float, progress: Progress) -> dict[str, Any]:
+    import nats
+
+    from services.stack import Stack, StackSettings
+    from shared.bus import delete_streams, ensure_streams
+    from shared.config import parse_cluster, parse_queues
+    from shared.db import create_pool, drop_database, scratch_database
+    from shared.servers import resolve_servers
+
+    own_ns = not attach
+    ns = namespaces.current() if attach else namespaces.fresh("bench")
+    os.environ[namespaces.ENV] = ns
+    servers = None if attach else resolve_servers(Path(tempfile.mkdtemp(prefix="gpuq-bench-e2e-")))
+    nats_url = os.environ["NATS_URL"] if attach else servers.nats_url  # type: ignore[union-attr]  # set when not attached
+    base_db = os.environ["DATABASE_URL"] if attach else servers.database_url  # type: ignore[union-attr]  # as above
+    db_url, db_name = (base_db, "") if attach else await scratch_database(base_db, "gpuq_bench_e2e")
+    out: dict[str, Any] = {"scenario": scenario, "nodes": nodes, "queues": queues, "services": services,
+                           "layout": "attached" if attach else "one process"}
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    stack = None
+    try:
+        if own_ns:
+            await ensure_streams(js, ns, purpose="bench")
+            settings = StackSettings(nats_url=nats_url, database_url=db_url,
+                                     queues=parse_queues(_queues(queues, nodes, waiting)),
+                                     cluster=parse_cluster(_cluster(nodes)),
+                                     services=[s for s in services.split(",") if s])
+            stack = Stack(settings)
+            started = time.perf_counter()
+            await stack.start()
+        pool = await create_pool(db_url, max_size=2)
+        try:
+            if own_ns:
+                known = 0
+
+                async def count_nodes() -> None:
+                    nonlocal known
+                    known = await pool.fetchval("SELECT count(*) FROM scheduler.nodes")
+
+                task = progress.add_task(f"scheduler learns {nodes} nodes", total=nodes)
+                deadline = time.perf_counter() + timeout
+                while known < nodes and time.perf_counter() < deadline:
+                    await count_nodes()
+                    progress.update(task, completed=known)
+                    await asyncio.sleep(0.2)
+                out["startup_s"] = round(time.perf_counter() - started, 2)
+                out["nodes_known"] = known
+            watch = Watch()
+            subs = [await nc.subscribe(f"{ns}.job.admitted", cb=watch.on(watch.admitted)),
+                    await nc.subscribe(f"{ns}.job.placed", cb=watch.on(watch.placed))]
+            if waiting:
+                task = progress.add_task(f"{waiting} jobs waiting for quota", total=waiting)
+                for i in range(waiting):
+                    subject, body, event_id = _submission(f"wait-{i:06d}", "waiting", LONG_S)
+                    await js.publish_async(subject, body, headers={"Nats-Msg-Id": event_id})
+                    progress.advance(task)
+                await js.publish_async_completed()
+                # settled when admission has judged them all (its jobs table), before the timed part
+                while (await pool.fetchval("SELECT count(*) FROM admission.jobs WHERE queue = 'waiting'")
+                       or 0) < waiting:
+                    await asyncio.sleep(0.5)
+            before_msgs, before_deliveries = await _bus_totals(js, ns)
+            meter = Meter([os.getpid()])
+            task = progress.add_task(f"{scenario}: submitting", total=jobs)
+            t0 = time.perf_counter()
+            if scenario == "steady":
+                total = int(rate * seconds)
+                interval = 1.0 / rate
+                for i in range(total):
+                    target = t0 + i * interval
+                    delay = target - time.perf_counter()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    subject, body, event_id = _submission(f"job-{i:06d}", f"team-{i % queues:02d}", duration)
+                    watch.submitted[f"job-{i:06d}"] = time.perf_counter()
+                    await js.publish_async(subject, body, headers={"Nats-Msg-Id": event_id})
+                    progress.advance(task)
+                jobs = total
+            else:
+                for i in range(jobs):
+                    subject, body, event_id = _submission(f"job-{i:06d}", f"team-{i % queues:02d}", LONG_S)
+                    watch.submitted[f"job-{i:06d}"] = time.perf_counter()
+                    await js.publish_async(subject, body, headers={"Nats-Msg-Id": event_id})
+                    progress.advance(task)
+            await js.publish_async_completed()
+            submit_s = time.perf_counter() - t0
+            fit = min(jobs, nodes * 8)
+            task = progress.add_task(f"{scenario}: placing", total=fit)
+            ok = await _wait(lambda: sum(j in watch.placed for j in watch.submitted) >= fit, timeout,
+                             f"{fit} placements", progress, task,
+                             lambda: sum(j in watch.placed for j in watch.submitted))
+            elapsed = max(time.perf_counter() - t0, 1e-9)
+            await asyncio.sleep(1.0)  # the events after the placements (JobStarted, metering) settle
+            after_msgs, after_deliveries = await _bus_totals(js, ns)
+            for sub in subs:
+                await sub.unsubscribe()
+            jobs_seen = [j for j in watch.submitted if j in watch.placed]
+            to_admit = [watch.admitted[j] - watch.submitted[j] for j in watch.submitted if j in watch.admitted]
+            to_place = [watch.placed[j] - watch.submitted[j] for j in jobs_seen]
+            last_admit = max((watch.admitted[j] for j in watch.submitted if j in watch.admitted), default=t0)
+            last_place = max((watch.placed[j] for j in jobs_seen), default=t0)
+            out.update({
+                "jobs": jobs, "waiting": waiting, "completed_in_time": ok, "submit_s": round(submit_s, 2),
+                "admitted": len(to_admit), "placed": len(jobs_seen), "elapsed_s": round(elapsed, 2),
+                "admissions_per_s": round(len(to_admit) / max(last_admit - t0, 1e-9), 1),
+                "placements_per_s": round(len(jobs_seen) / max(last_place - t0, 1e-9), 1),
+                "submit_to_admitted_p50_ms": _ms(statistics.median(to_admit) if to_admit else None),
+                "submit_to_admitted_p99_ms": _ms(_percentile(to_admit, 0.99)),
+                "submit_to_placed_p50_ms": _ms(statistics.median(to_place) if to_place else None),
+                "submit_to_placed_p99_ms": _ms(_percentile(to_place, 0.99)),
+                "events_per_job": round((after_msgs - before_msgs) / max(1, jobs), 2),
+                "deliveries_per_job": round((after_deliveries - before_deliveries) / max(1, jobs), 2),
+            })
+            out.update(meter.report(jobs))
+        finally:
+            await pool.close()
+    finally:
+        if stack is not None:
+            await stack.stop()
+        if own_ns:
+            with contextlib.suppress(Exception):
+                await delete_streams(js, ns, purpose="bench")
+        await nc.close()
+        if db_name:
+            await drop_database(base_db, db_name)
+        if servers is not None:
+            servers.close()
+    return out
+
+
+def bench_e2e(
+    scenario: str = typer.Argument("burst", help="burst | steady | scale (see the command's description)"),
+    nodes: int = typer.Option(1000, help="Simulated nodes (8 H100 each)."),
+    queues: int = typer.Option(20, help="Team queues, in one cohort, sharing the GPUs' quota equally."),
+    jobs: int = typer.Option(1000, help="burst/scale: 1-GPU jobs submitted at once."),
+    rate: float = typer.Option(100.0, help="steady: arrivals per second."),
+    seconds: float = typer.Option(20.0, help="steady: how long arrivals go on."),
+    waiting: int = typer.Option(0, help="Jobs left waiting for quota in the same cohort before the timed part "
+                                        "(steady: 10,000 in the issue's scenario)."),
+    duration: float = typer.Option(5.0, help="steady: seconds each arriving job runs."),
+    services: str = typer.Option(SERVICES, help="Services the started stack runs (comma-separated)."),
+    attach: bool = typer.Option(False, "--attach", help="Drive the stack already running on NATS_URL / "
+                                "DATABASE_URL in GPUQ_NAMESPACE instead of starting one."),
+    timeout: float = typer.Option(600.0, help="Seconds to wait for the placements before reporting what came."),
+) -> None:
+    """The running platform end to end: placements/s, admissions/s, submit→admitted and submit→placed p50/p99,
+    events and deliveries per job, CPU and RSS, Postgres CPU. Prints one JSON object."""
+    if scenario not in ("burst", "steady", "scale"):
+        raise typer.BadParameter(f"unknown scenario {scenario!r}: burst, steady or scale")
+    if attach and not (os.environ.get("NATS_URL") and os.environ.get("DATABASE_URL")):
+        raise typer.BadParameter("--attach needs NATS_URL and DATABASE_URL of the running stack")
+    import logging
+
+    logging.basicConfig(level=logging.WARNING)
+    with Progress(transient=True, console=Console(file=sys.stderr)) as progress:
+        result = asyncio.run(_run(scenario, nodes=nodes, queues=queues, jobs=jobs, rate=rate, seconds=seconds,
+                                  waiting=waiting, duration=duration, services=services, attach=attach,
+                                  timeout=timeout, progress=progress))
+    typer.echo(json.dumps(result))

@@ -1,0 +1,123 @@
+"""Consumption in batches on a real JetStream server and Postgres: a pulled batch is handled in one transaction, one
+savepoint per message, so a poison message or a failing handler in the middle of a batch costs only itself; and an
+event that arrives before the event it depends on (a cancel before the admission) is still handled right."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import asyncpg
+import nats
+import pytest_asyncio
+
+from services.scheduler.app import SchedulerService
+from shared.clock import ManualClock
+from shared.config import parse_cluster
+from shared.db import create_pool
+from shared.domain import JobSpec, PodSet
+from shared.events import CloudEvent, JobAdmitted, JobCancelled, JobSubmitted, NodeInventory, encode_event, make_event
+from shared.namespace import subject as ns_subject
+from shared.service import ServiceRuntime, Tx, publish_event
+from tests.service.plumbing.test_delivery import SCHEMA, CountingService, count, submitted, wait_for
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@pytest_asyncio.fixture
+async def pool(fresh: tuple[str, str]) -> AsyncIterator[asyncpg.Pool]:
+    p = await create_pool(fresh[1])
+    await p.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")  # this module's own schema, from an earlier test
+    await p.execute(f"CREATE SCHEMA {SCHEMA}")
+    await p.execute(f"CREATE TABLE {SCHEMA}.counts(job_id text PRIMARY KEY, n int NOT NULL)")
+    yield p
+    await p.close()
+
+
+async def test_poison_and_a_failing_handler_in_the_middle_of_a_batch_cost_only_themselves(
+        fresh: tuple[str, str], pool: asyncpg.Pool) -> None:
+    nats_url, _ = fresh
+    svc = CountingService()
+    failed: list[str] = []
+
+    async def fails_once_for_one_job(tx: Tx, event: CloudEvent, payload: JobSubmitted) -> None:
+        await svc.on_submitted(tx, event, payload)  # its row and its JobCompleted, rolled back with the failure
+        if payload.spec.job_id == "fails-once" and not failed:
+            failed.append(payload.spec.job_id)
+            raise RuntimeError("simulated failure of one message in the middle of the batch")
+
+    spec = svc.spec()
+    spec.handlers = {JobSubmitted: fails_once_for_one_job}
+    runtime = ServiceRuntime(spec, nats_url=nats_url, pool=pool, clock=ManualClock())
+    subject = ns_subject("job.submitted.team-a")
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    # All on the stream before the service starts: its first pull takes them as one batch.
+    for i in range(5):
+        await publish_event(js, submitted(f"before-{i}"), subject)
+    await js.publish(subject, b"{poison")
+    await publish_event(js, submitted("fails-once"), subject)
+    for i in range(5):
+        await publish_event(js, submitted(f"after-{i}"), subject)
+    await nc.close()
+    await runtime.start()
+    try:
+        await wait_for(lambda: _all_counted(pool, 11))
+        for job in [*(f"before-{i}" for i in range(5)), *(f"after-{i}" for i in range(5)), "fails-once"]:
+            assert await count(pool, job) == 1, job  # once each: the failed attempt rolled back its own savepoint
+        rows = await pool.fetch(f"SELECT reason, stream_seq FROM {SCHEMA}.dead_letters")
+        assert [r["reason"] for r in rows] == ["MalformedJson"] and rows[0]["stream_seq"] == 6
+        assert runtime.counters.handled == 11 and runtime.counters.dead_lettered == 1
+        assert runtime.counters.retried == 1
+        # the good ten of the first batch were committed together (the retry came in a later one)
+        assert 1 <= runtime.counters.batches <= 3
+        # every JobCompleted the handler emitted once, none from the rolled-back attempt twice
+        assert await pool.fetchval(f"SELECT count(*) FROM {SCHEMA}.outbox") == 11
+    finally:
+        await runtime.stop()
+
+
+async def _all_counted(pool: asyncpg.Pool, n: int) -> bool:
+    return (await pool.fetchval(f"SELECT count(*) FROM {SCHEMA}.counts")) == n
+
+
+def _admitted(job_id: str) -> bytes:
+    spec = JobSpec(job_id=job_id, team="t", queue="t", pod_sets=(PodSet(count=1, gpus_per_pod=1),))
+    return encode_event(make_event(JobAdmitted(job_id=job_id, spec=spec, flavors={"main": "H100"}, admitted_at=T0),
+                                   source="test", time=T0))
+
+
+async def test_a_cancel_that_arrives_before_the_admission_still_cancels(fresh: tuple[str, str]) -> None:
+    """The early-cancel race: admission's JobCancelled for a job can reach the scheduler before the JobAdmitted it
+    published earlier was handled (another consumer's order, a redelivery). The cancel leaves a tombstone; the late
+    admission meets it and is not placed. Both arrive in one batch here, after the cancel."""
+    nats_url, database_url = fresh
+    nodes = tuple(parse_cluster({"node_groups": [
+        {"name": "h100", "count": 2, "gpus_per_node": 8, "gpu_model": "H100", "cpu_milli": 64000,
+         "memory_mib": 512000}]}).nodes())
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    await js.publish(ns_subject("node.inventory"),
+                     encode_event(make_event(NodeInventory(nodes=nodes), source="test", time=T0)))
+    cancel = make_event(JobCancelled(job_id="early", by="admission"), source="test", time=T0)
+    await js.publish(ns_subject("job.cancelled"), encode_event(cancel))
+    await js.publish(ns_subject("job.admitted"), _admitted("early"))
+    await js.publish(ns_subject("job.admitted"), _admitted("other"))
+    await nc.close()
+    pool = await create_pool(database_url)
+    runtime = ServiceRuntime(SchedulerService().spec(), nats_url=nats_url, pool=pool, clock=ManualClock(),
+                             database_url=database_url)
+    await runtime.start()
+    try:
+        async def other_placed() -> bool:
+            return await pool.fetchval("SELECT status FROM scheduler.jobs WHERE job_id = 'other'") == "placed"
+
+        await wait_for(other_placed)
+        await asyncio.sleep(0.5)
+        assert await pool.fetchval("SELECT status FROM scheduler.jobs WHERE job_id = 'early'") is None
+        assert await pool.fetchval("SELECT count(*) FROM scheduler.cancelled WHERE job_id = 'early'") == 1
+        assert runtime.counters.dead_lettered == 0
+    finally:
+        await runtime.stop()
+        await pool.close()

@@ -1,0 +1,121 @@
+"""The outbox relay against a real JetStream server and Postgres: rows publish in pipelined batches, a row that can
+never be published is dead-lettered with its reason instead of wedging the rows behind it, and old rows are pruned."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import asyncpg
+import pytest
+import pytest_asyncio
+
+from shared.clock import ManualClock
+from shared.db import create_pool
+from shared.domain import NodeSpec
+from shared.events import JobCompleted, NodeInventory
+from shared.namespace import subject as ns_subject
+from shared.service import ServiceRuntime, ServiceSpec, Tx, retention_from_env
+from tests.service.plumbing.test_delivery import stream_messages
+
+SCHEMA = "relay_test"
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _spec() -> ServiceSpec:
+    return ServiceSpec(name="relaytest", schema=SCHEMA, handlers={})
+
+
+@pytest_asyncio.fixture
+async def runtime(fresh: tuple[str, str]) -> AsyncIterator[ServiceRuntime]:
+    nats_url, db_url = fresh
+    pool = await create_pool(db_url)
+    await pool.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")  # this test's own schema, from an earlier test
+    rt = ServiceRuntime(_spec(), nats_url=nats_url, pool=pool, clock=ManualClock())
+    await rt.prepare()  # no relay loop: the test drives relay_once itself
+    yield rt
+    await rt.stop()
+    await pool.close()
+
+
+async def _emit(rt: ServiceRuntime, *payloads: JobCompleted | NodeInventory) -> list[str]:
+    async with rt.pool.acquire() as conn, conn.transaction():
+        tx = Tx(conn=conn, now=0.0, source="test", schema=SCHEMA)
+        return [(await tx.emit(p)).id for p in payloads]
+
+
+def _inventory(nodes: int) -> NodeInventory:
+    return NodeInventory(nodes=tuple(
+        NodeSpec(name=f"node-{i:05d}", gpus=8, gpu_model="H100-80GB", cpu_milli=192_000, memory_mib=2_000_000,
+                 rack=f"rack-{i // 32:03d}", block=f"block-{i // 512:02d}",
+                 labels={"topology.kubernetes.io/zone": "zone-a"}) for i in range(nodes)))
+
+
+async def _dead_letters(pool: asyncpg.Pool) -> list[asyncpg.Record]:
+    return await pool.fetch(f"SELECT subject, reason, message, length(body) AS size FROM {SCHEMA}.dead_letters "
+                            "ORDER BY id")
+
+
+async def test_relay_publishes_a_batch_in_order(fresh: tuple[str, str], runtime: ServiceRuntime) -> None:
+    ids = await _emit(runtime, *(JobCompleted(job_id=f"job-{i:03d}", finished_at=T0) for i in range(300)))
+    assert await runtime.relay_once() == 300
+    assert await runtime.relay_once() == 0
+    messages = await stream_messages(fresh[0], ns_subject("job.completed"))
+    assert [m["body"]["id"] for m in messages] == ids
+    assert [m["headers"]["Nats-Msg-Id"] for m in messages] == ids
+
+
+async def test_relay_dead_letters_an_oversize_row_and_publishes_the_rows_behind_it(
+        fresh: tuple[str, str], runtime: ServiceRuntime) -> None:
+    big = _inventory(6000)  # one event for a 6,000-node cluster: well above NATS's default 1 MiB max_payload
+    before, _, after = await _emit(runtime, JobCompleted(job_id="job-before", finished_at=T0), big,
+                                   JobCompleted(job_id="job-after", finished_at=T0))
+    body_size = await runtime.pool.fetchval(f"SELECT length(body) FROM {SCHEMA}.outbox WHERE subject = $1",
+                                            ns_subject("node.inventory"))
+    assert body_size > 1024 * 1024
+    assert await runtime.relay_once() == 3
+    assert [m["body"]["id"] for m in await stream_messages(fresh[0], ns_subject("job.completed"))] == [before, after]
+    assert await stream_messages(fresh[0], ns_subject("node.inventory")) == []
+    [dead] = await _dead_letters(runtime.pool)
+    assert dead["reason"] == "OutboxOversize" and dead["subject"] == ns_subject("node.inventory")
+    assert dead["size"] == body_size and "bytes" in dead["message"]  # the whole body is kept in the table
+    assert await runtime.pool.fetchval(f"SELECT count(*) FROM {SCHEMA}.outbox WHERE published_at IS NULL") == 0
+    # the bus notice carries the reason and a cut body
+    [notice] = await stream_messages(fresh[0], ns_subject("dlq.relaytest"))
+    assert notice["body"]["reason"] == "OutboxOversize" and notice["body"]["body_bytes"] == body_size
+    assert runtime.counters.published == 2 and runtime.counters.dead_lettered == 1
+
+
+async def test_relay_dead_letters_a_row_no_stream_captures(fresh: tuple[str, str], runtime: ServiceRuntime) -> None:
+    [good] = await _emit(runtime, JobCompleted(job_id="job-1", finished_at=T0))
+    # A row written for a subject no stream of this namespace captures (an older build's subject, a typo).
+    await runtime.pool.execute(f"INSERT INTO {SCHEMA}.outbox(event_id, subject, body) VALUES ('poison', $1, $2)",
+                               ns_subject("nowhere.at.all"), b"{}")
+    assert await runtime.relay_once() == 2
+    [dead] = await _dead_letters(runtime.pool)
+    assert dead["reason"] == "OutboxNoStream" and "nowhere.at.all" in dead["message"]
+    assert [m["body"]["id"] for m in await stream_messages(fresh[0], ns_subject("job.completed"))] == [good]
+    assert await runtime.relay_once() == 0
+
+
+async def test_prune_removes_old_published_and_inbox_rows_only(runtime: ServiceRuntime) -> None:
+    await _emit(runtime, JobCompleted(job_id="job-1", finished_at=T0))
+    assert await runtime.relay_once() == 1
+    await _emit(runtime, JobCompleted(job_id="job-2", finished_at=T0))  # committed, not yet published
+    await runtime.pool.execute(f"INSERT INTO {SCHEMA}.inbox(event_id, type, handled_at) VALUES "
+                               "('old', 't', now() - interval '8 days'), ('new', 't', now())")
+    await runtime.pool.execute(f"UPDATE {SCHEMA}.outbox SET published_at = now() - interval '8 days' "
+                               "WHERE published_at IS NOT NULL")
+    assert await runtime.prune_once() == (1, 1)  # the default retention is 7 days
+    assert await runtime.pool.fetchval(f"SELECT count(*) FROM {SCHEMA}.outbox WHERE published_at IS NULL") == 1
+    assert [r["event_id"] for r in await runtime.pool.fetch(f"SELECT event_id FROM {SCHEMA}.inbox")] == ["new"]
+    assert await runtime.prune_once() == (0, 0)
+
+
+def test_retention_setting_is_checked() -> None:
+    assert retention_from_env({}) == 7 * 86_400
+    assert retention_from_env({"GPUQ_PLUMBING_RETENTION_S": "7200"}) == 7200
+    with pytest.raises(ValueError, match="GPUQ_PLUMBING_RETENTION_S='60' is below"):
+        retention_from_env({"GPUQ_PLUMBING_RETENTION_S": "60"})
+    with pytest.raises(ValueError, match="not a number"):
+        retention_from_env({"GPUQ_PLUMBING_RETENTION_S": "a week"})
