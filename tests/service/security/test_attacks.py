@@ -197,8 +197,12 @@ async def test_forged_placements_and_bodies_on_the_wrong_subject_are_dead_letter
         await publish(admin_js, ghost, JobPlaced.subject())
         await publish(admin_js, ghost.model_copy(update={"job_id": "ghost-2", "fencing_token": None}),
                       JobPlaced.subject())
-        reasons = await wait_for(lambda: _dead(conn, "executor", 3), what="three dead letters at the executor")
-        assert reasons == ["PlacementForUnknownJob", "SubjectMismatch", "UnfencedPlacement"]
+        # Each service consumes only its own subjects: the smuggled body is admission's to refuse (it reads the
+        # submission subjects), the forged placements the executor's.
+        smuggled_refused = await wait_for(lambda: _dead(conn, "admission", 1), what="a dead letter at admission")
+        assert smuggled_refused == ["SubjectMismatch"]
+        reasons = await wait_for(lambda: _dead(conn, "executor", 2), what="two dead letters at the executor")
+        assert reasons == ["PlacementForUnknownJob", "UnfencedPlacement"]
         assert await conn.fetchval("SELECT count(*) FROM executor.runs") == 0  # nothing ran, nothing to charge
     finally:
         await nc_b.close()
