@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from collections.abc import Callable
 
 import asyncpg
 
@@ -47,7 +48,7 @@ class LeaderLease:
 
     async def try_acquire(self) -> bool:
         if self._conn is None or self._conn.is_closed():
-            self._conn = await asyncpg.connect(self.database_url)
+            self._conn = await asyncpg.connect(self.database_url, timeout=10)
         mode = "_shared" if self.shared else ""
         got = await self._conn.fetchval(f"SELECT pg_try_advisory_lock{mode}($1)", lock_key(self.scope))
         if not got:
@@ -67,15 +68,41 @@ class LeaderLease:
         log.info("leader for %s with term %s", self.scope, self.term)
         return True
 
-    async def acquire(self, poll_s: float = 1.0) -> int:
+    async def acquire(self, poll_s: float = 1.0, *, on_attempt: Callable[[BaseException | None], None] | None = None,
+                      max_backoff_s: float = 5.0) -> int:
         """Wait until this instance leads; returns the term (0 for a shared lease). A standby polls until the
-        leader's lock goes."""
-        while not await self.try_acquire():
-            await asyncio.sleep(poll_s)
+        leader's lock goes. An unreachable Postgres (restarting, failing over) is retried with a growing delay,
+        capped at `max_backoff_s`: the lease is taken again the moment the server answers and the lock is free.
+        `on_attempt(error)` hears of every attempt that did not get the lock (None: the server answered, another
+        instance holds it)."""
+        delay = poll_s
+        while True:
+            try:
+                if await self.try_acquire():
+                    break
+                error: BaseException | None = None
+                delay = poll_s
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+                error = exc
+                self._drop_connection()
+                log.warning("%s: cannot reach Postgres for the lease (%s: %s); retrying in %.1f s",
+                            self.scope, type(exc).__name__, exc, delay)
+            if on_attempt is not None:
+                on_attempt(error)
+            await asyncio.sleep(delay)
+            if error is not None:
+                delay = min(delay * 2, max_backoff_s)
         if self.shared:
             return 0
         assert self.term is not None
         return self.term
+
+    def _drop_connection(self) -> None:
+        """Forget a broken lease connection (its session, and any lock on it, is gone or going with it)."""
+        conn, self._conn = self._conn, None
+        self._locked_on = None
+        if conn is not None and not conn.is_closed():
+            conn.terminate()
 
     async def alive(self) -> bool:
         if self._conn is None or self._conn.is_closed():
