@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 from collections.abc import Callable
 
 import asyncpg
@@ -26,13 +27,33 @@ class LostLeadership(RuntimeError):
     pass
 
 
+DEFAULT_LEASE_TTL_S = 30.0
+
+
+def lease_ttl_from_env() -> float:
+    """GPUQ_LEASE_TTL_S: how long a leader may stop answering before its lease lapses (default 30 s)."""
+    raw = os.environ.get("GPUQ_LEASE_TTL_S", "")
+    try:
+        ttl = float(raw) if raw else DEFAULT_LEASE_TTL_S
+    except ValueError:
+        raise ValueError(f"GPUQ_LEASE_TTL_S must be a number of seconds, not {raw!r}") from None
+    if ttl < 5:
+        raise ValueError(f"GPUQ_LEASE_TTL_S must be at least 5 s (the watcher checks every 2 s), not {raw!r}")
+    return ttl
+
+
 def lock_key(scope: str) -> int:
     return int.from_bytes(hashlib.sha256(f"gpuq-leader-{scope}".encode()).digest()[:8], "big", signed=True)
 
 
 class LeaderLease:
-    def __init__(self, database_url: str, schema: str, scope: str, *, shared: bool = False):
+    def __init__(self, database_url: str, schema: str, scope: str, *, shared: bool = False,
+                 ttl_s: float | None = None):
         self.database_url = database_url
+        # A leader that stops answering (paused, its event loop stuck) loses the lock after `ttl_s`: the server
+        # ends a lease session idle that long (idle_session_timeout, Postgres 14+), and the lock goes with it. The
+        # holder's watcher queries it every few seconds, so a live leader is never idle that long.
+        self.ttl_s = ttl_s if ttl_s is not None else lease_ttl_from_env()
         self.schema = schema
         self.scope = scope
         self.shared = shared
@@ -48,7 +69,9 @@ class LeaderLease:
 
     async def try_acquire(self) -> bool:
         if self._conn is None or self._conn.is_closed():
-            self._conn = await asyncpg.connect(self.database_url, timeout=10)
+            self._conn = await asyncpg.connect(
+                self.database_url, timeout=10,
+                server_settings={"idle_session_timeout": str(int(self.ttl_s * 1000))})
         mode = "_shared" if self.shared else ""
         got = await self._conn.fetchval(f"SELECT pg_try_advisory_lock{mode}($1)", lock_key(self.scope))
         if not got:
@@ -109,7 +132,7 @@ class LeaderLease:
             return False
         try:
             await self._conn.fetchval("SELECT 1", timeout=5)
-        except (OSError, asyncpg.PostgresError, TimeoutError):
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
             return False
         return True
 

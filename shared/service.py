@@ -380,8 +380,15 @@ class ServiceRuntime:
                 self.phase = "recovering"
                 if self._unreachable_since is None:
                     self._unreachable_since = time.monotonic()
-        for lease in self.leases:
-            await lease.acquire(on_attempt=attempted)
+        # Leases already taken must not sit idle past their TTL while a later one is waited for.
+        keepalive = asyncio.create_task(self._keep_leases_alive())
+        try:
+            for lease in self.leases:
+                await lease.acquire(on_attempt=attempted)
+        finally:
+            keepalive.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keepalive
         self._unreachable_since = None
 
     def _start_background(self) -> None:
@@ -467,13 +474,27 @@ class ServiceRuntime:
             await self._campaign()
             self.phase = "starting"
             if self.spec.on_start is not None:
-                await self.spec.on_start(self)
+                # The lease sessions must not sit idle past their TTL while the state reloads.
+                keepalive = asyncio.create_task(self._keep_leases_alive())
+                try:
+                    await self.spec.on_start(self)
+                finally:
+                    keepalive.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await keepalive
             self._stale = False
             await self._resume_consumption()
             self.recoveries += 1
             self.phase = "running"
             log.warning("%s: leader again (term %s); consuming", self.spec.name,
                         self.lease.term if self.lease else "-")
+
+    async def _keep_leases_alive(self) -> None:
+        while True:
+            await asyncio.sleep(LEASE_CHECK_S)
+            for lease in self.leases:
+                if lease.held:  # never the one being acquired: its connection is busy with that
+                    await lease.alive()
 
     async def _pause_consumption(self) -> None:
         """Stop the consumers and background loops, keep the NATS connection (the relay publishes on it). A batch
