@@ -64,7 +64,7 @@ class ChaosSettings:
     min_duration_s: float = 2.0
     max_duration_s: float = 12.0
     max_gpus: int = 2
-    arrival_window_s: float = 60.0  # submissions spread over this long, while the faults run
+    arrival_window_s: float = 120.0  # submissions spread over this long: the faults happen while jobs arrive
     faults: tuple[str, ...] = FAULTS
     lease_ttl_s: float = 6.0  # GPUQ_LEASE_TTL_S of the services: the pause lasts longer than this
     pause_extra_s: float = 4.0
@@ -286,6 +286,8 @@ class Harness:
         self.report = ChaosReport()
         self.jobs_stream = next(s.name for s in streams(namespace) if any(".job." in p for p in s.subjects))
         self.poison: list[bytes] = []
+        self.submission_done = False
+        self.database_url = ""
 
     async def run(self) -> ChaosReport:
         started = time.monotonic()
@@ -302,7 +304,7 @@ class Harness:
     async def _run(self) -> None:
         s = self.settings
         nats_url = await asyncio.to_thread(self.nats.start)
-        database_url = await asyncio.to_thread(self.pg.start)
+        database_url = self.database_url = await asyncio.to_thread(self.pg.start)
         cluster, queues, quotas = _files(self.workdir, s)
         env = {**os.environ, "NATS_URL": nats_url, "DATABASE_URL": database_url, "GPUQ_NAMESPACE": self.namespace,
                "GPUQ_LEASE_TTL_S": str(s.lease_ttl_s), "GPUQ_HEARTBEAT_INTERVAL_S": "1"}
@@ -361,6 +363,7 @@ class Harness:
                                source="gpuq/chaos", time=datetime.now(UTC))
             await self._retrying(publish_event, js, event, f"{self.namespace}.job.submitted.{job['team']}")
             await asyncio.sleep(gap)
+        self.submission_done = True
 
     async def _retrying(self, publish: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> None:
         """Publish as a producer does while NATS restarts: retry with the same message id (deduplicated)."""
@@ -408,10 +411,27 @@ class Harness:
             t0 = time.monotonic()  # its recovery counts from the resume (the pause itself is the fault's length)
         deadline = time.monotonic() + self.settings.deadline_s
         while time.monotonic() < deadline:
-            if await self._until_ready(client, 1.0) and await self._last_seq(nc) > before:
+            # Recovered: every process ready, and work moves (a job event newer than the fault), or there is no
+            # work left to move (everything submitted so far is terminal).
+            if await self._until_ready(client, 1.0) and (await self._last_seq(nc) > before or await self._idle()):
                 return FaultResult(fault, time.monotonic() - t0, hit)
             await asyncio.sleep(0.2)
         return FaultResult(fault, None, hit)
+
+    async def _idle(self) -> bool:
+        if not self.submission_done:
+            return False
+        try:
+            conn = await asyncpg.connect(self.database_url, timeout=5)
+        except (OSError, asyncpg.PostgresError):
+            return False
+        try:
+            done = await conn.fetchval("SELECT count(*) FROM admission.jobs WHERE status IN ('finished', 'rejected')")
+        except asyncpg.PostgresError:
+            return False
+        finally:
+            await conn.close()
+        return bool(done >= self.settings.jobs)
 
     async def _active(self, service: str, client: httpx.AsyncClient) -> ServiceProcess:
         """The process running `service` that holds its lease (a singleton's standby is not the one to hit)."""
