@@ -132,7 +132,8 @@ class LeaderLease:
             return False
         try:
             await self._conn.fetchval("SELECT 1", timeout=5)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
+        except Exception as exc:  # whatever the failure, a lease that cannot answer is not to be trusted
+            log.warning("%s: the lease connection does not answer: %s: %s", self.scope, type(exc).__name__, exc)
             return False
         return True
 

@@ -53,7 +53,7 @@ from shared.events import (
     utcnow_from,
 )
 from shared.health import CHECK_TIMEOUT_S, Check, ServiceHealth, service_health, timed_check
-from shared.leader import LeaderLease, lock_key
+from shared.leader import LeaderLease, LostLeadership, lock_key
 from shared.natsauth import inbox_prefix_for
 from shared.tracing import current_traceparent, start_span_from_event, traced_event, with_trace_context
 
@@ -318,6 +318,7 @@ class ServiceRuntime:
         self._unreachable_since: float | None = None  # monotonic time since when the leases' Postgres is unreachable
         self.recovery_bound_s = LEASE_RECOVERY_BOUND_S
         self.recoveries = 0  # times the leases were lost and taken again
+        self._deposed = asyncio.Event()  # set when a fence check failed: the watcher recovers at once
         self._started = False
         self._handle_lock = asyncio.Lock()
         # Where start-up/shutdown is, for health(): see shared/health.py for the phases.
@@ -381,14 +382,9 @@ class ServiceRuntime:
                 if self._unreachable_since is None:
                     self._unreachable_since = time.monotonic()
         # Leases already taken must not sit idle past their TTL while a later one is waited for.
-        keepalive = asyncio.create_task(self._keep_leases_alive())
-        try:
+        async with self._leases_kept_alive():
             for lease in self.leases:
                 await lease.acquire(on_attempt=attempted)
-        finally:
-            keepalive.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await keepalive
         self._unreachable_since = None
 
     def _start_background(self) -> None:
@@ -458,43 +454,73 @@ class ServiceRuntime:
         again: a restarted Postgres, or a network blip, costs a pause, never a live process that does nothing.
         The NATS connection stays up meanwhile, so the outbox relay keeps publishing what was committed."""
         while True:
-            await asyncio.sleep(LEASE_CHECK_S)
-            lost = [lease.scope for lease in self.leases if not await lease.alive()]
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._deposed.wait(), timeout=LEASE_CHECK_S)
+            if self._deposed.is_set():  # a unit of work found its fence superseded: another instance leads
+                lost = [lease.scope for lease in self.leases if not lease.shared]
+            else:
+                lost = [lease.scope for lease in self.leases if not await lease.alive()]
             if not lost:
                 continue
+            self._deposed.clear()
             log.error("%s: lost the leader lease %s; pausing consumption and taking the leases again",
                       self.spec.name, ", ".join(lost))
-            self.phase = "recovering"
-            self._unreachable_since = time.monotonic()
-            await self._pause_consumption()
-            for lease in reversed(self.leases):  # all of them: the leases are taken in order, or not at all
-                with contextlib.suppress(Exception):
-                    await lease.release()
-            self._stale = True  # another instance may have led meanwhile: memory is rebuilt from the tables
-            await self._campaign()
-            self.phase = "starting"
-            if self.spec.on_start is not None:
-                # The lease sessions must not sit idle past their TTL while the state reloads.
-                keepalive = asyncio.create_task(self._keep_leases_alive())
+            while True:  # the recovery itself may meet the outage again: it starts over until it succeeds
                 try:
-                    await self.spec.on_start(self)
-                finally:
-                    keepalive.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await keepalive
-            self._stale = False
-            await self._resume_consumption()
-            self.recoveries += 1
-            self.phase = "running"
-            log.warning("%s: leader again (term %s); consuming", self.spec.name,
-                        self.lease.term if self.lease else "-")
+                    await self._recover()
+                    break
+                except Exception:
+                    log.exception("%s: recovery failed; starting it over in 1 s", self.spec.name)
+                    await asyncio.sleep(1.0)
 
-    async def _keep_leases_alive(self) -> None:
-        while True:
-            await asyncio.sleep(LEASE_CHECK_S)
-            for lease in self.leases:
-                if lease.held:  # never the one being acquired: its connection is busy with that
-                    await lease.alive()
+    async def _recover(self) -> None:
+        """Pause consumption, give every lease back, take them again, reload memory from the tables, resume."""
+        self.phase = "recovering"
+        if self._unreachable_since is None:
+            self._unreachable_since = time.monotonic()
+        await self._pause_consumption()
+        for lease in reversed(self.leases):  # all of them: the leases are taken in order, or not at all
+            with contextlib.suppress(Exception):
+                await lease.release()
+        self._stale = True  # another instance may have led meanwhile: memory is rebuilt from the tables
+        await self._campaign()
+        self.phase = "starting"
+        if self.spec.on_start is not None:
+            # The lease sessions must not sit idle past their TTL while the state reloads.
+            async with self._leases_kept_alive():
+                await self.spec.on_start(self)
+        self._stale = False
+        await self._resume_consumption()
+        self.recoveries += 1
+        self.phase = "running"
+        log.warning("%s: leader again (term %s); consuming", self.spec.name,
+                    self.lease.term if self.lease else "-")
+
+    @contextlib.asynccontextmanager
+    async def _leases_kept_alive(self) -> AsyncIterator[None]:
+        """Query the held leases every few seconds while the body runs, so that none sits idle past its TTL. The
+        keeper is stopped between queries, never cancelled inside one: a query cancelled half-way leaves its
+        connection unusable for the next one (the watcher's)."""
+        done = asyncio.Event()
+
+        async def keep() -> None:
+            while not done.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(done.wait(), timeout=LEASE_CHECK_S)
+                if done.is_set():
+                    return
+                for lease in self.leases:
+                    if lease.held:  # never the one being acquired: its connection is busy with that
+                        await lease.alive()
+
+        keeper = asyncio.create_task(keep())
+        try:
+            yield
+        finally:
+            done.set()
+            await asyncio.wait({keeper}, timeout=10)
+            if not keeper.done():
+                keeper.cancel()
 
     async def _pause_consumption(self) -> None:
         """Stop the consumers and background loops, keep the NATS connection (the relay publishes on it). A batch
@@ -528,8 +554,10 @@ class ServiceRuntime:
                     await self._reload_if_stale(conn)
                     yield Tx(conn=conn, now=self.clock.now(), source=self.source, schema=self.spec.schema,
                              traceparent=traceparent, job_traces=self.job_traces)
-            except BaseException:
+            except BaseException as exc:
                 self._stale = True
+                if isinstance(exc, LostLeadership):
+                    self._deposed.set()
                 raise
         self._outbox_wakeup.set()
 
@@ -739,6 +767,8 @@ class ServiceRuntime:
             await self.spec.reload(conn)
 
     async def _retry_or_give_up(self, raw: Msg, exc: BaseException) -> None:
+        if isinstance(exc, LostLeadership):
+            self._deposed.set()  # another instance leads: the watcher pauses consumption now (it comes back later)
         meta = raw.metadata
         deliveries = meta.num_delivered
         if deliveries >= MAX_DELIVER:
