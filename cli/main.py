@@ -19,6 +19,7 @@ from cli.remote import report, webhooks_app
 from services.admission.bench import bench_admission
 from services.admission.bench_e2e import bench_admission_e2e
 from services.bench_e2e import bench_e2e
+from services.chaos.cli import chaos
 from services.executor.bench import bench_dcgm
 from services.metering.bench import bench_metering
 from services.preemption.cli import preemptible
@@ -53,6 +54,7 @@ COMMANDS: dict[str, Callable[..., Any]] = {
     "report": report,  # metering
     "preemptible": preemptible,  # preemption
     "simulate": simulate,  # sim
+    "chaos": chaos,  # faults: services/chaos
 }
 BENCHMARKS: dict[str, Callable[..., Any]] = {
     "admission": bench_admission,

@@ -23,7 +23,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cli.runtime import STATE_DIR, forget_servers, record_servers
+from cli.runtime import STATE_DIR, active_instance, forget_servers, record_servers
 from services.admission.sharding import parse_cohorts
 from services.api.readmodel import fetch_status
 from services.stack import ALL_SERVICES, Stack, StackSettings
@@ -42,7 +42,7 @@ from shared.config import (
 from shared.db import drop_database, redact, scratch_database
 from shared.events import JobSubmitted, utcnow_from
 from shared.health import HealthServer
-from shared.servers import EmbeddedServerError, resolve_servers
+from shared.servers import EmbeddedServerError, Servers, resolve_servers
 from shared.service import publish_event
 from shared.tracing import traced_event
 from sim.synthetic_workload import generate
@@ -129,11 +129,20 @@ def up(
             where = str(kubeconfig) if kubeconfig else "the in-cluster service account"
             console.print(f"[red]cannot use {where} to reach Kubernetes: {escape(str(exc))}[/]")
             raise typer.Exit(2) from None
-    try:
-        servers = resolve_servers(data_dir, teams=_teams(queues_cfg))
-    except EmbeddedServerError as exc:
-        console.print(f"[red]{escape(str(exc))}[/]")
-        raise typer.Exit(2) from None
+    active = active_instance()
+    if active is not None and not os.environ.get("NATS_URL") and not os.environ.get("DATABASE_URL"):
+        # Another `gpuq up` runs with this state directory: share its servers (starting embedded ones on the same
+        # data directories would corrupt them) and leave its servers file alone.
+        console.print(f"gpuq up: another gpuq up (pid {active['pid']}) runs with {STATE_DIR}; using its NATS and "
+                      "Postgres", soft_wrap=True)
+        servers = Servers(nats_url=str(active["nats_url"]), database_url=str(active["database_url"]),
+                          origin={"nats": f"of pid {active['pid']}", "postgres": f"of pid {active['pid']}"})
+    else:
+        try:
+            servers = resolve_servers(data_dir, teams=_teams(queues_cfg))
+        except EmbeddedServerError as exc:
+            console.print(f"[red]{escape(str(exc))}[/]")
+            raise typer.Exit(2) from None
     record_servers(servers.nats_url, servers.database_url)
     settings = StackSettings(
         nats_url=servers.nats_url, database_url=servers.database_url, queues=queues_cfg, cluster=cluster_cfg,
@@ -156,6 +165,7 @@ def up(
             # would otherwise be killed only at the end of its termination grace period.
             starting = asyncio.create_task(stack.start())
             stopping = asyncio.create_task(stop.wait())
+            announcing = asyncio.create_task(_announce_standby(stack))
             try:
                 await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
                 if starting.done():
@@ -165,7 +175,7 @@ def up(
                                   f"(NATS {servers.origin['nats']}, Postgres {servers.origin['postgres']})")
                     await stopping
             finally:
-                for task in (starting, stopping):
+                for task in (starting, stopping, announcing):
                     task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await stopping
@@ -179,6 +189,23 @@ def up(
     finally:
         servers.close()
         forget_servers()
+
+
+async def _announce_standby(stack: Stack) -> None:
+    """Say so when a service of this process waits as a standby (another instance holds its lease), and when it
+    takes over: a silent standby looks hung."""
+    announced: set[str] = set()
+    while True:
+        runtime = stack.starting
+        if runtime is not None and runtime.phase == "standby" and runtime.spec.name not in announced:
+            announced.add(runtime.spec.name)
+            console.print(f"gpuq up: STANDBY: another instance holds the {runtime.spec.name} lease; this one takes "
+                          "over when it goes (Ctrl-C or SIGTERM stops it)", soft_wrap=True)
+        for name in sorted(announced):
+            if any(r.spec.name == name and r.phase == "running" for r in stack.runtimes):
+                announced.discard(name)
+                console.print(f"gpuq up: {name} took over the lease: active now", soft_wrap=True)
+        await asyncio.sleep(0.2)
 
 
 def _teams(config: Any) -> list[str]:

@@ -98,6 +98,9 @@ class ExitReason(StrEnum):
     EVICTED = "Evicted"
     IMAGE_PULL = "ImagePullFailed"
     PODS_NOT_READY = "PodsNotReady"  # the gang was never Ready within the retry limit
+    # No executor heartbeat listed the job for the liveness timeout, or it ran past its runtime limit plus grace:
+    # declared by the scheduler's liveness watch (services/scheduler/liveness.py), which frees its quota and GPUs.
+    LOST = "Lost"
 
 
 class PreemptionReason(StrEnum):
@@ -407,6 +410,20 @@ class NodeChanged(Payload):
     message: str = ""
 
 
+class ExecutorHeartbeat(Payload):
+    """An executor is alive and runs these jobs (placed ones not started yet included): one event per executor per
+    interval, listing its jobs, not one per job, so that liveness costs the bus a constant rate whatever the
+    number of jobs. A long list is split into parts (`part` of `parts`), each a heartbeat for the jobs it lists."""
+
+    aggregate, fact = "node", "heartbeat"
+    executor: str  # the executor's name (its events' source)
+    running: tuple[str, ...] = ()
+    sent_at: datetime
+    interval_s: float = Field(gt=0)
+    part: int = Field(default=0, ge=0)
+    parts: int = Field(default=1, ge=1)
+
+
 class QueueConfigChanged(Payload):
     aggregate, fact = "queue", "config_changed"
     config: dict[str, Any]  # a queues.yaml document, validated by admission before use
@@ -435,7 +452,7 @@ CATALOGUE: tuple[type[Payload], ...] = (
     JobSubmitted, JobRejected, JobQueued, JobPending, JobAdmitted, JobPlaced, JobStarted, JobCompleted,
     JobFailed, JobCancelled, JobCancelRequested, JobApproved, CheckpointRequested, JobCheckpointed, JobPreempted,
     JobRequeued, PreemptionRequested, UtilizationSampled, NodeInventory, NodeChanged, QueueConfigChanged,
-    AuditRecorded, UtilizationSourceChecked, JobFlopsReported,
+    AuditRecorded, UtilizationSourceChecked, JobFlopsReported, ExecutorHeartbeat,
 )
 BY_TYPE: dict[str, type[Payload]] = {cls.event_type(): cls for cls in CATALOGUE}
 

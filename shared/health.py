@@ -2,9 +2,11 @@
 
 A service is ready when it is connected to NATS and Postgres, its migrations are applied, and it either holds its
 leader lease or stands by for it (a standby is a healthy replica: the Deployment counts it available and a rollout
-proceeds). It is live unless it is in a state that only a restart leaves (a lost lease: the runtime stops consuming
-and does not campaign again). Each `ServiceRuntime.health()` reports its own facts; this module combines them, and
-`HealthServer` serves the combination on one port for all the services a `gpuq up` process runs.
+proceeds). It is live unless Postgres has stayed unreachable for longer than the recovery bound while a singleton
+takes its leases again (`shared.service.LEASE_RECOVERY_BOUND_S`; a supervisor then restarts it): a lost lease is
+recovered in-process, so "not ready" is the normal report of a short outage. Each `ServiceRuntime.health()` reports
+its own facts; this module combines them, and `HealthServer` serves the combination on one port for all the
+services a `gpuq up` process runs.
 
 FastAPI on uvicorn, inside the services' own event loop: the checks await the services' asyncpg pool and NATS
 client, which belong to that loop (prometheus_client's HTTP server runs in a thread and could not await them).
@@ -35,7 +37,9 @@ class Check(BaseModel):
 class ServiceHealth(BaseModel):
     service: str
     # created → migrating → connecting → standby (singletons waiting for the lease) → starting → running →
-    # stopping → stopped; "not started" for a service of this process that has no runtime yet.
+    # stopping → stopped; a running singleton that loses a lease goes to recovering (consumption paused, the
+    # leases being taken again: not ready), then standby or starting → running again; "not started" for a service
+    # of this process that has no runtime yet.
     phase: str
     ready: bool
     live: bool

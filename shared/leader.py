@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
+from collections.abc import Callable
 
 import asyncpg
 
@@ -25,13 +27,33 @@ class LostLeadership(RuntimeError):
     pass
 
 
+DEFAULT_LEASE_TTL_S = 30.0
+
+
+def lease_ttl_from_env() -> float:
+    """GPUQ_LEASE_TTL_S: how long a leader may stop answering before its lease lapses (default 30 s)."""
+    raw = os.environ.get("GPUQ_LEASE_TTL_S", "")
+    try:
+        ttl = float(raw) if raw else DEFAULT_LEASE_TTL_S
+    except ValueError:
+        raise ValueError(f"GPUQ_LEASE_TTL_S must be a number of seconds, not {raw!r}") from None
+    if ttl < 5:
+        raise ValueError(f"GPUQ_LEASE_TTL_S must be at least 5 s (the watcher checks every 2 s), not {raw!r}")
+    return ttl
+
+
 def lock_key(scope: str) -> int:
     return int.from_bytes(hashlib.sha256(f"gpuq-leader-{scope}".encode()).digest()[:8], "big", signed=True)
 
 
 class LeaderLease:
-    def __init__(self, database_url: str, schema: str, scope: str, *, shared: bool = False):
+    def __init__(self, database_url: str, schema: str, scope: str, *, shared: bool = False,
+                 ttl_s: float | None = None):
         self.database_url = database_url
+        # A leader that stops answering (paused, its event loop stuck) loses the lock after `ttl_s`: the server
+        # ends a lease session idle that long (idle_session_timeout, Postgres 14+), and the lock goes with it. The
+        # holder's watcher queries it every few seconds, so a live leader is never idle that long.
+        self.ttl_s = ttl_s if ttl_s is not None else lease_ttl_from_env()
         self.schema = schema
         self.scope = scope
         self.shared = shared
@@ -47,7 +69,9 @@ class LeaderLease:
 
     async def try_acquire(self) -> bool:
         if self._conn is None or self._conn.is_closed():
-            self._conn = await asyncpg.connect(self.database_url)
+            self._conn = await asyncpg.connect(
+                self.database_url, timeout=10,
+                server_settings={"idle_session_timeout": str(int(self.ttl_s * 1000))})
         mode = "_shared" if self.shared else ""
         got = await self._conn.fetchval(f"SELECT pg_try_advisory_lock{mode}($1)", lock_key(self.scope))
         if not got:
@@ -67,22 +91,49 @@ class LeaderLease:
         log.info("leader for %s with term %s", self.scope, self.term)
         return True
 
-    async def acquire(self, poll_s: float = 1.0) -> int:
+    async def acquire(self, poll_s: float = 1.0, *, on_attempt: Callable[[BaseException | None], None] | None = None,
+                      max_backoff_s: float = 5.0) -> int:
         """Wait until this instance leads; returns the term (0 for a shared lease). A standby polls until the
-        leader's lock goes."""
-        while not await self.try_acquire():
-            await asyncio.sleep(poll_s)
+        leader's lock goes. An unreachable Postgres (restarting, failing over) is retried with a growing delay,
+        capped at `max_backoff_s`: the lease is taken again the moment the server answers and the lock is free.
+        `on_attempt(error)` hears of every attempt that did not get the lock (None: the server answered, another
+        instance holds it)."""
+        delay = poll_s
+        while True:
+            try:
+                if await self.try_acquire():
+                    break
+                error: BaseException | None = None
+                delay = poll_s
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+                error = exc
+                self._drop_connection()
+                log.warning("%s: cannot reach Postgres for the lease (%s: %s); retrying in %.1f s",
+                            self.scope, type(exc).__name__, exc, delay)
+            if on_attempt is not None:
+                on_attempt(error)
+            await asyncio.sleep(delay)
+            if error is not None:
+                delay = min(delay * 2, max_backoff_s)
         if self.shared:
             return 0
         assert self.term is not None
         return self.term
+
+    def _drop_connection(self) -> None:
+        """Forget a broken lease connection (its session, and any lock on it, is gone or going with it)."""
+        conn, self._conn = self._conn, None
+        self._locked_on = None
+        if conn is not None and not conn.is_closed():
+            conn.terminate()
 
     async def alive(self) -> bool:
         if self._conn is None or self._conn.is_closed():
             return False
         try:
             await self._conn.fetchval("SELECT 1", timeout=5)
-        except (OSError, asyncpg.PostgresError, TimeoutError):
+        except Exception as exc:  # whatever the failure, a lease that cannot answer is not to be trusted
+            log.warning("%s: the lease connection does not answer: %s: %s", self.scope, type(exc).__name__, exc)
             return False
         return True
 

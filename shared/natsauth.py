@@ -45,12 +45,13 @@ SERVER_SECRET_SUFFIX = "server-auth"  # its Kubernetes Secret: <prefix>server-au
 SERVICE_PUBLISHES: dict[str, tuple[str, ...]] = {
     "admission": ("job.rejected", "job.queued", "job.pending", "job.admitted", "job.requeued", "job.cancelled",
                   "preemption.requested"),
-    "scheduler": ("job.placed", "job.pending", "preemption.requested"),
+    # job.failed only with exit_reason Lost: the liveness watch's verdict on a job no executor reports.
+    "scheduler": ("job.placed", "job.pending", "preemption.requested", "job.failed"),
     "preemption": ("job.checkpoint_requested", "job.preempted"),
     "metering": (),
     "telemetry": (),
     "executor": ("job.started", "job.completed", "job.failed", "job.checkpointed", "utilization.sampled",
-                 "utilization.source_checked", "node.inventory", "node.changed"),
+                 "utilization.source_checked", "node.inventory", "node.changed", "node.heartbeat"),
     "audit": (),
     # The API publishes what authenticated people ask for: submissions and cancels of any team (it checked the
     # caller's team), approvals and configuration changes (it checked the caller is an admin).

@@ -163,6 +163,82 @@ class EmbeddedPostgres:
                 server.cleanup()  # type: ignore[attr-defined]  # pgserver ships no type information
 
 
+def postgres_binary(name: str) -> str:
+    """A Postgres program (`initdb`, `pg_ctl`): pgserver's bundled one when installed, else on PATH."""
+    with contextlib.suppress(ImportError):
+        import pgserver
+
+        bundled = Path(pgserver.__file__).parent / "pginstall" / "bin" / name
+        if bundled.exists():
+            return str(bundled)
+    found = shutil.which(name)
+    if found:
+        return found
+    raise EmbeddedServerError(f"{name} not found: install the embedded servers (pip install 'gpuq[embedded]') or "
+                              "Postgres's server programs")
+
+
+@dataclass
+class ScratchPostgres:
+    """A Postgres cluster of its own (initdb + pg_ctl) on a fixed TCP port, which can be stopped, killed and
+    started again on the same data and URL: for fault tests and `gpuq chaos`, which restart the server under
+    running services. `stop()` leaves the data; the caller owns `data_dir`."""
+
+    data_dir: Path
+    port: int | None = None
+    host: str = "127.0.0.1"
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@{self.host}:{self.port}/postgres"
+
+    def _run(self, cmd: list[str], timeout_s: float) -> subprocess.CompletedProcess[bytes]:
+        # Postgres refuses to run as root: as root, run it as pgserver's unprivileged user, as pgserver does.
+        user = None
+        if os.geteuid() == 0:
+            from pgserver.utils import ensure_prefix_permissions, ensure_user_exists
+
+            user = "pgserver"
+            ensure_user_exists(user)
+            ensure_prefix_permissions(self.data_dir)
+            shutil.chown(self.data_dir, user, user)
+            if (self.data_dir / "pgdata").exists():
+                shutil.chown(self.data_dir / "pgdata", user, user)
+        return subprocess.run(cmd, capture_output=True, timeout=timeout_s, check=False, user=user)
+
+    def _pg_ctl(self, *args: str, timeout_s: float = 60.0) -> None:
+        pgdata = self.data_dir / "pgdata"
+        done = self._run([postgres_binary("pg_ctl"), "-D", str(pgdata), *args], timeout_s)
+        if done.returncode != 0:
+            log_tail = (self.data_dir / "postgres.log").read_text()[-800:] if (
+                self.data_dir / "postgres.log").exists() else ""
+            raise EmbeddedServerError(f"pg_ctl {args[0]} failed on {pgdata}: "
+                                      f"{done.stderr.decode(errors='replace').strip()} {log_tail}")
+
+    def start(self) -> str:
+        pgdata = self.data_dir / "pgdata"
+        if not (pgdata / "PG_VERSION").exists():
+            _usable_dir(self.data_dir, "Postgres")
+            done = self._run([postgres_binary("initdb"), "-D", str(pgdata), "-U", "postgres", "-A", "trust",
+                              "--no-sync", "-E", "UTF8"], 120)
+            if done.returncode != 0:
+                raise EmbeddedServerError(f"initdb failed in {pgdata}: {done.stderr.decode(errors='replace')}")
+            atexit.register(self.stop)
+        if self.port is None:
+            self.port = free_port(self.host)
+        options = (f"-p {self.port} -c listen_addresses={self.host} -k {self.data_dir} -c fsync=off "
+                   "-c max_connections=300")
+        self._pg_ctl("start", "-w", "-o", options, "-l", str(self.data_dir / "postgres.log"))
+        return self.url
+
+    def stop(self, mode: str = "fast") -> None:
+        """`mode`: fast (disconnects clients, a clean shutdown) or immediate (as a crash: recovery at the next
+        start). Does nothing when the server is not running."""
+        if (self.data_dir / "pgdata" / "postmaster.pid").exists():
+            with contextlib.suppress(EmbeddedServerError, subprocess.TimeoutExpired):
+                self._pg_ctl("stop", "-w", "-m", mode)
+
+
 def docker_answers(timeout_s: float = 2.0) -> bool:
     """True when a Docker engine responds (the client alone is not enough)."""
     if shutil.which("docker") is None and not Path("/var/run/docker.sock").exists():

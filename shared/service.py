@@ -23,6 +23,7 @@ import contextlib
 import json
 import logging
 import os
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -52,7 +53,7 @@ from shared.events import (
     utcnow_from,
 )
 from shared.health import CHECK_TIMEOUT_S, Check, ServiceHealth, service_health, timed_check
-from shared.leader import LeaderLease, lock_key
+from shared.leader import LeaderLease, LostLeadership, lock_key
 from shared.natsauth import inbox_prefix_for
 from shared.tracing import current_traceparent, start_span_from_event, traced_event, with_trace_context
 
@@ -102,6 +103,11 @@ def retention_from_env(env: Mapping[str, str] = os.environ) -> float:
         raise ValueError(f"{RETENTION_ENV}={raw!r} is below the {MIN_RETENTION_S:.0f} s floor: the inbox must outlive "
                          "every redelivery of an event")
     return value
+# How often a singleton checks its lease connections; how long Postgres may stay unreachable while the runtime
+# takes its leases again before /healthz says "not live" (a supervisor then restarts the process: waiting longer
+# in-process would not bring Postgres back sooner, but a restart clears whatever else went wrong).
+LEASE_CHECK_S = 2.0
+LEASE_RECOVERY_BOUND_S = 300.0
 
 PLUMBING_SQL = """
 CREATE SCHEMA IF NOT EXISTS {s};
@@ -307,6 +313,12 @@ class ServiceRuntime:
         self.retention_s = retention_from_env()
         self.event_bytes_limit = EVENT_BYTES_LIMIT
         self._tasks: list[asyncio.Task[None]] = []
+        self._bg_tasks: list[asyncio.Task[None]] = []  # the spec's background loops (paused with consumption)
+        self._consumer_tasks: list[asyncio.Task[None]] = []  # one pull loop per durable consumer (paused too)
+        self._unreachable_since: float | None = None  # monotonic time since when the leases' Postgres is unreachable
+        self.recovery_bound_s = LEASE_RECOVERY_BOUND_S
+        self.recoveries = 0  # times the leases were lost and taken again
+        self._deposed = asyncio.Event()  # set when a fence check failed: the watcher recovers at once
         self._started = False
         self._handle_lock = asyncio.Lock()
         # Where start-up/shutdown is, for health(): see shared/health.py for the phases.
@@ -343,9 +355,7 @@ class ServiceRuntime:
     async def start(self) -> None:
         await self.prepare()
         if self.leases:
-            self.phase = "standby"
-            for lease in self.leases:  # in order; a standby waits here holding only the leases before
-                await lease.acquire()
+            await self._campaign()
             self._tasks.append(asyncio.create_task(self._watch_lease(), name=f"{self.spec.name}-lease"))
         self.phase = "starting"
         if self.spec.on_start is not None:
@@ -353,25 +363,39 @@ class ServiceRuntime:
         self._tasks.append(asyncio.create_task(self._relay_loop(), name=f"{self.spec.name}-outbox"))
         await self.broker.start()
         await self._start_consumers()
-        for loop in self.spec.background:
-            self._tasks.append(asyncio.create_task(self._guard(loop), name=f"{self.spec.name}-bg"))
+        self._start_background()
         self._started = True
         self.phase = "running"
         log.info("%s started", self.spec.name)
 
+    async def _campaign(self) -> None:
+        """Take every lease, in order (a standby waits here holding only the leases before). Postgres being
+        unreachable is retried with a capped backoff (shared/leader.py): phase "recovering" while it cannot be
+        asked, "standby" while another instance holds a lease."""
+        self.phase = "standby"
+
+        def attempted(error: BaseException | None) -> None:
+            if error is None:
+                self.phase, self._unreachable_since = "standby", None
+            else:
+                self.phase = "recovering"
+                if self._unreachable_since is None:
+                    self._unreachable_since = time.monotonic()
+        # Leases already taken must not sit idle past their TTL while a later one is waited for.
+        async with self._leases_kept_alive():
+            for lease in self.leases:
+                await lease.acquire(on_attempt=attempted)
+        self._unreachable_since = None
+
+    def _start_background(self) -> None:
+        for loop in self.spec.background:
+            self._bg_tasks.append(asyncio.create_task(self._guard(loop), name=f"{self.spec.name}-bg"))
+
     async def stop(self) -> None:
         self.phase = "stopping"
-        for task in self._tasks:
-            task.cancel()
-        if self._tasks:
-            # bounded: a task stuck in I/O that ignores its cancellation must not keep the leases held forever
-            done, stuck = await asyncio.wait(self._tasks, timeout=10)
-            for task in done:
-                if not task.cancelled():
-                    task.exception()  # retrieved: a crash was logged by the task itself
-            for task in stuck:
-                log.warning("%s: task %s did not stop within 10 s", self.spec.name, task.get_name())
-        self._tasks.clear()
+        await self._cancel(self._tasks)
+        await self._cancel(self._consumer_tasks)
+        await self._cancel(self._bg_tasks)
         try:
             await asyncio.wait_for(self.broker.stop(), timeout=15)
         except TimeoutError:
@@ -381,6 +405,19 @@ class ServiceRuntime:
                 await lease.release()
         self._started = False
         self.phase = "stopped"
+
+    async def _cancel(self, tasks: list[asyncio.Task[None]]) -> None:
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            # bounded: a task stuck in I/O that ignores its cancellation must not keep the leases held forever
+            done, stuck = await asyncio.wait(tasks, timeout=10)
+            for task in done:
+                if not task.cancelled():
+                    task.exception()  # retrieved: a crash was logged by the task itself
+            for task in stuck:
+                log.warning("%s: task %s did not stop within 10 s", self.spec.name, task.get_name())
+        tasks.clear()
 
     async def health(self, *, connections: bool = True) -> ServiceHealth:
         """Readiness facts for /readyz: Postgres answers, NATS is connected, migrations are applied, and the leader
@@ -396,11 +433,16 @@ class ServiceRuntime:
             if self.phase == "standby":
                 held = sum(lease.held for lease in self.leases)
                 checks["lease"] = Check(ok=True, detail=f"standing by ({held} of {len(self.leases)} leases held)")
+            elif self.phase == "recovering":
+                # Consumption is paused and the leases are being taken again (the watcher campaigns): not ready.
+                # Live while that is worth waiting for; a Postgres unreachable for longer than the recovery bound
+                # makes it not live, so that a supervisor restarts the process (LEASE_RECOVERY_BOUND_S).
+                down = time.monotonic() - self._unreachable_since if self._unreachable_since is not None else 0.0
+                live = down <= self.recovery_bound_s
+                checks["lease"] = Check(ok=False, detail=f"recovering: Postgres unreachable for {down:.0f} s, "
+                                                         "taking the leases again")
             elif self.phase in ("starting", "running"):
                 lost = sorted(lease.scope for lease in self.leases if not lease.held)
-                # A lost lease stops consumption for good (the watcher does not campaign again): only a restart
-                # makes this replica a standby again, so it is reported not live as well as not ready.
-                live = not lost
                 checks["lease"] = Check(ok=not lost, detail=f"lost: {', '.join(lost)}" if lost else
                                         f"held (term {self.lease.term if self.lease else '-'})")
             else:
@@ -408,14 +450,87 @@ class ServiceRuntime:
         return service_health(self.spec.name, self.phase, checks, live=live)
 
     async def _watch_lease(self) -> None:
-        """Stop consuming the moment a lease connection is gone: another instance may lead now."""
+        """Stop consuming the moment a lease connection is gone (another instance may lead now), then campaign
+        again: a restarted Postgres, or a network blip, costs a pause, never a live process that does nothing.
+        The NATS connection stays up meanwhile, so the outbox relay keeps publishing what was committed."""
         while True:
-            await asyncio.sleep(2.0)
-            for lease in self.leases:
-                if not await lease.alive():
-                    log.error("%s: lost the leader lease %s; stopping consumption", self.spec.name, lease.scope)
-                    await self.broker.stop()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._deposed.wait(), timeout=LEASE_CHECK_S)
+            if self._deposed.is_set():  # a unit of work found its fence superseded: another instance leads
+                lost = [lease.scope for lease in self.leases if not lease.shared]
+            else:
+                lost = [lease.scope for lease in self.leases if not await lease.alive()]
+            if not lost:
+                continue
+            self._deposed.clear()
+            log.error("%s: lost the leader lease %s; pausing consumption and taking the leases again",
+                      self.spec.name, ", ".join(lost))
+            while True:  # the recovery itself may meet the outage again: it starts over until it succeeds
+                try:
+                    await self._recover()
+                    break
+                except Exception:
+                    log.exception("%s: recovery failed; starting it over in 1 s", self.spec.name)
+                    await asyncio.sleep(1.0)
+
+    async def _recover(self) -> None:
+        """Pause consumption, give every lease back, take them again, reload memory from the tables, resume."""
+        self.phase = "recovering"
+        if self._unreachable_since is None:
+            self._unreachable_since = time.monotonic()
+        await self._pause_consumption()
+        for lease in reversed(self.leases):  # all of them: the leases are taken in order, or not at all
+            with contextlib.suppress(Exception):
+                await lease.release()
+        self._stale = True  # another instance may have led meanwhile: memory is rebuilt from the tables
+        await self._campaign()
+        self.phase = "starting"
+        if self.spec.on_start is not None:
+            # The lease sessions must not sit idle past their TTL while the state reloads.
+            async with self._leases_kept_alive():
+                await self.spec.on_start(self)
+        self._stale = False
+        await self._resume_consumption()
+        self.recoveries += 1
+        self.phase = "running"
+        log.warning("%s: leader again (term %s); consuming", self.spec.name,
+                    self.lease.term if self.lease else "-")
+
+    @contextlib.asynccontextmanager
+    async def _leases_kept_alive(self) -> AsyncIterator[None]:
+        """Query the held leases every few seconds while the body runs, so that none sits idle past its TTL. The
+        keeper is stopped between queries, never cancelled inside one: a query cancelled half-way leaves its
+        connection unusable for the next one (the watcher's)."""
+        done = asyncio.Event()
+
+        async def keep() -> None:
+            while not done.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(done.wait(), timeout=LEASE_CHECK_S)
+                if done.is_set():
                     return
+                for lease in self.leases:
+                    if lease.held:  # never the one being acquired: its connection is busy with that
+                        await lease.alive()
+
+        keeper = asyncio.create_task(keep())
+        try:
+            yield
+        finally:
+            done.set()
+            await asyncio.wait({keeper}, timeout=10)
+            if not keeper.done():
+                keeper.cancel()
+
+    async def _pause_consumption(self) -> None:
+        """Stop the consumers and background loops, keep the NATS connection (the relay publishes on it). A batch
+        in flight is cancelled: its transaction rolls back and its messages, never acked, come again."""
+        await self._cancel(self._consumer_tasks)
+        await self._cancel(self._bg_tasks)
+
+    async def _resume_consumption(self) -> None:
+        await self._start_consumers()
+        self._start_background()
 
     async def _guard(self, loop: Callable[[ServiceRuntime], Awaitable[None]]) -> None:
         while True:
@@ -439,8 +554,10 @@ class ServiceRuntime:
                     await self._reload_if_stale(conn)
                     yield Tx(conn=conn, now=self.clock.now(), source=self.source, schema=self.spec.schema,
                              traceparent=traceparent, job_traces=self.job_traces)
-            except BaseException:
+            except BaseException as exc:
                 self._stale = True
+                if isinstance(exc, LostLeadership):
+                    self._deposed.set()
                 raise
         self._outbox_wakeup.set()
 
@@ -543,8 +660,8 @@ class ServiceRuntime:
                     durable_name=durable, filter_subject=subject, ack_policy=NatsAckPolicy.EXPLICIT,
                     deliver_policy=DeliverPolicy.ALL, max_deliver=MAX_DELIVER, ack_wait=ACK_WAIT_S))
         for stream, subject, durable, batch_fn in self.consumers:
-            self._tasks.append(asyncio.create_task(self._consume(stream.name, subject, durable, batch_fn),
-                                                   name=f"{self.spec.name}-consume-{durable}"))
+            self._consumer_tasks.append(asyncio.create_task(
+                self._consume(stream.name, subject, durable, batch_fn), name=f"{self.spec.name}-consume-{durable}"))
 
     async def _consume(self, stream: str, subject: str, durable: str, batch_fn: BatchHandler | None) -> None:
         """Pull batches from one durable consumer and settle every message, until the connection is closed (the
@@ -650,6 +767,8 @@ class ServiceRuntime:
             await self.spec.reload(conn)
 
     async def _retry_or_give_up(self, raw: Msg, exc: BaseException) -> None:
+        if isinstance(exc, LostLeadership):
+            self._deposed.set()  # another instance leads: the watcher pauses consumption now (it comes back later)
         meta = raw.metadata
         deliveries = meta.num_delivered
         if deliveries >= MAX_DELIVER:

@@ -31,6 +31,7 @@ import asyncpg
 from services.executor.core.attribution import Placements, units_by_node
 from services.executor.core.dcgm_series import Device
 from services.executor.dcgm import DcgmSource, degraded_nodes, ensure_health_table, with_health
+from services.executor.heartbeat import Heartbeat
 from services.executor.verify import verify_placement
 from shared.config import ClusterConfig, DcgmSettings
 from shared.domain import GpuBinding, JobSpec, NodeSpec
@@ -55,6 +56,9 @@ from shared.service import ServiceRuntime, ServiceSpec, Tx
 DURATION_LABEL = "sim.gpuq.io/duration-s"
 UTILIZATION_LABEL = "sim.gpuq.io/utilization"
 OUTCOME_LABEL = "sim.gpuq.io/outcome"
+# Fault injection: a job whose pods never report. The simulated executor runs it but neither lists it in its
+# heartbeats nor ever finishes it, as when a node's agent dies silently; the scheduler's liveness watch must find it.
+SILENT_LABEL = "sim.gpuq.io/silent"
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 
@@ -66,6 +70,7 @@ class SimExecutorSettings:
     sample_every_s: float = 1.0  # wall seconds between utilisation batches
     checkpoint_delay_s: float = 30.0  # virtual seconds a job takes to write a checkpoint
     dcgm: DcgmSettings | None = None  # real samples from dcgm-exporter via Prometheus instead of synthetic ones
+    heartbeat_every_s: float | None = None  # wall seconds between heartbeats (None: GPUQ_HEARTBEAT_INTERVAL_S, 10)
 
 
 def true_duration(spec: JobSpec) -> float:
@@ -122,13 +127,14 @@ class SimExecutor:
         self._last_sample: float | None = None
         self._last_sample_at: float | None = None
         self.dcgm = DcgmSource(settings.dcgm, self) if settings.dcgm is not None else None
+        self.heartbeat = Heartbeat("executor/sim", settings.heartbeat_every_s)
 
     def spec(self) -> ServiceSpec:
         background = (self.run_loop,) if self.dcgm is None else (self.run_loop, self.dcgm.run)
         return ServiceSpec(
             name="executor", schema="executor", migrations=MIGRATIONS,
             handlers={JobPlaced: self.on_placed, CheckpointRequested: self.on_checkpoint_requested,
-                      JobPreempted: self.on_stopped, JobCancelled: self.on_stopped},
+                      JobPreempted: self.on_stopped, JobCancelled: self.on_stopped, JobFailed: self.on_failed},
             on_start=self.announce_inventory, background=background, singleton=False,
         )
 
@@ -218,6 +224,15 @@ class SimExecutor:
             "UPDATE executor.runs SET status = $2, ends_at = $3 WHERE job_id = $1 AND status = 'running'",
             payload.job_id, status, tx.now)
 
+    async def on_failed(self, tx: Tx, event: CloudEvent, payload: JobFailed) -> None:
+        """The scheduler declared a job lost: stop running it, so that its GPUs are free here as they are there.
+        (Other JobFailed events are this executor's own, coming back: nothing to do.)"""
+        if payload.exit_reason is not ExitReason.LOST:
+            return
+        await tx.conn.execute(
+            "UPDATE executor.runs SET status = 'failed', outcome = $2, ends_at = $3 WHERE job_id = $1 "
+            "AND status = 'running'", payload.job_id, ExitReason.LOST.value, tx.now)
+
     # ------------------------------------------------------------------ the running cluster
 
     async def run_loop(self, runtime: ServiceRuntime) -> None:
@@ -233,11 +248,17 @@ class SimExecutor:
             due = self._last_sample is None or wall - self._last_sample >= self.settings.sample_every_s
             if due and self.dcgm is None:  # with DCGM, real samples replace the synthetic ones
                 await self._sample(tx, wall)
+            if self.heartbeat.due(wall):
+                rows = await tx.conn.fetch(
+                    "SELECT job_id FROM executor.runs WHERE status = 'running' AND NOT coalesce("
+                    f"(spec->'labels'->>'{SILENT_LABEL}')::boolean, false)")
+                await self.heartbeat.emit(tx, wall, [r["job_id"] for r in rows])
 
     async def _finish_due(self, tx: Tx) -> None:
         rows = await tx.conn.fetch(
             "SELECT job_id, spec, started_at, done_s, traceparent FROM executor.runs "
             "WHERE status = 'running' AND ends_at <= $1 "
+            f"AND NOT coalesce((spec->'labels'->>'{SILENT_LABEL}')::boolean, false) "
             "ORDER BY ends_at, job_id FOR UPDATE", tx.now)
         for row in rows:
             spec = JobSpec.model_validate_json(row["spec"])

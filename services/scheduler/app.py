@@ -18,12 +18,14 @@ import asyncpg
 from services.pipeline.core import WaitingJob, place, priority_value
 from services.preemption.core import priority_of
 from services.scheduler.core import ClusterState, RunningJob
+from services.scheduler.liveness import LivenessWatch
 from shared import audit
 from shared.audit import service_actor
 from shared.config import QueuesConfig
 from shared.domain import GpuBinding, JobSpec, NodeHealth, NodeSpec
 from shared.events import (
     CloudEvent,
+    ExecutorHeartbeat,
     JobAdmitted,
     JobCancelled,
     JobCompleted,
@@ -46,13 +48,15 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 
 
 class SchedulerService:
-    def __init__(self, *, backfill: bool = True, strategy: str = "binpack", queues: QueuesConfig | None = None):
+    def __init__(self, *, backfill: bool = True, strategy: str = "binpack", queues: QueuesConfig | None = None,
+                 liveness: LivenessWatch | None = None):
         self.backfill = backfill
         self.queues = queues  # priority classes: when set, unplaceable jobs may ask for preemption
         self.strategy = strategy
         self.cluster = ClusterState.from_nodes([], strategy=strategy)
         self.runtime: ServiceRuntime | None = None
         self._published: dict[str, tuple[str, str]] = {}
+        self.liveness = liveness or LivenessWatch.from_env()  # placed jobs no executor reports fail as Lost
 
     def spec(self) -> ServiceSpec:
         return ServiceSpec(
@@ -60,8 +64,8 @@ class SchedulerService:
             handlers={NodeInventory: self.on_inventory, NodeChanged: self.on_node_changed,
                       JobAdmitted: self.on_admitted, JobStarted: self.on_started, JobCompleted: self.on_finished,
                       JobFailed: self.on_finished, JobCancelled: self.on_finished, JobPreempted: self.on_finished,
-                      JobRequeued: self.on_requeued},
-            on_start=self.load, reload=self._rebuild,
+                      JobRequeued: self.on_requeued, ExecutorHeartbeat: self.liveness.on_heartbeat},
+            on_start=self.load, reload=self._rebuild, background=(self.liveness.loop,),
         )
 
     # ------------------------------------------------------------------ state

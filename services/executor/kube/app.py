@@ -28,6 +28,7 @@ from lightkube import operators
 
 from services.executor.core.attribution import Placements
 from services.executor.dcgm import DcgmSource, degraded_nodes, ensure_health_table
+from services.executor.heartbeat import Heartbeat
 from services.executor.kube import inventory
 from services.executor.kube.client import NODE, POD, KubeApi, status_code, workload_resource
 from services.executor.kube.core import dcgm_view
@@ -91,6 +92,7 @@ class KubeExecutorSettings:
     cluster: ClusterConfig
     queues: QueuesConfig
     tick_s: float = 1.0  # wall seconds between timer checks (PodsReady timeout, runtime limit, backoff)
+    heartbeat_every_s: float | None = None  # wall seconds between heartbeats (None: GPUQ_HEARTBEAT_INTERVAL_S, 10)
     dcgm: DcgmSettings | None = None  # GPU utilisation and health from dcgm-exporter via Prometheus
 
     @property
@@ -144,6 +146,7 @@ class KubeExecutor:
                      resync_s=self.cfg.resync_s, name=k.plural) for k in all_kinds()]
         self._nodes_announced = False
         self.dcgm = DcgmSource(settings.dcgm, self) if settings.dcgm is not None else None
+        self.heartbeat = Heartbeat("executor/kube", settings.heartbeat_every_s)
 
     def spec(self) -> ServiceSpec:
         background = (self.watch_cluster, self.timer_loop) + ((self.poll_gpus,) if self.dcgm is not None else ())
@@ -152,7 +155,7 @@ class KubeExecutor:
             handlers={JobPlaced: self.on_placed, CheckpointRequested: self.on_checkpoint_requested,
                       JobPreempted: self.on_stopped, JobCancelled: self.on_stopped, JobQueued: self.on_status,
                       JobPending: self.on_status, JobAdmitted: self.on_status, JobRejected: self.on_status,
-                      JobRequeued: self.on_status, JobCheckpointed: self.on_checkpointed},
+                      JobRequeued: self.on_status, JobCheckpointed: self.on_checkpointed, JobFailed: self.on_lost},
             on_start=self.start, background=background,
         )
 
@@ -582,6 +585,19 @@ class KubeExecutor:
             await self._set_state(tx, row["job_id"], "cancelled", outcome="cancelled")
             await self.notices.event(_ref(row), "Cancelled", f"cancelled by {payload.by}: {payload.reason}", tx.now)
 
+    async def on_lost(self, tx: Tx, event: CloudEvent, payload: JobFailed) -> None:
+        """The scheduler declared the job lost (no heartbeat listed it, or it overran its limit): stop its workload,
+        as for a failure of its own, so that its GPUs are free here as they are in the scheduler. (Other JobFailed
+        events are this executor's own, coming back.)"""
+        if payload.exit_reason is not ExitReason.LOST:
+            return
+        row = await tx.conn.fetchrow("SELECT * FROM executor.kube_jobs WHERE job_id = $1 FOR UPDATE", payload.job_id)
+        if row is None or row["state"] not in (*ACTIVE, "deferred"):
+            return
+        await self._suspend(row)
+        await self._set_state(tx, row["job_id"], "failed", outcome=ExitReason.LOST.value)
+        await self.notices.event(_ref(row), "Lost", payload.message, tx.now, warning=True)
+
     async def _suspend(self, row: asyncpg.Record) -> None:
         """Suspend the workload: its controller deletes the pods with their grace period. (The templates are given
         back later, once the workload is suspended: see `_restore`.)"""
@@ -678,6 +694,9 @@ class KubeExecutor:
                 "ORDER BY job_id FOR UPDATE")
             for row in rows:
                 await self._check(tx, row)
+            wall = asyncio.get_running_loop().time()
+            if self.heartbeat.due(wall):  # what this executor runs, or has placed and is starting
+                await self.heartbeat.emit(tx, wall, [r["job_id"] for r in rows if r["state"] in ACTIVE])
 
     async def _check(self, tx: Tx, row: asyncpg.Record) -> None:
         now, cfg = tx.now, self.cfg

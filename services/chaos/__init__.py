@@ -1,0 +1,1 @@
+"""Fault injection against a running platform: `gpuq chaos` and the bounded chaos test (harness.py)."""

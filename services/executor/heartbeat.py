@@ -1,0 +1,56 @@
+"""The executors' heartbeat: one `ExecutorHeartbeat` per interval listing every job the executor runs.
+
+One event per executor per interval, whatever the number of jobs, rather than one per job: liveness then costs
+the bus a constant rate (issue budget: about 10 events per job in all), and a heartbeat proves what it should,
+that the process that runs the jobs is alive and still has them. A long list is split into parts so that no
+event nears NATS's payload limit.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+from shared.events import ExecutorHeartbeat, utcnow_from
+from shared.service import Tx
+
+MAX_JOBS_PER_EVENT = 4000  # ~40 bytes per id: well under NATS's 1 MiB default payload limit
+DEFAULT_INTERVAL_S = 10.0
+
+
+def interval_from_env() -> float:
+    raw = os.environ.get("GPUQ_HEARTBEAT_INTERVAL_S", "")
+    try:
+        value = float(raw) if raw else DEFAULT_INTERVAL_S
+    except ValueError:
+        raise ValueError(f"GPUQ_HEARTBEAT_INTERVAL_S must be a number of seconds, not {raw!r}") from None
+    if value <= 0:
+        raise ValueError(f"GPUQ_HEARTBEAT_INTERVAL_S must be positive, not {raw!r}")
+    return value
+
+
+class Heartbeat:
+    """Decides when the next heartbeat is due (on the executor's wall clock, passed in) and emits it."""
+
+    def __init__(self, executor: str, interval_s: float | None = None):
+        self.executor = executor
+        self.interval_s = interval_s if interval_s is not None else interval_from_env()
+        self._last: float | None = None
+
+    def due(self, wall: float) -> bool:
+        return self._last is None or wall - self._last >= self.interval_s
+
+    async def emit(self, tx: Tx, wall: float, running: Iterable[str],
+                   chunk: int = MAX_JOBS_PER_EVENT) -> int:
+        """Emit this interval's heartbeat (in `tx`: it is published only if the transaction commits); returns the
+        number of events."""
+        self._last = wall
+        jobs = sorted(set(running))
+        parts = [jobs[i:i + chunk] for i in range(0, len(jobs), chunk)] or [[]]
+        for index, part in enumerate(parts):
+            await tx.emit(ExecutorHeartbeat(executor=self.executor, running=tuple(part),
+                                            sent_at=utcnow_from(tx.now), interval_s=self.interval_s,
+                                            part=index, parts=len(parts)))
+        return len(parts)
+
+

@@ -1,0 +1,99 @@
+"""The scheduler's liveness watch: executor heartbeats in, `JobFailed(Lost)` out for placed jobs nobody runs.
+
+The scheduler owns placements, so it is the one to say a placement is dead. Heartbeats are kept in memory only:
+a scheduler that starts (or takes the lease over) counts every placed job as heard at that moment, so a restart
+can delay a verdict by one timeout but never cause one. The verdict is one `JobFailed` with exit reason `Lost`
+through the outbox, in a transaction that checks the scheduler's fence; the scheduler, admission and the executor
+then release GPUs, quota and the run on their ordinary `JobFailed` path, each once (their handlers are keyed by
+the job's status). A job already declared is not declared again while its `JobFailed` is on its way.
+
+Settings: `GPUQ_HEARTBEAT_TIMEOUT_S` (default 120 s of the scheduler's wall clock), `GPUQ_RUNTIME_GRACE_S`
+(default 900 s past `max_runtime_s`, services' clock), `GPUQ_LIVENESS_CHECK_S` (how often it looks, default 5 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from services.scheduler.core.liveness import LivenessSettings, WatchedJob, lost_jobs
+from shared.events import CloudEvent, ExecutorHeartbeat, ExitReason, JobFailed, utcnow_from
+from shared.service import ServiceRuntime, Tx
+
+log = logging.getLogger("gpuq.scheduler.liveness")
+
+
+def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of seconds, not {raw!r}") from None
+
+
+@dataclass
+class LivenessWatch:
+    settings: LivenessSettings = field(default_factory=LivenessSettings)
+    check_s: float = 5.0
+    monotonic: Callable[[], float] = time.monotonic  # injected: the watch clock
+    heard: dict[str, float] = field(default_factory=dict)  # job -> last heartbeat that listed it (watch clock)
+    declared: set[str] = field(default_factory=set)  # JobFailed(Lost) emitted, not yet back as finished
+    lost_total: int = 0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> LivenessWatch:
+        env = os.environ if env is None else env
+        settings = LivenessSettings(heartbeat_timeout_s=_env_float(env, "GPUQ_HEARTBEAT_TIMEOUT_S", 120.0),
+                                    runtime_grace_s=_env_float(env, "GPUQ_RUNTIME_GRACE_S", 900.0))
+        return cls(settings=settings, check_s=_env_float(env, "GPUQ_LIVENESS_CHECK_S", 5.0))
+
+    def reset(self) -> None:
+        """At start and after a lease is taken again: every placed job counts as heard now."""
+        self.heard.clear()
+        self.declared.clear()
+
+    async def on_heartbeat(self, tx: Tx, event: CloudEvent, payload: ExecutorHeartbeat) -> None:
+        at = self.monotonic()
+        for job_id in payload.running:
+            self.heard[job_id] = at
+
+    async def loop(self, runtime: ServiceRuntime) -> None:
+        self.reset()  # background loops start after each (re)acquisition of the lease
+        while True:
+            await asyncio.sleep(self.check_s)
+            await self.check(runtime)
+
+    async def check(self, runtime: ServiceRuntime) -> list[str]:
+        """Declare the lost jobs; returns their ids."""
+        async with runtime.transaction() as tx:
+            rows = await tx.conn.fetch(
+                "SELECT job_id, placed_at, (spec->>'max_runtime_s')::double precision AS max_runtime_s "
+                "FROM scheduler.jobs WHERE status = 'placed' ORDER BY job_id")
+            heard_now = self.monotonic()
+            placed = {r["job_id"] for r in rows}
+            for job_id in list(self.heard):
+                if job_id not in placed:
+                    del self.heard[job_id]
+            self.declared &= placed
+            watched = [WatchedJob(job_id=r["job_id"], placed_at=float(r["placed_at"] or tx.now),
+                                  max_runtime_s=float(r["max_runtime_s"] or 0.0),
+                                  last_heard=self.heard.setdefault(r["job_id"], heard_now))
+                       for r in rows if r["job_id"] not in self.declared]
+            verdicts = lost_jobs(watched, now=tx.now, heard_now=heard_now, settings=self.settings)
+            if not verdicts:
+                return []
+            if runtime.lease is not None:
+                await runtime.lease.check_fence(tx.conn)  # a deposed leader declares nothing
+            for verdict in verdicts:
+                log.warning("job %s is lost: %s", verdict.job_id, verdict.message)
+                await tx.emit(JobFailed(job_id=verdict.job_id, exit_reason=ExitReason.LOST, message=verdict.message,
+                                        finished_at=utcnow_from(tx.now)))
+        self.declared.update(v.job_id for v in verdicts)
+        self.lost_total += len(verdicts)
+        return [v.job_id for v in verdicts]
