@@ -359,6 +359,10 @@ class QueueConfig(_Strict):
     preemption: QueuePreemption = QueuePreemption()
     queueing_strategy: QueueingStrategy = QueueingStrategy.BEST_EFFORT_FIFO
     max_preemptions_per_hour: int | None = Field(default=None, ge=0)
+    # The risk of lost work is taken when a job borrows (a reclaim of the lender's quota always succeeds):
+    # a job of this queue that cannot checkpoint may borrow only when its max_runtime_s is at most this.
+    # 0 = such jobs never borrow; null = no limit.
+    max_borrow_runtime_without_checkpoint_s: int | None = Field(default=None, ge=0)
 
     @field_validator("name")
     @classmethod

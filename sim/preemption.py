@@ -17,6 +17,7 @@ caps them only when a what-if run asks for it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from services.preemption.core import (
@@ -24,6 +25,7 @@ from services.preemption.core import (
     RECLAIM,
     Preemptor,
     RunningJob,
+    Why,
     cooldown_verdict,
     priority_of,
     rate_limit_verdict,
@@ -44,6 +46,8 @@ class SimPreemption:
         self.last_preempted: dict[str, float] = {}
         self.by_queue: dict[str, list[float]] = {}
         self.protected_violations = 0  # victims inside the window or of non-preemptible classes (must stay 0)
+        # after a call: when the first job that protected itself from a request (young) leaves its window
+        self.next_wake: float | None = None
 
     def _running(self, ctx: Any) -> list[RunningJob]:
         out = []
@@ -67,6 +71,7 @@ class SimPreemption:
 
     def __call__(self, ctx: Any) -> list[Any]:
         running = self._running(ctx)
+        self.next_wake = None
         usage_by_allocation = ctx.cluster.allocations()
         requests: list[tuple[str, str, dict[str, int]]] = []
         for u in ctx.unplaceable:
@@ -89,6 +94,7 @@ class SimPreemption:
             alive = [j for j in running if j.job_id not in taken and j.job_id in usage_by_allocation]
             sel = select_victims(preemptor, alive, cluster, self.config, ctx.now, exact_pool=6)
             if not sel.victims:
+                self._wake_when_unprotected(alive, sel.rejected, ctx.now)
                 continue
             recent = self.by_queue.setdefault(spec.queue, [])
             if rate_limit_verdict(self.config, spec.queue, recent, ctx.now, len(sel.victims)):
@@ -107,6 +113,13 @@ class SimPreemption:
                 recent.append(ctx.now)
                 self.last_preempted[v] = ctx.now
         return out
+
+    def _wake_when_unprotected(self, alive: list[RunningJob], rejected: Mapping[str, str], now: float) -> None:
+        window = self.config.policy.protection_window_s
+        for job in alive:
+            if rejected.get(job.job_id) == Why.JUST_STARTED and job.started_at + window > now:
+                until = job.started_at + window
+                self.next_wake = until if self.next_wake is None else min(self.next_wake, until)
 
     @staticmethod
     def _spec(ctx: Any, job_id: str) -> JobSpec | None:

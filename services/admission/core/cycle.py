@@ -149,7 +149,7 @@ class _NoFit:
     # enough promotions per cycle trigger a full collection over the whole backlog
     __slots__ = ("message", "need", "reason", "settled", "variants", "version")
 
-    def __init__(self, reason: str, message: str | _Why, need: dict[str, int] | None):
+    def __init__(self, reason: str, message: str | _LazyText, need: dict[str, int] | None):
         self.reason = reason
         self.message = message
         self.variants: dict[str, _LazyText] | None = None  # created when first needed
@@ -273,6 +273,7 @@ class _Cycle:
         if memo is None:
             memo = self.memo[q] = {}
         version = self._version(qq)
+        limit = qq.unsafe_borrow_limit
         n = len(lst)
         while i < n:
             e = lst[i]
@@ -287,7 +288,8 @@ class _Cycle:
                 self._block_rest(q, Reason.WAITING_FOR_MAX_RUNNING_JOBS,
                                  f"queue {q} runs {running}/{qq.max_running} jobs (max_running_jobs)")
                 return
-            result = memo.get(e.sid)
+            # memo key: the request, and whether the job may borrow (negative when it may not)
+            result = memo.get(e.sid if limit is None or e.unsaved_runtime_s <= limit else -1 - e.sid)
             if result is None or result.version != version:
                 result = self._evaluate(qq, e)
             if type(result) is _Fit:
@@ -377,18 +379,23 @@ class _Cycle:
         memo = self.memo.get(qq.name)
         if memo is None:
             memo = self.memo[qq.name] = {}
-        hit = memo.get(e.sid)
+        limit = qq.unsafe_borrow_limit
+        may_borrow = limit is None or e.unsaved_runtime_s <= limit
+        key = e.sid if may_borrow else -1 - e.sid
+        hit = memo.get(key)
         version = self._version(qq)
         if hit is not None and hit.version == version:
             return hit
-        result = self._assign(qq, e.sig)
+        result = self._assign(qq, e.sig, may_borrow)
         result.version = version
-        memo[e.sid] = result
+        memo[key] = result
         return result
 
-    def _assign(self, qq: QueueQuota, sig: Signature) -> _Fit | _NoFit:
+    def _assign(self, qq: QueueQuota, sig: Signature, may_borrow: bool = True) -> _Fit | _NoFit:
         """Flavor assignment: per pod set, the first option that fits without borrowing, else the first that
-        fits by borrowing (Kueue's 'prefer a fit without borrowing'), within the free capacity if given."""
+        fits by borrowing (Kueue's 'prefer a fit without borrowing'), within the free capacity if given.
+        `may_borrow=False` (a job that cannot checkpoint, over its queue's runtime limit for such borrowing):
+        only fits within nominal quota count."""
         book = self.book
         used = book.usage[qq.name]
         cap = self.cap_left
@@ -412,10 +419,10 @@ class _Cycle:
                 if not borrows:
                     best, best_borrows = opt, False
                     break
-                if best is None:
+                if best is None and may_borrow:
                     best, best_borrows = opt, True
             if best is None:
-                return self._explain(qq, sig, demand, options, taken)
+                return self._explain(qq, sig, demand, options, taken, may_borrow)
             choice.append(best)
             taken[best[1]] = taken.get(best[1], 0) + best[2]
             borrowing = borrowing or best_borrows
@@ -427,7 +434,7 @@ class _Cycle:
     # ------------------------------------------------------------------ reasons
 
     def _explain(self, qq: QueueQuota, sig: Signature, demand: PodSetDemand, options: tuple[GpuOption, ...],
-                 taken: Mapping[str, int]) -> _NoFit:
+                 taken: Mapping[str, int], may_borrow: bool = True) -> _NoFit:
         """Why pod set `demand` fits none of its options: the reason now, the message (numbers from every
         option) only when someone reads it (`_Why`); reasons follow the first (preferred) option."""
         book = self.book
@@ -446,6 +453,12 @@ class _Cycle:
             return _NoFit(Reason.WAITING_FOR_QUOTA, message, self._reclaim_need(qq, sig))  # set: may reclaim
         if qq.cohort is None:
             return _NoFit(Reason.WAITING_FOR_QUOTA, message, None)
+        if not may_borrow and any(taken.get(r2, 0) + n <= book.available(qq, r2) for _m2, r2, n in options):
+            # it would fit by borrowing, but the risk of borrowing without a checkpoint is refused
+            return _NoFit(Reason.WAITING_FOR_QUOTA, _Then(
+                message, f"it cannot checkpoint and may run longer than the "
+                f"{qq.unsafe_borrow_limit}s queue {q} allows such jobs to borrow for "
+                "(max_borrow_runtime_without_checkpoint_s)"), None)
         limit = qq.borrowing_limit[r]
         if limit is not None and used + total > nominal + limit:
             return _NoFit(Reason.WAITING_FOR_QUOTA, message, None)

@@ -39,6 +39,7 @@ class QueueQuota:
         "scope",
         "strict_fifo",
         "teams",
+        "unsafe_borrow_limit",
         "weight",
     )
 
@@ -59,6 +60,8 @@ class QueueQuota:
         self.reclaim_policy = q.preemption.reclaim_within_cohort
         self.teams = frozenset(q.teams)
         self.can_reclaim = self.cohort is not None and self.reclaim_policy is not PreemptionPolicy.NEVER
+        # jobs that cannot checkpoint borrow only up to this max_runtime_s (None = no limit)
+        self.unsafe_borrow_limit = q.max_borrow_runtime_without_checkpoint_s
 
     @property
     def quotas(self) -> Mapping[str, object]:

@@ -11,6 +11,9 @@ Order of the checks (first failing rule is reported, so the reason a user sees i
   5 window     not younger than `protection_window_s`, not within it of its expected end
                (started_at + max_runtime_s) — Slurm's PreemptExemptTime and KAI's minimum runtime, plus
                the end-of-run protection Kueue lacks
+  6 lost work  priority preemption only: not when it would lose more than `max_victim_loss_s` of its run.
+               Never for ReclaimQuota: reclaiming nominal quota is a guarantee the bound must not veto (the
+               risk is controlled where it is taken, at borrowing time: `max_unsafe_borrow_runtime_s`)
 """
 
 from __future__ import annotations
@@ -101,9 +104,16 @@ def victim_verdict(preemptor: Preemptor, job: RunningJob, config: QueuesConfig,
     window = protection(job, now, config.policy.protection_window_s)
     if window is not None:
         return window[0]
-    bound = config.policy.max_victim_loss_s
-    if bound is not None and job.gpus > 0 and job.lost_gpu_seconds(now) / job.gpus > bound:
+    if preemptor.reason != RECLAIM and exceeds_loss_bound(job, config, now):
         # Preempting it would throw away more than `max_victim_loss_s` of its run (it cannot checkpoint, or
-        # its last checkpoint is old): the preemptor waits for capacity instead.
+        # its last checkpoint is old): a priority preemptor waits for capacity instead. A reclaim of nominal
+        # quota is never vetoed by the bound (the lender was promised its quota back); there the lost work
+        # only steers which borrower is taken (selection prefers the least lost work).
         return Why.TOO_MUCH_LOST_WORK
     return None
+
+
+def exceeds_loss_bound(job: RunningJob, config: QueuesConfig, now: float) -> bool:
+    """Preempting `job` now would lose more than `policy.max_victim_loss_s` seconds of its run."""
+    bound = config.policy.max_victim_loss_s
+    return bound is not None and job.gpus > 0 and job.lost_gpu_seconds(now) / job.gpus > bound

@@ -3,7 +3,8 @@
 1 filter     every running job through `policy.victim_verdict` (the reason is kept for visibility)
 2 tiers      borrowers of other queues first, then the preemptor's own queue (reclaim takes from
              borrowers first; ReclaimQuota only from borrowers): a later tier is tried only when the
-             earlier ones together are not sufficient
+             earlier ones together are not sufficient. A reclaim first tries the borrowers that would lose
+             no more than `max_victim_loss_s` (the bound steers a reclaim, never vetoes it)
 3 choose     sufficient = the placement core places the preemptor on a what-if copy with the victims
              released (`ClusterState.fits_if_released`, the live state untouched) and, for ReclaimQuota,
              the victims free at least `need` of every quota resource, and no borrowing queue is taken
@@ -27,7 +28,7 @@ from services.scheduler.core import ClusterState, Placement
 from shared.config import QueuesConfig
 
 from .model import RECLAIM, Preemptor, RunningJob, Selection, usage_by_queue
-from .policy import needed_resources, victim_verdict
+from .policy import exceeds_loss_bound, needed_resources, victim_verdict
 
 EXACT_POOL = 8  # pools up to this size are searched exhaustively (2^8 subsets, most pruned cheaply)
 MAX_FITS_CHECKS = 512
@@ -157,6 +158,11 @@ def select_victims(preemptor: Preemptor, running: Sequence[RunningJob], cluster:
     borrowers = [j for j in eligible if j.queue != preemptor.queue]
     own = [j for j in eligible if j.queue == preemptor.queue]
     tiers = [borrowers, borrowers + own] if borrowers and own else [eligible]
+    if preemptor.reason == RECLAIM:
+        # the unsaved-work bound never vetoes a reclaim, but it steers it: borrowers within the bound first
+        safe = [j for j in borrowers if not exceeds_loss_bound(j, config, now)]
+        if safe and len(safe) < len(borrowers):
+            tiers.insert(0, safe)
     for pool in tiers:
         pool = sorted(pool, key=lambda j: candidate_key(j, now))
         if not pool or not check.fits(pool, guarantees=False):
