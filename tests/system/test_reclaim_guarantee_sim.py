@@ -73,3 +73,23 @@ def test_a_queue_can_refuse_risky_borrowing_up_front() -> None:
                    extra={"max_borrow_runtime_without_checkpoint_s": HOUR})
     result = Engine(trace=trace, policy=make_policy("gpuq")).run()
     assert {r.job.job_id for r in result.records.values() if r.start == 0} == {"a-0", "a-1"}
+
+
+def test_a_high_priority_job_preempts_its_own_queues_low_priority_job_when_the_queue_is_at_its_quota() -> None:
+    queues = parse_queues({
+        "priority_classes": [{"name": "low", "value": 0, "preemptible": True},
+                             {"name": "normal", "value": 100, "preemptible": True}],
+        "queues": [{"name": "team-a", "quotas": {MODEL: {"nominal": 8}}}],  # within_queue: LowerPriority
+        "policy": {"protection_window_s": 600, "checkpoint_grace_s": 300},
+    })
+    nodes = [NodeSpec(name=f"n-{i}", gpus=8, gpu_model=MODEL, cpu_milli=96000, memory_mib=1 << 20,
+                      rack="r-0", block="b-0") for i in range(2)]  # 8 GPUs stay free: only the quota is full
+    jobs = [TraceJob(job_id=f"low-{i}", submit_time=0, duration=10 * HOUR, team="team-a", queue="team-a",
+                     pods=1, gpus_per_pod=4, gpu_models=(MODEL,), priority_class="low",
+                     max_runtime_s=12 * HOUR, checkpoint_interval_s=600) for i in range(2)]
+    jobs.append(TraceJob(job_id="boss", submit_time=5000, duration=HOUR, team="team-a", queue="team-a", pods=1,
+                         gpus_per_pod=4, gpu_models=(MODEL,), priority_class="normal", max_runtime_s=2 * HOUR))
+    result = Engine(trace=Trace(name="within", jobs=jobs, nodes=nodes, queues=queues),
+                    policy=make_policy("gpuq")).run()
+    assert result.records["boss"].start == 5000
+    assert sorted(r.preemptions for r in result.records.values()) == [0, 0, 1]

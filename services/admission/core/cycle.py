@@ -32,7 +32,7 @@ from services.admission.core.model import (
     ReclaimRequest,
 )
 from services.admission.core.quota import QueueQuota, QuotaBook
-from services.admission.core.reclaim import reclaim_candidates
+from services.admission.core.reclaim import own_candidates, reclaim_candidates
 from services.admission.core.resources import GpuOption, PodSetDemand, Signature
 from services.admission.core.state import AdmissionState, Entry
 from services.admission.core.statuses import PendingStatuses
@@ -147,13 +147,17 @@ class _Then(_LazyText):
 class _NoFit:
     # few objects per failed check: each one lives to the cycle's end, so the collector promotes it, and
     # enough promotions per cycle trigger a full collection over the whole backlog
-    __slots__ = ("message", "need", "reason", "settled", "variants", "version")
+    __slots__ = ("message", "need", "own", "reason", "settled", "variants", "version")
 
-    def __init__(self, reason: str, message: str | _LazyText, need: dict[str, int] | None):
+    def __init__(self, reason: str, message: str | _LazyText, need: dict[str, int] | None,
+                 own: dict[str, int] | None = None):
         self.reason = reason
         self.message = message
         self.variants: dict[str, _LazyText] | None = None  # created when first needed
         self.need = need  # set when the job fits its nominal quota and only borrowers stand in the way
+        # set when the job's request fits its queue's nominal quota but its queue's own jobs use it: what
+        # within-queue preemption (with, under nominal, a reclaim in the same decision) would have to make room for
+        self.own = own
         # priority -> (reason, message) once _fail found that every later job of that priority failing this
         # way ends the same (no reclaim candidates; or behind this queue's reclaims, which only grow in a
         # cycle): the scan then skips _fail for them
@@ -208,6 +212,7 @@ class _Cycle:
         self.cohort_version: dict[str | None, int] = {}
         self.reclaim_memo: dict[tuple[object, ...], tuple[str, ...]] = {}
         self.pledges: dict[str, _Pledge] = {}  # cohort -> this cycle's reclaims
+        self.preempting: dict[str, str] = {}  # queue -> its job asking for within-queue preemption this cycle
 
     # ------------------------------------------------------------------ phases
 
@@ -296,7 +301,8 @@ class _Cycle:
                 self.idx[q] = i
                 heapq.heappush(self.heap, (self._key(qq, e, result), q))
                 return
-            if result.need is None or not qq.can_reclaim:  # type: ignore[union-attr]  # `type(result) is _Fit` above (hot path)
+            if ((result.need is None or not qq.can_reclaim)  # type: ignore[union-attr]  # `type(result) is _Fit` above (hot path)
+                    and (result.own is None or not qq.can_preempt_within)):  # type: ignore[union-attr]  # `type(result) is _Fit` above (hot path)
                 e.reason = result.reason  # type: ignore[union-attr]  # `type(result) is _Fit` above (hot path)
                 e.message = result.message  # type: ignore[union-attr]  # `type(result) is _Fit` above (hot path)
             else:
@@ -451,18 +457,32 @@ class _Cycle:
         used, nominal = book.used(q, r), qq.nominal[r]
         if used + total <= nominal and qq.cohort is not None:
             return _NoFit(Reason.WAITING_FOR_QUOTA, message, self._reclaim_need(qq, sig))  # set: may reclaim
+        own = self._nominal_request(qq, sig) if qq.can_preempt_within else None
         if qq.cohort is None:
-            return _NoFit(Reason.WAITING_FOR_QUOTA, message, None)
+            return _NoFit(Reason.WAITING_FOR_QUOTA, message, None, own)
         if not may_borrow and any(taken.get(r2, 0) + n <= book.available(qq, r2) for _m2, r2, n in options):
             # it would fit by borrowing, but the risk of borrowing without a checkpoint is refused
             return _NoFit(Reason.WAITING_FOR_QUOTA, _Then(
                 message, f"it cannot checkpoint and may run longer than the "
                 f"{qq.unsafe_borrow_limit}s queue {q} allows such jobs to borrow for "
-                "(max_borrow_runtime_without_checkpoint_s)"), None)
+                "(max_borrow_runtime_without_checkpoint_s)"), None, own)
         limit = qq.borrowing_limit[r]
         if limit is not None and used + total > nominal + limit:
-            return _NoFit(Reason.WAITING_FOR_QUOTA, message, None)
-        return _NoFit(Reason.WAITING_FOR_BORROWABLE_QUOTA, message, None)
+            return _NoFit(Reason.WAITING_FOR_QUOTA, message, None, own)
+        return _NoFit(Reason.WAITING_FOR_BORROWABLE_QUOTA, message, None, own)
+
+    def _nominal_request(self, qq: QueueQuota, sig: Signature) -> dict[str, int] | None:
+        """The request per resource if the whole job fits the queue's nominal quota once the queue's own jobs
+        make room (first such flavor per pod set), else None."""
+        taken: dict[str, int] = {}
+        for demand in sig:
+            for _m, r, amount in self.state.options(qq, demand):
+                if taken.get(r, 0) + amount <= qq.nominal[r]:
+                    taken[r] = taken.get(r, 0) + amount
+                    break
+            else:
+                return None
+        return dict(sorted(taken.items())) if taken else None
 
     def _reclaim_need(self, qq: QueueQuota, sig: Signature,
                       pledged: Mapping[str, int] | None = None) -> dict[str, int] | None:
@@ -488,6 +508,8 @@ class _Cycle:
         name the same victim and the needs add up to what the jobs really lack."""
         e.reason, e.message = result.reason, result.message
         if result.need is None or not qq.can_reclaim:
+            if result.own is not None and qq.can_preempt_within:
+                self._preempt_within(qq, e, result, result.own)
             return
         q, cohort = qq.name, qq.cohort
         # memoised per (priority, resources needed): a deep queue fails many jobs against the same borrowers
@@ -543,6 +565,65 @@ class _Cycle:
                 pledge.freed[r] = pledge.freed.get(r, 0) + got
         text = ", ".join(f"{n} {r}" for r, n in need.items())
         e.message = _Then(result.message, f"reclaim of {text} requested from {len(free)} borrowing job(s)")
+
+    def _preempt_within(self, qq: QueueQuota, e: Entry, result: _NoFit, request: Mapping[str, int]) -> None:
+        """Within-queue preemption (Kueue `withinClusterQueue: LowerPriority`): the job's request fits its
+        queue's nominal quota but the queue's own jobs use it, so its lower-priority preemptible jobs are asked
+        to make room. When the queue is under nominal on every resource it lacks and other queues borrow from
+        the cohort, the same request also reclaims from them (Kueue preempts in the queue and reclaims in the
+        cohort in one decision; `own_need` is then what must come from the queue itself, so that the job ends
+        within nominal). One such request per queue and cycle, its first job that needs one (Kueue takes one
+        head per queue and cycle); the queue's later jobs wait behind it."""
+        q = qq.name
+        first = self.preempting.get(q)
+        pledge = self.pledges.get(qq.cohort) if qq.cohort is not None else None
+        if first is None and pledge is not None:
+            first = pledge.first.get(q)
+        if first is not None:
+            e.message = _Then(result.message, f"waits behind this queue's preemption for {first}")
+            result.settle(e.priority, e.reason, e.message)
+            return
+        book = self.book
+        need: dict[str, int] = {}
+        over: dict[str, int] = {}
+        for r, amount in request.items():
+            short = amount - max(0, book.available(qq, r))
+            if short > 0:
+                need[r] = short
+                over[r] = max(0, book.used(q, r) + amount - qq.nominal[r])
+        if not need:
+            return
+        version = self.scope_version.get(qq.scope, 0)
+        key = ("own", q, e.priority, tuple(need), version)
+        own = self.reclaim_memo.get(key)
+        if own is None:
+            own = self.reclaim_memo[key] = own_candidates(self.state, qq, e.priority, need)
+        borrowers: tuple[str, ...] = ()
+        if qq.can_reclaim and all(book.used(q, r) < qq.nominal[r] for r in need):
+            key = ("cohort", q, e.priority, tuple(need), version)
+            found = self.reclaim_memo.get(key)
+            if found is None:
+                found = self.reclaim_memo[key] = reclaim_candidates(self.state, qq, e.priority, need)
+            taken = pledge.victims if pledge is not None else set()
+            borrowers = tuple(c for c in found if c not in taken)
+        own_need = {r: min(n, over[r]) for r, n in need.items() if min(n, over[r]) > 0} if borrowers else need
+        if not own:
+            result.settle(e.priority, e.reason, result.message)  # nothing of its queue may make room this cycle
+            return
+        self.preempting[q] = e.job_id
+        if borrowers:
+            assert qq.cohort is not None  # can_reclaim: only queues in a cohort reclaim
+            pledge = self.pledges.setdefault(qq.cohort, _Pledge())
+            pledge.first.setdefault(q, e.job_id)
+            pledge.victims.update(borrowers)
+        reason = Reason.RECLAIM_QUOTA if borrowers else Reason.PRIORITY_PREEMPTION
+        self.scope_reclaims.setdefault(qq.scope, []).append(ReclaimRequest(
+            preemptor=e.job_id, queue=q, need=need, candidates=borrowers + own, reason=reason, own_need=own_need))
+        text = ", ".join(f"{n} {r}" for r, n in need.items())
+        also = f" and reclaim from {len(borrowers)} borrowing job(s)" if borrowers else ""
+        e.reason = Reason.WAITING_FOR_RECLAIM if borrowers else Reason.WAITING_FOR_PREEMPTION
+        e.message = _Then(result.message, f"preemption of {text} requested from {len(own)} lower-priority "
+                          f"job(s) of queue {q}{also} (within_queue: {qq.config.preemption.within_queue.value})")
 
     @staticmethod
     def _message(result: _NoFit, variant: str, build: Callable[[], _LazyText]) -> _LazyText:

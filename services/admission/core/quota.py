@@ -27,6 +27,7 @@ class QueueQuota:
 
     __slots__ = (
         "borrowing_limit",
+        "can_preempt_within",
         "can_reclaim",
         "cohort",
         "config",
@@ -60,6 +61,7 @@ class QueueQuota:
         self.reclaim_policy = q.preemption.reclaim_within_cohort
         self.teams = frozenset(q.teams)
         self.can_reclaim = self.cohort is not None and self.reclaim_policy is not PreemptionPolicy.NEVER
+        self.can_preempt_within = q.preemption.within_queue is not PreemptionPolicy.NEVER
         # jobs that cannot checkpoint borrow only up to this max_runtime_s (None = no limit)
         self.unsafe_borrow_limit = q.max_borrow_runtime_without_checkpoint_s
 

@@ -6,8 +6,9 @@
              earlier ones together are not sufficient. A reclaim first tries the borrowers that would lose
              no more than `max_victim_loss_s` (the bound steers a reclaim, never vetoes it)
 3 choose     sufficient = the placement core places the preemptor on a what-if copy with the victims
-             released (`ClusterState.fits_if_released`, the live state untouched) and, for ReclaimQuota,
-             the victims free at least `need` of every quota resource, and no borrowing queue is taken
+             released (`ClusterState.fits_if_released`, the live state untouched) and, for a request of
+             admission (ReclaimQuota, or within-queue preemption), the victims free at least `need` of every
+             quota resource and `own_need` of it from the preemptor's own queue, and no borrowing queue is taken
              below its nominal quota by more than its last victim (Kueue picks a victim only while its
              queue still borrows).
              Among sufficient sets: least lost GPU-seconds, then lowest priority, then most recently
@@ -58,9 +59,13 @@ class _Checker:
         self.checks = 0
 
     def need_ok(self, jobs: Sequence[RunningJob]) -> bool:
-        if self.p.reason == RECLAIM and self.p.need:
+        if self.p.for_quota:
             for r, amount in sorted(self.p.need.items()):
                 freed = sum(j.usage.get(r, 0) for j in jobs)
+                if freed < amount:
+                    return False
+            for r, amount in sorted(self.p.own_need.items()):
+                freed = sum(j.usage.get(r, 0) for j in jobs if j.queue == self.p.queue)
                 if freed < amount:
                     return False
         return True
@@ -150,7 +155,7 @@ def select_victims(preemptor: Preemptor, running: Sequence[RunningJob], cluster:
         else:
             rejected[job.job_id] = why
     check = _Checker(preemptor, cluster, usage, config)
-    if preemptor.reason != RECLAIM or not preemptor.need:
+    if not preemptor.for_quota:
         already = cluster.place(preemptor.spec, preemptor.allowed_models or None)
         if isinstance(already, Placement):
             return Selection((), 0.0, "FitsWithoutPreemption", "the preemptor fits without taking anything",
