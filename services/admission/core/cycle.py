@@ -213,6 +213,9 @@ class _Cycle:
         self.reclaim_memo: dict[tuple[object, ...], tuple[str, ...]] = {}
         self.pledges: dict[str, _Pledge] = {}  # cohort -> this cycle's reclaims
         self.preempting: dict[str, str] = {}  # queue -> its job asking for within-queue preemption this cycle
+        # cohort -> per member queue with admissible pending jobs that fit its nominal quota: (queue, their
+        # highest priority, the resources they ask), as at the cohort's first borrowing admission of the cycle
+        self.waiting_lenders: dict[str, list[tuple[str, int, frozenset[str]]]] = {}
 
     # ------------------------------------------------------------------ phases
 
@@ -242,6 +245,15 @@ class _Cycle:
                 fresh = self._key(qq, e, result)
                 if self.heap and fresh > self.heap[0][0]:
                     heapq.heappush(self.heap, (fresh, q))  # someone else's admission changed its flavor
+                    continue
+                refused = self._lending_refused(qq, e, result) if result.borrowing else None
+                if refused is not None:
+                    e.reason, e.message = Reason.WAITING_FOR_BORROWABLE_QUOTA, refused
+                    self.idx[q] += 1
+                    if qq.strict_fifo:
+                        self._block_rest(q, Reason.WAITING_IN_STRICT_FIFO, self._strict_message(qq, e))
+                        continue
+                    self._nominate(q)
                     continue
                 self._admit(qq, e, result)
                 self.idx[q] += 1
@@ -336,6 +348,74 @@ class _Cycle:
         self.decision.admitted.append(a)
         self.version += 1
         self.scope_version[qq.scope] = self.scope_version.get(qq.scope, 0) + 1
+
+    def _lending_refused(self, qq: QueueQuota, e: Entry, fit: _Fit) -> str | None:
+        """Lending while the lender waits (decision, issue 15 item 4; Kueue does not lend in this case either):
+        a borrowing admission may not use the unused lendable quota of another queue of the cohort that has
+        admissible pending jobs fitting its nominal quota (jobs that would themselves borrow are owed nothing)
+        that ask for that resource, and whose reclaim policy could not take this job back
+        (`reclaim_within_cohort: Never`; `LowerPriority` and this job's priority is not below the lender's
+        highest pending one; or this job is not preemptible). It may still borrow what other lenders lend.
+        The message when refused, else None."""
+        cohort = qq.cohort
+        if cohort is None:
+            return None
+        book = self.book
+        q = qq.name
+        for r, total in sorted(fit.usage.items()):
+            used, nominal, guaranteed = book.used(q, r), qq.nominal.get(r, 0), qq.guaranteed.get(r, 0)
+            borrowed = used + total - max(used, nominal)  # what this admission takes above its nominal quota
+            if borrowed <= 0:
+                continue
+            held = 0
+            holders = []
+            for lender, priority, resources in self._waiting_lenders(cohort):
+                if lender == q or r not in resources:
+                    continue
+                lq = book.queues[lender]
+                if e.preemptible and (lq.reclaim_policy is PreemptionPolicy.ANY or (
+                        lq.reclaim_policy is PreemptionPolicy.LOWER_PRIORITY and e.priority < priority)):
+                    continue  # the lender could take it back when it needs it
+                g = lq.guaranteed.get(r, 0)
+                unused = max(0, lq.nominal.get(r, 0) - g - max(0, book.used(lender, r) - g))
+                if unused > 0:
+                    held += unused
+                    holders.append(lender)
+            if not held:
+                continue
+            own_unused = max(0, nominal - guaranteed - max(0, used - guaranteed))
+            lendable = book.cohort_available(cohort, r) - own_unused - held
+            if borrowed > lendable:
+                return (f"needs to borrow {borrowed} {r}; cohort {cohort} could lend {max(0, lendable)} without "
+                        f"the {held} unused {r} of {', '.join(holders)}, which have jobs waiting and could not "
+                        f"take a loan to this job back (reclaim_within_cohort)")
+        return None
+
+    def _waiting_lenders(self, cohort: str) -> list[tuple[str, int, frozenset[str]]]:
+        found = self.waiting_lenders.get(cohort)
+        if found is not None:
+            return found
+        found = []
+        for member in self.book.cohort_members.get(cohort, ()):
+            mq = self.book.queues.get(member)
+            if mq is None:
+                continue
+            top: int | None = None
+            resources: set[str] = set()
+            owed: dict[int, dict[str, int] | None] = {}  # sid -> its request within nominal, None if it must borrow
+            for e in self.lists.get(member, ()):
+                if e.verdict is not None or e.admitted is not None:
+                    continue
+                if e.sid not in owed:
+                    owed[e.sid] = self._reclaim_need(mq, e.sig)
+                request = owed[e.sid]
+                if request is not None:  # a job that would itself borrow is owed no loan back
+                    top = e.priority if top is None else max(top, e.priority)
+                    resources.update(request)
+            if top is not None:
+                found.append((member, top, frozenset(resources)))
+        self.waiting_lenders[cohort] = found
+        return found
 
     def _version(self, qq: QueueQuota) -> int:
         return self.version if self.cap_left is not None else self.scope_version.get(qq.scope, 0)
