@@ -350,7 +350,7 @@ class _Cycle:
         self.scope_version[qq.scope] = self.scope_version.get(qq.scope, 0) + 1
 
     def _lending_refused(self, qq: QueueQuota, e: Entry, fit: _Fit) -> str | None:
-        """Lending while the lender waits (decision, issue 15 item 4; Kueue does not lend in this case either):
+        """Lending while the lender waits (decision, issue 15 item 4, where Kueue is reported to refuse too):
         a borrowing admission may not use the unused lendable quota of another queue of the cohort that has
         admissible pending jobs fitting its nominal quota (jobs that would themselves borrow are owed nothing)
         that ask for that resource, and whose reclaim policy could not take this job back

@@ -1,5 +1,5 @@
 """Lending while the lender waits (issue 15 item 4): a queue's unused quota is not lent to a job it could not
-take back while that queue has jobs waiting within its nominal quota (Kueue does not lend in that case either)."""
+take back while that queue has jobs waiting within its nominal quota (the issue reports Kueue refuses too)."""
 
 from __future__ import annotations
 
