@@ -216,6 +216,11 @@ class _Cycle:
         # cohort -> per member queue with admissible pending jobs that fit its nominal quota: (queue, their
         # highest priority, the resources they ask), as at the cohort's first borrowing admission of the cycle
         self.waiting_lenders: dict[str, list[tuple[str, int, frozenset[str]]]] = {}
+        self.refusals: dict[str, dict[tuple[int, int, bool], tuple[int, _Fit, str | None]]] = {}
+        self.lender_usage: dict[str, tuple[tuple[tuple[str, int], ...], ...]] = {}  # cohort -> its lenders' usage
+        self.refused_at: dict[str, int] = {}  # queue -> first index whose borrowing was refused in this pass
+        self.admitted_since_refusal = 0
+        self.lowest_own: dict[str, float] = {}  # queue -> lowest priority of its admitted preemptible jobs
 
     # ------------------------------------------------------------------ phases
 
@@ -235,7 +240,24 @@ class _Cycle:
                 self.idx[q] = len(self.lists[q])
                 continue
             self._nominate(q)
-        # 4 order + 5 admit
+        # 4 order + 5 admit; again for the queues whose borrowing was refused while a lender waited, when
+        # admissions since may have changed that (so the next cycle, with nothing new, admits nothing more)
+        while True:
+            self._admit_heads()
+            full = self.max_admissions is not None and len(self.decision.admitted) >= self.max_admissions
+            if full or not self.refused_at or not self.admitted_since_refusal or not self._lenders_changed():
+                break
+            retry, self.refused_at, self.admitted_since_refusal = self.refused_at, {}, 0
+            self.refusals.clear()
+            for q in sorted(retry):
+                self.idx[q] = retry[q]
+                self._nominate(q)
+        # 6 requeue
+        self._requeue()
+        return self.decision
+
+    def _admit_heads(self) -> None:
+        """Phases 4 and 5: pop the best head, re-check it, admit it (or explain it), nominate its queue's next."""
         while self.heap:
             _, q = heapq.heappop(self.heap)
             qq = self.book.queues[q]
@@ -246,9 +268,11 @@ class _Cycle:
                 if self.heap and fresh > self.heap[0][0]:
                     heapq.heappush(self.heap, (fresh, q))  # someone else's admission changed its flavor
                     continue
-                refused = self._lending_refused(qq, e, result) if result.borrowing else None
+                refused = (self._refusal(qq, e, result, self._version(qq))
+                           if result.borrowing and qq.cohort is not None else None)
                 if refused is not None:
                     e.reason, e.message = Reason.WAITING_FOR_BORROWABLE_QUOTA, refused
+                    self.refused_at.setdefault(q, self.idx[q])
                     self.idx[q] += 1
                     if qq.strict_fifo:
                         self._block_rest(q, Reason.WAITING_IN_STRICT_FIFO, self._strict_message(qq, e))
@@ -266,9 +290,6 @@ class _Cycle:
                     self._block_rest(q, Reason.WAITING_IN_STRICT_FIFO, self._strict_message(qq, e))
                     continue
             self._nominate(q)
-        # 6 requeue
-        self._requeue()
-        return self.decision
 
     def _nominate(self, q: str) -> None:
         """Give `q`'s pending jobs their reasons up to the next job that fits, and push that one.
@@ -279,6 +300,13 @@ class _Cycle:
         if qq is None:  # queue deleted by a config change: every job carries its verdict
             for e in lst[i:]:
                 e.reason, e.message = e.verdict or (Reason.QUEUE_DELETED, f"queue {q} no longer exists")
+            self.idx[q] = len(lst)
+            return
+        if qq.held:
+            held = (Reason.QUEUE_HELD, f"queue {q} is held (stop_policy: Hold): it admits nothing until its "
+                    "stop_policy is None again; its running jobs keep running")
+            for e in lst[i:]:
+                e.reason, e.message = e.verdict or held
             self.idx[q] = len(lst)
             return
         if self.max_admissions is not None and len(self.decision.admitted) >= self.max_admissions:
@@ -300,6 +328,9 @@ class _Cycle:
                 e.reason, e.message = e.verdict
                 i += 1
                 continue
+            if e.admitted is not None:  # admitted earlier in this cycle (met again when a refused queue is retried)
+                i += 1
+                continue
             if full:
                 self.idx[q] = i
                 self._block_rest(q, Reason.WAITING_FOR_MAX_RUNNING_JOBS,
@@ -310,6 +341,17 @@ class _Cycle:
             if result is None or result.version != version:
                 result = self._evaluate(qq, e)
             if type(result) is _Fit:
+                if result.borrowing and qq.cohort is not None:
+                    refused = self._refusal(qq, e, result, version)
+                    if refused is not None:
+                        e.reason, e.message = Reason.WAITING_FOR_BORROWABLE_QUOTA, refused
+                        self.refused_at.setdefault(q, i)
+                        i += 1
+                        if qq.strict_fifo:
+                            self.idx[q] = i
+                            self._block_rest(q, Reason.WAITING_IN_STRICT_FIFO, self._strict_message(qq, e))
+                            return
+                        continue
                 self.idx[q] = i
                 heapq.heappush(self.heap, (self._key(qq, e, result), q))
                 return
@@ -346,8 +388,27 @@ class _Cycle:
                 if r in cap or ":" not in r:
                     cap[r] = cap.get(r, 0) - amount
         self.decision.admitted.append(a)
+        low = self.lowest_own.get(qq.name)
+        if low is not None and e.preemptible and e.priority < low:
+            self.lowest_own[qq.name] = float(e.priority)
+        if self.refused_at:
+            self.admitted_since_refusal += 1
         self.version += 1
         self.scope_version[qq.scope] = self.scope_version.get(qq.scope, 0) + 1
+
+    def _refusal(self, qq: QueueQuota, e: Entry, fit: _Fit, version: int) -> str | None:
+        """`_lending_refused`, memoised per (queue, request, priority, preemptible) until the scope changes: a
+        deep queue of borrowing jobs a lender holds its quota back from costs one lookup per job."""
+        memo = self.refusals.get(qq.name)
+        if memo is None:
+            memo = self.refusals[qq.name] = {}
+        key = (e.sid, e.priority, e.preemptible)
+        hit = memo.get(key)
+        if hit is not None and hit[0] == version and hit[1] is fit:
+            return hit[2]
+        refused = self._lending_refused(qq, e, fit)
+        memo[key] = (version, fit, refused)
+        return refused
 
     def _lending_refused(self, qq: QueueQuota, e: Entry, fit: _Fit) -> str | None:
         """Lending while the lender waits (decision, issue 15 item 4, where Kueue is reported to refuse too):
@@ -360,6 +421,9 @@ class _Cycle:
         cohort = qq.cohort
         if cohort is None:
             return None
+        lenders = self._waiting_lenders(cohort)
+        if not lenders:
+            return None
         book = self.book
         q = qq.name
         for r, total in sorted(fit.usage.items()):
@@ -369,7 +433,7 @@ class _Cycle:
                 continue
             held = 0
             holders = []
-            for lender, priority, resources in self._waiting_lenders(cohort):
+            for lender, priority, resources in lenders:
                 if lender == q or r not in resources:
                     continue
                 lq = book.queues[lender]
@@ -391,6 +455,28 @@ class _Cycle:
                         f"take a loan to this job back (reclaim_within_cohort)")
         return None
 
+    def _lenders_changed(self) -> bool:
+        """Did the waiting lenders (who, what they are owed, what they still lend) of the cohorts where borrowing
+        was refused change since? Only then can a refusal turn into an admission. Recomputes them."""
+        changed = False
+        cohorts = {c for q in self.refused_at if (c := self.book.queues[q].cohort) is not None}
+        for cohort in sorted(cohorts):
+            before = self.waiting_lenders.pop(cohort, None)
+            before_use = self.lender_usage.get(cohort)
+            after = self._waiting_lenders(cohort)
+            if before != after or before_use != self.lender_usage.get(cohort):
+                changed = True
+        return changed
+
+    def _lowest_preemptible(self, q: str) -> float:
+        """The lowest priority among `q`'s admitted preemptible jobs (+inf when none); kept up to date by _admit."""
+        low = self.lowest_own.get(q)
+        if low is None:
+            low = min((float(e.priority) for e in self.state._admitted_by_queue.get(q, {}).values()
+                       if e.preemptible), default=float("inf"))
+            self.lowest_own[q] = low
+        return low
+
     def _waiting_lenders(self, cohort: str) -> list[tuple[str, int, frozenset[str]]]:
         found = self.waiting_lenders.get(cohort)
         if found is not None:
@@ -398,23 +484,25 @@ class _Cycle:
         found = []
         for member in self.book.cohort_members.get(cohort, ()):
             mq = self.book.queues.get(member)
-            if mq is None:
+            if mq is None or mq.held:  # a held queue admits nothing, so it is owed nothing back yet
                 continue
+            if not any(n - mq.guaranteed.get(r, 0) - max(0, self.book.used(member, r) - mq.guaranteed.get(r, 0)) > 0
+                       for r, n in mq.nominal.items()):
+                continue  # lends nothing now (nor later in this cycle: usage only grows), so holds nothing back
             top: int | None = None
             resources: set[str] = set()
             owed: dict[int, dict[str, int] | None] = {}  # sid -> its request within nominal, None if it must borrow
-            for e in self.lists.get(member, ()):
-                if e.verdict is not None or e.admitted is not None:
+            for e in self.lists.get(member, ()):  # priority order: the first owed job has the top priority
+                if e.sid in owed or e.verdict is not None or e.admitted is not None:
                     continue
-                if e.sid not in owed:
-                    owed[e.sid] = self._reclaim_need(mq, e.sig)
-                request = owed[e.sid]
+                request = owed[e.sid] = self._reclaim_need(mq, e.sig)
                 if request is not None:  # a job that would itself borrow is owed no loan back
                     top = e.priority if top is None else max(top, e.priority)
                     resources.update(request)
             if top is not None:
                 found.append((member, top, frozenset(resources)))
         self.waiting_lenders[cohort] = found
+        self.lender_usage[cohort] = tuple(tuple(sorted(self.book.usage[m].items())) for m, _p, _r in found)
         return found
 
     def _version(self, qq: QueueQuota) -> int:
@@ -655,6 +743,9 @@ class _Cycle:
         within nominal). One such request per queue and cycle, its first job that needs one (Kueue takes one
         head per queue and cycle); the queue's later jobs wait behind it."""
         q = qq.name
+        if e.priority <= self._lowest_preemptible(q):  # nothing of its queue may make room for it
+            result.settle(e.priority, e.reason, result.message)
+            return
         first = self.preempting.get(q)
         pledge = self.pledges.get(qq.cohort) if qq.cohort is not None else None
         if first is None and pledge is not None:

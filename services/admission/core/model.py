@@ -28,6 +28,7 @@ class Reason:
     WAITING_FOR_MAX_RUNNING_JOBS = "WaitingForMaxRunningJobs"
     WAITING_IN_STRICT_FIFO = "WaitingInStrictFIFO"
     WAITING_FOR_NEXT_CYCLE = "WaitingForNextCycle"
+    QUEUE_HELD = "WaitingForQueueHeld"  # the queue's stop_policy is Hold
     # pending but inadmissible under the current configuration (after a config change or a requeue)
     QUEUE_DELETED = "InadmissibleQueueDeleted"
     INADMISSIBLE_UNAUTHORIZED = "InadmissibleUnauthorized"

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from services.admission.core import AdmissionState, Reason, admission_cycle
+from shared.config import ConfigError
 from tests.unit.admission.admission_core_builders import H100, config, job, queue, submit
 
 
@@ -63,3 +66,23 @@ def test_a_lender_whose_waiting_jobs_would_themselves_borrow_still_lends() -> No
     submit(s, job("b-big", "team-b", 12), 1)
     d = admission_cycle(s, 2.0)
     assert [a.job_id for a in d.admitted] == ["a-big"]  # no deadlock: each would have held back the other
+
+
+def test_a_held_queue_admits_nothing_keeps_its_running_jobs_and_holds_back_no_loan() -> None:
+    s = _state()
+    held = config(queue("team-a", {H100: 8}, max_running_jobs=1) | {"stop_policy": "Hold"},
+                  queue("team-b", {H100: 0}))
+    assert s.set_config(held) is not None
+    s.finish("a-run")
+    submit(s, job("b-peer", "team-b", 4), 10)
+    d = admission_cycle(s, 11.0)
+    assert [a.job_id for a in d.admitted] == ["b-peer"]  # team-a's waiting job no longer holds its quota back
+    st = d.pending["a-wait"]
+    assert st.reason == Reason.QUEUE_HELD and "stop_policy: Hold" in st.message
+    s.set_config(config(queue("team-a", {H100: 8}, max_running_jobs=1), queue("team-b", {H100: 0})))
+    assert [a.job_id for a in admission_cycle(s, 12.0).admitted] == ["a-wait"]
+
+
+def test_hold_and_drain_is_refused_with_its_reason() -> None:
+    with pytest.raises((ConfigError, ValueError), match="HoldAndDrain is not supported"):
+        config(queue("team-a", {H100: 8}) | {"stop_policy": "HoldAndDrain"})
