@@ -219,6 +219,7 @@ class _Cycle:
         self.refusals: dict[str, dict[tuple[int, int, bool], tuple[int, _Fit, str | None]]] = {}
         self.lender_usage: dict[str, tuple[tuple[tuple[str, int], ...], ...]] = {}  # cohort -> its lenders' usage
         self.refused_at: dict[str, int] = {}  # queue -> first index whose borrowing was refused in this pass
+        self.refused: dict[str, list[Entry]] = {}  # queue -> the jobs whose borrowing was refused in this pass
         self.admitted_since_refusal = 0
         self.lowest_own: dict[str, float] = {}  # queue -> lowest priority of its admitted preemptible jobs
 
@@ -242,16 +243,26 @@ class _Cycle:
             self._nominate(q)
         # 4 order + 5 admit; again for the queues whose borrowing was refused while a lender waited, when
         # admissions since may have changed that (so the next cycle, with nothing new, admits nothing more)
+        saved: dict[str, list[Entry]] = {}
         while True:
             self._admit_heads()
             full = self.max_admissions is not None and len(self.decision.admitted) >= self.max_admissions
             if full or not self.refused_at or not self.admitted_since_refusal or not self._lenders_changed():
                 break
             retry, self.refused_at, self.admitted_since_refusal = self.refused_at, {}, 0
+            refused, self.refused = self.refused, {}
             self.refusals.clear()
             for q in sorted(retry):
-                self.idx[q] = retry[q]
+                # only the refused jobs can fit now (every other failure stays one: usage only grew), and in a
+                # StrictFIFO queue the jobs its refused head blocked
+                lst = self.lists[q]
+                again = lst[retry[q]:] if self.book.queues[q].strict_fifo else refused[q]
+                saved.setdefault(q, lst)
+                self.lists[q], self.idx[q] = again, 0
                 self._nominate(q)
+        for q, lst in saved.items():  # back to the queues' own lists, for phase 6
+            self.lists[q] = lst
+            self.idx[q] = len(lst)
         # 6 requeue
         self._requeue()
         return self.decision
@@ -273,6 +284,7 @@ class _Cycle:
                 if refused is not None:
                     e.reason, e.message = Reason.WAITING_FOR_BORROWABLE_QUOTA, refused
                     self.refused_at.setdefault(q, self.idx[q])
+                    self.refused.setdefault(q, []).append(e)
                     self.idx[q] += 1
                     if qq.strict_fifo:
                         self._block_rest(q, Reason.WAITING_IN_STRICT_FIFO, self._strict_message(qq, e))
@@ -346,6 +358,7 @@ class _Cycle:
                     if refused is not None:
                         e.reason, e.message = Reason.WAITING_FOR_BORROWABLE_QUOTA, refused
                         self.refused_at.setdefault(q, i)
+                        self.refused.setdefault(q, []).append(e)
                         i += 1
                         if qq.strict_fifo:
                             self.idx[q] = i
