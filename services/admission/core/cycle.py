@@ -218,6 +218,8 @@ class _Cycle:
         self.waiting_lenders: dict[str, list[tuple[str, int, frozenset[str]]]] = {}
         self.refusals: dict[str, dict[tuple[int, int, bool], tuple[int, _Fit, str | None]]] = {}
         self.lender_usage: dict[str, tuple[tuple[tuple[str, int], ...], ...]] = {}  # cohort -> its lenders' usage
+        # cohort -> (a waiting lender never reclaims, the lowest top priority of the LowerPriority ones)
+        self.lender_summary: dict[str, tuple[bool, float]] = {}
         self.refused_at: dict[str, int] = {}  # queue -> first index whose borrowing was refused in this pass
         self.refused: dict[str, list[Entry]] = {}  # queue -> the jobs whose borrowing was refused in this pass
         self.admitted_since_refusal = 0
@@ -437,6 +439,9 @@ class _Cycle:
         lenders = self._waiting_lenders(cohort)
         if not lenders:
             return None
+        never, lowest_top = self.lender_summary[cohort]
+        if e.preemptible and not never and e.priority < lowest_top:
+            return None  # every waiting lender could take this job back
         book = self.book
         q = qq.name
         for r, total in sorted(fit.usage.items()):
@@ -515,6 +520,10 @@ class _Cycle:
             if top is not None:
                 found.append((member, top, frozenset(resources)))
         self.waiting_lenders[cohort] = found
+        policies = [(self.book.queues[m].reclaim_policy, top) for m, top, _r in found]
+        self.lender_summary[cohort] = (
+            any(p is PreemptionPolicy.NEVER for p, _t in policies),
+            min((float(t) for p, t in policies if p is PreemptionPolicy.LOWER_PRIORITY), default=float("inf")))
         self.lender_usage[cohort] = tuple(tuple(sorted(self.book.usage[m].items())) for m, _p, _r in found)
         return found
 
