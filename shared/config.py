@@ -349,6 +349,14 @@ class QueueingStrategy(StrEnum):
     BEST_EFFORT_FIFO = "BestEffortFIFO"
 
 
+class StopPolicy(StrEnum):
+    """Kueue's ClusterQueue `stopPolicy`: `None` admits as usual; `Hold` admits nothing more (jobs already
+    admitted keep running and their quota). Kueue's `HoldAndDrain` (also evict the admitted) is refused."""
+
+    NONE = "None"
+    HOLD = "Hold"
+
+
 class QueueConfig(_Strict):
     name: str
     cohort: str | None = None
@@ -359,6 +367,19 @@ class QueueConfig(_Strict):
     preemption: QueuePreemption = QueuePreemption()
     queueing_strategy: QueueingStrategy = QueueingStrategy.BEST_EFFORT_FIFO
     max_preemptions_per_hour: int | None = Field(default=None, ge=0)
+    # The risk of lost work is taken when a job borrows (a reclaim of the lender's quota always succeeds):
+    # a job of this queue that cannot checkpoint may borrow only when its max_runtime_s is at most this.
+    # 0 = such jobs never borrow; null = no limit.
+    max_borrow_runtime_without_checkpoint_s: int | None = Field(default=None, ge=0)
+    stop_policy: StopPolicy = StopPolicy.NONE
+
+    @field_validator("stop_policy", mode="before")
+    @classmethod
+    def _stop_policy(cls, v: object) -> object:
+        if v == "HoldAndDrain":
+            raise ValueError("stop_policy HoldAndDrain is not supported (it would evict the queue's admitted jobs); "
+                             "use Hold, and preempt or cancel running jobs explicitly")
+        return v
 
     @field_validator("name")
     @classmethod

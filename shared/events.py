@@ -282,6 +282,9 @@ class PreemptionRequested(Payload):
     queue: str
     reason: PreemptionReason
     need: dict[str, int] = Field(default_factory=dict)  # resource -> amount that must be freed
+    # resource -> the part of `need` that must come from the preemptor's own queue (admission's within-queue
+    # preemption; with reason ReclaimQuota, preempting in the queue and reclaiming in the cohort together)
+    own_need: dict[str, int] = Field(default_factory=dict)
     candidates: tuple[str, ...] = ()  # suggested victims, best first
     message: str = ""
 

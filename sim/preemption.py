@@ -17,6 +17,7 @@ caps them only when a what-if run asks for it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from services.preemption.core import (
@@ -24,6 +25,7 @@ from services.preemption.core import (
     RECLAIM,
     Preemptor,
     RunningJob,
+    Why,
     cooldown_verdict,
     priority_of,
     rate_limit_verdict,
@@ -44,6 +46,8 @@ class SimPreemption:
         self.last_preempted: dict[str, float] = {}
         self.by_queue: dict[str, list[float]] = {}
         self.protected_violations = 0  # victims inside the window or of non-preemptible classes (must stay 0)
+        # after a call: when the first job that protected itself from a request (young) leaves its window
+        self.next_wake: float | None = None
 
     def _running(self, ctx: Any) -> list[RunningJob]:
         out = []
@@ -67,28 +71,32 @@ class SimPreemption:
 
     def __call__(self, ctx: Any) -> list[Any]:
         running = self._running(ctx)
+        self.next_wake = None
         usage_by_allocation = ctx.cluster.allocations()
-        requests: list[tuple[str, str, dict[str, int]]] = []
+        requests: list[tuple[str, str, dict[str, int], dict[str, int]]] = []
         for u in ctx.unplaceable:
-            requests.append((u.job_id, PRIORITY, {}))
-        for r in ctx.reclaims:
-            requests.append((r.preemptor, RECLAIM, dict(r.need)))
+            requests.append((u.job_id, PRIORITY, {}, {}))
+        for r in ctx.reclaims:  # admission's: reclaims, and within-queue preemptions (reason PriorityPreemption)
+            requests.append((r.preemptor, RECLAIM if r.reason == RECLAIM else PRIORITY, dict(r.need),
+                             dict(getattr(r, "own_need", {}))))
         taken: set[str] = set()
         out: list[Any] = []
         cluster = ctx.cluster.copy()  # victims of earlier preemptors this cycle are released on the copy
         # Every request is decided, as the preemption service decides every PreemptionRequested it receives;
         # a cap (for what-if runs) keeps the first ones in order: unplaceable admitted jobs, then reclaims.
         cap = self.max_preemptors_per_cycle
-        for job_id, reason, need in requests if cap is None else requests[:cap]:
+        for job_id, reason, need, own_need in requests if cap is None else requests[:cap]:
             spec = self._spec(ctx, job_id)
             if spec is None or cooldown_verdict(self.config, self.last_preempted.get(job_id), ctx.now):
                 continue
             preemptor = Preemptor(job_id=job_id, queue=spec.queue, priority=priority_of(self.config, spec)[0],
                                   kind=spec.kind, spec=spec, reason=reason,
-                                  allowed_models=tuple(sorted({k.split(":", 1)[0] for k in need})), need=need)
+                                  allowed_models=tuple(sorted({k.split(":", 1)[0] for k in need})), need=need,
+                                  own_need=own_need)
             alive = [j for j in running if j.job_id not in taken and j.job_id in usage_by_allocation]
             sel = select_victims(preemptor, alive, cluster, self.config, ctx.now, exact_pool=6)
             if not sel.victims:
+                self._wake_when_unprotected(alive, sel.rejected, ctx.now)
                 continue
             recent = self.by_queue.setdefault(spec.queue, [])
             if rate_limit_verdict(self.config, spec.queue, recent, ctx.now, len(sel.victims)):
@@ -107,6 +115,13 @@ class SimPreemption:
                 recent.append(ctx.now)
                 self.last_preempted[v] = ctx.now
         return out
+
+    def _wake_when_unprotected(self, alive: list[RunningJob], rejected: Mapping[str, str], now: float) -> None:
+        window = self.config.policy.protection_window_s
+        for job in alive:
+            if rejected.get(job.job_id) == Why.JUST_STARTED and job.started_at + window > now:
+                until = job.started_at + window
+                self.next_wake = until if self.next_wake is None else min(self.next_wake, until)
 
     @staticmethod
     def _spec(ctx: Any, job_id: str) -> JobSpec | None:

@@ -45,6 +45,10 @@ class _Preemption:
             self.inner = SimPreemption(ctx.admission.config, checkpointing=self.checkpointing)
         return self.inner(ctx)
 
+    @property
+    def next_wake(self) -> float | None:
+        return self.inner.next_wake if self.inner is not None else None
+
 
 def make_policy(name: str) -> Policy:
     if name.startswith("gpuq"):

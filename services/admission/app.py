@@ -25,7 +25,7 @@ from pathlib import Path
 import asyncpg
 from pydantic import ValidationError
 
-from services.admission.core import AdmissionState, AdmittedWorkload, Workload, governance
+from services.admission.core import AdmissionState, AdmittedWorkload, Reason, Workload, governance
 from services.admission.core.statuses import PendingStatuses, message_text
 from services.admission.publish import MESSAGE_EVERY_S, Published, worth_publishing
 from services.admission.sharding import Shard
@@ -577,9 +577,13 @@ class AdmissionService:
             if r.preemptor in self._reclaims_sent:
                 continue
             self._reclaims_sent.add(r.preemptor)
-            await tx.emit(PreemptionRequested(preemptor=r.preemptor, queue=r.queue, reason=PreemptionReason.RECLAIM,
-                                              need=r.need, candidates=r.candidates,
-                                              message=f"queue {r.queue} reclaims its nominal quota"))
+            within = r.reason == Reason.PRIORITY_PREEMPTION
+            await tx.emit(PreemptionRequested(
+                preemptor=r.preemptor, queue=r.queue,
+                reason=PreemptionReason.PRIORITY if within else PreemptionReason.RECLAIM,
+                need=r.need, own_need=r.own_need, candidates=r.candidates,
+                message=(f"queue {r.queue} makes room in its nominal quota for a higher-priority job" if within
+                         else f"queue {r.queue} reclaims its nominal quota")))
 
 
 async def _nothing() -> None:

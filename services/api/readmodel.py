@@ -134,7 +134,19 @@ def explain_lines(row: dict[str, Any], now: float) -> list[str]:
                          f"({row.get('racks_spanned')} rack(s), {row.get('blocks_spanned')} block(s))")
         if state in ("completed", "failed", "cancelled"):
             lines.append(f"  finished {fmt_time(row['finished_at'])}: {row.get('outcome')}")
+    if row.get("borrowing") and state in ("admitted", "placed", "running"):
+        lines.append(borrowing_risk(spec))
     return lines
+
+
+def borrowing_risk(spec: dict[str, Any]) -> str:
+    """The risk a borrower takes: its lender gets its quota back when it needs it (reclaim always succeeds, after
+    the protection window and the checkpoint grace), so what a reclaim would cost this job is worth saying."""
+    if (spec.get("checkpoint") or {}).get("supported"):
+        return ("  borrows quota: its lender may reclaim it; the job checkpoints first, so a reclaim loses little "
+                "and it resumes from the checkpoint")
+    return (f"  borrows quota: its lender may reclaim it, and the job cannot checkpoint, so a reclaim would lose "
+            f"all its work so far (up to its {spec['max_runtime_s']} s limit)")
 
 
 def public(row: dict[str, Any]) -> dict[str, Any]:

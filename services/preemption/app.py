@@ -210,13 +210,16 @@ class PreemptionService:
         spec = JobSpec.model_validate_json(row["spec"])
         snap = await load_snapshot(tx.conn, config)
         allowed = tuple(json.loads(row["allowed_models"] or "[]"))
-        if payload.reason is PreemptionReason.RECLAIM and not allowed:
+        # admission's requests are about quota (`need`, and `own_need` for within-queue preemption); the
+        # scheduler's priority requests are about room on the nodes
+        for_quota = payload.reason is PreemptionReason.RECLAIM or bool(payload.own_need)
+        if for_quota and not allowed:
             allowed = tuple(sorted({r.split(":", 1)[0] for r in payload.need}))
         preemptor = Preemptor(job_id=spec.job_id, queue=spec.queue, priority=priority_of(config, spec)[0],
                               kind=spec.kind, spec=spec,
                               reason=RECLAIM if payload.reason is PreemptionReason.RECLAIM else PRIORITY,
-                              allowed_models=allowed,
-                              need=dict(payload.need) if payload.reason is PreemptionReason.RECLAIM else {})
+                              allowed_models=allowed, need=dict(payload.need) if for_quota else {},
+                              own_need=dict(payload.own_need))
         selection = select_victims(preemptor, snap.running, snap.cluster, config, tx.now, busy=snap.busy)
         if not selection.victims:
             outcome = Outcome.FITS if selection.why == "FitsWithoutPreemption" else Outcome.NO_VICTIMS

@@ -157,7 +157,16 @@ class GpuqPolicy:
             victims = self.preemption_hook(ctx)
             for v in victims:
                 self._requeue(v.job_id)
-        return CycleOutput(started=started, preempted=victims)
+        # a request that found only protected borrowers is decided again when the first protection ends
+        wake = getattr(self.preemption_hook, "next_wake", None)
+        if victims:
+            # the victims' GPUs are free in this instant (the checkpoint is folded into it): admit and place
+            # their preemptors now, as the services do when JobPreempted arrives
+            again = self.cycle(now)
+            started = [j for j in started + again.started if j in self.running]
+            victims = victims + again.preempted
+            wake = again.wake_at if wake is None or (again.wake_at is not None and again.wake_at < wake) else wake
+        return CycleOutput(started=started, preempted=victims, wake_at=wake)
 
     def _requeue(self, job_id: str) -> None:
         from services.admission.core import Workload

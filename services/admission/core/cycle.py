@@ -32,7 +32,7 @@ from services.admission.core.model import (
     ReclaimRequest,
 )
 from services.admission.core.quota import QueueQuota, QuotaBook
-from services.admission.core.reclaim import reclaim_candidates
+from services.admission.core.reclaim import own_candidates, reclaim_candidates
 from services.admission.core.resources import GpuOption, PodSetDemand, Signature
 from services.admission.core.state import AdmissionState, Entry
 from services.admission.core.statuses import PendingStatuses
@@ -147,13 +147,17 @@ class _Then(_LazyText):
 class _NoFit:
     # few objects per failed check: each one lives to the cycle's end, so the collector promotes it, and
     # enough promotions per cycle trigger a full collection over the whole backlog
-    __slots__ = ("message", "need", "reason", "settled", "variants", "version")
+    __slots__ = ("message", "need", "own", "reason", "settled", "variants", "version")
 
-    def __init__(self, reason: str, message: str | _Why, need: dict[str, int] | None):
+    def __init__(self, reason: str, message: str | _LazyText, need: dict[str, int] | None,
+                 own: dict[str, int] | None = None):
         self.reason = reason
         self.message = message
         self.variants: dict[str, _LazyText] | None = None  # created when first needed
         self.need = need  # set when the job fits its nominal quota and only borrowers stand in the way
+        # set when the job's request fits its queue's nominal quota but its queue's own jobs use it: what
+        # within-queue preemption (with, under nominal, a reclaim in the same decision) would have to make room for
+        self.own = own
         # priority -> (reason, message) once _fail found that every later job of that priority failing this
         # way ends the same (no reclaim candidates; or behind this queue's reclaims, which only grow in a
         # cycle): the scan then skips _fail for them
@@ -208,6 +212,18 @@ class _Cycle:
         self.cohort_version: dict[str | None, int] = {}
         self.reclaim_memo: dict[tuple[object, ...], tuple[str, ...]] = {}
         self.pledges: dict[str, _Pledge] = {}  # cohort -> this cycle's reclaims
+        self.preempting: dict[str, str] = {}  # queue -> its job asking for within-queue preemption this cycle
+        # cohort -> per member queue with admissible pending jobs that fit its nominal quota: (queue, their
+        # highest priority, the resources they ask), as at the cohort's first borrowing admission of the cycle
+        self.waiting_lenders: dict[str, list[tuple[str, int, frozenset[str]]]] = {}
+        self.refusals: dict[str, dict[tuple[int, int, bool], tuple[int, _Fit, str | None]]] = {}
+        self.lender_usage: dict[str, tuple[tuple[tuple[str, int], ...], ...]] = {}  # cohort -> its lenders' usage
+        # cohort -> (a waiting lender never reclaims, the lowest top priority of the LowerPriority ones)
+        self.lender_summary: dict[str, tuple[bool, float]] = {}
+        self.refused_at: dict[str, int] = {}  # queue -> first index whose borrowing was refused in this pass
+        self.refused: dict[str, list[Entry]] = {}  # queue -> the jobs whose borrowing was refused in this pass
+        self.admitted_since_refusal = 0
+        self.lowest_own: dict[str, float] = {}  # queue -> lowest priority of its admitted preemptible jobs
 
     # ------------------------------------------------------------------ phases
 
@@ -227,7 +243,34 @@ class _Cycle:
                 self.idx[q] = len(self.lists[q])
                 continue
             self._nominate(q)
-        # 4 order + 5 admit
+        # 4 order + 5 admit; again for the queues whose borrowing was refused while a lender waited, when
+        # admissions since may have changed that (so the next cycle, with nothing new, admits nothing more)
+        saved: dict[str, list[Entry]] = {}
+        while True:
+            self._admit_heads()
+            full = self.max_admissions is not None and len(self.decision.admitted) >= self.max_admissions
+            if full or not self.refused_at or not self.admitted_since_refusal or not self._lenders_changed():
+                break
+            retry, self.refused_at, self.admitted_since_refusal = self.refused_at, {}, 0
+            refused, self.refused = self.refused, {}
+            self.refusals.clear()
+            for q in sorted(retry):
+                # only the refused jobs can fit now (every other failure stays one: usage only grew), and in a
+                # StrictFIFO queue the jobs its refused head blocked
+                lst = self.lists[q]
+                again = lst[retry[q]:] if self.book.queues[q].strict_fifo else refused[q]
+                saved.setdefault(q, lst)
+                self.lists[q], self.idx[q] = again, 0
+                self._nominate(q)
+        for q, lst in saved.items():  # back to the queues' own lists, for phase 6
+            self.lists[q] = lst
+            self.idx[q] = len(lst)
+        # 6 requeue
+        self._requeue()
+        return self.decision
+
+    def _admit_heads(self) -> None:
+        """Phases 4 and 5: pop the best head, re-check it, admit it (or explain it), nominate its queue's next."""
         while self.heap:
             _, q = heapq.heappop(self.heap)
             qq = self.book.queues[q]
@@ -237,6 +280,18 @@ class _Cycle:
                 fresh = self._key(qq, e, result)
                 if self.heap and fresh > self.heap[0][0]:
                     heapq.heappush(self.heap, (fresh, q))  # someone else's admission changed its flavor
+                    continue
+                refused = (self._refusal(qq, e, result, self._version(qq))
+                           if result.borrowing and qq.cohort is not None else None)
+                if refused is not None:
+                    e.reason, e.message = Reason.WAITING_FOR_BORROWABLE_QUOTA, refused
+                    self.refused_at.setdefault(q, self.idx[q])
+                    self.refused.setdefault(q, []).append(e)
+                    self.idx[q] += 1
+                    if qq.strict_fifo:
+                        self._block_rest(q, Reason.WAITING_IN_STRICT_FIFO, self._strict_message(qq, e))
+                        continue
+                    self._nominate(q)
                     continue
                 self._admit(qq, e, result)
                 self.idx[q] += 1
@@ -249,9 +304,6 @@ class _Cycle:
                     self._block_rest(q, Reason.WAITING_IN_STRICT_FIFO, self._strict_message(qq, e))
                     continue
             self._nominate(q)
-        # 6 requeue
-        self._requeue()
-        return self.decision
 
     def _nominate(self, q: str) -> None:
         """Give `q`'s pending jobs their reasons up to the next job that fits, and push that one.
@@ -264,6 +316,13 @@ class _Cycle:
                 e.reason, e.message = e.verdict or (Reason.QUEUE_DELETED, f"queue {q} no longer exists")
             self.idx[q] = len(lst)
             return
+        if qq.held:
+            held = (Reason.QUEUE_HELD, f"queue {q} is held (stop_policy: Hold): it admits nothing until its "
+                    "stop_policy is None again; its running jobs keep running")
+            for e in lst[i:]:
+                e.reason, e.message = e.verdict or held
+            self.idx[q] = len(lst)
+            return
         if self.max_admissions is not None and len(self.decision.admitted) >= self.max_admissions:
             return  # _requeue explains the rest
         # nothing is admitted while this loop runs, so the running count and the memo version are fixed
@@ -273,6 +332,7 @@ class _Cycle:
         if memo is None:
             memo = self.memo[q] = {}
         version = self._version(qq)
+        limit = qq.unsafe_borrow_limit
         n = len(lst)
         while i < n:
             e = lst[i]
@@ -282,19 +342,36 @@ class _Cycle:
                 e.reason, e.message = e.verdict
                 i += 1
                 continue
+            if e.admitted is not None:  # admitted earlier in this cycle (met again when a refused queue is retried)
+                i += 1
+                continue
             if full:
                 self.idx[q] = i
                 self._block_rest(q, Reason.WAITING_FOR_MAX_RUNNING_JOBS,
                                  f"queue {q} runs {running}/{qq.max_running} jobs (max_running_jobs)")
                 return
-            result = memo.get(e.sid)
+            # memo key: the request, and whether the job may borrow (negative when it may not)
+            result = memo.get(e.sid if limit is None or e.unsaved_runtime_s <= limit else -1 - e.sid)
             if result is None or result.version != version:
                 result = self._evaluate(qq, e)
             if type(result) is _Fit:
+                if result.borrowing and qq.cohort is not None:
+                    refused = self._refusal(qq, e, result, version)
+                    if refused is not None:
+                        e.reason, e.message = Reason.WAITING_FOR_BORROWABLE_QUOTA, refused
+                        self.refused_at.setdefault(q, i)
+                        self.refused.setdefault(q, []).append(e)
+                        i += 1
+                        if qq.strict_fifo:
+                            self.idx[q] = i
+                            self._block_rest(q, Reason.WAITING_IN_STRICT_FIFO, self._strict_message(qq, e))
+                            return
+                        continue
                 self.idx[q] = i
                 heapq.heappush(self.heap, (self._key(qq, e, result), q))
                 return
-            if result.need is None or not qq.can_reclaim:  # type: ignore[union-attr]  # `type(result) is _Fit` above (hot path)
+            if ((result.need is None or not qq.can_reclaim)  # type: ignore[union-attr]  # `type(result) is _Fit` above (hot path)
+                    and (result.own is None or not qq.can_preempt_within)):  # type: ignore[union-attr]  # `type(result) is _Fit` above (hot path)
                 e.reason = result.reason  # type: ignore[union-attr]  # `type(result) is _Fit` above (hot path)
                 e.message = result.message  # type: ignore[union-attr]  # `type(result) is _Fit` above (hot path)
             else:
@@ -326,8 +403,129 @@ class _Cycle:
                 if r in cap or ":" not in r:
                     cap[r] = cap.get(r, 0) - amount
         self.decision.admitted.append(a)
+        low = self.lowest_own.get(qq.name)
+        if low is not None and e.preemptible and e.priority < low:
+            self.lowest_own[qq.name] = float(e.priority)
+        if self.refused_at:
+            self.admitted_since_refusal += 1
         self.version += 1
         self.scope_version[qq.scope] = self.scope_version.get(qq.scope, 0) + 1
+
+    def _refusal(self, qq: QueueQuota, e: Entry, fit: _Fit, version: int) -> str | None:
+        """`_lending_refused`, memoised per (queue, request, priority, preemptible) until the scope changes: a
+        deep queue of borrowing jobs a lender holds its quota back from costs one lookup per job."""
+        memo = self.refusals.get(qq.name)
+        if memo is None:
+            memo = self.refusals[qq.name] = {}
+        key = (e.sid, e.priority, e.preemptible)
+        hit = memo.get(key)
+        if hit is not None and hit[0] == version and hit[1] is fit:
+            return hit[2]
+        refused = self._lending_refused(qq, e, fit)
+        memo[key] = (version, fit, refused)
+        return refused
+
+    def _lending_refused(self, qq: QueueQuota, e: Entry, fit: _Fit) -> str | None:
+        """Lending while the lender waits (decision, issue 15 item 4, where Kueue is reported to refuse too):
+        a borrowing admission may not use the unused lendable quota of another queue of the cohort that has
+        admissible pending jobs fitting its nominal quota (jobs that would themselves borrow are owed nothing)
+        that ask for that resource, and whose reclaim policy could not take this job back
+        (`reclaim_within_cohort: Never`; `LowerPriority` and this job's priority is not below the lender's
+        highest pending one; or this job is not preemptible). It may still borrow what other lenders lend.
+        The message when refused, else None."""
+        cohort = qq.cohort
+        if cohort is None:
+            return None
+        lenders = self._waiting_lenders(cohort)
+        if not lenders:
+            return None
+        never, lowest_top = self.lender_summary[cohort]
+        if e.preemptible and not never and e.priority < lowest_top:
+            return None  # every waiting lender could take this job back
+        book = self.book
+        q = qq.name
+        for r, total in sorted(fit.usage.items()):
+            used, nominal, guaranteed = book.used(q, r), qq.nominal.get(r, 0), qq.guaranteed.get(r, 0)
+            borrowed = used + total - max(used, nominal)  # what this admission takes above its nominal quota
+            if borrowed <= 0:
+                continue
+            held = 0
+            holders = []
+            for lender, priority, resources in lenders:
+                if lender == q or r not in resources:
+                    continue
+                lq = book.queues[lender]
+                if e.preemptible and (lq.reclaim_policy is PreemptionPolicy.ANY or (
+                        lq.reclaim_policy is PreemptionPolicy.LOWER_PRIORITY and e.priority < priority)):
+                    continue  # the lender could take it back when it needs it
+                g = lq.guaranteed.get(r, 0)
+                unused = max(0, lq.nominal.get(r, 0) - g - max(0, book.used(lender, r) - g))
+                if unused > 0:
+                    held += unused
+                    holders.append(lender)
+            if not held:
+                continue
+            own_unused = max(0, nominal - guaranteed - max(0, used - guaranteed))
+            lendable = book.cohort_available(cohort, r) - own_unused - held
+            if borrowed > lendable:
+                return (f"needs to borrow {borrowed} {r}; cohort {cohort} could lend {max(0, lendable)} without "
+                        f"the {held} unused {r} of {', '.join(holders)}, which have jobs waiting and could not "
+                        f"take a loan to this job back (reclaim_within_cohort)")
+        return None
+
+    def _lenders_changed(self) -> bool:
+        """Did the waiting lenders (who, what they are owed, what they still lend) of the cohorts where borrowing
+        was refused change since? Only then can a refusal turn into an admission. Recomputes them."""
+        changed = False
+        cohorts = {c for q in self.refused_at if (c := self.book.queues[q].cohort) is not None}
+        for cohort in sorted(cohorts):
+            before = self.waiting_lenders.pop(cohort, None)
+            before_use = self.lender_usage.get(cohort)
+            after = self._waiting_lenders(cohort)
+            if before != after or before_use != self.lender_usage.get(cohort):
+                changed = True
+        return changed
+
+    def _lowest_preemptible(self, q: str) -> float:
+        """The lowest priority among `q`'s admitted preemptible jobs (+inf when none); kept up to date by _admit."""
+        low = self.lowest_own.get(q)
+        if low is None:
+            low = min((float(e.priority) for e in self.state._admitted_by_queue.get(q, {}).values()
+                       if e.preemptible), default=float("inf"))
+            self.lowest_own[q] = low
+        return low
+
+    def _waiting_lenders(self, cohort: str) -> list[tuple[str, int, frozenset[str]]]:
+        found = self.waiting_lenders.get(cohort)
+        if found is not None:
+            return found
+        found = []
+        for member in self.book.cohort_members.get(cohort, ()):
+            mq = self.book.queues.get(member)
+            if mq is None or mq.held:  # a held queue admits nothing, so it is owed nothing back yet
+                continue
+            if not any(n - mq.guaranteed.get(r, 0) - max(0, self.book.used(member, r) - mq.guaranteed.get(r, 0)) > 0
+                       for r, n in mq.nominal.items()):
+                continue  # lends nothing now (nor later in this cycle: usage only grows), so holds nothing back
+            top: int | None = None
+            resources: set[str] = set()
+            owed: dict[int, dict[str, int] | None] = {}  # sid -> its request within nominal, None if it must borrow
+            for e in self.lists.get(member, ()):  # priority order: the first owed job has the top priority
+                if e.sid in owed or e.verdict is not None or e.admitted is not None:
+                    continue
+                request = owed[e.sid] = self._reclaim_need(mq, e.sig)
+                if request is not None:  # a job that would itself borrow is owed no loan back
+                    top = e.priority if top is None else max(top, e.priority)
+                    resources.update(request)
+            if top is not None:
+                found.append((member, top, frozenset(resources)))
+        self.waiting_lenders[cohort] = found
+        policies = [(self.book.queues[m].reclaim_policy, top) for m, top, _r in found]
+        self.lender_summary[cohort] = (
+            any(p is PreemptionPolicy.NEVER for p, _t in policies),
+            min((float(t) for p, t in policies if p is PreemptionPolicy.LOWER_PRIORITY), default=float("inf")))
+        self.lender_usage[cohort] = tuple(tuple(sorted(self.book.usage[m].items())) for m, _p, _r in found)
+        return found
 
     def _version(self, qq: QueueQuota) -> int:
         return self.version if self.cap_left is not None else self.scope_version.get(qq.scope, 0)
@@ -377,18 +575,23 @@ class _Cycle:
         memo = self.memo.get(qq.name)
         if memo is None:
             memo = self.memo[qq.name] = {}
-        hit = memo.get(e.sid)
+        limit = qq.unsafe_borrow_limit
+        may_borrow = limit is None or e.unsaved_runtime_s <= limit
+        key = e.sid if may_borrow else -1 - e.sid
+        hit = memo.get(key)
         version = self._version(qq)
         if hit is not None and hit.version == version:
             return hit
-        result = self._assign(qq, e.sig)
+        result = self._assign(qq, e.sig, may_borrow)
         result.version = version
-        memo[e.sid] = result
+        memo[key] = result
         return result
 
-    def _assign(self, qq: QueueQuota, sig: Signature) -> _Fit | _NoFit:
+    def _assign(self, qq: QueueQuota, sig: Signature, may_borrow: bool = True) -> _Fit | _NoFit:
         """Flavor assignment: per pod set, the first option that fits without borrowing, else the first that
-        fits by borrowing (Kueue's 'prefer a fit without borrowing'), within the free capacity if given."""
+        fits by borrowing (Kueue's 'prefer a fit without borrowing'), within the free capacity if given.
+        `may_borrow=False` (a job that cannot checkpoint, over its queue's runtime limit for such borrowing):
+        only fits within nominal quota count."""
         book = self.book
         used = book.usage[qq.name]
         cap = self.cap_left
@@ -412,10 +615,10 @@ class _Cycle:
                 if not borrows:
                     best, best_borrows = opt, False
                     break
-                if best is None:
+                if best is None and may_borrow:
                     best, best_borrows = opt, True
             if best is None:
-                return self._explain(qq, sig, demand, options, taken)
+                return self._explain(qq, sig, demand, options, taken, may_borrow)
             choice.append(best)
             taken[best[1]] = taken.get(best[1], 0) + best[2]
             borrowing = borrowing or best_borrows
@@ -427,7 +630,7 @@ class _Cycle:
     # ------------------------------------------------------------------ reasons
 
     def _explain(self, qq: QueueQuota, sig: Signature, demand: PodSetDemand, options: tuple[GpuOption, ...],
-                 taken: Mapping[str, int]) -> _NoFit:
+                 taken: Mapping[str, int], may_borrow: bool = True) -> _NoFit:
         """Why pod set `demand` fits none of its options: the reason now, the message (numbers from every
         option) only when someone reads it (`_Why`); reasons follow the first (preferred) option."""
         book = self.book
@@ -444,12 +647,32 @@ class _Cycle:
         used, nominal = book.used(q, r), qq.nominal[r]
         if used + total <= nominal and qq.cohort is not None:
             return _NoFit(Reason.WAITING_FOR_QUOTA, message, self._reclaim_need(qq, sig))  # set: may reclaim
+        own = self._nominal_request(qq, sig) if qq.can_preempt_within else None
         if qq.cohort is None:
-            return _NoFit(Reason.WAITING_FOR_QUOTA, message, None)
+            return _NoFit(Reason.WAITING_FOR_QUOTA, message, None, own)
+        if not may_borrow and any(taken.get(r2, 0) + n <= book.available(qq, r2) for _m2, r2, n in options):
+            # it would fit by borrowing, but the risk of borrowing without a checkpoint is refused
+            return _NoFit(Reason.WAITING_FOR_QUOTA, _Then(
+                message, f"it cannot checkpoint and may run longer than the "
+                f"{qq.unsafe_borrow_limit}s queue {q} allows such jobs to borrow for "
+                "(max_borrow_runtime_without_checkpoint_s)"), None, own)
         limit = qq.borrowing_limit[r]
         if limit is not None and used + total > nominal + limit:
-            return _NoFit(Reason.WAITING_FOR_QUOTA, message, None)
-        return _NoFit(Reason.WAITING_FOR_BORROWABLE_QUOTA, message, None)
+            return _NoFit(Reason.WAITING_FOR_QUOTA, message, None, own)
+        return _NoFit(Reason.WAITING_FOR_BORROWABLE_QUOTA, message, None, own)
+
+    def _nominal_request(self, qq: QueueQuota, sig: Signature) -> dict[str, int] | None:
+        """The request per resource if the whole job fits the queue's nominal quota once the queue's own jobs
+        make room (first such flavor per pod set), else None."""
+        taken: dict[str, int] = {}
+        for demand in sig:
+            for _m, r, amount in self.state.options(qq, demand):
+                if taken.get(r, 0) + amount <= qq.nominal[r]:
+                    taken[r] = taken.get(r, 0) + amount
+                    break
+            else:
+                return None
+        return dict(sorted(taken.items())) if taken else None
 
     def _reclaim_need(self, qq: QueueQuota, sig: Signature,
                       pledged: Mapping[str, int] | None = None) -> dict[str, int] | None:
@@ -475,6 +698,8 @@ class _Cycle:
         name the same victim and the needs add up to what the jobs really lack."""
         e.reason, e.message = result.reason, result.message
         if result.need is None or not qq.can_reclaim:
+            if result.own is not None and qq.can_preempt_within:
+                self._preempt_within(qq, e, result, result.own)
             return
         q, cohort = qq.name, qq.cohort
         # memoised per (priority, resources needed): a deep queue fails many jobs against the same borrowers
@@ -530,6 +755,68 @@ class _Cycle:
                 pledge.freed[r] = pledge.freed.get(r, 0) + got
         text = ", ".join(f"{n} {r}" for r, n in need.items())
         e.message = _Then(result.message, f"reclaim of {text} requested from {len(free)} borrowing job(s)")
+
+    def _preempt_within(self, qq: QueueQuota, e: Entry, result: _NoFit, request: Mapping[str, int]) -> None:
+        """Within-queue preemption (Kueue `withinClusterQueue: LowerPriority`): the job's request fits its
+        queue's nominal quota but the queue's own jobs use it, so its lower-priority preemptible jobs are asked
+        to make room. When the queue is under nominal on every resource it lacks and other queues borrow from
+        the cohort, the same request also reclaims from them (Kueue preempts in the queue and reclaims in the
+        cohort in one decision; `own_need` is then what must come from the queue itself, so that the job ends
+        within nominal). One such request per queue and cycle, its first job that needs one (Kueue takes one
+        head per queue and cycle); the queue's later jobs wait behind it."""
+        q = qq.name
+        if e.priority <= self._lowest_preemptible(q):  # nothing of its queue may make room for it
+            result.settle(e.priority, e.reason, result.message)
+            return
+        first = self.preempting.get(q)
+        pledge = self.pledges.get(qq.cohort) if qq.cohort is not None else None
+        if first is None and pledge is not None:
+            first = pledge.first.get(q)
+        if first is not None:
+            e.message = _Then(result.message, f"waits behind this queue's preemption for {first}")
+            result.settle(e.priority, e.reason, e.message)
+            return
+        book = self.book
+        need: dict[str, int] = {}
+        over: dict[str, int] = {}
+        for r, amount in request.items():
+            short = amount - max(0, book.available(qq, r))
+            if short > 0:
+                need[r] = short
+                over[r] = max(0, book.used(q, r) + amount - qq.nominal[r])
+        if not need:
+            return
+        version = self.scope_version.get(qq.scope, 0)
+        key = ("own", q, e.priority, tuple(need), version)
+        own = self.reclaim_memo.get(key)
+        if own is None:
+            own = self.reclaim_memo[key] = own_candidates(self.state, qq, e.priority, need)
+        borrowers: tuple[str, ...] = ()
+        if qq.can_reclaim and all(book.used(q, r) < qq.nominal[r] for r in need):
+            key = ("cohort", q, e.priority, tuple(need), version)
+            found = self.reclaim_memo.get(key)
+            if found is None:
+                found = self.reclaim_memo[key] = reclaim_candidates(self.state, qq, e.priority, need)
+            taken = pledge.victims if pledge is not None else set()
+            borrowers = tuple(c for c in found if c not in taken)
+        own_need = {r: min(n, over[r]) for r, n in need.items() if min(n, over[r]) > 0} if borrowers else need
+        if not own:
+            result.settle(e.priority, e.reason, result.message)  # nothing of its queue may make room this cycle
+            return
+        self.preempting[q] = e.job_id
+        if borrowers:
+            assert qq.cohort is not None  # can_reclaim: only queues in a cohort reclaim
+            pledge = self.pledges.setdefault(qq.cohort, _Pledge())
+            pledge.first.setdefault(q, e.job_id)
+            pledge.victims.update(borrowers)
+        reason = Reason.RECLAIM_QUOTA if borrowers else Reason.PRIORITY_PREEMPTION
+        self.scope_reclaims.setdefault(qq.scope, []).append(ReclaimRequest(
+            preemptor=e.job_id, queue=q, need=need, candidates=borrowers + own, reason=reason, own_need=own_need))
+        text = ", ".join(f"{n} {r}" for r, n in need.items())
+        also = f" and reclaim from {len(borrowers)} borrowing job(s)" if borrowers else ""
+        e.reason = Reason.WAITING_FOR_RECLAIM if borrowers else Reason.WAITING_FOR_PREEMPTION
+        e.message = _Then(result.message, f"preemption of {text} requested from {len(own)} lower-priority "
+                          f"job(s) of queue {q}{also} (within_queue: {qq.config.preemption.within_queue.value})")
 
     @staticmethod
     def _message(result: _NoFit, variant: str, build: Callable[[], _LazyText]) -> _LazyText:

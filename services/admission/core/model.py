@@ -23,17 +23,20 @@ class Reason:
     WAITING_FOR_QUOTA = "WaitingForQuota"
     WAITING_FOR_BORROWABLE_QUOTA = "WaitingForBorrowableQuota"
     WAITING_FOR_RECLAIM = "WaitingForReclaim"
+    WAITING_FOR_PREEMPTION = "WaitingForPreemption"  # its queue's lower-priority jobs are asked to make room
     WAITING_FOR_CAPACITY = "WaitingForCapacity"
     WAITING_FOR_MAX_RUNNING_JOBS = "WaitingForMaxRunningJobs"
     WAITING_IN_STRICT_FIFO = "WaitingInStrictFIFO"
     WAITING_FOR_NEXT_CYCLE = "WaitingForNextCycle"
+    QUEUE_HELD = "WaitingForQueueHeld"  # the queue's stop_policy is Hold
     # pending but inadmissible under the current configuration (after a config change or a requeue)
     QUEUE_DELETED = "InadmissibleQueueDeleted"
     INADMISSIBLE_UNAUTHORIZED = "InadmissibleUnauthorized"
     INADMISSIBLE_UNKNOWN_PRIORITY_CLASS = "InadmissibleUnknownPriorityClass"
 
     # ReclaimRequest.reason, as carried by PreemptionRequested
-    RECLAIM_QUOTA = "ReclaimQuota"
+    RECLAIM_QUOTA = "ReclaimQuota"  # takes from other queues' borrowers (and maybe its own queue: own_need)
+    PRIORITY_PREEMPTION = "PriorityPreemption"  # takes only from its own queue's lower-priority jobs
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,9 @@ class ReclaimRequest:
     need: dict[str, int]  # resource -> amount that must be freed
     candidates: tuple[str, ...]  # victims' job ids, lowest priority first, then most recently admitted
     reason: str = Reason.RECLAIM_QUOTA
+    # resource -> amount of `need` that must come from the preemptor's own queue (its lower-priority jobs):
+    # within-queue preemption, alone (reason PriorityPreemption) or with a reclaim in the same decision
+    own_need: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass

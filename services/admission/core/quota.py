@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from services.admission.core.resources import GpuOption, base_model, quota_models
-from shared.config import PreemptionPolicy, QueueConfig, QueueingStrategy, QueuesConfig
+from shared.config import PreemptionPolicy, QueueConfig, QueueingStrategy, QueuesConfig, StopPolicy
 
 INF = float("inf")
 
@@ -27,10 +27,12 @@ class QueueQuota:
 
     __slots__ = (
         "borrowing_limit",
+        "can_preempt_within",
         "can_reclaim",
         "cohort",
         "config",
         "guaranteed",
+        "held",
         "max_running",
         "models",
         "name",
@@ -39,6 +41,7 @@ class QueueQuota:
         "scope",
         "strict_fifo",
         "teams",
+        "unsafe_borrow_limit",
         "weight",
     )
 
@@ -59,6 +62,10 @@ class QueueQuota:
         self.reclaim_policy = q.preemption.reclaim_within_cohort
         self.teams = frozenset(q.teams)
         self.can_reclaim = self.cohort is not None and self.reclaim_policy is not PreemptionPolicy.NEVER
+        self.can_preempt_within = q.preemption.within_queue is not PreemptionPolicy.NEVER
+        self.held = q.stop_policy is StopPolicy.HOLD  # admits nothing, asks nothing of others
+        # jobs that cannot checkpoint borrow only up to this max_runtime_s (None = no limit)
+        self.unsafe_borrow_limit = q.max_borrow_runtime_without_checkpoint_s
 
     @property
     def quotas(self) -> Mapping[str, object]:

@@ -42,3 +42,21 @@ def reclaim_candidates(state: AdmissionState, qq: QueueQuota, priority: int,
                 found.append((e.priority, -a.admitted_at, e.job_id))
     found.sort()
     return tuple(job_id for _p, _t, job_id in found)
+
+
+def own_candidates(state: AdmissionState, qq: QueueQuota, priority: int,
+                   need: Mapping[str, int]) -> tuple[str, ...]:
+    """Within-queue preemption candidates (Kueue `withinClusterQueue: LowerPriority`; `Any` is read the same):
+    the queue's own admitted preemptible jobs of strictly lower priority that use a needed resource, in the
+    same order as reclaim candidates (lowest priority, most recently admitted, job id)."""
+    if qq.config.preemption.within_queue is PreemptionPolicy.NEVER:
+        return ()
+    found = []
+    for e in state._admitted_by_queue.get(qq.name, {}).values():
+        a = e.admitted
+        if a is None or not e.preemptible or e.priority >= priority:
+            continue
+        if any(a.usage.get(r, 0) > 0 for r in need):
+            found.append((e.priority, -a.admitted_at, e.job_id))
+    found.sort()
+    return tuple(job_id for _p, _t, job_id in found)

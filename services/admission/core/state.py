@@ -34,7 +34,7 @@ class Entry:
     pending job every cycle; never handed out."""
 
     __slots__ = ("admitted", "gpu_pod_sets", "job_id", "message", "order", "preemptible", "priority",
-                 "queue", "reason", "sid", "sig", "verdict", "workload")
+                 "queue", "reason", "sid", "sig", "unsaved_runtime_s", "verdict", "workload")
 
     def __init__(self, workload: Workload, priority: int, preemptible: bool):
         spec = workload.spec
@@ -47,6 +47,8 @@ class Entry:
         self.sig: Signature = request_signature(spec)
         self.sid = 0  # small int standing for `sig` (cheap memo keys); set by AdmissionState
         self.gpu_pod_sets = gpu_pod_set_names(spec)
+        # the work a reclaim could throw away, bounded by the job's limit: 0 when it can checkpoint
+        self.unsaved_runtime_s = 0 if spec.checkpoint.supported else spec.max_runtime_s
         self.verdict: tuple[str, str] | None = None  # static inadmissibility under the current config
         self.admitted: AdmittedWorkload | None = None
         # written by the cycle: why it waits (positions are computed when a status is read)

@@ -95,6 +95,15 @@ class Preemptor:
     reason: str  # PRIORITY or RECLAIM
     allowed_models: tuple[str, ...] = ()  # flavors admission chose (empty = the job's own any-of list)
     need: Mapping[str, int] = field(default_factory=dict)  # quota resource -> amount that must be freed
+    # quota resource -> the part of `need` that must come from the preemptor's own queue (admission's
+    # within-queue preemption, alone or with a reclaim in the same decision)
+    own_need: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def for_quota(self) -> bool:
+        """Admission asked: the preemptor lacks quota (`need`), not room on the nodes, so victims must free
+        `need` even when the preemptor would already fit on the nodes."""
+        return bool(self.need) and (self.reason == RECLAIM or bool(self.own_need))
 
 
 @dataclass(frozen=True)

@@ -5,12 +5,16 @@ Order of the checks (first failing rule is reported, so the reason a user sees i
   2 kind       training never preempts inference
   3 queue      same queue: the preemptor queue's `within_queue`; other queue: same cohort, the victim's
                queue above its nominal quota on a resource the preemptor needs (a borrower), and the
-               preemptor queue's `reclaim_within_cohort`; ReclaimQuota only ever takes from other queues
+               preemptor queue's `reclaim_within_cohort`; ReclaimQuota takes from its own queue only when
+               admission asked for that part too (`own_need`: preempt in the queue and reclaim together)
   4 priority   strictly lower priority, except `reclaim_within_cohort: Any` which may take any borrower
                (Kueue's reclaimWithinCohort: Any)
   5 window     not younger than `protection_window_s`, not within it of its expected end
                (started_at + max_runtime_s) — Slurm's PreemptExemptTime and KAI's minimum runtime, plus
                the end-of-run protection Kueue lacks
+  6 lost work  priority preemption only: not when it would lose more than `max_victim_loss_s` of its run.
+               Never for ReclaimQuota: reclaiming nominal quota is a guarantee the bound must not veto (the
+               risk is controlled where it is taken, at borrowing time: `max_unsafe_borrow_runtime_s`)
 """
 
 from __future__ import annotations
@@ -83,7 +87,7 @@ def victim_verdict(preemptor: Preemptor, job: RunningJob, config: QueuesConfig,
         return Why.OTHER_COHORT
     any_priority = False
     if job.queue == preemptor.queue:
-        if preemptor.reason == RECLAIM:
+        if preemptor.reason == RECLAIM and not preemptor.own_need:
             return Why.RECLAIM_SAME_QUEUE
         if pq.preemption.within_queue is PreemptionPolicy.NEVER:
             return Why.WITHIN_QUEUE_NEVER
@@ -101,9 +105,16 @@ def victim_verdict(preemptor: Preemptor, job: RunningJob, config: QueuesConfig,
     window = protection(job, now, config.policy.protection_window_s)
     if window is not None:
         return window[0]
-    bound = config.policy.max_victim_loss_s
-    if bound is not None and job.gpus > 0 and job.lost_gpu_seconds(now) / job.gpus > bound:
+    if (preemptor.reason != RECLAIM or job.queue == preemptor.queue) and exceeds_loss_bound(job, config, now):
         # Preempting it would throw away more than `max_victim_loss_s` of its run (it cannot checkpoint, or
-        # its last checkpoint is old): the preemptor waits for capacity instead.
+        # its last checkpoint is old): a priority preemptor waits for capacity instead. A reclaim of nominal
+        # quota is never vetoed by the bound (the lender was promised its quota back); there the lost work
+        # only steers which borrower is taken (selection prefers the least lost work).
         return Why.TOO_MUCH_LOST_WORK
     return None
+
+
+def exceeds_loss_bound(job: RunningJob, config: QueuesConfig, now: float) -> bool:
+    """Preempting `job` now would lose more than `policy.max_victim_loss_s` seconds of its run."""
+    bound = config.policy.max_victim_loss_s
+    return bound is not None and job.gpus > 0 and job.lost_gpu_seconds(now) / job.gpus > bound

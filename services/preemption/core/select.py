@@ -3,10 +3,12 @@
 1 filter     every running job through `policy.victim_verdict` (the reason is kept for visibility)
 2 tiers      borrowers of other queues first, then the preemptor's own queue (reclaim takes from
              borrowers first; ReclaimQuota only from borrowers): a later tier is tried only when the
-             earlier ones together are not sufficient
+             earlier ones together are not sufficient. A reclaim first tries the borrowers that would lose
+             no more than `max_victim_loss_s` (the bound steers a reclaim, never vetoes it)
 3 choose     sufficient = the placement core places the preemptor on a what-if copy with the victims
-             released (`ClusterState.fits_if_released`, the live state untouched) and, for ReclaimQuota,
-             the victims free at least `need` of every quota resource, and no borrowing queue is taken
+             released (`ClusterState.fits_if_released`, the live state untouched) and, for a request of
+             admission (ReclaimQuota, or within-queue preemption), the victims free at least `need` of every
+             quota resource and `own_need` of it from the preemptor's own queue, and no borrowing queue is taken
              below its nominal quota by more than its last victim (Kueue picks a victim only while its
              queue still borrows).
              Among sufficient sets: least lost GPU-seconds, then lowest priority, then most recently
@@ -27,7 +29,7 @@ from services.scheduler.core import ClusterState, Placement
 from shared.config import QueuesConfig
 
 from .model import RECLAIM, Preemptor, RunningJob, Selection, usage_by_queue
-from .policy import needed_resources, victim_verdict
+from .policy import exceeds_loss_bound, needed_resources, victim_verdict
 
 EXACT_POOL = 8  # pools up to this size are searched exhaustively (2^8 subsets, most pruned cheaply)
 MAX_FITS_CHECKS = 512
@@ -57,9 +59,13 @@ class _Checker:
         self.checks = 0
 
     def need_ok(self, jobs: Sequence[RunningJob]) -> bool:
-        if self.p.reason == RECLAIM and self.p.need:
+        if self.p.for_quota:
             for r, amount in sorted(self.p.need.items()):
                 freed = sum(j.usage.get(r, 0) for j in jobs)
+                if freed < amount:
+                    return False
+            for r, amount in sorted(self.p.own_need.items()):
+                freed = sum(j.usage.get(r, 0) for j in jobs if j.queue == self.p.queue)
                 if freed < amount:
                     return False
         return True
@@ -149,7 +155,7 @@ def select_victims(preemptor: Preemptor, running: Sequence[RunningJob], cluster:
         else:
             rejected[job.job_id] = why
     check = _Checker(preemptor, cluster, usage, config)
-    if preemptor.reason != RECLAIM or not preemptor.need:
+    if not preemptor.for_quota:
         already = cluster.place(preemptor.spec, preemptor.allowed_models or None)
         if isinstance(already, Placement):
             return Selection((), 0.0, "FitsWithoutPreemption", "the preemptor fits without taking anything",
@@ -157,6 +163,11 @@ def select_victims(preemptor: Preemptor, running: Sequence[RunningJob], cluster:
     borrowers = [j for j in eligible if j.queue != preemptor.queue]
     own = [j for j in eligible if j.queue == preemptor.queue]
     tiers = [borrowers, borrowers + own] if borrowers and own else [eligible]
+    if preemptor.reason == RECLAIM:
+        # the unsaved-work bound never vetoes a reclaim, but it steers it: borrowers within the bound first
+        safe = [j for j in borrowers if not exceeds_loss_bound(j, config, now)]
+        if safe and len(safe) < len(borrowers):
+            tiers.insert(0, safe)
     for pool in tiers:
         pool = sorted(pool, key=lambda j: candidate_key(j, now))
         if not pool or not check.fits(pool, guarantees=False):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from services.admission.core import AdmissionState, Reason, admission_cycle
+from shared.domain import CheckpointSpec
 from tests.unit.admission.admission_core_builders import H100, config, job, queue, submit, submit_many
 
 
@@ -109,3 +110,25 @@ def test_candidates_come_only_from_queues_above_nominal() -> None:
     [r] = admission_cycle(s, 31.0).reclaims
     assert r.need == {H100: 8}
     assert set(r.candidates) == {f"team-b-{i}" for i in range(6)}
+
+
+def test_a_job_that_cannot_checkpoint_borrows_only_within_its_queues_runtime_limit() -> None:
+    """The risk of a reclaim throwing work away is taken at borrowing time: team-b lets its jobs that cannot
+    checkpoint borrow only when they are limited to an hour; within nominal quota nothing changes."""
+    b = queue("team-b", {H100: 4})
+    b["max_borrow_runtime_without_checkpoint_s"] = 3600
+    s = AdmissionState(config(queue("team-a", {H100: 16}), b))  # plenty to lend
+    short = job("short", "team-b", 4).model_copy(update={"max_runtime_s": 3600})
+    long = job("long", "team-b", 4).model_copy(update={"max_runtime_s": 7200})
+    saved = long.model_copy(update={"job_id": "saved", "checkpoint": CheckpointSpec(supported=True)})
+    within = long.model_copy(update={"job_id": "within"})
+    submit(s, within, 0)
+    submit(s, long, 1)
+    submit(s, short, 2)
+    submit(s, saved, 3)
+    d = admission_cycle(s, 10.0)
+    assert sorted(a.job_id for a in d.admitted) == ["saved", "short", "within"]  # `within` uses nominal quota
+    st = d.pending["long"]
+    assert st.reason == Reason.WAITING_FOR_QUOTA
+    assert "cannot checkpoint" in st.message and "3600s" in st.message
+    assert admission_cycle(s, 20.0).pending["long"].reason == Reason.WAITING_FOR_QUOTA  # not just this cycle

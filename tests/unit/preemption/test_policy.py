@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from services.preemption.core import RECLAIM, Why, protection, select_victims, usage_by_queue, victim_verdict
+from services.preemption.core import (
+    PRIORITY,
+    RECLAIM,
+    Preemptor,
+    Why,
+    protection,
+    select_victims,
+    usage_by_queue,
+    victim_verdict,
+)
 from shared.domain import JobKind
 from tests.unit.preemption.builders import MODEL, World, queues, spec
 
@@ -159,3 +168,56 @@ def test_a_job_that_would_lose_more_than_the_bound_is_left_alone() -> None:
     assert verdict(w, boss, young) is None  # 20 minutes of work at risk: under the 30-minute bound
     unbounded = World(queues(max_loss=None))
     assert verdict(unbounded, boss, unbounded.run(spec("never-saved"), NOW - 20_000)) is None
+
+
+def test_the_unsaved_work_bound_never_vetoes_a_reclaim_of_nominal_quota() -> None:
+    """B's nominal quota comes back even when the only borrower cannot checkpoint and ran for hours."""
+    w = World(queues(max_loss=1800, a_nominal=8, b_nominal=8))
+    w.run(spec("a-own", queue="team-a", gpus=8), NOW - 20_000)
+    never_saved = w.run(spec("a-borrower", queue="team-a", gpus=8), NOW - 20_000)
+    owner = spec("b-owner", queue="team-b", klass="normal", gpus=8)
+    assert verdict(w, owner, never_saved) == Why.TOO_MUCH_LOST_WORK  # a priority preemption still respects it
+    assert verdict(w, owner, never_saved, RECLAIM, {MODEL: 8}) is None
+    sel = select_victims(w.preemptor(owner, RECLAIM, {MODEL: 8}), w.running, w.cluster, w.config, NOW)
+    assert len(sel.victims) == 1 and sel.lost_gpu_seconds == 8 * 20_000
+
+
+def test_the_unsaved_work_bound_steers_a_reclaim_to_borrowers_within_it() -> None:
+    def victims(max_loss: int | None) -> tuple[str, ...]:
+        w = World(queues(max_loss=max_loss, a_nominal=4, b_nominal=12))
+        w.run(spec("a-within", queue="team-a", gpus=8), NOW - 1_700)  # 13,600 GPU-s, 1,700 s each
+        w.run(spec("a-over", queue="team-a", gpus=4), NOW - 1_900)  # 7,600 GPU-s, but 1,900 s each
+        owner = spec("b-owner", queue="team-b", klass="normal", gpus=4)
+        return select_victims(w.preemptor(owner, RECLAIM, {MODEL: 4}), w.running, w.cluster, w.config,
+                              NOW).victims
+    assert victims(None) == ("a-over",)  # least lost GPU-seconds
+    assert victims(1800) == ("a-within",)  # nobody loses more than the bound when someone else can give
+
+
+def test_within_queue_request_takes_the_queues_own_lower_priority_job_even_with_free_gpus() -> None:
+    """Admission's within-queue preemption is about quota: team-a is at its nominal 8 while GPUs are free."""
+    w = World(queues(a_nominal=8, b_nominal=8))
+    w.run(spec("a-low-old", queue="team-a", gpus=4), NOW - 9000)
+    w.run(spec("a-low-new", queue="team-a", gpus=4), NOW - 2000)
+    boss = spec("a-boss", queue="team-a", klass="normal", gpus=4)
+    p = Preemptor(job_id="a-boss", queue="team-a", priority=100, kind=boss.kind, spec=boss, reason=PRIORITY,
+                  need={MODEL: 4}, own_need={MODEL: 4})
+    sel = select_victims(p, w.running, w.cluster, w.config, NOW)
+    assert sel.victims == ("a-low-new",)  # least lost work
+    assert select_victims(w.preemptor(boss), w.running, w.cluster, w.config, NOW).why == "FitsWithoutPreemption"
+
+
+def test_preempt_in_the_queue_and_reclaim_in_one_decision() -> None:
+    w = World(queues(a_nominal=8, b_nominal=8))
+    w.run(spec("a-low", queue="team-a", gpus=4), NOW - 2000)  # team-a: 4 of 8
+    for i in range(3):
+        w.run(spec(f"b{i}", queue="team-b", gpus=4), NOW - 5000 - i)  # team-b: 12 of 8, borrows 4
+    boss = spec("a-boss", queue="team-a", klass="normal", gpus=8)
+    p = Preemptor(job_id="a-boss", queue="team-a", priority=100, kind=boss.kind, spec=boss, reason=RECLAIM,
+                  need={MODEL: 8}, own_need={MODEL: 4})
+    sel = select_victims(p, w.running, w.cluster, w.config, NOW)
+    assert "a-low" in sel.victims and len(sel.victims) == 2
+    # a plain reclaim never takes from the reclaiming queue itself
+    plain = Preemptor(job_id="a-boss", queue="team-a", priority=100, kind=boss.kind, spec=boss, reason=RECLAIM,
+                      need={MODEL: 8})
+    assert select_victims(plain, w.running, w.cluster, w.config, NOW).rejected["a-low"] == Why.RECLAIM_SAME_QUEUE

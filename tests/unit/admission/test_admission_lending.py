@@ -1,0 +1,88 @@
+"""Lending while the lender waits (issue 15 item 4): a queue's unused quota is not lent to a job it could not
+take back while that queue has jobs waiting within its nominal quota (the issue reports Kueue refuses too)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from services.admission.core import AdmissionState, Reason, admission_cycle
+from shared.config import ConfigError
+from tests.unit.admission.admission_core_builders import H100, config, job, queue, submit
+
+
+def _state(reclaim: str = "LowerPriority", *extra: dict[str, Any]) -> AdmissionState:
+    """team-a (nominal 8, one job at a time) runs a 1-GPU job and has a 4-GPU job waiting for its turn."""
+    s = AdmissionState(config(queue("team-a", {H100: 8}, max_running_jobs=1, reclaim=reclaim),
+                              queue("team-b", {H100: 0}), *extra))
+    submit(s, job("a-run", "team-a", 1), 0)
+    submit(s, job("a-wait", "team-a", 4), 1)
+    d = admission_cycle(s, 2.0)
+    assert [a.job_id for a in d.admitted] == ["a-run"]
+    return s
+
+
+def test_no_loan_the_lender_could_not_take_back_while_its_jobs_wait() -> None:
+    s = _state()
+    submit(s, job("b-peer", "team-b", 4), 10)  # same priority: team-a's LowerPriority reclaim could not take it
+    d = admission_cycle(s, 11.0)
+    assert not d.admitted
+    st = d.pending["b-peer"]
+    assert st.reason == Reason.WAITING_FOR_BORROWABLE_QUOTA
+    assert "team-a" in st.message and "reclaim_within_cohort" in st.message
+    # a loan team-a can take back is made: a lower-priority borrower
+    submit(s, job("b-low", "team-b", 4, priority="low"), 12)
+    assert [a.job_id for a in admission_cycle(s, 13.0).admitted] == ["b-low"]
+    # and once team-a's waiting job is admitted, its unused quota is lent again
+    s.finish("a-run")
+    assert [a.job_id for a in admission_cycle(s, 14.0).admitted] == ["a-wait"]
+    assert [a.job_id for a in admission_cycle(s, 15.0).admitted] == []  # 8 = 4 (a-wait) + 4 (b-low): all used
+    s.finish("b-low")
+    assert [a.job_id for a in admission_cycle(s, 16.0).admitted] == ["b-peer"]
+
+
+def test_a_lender_that_can_reclaim_any_borrower_lends() -> None:
+    s = _state(reclaim="Any")
+    submit(s, job("b-peer", "team-b", 4), 10)
+    assert [a.job_id for a in admission_cycle(s, 11.0).admitted] == ["b-peer"]
+    # but not to a job nobody may preempt
+    submit(s, job("b-pinned", "team-b", 2, preemptible=False), 12)
+    d = admission_cycle(s, 13.0)
+    assert not d.admitted and d.pending["b-pinned"].reason == Reason.WAITING_FOR_BORROWABLE_QUOTA
+
+
+def test_other_lenders_still_lend() -> None:
+    s = _state("LowerPriority", queue("team-c", {H100: 4}))
+    submit(s, job("b-peer", "team-b", 4), 10)
+    assert [a.job_id for a in admission_cycle(s, 11.0).admitted] == ["b-peer"]  # team-c's idle 4
+    submit(s, job("b-more", "team-b", 1), 12)
+    assert admission_cycle(s, 13.0).pending["b-more"].reason == Reason.WAITING_FOR_BORROWABLE_QUOTA
+
+
+def test_a_lender_whose_waiting_jobs_would_themselves_borrow_still_lends() -> None:
+    s = AdmissionState(config(queue("team-a", {H100: 8}), queue("team-b", {H100: 8})))
+    submit(s, job("a-big", "team-a", 12), 0)
+    submit(s, job("b-big", "team-b", 12), 1)
+    d = admission_cycle(s, 2.0)
+    assert [a.job_id for a in d.admitted] == ["a-big"]  # no deadlock: each would have held back the other
+
+
+def test_a_held_queue_admits_nothing_keeps_its_running_jobs_and_holds_back_no_loan() -> None:
+    s = _state()
+    held = config(queue("team-a", {H100: 8}, max_running_jobs=1) | {"stop_policy": "Hold"},
+                  queue("team-b", {H100: 0}))
+    assert s.set_config(held) is not None
+    s.finish("a-run")
+    submit(s, job("b-peer", "team-b", 4), 10)
+    d = admission_cycle(s, 11.0)
+    assert [a.job_id for a in d.admitted] == ["b-peer"]  # team-a's waiting job no longer holds its quota back
+    st = d.pending["a-wait"]
+    assert st.reason == Reason.QUEUE_HELD and "stop_policy: Hold" in st.message
+    s.set_config(config(queue("team-a", {H100: 8}, max_running_jobs=1), queue("team-b", {H100: 0})))
+    assert [a.job_id for a in admission_cycle(s, 12.0).admitted] == ["a-wait"]
+
+
+def test_hold_and_drain_is_refused_with_its_reason() -> None:
+    with pytest.raises((ConfigError, ValueError), match="HoldAndDrain is not supported"):
+        config(queue("team-a", {H100: 8}) | {"stop_policy": "HoldAndDrain"})

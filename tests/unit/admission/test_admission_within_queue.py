@@ -1,0 +1,95 @@
+"""Preemption within a queue, and with a reclaim in the same decision (Kueue `withinClusterQueue: LowerPriority`,
+pkg/scheduler/preemption/preemption.go): admission asks for it; the preemption core picks the victims."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.admission.core import AdmissionState, Reason, admission_cycle
+from tests.unit.admission.admission_core_builders import H100, config, job, queue, submit
+
+
+def _queue(name: str, nominal: int, within: str = "LowerPriority", reclaim: str = "LowerPriority",
+           cohort: str | None = "research") -> dict[str, Any]:
+    q = queue(name, {H100: nominal}, cohort=cohort, reclaim=reclaim)
+    q["preemption"]["within_queue"] = within
+    return q
+
+
+def at_quota(within: str = "LowerPriority") -> AdmissionState:
+    """team-a (no cohort, nominal 8) runs two 4-GPU low-priority jobs."""
+    s = AdmissionState(config(_queue("team-a", 8, within, cohort=None)))
+    for i in range(2):
+        submit(s, job(f"low{i}", "team-a", 4, priority="low"), float(i))
+        admission_cycle(s, 10.0 + i)
+    assert s.usage("team-a") == {H100: 8}
+    return s
+
+
+def test_a_high_priority_job_preempts_its_own_queues_low_priority_job_when_the_queue_is_at_its_quota() -> None:
+    s = at_quota()
+    submit(s, job("boss", "team-a", 4, priority="normal"), 100)
+    d = admission_cycle(s, 101.0)
+    assert not d.admitted
+    [r] = d.reclaims
+    assert (r.preemptor, r.queue, r.reason) == ("boss", "team-a", Reason.PRIORITY_PREEMPTION)
+    assert r.need == {H100: 4} and r.own_need == {H100: 4}
+    assert r.candidates == ("low1", "low0")  # most recently admitted first
+    st = d.pending["boss"]
+    assert st.reason == Reason.WAITING_FOR_PREEMPTION and "within_queue: LowerPriority" in st.message
+    # once a victim is gone, the job is admitted within its nominal quota
+    s.finish("low1")
+    assert [a.job_id for a in admission_cycle(s, 102.0).admitted] == ["boss"]
+
+
+def test_no_within_queue_request_for_equal_priority_or_within_queue_never() -> None:
+    s = at_quota()
+    submit(s, job("peer", "team-a", 4, priority="low"), 100)
+    d = admission_cycle(s, 101.0)
+    assert d.reclaims == [] and d.pending["peer"].reason == Reason.WAITING_FOR_QUOTA
+    s = at_quota(within="Never")
+    submit(s, job("boss", "team-a", 4, priority="normal"), 100)
+    assert admission_cycle(s, 101.0).reclaims == []
+
+
+def test_a_job_larger_than_its_nominal_quota_asks_nothing_of_its_queue() -> None:
+    s = AdmissionState(config(_queue("team-a", 8), _queue("team-b", 8)))
+    for i in range(2):
+        submit(s, job(f"low{i}", "team-a", 4, priority="low"), float(i))
+        submit(s, job(f"b{i}", "team-b", 4, priority="low"), float(i))
+    admission_cycle(s, 10.0)
+    submit(s, job("huge", "team-a", 4, count=3, priority="normal"), 100)  # 12 > nominal 8: must borrow
+    d = admission_cycle(s, 101.0)
+    assert d.reclaims == [] and d.pending["huge"].reason == Reason.WAITING_FOR_BORROWABLE_QUOTA
+
+
+def test_one_within_queue_request_per_queue_and_cycle() -> None:
+    s = at_quota()
+    submit(s, job("boss0", "team-a", 4, priority="normal"), 100)
+    submit(s, job("boss1", "team-a", 4, priority="normal"), 101)
+    d = admission_cycle(s, 102.0)
+    assert [r.preemptor for r in d.reclaims] == ["boss0"]
+    assert "waits behind this queue's preemption for boss0" in d.pending["boss1"].message
+
+
+def test_preempt_in_the_queue_and_reclaim_from_a_borrower_in_the_same_decision() -> None:
+    """Kueue's case: team-a, under its nominal quota, needs more than its nominal headroom; the cohort's lendable
+    quota is all borrowed. One request frees its own low-priority job and reclaims from team-b's borrowers."""
+    s = AdmissionState(config(_queue("team-a", 8), _queue("team-b", 8)))
+    submit(s, job("a-low", "team-a", 4, priority="low"), 0)
+    admission_cycle(s, 1.0)
+    for i in range(3):
+        submit(s, job(f"b{i}", "team-b", 4, priority="low"), 2.0 + i)
+        admission_cycle(s, 3.0 + i)
+    assert s.usage("team-a") == {H100: 4} and s.usage("team-b") == {H100: 12}
+    submit(s, job("a-boss", "team-a", 8, priority="normal"), 100)
+    d = admission_cycle(s, 101.0)
+    assert not d.admitted
+    [r] = d.reclaims
+    assert r.reason == Reason.RECLAIM_QUOTA and r.need == {H100: 8}
+    assert r.own_need == {H100: 4}  # so that team-a ends within its nominal quota, not borrowing
+    assert r.candidates == ("b2", "b1", "b0", "a-low")  # borrowers first (Kueue's order), then its own queue
+    assert d.pending["a-boss"].reason == Reason.WAITING_FOR_RECLAIM
+    s.finish("a-low")
+    s.finish("b2")
+    assert [a.job_id for a in admission_cycle(s, 102.0).admitted] == ["a-boss"]
