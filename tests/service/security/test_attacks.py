@@ -351,10 +351,16 @@ async def test_governance_refuses_breaches_and_holds_approval_classes(
         await publish(admin_js, JobApproved(job_id="prod", approved_by="ops"), JobApproved.subject())
         await wait_for(lambda: conn.fetchval("SELECT true FROM executor.runs WHERE job_id = 'prod'"),
                        what="the approved job running")
-        actions = {(r["action"], r["actor"]) for r in await conn.fetch(
-            "SELECT action, actor FROM audit.records WHERE job_id = 'prod'")}
-        assert {("submit", "team:team-a"), ("approve", "admin:ops"), ("admit", "service:admission"),
-                ("place", "service:scheduler")} <= actions
+        # The audit service records each action from its own consumer: the scheduler's "place" may be written a
+        # moment after the executor has started the job.
+        expected = {("submit", "team:team-a"), ("approve", "admin:ops"), ("admit", "service:admission"),
+                    ("place", "service:scheduler")}
+
+        async def audited() -> bool:
+            rows = await conn.fetch("SELECT action, actor FROM audit.records WHERE job_id = 'prod'")
+            return expected <= {(r["action"], r["actor"]) for r in rows}
+
+        await wait_for(audited, what="submit, approve, admit and place in the audit trail")
         with pytest.raises(asyncpg.RaiseError, match="append-only"):
             await conn.execute("DELETE FROM audit.records WHERE job_id = 'prod'")
     finally:
