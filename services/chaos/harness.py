@@ -316,7 +316,10 @@ class Harness:
         # A standby scheduler: the pause of the active one hands it the lease, and the fence must hold.
         self.procs["scheduler-standby"] = ServiceProcess("scheduler-standby", "scheduler", self.workdir, env,
                                                          cluster, queues)
-        nc = await nats.connect(nats_url, max_reconnect_attempts=-1, reconnect_time_wait=0.5)
+        async def quiet(exc: Exception) -> None:  # NATS restarts on purpose here: reconnecting is expected
+            log.debug("NATS client: %s", exc)
+
+        nc = await nats.connect(nats_url, max_reconnect_attempts=-1, reconnect_time_wait=0.5, error_cb=quiet)
         try:
             await ensure_streams(nc.jetstream(), self.namespace)
             for proc in self.procs.values():
