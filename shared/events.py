@@ -418,7 +418,9 @@ class ExecutorHeartbeat(Payload):
     interval, listing its jobs, not one per job, so that liveness costs the bus a constant rate whatever the
     number of jobs. A long list is split into parts (`part` of `parts`), each a heartbeat for the jobs it lists."""
 
-    aggregate, fact = "node", "heartbeat"
+    # On the UTILIZATION stream (2 days, size-capped) with the other high-rate executor reports: a heartbeat is
+    # needed only until the scheduler has read it, not for the CLUSTER stream's 30 days.
+    aggregate, fact = "utilization", "heartbeat"
     executor: str  # the executor's name (its events' source)
     running: tuple[str, ...] = ()
     sent_at: datetime

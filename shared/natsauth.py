@@ -51,7 +51,7 @@ SERVICE_PUBLISHES: dict[str, tuple[str, ...]] = {
     "metering": (),
     "telemetry": (),
     "executor": ("job.started", "job.completed", "job.failed", "job.checkpointed", "utilization.sampled",
-                 "utilization.source_checked", "node.inventory", "node.changed", "node.heartbeat"),
+                 "utilization.source_checked", "node.inventory", "node.changed", "utilization.heartbeat"),
     "audit": (),
     # The API publishes what authenticated people ask for: submissions and cancels of any team (it checked the
     # caller's team), approvals and configuration changes (it checked the caller is an admin).

@@ -93,6 +93,7 @@ class FaultResult:
     fault: str
     recovery_s: float | None  # None: did not recover within the deadline
     process: str = ""  # the process hit (for a singleton: the one holding the lease then)
+    takeover_s: float | None = None  # a pause: from its start until a standby led (None: none did meanwhile)
 
 
 @dataclass
@@ -112,8 +113,10 @@ class ChaosReport:
     def as_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "submitted": self.submitted, "terminal": self.terminal, "events": self.events,
                 "dead_letters": self.dead_letters, "wall_s": round(self.wall_s, 1),
-                "recovery_s": {f.fault: (round(f.recovery_s, 2) if f.recovery_s is not None else None)
-                               for f in self.faults},
+                "faults": [{"fault": f.fault, "process": f.process,
+                            "recovery_s": round(f.recovery_s, 2) if f.recovery_s is not None else None,
+                            "takeover_s": round(f.takeover_s, 2) if f.takeover_s is not None else None}
+                           for f in self.faults],
                 "violations": self.violations}
 
 
@@ -313,7 +316,10 @@ class Harness:
         # A standby scheduler: the pause of the active one hands it the lease, and the fence must hold.
         self.procs["scheduler-standby"] = ServiceProcess("scheduler-standby", "scheduler", self.workdir, env,
                                                          cluster, queues)
-        nc = await nats.connect(nats_url, max_reconnect_attempts=-1, reconnect_time_wait=0.5)
+        async def quiet(exc: Exception) -> None:  # NATS restarts on purpose here: reconnecting is expected
+            log.debug("NATS client: %s", exc)
+
+        nc = await nats.connect(nats_url, max_reconnect_attempts=-1, reconnect_time_wait=0.5, error_cb=quiet)
         try:
             await ensure_streams(nc.jetstream(), self.namespace)
             for proc in self.procs.values():
@@ -331,7 +337,9 @@ class Harness:
                     result = await self._inject(fault, client, nc)
                     self.report.faults.append(result)
                     shown = f"{result.recovery_s:.1f} s" if result.recovery_s is not None else "NOT RECOVERED"
-                    self.say(f"chaos: {fault:<20} ({result.process}) recovered in {shown}")
+                    extra = (f"; the standby led {result.takeover_s:.1f} s into the pause"
+                             if result.takeover_s is not None else "")
+                    self.say(f"chaos: {fault:<20} ({result.process}) recovered in {shown}{extra}")
                 await submitting
                 self.report.submitted = len(jobs)
                 await self._until_terminal(database_url, set(submitted))
@@ -391,6 +399,7 @@ class Harness:
         before = await self._last_seq(nc)
         t0 = time.monotonic()
         hit = target
+        takeover: float | None = None
         if kind == "kill":
             proc = await self._active(target, client)
             hit = proc.name
@@ -406,7 +415,9 @@ class Harness:
             proc = await self._active(target, client)
             hit = proc.name
             proc.signal(signal.SIGSTOP)
-            await asyncio.sleep(self.settings.lease_ttl_s + self.settings.pause_extra_s)
+            paused_until = t0 + self.settings.lease_ttl_s + self.settings.pause_extra_s
+            takeover = await self._takeover(target, proc, client, paused_until)
+            await asyncio.sleep(max(0.0, paused_until - time.monotonic()))
             proc.signal(signal.SIGCONT)
             t0 = time.monotonic()  # its recovery counts from the resume (the pause itself is the fault's length)
         deadline = time.monotonic() + self.settings.deadline_s
@@ -414,9 +425,9 @@ class Harness:
             # Recovered: every process ready, and work moves (a job event newer than the fault), or there is no
             # work left to move (everything submitted so far is terminal).
             if await self._until_ready(client, 1.0) and (await self._last_seq(nc) > before or await self._idle()):
-                return FaultResult(fault, time.monotonic() - t0, hit)
+                return FaultResult(fault, time.monotonic() - t0, hit, takeover)
             await asyncio.sleep(0.2)
-        return FaultResult(fault, None, hit)
+        return FaultResult(fault, None, hit, takeover)
 
     async def _idle(self) -> bool:
         if not self.submission_done:
@@ -432,6 +443,20 @@ class Harness:
         finally:
             await conn.close()
         return bool(done >= self.settings.jobs)
+
+    async def _takeover(self, service: str, paused: ServiceProcess, client: httpx.AsyncClient,
+                        until: float) -> float | None:
+        """Seconds from now until another process of `service` leads (its phase is running), if before `until`."""
+        t0 = time.monotonic()
+        others = [p for _, p in sorted(self.procs.items()) if p.service == service and p is not paused]
+        while others and time.monotonic() < until:
+            for proc in others:
+                with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
+                    body = (await client.get(f"http://127.0.0.1:{proc.port}/readyz", timeout=2)).json()
+                    if body["services"][service]["phase"] == "running":
+                        return time.monotonic() - t0
+            await asyncio.sleep(0.2)
+        return None
 
     async def _active(self, service: str, client: httpx.AsyncClient) -> ServiceProcess:
         """The process running `service` that holds its lease (a singleton's standby is not the one to hit)."""
