@@ -33,7 +33,6 @@ async def test_waiting_jobs_get_etas_from_the_forward_simulation_off_the_lock(fr
                              database_url=database_url)
     nodes = parse_cluster({"node_groups": [{"name": "h100", "count": 1, "gpus_per_node": 8, "gpu_model": "H100",
                                             "cpu_milli": 64000, "memory_mib": 512000}]}).nodes()
-    statuses = await js.subscribe(ns_subject("status.job.pending"), ordered_consumer=True)
     await runtime.start()
     try:
         await js.publish(ns_subject("node.inventory"),
@@ -55,12 +54,12 @@ async def test_waiting_jobs_get_etas_from_the_forward_simulation_off_the_lock(fr
         found = await etas()
         # behind the running first job: the second not before the first's limit runs out, the third not before it
         assert T0.timestamp() < found["second"] <= found["third"]
-        announced: dict[str, JobPending] = {}
-        while set(announced) != {"second", "third"}:
-            msg = await statuses.next_msg(timeout=30)
-            body = json.loads(msg.data)
-            if body["data"].get("eta"):
-                announced[body["data"]["job_id"]] = JobPending.model_validate(body["data"])
+        # announced in the same transaction: JobPending with the ETA, on the status subject
+        rows = await conn.fetch("SELECT body FROM admission.outbox WHERE subject = $1 ORDER BY seq",
+                                ns_subject("status.job.pending"))
+        announced = {p.job_id: p for p in (JobPending.model_validate(json.loads(r["body"])["data"]) for r in rows)
+                     if p.eta is not None}
+        assert set(announced) == {"second", "third"}
         assert announced["second"].eta is not None and announced["second"].eta.timestamp() == found["second"]
     finally:
         await runtime.stop()
