@@ -116,12 +116,18 @@ class Meter:
         self.start = self._read()
 
     def _postgres(self) -> float:
+        """CPU seconds of the live Postgres processes, plus what the ended ones used (a connection's backend exits
+        with it: its time is then in its parent's `children_*` times, once the postmaster has reaped it)."""
         total = 0.0
-        for proc in self.psutil.process_iter(["name"]):
-            if proc.info["name"] in ("postgres", "postmaster"):
-                with contextlib.suppress(self.psutil.Error):
-                    t = proc.cpu_times()
-                    total += t.user + t.system
+        for proc in self.psutil.process_iter(["name", "ppid"]):
+            if proc.info["name"] not in ("postgres", "postmaster"):
+                continue
+            with contextlib.suppress(self.psutil.Error):
+                t = proc.cpu_times()
+                total += t.user + t.system
+                parent = self.psutil.Process(proc.info["ppid"])
+                if parent.name() not in ("postgres", "postmaster"):  # the postmaster itself
+                    total += t.children_user + t.children_system
         return total
 
     def _read(self) -> dict[str, float]:

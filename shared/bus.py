@@ -43,6 +43,9 @@ _STREAM_SHAPES: tuple[tuple[str, tuple[str, ...], float, int], ...] = (
     ("DLQ", ("dlq.>",), 90 * DAY_S, -1),
     # Audit records (AuditRecorded), kept a year on the bus for SIEMs; the audit service stores them for good.
     ("AUDIT", ("audit.>",), 365 * DAY_S, -1),
+    # Status news about waiting jobs (JobPending: reasons, positions, ETAs): frequent, superseded by the next one,
+    # read by telemetry, the API and webhooks only, so that no decision service wades through it.
+    ("STATUS", ("status.>",), 7 * DAY_S, 4 * 1024**3),
 )
 
 

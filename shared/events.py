@@ -46,6 +46,10 @@ class Payload(BaseModel):
     # NATS permissions grant that subject to one credential, so consumers take the team (or the recording
     # service) from the subject, never from the payload. None: the plain subject.
     scope: ClassVar[str | None] = None
+    # The subject family an event travels in, when not its aggregate's: "status" for the news about a waiting job
+    # (JobPending), read by telemetry, the API and webhooks but by no decision service, which therefore never
+    # receives it (`<ns>.status.job.pending`, in its own stream).
+    channel: ClassVar[str | None] = None
 
     @classmethod
     def event_type(cls) -> str:
@@ -54,7 +58,8 @@ class Payload(BaseModel):
     @classmethod
     def subject(cls) -> str:
         """The NATS subject in this process's platform namespace (`gpuq.<aggregate>.<fact>` by default)."""
-        return f"{namespace.current()}.{cls.aggregate}.{cls.fact}"
+        channel = f"{cls.channel}." if cls.channel else ""
+        return f"{namespace.current()}.{channel}{cls.aggregate}.{cls.fact}"
 
     @classmethod
     def subscription(cls) -> str:
@@ -151,6 +156,7 @@ class JobPending(Payload):
     """Why a job waits, where it stands, and when it is expected to start."""
 
     aggregate, fact = "job", "pending"
+    channel = "status"
     job_id: str
     queue: str
     stage: str = "admission"  # admission | placement

@@ -43,10 +43,10 @@ SERVER_SECRET_SUFFIX = "server-auth"  # its Kubernetes Secret: <prefix>server-au
 # What each service publishes (subjects below the namespace), besides its dead letters and audit records. The
 # owner of each fact: nobody else may publish it.
 SERVICE_PUBLISHES: dict[str, tuple[str, ...]] = {
-    "admission": ("job.rejected", "job.queued", "job.pending", "job.admitted", "job.requeued", "job.cancelled",
+    "admission": ("job.rejected", "job.queued", "status.job.pending", "job.admitted", "job.requeued", "job.cancelled",
                   "preemption.requested"),
     # job.failed only with exit_reason Lost: the liveness watch's verdict on a job no executor reports.
-    "scheduler": ("job.placed", "job.pending", "preemption.requested", "job.failed"),
+    "scheduler": ("job.placed", "status.job.pending", "preemption.requested", "job.failed"),
     "preemption": ("job.checkpoint_requested", "job.preempted"),
     "metering": (),
     "telemetry": (),

@@ -15,9 +15,11 @@ changes only between units of work (a Postgres advisory lock), so no two instanc
 from __future__ import annotations
 
 import asyncio
+import copy
 import gc
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from operator import itemgetter
 from pathlib import Path
@@ -69,6 +71,7 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 # forward simulation with the production cores (sim/eta.py). Injected so the service stays thin.
 EtaFn = Callable[[ClusterState, AdmissionState, Mapping[str, float], float], dict[str, float]]
 ETA_INTERVAL_S = 2.0  # wall seconds between ETA refreshes (only when something changed)
+ETA_DUTY_FACTOR = 5.0  # the pause after an ETA simulation is at least this many times its duration
 # Held shared by a per-cohort instance's units of work and exclusively while a configuration is recorded.
 CONFIG_LOCK = lock_key("admission-config")
 # Events every per-cohort instance handles itself (see ServiceSpec.broadcast).
@@ -479,21 +482,41 @@ class AdmissionService:
             self._version += 1
 
     async def eta_loop(self, runtime: ServiceRuntime) -> None:
-        """Refresh every waiting job's expected start by forward simulation, off the event path."""
+        """Refresh every waiting job's expected start by forward simulation, off the event path and off the handler
+        lock: the simulation runs in a worker thread on a copy of the state (events keep being handled meanwhile),
+        and only the writing of the changed ETAs takes the lock. Bounded: after a simulation that took d seconds,
+        the next one waits at least ETA_DUTY_FACTOR x d, so ETAs use at most about 1/ETA_DUTY_FACTOR of the time
+        however many jobs wait (they are refreshed less often instead)."""
         seen = -1
+        pause = self.eta_interval_s
         while True:
-            await asyncio.sleep(self.eta_interval_s)
+            await asyncio.sleep(pause)
             if self._version == seen or self.eta is None:
                 continue
             seen = self._version
+            started = time.perf_counter()
+            etas = None
+            if self.shard.serves_all:  # (a per-cohort instance first enters the config epoch, in the transaction)
+                snapshot = (copy.deepcopy(self.cluster), copy.deepcopy(self.state), dict(self.expected_end),
+                            runtime.clock.now())
+                etas = await asyncio.to_thread(self._estimate, *snapshot)
             async with runtime.transaction() as tx:
-                await self.publish_etas(tx)
+                await self.publish_etas(tx, etas)
+            pause = max(self.eta_interval_s, ETA_DUTY_FACTOR * (time.perf_counter() - started))
 
-    async def publish_etas(self, tx: Tx) -> None:
+    def _estimate(self, cluster: ClusterState, state: AdmissionState, expected_end: Mapping[str, float],
+                  now: float) -> dict[str, float]:
+        """The one place the ETA function is called."""
         assert self.eta is not None
-        if not self.shard.serves_all:
-            await self._enter_config_epoch(tx.conn)  # publish only for the jobs this instance owns now
-        etas = self.eta(self.cluster, self.state, dict(self.expected_end), tx.now)
+        return self.eta(cluster, state, expected_end, now)
+
+    async def publish_etas(self, tx: Tx, etas: Mapping[str, float] | None = None) -> None:
+        """Write and announce the ETAs that moved: `etas` as computed off the lock, or computed here (per-cohort
+        instances, tests)."""
+        if etas is None:
+            if not self.shard.serves_all:
+                await self._enter_config_epoch(tx.conn)  # publish only for the jobs this instance owns now
+            etas = self._estimate(self.cluster, self.state, dict(self.expected_end), tx.now)
         waiting = [j for j in self.state.pending] + [j for j in self.state.admitted if j not in self.expected_end]
         changed = []
         for job_id in sorted(waiting):

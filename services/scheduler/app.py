@@ -57,6 +57,14 @@ class SchedulerService:
         self.runtime: ServiceRuntime | None = None
         self._published: dict[str, tuple[str, str]] = {}
         self.liveness = liveness or LivenessWatch.from_env()  # placed jobs no executor reports fail as Lost
+        # The service's state in memory, so that a cycle reads no table: the jobs waiting for placement (and where
+        # a requeued one resumes from), the placed ones (expected end, and (priority, preemptible) for preemption
+        # asks), and what the table says of each waiting job's reason (rows are written only when it changes).
+        # Rebuilt from the tables at start and after a failed unit of work (`_rebuild`).
+        self.waiting: dict[str, WaitingJob] = {}
+        self.resume: dict[str, str | None] = {}
+        self.placed: dict[str, tuple[float, int | None]] = {}  # job -> (expected end, priority if preemptible)
+        self.reasons: dict[str, tuple[str | None, str | None, float | None]] = {}
 
     def spec(self) -> ServiceSpec:
         return ServiceSpec(
@@ -89,6 +97,22 @@ class SchedulerService:
                 log.warning("could not restore placement of %s: %s", spec.job_id, exc)
         self.cluster = cluster
         self._published.clear()
+        self.waiting.clear()
+        self.resume.clear()
+        self.placed.clear()
+        self.reasons.clear()
+        for r in await conn.fetch(
+                "SELECT job_id, spec, flavors, resume_from, admitted_at, reason, message, planned_start "
+                "FROM scheduler.jobs WHERE status = 'waiting'"):
+            self.waiting[r["job_id"]] = self._waiting_job(JobSpec.model_validate_json(r["spec"]),
+                                                          json.loads(r["flavors"]), float(r["admitted_at"]))
+            self.resume[r["job_id"]] = r["resume_from"]
+            self.reasons[r["job_id"]] = (r["reason"], r["message"], r["planned_start"])
+        for r in await conn.fetch(
+                "SELECT job_id, spec, coalesce(expected_end, placed_at + (spec->>'max_runtime_s')::double precision)"
+                " AS expected_end FROM scheduler.jobs WHERE status = 'placed'"):
+            self.placed[r["job_id"]] = (float(r["expected_end"]),
+                                        self._preemptible_priority(JobSpec.model_validate_json(r["spec"])))
 
     async def _then_cycle(self, tx: Tx, body: Callable[[], Awaitable[None]]) -> None:
         """Apply an event's change, then run one scheduling cycle in the same transaction: after this event, or
@@ -129,14 +153,20 @@ class SchedulerService:
                 log.info("not placing %s: it was cancelled before its admission reached the scheduler",
                          payload.job_id)
                 return
-            await tx.conn.execute(
+            row = await tx.conn.fetchrow(
                 """INSERT INTO scheduler.jobs(job_id, spec, flavors, status, admitted_at)
                    VALUES ($1, $2, $3, 'waiting', $4)
                    ON CONFLICT (job_id) DO UPDATE SET spec = excluded.spec, flavors = excluded.flavors,
                      status = 'waiting', admitted_at = excluded.admitted_at, bindings = NULL, placed_at = NULL
-                   WHERE scheduler.jobs.status <> 'placed'""",
+                   WHERE scheduler.jobs.status <> 'placed'
+                   RETURNING resume_from, reason, message, planned_start""",
                 payload.job_id, payload.spec.model_dump_json(), json.dumps(payload.flavors),
                 payload.admitted_at.timestamp())
+            if row is not None:  # waiting now (a placed job's late re-admission changes nothing)
+                self.waiting[payload.job_id] = self._waiting_job(payload.spec, payload.flavors,
+                                                                 payload.admitted_at.timestamp())
+                self.resume[payload.job_id] = row["resume_from"]
+                self.reasons[payload.job_id] = (row["reason"], row["message"], row["planned_start"])
 
         await self._then_cycle(tx, body)
 
@@ -144,18 +174,25 @@ class SchedulerService:
         # Remember where a preempted job resumes from; it is placed again once admission re-admits it.
         await tx.conn.execute("UPDATE scheduler.jobs SET resume_from = $2 WHERE job_id = $1",
                               payload.job_id, payload.resume_from)
+        if payload.job_id in self.waiting:
+            self.resume[payload.job_id] = payload.resume_from
 
     async def on_started(self, tx: Tx, event: CloudEvent, payload: JobStarted) -> None:
         # Expected end from the real start and the user's limit (never the true duration).
-        await tx.conn.execute(
+        expected_end = await tx.conn.fetchval(
             "UPDATE scheduler.jobs SET expected_end = $2 + (spec->>'max_runtime_s')::double precision "
-            "WHERE job_id = $1 AND status = 'placed'", payload.job_id, payload.started_at.timestamp())
+            "WHERE job_id = $1 AND status = 'placed' RETURNING expected_end", payload.job_id,
+            payload.started_at.timestamp())
+        if expected_end is not None and payload.job_id in self.placed:
+            self.placed[payload.job_id] = (float(expected_end), self.placed[payload.job_id][1])
 
     async def on_finished(self, tx: Tx, event: CloudEvent,
                           payload: JobCompleted | JobFailed | JobCancelled | JobPreempted) -> None:
         async def body() -> None:
             self.cluster.release(payload.job_id)
             self._published.pop(payload.job_id, None)
+            for state in (self.waiting, self.resume, self.placed, self.reasons):
+                state.pop(payload.job_id, None)
             await tx.conn.execute("UPDATE scheduler.jobs SET status = 'finished' WHERE job_id = $1",
                                   payload.job_id)
             if isinstance(payload, JobCancelled):  # terminal, even for a job whose admission is still on its way
@@ -167,73 +204,73 @@ class SchedulerService:
     # ------------------------------------------------------------------ the cycle
 
     async def cycle(self, tx: Tx) -> None:
-        waiting = await tx.conn.fetch(
-            "SELECT job_id, spec, flavors, resume_from, admitted_at FROM scheduler.jobs WHERE status = 'waiting' "
-            "ORDER BY admitted_at, job_id")
-        if not waiting:
+        """One scheduling cycle over the in-memory state: no table is read; the rows written are the placements and
+        the waiting jobs whose reason, message or planned start changed."""
+        if not self.waiting:
             return
-        pending = [self._waiting_job(r) for r in waiting]
-        resume = {r["job_id"]: r["resume_from"] for r in waiting}
-        rows = await tx.conn.fetch(
-            "SELECT job_id, spec, coalesce(expected_end, placed_at + (spec->>'max_runtime_s')::double precision)"
-            " AS expected_end FROM scheduler.jobs WHERE status = 'placed' ORDER BY job_id")
-        running = [RunningJob(job_id=r["job_id"], expected_end=r["expected_end"]) for r in rows]
+        pending = sorted(self.waiting.values(), key=lambda w: (w.admitted_at, w.job_id))
+        running = [RunningJob(job_id=job_id, expected_end=end) for job_id, (end, _) in sorted(self.placed.items())]
+        lowest = min((p for _, p in self.placed.values() if p is not None), default=None) \
+            if self.queues is not None else None
         # The pipeline orders the admitted jobs, places them and says which ask for preemption.
         outcome = place(self.cluster, pending, running, tx.now, backfill=self.backfill,
-                        lowest_preemptible_running=self._lowest_preemptible(rows))
+                        lowest_preemptible_running=lowest)
         result = outcome.result
         asks = set(outcome.preemption_asks)
         if result.placed and self.runtime is not None and self.runtime.lease is not None:
             await self.runtime.lease.check_fence(tx.conn)
         term = self.runtime.lease.term if self.runtime is not None and self.runtime.lease is not None else None
-        specs = {w.spec.job_id: w.spec for w in pending}
         for placement in result.placed:
-            spec = specs[placement.job_id]
+            spec = self.waiting[placement.job_id].spec
+            expected_end = tx.now + float(spec.max_runtime_s)
             await tx.conn.execute(
                 "UPDATE scheduler.jobs SET status = 'placed', placed_at = $2, bindings = $3, racks_spanned = $4, "
                 "blocks_spanned = $5, fencing_token = $6, reason = NULL, message = NULL, planned_start = NULL, "
                 "expected_end = $2::double precision + $7::double precision WHERE job_id = $1",
                 placement.job_id, tx.now, json.dumps([b.model_dump(mode="json") for b in placement.bindings]),
                 placement.racks_spanned, placement.blocks_spanned, term, float(spec.max_runtime_s))
+            resume_from = self.resume.pop(placement.job_id, None)
+            del self.waiting[placement.job_id]
+            self.reasons.pop(placement.job_id, None)
+            self.placed[placement.job_id] = (expected_end, self._preemptible_priority(spec))
             self._published.pop(placement.job_id, None)
             await audit.record(tx, "place", service_actor("scheduler"), job_id=placement.job_id, team=spec.team,
                                nodes=sorted({b.node for b in placement.bindings}), gpus=spec.total_gpus,
                                fencing_token=term)
             await tx.emit(JobPlaced(job_id=placement.job_id, spec=spec, bindings=placement.bindings,
                                     racks_spanned=placement.racks_spanned, blocks_spanned=placement.blocks_spanned,
-                                    placed_at=utcnow_from(tx.now), fencing_token=term,
-                                    resume_from=resume.get(placement.job_id)))
+                                    placed_at=utcnow_from(tx.now), fencing_token=term, resume_from=resume_from))
+        changed: list[tuple[str, str, str, float | None]] = []
         for u in result.unplaceable:
             planned = result.reservations.get(u.job_id)
-            await tx.conn.execute(
-                "UPDATE scheduler.jobs SET reason = $2, message = $3, planned_start = $4 WHERE job_id = $1",
-                u.job_id, u.reason, u.message, planned)
+            if self.reasons.get(u.job_id) != (u.reason, u.message, planned):
+                self.reasons[u.job_id] = (u.reason, u.message, planned)
+                changed.append((u.job_id, u.reason, u.message, planned))
             if self._published.get(u.job_id) == (u.reason, u.message):
                 continue
             self._published[u.job_id] = (u.reason, u.message)
-            await tx.emit(JobPending(job_id=u.job_id, queue=specs[u.job_id].queue, stage="placement",
+            spec = self.waiting[u.job_id].spec
+            await tx.emit(JobPending(job_id=u.job_id, queue=spec.queue, stage="placement",
                                      reason=u.reason, message=u.message,
                                      eta=utcnow_from(planned) if planned is not None else None))
             if u.job_id in asks:  # sent when its pending reason changes, not every cycle
-                spec = specs[u.job_id]
                 await tx.emit(PreemptionRequested(
                     preemptor=spec.job_id, queue=spec.queue, reason=PreemptionReason.PRIORITY,
                     need={m: spec.total_gpus for m in spec.gpu_models} or {"gpus": spec.total_gpus},
                     message=f"{spec.job_id} ({spec.priority_class}) cannot be placed: {u.reason}"))
+        if changed:
+            await tx.conn.executemany(
+                "UPDATE scheduler.jobs SET reason = $2, message = $3, planned_start = $4 WHERE job_id = $1", changed)
 
-    def _waiting_job(self, row: asyncpg.Record) -> WaitingJob:
-        spec = JobSpec.model_validate_json(row["spec"])
-        return WaitingJob(spec=spec, allowed_models=tuple(sorted(set(json.loads(row["flavors"]).values()))),
+    def _waiting_job(self, spec: JobSpec, flavors: dict[str, str], admitted_at: float) -> WaitingJob:
+        return WaitingJob(spec=spec, allowed_models=tuple(sorted(set(flavors.values()))),
                           priority=priority_value(self.queues, spec) if self.queues is not None else 0,
-                          admitted_at=float(row["admitted_at"]))
+                          admitted_at=admitted_at)
 
-    def _lowest_preemptible(self, placed: list[asyncpg.Record]) -> int | None:
-        """The lowest priority of a running preemptible job (None: none, or no queue configuration to judge)."""
+    def _preemptible_priority(self, spec: JobSpec) -> int | None:
+        """The priority of a placed job that preemption may stop (None: not preemptible, or no queue configuration
+        to judge): the lowest of them tells whether an unplaceable job may ask for preemption."""
         if self.queues is None:
             return None
-        values = []
-        for r in placed:
-            value, preemptible, _ = priority_of(self.queues, JobSpec.model_validate_json(r["spec"]))
-            if preemptible:
-                values.append(value)
-        return min(values, default=None)
+        value, preemptible, _ = priority_of(self.queues, spec)
+        return value if preemptible else None

@@ -40,20 +40,23 @@ def test_no_stale_schema_files() -> None:
 
 
 def test_types_and_subjects_follow_the_naming_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert {cls.__name__ for cls in CATALOGUE if cls.channel} == {"JobPending"}
     session_namespace = namespace.current()
     for cls in CATALOGUE:
         assert cls.event_type() == f"io.gpuq.{cls.aggregate}.{cls.fact}.v1"
-        assert cls.subject() == f"{session_namespace}.{cls.aggregate}.{cls.fact}"
+        channel = f"{cls.channel}." if cls.channel else ""  # status news travel apart: `<ns>.status.job.pending`
+        assert cls.subject() == f"{session_namespace}.{channel}{cls.aggregate}.{cls.fact}"
     monkeypatch.delenv(namespace.ENV)  # the default namespace keeps the historical subjects
     for cls in CATALOGUE:
-        assert cls.subject() == f"gpuq.{cls.aggregate}.{cls.fact}"
+        channel = f"{cls.channel}." if cls.channel else ""
+        assert cls.subject() == f"gpuq.{channel}{cls.aggregate}.{cls.fact}"
         assert cls.event_type() == f"io.gpuq.{cls.aggregate}.{cls.fact}.v1"
     assert len(BY_TYPE) == len(CATALOGUE)
 
 
 def test_stream_names_carry_the_namespace() -> None:
     assert [s.name for s in streams("gpuq")] == ["GPUQ_JOBS", "GPUQ_PREEMPTION", "GPUQ_CLUSTER",
-                                                  "GPUQ_UTILIZATION", "GPUQ_DLQ", "GPUQ_AUDIT"]
+                                                  "GPUQ_UTILIZATION", "GPUQ_DLQ", "GPUQ_AUDIT", "GPUQ_STATUS"]
     assert streams("gpuq")[2].subjects == ("gpuq.node.>", "gpuq.queue.>")
     assert streams("demo-1f")[0].name == "DEMO_1F_JOBS"
     assert streams("demo-1f")[0].subjects == ("demo-1f.job.>",)
