@@ -147,10 +147,10 @@ class _Then(_LazyText):
 class _NoFit:
     # few objects per failed check: each one lives to the cycle's end, so the collector promotes it, and
     # enough promotions per cycle trigger a full collection over the whole backlog
-    __slots__ = ("message", "need", "own", "reason", "settled", "variants", "version")
+    __slots__ = ("borrow", "message", "need", "own", "reason", "settled", "variants", "version")
 
     def __init__(self, reason: str, message: str | _LazyText, need: dict[str, int] | None,
-                 own: dict[str, int] | None = None):
+                 own: dict[str, int] | None = None, borrow: dict[str, int] | None = None):
         self.reason = reason
         self.message = message
         self.variants: dict[str, _LazyText] | None = None  # created when first needed
@@ -158,6 +158,7 @@ class _NoFit:
         # set when the job's request fits its queue's nominal quota but its queue's own jobs use it: what
         # within-queue preemption (with, under nominal, a reclaim in the same decision) would have to make room for
         self.own = own
+        self.borrow = borrow  # set when it must borrow and the cohort lends too little: its request
         # priority -> (reason, message) once _fail found that every later job of that priority failing this
         # way ends the same (no reclaim candidates; or behind this queue's reclaims, which only grow in a
         # cycle): the scan then skips _fail for them
@@ -371,7 +372,8 @@ class _Cycle:
                 heapq.heappush(self.heap, (self._key(qq, e, result), q))
                 return
             if ((result.need is None or not qq.can_reclaim)  # type: ignore[union-attr]  # `type(result) is _Fit` above (hot path)
-                    and (result.own is None or not qq.can_preempt_within)):  # type: ignore[union-attr]  # `type(result) is _Fit` above (hot path)
+                    and (result.own is None or not qq.can_preempt_within)  # type: ignore[union-attr]  # `type(result) is _Fit` above (hot path)
+                    and result.borrow is None):  # type: ignore[union-attr]  # `type(result) is _Fit` above (hot path)
                 e.reason = result.reason  # type: ignore[union-attr]  # `type(result) is _Fit` above (hot path)
                 e.message = result.message  # type: ignore[union-attr]  # `type(result) is _Fit` above (hot path)
             else:
@@ -659,7 +661,18 @@ class _Cycle:
         limit = qq.borrowing_limit[r]
         if limit is not None and used + total > nominal + limit:
             return _NoFit(Reason.WAITING_FOR_QUOTA, message, None, own)
-        return _NoFit(Reason.WAITING_FOR_BORROWABLE_QUOTA, message, None, own)
+        borrow = self._first_request(qq, sig) if qq.borrow_threshold is not None else None
+        return _NoFit(Reason.WAITING_FOR_BORROWABLE_QUOTA, message, None, own, borrow)
+
+    def _first_request(self, qq: QueueQuota, sig: Signature) -> dict[str, int]:
+        """The request per resource with each pod set's preferred (first) option."""
+        taken: dict[str, int] = {}
+        for demand in sig:
+            options = self.state.options(qq, demand)
+            if options:
+                _m, r, amount = options[0]
+                taken[r] = taken.get(r, 0) + amount
+        return dict(sorted(taken.items()))
 
     def _nominal_request(self, qq: QueueQuota, sig: Signature) -> dict[str, int] | None:
         """The request per resource if the whole job fits the queue's nominal quota once the queue's own jobs
@@ -700,6 +713,8 @@ class _Cycle:
         if result.need is None or not qq.can_reclaim:
             if result.own is not None and qq.can_preempt_within:
                 self._preempt_within(qq, e, result, result.own)
+            if result.borrow is not None and self.preempting.get(qq.name) != e.job_id:
+                self._borrow_within(qq, e, result, result.borrow)
             return
         q, cohort = qq.name, qq.cohort
         # memoised per (priority, resources needed): a deep queue fails many jobs against the same borrowers
@@ -817,6 +832,42 @@ class _Cycle:
         e.reason = Reason.WAITING_FOR_RECLAIM if borrowers else Reason.WAITING_FOR_PREEMPTION
         e.message = _Then(result.message, f"preemption of {text} requested from {len(own)} lower-priority "
                           f"job(s) of queue {q}{also} (within_queue: {qq.config.preemption.within_queue.value})")
+
+    def _borrow_within(self, qq: QueueQuota, e: Entry, result: _NoFit, request: Mapping[str, int]) -> None:
+        """Kueue `borrowWithinCohort` (KEP-1337): a job that must borrow, and finds too little lendable in its
+        cohort, may preempt other queues' borrowers of strictly lower priority, at most the queue's
+        `max_priority_threshold`, to get the room it borrows. Such victims, requeued, cannot take it back (lower
+        priority). One such request per queue and cycle, like within-queue preemption."""
+        q, cohort = qq.name, qq.cohort
+        assert cohort is not None and qq.borrow_threshold is not None  # set only for queues that can reclaim
+        pledge = self.pledges.setdefault(cohort, _Pledge())
+        first = self.preempting.get(q) or pledge.first.get(q)
+        if first is not None:
+            e.message = _Then(result.message, f"waits behind this queue's preemption for {first}")
+            result.settle(e.priority, e.reason, e.message)
+            return
+        book = self.book
+        need = {r: n - max(0, book.available(qq, r)) for r, n in request.items()
+                if n - max(0, book.available(qq, r)) > 0}
+        if not need:
+            return
+        limit = min(qq.borrow_threshold, e.priority - 1)
+        found = reclaim_candidates(self.state, qq, e.priority, need)
+        candidates = tuple(c for c in found if c not in pledge.victims and (self.state.priority(c) or 0) <= limit)
+        if not candidates:
+            result.settle(e.priority, e.reason, result.message)
+            return
+        self.preempting[q] = e.job_id
+        pledge.first.setdefault(q, e.job_id)
+        pledge.victims.update(candidates)
+        threshold = None if qq.borrow_threshold == float("inf") else int(qq.borrow_threshold)
+        self.scope_reclaims.setdefault(qq.scope, []).append(ReclaimRequest(
+            preemptor=e.job_id, queue=q, need=need, candidates=candidates,
+            max_victim_priority=int(limit) if threshold is not None else e.priority - 1))
+        text = ", ".join(f"{n} {r}" for r, n in need.items())
+        e.reason = Reason.WAITING_FOR_RECLAIM
+        e.message = _Then(result.message, f"preemption of {text} requested from {len(candidates)} lower-priority "
+                          "borrowing job(s) in order to borrow (borrow_within_cohort)")
 
     @staticmethod
     def _message(result: _NoFit, variant: str, build: Callable[[], _LazyText]) -> _LazyText:
