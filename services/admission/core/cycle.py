@@ -217,10 +217,12 @@ class _Cycle:
         # cohort -> per member queue with admissible pending jobs that fit its nominal quota: (queue, their
         # highest priority, the resources they ask), as at the cohort's first borrowing admission of the cycle
         self.waiting_lenders: dict[str, list[tuple[str, int, frozenset[str]]]] = {}
-        self.refusals: dict[str, dict[tuple[int, int, bool], tuple[int, _Fit, str | None]]] = {}
+        self.refusals: dict[str, dict[tuple[tuple[tuple[str, int], ...], int, bool], tuple[int, str | None]]] = {}
         self.lender_usage: dict[str, tuple[tuple[tuple[str, int], ...], ...]] = {}  # cohort -> its lenders' usage
         # cohort -> (a waiting lender never reclaims, the lowest top priority of the LowerPriority ones)
         self.lender_summary: dict[str, tuple[bool, float]] = {}
+        # cohort -> (the version it was computed at, per resource its waiting lenders' unused lendable quota)
+        self.lender_unused: dict[str, tuple[int, dict[str, list[tuple[str, int, PreemptionPolicy, int]]]]] = {}
         self.refused_at: dict[str, int] = {}  # queue -> first index whose borrowing was refused in this pass
         self.refused: dict[str, list[Entry]] = {}  # queue -> the jobs whose borrowing was refused in this pass
         self.admitted_since_refusal = 0
@@ -255,6 +257,7 @@ class _Cycle:
             retry, self.refused_at, self.admitted_since_refusal = self.refused_at, {}, 0
             refused, self.refused = self.refused, {}
             self.refusals.clear()
+            self.lender_unused.clear()
             for q in sorted(retry):
                 # only the refused jobs can fit now (every other failure stays one: usage only grew), and in a
                 # StrictFIFO queue the jobs its refused head blocked
@@ -414,17 +417,19 @@ class _Cycle:
         self.scope_version[qq.scope] = self.scope_version.get(qq.scope, 0) + 1
 
     def _refusal(self, qq: QueueQuota, e: Entry, fit: _Fit, version: int) -> str | None:
-        """`_lending_refused`, memoised per (queue, request, priority, preemptible) until the scope changes: a
-        deep queue of borrowing jobs a lender holds its quota back from costs one lookup per job."""
+        """`_lending_refused`, memoised per (queue, usage, priority, preemptible) until the scope changes: a
+        deep queue of borrowing jobs a lender holds its quota back from costs one lookup per job. Keyed by the
+        fit's usage, not the job's request: the refusal reads nothing else of the job, and many different
+        requests (pod counts, any-of models) end with the same usage."""
         memo = self.refusals.get(qq.name)
         if memo is None:
             memo = self.refusals[qq.name] = {}
-        key = (e.sid, e.priority, e.preemptible)
+        key = (tuple(fit.usage.items()), e.priority, e.preemptible)
         hit = memo.get(key)
-        if hit is not None and hit[0] == version and hit[1] is fit:
-            return hit[2]
+        if hit is not None and hit[0] == version:
+            return hit[1]
         refused = self._lending_refused(qq, e, fit)
-        memo[key] = (version, fit, refused)
+        memo[key] = (version, refused)
         return refused
 
     def _lending_refused(self, qq: QueueQuota, e: Entry, fit: _Fit) -> str | None:
@@ -446,6 +451,7 @@ class _Cycle:
             return None  # every waiting lender could take this job back
         book = self.book
         q = qq.name
+        unused_by = self._lenders_unused(cohort, self._version(qq), lenders)
         for r, total in sorted(fit.usage.items()):
             used, nominal, guaranteed = book.used(q, r), qq.nominal.get(r, 0), qq.guaranteed.get(r, 0)
             borrowed = used + total - max(used, nominal)  # what this admission takes above its nominal quota
@@ -453,18 +459,14 @@ class _Cycle:
                 continue
             held = 0
             holders = []
-            for lender, priority, resources in lenders:
-                if lender == q or r not in resources:
+            for lender, priority, policy, unused in unused_by.get(r, ()):
+                if lender == q:
                     continue
-                lq = book.queues[lender]
-                if e.preemptible and (lq.reclaim_policy is PreemptionPolicy.ANY or (
-                        lq.reclaim_policy is PreemptionPolicy.LOWER_PRIORITY and e.priority < priority)):
+                if e.preemptible and (policy is PreemptionPolicy.ANY or (
+                        policy is PreemptionPolicy.LOWER_PRIORITY and e.priority < priority)):
                     continue  # the lender could take it back when it needs it
-                g = lq.guaranteed.get(r, 0)
-                unused = max(0, lq.nominal.get(r, 0) - g - max(0, book.used(lender, r) - g))
-                if unused > 0:
-                    held += unused
-                    holders.append(lender)
+                held += unused
+                holders.append(lender)
             if not held:
                 continue
             own_unused = max(0, nominal - guaranteed - max(0, used - guaranteed))
@@ -474,6 +476,26 @@ class _Cycle:
                         f"the {held} unused {r} of {', '.join(holders)}, which have jobs waiting and could not "
                         f"take a loan to this job back (reclaim_within_cohort)")
         return None
+
+    def _lenders_unused(self, cohort: str, version: int, lenders: list[tuple[str, int, frozenset[str]]]
+                        ) -> dict[str, list[tuple[str, int, PreemptionPolicy, int]]]:
+        """Per resource, the waiting lenders that ask for it and still lend some of it: (lender, its top
+        pending priority, its reclaim policy, its unused lendable amount), in `lenders` order. Depends only on
+        the cohort's usage, so it is kept while `version` (the cohort's memo version) holds, within one pass."""
+        hit = self.lender_unused.get(cohort)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        book = self.book
+        by: dict[str, list[tuple[str, int, PreemptionPolicy, int]]] = {}
+        for lender, priority, resources in lenders:
+            lq = book.queues[lender]
+            for r in sorted(resources):
+                g = lq.guaranteed.get(r, 0)
+                unused = max(0, lq.nominal.get(r, 0) - g - max(0, book.used(lender, r) - g))
+                if unused > 0:
+                    by.setdefault(r, []).append((lender, priority, lq.reclaim_policy, unused))
+        self.lender_unused[cohort] = (version, by)
+        return by
 
     def _lenders_changed(self) -> bool:
         """Did the waiting lenders (who, what they are owed, what they still lend) of the cohorts where borrowing
