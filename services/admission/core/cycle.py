@@ -533,6 +533,7 @@ class _Cycle:
                 continue  # lends nothing now (nor later in this cycle: usage only grows), so holds nothing back
             top: int | None = None
             resources: set[str] = set()
+            every = mq.nominal.keys()  # a request within nominal asks for nothing else
             owed: dict[int, dict[str, int] | None] = {}  # sid -> its request within nominal, None if it must borrow
             for e in self.lists.get(member, ()):  # priority order: the first owed job has the top priority
                 if e.sid in owed or e.verdict is not None or e.admitted is not None:
@@ -541,6 +542,8 @@ class _Cycle:
                 if request is not None:  # a job that would itself borrow is owed no loan back
                     top = e.priority if top is None else max(top, e.priority)
                     resources.update(request)
+                    if resources >= every:
+                        break  # later jobs (of no higher priority) can add neither a resource nor a higher top
             if top is not None:
                 found.append((member, top, frozenset(resources)))
         self.waiting_lenders[cohort] = found
