@@ -339,9 +339,25 @@ class PreemptionPolicy(StrEnum):
     ANY = "Any"  # reclaim any borrower regardless of priority (Kueue's `Any`)
 
 
+class BorrowWithinCohort(_Strict):
+    """Kueue `borrowWithinCohort`: a job that must borrow may preempt other queues' borrowers of strictly lower
+    priority (and at most `max_priority_threshold`, when set) to get the room it borrows."""
+
+    policy: PreemptionPolicy = PreemptionPolicy.NEVER
+    max_priority_threshold: int | None = None
+
+    @field_validator("policy")
+    @classmethod
+    def _policy(cls, v: PreemptionPolicy) -> PreemptionPolicy:
+        if v is PreemptionPolicy.ANY:
+            raise ValueError("borrow_within_cohort.policy is Never or LowerPriority (as in Kueue)")
+        return v
+
+
 class QueuePreemption(_Strict):
     within_queue: PreemptionPolicy = PreemptionPolicy.LOWER_PRIORITY
     reclaim_within_cohort: PreemptionPolicy = PreemptionPolicy.LOWER_PRIORITY
+    borrow_within_cohort: BorrowWithinCohort = BorrowWithinCohort()
 
 
 class QueueingStrategy(StrEnum):

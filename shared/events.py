@@ -291,6 +291,8 @@ class PreemptionRequested(Payload):
     # resource -> the part of `need` that must come from the preemptor's own queue (admission's within-queue
     # preemption; with reason ReclaimQuota, preempting in the queue and reclaiming in the cohort together)
     own_need: dict[str, int] = Field(default_factory=dict)
+    # borrow_within_cohort: the preemptor borrows; victims of other queues must have at most this priority
+    max_victim_priority: int | None = None
     candidates: tuple[str, ...] = ()  # suggested victims, best first
     message: str = ""
 

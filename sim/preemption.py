@@ -73,26 +73,26 @@ class SimPreemption:
         running = self._running(ctx)
         self.next_wake = None
         usage_by_allocation = ctx.cluster.allocations()
-        requests: list[tuple[str, str, dict[str, int], dict[str, int]]] = []
+        requests: list[tuple[str, str, dict[str, int], dict[str, int], int | None]] = []
         for u in ctx.unplaceable:
-            requests.append((u.job_id, PRIORITY, {}, {}))
+            requests.append((u.job_id, PRIORITY, {}, {}, None))
         for r in ctx.reclaims:  # admission's: reclaims, and within-queue preemptions (reason PriorityPreemption)
             requests.append((r.preemptor, RECLAIM if r.reason == RECLAIM else PRIORITY, dict(r.need),
-                             dict(getattr(r, "own_need", {}))))
+                             dict(getattr(r, "own_need", {})), getattr(r, "max_victim_priority", None)))
         taken: set[str] = set()
         out: list[Any] = []
         cluster = ctx.cluster.copy()  # victims of earlier preemptors this cycle are released on the copy
         # Every request is decided, as the preemption service decides every PreemptionRequested it receives;
         # a cap (for what-if runs) keeps the first ones in order: unplaceable admitted jobs, then reclaims.
         cap = self.max_preemptors_per_cycle
-        for job_id, reason, need, own_need in requests if cap is None else requests[:cap]:
+        for job_id, reason, need, own_need, max_victim in requests if cap is None else requests[:cap]:
             spec = self._spec(ctx, job_id)
             if spec is None or cooldown_verdict(self.config, self.last_preempted.get(job_id), ctx.now):
                 continue
             preemptor = Preemptor(job_id=job_id, queue=spec.queue, priority=priority_of(self.config, spec)[0],
                                   kind=spec.kind, spec=spec, reason=reason,
                                   allowed_models=tuple(sorted({k.split(":", 1)[0] for k in need})), need=need,
-                                  own_need=own_need)
+                                  own_need=own_need, max_victim_priority=max_victim)
             alive = [j for j in running if j.job_id not in taken and j.job_id in usage_by_allocation]
             sel = select_victims(preemptor, alive, cluster, self.config, ctx.now, exact_pool=6)
             if not sel.victims:

@@ -604,7 +604,7 @@ class AdmissionService:
             await tx.emit(PreemptionRequested(
                 preemptor=r.preemptor, queue=r.queue,
                 reason=PreemptionReason.PRIORITY if within else PreemptionReason.RECLAIM,
-                need=r.need, own_need=r.own_need, candidates=r.candidates,
+                need=r.need, own_need=r.own_need, candidates=r.candidates, max_victim_priority=r.max_victim_priority,
                 message=(f"queue {r.queue} makes room in its nominal quota for a higher-priority job" if within
                          else f"queue {r.queue} reclaims its nominal quota")))
 

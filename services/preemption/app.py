@@ -219,7 +219,7 @@ class PreemptionService:
                               kind=spec.kind, spec=spec,
                               reason=RECLAIM if payload.reason is PreemptionReason.RECLAIM else PRIORITY,
                               allowed_models=allowed, need=dict(payload.need) if for_quota else {},
-                              own_need=dict(payload.own_need))
+                              own_need=dict(payload.own_need), max_victim_priority=payload.max_victim_priority)
         selection = select_victims(preemptor, snap.running, snap.cluster, config, tx.now, busy=snap.busy)
         if not selection.victims:
             outcome = Outcome.FITS if selection.why == "FitsWithoutPreemption" else Outcome.NO_VICTIMS

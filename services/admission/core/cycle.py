@@ -147,10 +147,10 @@ class _Then(_LazyText):
 class _NoFit:
     # few objects per failed check: each one lives to the cycle's end, so the collector promotes it, and
     # enough promotions per cycle trigger a full collection over the whole backlog
-    __slots__ = ("message", "need", "own", "reason", "settled", "variants", "version")
+    __slots__ = ("borrow", "message", "need", "own", "reason", "settled", "variants", "version")
 
     def __init__(self, reason: str, message: str | _LazyText, need: dict[str, int] | None,
-                 own: dict[str, int] | None = None):
+                 own: dict[str, int] | None = None, borrow: dict[str, int] | None = None):
         self.reason = reason
         self.message = message
         self.variants: dict[str, _LazyText] | None = None  # created when first needed
@@ -158,6 +158,7 @@ class _NoFit:
         # set when the job's request fits its queue's nominal quota but its queue's own jobs use it: what
         # within-queue preemption (with, under nominal, a reclaim in the same decision) would have to make room for
         self.own = own
+        self.borrow = borrow  # set when it must borrow and the cohort lends too little: its request
         # priority -> (reason, message) once _fail found that every later job of that priority failing this
         # way ends the same (no reclaim candidates; or behind this queue's reclaims, which only grow in a
         # cycle): the scan then skips _fail for them
@@ -216,10 +217,12 @@ class _Cycle:
         # cohort -> per member queue with admissible pending jobs that fit its nominal quota: (queue, their
         # highest priority, the resources they ask), as at the cohort's first borrowing admission of the cycle
         self.waiting_lenders: dict[str, list[tuple[str, int, frozenset[str]]]] = {}
-        self.refusals: dict[str, dict[tuple[int, int, bool], tuple[int, _Fit, str | None]]] = {}
+        self.refusals: dict[str, dict[tuple[tuple[tuple[str, int], ...], int, bool], tuple[int, str | None]]] = {}
         self.lender_usage: dict[str, tuple[tuple[tuple[str, int], ...], ...]] = {}  # cohort -> its lenders' usage
         # cohort -> (a waiting lender never reclaims, the lowest top priority of the LowerPriority ones)
         self.lender_summary: dict[str, tuple[bool, float]] = {}
+        # cohort -> (the version it was computed at, per resource its waiting lenders' unused lendable quota)
+        self.lender_unused: dict[str, tuple[int, dict[str, list[tuple[str, int, PreemptionPolicy, int]]]]] = {}
         self.refused_at: dict[str, int] = {}  # queue -> first index whose borrowing was refused in this pass
         self.refused: dict[str, list[Entry]] = {}  # queue -> the jobs whose borrowing was refused in this pass
         self.admitted_since_refusal = 0
@@ -254,6 +257,7 @@ class _Cycle:
             retry, self.refused_at, self.admitted_since_refusal = self.refused_at, {}, 0
             refused, self.refused = self.refused, {}
             self.refusals.clear()
+            self.lender_unused.clear()
             for q in sorted(retry):
                 # only the refused jobs can fit now (every other failure stays one: usage only grew), and in a
                 # StrictFIFO queue the jobs its refused head blocked
@@ -371,7 +375,8 @@ class _Cycle:
                 heapq.heappush(self.heap, (self._key(qq, e, result), q))
                 return
             if ((result.need is None or not qq.can_reclaim)  # type: ignore[union-attr]  # `type(result) is _Fit` above (hot path)
-                    and (result.own is None or not qq.can_preempt_within)):  # type: ignore[union-attr]  # `type(result) is _Fit` above (hot path)
+                    and (result.own is None or not qq.can_preempt_within)  # type: ignore[union-attr]  # `type(result) is _Fit` above (hot path)
+                    and result.borrow is None):  # type: ignore[union-attr]  # `type(result) is _Fit` above (hot path)
                 e.reason = result.reason  # type: ignore[union-attr]  # `type(result) is _Fit` above (hot path)
                 e.message = result.message  # type: ignore[union-attr]  # `type(result) is _Fit` above (hot path)
             else:
@@ -412,17 +417,19 @@ class _Cycle:
         self.scope_version[qq.scope] = self.scope_version.get(qq.scope, 0) + 1
 
     def _refusal(self, qq: QueueQuota, e: Entry, fit: _Fit, version: int) -> str | None:
-        """`_lending_refused`, memoised per (queue, request, priority, preemptible) until the scope changes: a
-        deep queue of borrowing jobs a lender holds its quota back from costs one lookup per job."""
+        """`_lending_refused`, memoised per (queue, usage, priority, preemptible) until the scope changes: a
+        deep queue of borrowing jobs a lender holds its quota back from costs one lookup per job. Keyed by the
+        fit's usage, not the job's request: the refusal reads nothing else of the job, and many different
+        requests (pod counts, any-of models) end with the same usage."""
         memo = self.refusals.get(qq.name)
         if memo is None:
             memo = self.refusals[qq.name] = {}
-        key = (e.sid, e.priority, e.preemptible)
+        key = (tuple(fit.usage.items()), e.priority, e.preemptible)
         hit = memo.get(key)
-        if hit is not None and hit[0] == version and hit[1] is fit:
-            return hit[2]
+        if hit is not None and hit[0] == version:
+            return hit[1]
         refused = self._lending_refused(qq, e, fit)
-        memo[key] = (version, fit, refused)
+        memo[key] = (version, refused)
         return refused
 
     def _lending_refused(self, qq: QueueQuota, e: Entry, fit: _Fit) -> str | None:
@@ -444,6 +451,7 @@ class _Cycle:
             return None  # every waiting lender could take this job back
         book = self.book
         q = qq.name
+        unused_by = self._lenders_unused(cohort, self._version(qq), lenders)
         for r, total in sorted(fit.usage.items()):
             used, nominal, guaranteed = book.used(q, r), qq.nominal.get(r, 0), qq.guaranteed.get(r, 0)
             borrowed = used + total - max(used, nominal)  # what this admission takes above its nominal quota
@@ -451,18 +459,14 @@ class _Cycle:
                 continue
             held = 0
             holders = []
-            for lender, priority, resources in lenders:
-                if lender == q or r not in resources:
+            for lender, priority, policy, unused in unused_by.get(r, ()):
+                if lender == q:
                     continue
-                lq = book.queues[lender]
-                if e.preemptible and (lq.reclaim_policy is PreemptionPolicy.ANY or (
-                        lq.reclaim_policy is PreemptionPolicy.LOWER_PRIORITY and e.priority < priority)):
+                if e.preemptible and (policy is PreemptionPolicy.ANY or (
+                        policy is PreemptionPolicy.LOWER_PRIORITY and e.priority < priority)):
                     continue  # the lender could take it back when it needs it
-                g = lq.guaranteed.get(r, 0)
-                unused = max(0, lq.nominal.get(r, 0) - g - max(0, book.used(lender, r) - g))
-                if unused > 0:
-                    held += unused
-                    holders.append(lender)
+                held += unused
+                holders.append(lender)
             if not held:
                 continue
             own_unused = max(0, nominal - guaranteed - max(0, used - guaranteed))
@@ -472,6 +476,26 @@ class _Cycle:
                         f"the {held} unused {r} of {', '.join(holders)}, which have jobs waiting and could not "
                         f"take a loan to this job back (reclaim_within_cohort)")
         return None
+
+    def _lenders_unused(self, cohort: str, version: int, lenders: list[tuple[str, int, frozenset[str]]]
+                        ) -> dict[str, list[tuple[str, int, PreemptionPolicy, int]]]:
+        """Per resource, the waiting lenders that ask for it and still lend some of it: (lender, its top
+        pending priority, its reclaim policy, its unused lendable amount), in `lenders` order. Depends only on
+        the cohort's usage, so it is kept while `version` (the cohort's memo version) holds, within one pass."""
+        hit = self.lender_unused.get(cohort)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        book = self.book
+        by: dict[str, list[tuple[str, int, PreemptionPolicy, int]]] = {}
+        for lender, priority, resources in lenders:
+            lq = book.queues[lender]
+            for r in sorted(resources):
+                g = lq.guaranteed.get(r, 0)
+                unused = max(0, lq.nominal.get(r, 0) - g - max(0, book.used(lender, r) - g))
+                if unused > 0:
+                    by.setdefault(r, []).append((lender, priority, lq.reclaim_policy, unused))
+        self.lender_unused[cohort] = (version, by)
+        return by
 
     def _lenders_changed(self) -> bool:
         """Did the waiting lenders (who, what they are owed, what they still lend) of the cohorts where borrowing
@@ -509,6 +533,7 @@ class _Cycle:
                 continue  # lends nothing now (nor later in this cycle: usage only grows), so holds nothing back
             top: int | None = None
             resources: set[str] = set()
+            every = mq.nominal.keys()  # a request within nominal asks for nothing else
             owed: dict[int, dict[str, int] | None] = {}  # sid -> its request within nominal, None if it must borrow
             for e in self.lists.get(member, ()):  # priority order: the first owed job has the top priority
                 if e.sid in owed or e.verdict is not None or e.admitted is not None:
@@ -517,6 +542,8 @@ class _Cycle:
                 if request is not None:  # a job that would itself borrow is owed no loan back
                     top = e.priority if top is None else max(top, e.priority)
                     resources.update(request)
+                    if resources >= every:
+                        break  # later jobs (of no higher priority) can add neither a resource nor a higher top
             if top is not None:
                 found.append((member, top, frozenset(resources)))
         self.waiting_lenders[cohort] = found
@@ -659,7 +686,18 @@ class _Cycle:
         limit = qq.borrowing_limit[r]
         if limit is not None and used + total > nominal + limit:
             return _NoFit(Reason.WAITING_FOR_QUOTA, message, None, own)
-        return _NoFit(Reason.WAITING_FOR_BORROWABLE_QUOTA, message, None, own)
+        borrow = self._first_request(qq, sig) if qq.borrow_threshold is not None else None
+        return _NoFit(Reason.WAITING_FOR_BORROWABLE_QUOTA, message, None, own, borrow)
+
+    def _first_request(self, qq: QueueQuota, sig: Signature) -> dict[str, int]:
+        """The request per resource with each pod set's preferred (first) option."""
+        taken: dict[str, int] = {}
+        for demand in sig:
+            options = self.state.options(qq, demand)
+            if options:
+                _m, r, amount = options[0]
+                taken[r] = taken.get(r, 0) + amount
+        return dict(sorted(taken.items()))
 
     def _nominal_request(self, qq: QueueQuota, sig: Signature) -> dict[str, int] | None:
         """The request per resource if the whole job fits the queue's nominal quota once the queue's own jobs
@@ -700,6 +738,8 @@ class _Cycle:
         if result.need is None or not qq.can_reclaim:
             if result.own is not None and qq.can_preempt_within:
                 self._preempt_within(qq, e, result, result.own)
+            if result.borrow is not None and self.preempting.get(qq.name) != e.job_id:
+                self._borrow_within(qq, e, result, result.borrow)
             return
         q, cohort = qq.name, qq.cohort
         # memoised per (priority, resources needed): a deep queue fails many jobs against the same borrowers
@@ -817,6 +857,42 @@ class _Cycle:
         e.reason = Reason.WAITING_FOR_RECLAIM if borrowers else Reason.WAITING_FOR_PREEMPTION
         e.message = _Then(result.message, f"preemption of {text} requested from {len(own)} lower-priority "
                           f"job(s) of queue {q}{also} (within_queue: {qq.config.preemption.within_queue.value})")
+
+    def _borrow_within(self, qq: QueueQuota, e: Entry, result: _NoFit, request: Mapping[str, int]) -> None:
+        """Kueue `borrowWithinCohort` (KEP-1337): a job that must borrow, and finds too little lendable in its
+        cohort, may preempt other queues' borrowers of strictly lower priority, at most the queue's
+        `max_priority_threshold`, to get the room it borrows. Such victims, requeued, cannot take it back (lower
+        priority). One such request per queue and cycle, like within-queue preemption."""
+        q, cohort = qq.name, qq.cohort
+        assert cohort is not None and qq.borrow_threshold is not None  # set only for queues that can reclaim
+        pledge = self.pledges.setdefault(cohort, _Pledge())
+        first = self.preempting.get(q) or pledge.first.get(q)
+        if first is not None:
+            e.message = _Then(result.message, f"waits behind this queue's preemption for {first}")
+            result.settle(e.priority, e.reason, e.message)
+            return
+        book = self.book
+        need = {r: n - max(0, book.available(qq, r)) for r, n in request.items()
+                if n - max(0, book.available(qq, r)) > 0}
+        if not need:
+            return
+        limit = min(qq.borrow_threshold, e.priority - 1)
+        found = reclaim_candidates(self.state, qq, e.priority, need)
+        candidates = tuple(c for c in found if c not in pledge.victims and (self.state.priority(c) or 0) <= limit)
+        if not candidates:
+            result.settle(e.priority, e.reason, result.message)
+            return
+        self.preempting[q] = e.job_id
+        pledge.first.setdefault(q, e.job_id)
+        pledge.victims.update(candidates)
+        threshold = None if qq.borrow_threshold == float("inf") else int(qq.borrow_threshold)
+        self.scope_reclaims.setdefault(qq.scope, []).append(ReclaimRequest(
+            preemptor=e.job_id, queue=q, need=need, candidates=candidates,
+            max_victim_priority=int(limit) if threshold is not None else e.priority - 1))
+        text = ", ".join(f"{n} {r}" for r, n in need.items())
+        e.reason = Reason.WAITING_FOR_RECLAIM
+        e.message = _Then(result.message, f"preemption of {text} requested from {len(candidates)} lower-priority "
+                          "borrowing job(s) in order to borrow (borrow_within_cohort)")
 
     @staticmethod
     def _message(result: _NoFit, variant: str, build: Callable[[], _LazyText]) -> _LazyText:

@@ -90,6 +90,8 @@ class ReclaimRequest:
     # resource -> amount of `need` that must come from the preemptor's own queue (its lower-priority jobs):
     # within-queue preemption, alone (reason PriorityPreemption) or with a reclaim in the same decision
     own_need: dict[str, int] = field(default_factory=dict)
+    # borrow_within_cohort: the preemptor borrows, so victims must have a priority below its own and at most this
+    max_victim_priority: int | None = None
 
 
 @dataclass

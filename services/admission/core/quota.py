@@ -26,6 +26,7 @@ class QueueQuota:
     """The static, per-queue part of the arithmetic, pre-digested from QueueConfig."""
 
     __slots__ = (
+        "borrow_threshold",
         "borrowing_limit",
         "can_preempt_within",
         "can_reclaim",
@@ -64,6 +65,12 @@ class QueueQuota:
         self.can_reclaim = self.cohort is not None and self.reclaim_policy is not PreemptionPolicy.NEVER
         self.can_preempt_within = q.preemption.within_queue is not PreemptionPolicy.NEVER
         self.held = q.stop_policy is StopPolicy.HOLD  # admits nothing, asks nothing of others
+        # borrow_within_cohort: highest victim priority when a job preempts borrowers in order to borrow (None = off)
+        bwc = q.preemption.borrow_within_cohort
+        self.borrow_threshold: float | None = None
+        if bwc.policy is PreemptionPolicy.LOWER_PRIORITY and self.can_reclaim:
+            self.borrow_threshold = (float(bwc.max_priority_threshold) if bwc.max_priority_threshold is not None
+                                     else float("inf"))
         # jobs that cannot checkpoint borrow only up to this max_runtime_s (None = no limit)
         self.unsafe_borrow_limit = q.max_borrow_runtime_without_checkpoint_s
 

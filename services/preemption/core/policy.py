@@ -100,6 +100,8 @@ def victim_verdict(preemptor: Preemptor, job: RunningJob, config: QueuesConfig,
         if not is_borrowing(job.queue, needed_resources(preemptor), usage, config):
             return Why.NOT_BORROWING
         any_priority = pq.preemption.reclaim_within_cohort is PreemptionPolicy.ANY
+        if preemptor.max_victim_priority is not None and job.priority > preemptor.max_victim_priority:
+            return Why.NOT_LOWER_PRIORITY  # borrow_within_cohort takes only borrowers below its threshold
     if not any_priority and job.priority >= preemptor.priority:
         return Why.NOT_LOWER_PRIORITY
     window = protection(job, now, config.policy.protection_window_s)

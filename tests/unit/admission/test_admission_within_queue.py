@@ -93,3 +93,40 @@ def test_preempt_in_the_queue_and_reclaim_from_a_borrower_in_the_same_decision()
     s.finish("a-low")
     s.finish("b2")
     assert [a.job_id for a in admission_cycle(s, 102.0).admitted] == ["a-boss"]
+
+
+def _borrowing_cohort(threshold: int | None) -> AdmissionState:
+    """team-a (nominal 4) wants 8; team-b (nominal 4) has borrowed team-c's idle 8 with low-priority jobs."""
+    a = _queue("team-a", 4)
+    a["preemption"]["borrow_within_cohort"] = {"policy": "LowerPriority", "max_priority_threshold": threshold}
+    s = AdmissionState(config(a, _queue("team-b", 4), _queue("team-c", 8)))
+    for i in range(3):
+        submit(s, job(f"b{i}", "team-b", 4, priority="low"), float(i))
+        admission_cycle(s, 1.0 + i)
+    assert s.usage("team-b") == {H100: 12}
+    return s
+
+
+def test_borrow_within_cohort_preempts_lower_priority_borrowers_in_order_to_borrow() -> None:
+    s = _borrowing_cohort(threshold=0)
+    submit(s, job("a-big", "team-a", 8, priority="normal"), 100)
+    d = admission_cycle(s, 101.0)
+    [r] = d.reclaims
+    assert (r.preemptor, r.reason, r.need, r.max_victim_priority) == ("a-big", Reason.RECLAIM_QUOTA, {H100: 4}, 0)
+    assert r.candidates == ("b2", "b1", "b0")
+    assert d.pending["a-big"].reason == Reason.WAITING_FOR_RECLAIM
+    s.finish("b2")
+    assert [a.job_id for a in admission_cycle(s, 102.0).admitted] == ["a-big"]
+
+
+def test_borrow_within_cohort_respects_its_threshold_and_is_off_by_default() -> None:
+    s = _borrowing_cohort(threshold=-1)  # the borrowers' priority 0 is above the threshold
+    submit(s, job("a-big", "team-a", 8, priority="normal"), 100)
+    assert admission_cycle(s, 101.0).reclaims == []
+    s = AdmissionState(config(_queue("team-a", 4), _queue("team-b", 4), _queue("team-c", 8)))
+    for i in range(3):
+        submit(s, job(f"b{i}", "team-b", 4, priority="low"), float(i))
+        admission_cycle(s, 1.0 + i)
+    submit(s, job("a-big", "team-a", 8, priority="normal"), 100)
+    d = admission_cycle(s, 101.0)
+    assert d.reclaims == [] and d.pending["a-big"].reason == Reason.WAITING_FOR_BORROWABLE_QUOTA

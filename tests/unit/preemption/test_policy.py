@@ -221,3 +221,15 @@ def test_preempt_in_the_queue_and_reclaim_in_one_decision() -> None:
     plain = Preemptor(job_id="a-boss", queue="team-a", priority=100, kind=boss.kind, spec=boss, reason=RECLAIM,
                       need={MODEL: 8})
     assert select_victims(plain, w.running, w.cluster, w.config, NOW).rejected["a-low"] == Why.RECLAIM_SAME_QUEUE
+
+
+def test_borrow_within_cohort_takes_no_borrower_above_its_threshold() -> None:
+    w = World(queues(a_nominal=4, b_nominal=4))
+    low = w.run(spec("a-low", queue="team-a", gpus=4), NOW - 5000)
+    normal = w.run(spec("a-normal", queue="team-a", klass="normal", gpus=4), NOW - 5000)
+    boss = spec("b-boss", queue="team-b", klass="high", gpus=8)
+    p = Preemptor(job_id="b-boss", queue="team-b", priority=500, kind=boss.kind, spec=boss, reason=RECLAIM,
+                  need={MODEL: 4}, max_victim_priority=0)
+    usage = usage_by_queue(w.running)
+    assert victim_verdict(p, low, w.config, usage, NOW) is None
+    assert victim_verdict(p, normal, w.config, usage, NOW) == Why.NOT_LOWER_PRIORITY
