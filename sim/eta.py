@@ -19,8 +19,10 @@ through its methods).
 
 from __future__ import annotations
 
+import copy
 import heapq
 import math
+import threading
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -239,12 +241,15 @@ class EtaModel:
 
 def estimate_ranges(cluster: Any, admission: Any, running: Mapping[str, RunningView], now: float,
                     model: EtaModel, *, horizon_s: float = DEFAULT_HORIZON_S, backfill: bool = True,
-                    ) -> dict[str, EtaRange]:
-    """{job_id: EtaRange} for every waiting job that would start within `horizon_s` (see the module doc)."""
-    believed = {j: r.started_at + r.spec.max_runtime_s for j, r in running.items()}
+                    fixed_ends: Mapping[str, float] | None = None) -> dict[str, EtaRange]:
+    """{job_id: EtaRange} for every waiting job that would start within `horizon_s` (see the module doc).
+    `fixed_ends`: jobs holding GPUs whose spec is not known here (another admission instance's), by the end the
+    scheduler reserves for them (started_at + limit)."""
+    fixed = dict(fixed_ends or {})
+    believed = {**fixed, **{j: r.started_at + r.spec.max_runtime_s for j, r in running.items()}}
 
     def replay(which: str) -> dict[str, float]:
-        ends = {j: model.expected_end(r, now, which) for j, r in sorted(running.items())}
+        ends = {**fixed, **{j: model.expected_end(r, now, which) for j, r in sorted(running.items())}}
         if which == "median" or not model.predict:
             duration: Duration = model.duration
         else:
@@ -290,3 +295,80 @@ def refresh_due(last_refresh: float | None, now: float, changed: bool, interval_
         return True
     elapsed = now - last_refresh
     return elapsed >= interval_s or (changed and elapsed >= min_interval_s)
+
+
+class PlatformEta:
+    """The admission service's ETA (injected by the stack): `estimate_ranges` with an `EtaModel` that keeps
+    learning from the jobs the service sees start and end, and the memory of what it told each job.
+
+    Called with admission's own view: the cluster, the admission state and, for every job holding GPUs, the end
+    the scheduler reserves by (started_at + limit); a running job whose spec admission holds is predicted, one
+    it does not (another cohort's, when sharded) keeps its reserved end.
+    """
+
+    def __init__(self, model: EtaModel | None = None):
+        self.model = model or EtaModel()
+        self._given: dict[str, list[tuple[float, EtaRange]]] = {}  # waiting job -> first ETA and the latest ones
+        self._queued: dict[str, tuple[str, float]] = {}  # waiting job -> (queue, submitted at)
+        # The service replays in a worker thread while its handlers report starts and ends: the replay works on a
+        # copy of the model taken under this lock, and every change to the memory holds it (never for a replay).
+        self._lock = threading.Lock()
+
+    def __call__(self, cluster: Any, state: Any, reserved_ends: Mapping[str, float], now: float,
+                 ) -> dict[str, EtaRange]:
+        admission = state
+        with self._lock:
+            model = copy.deepcopy(self.model)
+        running: dict[str, RunningView] = {}
+        fixed: dict[str, float] = {}
+        for job_id, end in sorted(reserved_ends.items()):
+            held = admission.admitted.get(job_id)
+            if held is None:
+                fixed[job_id] = end
+            else:
+                running[job_id] = RunningView(held.spec, started_at=end - held.spec.max_runtime_s)
+        etas = estimate_ranges(cluster, admission, running, now, model, fixed_ends=fixed)
+        queued = _queued(admission)
+        with self._lock:
+            self._remember(etas, queued, now)
+        return etas
+
+    def _remember(self, etas: Mapping[str, EtaRange], queued: Mapping[str, tuple[str, float]], now: float) -> None:
+        for job_id, eta in etas.items():
+            given = self._given.setdefault(job_id, [])
+            given.append((now, eta))
+            if len(given) > 64:  # the first and enough of the latest to find the one in force halfway
+                del given[1:len(given) - 63]
+            if job_id in queued:
+                self._queued[job_id] = queued[job_id]
+
+    def job_started(self, job_id: str, started_at: float) -> None:
+        """The job started: its first ETA and the one in force halfway through its wait go to calibration."""
+        with self._lock:
+            given = self._given.pop(job_id, None)
+            queued = self._queued.pop(job_id, None)
+            if not given or queued is None:
+                return
+            queue, submitted_at = queued
+            halfway = submitted_at + (started_at - submitted_at) / 2
+            in_force = [g for g in given if g[0] <= halfway] or given[:1]
+            for given_at, eta in ([given[0]] if in_force[-1] is given[0] else [given[0], in_force[-1]]):
+                self.model.job_started(queue, given_at, eta, started_at, submitted_at)
+
+    def job_finished(self, spec: JobSpec, ran_s: float | None) -> None:
+        """The job ended (`ran_s` seconds of run time, None if it never ran): history for the predictor."""
+        with self._lock:
+            self._given.pop(spec.job_id, None)
+            self._queued.pop(spec.job_id, None)
+            if ran_s is not None:
+                self.model.job_finished(spec, ran_s)
+
+    def refresh_due(self, last_refresh: float | None, now: float, changed: bool) -> bool:
+        """Whether the service refreshes ETAs now (module-level `refresh_due`, platform time)."""
+        return refresh_due(last_refresh, now, changed)
+
+    def accuracy(self) -> dict[str, dict[str, float]]:
+        """Per queue: the calibration record's accuracy figures (EtaCalibration.accuracy)."""
+        with self._lock:
+            cal = self.model.calibration
+            return {q: cal.accuracy(q) for q in cal.queues()}

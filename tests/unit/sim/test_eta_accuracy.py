@@ -135,3 +135,24 @@ def test_simulate_eta_option_adds_the_metrics(tmp_path):
     assert "eta_jobs" not in fifo  # quota-fifo gives no ETAs
     res = CliRunner().invoke(app, ["simulate", "--trace", str(path), "--cluster", str(cluster), "--eta", "maybe"])
     assert res.exit_code == 2 and "ETA mode" in res.output
+
+
+def test_platform_eta_learns_from_the_starts_and_ends_admission_reports():
+    """The admission service's ETA object: predicted from reserved ends, calibrated by reported starts."""
+    from sim.eta import PlatformEta
+
+    running = [job("r1", 0, 10, gpus_per_pod=6, estimate=3600)]
+    cluster, adm = _state_with(running, [job("p1", 5, 10, gpus_per_pod=8, estimate=600)], now=5.0)
+    eta = PlatformEta()
+    assert eta(cluster, adm, {"r1": 3600.0}, 5.0)["p1"].start == 3600.0  # no history: limits
+    for i in range(10):
+        eta.job_finished(job(f"old-{i}", 0, 10, estimate=3600).spec(), 1800.0)
+    eta.job_finished(job("never-ran", 0, 10, estimate=3600).spec(), None)  # a cancel before start teaches nothing
+    assert eta.model.predictor.observed == 10
+    got = eta(cluster, adm, {"r1": 3600.0}, 5.0)["p1"]
+    assert got.start == pytest.approx(1800.0, abs=1)
+    # another cohort's running job (its spec unknown here) keeps its reserved end
+    assert eta(cluster, adm, {"r1": 3600.0, "elsewhere": 50.0}, 5.0)["p1"].start == pytest.approx(1800.0, abs=1)
+    eta.job_started("p1", 2400.0)
+    assert eta.accuracy()["a"]["count"] == 2.0  # the first ETA and the one in force halfway
+    assert eta.refresh_due(None, 0.0, False) and not eta.refresh_due(0.0, 10.0, True)
