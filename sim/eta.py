@@ -153,7 +153,8 @@ class EtaCalibration:
     """
 
     def __init__(self, window: int = DEFAULT_WINDOW, min_samples: int = 2 * DEFAULT_MIN_SAMPLES,
-                 low_q: float = LOW_Q, high_q: float = HIGH_Q):
+                 low_q: float = LOW_Q, high_q: float = HIGH_Q, min_wait_s: float = 0.0):
+        self.min_wait_s = min_wait_s
         self.errors = BiasRecord(window=window, min_samples=min_samples)
         self.low_q, self.high_q = low_q, high_q
         self._checks: dict[str, deque[tuple[float, bool]]] = {}  # queue -> (|err| as a fraction, in range)
@@ -161,6 +162,8 @@ class EtaCalibration:
 
     def record(self, queue: str, given_at: float, eta: EtaRange, started_at: float, submitted_at: float) -> None:
         """A job of `queue` submitted at `submitted_at` was given `eta` at `given_at` and started at `started_at`."""
+        if started_at - given_at < self.min_wait_s:
+            return  # a start this soon says little about a forecast: neither scored nor recorded
         promised = max(MIN_WAIT_S, eta.replayed - given_at)
         actual = max(MIN_WAIT_S, started_at - given_at)
         shown = max(MIN_WAIT_S, eta.start - given_at)
