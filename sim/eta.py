@@ -150,9 +150,11 @@ class EtaCalibration:
     the same queue and stratum of promised wait (else all queues' of that stratum, else the queue's, else all):
     the bias correction of the promised wait (exp of the median error) and the range (the p10-p90 of the
     errors). `accuracy` gives the figures the admission service exports, from what users were shown.
+    A record stands in only with `min_samples` entries (default a quarter of the window): the p10-p90 of a
+    handful of points is narrower than the true one, and the range would cover less than it says.
     """
 
-    def __init__(self, window: int = DEFAULT_WINDOW, min_samples: int = 2 * DEFAULT_MIN_SAMPLES,
+    def __init__(self, window: int = DEFAULT_WINDOW, min_samples: int = DEFAULT_WINDOW // 4,
                  low_q: float = LOW_Q, high_q: float = HIGH_Q, min_wait_s: float = 0.0):
         self.min_wait_s = min_wait_s
         self.errors = BiasRecord(window=window, min_samples=min_samples)
