@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.pipeline.core.predict import (
-    DEFAULT_MIN_SAMPLES,
     DEFAULT_WINDOW,
     HIGH_Q,
     LOW_Q,
