@@ -110,10 +110,10 @@ def _executor_spec(settings: StackSettings) -> ServiceSpec:
 
 
 def _eta_function() -> EtaFn:
-    """The forward-simulation ETA with the production cores (sim/eta.py)."""
-    from sim.eta import estimate_starts
+    """The forward-simulation ETA with the production cores and predicted durations (sim/eta.py)."""
+    from sim.eta import PlatformEta
 
-    return estimate_starts
+    return PlatformEta()
 
 
 def _optional_spec(name: str, settings: StackSettings) -> ServiceSpec | None:

@@ -164,7 +164,9 @@ class JobPending(Payload):
     message: str
     position_in_queue: int | None = None
     position_in_cohort: int | None = None
-    eta: datetime | None = None
+    eta: datetime | None = None  # most likely start
+    eta_low: datetime | None = None  # p10 of the start (the range users are shown), when admission gives one
+    eta_high: datetime | None = None  # p90
 
 
 class JobAdmitted(Payload):

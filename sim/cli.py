@@ -58,6 +58,10 @@ def simulate(
                                              "policy). A failure stops the node's jobs, which lose the work "
                                              "since their last checkpoint and wait again."),
     node_repair_h: float = typer.Option(2.0, "--node-repair-h", help="Mean hours a failed node stays down."),
+    eta: str = typer.Option("off", "--eta", help="Give waiting jobs ETAs with the production ETA code (gpuq "
+                            "policies) and report their accuracy (eta_* in the JSON): 'predicted' (predicted "
+                            "durations, calibrated range), 'limits' (every job runs its whole limit: the old "
+                            "ETA) or 'off'. Slower: each refresh replays the queue."),
 ) -> None:
     """Replay a GPU job trace through the same cores as production and compare policies."""
     console = Console(stderr=True)
@@ -87,7 +91,7 @@ def simulate(
             if failures:
                 console.print(f"{len(failures):,} node failures (mean {node_mtbf_h} h between failures per node, "
                               f"{node_repair_h} h repair)")
-            runs = run_policies(tr, names, progress=tick, failures=failures)
+            runs = run_policies(tr, names, progress=tick, failures=failures, eta=eta)
     except (TraceError, ConfigError) as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None

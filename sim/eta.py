@@ -1,42 +1,80 @@
-"""Expected start times (ETA) by forward simulation with the production pipeline core.
+"""Expected start times (ETA): forward simulation with the production pipeline core, predicted durations, a
+calibrated range. The admission service and the simulator run this same code.
 
-`estimate_starts` copies the admission and cluster snapshots, then replays the future the schedulers
-believe in: running jobs end at their expected end (started_at + max_runtime_s), and after each end the
-pipeline's cycle (`services.pipeline.core.cycle`: admission, then placement in the pipeline's order) runs as
-in production. Nothing new arrives (an ETA is "if nothing with
-higher priority shows up"). Pure: no I/O, no clock, the states passed in are never mutated.
+`estimate_starts` copies the admission and cluster snapshots, then replays the future the platform expects:
+running jobs end at their predicted end, and after each end the pipeline's cycle
+(`services.pipeline.core.cycle`: admission, then placement in the pipeline's order) runs as in production. The
+scheduler inside the replay still believes what the real one believes (reservations from `max_runtime_s`), so
+it decides as the real one will; only time advances by the predictions. Nothing new arrives (an ETA is "if
+nothing with higher priority shows up").
+
+`estimate_ranges` is what users see: the most likely start from predicted durations
+(`services.pipeline.core.predict`), corrected by the per-queue record of ETAs given against actual starts
+(`EtaCalibration`), and a p10-p90 range from the spread of that record; until the record is long enough, the range
+comes from two more replays with every duration at its own p10 and p90.
+
+Pure: no I/O, no clock, the states passed in are never mutated (`EtaModel` is the caller's memory, changed only
+through its methods).
 """
 
 from __future__ import annotations
 
+import copy
 import heapq
-from collections.abc import Mapping
+import math
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
+
+from services.pipeline.core.predict import (
+    DEFAULT_WINDOW,
+    HIGH_Q,
+    LOW_Q,
+    BiasRecord,
+    DurationPredictor,
+    JobKey,
+    quantile,
+)
+from shared.domain import JobSpec
 
 DEFAULT_HORIZON_S = 30 * 86_400.0
 MIN_REMAINING_S = 60.0  # an overrunning job (past its estimate) is assumed to end this soon
+MIN_WAIT_S = 60.0  # waits are compared as ratios; below a minute the ratio says nothing
+ALL_QUEUES = "*"  # the calibration record of every queue together (the fallback of a queue without one)
+ETA_REFRESH_S = 300.0  # platform seconds between ETA refreshes when nothing changed
+ETA_MIN_REFRESH_S = 30.0  # platform seconds at least between two refreshes: a burst of changes is one refresh
+
+Duration = Callable[[JobSpec], float]
 
 
 def estimate_starts(cluster: Any, admission: Any, running: Mapping[str, float], now: float, *,
                     horizon_s: float = DEFAULT_HORIZON_S, max_cycles: int = 10_000,
-                    backfill: bool = True) -> dict[str, float]:
+                    backfill: bool = True, duration: Duration | None = None,
+                    believed_ends: Mapping[str, float] | None = None) -> dict[str, float]:
     """{job_id: planned start (same clock as `now`, e.g. epoch seconds)} for every admitted-but-unplaced and
     pending job that would start within `horizon_s`; jobs that would not are left out.
 
     cluster:   services.scheduler.core.ClusterState (running jobs' allocations committed)
     admission: services.admission.core.AdmissionState (pending + admitted workloads)
-    running:   job_id -> expected end (started_at + max_runtime_s) of every job holding GPUs
+    running:   job_id -> when each job holding GPUs is expected to end (predicted, or started_at + limit)
+    duration:  how long a job that starts in the replay runs (default: its `max_runtime_s`)
+    believed_ends: job_id -> the end the scheduler reserves by (started_at + max_runtime_s; default `running`)
     """
     from services.pipeline.core import cycle, waiting_job
     from services.scheduler.core import RunningJob
 
+    run_for: Duration = duration or (lambda spec: float(spec.max_runtime_s))
     cl = cluster.copy()
     adm = admission.copy()
     placed_now = set(cl.allocations())
     ends: list[tuple[float, str]] = sorted((max(end, now + MIN_REMAINING_S if end <= now else end), job_id)
                                            for job_id, end in running.items())
     heapq.heapify(ends)
-    expected = dict((j, e) for e, j in ends)
+    # The scheduler's running list, one RunningJob per job (made once: this loop runs hundreds of cycles).
+    believed = {j: RunningJob(job_id=j, expected_end=e)
+                for j, e in (believed_ends.items() if believed_ends is not None else ((j, e) for e, j in ends))}
     # Admitted but not yet placed: the scheduler's pending list (the pipeline orders it).
     waiting = {job_id: waiting_job(adm.config, a) for job_id, a in sorted(adm.admitted.items())
                if job_id not in placed_now and job_id not in running}
@@ -44,16 +82,16 @@ def estimate_starts(cluster: Any, admission: Any, running: Mapping[str, float], 
     t = now
     for _ in range(max_cycles):
         if waiting or adm.pending:
-            out = cycle(adm, cl, waiting, [RunningJob(job_id=j, expected_end=e) for j, e in sorted(expected.items())],
-                        t, backfill=backfill, run_admission=bool(adm.pending))
+            # (schedule_cycle orders the running list itself)
+            out = cycle(adm, cl, waiting, list(believed.values()), t, backfill=backfill,
+                        run_admission=bool(adm.pending))
             for w in out.admitted:
                 waiting[w.job_id] = w
             for p in out.placement.result.placed:
                 w = waiting.pop(p.job_id)
                 starts[p.job_id] = t
-                end = t + w.spec.max_runtime_s
-                expected[p.job_id] = end
-                heapq.heappush(ends, (end, p.job_id))
+                believed[p.job_id] = RunningJob(job_id=p.job_id, expected_end=t + w.spec.max_runtime_s)
+                heapq.heappush(ends, (t + max(1.0, run_for(w.spec)), p.job_id))
         if not waiting and not adm.pending:
             break
         if not ends or ends[0][0] > now + horizon_s:
@@ -61,7 +99,280 @@ def estimate_starts(cluster: Any, admission: Any, running: Mapping[str, float], 
         t = ends[0][0]
         while ends and ends[0][0] == t:  # every job ending at this instant, then one cycle
             _, job_id = heapq.heappop(ends)
-            expected.pop(job_id, None)
+            believed.pop(job_id, None)
             cl.release(job_id)
             adm.finish(job_id)
     return dict(sorted(starts.items()))
+
+
+@dataclass(frozen=True)
+class EtaRange:
+    """An ETA: the most likely start and the p10-p90 interval (same clock as the `now` it was made at), and the
+    start the replay planned before calibration (what the calibration record compares with the actual start)."""
+
+    start: float
+    low: float
+    high: float
+    planned: float = float("nan")
+
+    @property
+    def replayed(self) -> float:
+        return self.start if math.isnan(self.planned) else self.planned
+
+
+@dataclass(frozen=True)
+class RunningView:
+    """What the ETA knows of a job holding GPUs: its spec, when it started, its checkpoint progress if reported."""
+
+    spec: JobSpec
+    started_at: float
+    progress: float | None = None  # fraction of its work done, 0-1
+
+
+# Calibration strata by the wait the replay promised: how wrong a forecast goes depends on how far ahead it looks
+# (more arrivals and more ends to get wrong). Natural time units, not fitted to any trace.
+WAIT_STRATA_S = (600.0, 3_600.0, 6 * 3_600.0)
+
+
+def stratum(wait_s: float, waited_s: float) -> str:
+    """The calibration stratum of an ETA promising `wait_s` more to a job that has waited `waited_s` already:
+    the promised wait's band, and whether the job just arrived (a first ETA meets every later arrival ahead of
+    it; a later one has seen some of them and the queue moved)."""
+    return f"{sum(wait_s >= b for b in WAIT_STRATA_S)}{'f' if waited_s < MIN_WAIT_S else 'r'}"
+
+
+class EtaCalibration:
+    """The record of ETAs given against actual starts, per queue (and over all queues), by promised wait.
+
+    Each record compares the wait the replay promised (planned start - given_at) with the wait that followed
+    (start - given_at), as log(actual / promised), late positive, waits floored at a minute. From the records of
+    the same queue and stratum of promised wait (else all queues' of that stratum, else the queue's, else all):
+    the bias correction of the promised wait (exp of the median error) and the range (the p10-p90 of the
+    errors). `accuracy` gives the figures the admission service exports, from what users were shown.
+    A record stands in only with `min_samples` entries (default a quarter of the window): the p10-p90 of a
+    handful of points is narrower than the true one, and the range would cover less than it says.
+    """
+
+    def __init__(self, window: int = DEFAULT_WINDOW, min_samples: int = DEFAULT_WINDOW // 4,
+                 low_q: float = LOW_Q, high_q: float = HIGH_Q, min_wait_s: float = 0.0):
+        self.min_wait_s = min_wait_s
+        self.errors = BiasRecord(window=window, min_samples=min_samples)
+        self.low_q, self.high_q = low_q, high_q
+        self._checks: dict[str, deque[tuple[float, bool]]] = {}  # queue -> (|err| as a fraction, in range)
+        self.window = window
+
+    def record(self, queue: str, given_at: float, eta: EtaRange, started_at: float, submitted_at: float) -> None:
+        """A job of `queue` submitted at `submitted_at` was given `eta` at `given_at` and started at `started_at`."""
+        if started_at - given_at < self.min_wait_s:
+            return  # a start this soon says little about a forecast: neither scored nor recorded
+        promised = max(MIN_WAIT_S, eta.replayed - given_at)
+        actual = max(MIN_WAIT_S, started_at - given_at)
+        shown = max(MIN_WAIT_S, eta.start - given_at)
+        covered = eta.low - 1.0 <= started_at <= eta.high + 1.0
+        band = stratum(promised, given_at - submitted_at)
+        for key in (f"{queue}|{band}", f"{ALL_QUEUES}|{band}", queue, ALL_QUEUES):
+            self.errors.record(key, promised, actual)
+        for key in (queue, ALL_QUEUES):
+            self._checks.setdefault(key, deque(maxlen=self.window)).append((abs(shown - actual) / actual, covered))
+
+    def _key(self, queue: str, promised: float, waited: float) -> str | None:
+        band = stratum(promised, waited)
+        for key in (f"{queue}|{band}", f"{ALL_QUEUES}|{band}", queue, ALL_QUEUES):
+            if self.errors.count(key) >= self.errors.min_samples:
+                return key
+        return None
+
+    def calibrated(self, queue: str, now: float, start: float, submitted_at: float) -> EtaRange | None:
+        """The planned `start` of a job of `queue` submitted at `submitted_at`, corrected for the bias of its
+        stratum, with the range its record supports; None while no stratum has enough records."""
+        wait = max(MIN_WAIT_S, start - now)
+        key = self._key(queue, wait, now - submitted_at)
+        if key is None:
+            return None
+        errs = self.errors.errors(key)
+        mid = math.exp(quantile(errs, 0.5))
+        lo, hi = math.exp(quantile(errs, self.low_q)), math.exp(quantile(errs, self.high_q))
+        return EtaRange(now + wait * mid, now + wait * lo, now + wait * hi, planned=start)
+
+    def accuracy(self, queue: str) -> dict[str, float]:
+        """Over the queue's last `window` ETAs: how many, the fraction within ±20% and ±50% of the actual wait,
+        the fraction whose start fell in its range, and the median signed error (late positive) as a fraction."""
+        checks = list(self._checks.get(queue, ()))
+        if not checks:
+            return {"count": 0.0}
+        n = len(checks)
+        return {"count": float(n), "within_20pct": sum(e <= 0.2 for e, _ in checks) / n,
+                "within_50pct": sum(e <= 0.5 for e, _ in checks) / n,
+                "interval_coverage": sum(c for _, c in checks) / n}
+
+    def queues(self) -> list[str]:
+        return sorted(q for q in self._checks if q != ALL_QUEUES)
+
+
+@dataclass
+class EtaModel:
+    """What ETAs learn online: how long finished jobs ran (the predictor) and how ETAs fared (calibration).
+
+    `predict=False` is the old behaviour (every job runs for its whole limit), kept to measure against."""
+
+    predictor: DurationPredictor = field(default_factory=DurationPredictor)
+    calibration: EtaCalibration = field(default_factory=EtaCalibration)
+    predict: bool = True
+    calibrate: bool = True
+
+    def job_finished(self, spec: JobSpec, ran_s: float) -> None:
+        """A job ended after running `ran_s` seconds in all: history for the predictor."""
+        self.predictor.observe(JobKey.of(spec), float(spec.max_runtime_s), max(0.0, ran_s))
+
+    def job_started(self, queue: str, given_at: float, eta: EtaRange, started_at: float,
+                    submitted_at: float) -> None:
+        """A job submitted at `submitted_at`, given `eta` at `given_at`, started at `started_at`: one more record
+        for calibration."""
+        self.calibration.record(queue, given_at, eta, started_at, submitted_at)
+
+    def duration(self, spec: JobSpec) -> float:
+        if not self.predict:
+            return float(spec.max_runtime_s)
+        return self.predictor.predict(JobKey.of(spec), float(spec.max_runtime_s)).median_s
+
+    def expected_end(self, job: RunningView, now: float, which: str = "median") -> float:
+        limit = float(job.spec.max_runtime_s)
+        if not self.predict:
+            return job.started_at + limit
+        p = self.predictor.remaining(JobKey.of(job.spec), limit, now - job.started_at, job.progress)
+        return now + {"low": p.low_s, "high": p.high_s}.get(which, p.median_s)
+
+
+def estimate_ranges(cluster: Any, admission: Any, running: Mapping[str, RunningView], now: float,
+                    model: EtaModel, *, horizon_s: float = DEFAULT_HORIZON_S, backfill: bool = True,
+                    fixed_ends: Mapping[str, float] | None = None) -> dict[str, EtaRange]:
+    """{job_id: EtaRange} for every waiting job that would start within `horizon_s` (see the module doc).
+    `fixed_ends`: jobs holding GPUs whose spec is not known here (another admission instance's), by the end the
+    scheduler reserves for them (started_at + limit)."""
+    fixed = dict(fixed_ends or {})
+    believed = {**fixed, **{j: r.started_at + r.spec.max_runtime_s for j, r in running.items()}}
+
+    def replay(which: str) -> dict[str, float]:
+        ends = {**fixed, **{j: model.expected_end(r, now, which) for j, r in sorted(running.items())}}
+        if which == "median" or not model.predict:
+            duration: Duration = model.duration
+        else:
+            def duration(spec: JobSpec) -> float:
+                p = model.predictor.predict(JobKey.of(spec), float(spec.max_runtime_s))
+                return p.low_s if which == "low" else p.high_s
+        return estimate_starts(cluster, admission, ends, now, horizon_s=horizon_s, backfill=backfill,
+                               duration=duration, believed_ends=believed)
+
+    starts = replay("median")
+    queued = _queued(admission)
+    out: dict[str, EtaRange] = {}
+    missing: list[str] = []
+    for job_id, start in starts.items():
+        queue, submitted_at = queued.get(job_id, ("", now))
+        got = model.calibration.calibrated(queue, now, start, submitted_at) if model.calibrate else None
+        if got is None:
+            missing.append(job_id)
+        else:
+            out[job_id] = got
+    if missing:  # no record to calibrate from yet: the range of a replay with every duration at its p10 / p90
+        low = replay("low") if model.predict else {}
+        high = replay("high") if model.predict else {}
+        for job_id in missing:
+            s = starts[job_id]
+            lo, hi = min(s, low.get(job_id, s)), max(s, high.get(job_id, s))
+            out[job_id] = EtaRange(s, lo, hi, planned=s)
+    return dict(sorted(out.items()))
+
+
+def _queued(admission: Any) -> dict[str, tuple[str, float]]:
+    """job_id -> (queue, submitted at) of every waiting job (pending and admitted)."""
+    return {**{j: (w.spec.queue, w.submitted_at) for j, w in admission.pending.items()},
+            **{j: (a.spec.queue, a.submitted_at) for j, a in admission.admitted.items()}}
+
+
+def refresh_due(last_refresh: float | None, now: float, changed: bool, interval_s: float = ETA_REFRESH_S,
+                min_interval_s: float = ETA_MIN_REFRESH_S) -> bool:
+    """Whether ETAs are recomputed now, in platform time: after a change (a job ended, started, arrived or left
+    the queue) once `min_interval_s` passed since the last refresh, and otherwise every `interval_s` of the
+    platform clock (elapsed times move on). Never paced by wall seconds: at 400x a wall second is 400 s."""
+    if last_refresh is None:
+        return True
+    elapsed = now - last_refresh
+    return elapsed >= interval_s or (changed and elapsed >= min_interval_s)
+
+
+class PlatformEta:
+    """The admission service's ETA (injected by the stack): `estimate_ranges` with an `EtaModel` that keeps
+    learning from the jobs the service sees start and end, and the memory of what it told each job.
+
+    Called with admission's own view: the cluster, the admission state and, for every job holding GPUs, the end
+    the scheduler reserves by (started_at + limit); a running job whose spec admission holds is predicted, one
+    it does not (another cohort's, when sharded) keeps its reserved end.
+    """
+
+    def __init__(self, model: EtaModel | None = None):
+        self.model = model or EtaModel()
+        self._given: dict[str, list[tuple[float, EtaRange]]] = {}  # waiting job -> first ETA and the latest ones
+        self._queued: dict[str, tuple[str, float]] = {}  # waiting job -> (queue, submitted at)
+        # The service replays in a worker thread while its handlers report starts and ends: the replay works on a
+        # copy of the model taken under this lock, and every change to the memory holds it (never for a replay).
+        self._lock = threading.Lock()
+
+    def __call__(self, cluster: Any, state: Any, reserved_ends: Mapping[str, float], now: float,
+                 ) -> dict[str, EtaRange]:
+        admission = state
+        with self._lock:
+            model = copy.deepcopy(self.model)
+        running: dict[str, RunningView] = {}
+        fixed: dict[str, float] = {}
+        for job_id, end in sorted(reserved_ends.items()):
+            held = admission.admitted.get(job_id)
+            if held is None:
+                fixed[job_id] = end
+            else:
+                running[job_id] = RunningView(held.spec, started_at=end - held.spec.max_runtime_s)
+        etas = estimate_ranges(cluster, admission, running, now, model, fixed_ends=fixed)
+        queued = _queued(admission)
+        with self._lock:
+            self._remember(etas, queued, now)
+        return etas
+
+    def _remember(self, etas: Mapping[str, EtaRange], queued: Mapping[str, tuple[str, float]], now: float) -> None:
+        for job_id, eta in etas.items():
+            given = self._given.setdefault(job_id, [])
+            given.append((now, eta))
+            if len(given) > 64:  # the first and enough of the latest to find the one in force halfway
+                del given[1:len(given) - 63]
+            if job_id in queued:
+                self._queued[job_id] = queued[job_id]
+
+    def job_started(self, job_id: str, started_at: float) -> None:
+        """The job started: its first ETA and the one in force halfway through its wait go to calibration."""
+        with self._lock:
+            given = self._given.pop(job_id, None)
+            queued = self._queued.pop(job_id, None)
+            if not given or queued is None:
+                return
+            queue, submitted_at = queued
+            halfway = submitted_at + (started_at - submitted_at) / 2
+            in_force = [g for g in given if g[0] <= halfway] or given[:1]
+            for given_at, eta in ([given[0]] if in_force[-1] is given[0] else [given[0], in_force[-1]]):
+                self.model.job_started(queue, given_at, eta, started_at, submitted_at)
+
+    def job_finished(self, spec: JobSpec, ran_s: float | None) -> None:
+        """The job ended (`ran_s` seconds of run time, None if it never ran): history for the predictor."""
+        with self._lock:
+            self._given.pop(spec.job_id, None)
+            self._queued.pop(spec.job_id, None)
+            if ran_s is not None:
+                self.model.job_finished(spec, ran_s)
+
+    def refresh_due(self, last_refresh: float | None, now: float, changed: bool) -> bool:
+        """Whether the service refreshes ETAs now (module-level `refresh_due`, platform time)."""
+        return refresh_due(last_refresh, now, changed)
+
+    def accuracy(self) -> dict[str, dict[str, float]]:
+        """Per queue: the calibration record's accuracy figures (EtaCalibration.accuracy)."""
+        with self._lock:
+            cal = self.model.calibration
+            return {q: cal.accuracy(q) for q in cal.queues()}

@@ -183,18 +183,38 @@ def node_failures(trace: Trace, mtbf_h: float | None, repair_h: float, seed: int
         raise TraceError(str(exc)) from None
 
 
+ETA_MODES = ("off", "predicted", "limits")
+
+
 def run_policies(trace: Trace, policies: Sequence[str],
                  progress: Callable[[str, int], None] | None = None,
-                 failures: Sequence[NodeFailure] = ()) -> list[PolicyRun]:
+                 failures: Sequence[NodeFailure] = (), eta: str = "off") -> list[PolicyRun]:
+    """Replay `trace` under each policy. `eta` other than "off" also gives ETAs to waiting jobs with the
+    production ETA code for the policies that have ETAs (gpuq*) and adds their accuracy to the metrics:
+    "predicted" (predicted durations, calibrated range) or "limits" (every job runs its whole limit)."""
+    if eta not in ETA_MODES:
+        raise TraceError(f"unknown ETA mode {eta!r}; choose from {', '.join(ETA_MODES)}")
     isolated = isolated_finish_times(trace)
     runs: list[PolicyRun] = []
     for name in policies:
         policy = make_policy(name)
+        tracked = None
+        if eta != "off" and name.startswith("gpuq"):
+            from sim.eta import EtaModel
+            from sim.eta_accuracy import EtaTracked
+
+            predict = eta == "predicted"
+            policy = tracked = EtaTracked(policy, EtaModel(predict=predict, calibrate=predict))
         cb = (lambda done, _n=name: progress(_n, done)) if progress else None
         t0 = time.perf_counter()
         result = Engine(trace, policy, progress=cb, failures=failures).run()
         wall = time.perf_counter() - t0
-        runs.append(PolicyRun(compute_metrics(result, wall, isolated), result))
+        metrics = compute_metrics(result, wall, isolated)
+        if tracked is not None:
+            from sim.eta_accuracy import eta_metrics
+
+            metrics.update(eta_metrics(tracked, result))
+        runs.append(PolicyRun(metrics, result))
     return runs
 
 

@@ -21,8 +21,10 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from datetime import datetime
 from operator import itemgetter
 from pathlib import Path
+from typing import Protocol
 
 import asyncpg
 from pydantic import ValidationError
@@ -67,10 +69,30 @@ from shared.service import ServiceRuntime, ServiceSpec, Tx
 log = logging.getLogger("gpuq.admission")
 MIGRATIONS = Path(__file__).parent / "migrations"
 
-# Computes planned starts {job_id: epoch s} from (cluster, admission state, running expected ends, now): the
-# forward simulation with the production cores (sim/eta.py). Injected so the service stays thin.
-EtaFn = Callable[[ClusterState, AdmissionState, Mapping[str, float], float], dict[str, float]]
-ETA_INTERVAL_S = 2.0  # wall seconds between ETA refreshes (only when something changed)
+class EtaRange(Protocol):
+    """An expected start and its p10-p90 range (epoch seconds)."""
+
+    @property
+    def start(self) -> float: ...
+    @property
+    def low(self) -> float: ...
+    @property
+    def high(self) -> float: ...
+
+
+class EtaFn(Protocol):
+    """Expected starts {job_id: range} from (cluster, admission state, reserved ends of jobs holding GPUs, now):
+    the forward simulation with the production cores and predicted durations (sim/eta.py, PlatformEta),
+    injected so the service stays thin. It learns from the starts and ends admission tells it."""
+
+    def __call__(self, cluster: ClusterState, state: AdmissionState, reserved_ends: Mapping[str, float],
+                 now: float) -> Mapping[str, EtaRange]: ...
+    def job_started(self, job_id: str, started_at: float) -> None: ...
+    def job_finished(self, spec: JobSpec, ran_s: float | None) -> None: ...
+    def refresh_due(self, last_refresh: float | None, now: float, changed: bool) -> bool: ...
+
+
+ETA_INTERVAL_S = 0.5  # wall seconds between looks at whether an ETA refresh is due (refresh_due: platform time)
 ETA_DUTY_FACTOR = 5.0  # the pause after an ETA simulation is at least this many times its duration
 # Held shared by a per-cohort instance's units of work and exclusively while a configuration is recorded.
 CONFIG_LOCK = lock_key("admission-config")
@@ -93,7 +115,7 @@ class AdmissionService:
         # the status last written to the table, and when (reason, message, positions, service clock)
         self._published: dict[str, tuple[str, str, int, int, float]] = {}
         self._announced: dict[str, Published] = {}  # the status last sent as JobPending (publish.py)
-        self._etas: dict[str, float] = {}
+        self._etas: dict[str, tuple[float, float, float]] = {}  # job -> (start, p10, p90) last published
         self._reclaims_sent: set[str] = set()
 
     def spec(self) -> ServiceSpec:
@@ -378,6 +400,13 @@ class AdmissionService:
         one changes nothing here). Consumed so that per-cohort instances mirror other cohorts' cancels (claim)."""
 
     async def _finish(self, tx: Tx, job_id: str, outcome: str) -> None:
+        if self.eta is not None:
+            held = self.state.admitted.get(job_id) or self.state.pending.get(job_id)
+            end = self.expected_end.get(job_id)
+            if held is not None:  # history for the predicted durations: how long it ran (None: it never ran)
+                ran = None if end is None else tx.now - (end - held.spec.max_runtime_s)
+                # a job that succeeded or was stopped at its limit ran as long as it needed (or its limit)
+                self.eta.job_finished(held.spec, ran if outcome in ("Succeeded", "DeadlineExceeded") else None)
         self.state.finish(job_id)
         self.cluster.release(job_id)
         self.expected_end.pop(job_id, None)
@@ -479,76 +508,94 @@ class AdmissionService:
             payload.started_at.timestamp())
         if row is not None:
             self.expected_end[payload.job_id] = row["expected_end"]
+            if self.eta is not None:  # calibration: the ETAs this job was given against its start
+                self.eta.job_started(payload.job_id, payload.started_at.timestamp())
             self._version += 1
 
     async def eta_loop(self, runtime: ServiceRuntime) -> None:
         """Refresh every waiting job's expected start by forward simulation, off the event path and off the handler
         lock: the simulation runs in a worker thread on a copy of the state (events keep being handled meanwhile),
-        and only the writing of the changed ETAs takes the lock. Bounded: after a simulation that took d seconds,
-        the next one waits at least ETA_DUTY_FACTOR x d, so ETAs use at most about 1/ETA_DUTY_FACTOR of the time
-        however many jobs wait (they are refreshed less often instead)."""
+        and only the writing of the changed ETAs takes the lock. Paced by the platform clock (runtime.clock:
+        virtual time in a replay): after a change once ETA_MIN_REFRESH_S passed, otherwise every ETA_REFRESH_S
+        (EtaFn.refresh_due: the simulator measures with the same pacing). Bounded: after a simulation that took
+        d seconds, the next one waits at least ETA_DUTY_FACTOR x d, so ETAs use at most about 1/ETA_DUTY_FACTOR
+        of the time however many jobs wait (they are refreshed less often instead)."""
         seen = -1
+        last: float | None = None
         pause = self.eta_interval_s
         while True:
             await asyncio.sleep(pause)
-            if self._version == seen or self.eta is None:
+            pause = self.eta_interval_s
+            if self.eta is None or not (self.state.pending or self.state.admitted):
                 continue
-            seen = self._version
+            now = runtime.clock.now()
+            if not self.eta.refresh_due(last, now, self._version != seen):
+                continue
+            seen, last = self._version, now
             started = time.perf_counter()
             etas = None
             if self.shard.serves_all:  # (a per-cohort instance first enters the config epoch, in the transaction)
-                snapshot = (copy.deepcopy(self.cluster), copy.deepcopy(self.state), dict(self.expected_end),
-                            runtime.clock.now())
+                snapshot = (copy.deepcopy(self.cluster), copy.deepcopy(self.state), dict(self.expected_end), now)
                 etas = await asyncio.to_thread(self._estimate, *snapshot)
             async with runtime.transaction() as tx:
                 await self.publish_etas(tx, etas)
             pause = max(self.eta_interval_s, ETA_DUTY_FACTOR * (time.perf_counter() - started))
 
     def _estimate(self, cluster: ClusterState, state: AdmissionState, expected_end: Mapping[str, float],
-                  now: float) -> dict[str, float]:
+                  now: float) -> Mapping[str, EtaRange]:
         """The one place the ETA function is called."""
         assert self.eta is not None
         return self.eta(cluster, state, expected_end, now)
 
-    async def publish_etas(self, tx: Tx, etas: Mapping[str, float] | None = None) -> None:
+    async def publish_etas(self, tx: Tx, etas: Mapping[str, EtaRange] | None = None) -> None:
         """Write and announce the ETAs that moved: `etas` as computed off the lock, or computed here (per-cohort
         instances, tests)."""
         if etas is None:
             if not self.shard.serves_all:
                 await self._enter_config_epoch(tx.conn)  # publish only for the jobs this instance owns now
             etas = self._estimate(self.cluster, self.state, dict(self.expected_end), tx.now)
+        ranges = etas
         waiting = [j for j in self.state.pending] + [j for j in self.state.admitted if j not in self.expected_end]
-        changed = []
+        changed: list[tuple[str, float | None, float | None, float | None]] = []
         for job_id in sorted(waiting):
-            eta = etas.get(job_id)
+            got = ranges.get(job_id)
+            eta = (got.start, got.low, got.high) if got is not None else None
             old = self._etas.get(job_id)
             # Publish when an ETA appears, disappears or moves by more than a minute or 10% of the wait left.
             if eta is None and old is None:
                 continue
-            if eta is not None and old is not None and abs(eta - old) <= max(60.0, 0.1 * (eta - tx.now)):
+            if eta is not None and old is not None and abs(eta[0] - old[0]) <= max(60.0, 0.1 * (eta[0] - tx.now)):
                 continue
             if eta is None:
                 self._etas.pop(job_id, None)
+                changed.append((job_id, None, None, None))
             else:
                 self._etas[job_id] = eta
-            changed.append((job_id, eta))
+                changed.append((job_id, *eta))
         if not changed:
             return
-        await tx.conn.executemany("UPDATE admission.jobs SET eta = $2 WHERE job_id = $1", changed)
+        await tx.conn.executemany("UPDATE admission.jobs SET eta = $2, eta_low = $3, eta_high = $4 WHERE job_id = $1",
+                                  changed)
         rows = await tx.conn.fetch(
             "SELECT job_id, queue, status, reason, message, position_in_queue, position_in_cohort FROM admission.jobs "
-            "WHERE job_id = ANY($1::text[]) ORDER BY job_id", [j for j, _ in changed])
+            "WHERE job_id = ANY($1::text[]) ORDER BY job_id", [c[0] for c in changed])
         for r in rows:
-            eta = self._etas.get(r["job_id"])
             await tx.emit(JobPending(
                 job_id=r["job_id"], queue=r["queue"], stage="admission" if r["status"] == "pending" else "placement",
                 reason=r["reason"] or ("WaitingForPlacement" if r["status"] == "admitted" else "Pending"),
                 message=r["message"] or "", position_in_queue=r["position_in_queue"],
-                position_in_cohort=r["position_in_cohort"], eta=utcnow_from(eta) if eta is not None else None))
+                position_in_cohort=r["position_in_cohort"], **self._eta_fields(r["job_id"])))
             if r["status"] == "pending" and r["reason"] and r["position_in_queue"] is not None:
                 # subscribers now have this status: the cycle's next event for the job is judged against it
                 self._announced[r["job_id"]] = Published(r["reason"], r["message"] or "", r["position_in_queue"],
                                                          r["position_in_cohort"], tx.now)
+
+    def _eta_fields(self, job_id: str) -> dict[str, datetime | None]:
+        """JobPending's eta, eta_low and eta_high of a job (None when it has no ETA)."""
+        eta = self._etas.get(job_id)
+        if eta is None:
+            return {"eta": None, "eta_low": None, "eta_high": None}
+        return {"eta": utcnow_from(eta[0]), "eta_low": utcnow_from(eta[1]), "eta_high": utcnow_from(eta[2])}
 
     # ------------------------------------------------------------------ the cycle
 
@@ -588,10 +635,9 @@ class AdmissionService:
             if not worth_publishing(self._announced.get(job_id), *key, now):
                 continue  # a small move or new numbers: the table has it, the bus hears of it later
             self._announced[job_id] = Published(*key, now)
-            eta = self._etas.get(job_id)
             await tx.emit(JobPending(job_id=job_id, queue=queue, stage="admission", reason=reason,
                                      message=key[1], position_in_queue=qpos, position_in_cohort=cpos,
-                                     eta=utcnow_from(eta) if eta is not None else None))
+                                     **self._eta_fields(job_id)))
         if changed:
             await tx.conn.executemany(
                 "UPDATE admission.jobs SET reason = $2, message = $3, position_in_queue = $4, "

@@ -15,8 +15,8 @@ import asyncpg
 
 STATUS_SQL = """
 SELECT a.job_id, a.team, a.queue, a.status AS admission_status, a.reason, a.message, a.position_in_queue,
-       a.position_in_cohort, a.eta, a.submitted_at, a.admitted_at, a.finished_at, a.outcome, a.borrowing,
-       a.spec, {sched} , {run}
+       a.position_in_cohort, a.eta, a.eta_low, a.eta_high, a.submitted_at, a.admitted_at, a.finished_at,
+       a.outcome, a.borrowing, a.spec, {sched} , {run}
 FROM admission.jobs a
 {sched_join}
 {run_join}
@@ -120,8 +120,7 @@ def explain_lines(row: dict[str, Any], now: float) -> list[str]:
         if row.get("position_in_queue"):
             lines.append(f"  position {row['position_in_queue']} in queue {row['queue']}, "
                          f"{row['position_in_cohort']} in its cohort")
-        lines.append(f"  waited {now - row['submitted_at']:.0f} s so far; expected start "
-                     f"{fmt_time(row.get('eta')) if row.get('eta') else 'unknown'}")
+        lines.append(f"  waited {now - row['submitted_at']:.0f} s so far; expected start {eta_text(row)}")
     elif state == "admitted":
         lines.append(f"  admitted {fmt_time(row['admitted_at'])}" + (" (borrowing)" if row.get("borrowing") else ""))
         lines.append(f"  waiting for placement: {row.get('sched_reason') or 'next cycle'}"
@@ -149,9 +148,19 @@ def borrowing_risk(spec: dict[str, Any]) -> str:
             f"all its work so far (up to its {spec['max_runtime_s']} s limit)")
 
 
+def eta_text(row: dict[str, Any]) -> str:
+    """The expected start in words: most likely, then the p10-p90 range when admission gave one."""
+    if not row.get("eta"):
+        return "unknown"
+    text = fmt_time(row["eta"])
+    if row.get("eta_low") is not None and row.get("eta_high") is not None:
+        text += f" (likely between {fmt_time(row['eta_low'])} and {fmt_time(row['eta_high'])})"
+    return text
+
+
 def public(row: dict[str, Any]) -> dict[str, Any]:
     keep = ("job_id", "team", "queue", "state", "reason", "message", "position_in_queue", "position_in_cohort",
-            "eta", "submitted_at", "admitted_at", "placed_at", "finished_at", "outcome", "nodes", "sched_reason",
-            "sched_message", "planned_start")
+            "eta", "eta_low", "eta_high", "submitted_at", "admitted_at", "placed_at", "finished_at", "outcome", "nodes",
+            "sched_reason", "sched_message", "planned_start")
     gpus = sum(p["count"] * p["gpus_per_pod"] for p in row["spec"]["pod_sets"]) if row.get("spec") else None
     return {**{k: row.get(k) for k in keep}, "gpus": gpus}

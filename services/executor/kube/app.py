@@ -732,7 +732,11 @@ def _notice(payload: Any) -> tuple[str, str, bool]:
         if payload.position_in_cohort is not None:
             where.append(f"{payload.position_in_cohort} in its cohort")
         if payload.eta is not None:
-            where.append(f"expected start {payload.eta.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC")
+            text = f"expected start {payload.eta.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
+            if payload.eta_low is not None and payload.eta_high is not None:
+                text += (f", likely between {payload.eta_low.astimezone(UTC):%H:%M} and "
+                         f"{payload.eta_high.astimezone(UTC):%Y-%m-%d %H:%M} UTC")
+            where.append(text)
         suffix = f" ({', '.join(where)})" if where else ""
         return "Pending", f"{payload.reason}: {payload.message}{suffix}", False
     if isinstance(payload, JobQueued):

@@ -46,6 +46,8 @@ class JobRecord(BaseModel):
     reason: str = "Queued"
     position: int | None = None
     eta: float | None = None
+    # The first ETA the job was given: (given at, most likely start, p10, p90); checked against its start.
+    first_eta: tuple[float, float, float, float] | None = None
     submitted_at: float | None = None  # first submission: start of the job completion time
     queued_at: float | None = None  # start of the current wait (resets on requeue): admission wait
     admitted_at: float | None = None

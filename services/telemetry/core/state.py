@@ -59,6 +59,9 @@ STALE_SAMPLE_INTERVALS = 3  # a node whose latest sample is older than this many
 # A job's MFU is shown from its latest JobFlopsReported for this long; a job that stopped reporting shows the
 # tensor-activity proxy only (reports are expected every few seconds to minutes).
 FLOPS_REPORT_MAX_AGE_S = 900.0
+# ETAs are scored for jobs that waited at least this long after their first ETA (the simulator's eta_* figures
+# use the same floor): below it a ratio of waits says nothing.
+ETA_CHECK_MIN_WAIT_S = 300.0
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -229,6 +232,9 @@ class TelemetryState:
         rec.queue, rec.stage, rec.reason = p.queue, p.stage, p.reason
         rec.position = p.position_in_queue
         rec.eta = _ts(p.eta)
+        if rec.eta is not None and rec.first_eta is None and rec.started_at is None:
+            low, high = _ts(p.eta_low), _ts(p.eta_high)
+            rec.first_eta = (now, rec.eta, low if low is not None else rec.eta, high if high is not None else rec.eta)
 
     def _on_JobRejected(self, p: JobRejected, now: float, fx: Effects) -> None:
         rec = self.jobs.pop(p.job_id, None)
@@ -268,6 +274,24 @@ class TelemetryState:
         rec, _ = self._record(p.job_id, fx)
         rec.phase = JobPhase.RUNNING
         rec.started_at = _ts(p.started_at) or now
+        self._check_eta(rec, rec.started_at, fx)
+
+    @staticmethod
+    def _check_eta(rec: JobRecord, started_at: float, fx: Effects) -> None:
+        """ETA accuracy, as the simulator measures it: a job that waited at least ETA_CHECK_MIN_WAIT_S since its
+        first ETA counts once; within ±50% of that wait, and whether the start fell in the range it was shown."""
+        if rec.first_eta is None:
+            return
+        given_at, eta, low, high = rec.first_eta
+        rec.first_eta = None
+        wait = started_at - given_at
+        if wait < ETA_CHECK_MIN_WAIT_S:
+            return
+        fx.count("gpuq_eta_checked", queue=rec.queue)
+        if abs(eta - started_at) <= 0.5 * wait:
+            fx.count("gpuq_eta_within_50pct", queue=rec.queue)
+        if low - 1.0 <= started_at <= high + 1.0:
+            fx.count("gpuq_eta_in_range", queue=rec.queue)
 
     def _finish(self, job_id: str, reason: ExitReason, finished_at: float, fx: Effects) -> None:
         rec = self.jobs.pop(job_id, None)

@@ -230,3 +230,27 @@ def test_free_plus_allocated_is_capacity_and_fragmentation_within_free(events: l
     again.apply(inventory(*reversed(NODES)), T0)
     run(again, events)
     assert again.gauges(T0 + 5000) == g
+
+
+def test_first_etas_are_checked_against_starts_per_queue() -> None:
+    """A job is scored once, on its first ETA: within ±50% of its wait, and in its range or not; a job that
+    waited under 5 minutes is not scored."""
+    from shared.events import JobPending, JobStarted, JobSubmitted
+
+    s = TelemetryState()
+    events: list[tuple[float, Payload]] = []
+    for job_id, eta, low, high, start in (("good", 1000, 800, 1300, 1100), ("late", 1000, 900, 1100, 3000),
+                                          ("quick", 100, 50, 150, 120)):
+        js = spec(job_id, team="team-a")
+        events += [(0, JobSubmitted(spec=js, submitted_at=at(0))),
+                   (0, JobPending(job_id=job_id, queue="team-a", reason="QuotaExhausted", message="",
+                                  eta=at(eta), eta_low=at(low), eta_high=at(high))),
+                   # a later, different ETA does not replace the first one
+                   (500, JobPending(job_id=job_id, queue="team-a", reason="QuotaExhausted", message="",
+                                    eta=at(start), eta_low=at(start), eta_high=at(start))),
+                   (start, JobStarted(job_id=job_id, started_at=at(start)))]
+    obs = run(s, events)
+    counts = {name: sum(o.value for o in find(obs, name))
+              for name in ("gpuq_eta_checked", "gpuq_eta_within_50pct", "gpuq_eta_in_range")}
+    assert counts == {"gpuq_eta_checked": 2, "gpuq_eta_within_50pct": 1, "gpuq_eta_in_range": 1}
+    assert {o.labels for o in find(obs, "gpuq_eta_checked")} == {labels(queue="team-a")}

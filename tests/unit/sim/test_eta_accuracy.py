@@ -1,0 +1,158 @@
+"""ETAs with predicted durations and a calibrated range, and their accuracy measured in the simulator."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+from sim.engine import Engine
+from sim.eta import EtaCalibration, EtaModel, EtaRange, RunningView, estimate_ranges, estimate_starts, refresh_due
+from sim.eta_accuracy import EtaTracked, eta_metrics
+from sim.run import make_policy
+
+from .conftest import job, trace
+from .test_eta_cli import _state_with
+
+
+def test_replay_uses_predicted_durations_but_the_schedulers_beliefs():
+    """Time advances by predictions, the scheduler still reserves by limits: p1 starts when r1 is predicted to
+    end, and p2 follows after p1's predicted run, not its limit."""
+    running = [job("r1", 0, 10, gpus_per_pod=6, estimate=3600)]
+    pending = [job("p1", 5, 10, gpus_per_pod=8, estimate=600), job("p2", 5, 10, gpus_per_pod=8, estimate=600)]
+    cluster, adm = _state_with(running, pending, now=5.0)
+    etas = estimate_starts(cluster, adm, {"r1": 1000.0}, now=5.0, duration=lambda spec: 200.0,
+                           believed_ends={"r1": 3600.0})
+    assert etas == {"p1": 1000.0, "p2": 1200.0}
+
+
+def test_a_model_without_history_gives_the_limit_eta_and_learns_from_ended_jobs():
+    running = [job("r1", 0, 10, gpus_per_pod=6, estimate=3600)]
+    cluster, adm = _state_with(running, [job("p1", 5, 10, gpus_per_pod=8, estimate=600)], now=5.0)
+    view = {"r1": RunningView(running[0].spec(), started_at=0.0)}
+    model = EtaModel()
+    assert estimate_ranges(cluster, adm, view, 5.0, model)["p1"].start == 3600.0
+    for i in range(10):  # jobs of team a take a quarter of their limit
+        model.job_finished(job(f"old-{i}", 0, 10, estimate=3600).spec(), 900.0)
+    eta = estimate_ranges(cluster, adm, view, 5.0, model)["p1"]
+    assert eta.start == pytest.approx(900.0, abs=1)
+    assert eta.low <= eta.start <= eta.high
+
+
+def test_calibration_corrects_a_seeded_bias_and_its_range_covers_near_nominal():
+    """ETAs whose replays are always 2x early with known lognormal noise: once recorded, the calibrated start
+    is about right and the p10-p90 range holds about 80% of actual starts."""
+    rng = random.Random(7)
+    cal = EtaCalibration(window=400)
+    hits = total = 0
+    errors = []
+    for i in range(2000):
+        now = float(i * 100)
+        planned = now + rng.uniform(1_000, 5_000)
+        actual = now + (planned - now) * 2.0 * rng.lognormvariate(0, 0.4)
+        eta = cal.calibrated("q", now, planned, submitted_at=now) or EtaRange(planned, planned, planned, planned)
+        if i >= 500:
+            total += 1
+            hits += eta.low <= actual <= eta.high
+            errors.append(math.log((actual - now) / (eta.start - now)))
+        cal.record("q", now, eta, actual, submitted_at=now)
+    assert abs(sorted(errors)[len(errors) // 2]) < 0.1  # bias gone (it was log 2 = 0.69)
+    assert 0.74 <= hits / total <= 0.86
+    acc = cal.accuracy("q")
+    assert acc["count"] == 400 and 0.7 <= acc["interval_coverage"] <= 0.9
+
+
+def test_refresh_is_paced_by_platform_time_and_changes():
+    assert refresh_due(None, 0.0, changed=False)
+    assert not refresh_due(100.0, 110.0, changed=True, min_interval_s=30)  # a burst: one refresh
+    assert refresh_due(100.0, 130.0, changed=True, min_interval_s=30)
+    assert not refresh_due(100.0, 399.0, changed=False, interval_s=300)
+    assert refresh_due(100.0, 400.0, changed=False, interval_s=300)
+
+
+def _busy_trace():
+    rng = random.Random(3)
+    jobs = []
+    for i in range(120):  # a queue that builds up on one 8-GPU node; limits 2-4x the true duration
+        duration = int(rng.uniform(600, 2_400))
+        jobs.append(job(f"train-{i:03d}", i * 200, duration, gpus_per_pod=rng.choice((1, 2, 4)),
+                        team=rng.choice(("a", "b")), estimate=int(duration * rng.uniform(2, 4))))
+    return trace(jobs)
+
+
+def test_tracked_replay_reports_accuracy_and_never_shows_the_ETA_a_true_duration():
+    tr = _busy_trace()
+    tracked = EtaTracked(make_policy("gpuq"))
+    seen: list[float] = []
+    original = tracked.model.job_finished
+
+    def spy(spec, ran_s):  # every duration the model learns is one of a job that has ended
+        seen.append(ran_s)
+        original(spec, ran_s)
+
+    tracked.model.job_finished = spy  # type: ignore[method-assign]  # observe what the model is fed
+    result = Engine(tr, tracked).run()
+    m = eta_metrics(tracked, result)
+    assert m["eta_jobs"] > 10 and m["eta_jobs"] == m["eta_jobs_mid"]
+    for k in ("eta_within_20pct", "eta_within_50pct", "eta_interval_coverage"):
+        assert 0.0 <= m[k] <= 1.0 and 0.0 <= m[k + "_mid"] <= 1.0
+    durations = {j.job_id: j.duration for j in tr.jobs}
+    assert len(seen) == len(durations) and sorted(seen) == pytest.approx(sorted(durations.values()))
+    # the ETAs were given before the job ended: the log holds only jobs' waits
+    assert all(given_at < (result.records[j].start or 0)
+               for j, log in tracked.logs.items() for given_at, _ in log.given)
+
+
+def test_predicted_etas_beat_limit_etas_on_a_workload_whose_limits_overstate():
+    tr = _busy_trace()
+    scores = {}
+    for predict in (False, True):
+        tracked = EtaTracked(make_policy("gpuq"), EtaModel(predict=predict, calibrate=predict))
+        scores[predict] = eta_metrics(tracked, Engine(tr, tracked).run())
+    assert scores[True]["eta_abs_error_p50_frac"] < scores[False]["eta_abs_error_p50_frac"]
+    assert scores[False]["eta_bias_p50_frac"] > 0  # limits: late
+
+
+def test_simulate_eta_option_adds_the_metrics(tmp_path):
+    path = tmp_path / "trace.csv"
+    rows = ["job_id,submit_time,duration,gpus,team,priority_class,gpu_model,max_runtime_s"]
+    rows += [f"j{i},{i * 60},{600 + 60 * (i % 7)},{(1, 2, 4)[i % 3]},t,normal,H100,{3 * (600 + 60 * (i % 7))}"
+             for i in range(60)]
+    path.write_text("\n".join(rows) + "\n")
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("node_groups:\n  - {name: h, count: 1, gpus_per_node: 8, gpu_model: H100, cpu_milli: 96000,"
+                       " memory_mib: 1048576}\n")
+    out = tmp_path / "out.json"
+    res = CliRunner().invoke(app, ["simulate", "--trace", str(path), "--cluster", str(cluster), "--policy",
+                                   "gpuq,quota-fifo", "--eta", "predicted", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    gpuq, fifo = json.loads(out.read_text())["results"]
+    assert gpuq["eta_jobs"] > 0 and "eta_interval_coverage_mid" in gpuq
+    assert "eta_jobs" not in fifo  # quota-fifo gives no ETAs
+    res = CliRunner().invoke(app, ["simulate", "--trace", str(path), "--cluster", str(cluster), "--eta", "maybe"])
+    assert res.exit_code == 2 and "ETA mode" in res.output
+
+
+def test_platform_eta_learns_from_the_starts_and_ends_admission_reports():
+    """The admission service's ETA object: predicted from reserved ends, calibrated by reported starts."""
+    from sim.eta import PlatformEta
+
+    running = [job("r1", 0, 10, gpus_per_pod=6, estimate=3600)]
+    cluster, adm = _state_with(running, [job("p1", 5, 10, gpus_per_pod=8, estimate=600)], now=5.0)
+    eta = PlatformEta()
+    assert eta(cluster, adm, {"r1": 3600.0}, 5.0)["p1"].start == 3600.0  # no history: limits
+    for i in range(10):
+        eta.job_finished(job(f"old-{i}", 0, 10, estimate=3600).spec(), 1800.0)
+    eta.job_finished(job("never-ran", 0, 10, estimate=3600).spec(), None)  # a cancel before start teaches nothing
+    assert eta.model.predictor.observed == 10
+    got = eta(cluster, adm, {"r1": 3600.0}, 5.0)["p1"]
+    assert got.start == pytest.approx(1800.0, abs=1)
+    # another cohort's running job (its spec unknown here) keeps its reserved end
+    assert eta(cluster, adm, {"r1": 3600.0, "elsewhere": 50.0}, 5.0)["p1"].start == pytest.approx(1800.0, abs=1)
+    eta.job_started("p1", 2400.0)
+    assert eta.accuracy()["a"]["count"] == 2.0  # the first ETA and the one in force halfway
+    assert eta.refresh_due(None, 0.0, False) and not eta.refresh_due(0.0, 10.0, True)
