@@ -40,13 +40,14 @@ from shared.config import PreemptionPolicy
 
 
 class _Fit:
-    __slots__ = ("borrowing", "choice", "usage", "version")
+    __slots__ = ("borrowing", "choice", "usage", "usage_id", "version")
 
     def __init__(self, choice: tuple[GpuOption, ...], usage: dict[str, int], borrowing: bool):
         self.choice = choice
         self.usage = usage
         self.borrowing = borrowing
         self.version = -1  # the memo version it was computed at (the memo stores results, not tuples)
+        self.usage_id: int | None = None  # set by the lending-refusal memo when first needed
 
 
 class _Pledge:
@@ -217,7 +218,9 @@ class _Cycle:
         # cohort -> per member queue with admissible pending jobs that fit its nominal quota: (queue, their
         # highest priority, the resources they ask), as at the cohort's first borrowing admission of the cycle
         self.waiting_lenders: dict[str, list[tuple[str, int, frozenset[str]]]] = {}
-        self.refusals: dict[str, dict[tuple[tuple[tuple[str, int], ...], int, bool], tuple[int, str | None]]] = {}
+        # queue -> ((usage id, priority, preemptible) -> memo version, the same key -> the refusal or None)
+        self.refusals: dict[str, tuple[dict[tuple[int, int, bool], int], dict[tuple[int, int, bool], str | None]]] = {}
+        self.usage_ids: dict[tuple[tuple[str, int], ...], int] = {}  # a fit's usage -> a small id (refusal memo)
         self.lender_usage: dict[str, tuple[tuple[tuple[str, int], ...], ...]] = {}  # cohort -> its lenders' usage
         # cohort -> (a waiting lender never reclaims, the lowest top priority of the LowerPriority ones)
         self.lender_summary: dict[str, tuple[bool, float]] = {}
@@ -423,13 +426,18 @@ class _Cycle:
         requests (pod counts, any-of models) end with the same usage."""
         memo = self.refusals.get(qq.name)
         if memo is None:
-            memo = self.refusals[qq.name] = {}
-        key = (tuple(fit.usage.items()), e.priority, e.preemptible)
-        hit = memo.get(key)
-        if hit is not None and hit[0] == version:
-            return hit[1]
+            memo = self.refusals[qq.name] = ({}, {})
+        versions, verdicts = memo  # two dicts of untracked values, not a tuple per entry: fewer objects for
+        # the collector to count and promote while the cycle runs
+        usage_id = fit.usage_id
+        if usage_id is None:
+            usage_id = fit.usage_id = self.usage_ids.setdefault(tuple(fit.usage.items()), len(self.usage_ids))
+        key = (usage_id, e.priority, e.preemptible)
+        if versions.get(key) == version:
+            return verdicts[key]
         refused = self._lending_refused(qq, e, fit)
-        memo[key] = (version, refused)
+        versions[key] = version
+        verdicts[key] = refused
         return refused
 
     def _lending_refused(self, qq: QueueQuota, e: Entry, fit: _Fit) -> str | None:
