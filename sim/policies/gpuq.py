@@ -84,6 +84,15 @@ class GpuqPolicy:
         self._allocated = 0
         self._pending_admission = 0
         self._down: dict[str, Any] = {}  # failed node -> its spec, restored when it comes back
+        # What the services' shells send, mirrored so the hook sees the requests the preemption service would:
+        # the scheduler asks for a job's preemption when its pending (reason, message) changes, not every cycle
+        # (forgotten when the job is placed); admission sends a job's reclaim once (forgotten when it is
+        # preempted and requeued).
+        self._published: dict[str, tuple[str, str]] = {}
+        self._reclaims_sent: set[str] = set()
+        # ... except that a request that found only protected victims is sent again when the first protection
+        # ends (the hook's `next_wake`): reclaiming nominal quota must succeed within the protection window
+        self._resend_at: float | None = None
 
     # -- engine hooks
     def on_arrival(self, job: TraceJob, now: float) -> str | None:
@@ -109,6 +118,7 @@ class GpuqPolicy:
 
     def on_completion(self, job_id: str, now: float) -> None:
         self._running_class.pop(job_id, None)
+        self._reclaims_sent.discard(job_id)
         self.cluster.release(job_id)
         self.adm.finish(job_id)
         self.running.pop(job_id, None)
@@ -132,12 +142,18 @@ class GpuqPolicy:
         self._pending_admission -= len(out.admitted)
         for w in out.admitted:
             self.waiting[w.job_id] = w
-        reclaims: Sequence[Any] = out.admission.reclaims
+        if self._resend_at is not None and now >= self._resend_at:
+            self._resend_at = None
+            self._reclaims_sent.clear()
+            self._published.clear()
+        reclaims: Sequence[Any] = [r for r in out.admission.reclaims if r.preemptor not in self._reclaims_sent]
+        self._reclaims_sent.update(r.preemptor for r in reclaims)
         result = out.placement.result
         started: list[str] = []
         for placement in result.placed:
             job_id = placement.job_id
             w = self.waiting.pop(job_id)
+            self._published.pop(job_id, None)
             self.running[job_id] = RunningInfo(w.spec, now, now + w.spec.max_runtime_s)
             self._running_jobs[job_id] = RunningJob(job_id=job_id, expected_end=now + w.spec.max_runtime_s)
             value, preemptible, _ = priority_of(self.trace.queues, w.spec)
@@ -146,7 +162,14 @@ class GpuqPolicy:
             started.append(job_id)
         # 3. preemption hook: the jobs the pipeline says ask for preemption, and queues reclaiming their quota
         victims: list[Preempted] = []
-        asks = set(out.placement.preemption_asks)
+        wants = set(out.placement.preemption_asks)
+        asks: set[str] = set()
+        for u in result.unplaceable:
+            key = (u.reason, u.message)
+            if self._published.get(u.job_id) != key:
+                self._published[u.job_id] = key
+                if u.job_id in wants:
+                    asks.add(u.job_id)
         if asks or reclaims:
             policy = self.trace.queues.policy
             ctx = PreemptionContext(now=now, cluster=self.cluster, admission=self.adm,
@@ -157,6 +180,9 @@ class GpuqPolicy:
             victims = self.preemption_hook(ctx)
             for v in victims:
                 self._requeue(v.job_id)
+            resend = getattr(self.preemption_hook, "next_wake", None)
+            if resend is not None and (self._resend_at is None or resend < self._resend_at):
+                self._resend_at = resend
         # a request that found only protected borrowers is decided again when the first protection ends
         wake = getattr(self.preemption_hook, "next_wake", None)
         if victims:
@@ -176,6 +202,7 @@ class GpuqPolicy:
             return
         self._running_jobs.pop(job_id, None)
         self._running_class.pop(job_id, None)
+        self._reclaims_sent.discard(job_id)
         self.cluster.release(job_id)
         self.adm.finish(job_id)
         spec, submitted_at = self.submitted[job_id]
