@@ -24,11 +24,14 @@ from sim.metrics import compute_metrics, isolated_finish_times
 from sim.model import Trace
 from sim.policies.baselines import PodFifo, QuotaFifo
 from sim.policies.gpuq import GpuqPolicy, cores_available
+from sim.policies.kueue import Kueue
+from sim.policies.slurm import Slurm
+from sim.policies.volcano import Volcano
 
 # gpuq: everything on, preemption checkpoints its victims first. gpuq-evict: the same, but victims are evicted
 # without a checkpoint (what Kueue/Volcano do), to measure what checkpoint-before-preempt saves.
 # gpuq-nopreempt: no preemption at all.
-POLICIES = ("gpuq", "gpuq-evict", "gpuq-nopreempt", "quota-fifo", "pod-fifo")
+POLICIES = ("gpuq", "gpuq-evict", "gpuq-nopreempt", "kueue", "slurm", "volcano", "quota-fifo", "pod-fifo")
 
 
 class _Preemption:
@@ -59,6 +62,12 @@ def make_policy(name: str) -> Policy:
                       else GpuqPolicy(preemption_hook=_Preemption(checkpointing=name == "gpuq")))
             policy.name = name
             return policy
+    if name == "kueue":
+        return Kueue()
+    if name == "slurm":
+        return Slurm()
+    if name == "volcano":
+        return Volcano()
     if name == "quota-fifo":
         return QuotaFifo()
     if name == "pod-fifo":
