@@ -30,8 +30,10 @@ from sim.policies.volcano import Volcano
 
 # gpuq: everything on, preemption checkpoints its victims first. gpuq-evict: the same, but victims are evicted
 # without a checkpoint (what Kueue/Volcano do), to measure what checkpoint-before-preempt saves.
-# gpuq-nopreempt: no preemption at all.
-POLICIES = ("gpuq", "gpuq-evict", "gpuq-nopreempt", "kueue", "slurm", "volcano", "quota-fifo", "pod-fifo")
+# gpuq-nopreempt: no preemption at all. gpuq-duration: gpuq with duration-aware ordering (predicted GPU-time,
+# shortest first within a priority and fair-share standing, aged; services/admission/core/ordering.py).
+POLICIES = ("gpuq", "gpuq-duration", "gpuq-evict", "gpuq-nopreempt", "kueue", "slurm", "volcano", "quota-fifo",
+            "pod-fifo")
 
 
 class _Preemption:
@@ -57,9 +59,10 @@ def make_policy(name: str) -> Policy:
     if name.startswith("gpuq"):
         if not cores_available():
             raise TraceError("policy gpuq needs services.admission.core and services.scheduler.core")
-        if name in ("gpuq", "gpuq-evict", "gpuq-nopreempt"):
+        if name in ("gpuq", "gpuq-duration", "gpuq-evict", "gpuq-nopreempt"):
             policy = (GpuqPolicy() if name == "gpuq-nopreempt"
-                      else GpuqPolicy(preemption_hook=_Preemption(checkpointing=name == "gpuq")))
+                      else GpuqPolicy(preemption_hook=_Preemption(checkpointing=name != "gpuq-evict"),
+                                      duration_aware=name == "gpuq-duration"))
             policy.name = name
             return policy
     if name == "kueue":

@@ -59,9 +59,14 @@ def no_preemption(ctx: PreemptionContext) -> list[Preempted]:
 class GpuqPolicy:
     name = "gpuq"
 
-    def __init__(self, preemption_hook: PreemptionHook = no_preemption, *, backfill: bool = True):
+    def __init__(self, preemption_hook: PreemptionHook = no_preemption, *, backfill: bool = True,
+                 duration_aware: bool = False):
         self.preemption_hook = preemption_hook
         self.backfill = backfill
+        # Duration-aware ordering: each arrival's GPU-time is predicted (services.pipeline.core.predict) from its
+        # limit and the history of similar jobs that ended, the history the metering ledger keeps: the run time
+        # this policy saw them take (starts and ends it reported), never the trace's true duration field.
+        self.duration_aware = duration_aware
 
     def setup(self, trace: Trace) -> None:
         from services.admission.core import AdmissionState
@@ -93,6 +98,11 @@ class GpuqPolicy:
         # ... except that a request that found only protected victims is sent again when the first protection
         # ends (the hook's `next_wake`): reclaiming nominal quota must succeed within the protection window
         self._resend_at: float | None = None
+        from services.pipeline.core.predict import DurationPredictor
+
+        self.predictor = DurationPredictor()
+        self.predicted: dict[str, float] = {}  # job -> predicted GPU-seconds given to admission (kept: tests read it)
+        self._ran: dict[str, float] = {}  # job -> seconds run in earlier runs (before preemptions / failures)
 
     # -- engine hooks
     def on_arrival(self, job: TraceJob, now: float) -> str | None:
@@ -108,7 +118,8 @@ class GpuqPolicy:
             never = self._never[shape] = got.reason if isinstance(got, Unplaceable) else ""
         if never:
             return f"Unschedulable:{never}"
-        rejection = self.adm.submit(Workload(spec=spec, submitted_at=now))
+        predicted = self._predict(spec, self.trace.gpu_milli(job) / 1000) if self.duration_aware else None
+        rejection = self.adm.submit(Workload(spec=spec, submitted_at=now, predicted_gpu_s=predicted))
         if rejection is not None:
             return rejection.reason
         self.submitted[job.job_id] = (spec, now)
@@ -116,7 +127,21 @@ class GpuqPolicy:
         self._pending_admission += 1
         return None
 
+    def _predict(self, spec: JobSpec, gpus: float) -> float:
+        from services.pipeline.core.predict import JobKey
+
+        median = self.predictor.predict(JobKey.of(spec), float(spec.max_runtime_s)).median_s
+        self.predicted[spec.job_id] = median * gpus
+        return median * gpus
+
     def on_completion(self, job_id: str, now: float) -> None:
+        if self.duration_aware:
+            from services.pipeline.core.predict import JobKey
+
+            info = self.running.get(job_id)
+            if info is not None:  # what the ledger knows: the run times it recorded, summed over the job's runs
+                ran = self._ran.pop(job_id, 0.0) + (now - info.started_at)
+                self.predictor.observe(JobKey.of(info.spec), float(info.spec.max_runtime_s), ran)
         self._running_class.pop(job_id, None)
         self._reclaims_sent.discard(job_id)
         self.cluster.release(job_id)
@@ -179,7 +204,7 @@ class GpuqPolicy:
                                     checkpoint_grace_s=policy.checkpoint_grace_s)
             victims = self.preemption_hook(ctx)
             for v in victims:
-                self._requeue(v.job_id)
+                self._requeue(v.job_id, now)
             resend = getattr(self.preemption_hook, "next_wake", None)
             if resend is not None and (self._resend_at is None or resend < self._resend_at):
                 self._resend_at = resend
@@ -194,7 +219,7 @@ class GpuqPolicy:
             wake = again.wake_at if wake is None or (again.wake_at is not None and again.wake_at < wake) else wake
         return CycleOutput(started=started, preempted=victims, wake_at=wake)
 
-    def _requeue(self, job_id: str) -> None:
+    def _requeue(self, job_id: str, now: float) -> None:
         from services.admission.core import Workload
 
         info = self.running.pop(job_id, None)
@@ -205,8 +230,9 @@ class GpuqPolicy:
         self._reclaims_sent.discard(job_id)
         self.cluster.release(job_id)
         self.adm.finish(job_id)
+        self._ran[job_id] = self._ran.get(job_id, 0.0) + (now - info.started_at)
         spec, submitted_at = self.submitted[job_id]
-        self.adm.requeue(Workload(spec=spec, submitted_at=submitted_at))
+        self.adm.requeue(Workload(spec=spec, submitted_at=submitted_at, predicted_gpu_s=self.predicted.get(job_id)))
         self._allocated -= self.milli[job_id]
         self._pending_admission += 1
 
@@ -217,7 +243,7 @@ class GpuqPolicy:
             return []
         killed = sorted(j for j, p in self.cluster.allocations().items() if any(b.node == node for b in p.bindings))
         for job_id in killed:
-            self._requeue(job_id)  # back to admission with its original submit time, as after a preemption
+            self._requeue(job_id, now)  # back to admission with its original submit time, as after a preemption
         spec = self.cluster.node(node)
         self._down[node] = spec
         self.cluster.upsert_node(spec.model_copy(update={"health": NodeHealth.FAILED}))

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from services.admission.core.model import AdmittedWorkload, Reason, ReclaimRequest, Rejection, Workload
+from services.admission.core.ordering import order_time
 from services.admission.core.quota import QueueQuota, QuotaBook
 from services.admission.core.resources import (
     GpuOption,
@@ -36,14 +37,15 @@ class Entry:
     __slots__ = ("admitted", "gpu_pod_sets", "job_id", "message", "order", "preemptible", "priority",
                  "queue", "reason", "sid", "sig", "unsaved_runtime_s", "verdict", "workload")
 
-    def __init__(self, workload: Workload, priority: int, preemptible: bool):
+    def __init__(self, workload: Workload, priority: int, preemptible: bool, order_at: float | None = None):
         spec = workload.spec
         self.workload = workload
         self.job_id = spec.job_id
         self.queue = spec.queue
         self.priority = priority
         self.preemptible = preemptible
-        self.order: Order = (-priority, workload.submitted_at, spec.job_id)
+        # (-priority, order time, id): the order time is the submit time, or later for longer predicted work
+        self.order: Order = (-priority, workload.submitted_at if order_at is None else order_at, spec.job_id)
         self.sig: Signature = request_signature(spec)
         self.sid = 0  # small int standing for `sig` (cheap memo keys); set by AdmissionState
         self.gpu_pod_sets = gpu_pod_set_names(spec)
@@ -285,7 +287,12 @@ class AdmissionState:
         preemptible = k.preemptible if k is not None else True
         if w.spec.preemptible is not None:
             preemptible = w.spec.preemptible
-        e = Entry(w, value, preemptible)
+        order_at = None
+        if w.predicted_gpu_s is not None:
+            qq = self._book.queues.get(w.spec.queue)
+            nominal = sum(n for r, n in qq.nominal.items() if ":" not in r) if qq is not None else 0
+            order_at = order_time(w.submitted_at, w.predicted_gpu_s, nominal, w.spec.total_gpus)
+        e = Entry(w, value, preemptible, order_at)
         e.sid = self._sig_ids.setdefault(e.sig, len(self._sig_ids))
         return e
 
@@ -327,7 +334,7 @@ class AdmissionState:
 
     def _reprioritise(self, e: Entry, value: int) -> None:
         e.priority = value
-        e.order = (-value, e.workload.submitted_at, e.job_id)
+        e.order = (-value, e.order[1], e.job_id)
 
     def _verdict(self, spec: JobSpec) -> tuple[str, str] | None:
         """Why a pending job cannot be admitted under the current config (None = it can, some day)."""

@@ -41,7 +41,7 @@ def test_kueue_reclaims_borrowed_quota_of_any_priority():
     # evicts two of a's borrowing jobs although they have the higher priority.
     jobs = [job(f"a{i}", 0, 1000, team="a", priority="high") for i in range(8)]
     jobs.append(job("b", 10, 50, gpus_per_pod=2, team="b", priority="low"))
-    res, m = _run(trace(jobs), "kueue")
+    res, _ = _run(trace(jobs), "kueue")
     assert res.records["b"].start == 10
     assert sum(res.records[f"a{i}"].preemptions for i in range(8)) == 2
     res, _ = _run(trace(jobs), "quota-fifo")
@@ -49,10 +49,7 @@ def test_kueue_reclaims_borrowed_quota_of_any_priority():
 
 
 def test_kueue_best_effort_fifo_lets_a_later_job_past_a_head_that_does_not_fit():
-    # Two teams of 4 GPUs each on one 8-GPU node; b idle. a: `big` (8 GPUs, borrowing all of b's quota) runs;
-    # a's `huge` asks 12 GPUs... not admissible at all; use a head that does not fit now instead:
-    # a runs x (4 GPUs) until 100; y (8 GPUs) cannot fit a's quota + b's lendable 4 while x runs; z (1 GPU) can't
-    # either (a's 4 + b's 4 all used by x and ... ) -> build it so that only StrictFIFO blocks z.
+    # Teams a and b, 4 GPUs of quota each on one 8-GPU node; b is idle, so a may use all 8 by borrowing.
     jobs = [job("x", 0, 100, gpus_per_pod=6, team="a"),
             job("y", 1, 10, gpus_per_pod=4, team="a"),  # 6 + 4 > 8 (a's nominal 4 + b's lendable 4)
             job("z", 2, 10, gpus_per_pod=2, team="a")]  # 6 + 2 fits: BestEffortFIFO admits it past y
@@ -102,3 +99,20 @@ def test_slurm_usage_decays_with_its_half_life():
     assert u.usage["a"] == pytest.approx(50 / math.log(2))
     u.advance(200.0)
     assert u.usage["a"] == pytest.approx(25 / math.log(2))  # one half-life later: half of it
+
+
+def _predictions(durations: dict[str, int]) -> dict[str, float]:
+    # Five finished jobs of team a (limit 1000 s), then x arrives at t=5000 with the same limit.
+    jobs = [job(f"h{i}", i * 10, durations.get(f"h{i}", 100), estimate=1000) for i in range(5)]
+    jobs.append(job("x", 5000, durations.get("x", 100), estimate=1000))
+    policy = make_policy("gpuq-duration")
+    Engine(trace(jobs), policy).run()
+    return dict(policy.predicted)  # type: ignore[attr-defined]  # GpuqPolicy: predictions given to admission
+
+
+def test_duration_aware_prediction_never_reads_the_true_duration():
+    base = _predictions({})
+    assert base["h0"] == 1000.0  # no history yet: the limit is all that is known
+    assert base["x"] == pytest.approx(100.0)  # five similar jobs ran 100 s of their 1000 s limit
+    assert _predictions({"x": 900})["x"] == base["x"]  # x's own true duration changes nothing
+    assert _predictions({f"h{i}": 500 for i in range(5)})["x"] == pytest.approx(500.0)  # history does
