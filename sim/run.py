@@ -32,8 +32,10 @@ from sim.policies.volcano import Volcano
 # without a checkpoint (what Kueue/Volcano do), to measure what checkpoint-before-preempt saves.
 # gpuq-nopreempt: no preemption at all. gpuq-duration: gpuq with duration-aware ordering (predicted GPU-time,
 # shortest first within a priority and fair-share standing, aged; services/admission/core/ordering.py).
-POLICIES = ("gpuq", "gpuq-duration", "gpuq-evict", "gpuq-nopreempt", "kueue", "slurm", "volcano", "quota-fifo",
-            "pod-fifo")
+# gpuq-fairtime: gpuq with fair share over time (usage decayed with a 7-day half-life, Slurm's default
+# PriorityDecayHalfLife; services/admission/core/history.py).
+POLICIES = ("gpuq", "gpuq-duration", "gpuq-fairtime", "gpuq-evict", "gpuq-nopreempt", "kueue", "slurm", "volcano",
+            "quota-fifo", "pod-fifo")
 
 
 class _Preemption:
@@ -59,10 +61,11 @@ def make_policy(name: str) -> Policy:
     if name.startswith("gpuq"):
         if not cores_available():
             raise TraceError("policy gpuq needs services.admission.core and services.scheduler.core")
-        if name in ("gpuq", "gpuq-duration", "gpuq-evict", "gpuq-nopreempt"):
+        if name in ("gpuq", "gpuq-duration", "gpuq-fairtime", "gpuq-evict", "gpuq-nopreempt"):
             policy = (GpuqPolicy() if name == "gpuq-nopreempt"
                       else GpuqPolicy(preemption_hook=_Preemption(checkpointing=name != "gpuq-evict"),
-                                      duration_aware=name == "gpuq-duration"))
+                                      duration_aware=name == "gpuq-duration",
+                                      history_half_life_s=7 * 86_400.0 if name == "gpuq-fairtime" else None))
             policy.name = name
             return policy
     if name == "kueue":

@@ -50,6 +50,10 @@ class PreemptionContext:
 
 PreemptionHook = Callable[[PreemptionContext], list[Preempted]]
 
+# How often the usage history is handed to admission (Slurm's PriorityCalcPeriod default: 5 minutes); the
+# half-life of `gpuq-fairtime` is Slurm's PriorityDecayHalfLife default, 7 days (sim/run.py).
+HISTORY_PERIOD_S = 300.0
+
 
 def no_preemption(ctx: PreemptionContext) -> list[Preempted]:
     """The hook until the preemption core lands: never preempts (preemptions and lost work stay 0)."""
@@ -60,13 +64,17 @@ class GpuqPolicy:
     name = "gpuq"
 
     def __init__(self, preemption_hook: PreemptionHook = no_preemption, *, backfill: bool = True,
-                 duration_aware: bool = False):
+                 duration_aware: bool = False, history_half_life_s: float | None = None):
         self.preemption_hook = preemption_hook
         self.backfill = backfill
         # Duration-aware ordering: each arrival's GPU-time is predicted (services.pipeline.core.predict) from its
         # limit and the history of similar jobs that ended, the history the metering ledger keeps: the run time
         # this policy saw them take (starts and ends it reported), never the trace's true duration field.
         self.duration_aware = duration_aware
+        # Fair share over time: per queue and quota resource, the GPU-seconds its running jobs used, decayed with
+        # this half-life (what the metering ledger's history gives the admission service), handed to the
+        # admission core every HISTORY_PERIOD_S of virtual time.
+        self.history_half_life_s = history_half_life_s
 
     def setup(self, trace: Trace) -> None:
         from services.admission.core import AdmissionState
@@ -101,6 +109,11 @@ class GpuqPolicy:
         from services.pipeline.core.predict import DurationPredictor
 
         self.predictor = DurationPredictor()
+        from sim.history import DecayedUsage
+
+        self.usage_history = DecayedUsage(self.history_half_life_s or 1.0)
+        self._next_history = 0.0
+        self._held: dict[str, list[tuple[str, float]]] = {}  # running job -> (queue\x1fresource, GPUs) it holds
         self.predicted: dict[str, float] = {}  # job -> predicted GPU-seconds given to admission (kept: tests read it)
         self._ran: dict[str, float] = {}  # job -> seconds run in earlier runs (before preemptions / failures)
 
@@ -142,6 +155,7 @@ class GpuqPolicy:
             if info is not None:  # what the ledger knows: the run times it recorded, summed over the job's runs
                 ran = self._ran.pop(job_id, 0.0) + (now - info.started_at)
                 self.predictor.observe(JobKey.of(info.spec), float(info.spec.max_runtime_s), ran)
+        self._release_history(job_id, now)
         self._running_class.pop(job_id, None)
         self._reclaims_sent.discard(job_id)
         self.cluster.release(job_id)
@@ -158,6 +172,8 @@ class GpuqPolicy:
 
         if not self._pending_admission and not self.waiting:
             return CycleOutput()
+        if self.history_half_life_s and now >= self._next_history:
+            self._feed_history(now)
         lowest = min((p for p, preemptible in self._running_class.values() if preemptible), default=None)
         # Expected ends come from estimates; an overrunning job's end is in the past, which the scheduler
         # reads as "ends any moment" (Slurm does the same). RunningJob objects are made once per start.
@@ -185,6 +201,13 @@ class GpuqPolicy:
             self._running_class[job_id] = (value, preemptible)
             self._allocated += self.milli[job_id]
             started.append(job_id)
+            if self.history_half_life_s:
+                admitted = self.adm.admitted.get(job_id)
+                held = [(f"{w.spec.queue}\x1f{r}", float(n)) for r, n in sorted(admitted.usage.items())] \
+                    if admitted is not None else []
+                for account, n in held:
+                    self.usage_history.hold(account, n, now)
+                self._held[job_id] = held
         # 3. preemption hook: the jobs the pipeline says ask for preemption, and queues reclaiming their quota
         victims: list[Preempted] = []
         wants = set(out.placement.preemption_asks)
@@ -219,6 +242,20 @@ class GpuqPolicy:
             wake = again.wake_at if wake is None or (again.wake_at is not None and again.wake_at < wake) else wake
         return CycleOutput(started=started, preempted=victims, wake_at=wake)
 
+    def _feed_history(self, now: float) -> None:
+        assert self.history_half_life_s is not None
+        self.usage_history.advance(now)
+        decayed: dict[str, dict[str, float]] = {}
+        for key, value in sorted(self.usage_history.usage.items()):
+            queue, resource = key.split("\x1f", 1)
+            decayed.setdefault(queue, {})[resource] = value
+        self.adm.set_usage_history(decayed, self.history_half_life_s)
+        self._next_history = now + HISTORY_PERIOD_S
+
+    def _release_history(self, job_id: str, now: float) -> None:
+        for key, n in self._held.pop(job_id, []):
+            self.usage_history.hold(key, -n, now)
+
     def _requeue(self, job_id: str, now: float) -> None:
         from services.admission.core import Workload
 
@@ -231,6 +268,7 @@ class GpuqPolicy:
         self.cluster.release(job_id)
         self.adm.finish(job_id)
         self._ran[job_id] = self._ran.get(job_id, 0.0) + (now - info.started_at)
+        self._release_history(job_id, now)
         spec, submitted_at = self.submitted[job_id]
         self.adm.requeue(Workload(spec=spec, submitted_at=submitted_at, predicted_gpu_s=self.predicted.get(job_id)))
         self._allocated -= self.milli[job_id]

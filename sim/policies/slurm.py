@@ -27,6 +27,7 @@ import math
 from bisect import insort
 
 from sim.engine import CycleOutput
+from sim.history import DecayedUsage
 from sim.model import Trace, TraceJob
 from sim.policies.baselines import PodFifo, Pool, _Gang
 from sim.policies.gangs import place_gang
@@ -36,31 +37,6 @@ MAX_AGE_S = 86_400.0  # PriorityMaxAge=1-0
 HALF_LIFE_S = 14 * 86_400.0  # PriorityDecayHalfLife=14-0
 CALC_PERIOD_S = 300.0  # PriorityCalcPeriod default
 BF_MAX_JOB_TEST = 500  # bf_max_job_test default
-
-
-class DecayedUsage:
-    """Per-account GPU-seconds decayed with a half-life: each GPU-second used `a` seconds ago counts 2^(−a/H).
-    Advanced lazily: running allocations integrate exactly between two reads."""
-
-    def __init__(self, half_life_s: float):
-        self.rate = math.log(2) / half_life_s
-        self.usage: dict[str, float] = {}
-        self.gpus: dict[str, float] = {}  # account -> GPUs held now
-        self.at = 0.0
-
-    def advance(self, now: float) -> None:
-        dt = now - self.at
-        if dt <= 0:
-            return
-        decay = math.exp(-self.rate * dt)
-        grown = (1 - decay) / self.rate  # ∫_0^dt e^(−rate·(dt−s)) ds
-        for account in sorted(set(self.usage) | set(self.gpus)):
-            self.usage[account] = self.usage.get(account, 0.0) * decay + self.gpus.get(account, 0.0) * grown
-        self.at = now
-
-    def hold(self, account: str, gpus: float, now: float) -> None:
-        self.advance(now)
-        self.gpus[account] = self.gpus.get(account, 0.0) + gpus
 
 
 class Slurm(PodFifo):

@@ -653,7 +653,9 @@ class _Cycle:
 
     def _key(self, qq: QueueQuota, e: Entry, fit: _Fit) -> tuple[int, float, float, str]:
         # e.order[1]: the submit time, or the duration-aware order time when a prediction was given
-        return (-e.priority, self.book.share(qq, fit.usage), e.order[1], e.job_id)
+        # plus the queue's historic borrowing when the caller gave usage history (core/history.py)
+        share = self.book.share(qq, fit.usage) + self.state.history_share(qq.name)
+        return (-e.priority, share, e.order[1], e.job_id)
 
     # ------------------------------------------------------------------ reasons
 

@@ -12,6 +12,7 @@ from bisect import insort
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from services.admission.core.history import historic_share
 from services.admission.core.model import AdmittedWorkload, Reason, ReclaimRequest, Rejection, Workload
 from services.admission.core.ordering import order_time
 from services.admission.core.quota import QueueQuota, QuotaBook
@@ -85,6 +86,7 @@ class AdmissionState:
         # is valid only while this has not moved.
         self._generation = 0
         self._sig_ids: dict[Signature, int] = {}  # interned request signatures (bounded by distinct shapes)
+        self._history_share: dict[str, float] = {}  # queue -> historic borrowing score (core/history.py)
 
     # ------------------------------------------------------------------ views
 
@@ -157,6 +159,28 @@ class AdmissionState:
         return other
 
     # ------------------------------------------------------------------ commands
+
+    def set_usage_history(self, decayed_gpu_s: Mapping[str, Mapping[str, float]], half_life_s: float) -> None:
+        """Fair share over time: per queue and quota resource, usage in GPU-seconds decayed with `half_life_s`
+        (from the metering ledger). Queues are then ordered by current + historic share (core/history.py)."""
+        if half_life_s <= 0:
+            raise ValueError(f"half_life_s must be > 0, got {half_life_s}")
+        shares = {}
+        for q in sorted(decayed_gpu_s):
+            qq = self._book.queues.get(q)
+            if qq is not None:
+                v = historic_share(self._book, qq, decayed_gpu_s[q], half_life_s)
+                if v:
+                    shares[q] = v
+        if shares != self._history_share:
+            # the cross-queue order changed: no cohort may reuse a cycle decided under the old one
+            for q in sorted(set(shares) | set(self._history_share)):
+                if shares.get(q) != self._history_share.get(q):
+                    self._stale.add(self._scope_of(q))
+            self._history_share = shares
+
+    def history_share(self, queue: str) -> float:
+        return self._history_share.get(queue, 0.0)
 
     def submit(self, w: Workload) -> Rejection | None:
         """Validate and authorise a new job; None = queued. Re-submitting the same spec is a no-op (handlers

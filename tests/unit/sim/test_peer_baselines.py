@@ -116,3 +116,17 @@ def test_duration_aware_prediction_never_reads_the_true_duration():
     assert base["x"] == pytest.approx(100.0)  # five similar jobs ran 100 s of their 1000 s limit
     assert _predictions({"x": 900})["x"] == base["x"]  # x's own true duration changes nothing
     assert _predictions({f"h{i}": 500 for i in range(5)})["x"] == pytest.approx(500.0)  # history does
+
+
+def test_gpuq_fairtime_serves_the_team_that_did_not_borrow_first():
+    # Teams a and b, 4 GPUs of quota each, one 8-GPU node. a borrowed the whole node for two weeks (two
+    # half-lives: its decayed average is 8 × 3/4 = 6 GPUs, 2 above its quota). Then both submit an 8-GPU job
+    # (each must borrow 4): plain gpuq breaks the tie by id (a), gpuq-fairtime counts a's past borrowing (usage
+    # decayed with a 7-day half-life) and serves b first.
+    t = 14 * 86_400
+    jobs = [job("a1", 0, t, gpus_per_pod=8, team="a"),
+            job("a2", t + 1, 100, gpus_per_pod=8, team="a"), job("b2", t + 1, 100, gpus_per_pod=8, team="b")]
+    plain, _ = _run(trace(jobs), "gpuq")
+    fair, _ = _run(trace(jobs), "gpuq-fairtime")
+    assert plain.records["a2"].start == t + 1 and plain.records["b2"].start == t + 101
+    assert fair.records["b2"].start == t + 1 and fair.records["a2"].start == t + 101
