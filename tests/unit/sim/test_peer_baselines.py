@@ -130,3 +130,21 @@ def test_gpuq_fairtime_serves_the_team_that_did_not_borrow_first():
     fair, _ = _run(trace(jobs), "gpuq-fairtime")
     assert plain.records["a2"].start == t + 1 and plain.records["b2"].start == t + 101
     assert fair.records["b2"].start == t + 1 and fair.records["a2"].start == t + 101
+
+
+def test_gpuq_sends_a_reclaim_once_as_the_admission_service_does():
+    # Teams a and b, 4 GPUs of quota each, one 8-GPU node. a's 8 jobs borrow b's half from t=0; b's job at
+    # t=10 asks to reclaim while a's jobs are inside their protection window (600 s), so no victim is found.
+    # Later arrivals make more cycles: the hook still hears b's reclaim once (the service sends it once).
+    from sim.policies.gpuq import GpuqPolicy
+
+    seen: list[str] = []
+
+    def hook(ctx):
+        seen.extend(r.preemptor for r in ctx.reclaims)
+        return []
+
+    jobs = [job(f"a{i}", 0, 5000, team="a", priority="low") for i in range(8)]
+    jobs += [job("b", 10, 50, team="b")] + [job(f"late{i}", 20 + i, 10, team="a") for i in range(5)]
+    Engine(trace(jobs), GpuqPolicy(preemption_hook=hook)).run()
+    assert seen == ["b"]
