@@ -18,6 +18,7 @@ caps them only when a what-if run asks for it.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from services.preemption.core import (
@@ -45,28 +46,42 @@ class SimPreemption:
         self.max_preemptors_per_cycle = max_preemptors_per_cycle
         self.last_preempted: dict[str, float] = {}
         self.by_queue: dict[str, list[float]] = {}
+        self._built: dict[str, RunningJob] = {}  # job id -> its RunningJob for its current run
         self.protected_violations = 0  # victims inside the window or of non-preemptible classes (must stay 0)
         # after a call: when the first job that protected itself from a request (young) leaves its window
         self.next_wake: float | None = None
 
     def _running(self, ctx: Any) -> list[RunningJob]:
+        """The running jobs as the preemption core sees them, in job id order. Each is built once per run
+        (start) and only its last periodic checkpoint is moved as time passes: rebuilding every running job
+        on every call was a third of a deep-backlog replay."""
         out = []
+        cache = self._built
         for job_id in sorted(ctx.running):
             info = ctx.running[job_id]
             spec: JobSpec = info.spec
-            value, preemptible, production = priority_of(self.config, spec)
             interval = spec.checkpoint.interval_s
             last = None
             if interval:
                 last = info.started_at + ((ctx.now - info.started_at) // interval) * interval
-            model = spec.gpu_models[0] if spec.gpu_models else "gpu"
-            usage = {model: spec.total_gpus} if spec.total_gpus else {}
-            out.append(RunningJob(job_id=job_id, queue=spec.queue, priority_class=spec.priority_class,
-                                  priority=value, preemptible=preemptible, production=production, kind=spec.kind,
-                                  gpus=float(spec.total_gpus or 1), usage=usage, started_at=info.started_at,
-                                  max_runtime_s=spec.max_runtime_s, last_checkpoint_at=last,
-                                  checkpointable=spec.checkpoint.supported,
-                                  checkpoint_cost_s=self.checkpoint_write_s if self.checkpointing else None))
+            job = cache.get(job_id)
+            if job is None or job.started_at != info.started_at:
+                value, preemptible, production = priority_of(self.config, spec)
+                model = spec.gpu_models[0] if spec.gpu_models else "gpu"
+                usage = {model: spec.total_gpus} if spec.total_gpus else {}
+                job = RunningJob(job_id=job_id, queue=spec.queue, priority_class=spec.priority_class,
+                                 priority=value, preemptible=preemptible, production=production, kind=spec.kind,
+                                 gpus=float(spec.total_gpus or 1), usage=usage, started_at=info.started_at,
+                                 max_runtime_s=spec.max_runtime_s, last_checkpoint_at=last,
+                                 checkpointable=spec.checkpoint.supported,
+                                 checkpoint_cost_s=self.checkpoint_write_s if self.checkpointing else None)
+                cache[job_id] = job
+            elif job.last_checkpoint_at != last:
+                job = cache[job_id] = replace(job, last_checkpoint_at=last)
+            out.append(job)
+        if len(cache) > 2 * len(out) + 1024:  # forget jobs that ended, now and then
+            for job_id in [j for j in cache if j not in ctx.running]:
+                del cache[job_id]
         return out
 
     def __call__(self, ctx: Any) -> list[Any]:

@@ -24,11 +24,18 @@ from sim.metrics import compute_metrics, isolated_finish_times
 from sim.model import Trace
 from sim.policies.baselines import PodFifo, QuotaFifo
 from sim.policies.gpuq import GpuqPolicy, cores_available
+from sim.policies.kueue import Kueue
+from sim.policies.slurm import Slurm
+from sim.policies.volcano import Volcano
 
 # gpuq: everything on, preemption checkpoints its victims first. gpuq-evict: the same, but victims are evicted
 # without a checkpoint (what Kueue/Volcano do), to measure what checkpoint-before-preempt saves.
-# gpuq-nopreempt: no preemption at all.
-POLICIES = ("gpuq", "gpuq-evict", "gpuq-nopreempt", "quota-fifo", "pod-fifo")
+# gpuq-nopreempt: no preemption at all. gpuq-duration: gpuq with duration-aware ordering (predicted GPU-time,
+# shortest first within a priority and fair-share standing, aged; services/admission/core/ordering.py).
+# gpuq-fairtime: gpuq with fair share over time (usage decayed with a 7-day half-life, Slurm's default
+# PriorityDecayHalfLife; services/admission/core/history.py).
+POLICIES = ("gpuq", "gpuq-duration", "gpuq-fairtime", "gpuq-evict", "gpuq-nopreempt", "kueue", "slurm", "volcano",
+            "quota-fifo", "pod-fifo")
 
 
 class _Preemption:
@@ -54,11 +61,19 @@ def make_policy(name: str) -> Policy:
     if name.startswith("gpuq"):
         if not cores_available():
             raise TraceError("policy gpuq needs services.admission.core and services.scheduler.core")
-        if name in ("gpuq", "gpuq-evict", "gpuq-nopreempt"):
+        if name in ("gpuq", "gpuq-duration", "gpuq-fairtime", "gpuq-evict", "gpuq-nopreempt"):
             policy = (GpuqPolicy() if name == "gpuq-nopreempt"
-                      else GpuqPolicy(preemption_hook=_Preemption(checkpointing=name == "gpuq")))
+                      else GpuqPolicy(preemption_hook=_Preemption(checkpointing=name != "gpuq-evict"),
+                                      duration_aware=name == "gpuq-duration",
+                                      history_half_life_s=7 * 86_400.0 if name == "gpuq-fairtime" else None))
             policy.name = name
             return policy
+    if name == "kueue":
+        return Kueue()
+    if name == "slurm":
+        return Slurm()
+    if name == "volcano":
+        return Volcano()
     if name == "quota-fifo":
         return QuotaFifo()
     if name == "pod-fifo":

@@ -225,23 +225,30 @@ class QuotaFifo(PodFifo):
         return cohort * 1000
 
     def _fits(self, q: _QueueState, model: str, req: int, borrow: bool) -> bool:
+        """Within the queue's nominal quota (or, borrowing, its nominal + borrowing limit), and within what the
+        cohort has: the cohort's usage beyond each queue's guaranteed part (nominal − lending limit) may not
+        exceed the lendable quota of all its queues. Quota lent to a borrower is in use: the lender gets it back
+        only when the borrower ends (or, under `kueue`, by reclaim)."""
         quota = q.config.quotas[model]
         used = q.usage.get(model, 0)
-        if used + req <= quota.nominal * 1000:
+        if used + req > quota.nominal * 1000:
+            if not borrow or q.config.cohort is None:
+                return False
+            if quota.borrowing_limit is not None and used + req > (quota.nominal + quota.borrowing_limit) * 1000:
+                return False
+        if q.config.cohort is None:
             return True
-        if not borrow or q.config.cohort is None:
-            return False
-        if quota.borrowing_limit is not None and used + req > (quota.nominal + quota.borrowing_limit) * 1000:
-            return False
-        available = max(0, quota.nominal * 1000 - used)
+        lendable_total = beyond_guaranteed = 0
         for other in self.queues.values():
-            if other is q or other.config.cohort != q.config.cohort or model not in other.config.quotas:
+            if other.config.cohort != q.config.cohort or model not in other.config.quotas:
                 continue
             oq = other.config.quotas[model]
-            unused = oq.nominal * 1000 - other.usage.get(model, 0)
-            lendable = oq.nominal * 1000 if oq.lending_limit is None else oq.lending_limit * 1000
-            available += max(0, min(unused, lendable))
-        return req <= available
+            lendable = oq.nominal if oq.lending_limit is None else min(oq.nominal, oq.lending_limit)
+            guaranteed = (oq.nominal - lendable) * 1000
+            lendable_total += lendable * 1000
+            used_o = other.usage.get(model, 0) + (req if other is q else 0)
+            beyond_guaranteed += max(0, used_o - guaranteed)
+        return beyond_guaranteed <= lendable_total
 
     def _choose_flavor(self, q: _QueueState, gang: _Gang) -> tuple[str, int] | None:
         req = gang.job.pods * gang.units * 1000  # a slice is one unit of its "<model>:<profile>" quota

@@ -50,6 +50,10 @@ class PreemptionContext:
 
 PreemptionHook = Callable[[PreemptionContext], list[Preempted]]
 
+# How often the usage history is handed to admission (Slurm's PriorityCalcPeriod default: 5 minutes); the
+# half-life of `gpuq-fairtime` is Slurm's PriorityDecayHalfLife default, 7 days (sim/run.py).
+HISTORY_PERIOD_S = 300.0
+
 
 def no_preemption(ctx: PreemptionContext) -> list[Preempted]:
     """The hook until the preemption core lands: never preempts (preemptions and lost work stay 0)."""
@@ -59,9 +63,18 @@ def no_preemption(ctx: PreemptionContext) -> list[Preempted]:
 class GpuqPolicy:
     name = "gpuq"
 
-    def __init__(self, preemption_hook: PreemptionHook = no_preemption, *, backfill: bool = True):
+    def __init__(self, preemption_hook: PreemptionHook = no_preemption, *, backfill: bool = True,
+                 duration_aware: bool = False, history_half_life_s: float | None = None):
         self.preemption_hook = preemption_hook
         self.backfill = backfill
+        # Duration-aware ordering: each arrival's GPU-time is predicted (services.pipeline.core.predict) from its
+        # limit and the history of similar jobs that ended, the history the metering ledger keeps: the run time
+        # this policy saw them take (starts and ends it reported), never the trace's true duration field.
+        self.duration_aware = duration_aware
+        # Fair share over time: per queue and quota resource, the GPU-seconds its running jobs used, decayed with
+        # this half-life (what the metering ledger's history gives the admission service), handed to the
+        # admission core every HISTORY_PERIOD_S of virtual time.
+        self.history_half_life_s = history_half_life_s
 
     def setup(self, trace: Trace) -> None:
         from services.admission.core import AdmissionState
@@ -84,6 +97,25 @@ class GpuqPolicy:
         self._allocated = 0
         self._pending_admission = 0
         self._down: dict[str, Any] = {}  # failed node -> its spec, restored when it comes back
+        # What the services' shells send, mirrored so the hook sees the requests the preemption service would:
+        # the scheduler asks for a job's preemption when its pending (reason, message) changes, not every cycle
+        # (forgotten when the job is placed); admission sends a job's reclaim once (forgotten when it is
+        # preempted and requeued).
+        self._published: dict[str, tuple[str, str]] = {}
+        self._reclaims_sent: set[str] = set()
+        # ... except that a request that found only protected victims is sent again when the first protection
+        # ends (the hook's `next_wake`): reclaiming nominal quota must succeed within the protection window
+        self._resend_at: float | None = None
+        from services.pipeline.core.predict import DurationPredictor
+
+        self.predictor = DurationPredictor()
+        from sim.history import DecayedUsage
+
+        self.usage_history = DecayedUsage(self.history_half_life_s or 1.0)
+        self._next_history = 0.0
+        self._held: dict[str, list[tuple[str, float]]] = {}  # running job -> (queue\x1fresource, GPUs) it holds
+        self.predicted: dict[str, float] = {}  # job -> predicted GPU-seconds given to admission (kept: tests read it)
+        self._ran: dict[str, float] = {}  # job -> seconds run in earlier runs (before preemptions / failures)
 
     # -- engine hooks
     def on_arrival(self, job: TraceJob, now: float) -> str | None:
@@ -99,7 +131,8 @@ class GpuqPolicy:
             never = self._never[shape] = got.reason if isinstance(got, Unplaceable) else ""
         if never:
             return f"Unschedulable:{never}"
-        rejection = self.adm.submit(Workload(spec=spec, submitted_at=now))
+        predicted = self._predict(spec, self.trace.gpu_milli(job) / 1000) if self.duration_aware else None
+        rejection = self.adm.submit(Workload(spec=spec, submitted_at=now, predicted_gpu_s=predicted))
         if rejection is not None:
             return rejection.reason
         self.submitted[job.job_id] = (spec, now)
@@ -107,8 +140,24 @@ class GpuqPolicy:
         self._pending_admission += 1
         return None
 
+    def _predict(self, spec: JobSpec, gpus: float) -> float:
+        from services.pipeline.core.predict import JobKey
+
+        median = self.predictor.predict(JobKey.of(spec), float(spec.max_runtime_s)).median_s
+        self.predicted[spec.job_id] = median * gpus
+        return median * gpus
+
     def on_completion(self, job_id: str, now: float) -> None:
+        if self.duration_aware:
+            from services.pipeline.core.predict import JobKey
+
+            info = self.running.get(job_id)
+            if info is not None:  # what the ledger knows: the run times it recorded, summed over the job's runs
+                ran = self._ran.pop(job_id, 0.0) + (now - info.started_at)
+                self.predictor.observe(JobKey.of(info.spec), float(info.spec.max_runtime_s), ran)
+        self._release_history(job_id, now)
         self._running_class.pop(job_id, None)
+        self._reclaims_sent.discard(job_id)
         self.cluster.release(job_id)
         self.adm.finish(job_id)
         self.running.pop(job_id, None)
@@ -123,6 +172,8 @@ class GpuqPolicy:
 
         if not self._pending_admission and not self.waiting:
             return CycleOutput()
+        if self.history_half_life_s and now >= self._next_history:
+            self._feed_history(now)
         lowest = min((p for p, preemptible in self._running_class.values() if preemptible), default=None)
         # Expected ends come from estimates; an overrunning job's end is in the past, which the scheduler
         # reads as "ends any moment" (Slurm does the same). RunningJob objects are made once per start.
@@ -132,21 +183,41 @@ class GpuqPolicy:
         self._pending_admission -= len(out.admitted)
         for w in out.admitted:
             self.waiting[w.job_id] = w
-        reclaims: Sequence[Any] = out.admission.reclaims
+        if self._resend_at is not None and now >= self._resend_at:
+            self._resend_at = None
+            self._reclaims_sent.clear()
+            self._published.clear()
+        reclaims: Sequence[Any] = [r for r in out.admission.reclaims if r.preemptor not in self._reclaims_sent]
+        self._reclaims_sent.update(r.preemptor for r in reclaims)
         result = out.placement.result
         started: list[str] = []
         for placement in result.placed:
             job_id = placement.job_id
             w = self.waiting.pop(job_id)
+            self._published.pop(job_id, None)
             self.running[job_id] = RunningInfo(w.spec, now, now + w.spec.max_runtime_s)
             self._running_jobs[job_id] = RunningJob(job_id=job_id, expected_end=now + w.spec.max_runtime_s)
             value, preemptible, _ = priority_of(self.trace.queues, w.spec)
             self._running_class[job_id] = (value, preemptible)
             self._allocated += self.milli[job_id]
             started.append(job_id)
+            if self.history_half_life_s:
+                admitted = self.adm.admitted.get(job_id)
+                held = [(f"{w.spec.queue}\x1f{r}", float(n)) for r, n in sorted(admitted.usage.items())] \
+                    if admitted is not None else []
+                for account, n in held:
+                    self.usage_history.hold(account, n, now)
+                self._held[job_id] = held
         # 3. preemption hook: the jobs the pipeline says ask for preemption, and queues reclaiming their quota
         victims: list[Preempted] = []
-        asks = set(out.placement.preemption_asks)
+        wants = set(out.placement.preemption_asks)
+        asks: set[str] = set()
+        for u in result.unplaceable:
+            key = (u.reason, u.message)
+            if self._published.get(u.job_id) != key:
+                self._published[u.job_id] = key
+                if u.job_id in wants:
+                    asks.add(u.job_id)
         if asks or reclaims:
             policy = self.trace.queues.policy
             ctx = PreemptionContext(now=now, cluster=self.cluster, admission=self.adm,
@@ -156,7 +227,10 @@ class GpuqPolicy:
                                     checkpoint_grace_s=policy.checkpoint_grace_s)
             victims = self.preemption_hook(ctx)
             for v in victims:
-                self._requeue(v.job_id)
+                self._requeue(v.job_id, now)
+            resend = getattr(self.preemption_hook, "next_wake", None)
+            if resend is not None and (self._resend_at is None or resend < self._resend_at):
+                self._resend_at = resend
         # a request that found only protected borrowers is decided again when the first protection ends
         wake = getattr(self.preemption_hook, "next_wake", None)
         if victims:
@@ -168,7 +242,21 @@ class GpuqPolicy:
             wake = again.wake_at if wake is None or (again.wake_at is not None and again.wake_at < wake) else wake
         return CycleOutput(started=started, preempted=victims, wake_at=wake)
 
-    def _requeue(self, job_id: str) -> None:
+    def _feed_history(self, now: float) -> None:
+        assert self.history_half_life_s is not None
+        self.usage_history.advance(now)
+        decayed: dict[str, dict[str, float]] = {}
+        for key, value in sorted(self.usage_history.usage.items()):
+            queue, resource = key.split("\x1f", 1)
+            decayed.setdefault(queue, {})[resource] = value
+        self.adm.set_usage_history(decayed, self.history_half_life_s)
+        self._next_history = now + HISTORY_PERIOD_S
+
+    def _release_history(self, job_id: str, now: float) -> None:
+        for key, n in self._held.pop(job_id, []):
+            self.usage_history.hold(key, -n, now)
+
+    def _requeue(self, job_id: str, now: float) -> None:
         from services.admission.core import Workload
 
         info = self.running.pop(job_id, None)
@@ -176,10 +264,13 @@ class GpuqPolicy:
             return
         self._running_jobs.pop(job_id, None)
         self._running_class.pop(job_id, None)
+        self._reclaims_sent.discard(job_id)
         self.cluster.release(job_id)
         self.adm.finish(job_id)
+        self._ran[job_id] = self._ran.get(job_id, 0.0) + (now - info.started_at)
+        self._release_history(job_id, now)
         spec, submitted_at = self.submitted[job_id]
-        self.adm.requeue(Workload(spec=spec, submitted_at=submitted_at))
+        self.adm.requeue(Workload(spec=spec, submitted_at=submitted_at, predicted_gpu_s=self.predicted.get(job_id)))
         self._allocated -= self.milli[job_id]
         self._pending_admission += 1
 
@@ -190,7 +281,7 @@ class GpuqPolicy:
             return []
         killed = sorted(j for j, p in self.cluster.allocations().items() if any(b.node == node for b in p.bindings))
         for job_id in killed:
-            self._requeue(job_id)  # back to admission with its original submit time, as after a preemption
+            self._requeue(job_id, now)  # back to admission with its original submit time, as after a preemption
         spec = self.cluster.node(node)
         self._down[node] = spec
         self.cluster.upsert_node(spec.model_copy(update={"health": NodeHealth.FAILED}))

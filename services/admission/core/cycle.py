@@ -660,7 +660,10 @@ class _Cycle:
         return _Fit(tuple(choice), taken, borrowing)
 
     def _key(self, qq: QueueQuota, e: Entry, fit: _Fit) -> tuple[int, float, float, str]:
-        return (-e.priority, self.book.share(qq, fit.usage), e.workload.submitted_at, e.job_id)
+        # e.order[1]: the submit time, or the duration-aware order time when a prediction was given
+        # plus the queue's historic borrowing when the caller gave usage history (core/history.py)
+        share = self.book.share(qq, fit.usage) + self.state.history_share(qq.name)
+        return (-e.priority, share, e.order[1], e.job_id)
 
     # ------------------------------------------------------------------ reasons
 

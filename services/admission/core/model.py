@@ -43,6 +43,9 @@ class Reason:
 class Workload:
     spec: JobSpec
     submitted_at: float  # original submit time, kept on requeue so a preempted job keeps its place
+    # Predicted GPU-seconds (services.pipeline.core.predict; never the true duration): with it, jobs of equal
+    # priority and fair-share standing go shortest first, with aging (core/ordering.py). None: FIFO.
+    predicted_gpu_s: float | None = None
 
     @property
     def job_id(self) -> str:

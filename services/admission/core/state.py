@@ -12,7 +12,9 @@ from bisect import insort
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from services.admission.core.history import historic_share
 from services.admission.core.model import AdmittedWorkload, Reason, ReclaimRequest, Rejection, Workload
+from services.admission.core.ordering import order_time
 from services.admission.core.quota import QueueQuota, QuotaBook
 from services.admission.core.resources import (
     GpuOption,
@@ -36,14 +38,15 @@ class Entry:
     __slots__ = ("admitted", "gpu_pod_sets", "job_id", "message", "order", "preemptible", "priority",
                  "queue", "reason", "sid", "sig", "unsaved_runtime_s", "verdict", "workload")
 
-    def __init__(self, workload: Workload, priority: int, preemptible: bool):
+    def __init__(self, workload: Workload, priority: int, preemptible: bool, order_at: float | None = None):
         spec = workload.spec
         self.workload = workload
         self.job_id = spec.job_id
         self.queue = spec.queue
         self.priority = priority
         self.preemptible = preemptible
-        self.order: Order = (-priority, workload.submitted_at, spec.job_id)
+        # (-priority, order time, id): the order time is the submit time, or later for longer predicted work
+        self.order: Order = (-priority, workload.submitted_at if order_at is None else order_at, spec.job_id)
         self.sig: Signature = request_signature(spec)
         self.sid = 0  # small int standing for `sig` (cheap memo keys); set by AdmissionState
         self.gpu_pod_sets = gpu_pod_set_names(spec)
@@ -83,6 +86,7 @@ class AdmissionState:
         # is valid only while this has not moved.
         self._generation = 0
         self._sig_ids: dict[Signature, int] = {}  # interned request signatures (bounded by distinct shapes)
+        self._history_share: dict[str, float] = {}  # queue -> historic borrowing score (core/history.py)
 
     # ------------------------------------------------------------------ views
 
@@ -155,6 +159,28 @@ class AdmissionState:
         return other
 
     # ------------------------------------------------------------------ commands
+
+    def set_usage_history(self, decayed_gpu_s: Mapping[str, Mapping[str, float]], half_life_s: float) -> None:
+        """Fair share over time: per queue and quota resource, usage in GPU-seconds decayed with `half_life_s`
+        (from the metering ledger). Queues are then ordered by current + historic share (core/history.py)."""
+        if half_life_s <= 0:
+            raise ValueError(f"half_life_s must be > 0, got {half_life_s}")
+        shares = {}
+        for q in sorted(decayed_gpu_s):
+            qq = self._book.queues.get(q)
+            if qq is not None:
+                v = historic_share(self._book, qq, decayed_gpu_s[q], half_life_s)
+                if v:
+                    shares[q] = v
+        if shares != self._history_share:
+            # the cross-queue order changed: no cohort may reuse a cycle decided under the old one
+            for q in sorted(set(shares) | set(self._history_share)):
+                if shares.get(q) != self._history_share.get(q):
+                    self._stale.add(self._scope_of(q))
+            self._history_share = shares
+
+    def history_share(self, queue: str) -> float:
+        return self._history_share.get(queue, 0.0)
 
     def submit(self, w: Workload) -> Rejection | None:
         """Validate and authorise a new job; None = queued. Re-submitting the same spec is a no-op (handlers
@@ -285,7 +311,12 @@ class AdmissionState:
         preemptible = k.preemptible if k is not None else True
         if w.spec.preemptible is not None:
             preemptible = w.spec.preemptible
-        e = Entry(w, value, preemptible)
+        order_at = None
+        if w.predicted_gpu_s is not None:
+            qq = self._book.queues.get(w.spec.queue)
+            nominal = sum(n for r, n in qq.nominal.items() if ":" not in r) if qq is not None else 0
+            order_at = order_time(w.submitted_at, w.predicted_gpu_s, nominal, w.spec.total_gpus)
+        e = Entry(w, value, preemptible, order_at)
         e.sid = self._sig_ids.setdefault(e.sig, len(self._sig_ids))
         return e
 
@@ -327,7 +358,7 @@ class AdmissionState:
 
     def _reprioritise(self, e: Entry, value: int) -> None:
         e.priority = value
-        e.order = (-value, e.workload.submitted_at, e.job_id)
+        e.order = (-value, e.order[1], e.job_id)
 
     def _verdict(self, spec: JobSpec) -> tuple[str, str] | None:
         """Why a pending job cannot be admitted under the current config (None = it can, some day)."""

@@ -103,6 +103,6 @@ def test_simulate_command_writes_json_and_report(tmp_path):
 def test_simulate_rejects_an_unknown_policy(tmp_path):
     trace = tmp_path / "t.csv"
     trace.write_text("job_id,submit_time,duration,gpus,team\na,0,1,1,x\n")
-    res = CliRunner().invoke(app, ["simulate", "--trace", str(trace), "--policy", "slurm"])
+    res = CliRunner().invoke(app, ["simulate", "--trace", str(trace), "--policy", "yarn-fifo"])
     assert res.exit_code == 2
     assert "unknown policy" in res.output
