@@ -73,6 +73,8 @@ NAK_DELAYS_S = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0)
 # transaction (one savepoint per message) and settled after its commit.
 FETCH_BATCH = 256
 FETCH_WAIT_S = 1.0
+# The savepoint each message of a consumed batch is handled in (shared/service.py _process_batch).
+_MESSAGE_SAVEPOINT = "gpuq_message"
 # The outbox relay: rows per pipelined batch, and how long the batch's PubAcks may take all together.
 RELAY_BATCH = 512
 PUBLISH_TIMEOUT_S = 10.0
@@ -180,6 +182,17 @@ class Tx:
     # Work a handler asks to run once after every event of the unit of work (a batch of messages shares one
     # transaction): key -> callable. None: a unit of one event, whose deferred work runs at once.
     deferred: dict[str, Callable[[Tx], Awaitable[None]]] | None = None
+    # Outbox rows held until `flush` (one round trip to Postgres for all, in order) instead of one INSERT per
+    # event: the runtime buffers its batch-end cycles (a cycle admits or places many jobs), and flushes before commit.
+    buffered: bool = False
+    _rows: list[tuple[str, str, bytes]] = field(default_factory=list)
+
+    async def flush(self) -> None:
+        """Write the buffered outbox rows (in emission order, so the relay publishes them in that order)."""
+        if self._rows:
+            rows, self._rows = self._rows, []
+            await self.conn.executemany(
+                f"INSERT INTO {self.schema}.outbox(event_id, subject, body) VALUES ($1, $2, $3)", rows)
 
     async def after_events(self, key: str, work: Callable[[Tx], Awaitable[None]]) -> None:
         """Run `work` once after the events of this unit of work are applied, in its transaction: at once for a unit
@@ -203,9 +216,12 @@ class Tx:
                              traceparent=traceparent or self.traceparent)
         subject = (payload.scoped_subject(subject_suffix) if payload.scope and subject_suffix else
                    payload.subject() + (f".{subject_suffix}" if subject_suffix else ""))
-        await self.conn.execute(
-            f"INSERT INTO {self.schema}.outbox(event_id, subject, body) VALUES ($1, $2, $3)",
-            event.id, subject, encode_event(event))
+        row = (event.id, subject, encode_event(event))
+        if self.buffered:
+            self._rows.append(row)
+        else:
+            await self.conn.execute(f"INSERT INTO {self.schema}.outbox(event_id, subject, body) VALUES ($1, $2, $3)",
+                                    *row)
         self.emitted.append(event)
         return event
 
@@ -224,12 +240,22 @@ class JobTraces:
         while len(self.cache) > self.cache_size:
             self.cache.popitem(last=False)
 
-    async def remember(self, conn: asyncpg.Connection, schema: str, job_id: str, traceparent: str) -> None:
+    async def remember(self, conn: asyncpg.Connection, schema: str, job_id: str, traceparent: str) -> bool:
+        """Write the job's first trace context unless the cache knows it. Returns whether it inserted: the caller
+        passes what was written to `committed` once its transaction committed (cached only then: a rolled back
+        row was never written), so a job's later events cost no round trip to Postgres."""
         if job_id in self.cache:
-            return
-        await conn.execute(f"INSERT INTO {schema}.job_traces(job_id, traceparent) VALUES ($1, $2) "
-                           "ON CONFLICT DO NOTHING", job_id, traceparent)
-        # (not cached here: if the transaction rolls back, the row was never written)
+            return False
+        # RETURNING: only a row this call inserted is cached (one written before a restart may differ)
+        return bool(await conn.fetchval(f"INSERT INTO {schema}.job_traces(job_id, traceparent) VALUES ($1, $2) "
+                                        "ON CONFLICT DO NOTHING RETURNING true", job_id, traceparent))
+
+    def committed(self, written: Sequence[tuple[str, str]]) -> None:
+        """After commit: the rows `remember` wrote are in the table. The first one written for a job wins (ON
+        CONFLICT DO NOTHING), so a job already cached keeps its entry."""
+        for job_id, traceparent in written:
+            if job_id not in self.cache:
+                self._keep(job_id, traceparent)
 
     async def get(self, conn: asyncpg.Connection, schema: str, job_id: str) -> str | None:
         found = self.cache.get(job_id)
@@ -571,11 +597,12 @@ class ServiceRuntime:
         """Handle one message body in a unit of work of its own. Returns what happened: handled, duplicate, ignored,
         dead_letter. Raises when the handler failed and the message should be retried."""
         verdict: _DeadLetter | None = None
+        traces: list[tuple[str, str]] = []
         async with self._handle_lock:
             try:
                 async with self.pool.acquire() as conn, conn.transaction():
                     await self._reload_if_stale(conn)
-                    outcome, emitted = await self._unit(conn, raw, subject, None)
+                    outcome, emitted = await self._unit(conn, raw, subject, None, traces)
             except _DeadLetter as dead:
                 self._stale = self._stale or dead.handler_ran
                 verdict = dead
@@ -586,6 +613,7 @@ class ServiceRuntime:
             await self.dead_letter(raw, verdict.subject or subject, stream_seq, deliveries,
                                    verdict.reason, verdict.message)
             return "dead_letter"
+        self.job_traces.committed(traces)
         self._count(outcome)
         if emitted:
             self._outbox_wakeup.set()
@@ -600,10 +628,12 @@ class ServiceRuntime:
             self.counters.ignored += 1
 
     async def _unit(self, conn: asyncpg.Connection, raw: bytes, subject: str,
-                    deferred: dict[str, Callable[[Tx], Awaitable[None]]] | None) -> tuple[str, bool]:
+                    deferred: dict[str, Callable[[Tx], Awaitable[None]]] | None,
+                    traces: list[tuple[str, str]]) -> tuple[str, bool]:
         """One event's work inside the caller's transaction: parse, check the subject, claim, the inbox row, the
         handler. Returns (outcome, whether it emitted events); raises _DeadLetter for a verdict, anything else
-        for a failure worth retrying."""
+        for a failure worth retrying. Appends to `traces` the job trace rows it wrote (for the cache, after
+        the caller committed)."""
         try:
             event, payload = parse_event(raw)
         except InvalidEvent as exc:
@@ -633,8 +663,9 @@ class ServiceRuntime:
             tx = Tx(conn=conn, now=self.clock.now(), source=self.source, schema=self.spec.schema,
                     traceparent=current_traceparent() or event.traceparent, subject=subject,
                     job=event.subject, job_traces=self.job_traces, deferred=deferred)
-            if event.subject and tx.traceparent:
-                await self.job_traces.remember(conn, self.spec.schema, event.subject, tx.traceparent)
+            if event.subject and tx.traceparent and \
+                    await self.job_traces.remember(conn, self.spec.schema, event.subject, tx.traceparent):
+                traces.append((event.subject, tx.traceparent))
             try:
                 await handler(tx, event, payload)
             except Refused as exc:
@@ -709,31 +740,40 @@ class ServiceRuntime:
         outcomes: list[tuple[Msg, str, BaseException | None]] = []
         dead: list[tuple[Msg, _DeadLetter]] = []
         emitted = False
+        traces: list[tuple[str, str]] = []  # job trace rows written by the messages whose savepoint held
         async with self._handle_lock:
             try:
                 async with self.pool.acquire() as conn, conn.transaction():
                     await self._reload_if_stale(conn)
                     deferred: dict[str, Callable[[Tx], Awaitable[None]]] = {}
                     for m in work:
+                        # A savepoint: this message's work alone. Savepoints of the same name nest and are not
+                        # released (the commit ends them all): one round trip to Postgres per message instead of
+                        # two; a rollback goes back to the newest one, the start of this message.
+                        await conn.execute(f"SAVEPOINT {_MESSAGE_SAVEPOINT}")
                         try:
-                            async with conn.transaction():  # a savepoint: this message's work alone
-                                outcome, wrote = await self._unit(conn, m.data, m.subject, deferred)
+                            unit_traces: list[tuple[str, str]] = []
+                            outcome, wrote = await self._unit(conn, m.data, m.subject, deferred, unit_traces)
+                            traces.extend(unit_traces)
                             emitted = emitted or wrote
                             outcomes.append((m, outcome, None))
                         except _DeadLetter as verdict:
+                            await conn.execute(f"ROLLBACK TO SAVEPOINT {_MESSAGE_SAVEPOINT}")
                             if verdict.handler_ran:
                                 await self._reload_in(conn)
                             dead.append((m, verdict))
                             await self._record_dead_letter(conn, m.data, m.subject, m.metadata.sequence.stream,
                                                            m.metadata.num_delivered, verdict.reason, verdict.message)
                         except Exception as exc:
+                            await conn.execute(f"ROLLBACK TO SAVEPOINT {_MESSAGE_SAVEPOINT}")
                             await self._reload_in(conn)
                             outcomes.append((m, "failed", exc))
                     if deferred:
                         tx = Tx(conn=conn, now=self.clock.now(), source=self.source, schema=self.spec.schema,
-                                job_traces=self.job_traces)
+                                job_traces=self.job_traces, buffered=True)
                         for key in sorted(deferred):
                             await deferred[key](tx)
+                        await tx.flush()
                         emitted = emitted or bool(tx.emitted)
             except Exception as exc:
                 self._stale = True
@@ -747,6 +787,7 @@ class ServiceRuntime:
                 await self._process(m)
             return
         self.counters.batches += 1
+        self.job_traces.committed(traces)
         if emitted:
             self._outbox_wakeup.set()
         for m, why in dead:

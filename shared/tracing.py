@@ -69,8 +69,16 @@ def setup_tracing(service_name: str, exporter: str | SpanExporter = "none") -> T
     return _provider
 
 
+_tracers: dict[int, trace.Tracer] = {}
+
+
 def _tracer() -> trace.Tracer:
-    return trace.get_tracer("gpuq", tracer_provider=_provider)
+    # One tracer per provider (get_tracer builds a new one each call, and it runs once per handled event)
+    key = id(_provider)
+    found = _tracers.get(key)
+    if found is None:
+        found = _tracers[key] = trace.get_tracer("gpuq", tracer_provider=_provider)
+    return found
 
 
 def context_from_traceparent(traceparent: str | None) -> otel_context.Context:
