@@ -205,10 +205,10 @@ async def test_a_job_five_minutes_from_its_end_is_left_alone(fresh: tuple[str, s
 
 
 async def _young_borrower(h: Harness, clock: ManualClock) -> None:
-    """A's own job fills its nominal; a job that cannot checkpoint borrows B's 8 GPUs and started 100 s ago."""
+    """Team A runs 16 GPUs (8 borrowed from B) in two jobs that cannot checkpoint and started 50 and 100 s ago."""
     await h.send(NodeInventory(nodes=NODES))
     await h.until("SELECT count(*) = 2 FROM preemption.nodes")
-    await h.run_job(spec("a-own", "team-a", "low", ckpt=False), "n-0", T0)
+    await h.run_job(spec("a-own", "team-a", "low", ckpt=False), "n-0", clock.now() - 50)
     await h.run_job(spec("a-young", "team-a", "low", ckpt=False), "n-1", clock.now() - 100)
     await h.send(JobSubmitted(spec=spec("b-back", "team-b", "high"), submitted_at=utcnow_from(clock.now())))
     await h.until("SELECT 1 FROM preemption.jobs WHERE job_id = 'b-back'")
@@ -217,7 +217,7 @@ async def _young_borrower(h: Harness, clock: ManualClock) -> None:
     outcome = await h.until("SELECT outcome FROM preemption.requests WHERE preemptor = 'b-back'")
     assert outcome == "deferred"  # every candidate is inside its protection window (600 s)
     retry_at = await h.until("SELECT retry_at FROM preemption.deferred WHERE preemptor = 'b-back'")
-    assert retry_at == clock.now() - 100 + 600  # when the young borrower's protection ends
+    assert retry_at == clock.now() - 100 + 600  # when the first of the two protections ends
 
 
 async def test_a_reclaim_blocked_by_protection_is_retried_when_protection_ends(fresh: tuple[str, str]) -> None:
@@ -230,7 +230,7 @@ async def test_a_reclaim_blocked_by_protection_is_retried_when_protection_ends(f
         await asyncio.sleep(0.3)
         assert await h.outbox(ns_subject("job.preempted")) == []
         await h.stop()  # the deferred request survives a restart
-        clock.advance(101)  # protection ended at +500
+        clock.advance(101)  # a-young's protection ended at +500, a-own's ends at +550
         await h.start()
         await h.until("SELECT 1 FROM preemption.preemptions WHERE victim = 'a-young' AND state = 'preempted'")
         preempted = await h.outbox(ns_subject("job.preempted"))
