@@ -26,9 +26,9 @@ from services.preemption.core import (
     RECLAIM,
     Preemptor,
     RunningJob,
-    Why,
     cooldown_verdict,
     priority_of,
+    protection_ends,
     rate_limit_verdict,
     select_victims,
 )
@@ -132,11 +132,10 @@ class SimPreemption:
         return out
 
     def _wake_when_unprotected(self, alive: list[RunningJob], rejected: Mapping[str, str], now: float) -> None:
-        window = self.config.policy.protection_window_s
-        for job in alive:
-            if rejected.get(job.job_id) == Why.JUST_STARTED and job.started_at + window > now:
-                until = job.started_at + window
-                self.next_wake = until if self.next_wake is None else min(self.next_wake, until)
+        # the same rule as the service's deferred requests (services/preemption/app.py)
+        until = protection_ends(alive, rejected, now, self.config.policy.protection_window_s)
+        if until is not None:
+            self.next_wake = until if self.next_wake is None else min(self.next_wake, until)
 
     @staticmethod
     def _spec(ctx: Any, job_id: str) -> JobSpec | None:

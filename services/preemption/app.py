@@ -30,6 +30,7 @@ from services.preemption.core import (
     Preemptor,
     cooldown_verdict,
     priority_of,
+    protection_ends,
     rate_limit_verdict,
     select_victims,
 )
@@ -152,6 +153,7 @@ class PreemptionService:
             json.dumps([b.model_dump(mode="json") for b in payload.bindings]), payload.placed_at.timestamp())
         # The preemptor found room before its victims were stopped: let them run on.
         await self._abort_open(tx, "preemptor = $1", payload.job_id, "preemptor placed before the checkpoint")
+        await tx.conn.execute("DELETE FROM preemption.deferred WHERE preemptor = $1", payload.job_id)
 
     async def on_started(self, tx: Tx, event: CloudEvent, payload: JobStarted) -> None:
         status = await tx.conn.fetchval(
@@ -169,6 +171,7 @@ class PreemptionService:
                               payload.job_id)
         await self._abort_open(tx, "victim = $1", payload.job_id, f"victim ended ({type(payload).__name__})")
         await self._abort_open(tx, "preemptor = $1", payload.job_id, f"preemptor ended ({type(payload).__name__})")
+        await tx.conn.execute("DELETE FROM preemption.deferred WHERE preemptor = $1", payload.job_id)
 
     async def _abort_open(self, tx: Tx, where: str, job_id: str, why: str) -> None:
         rows = await tx.conn.fetch(
@@ -181,7 +184,14 @@ class PreemptionService:
     # ------------------------------------------------------------------ the protocol
 
     async def on_requested(self, tx: Tx, event: CloudEvent, payload: PreemptionRequested) -> None:
-        pid = event.id  # the request's event id names the protocol: a redelivery is skipped by the inbox
+        # The request's event id names the protocol: a redelivery is skipped by the inbox. A newer request for
+        # the same preemptor supersedes a deferred older one.
+        await tx.conn.execute("DELETE FROM preemption.deferred WHERE preemptor = $1", payload.preemptor)
+        await self._run_request(tx, event.id, payload, origin=event.id, attempt=0)
+
+    async def _run_request(self, tx: Tx, pid: str, payload: PreemptionRequested, *, origin: str,
+                           attempt: int) -> None:
+        """One attempt at a request: select victims (pure core) and start the protocol, or record why not."""
 
         async def record(outcome: str, message: str, victims: tuple[str, ...] = ()) -> None:
             await tx.conn.execute(
@@ -196,6 +206,9 @@ class PreemptionService:
             return
         row = await tx.conn.fetchrow("SELECT spec, status, allowed_models, last_preempted_at FROM preemption.jobs "
                                      "WHERE job_id = $1", payload.preemptor)
+        if row is None and attempt > 0:
+            await record(Outcome.NOT_WAITING, "the preemptor is no longer known")
+            return
         if row is None:
             # JobSubmitted/JobAdmitted travel on other subjects and may not be here yet: retry later.
             raise LookupError(f"preemptor {payload.preemptor} is not known yet")
@@ -222,6 +235,21 @@ class PreemptionService:
                               own_need=dict(payload.own_need), max_victim_priority=payload.max_victim_priority)
         selection = select_victims(preemptor, snap.running, snap.cluster, config, tx.now, busy=snap.busy)
         if not selection.victims:
+            retry_at = None
+            if selection.why != "FitsWithoutPreemption":
+                retry_at = protection_ends(snap.running, selection.rejected, tx.now,
+                                           config.policy.protection_window_s)
+            if retry_at is not None:
+                # Only protection stands in the way: run it again when the earliest protection ends.
+                await record(Outcome.DEFERRED, f"{selection.why}: {selection.message}; retry at "
+                             f"{utcnow_from(retry_at).isoformat()} when protection ends")
+                await tx.conn.execute(
+                    "INSERT INTO preemption.deferred(preemptor, preemption_id, attempt, payload, retry_at) "
+                    "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (preemptor) DO UPDATE SET "
+                    "preemption_id = excluded.preemption_id, attempt = excluded.attempt, "
+                    "payload = excluded.payload, retry_at = excluded.retry_at",
+                    payload.preemptor, origin, attempt, payload.model_dump_json(), retry_at)
+                return
             outcome = Outcome.FITS if selection.why == "FitsWithoutPreemption" else Outcome.NO_VICTIMS
             await record(outcome, f"{selection.why}: {selection.message}")
             return
@@ -303,6 +331,7 @@ class PreemptionService:
     async def deadline_loop(self, runtime: ServiceRuntime) -> None:
         while True:
             await self.expire_due(runtime)
+            await self.retry_deferred(runtime)
             await asyncio.sleep(self.tick_s)
 
     async def expire_due(self, runtime: ServiceRuntime) -> int:
@@ -314,6 +343,24 @@ class PreemptionService:
             for r in rows:
                 await self._finish(tx, r["preemption_id"], r["victim"], checkpoint_uri=None, checkpointed_at=None,
                                    step=None)
+        return len(rows)
+
+
+    async def retry_deferred(self, runtime: ServiceRuntime) -> int:
+        """Re-run every deferred request whose retry time came on the runtime clock. Returns how many.
+
+        Each retry is a new protocol `<original id>/retry-<n>` (deterministic, so a crash before commit re-runs
+        the same id); the row is deleted in the same transaction and re-inserted if protection still blocks."""
+        async with runtime.transaction() as tx:
+            rows = await tx.conn.fetch(
+                "DELETE FROM preemption.deferred WHERE preemptor IN (SELECT preemptor FROM preemption.deferred "
+                "WHERE retry_at <= $1 ORDER BY retry_at, preemptor FOR UPDATE SKIP LOCKED) "
+                "RETURNING preemptor, preemption_id, attempt, payload, retry_at", tx.now)
+            for r in sorted(rows, key=lambda r: (r["retry_at"], r["preemptor"])):
+                payload = PreemptionRequested.model_validate_json(r["payload"])
+                attempt = r["attempt"] + 1
+                await self._run_request(tx, f"{r['preemption_id']}/retry-{attempt}", payload,
+                                        origin=r["preemption_id"], attempt=attempt)
         return len(rows)
 
 

@@ -6,7 +6,7 @@ and the simulator (sim/preemption.py) drive the same functions.
 
 from .guards import cooldown_s, cooldown_verdict, rate_limit_verdict
 from .model import PRIORITY, RECLAIM, Outcome, Preemptor, RunningJob, Selection, Why, priority_of, usage_by_queue
-from .policy import class_verdict, is_borrowing, needed_resources, protection, victim_verdict
+from .policy import class_verdict, is_borrowing, needed_resources, protection, protection_ends, victim_verdict
 from .select import candidate_key, select_victims, set_key
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "needed_resources",
     "priority_of",
     "protection",
+    "protection_ends",
     "rate_limit_verdict",
     "select_victims",
     "set_key",

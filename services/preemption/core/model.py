@@ -40,6 +40,7 @@ class Outcome:
 
     STARTED = "started"
     NO_VICTIMS = "no_victims"
+    DEFERRED = "deferred"  # no victim yet, only because candidates are protected: retried when that ends
     FITS = "fits_without_preemption"
     RATE_LIMITED = "rate_limited"
     COOLDOWN = "cooldown"

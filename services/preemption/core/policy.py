@@ -64,6 +64,17 @@ def protection(job: RunningJob, now: float, window_s: int) -> tuple[str, float] 
     return None
 
 
+def protection_ends(running: Iterable[RunningJob], rejected: Mapping[str, str], now: float,
+                    window_s: int) -> float | None:
+    """When the earliest candidate rejected only as just started leaves its protection window (None if none).
+
+    A request that found no victim because its candidates were too young is worth running again then: the
+    lender's guarantee is "nominal quota back within the protection window", not "when the borrowers end"."""
+    ends = [job.started_at + window_s for job in running
+            if rejected.get(job.job_id) == Why.JUST_STARTED and job.started_at + window_s > now]
+    return min(ends) if ends else None
+
+
 def class_verdict(job: RunningJob) -> str | None:
     if job.production:
         return Why.PRODUCTION

@@ -202,3 +202,64 @@ async def test_a_job_five_minutes_from_its_end_is_left_alone(fresh: tuple[str, s
         conn2 = await asyncpg.connect(h.database_url)
         assert await conn2.fetchval("SELECT count(*) FROM preemption.preemptions") == 0
         await conn2.close()
+
+
+async def _young_borrower(h: Harness, clock: ManualClock) -> None:
+    """Team A runs 16 GPUs (8 borrowed from B) in two jobs that cannot checkpoint and started 50 and 100 s ago."""
+    await h.send(NodeInventory(nodes=NODES))
+    await h.until("SELECT count(*) = 2 FROM preemption.nodes")
+    await h.run_job(spec("a-own", "team-a", "low", ckpt=False), "n-0", clock.now() - 50)
+    await h.run_job(spec("a-young", "team-a", "low", ckpt=False), "n-1", clock.now() - 100)
+    await h.send(JobSubmitted(spec=spec("b-back", "team-b", "high"), submitted_at=utcnow_from(clock.now())))
+    await h.until("SELECT 1 FROM preemption.jobs WHERE job_id = 'b-back'")
+    await h.send(PreemptionRequested(preemptor="b-back", queue="team-b", reason=PreemptionReason.RECLAIM,
+                                     need={MODEL: 8}))
+    outcome = await h.until("SELECT outcome FROM preemption.requests WHERE preemptor = 'b-back'")
+    assert outcome == "deferred"  # every candidate is inside its protection window (600 s)
+    retry_at = await h.until("SELECT retry_at FROM preemption.deferred WHERE preemptor = 'b-back'")
+    assert retry_at == clock.now() - 100 + 600  # when the first of the two protections ends
+
+
+async def test_a_reclaim_blocked_by_protection_is_retried_when_protection_ends(fresh: tuple[str, str]) -> None:
+    """The lender gets its nominal quota back within the protection window, though no borrower can checkpoint
+    and admission sends its reclaim request only once."""
+    clock = ManualClock(T0 + 5000)
+    async with Harness(*fresh, clock) as h:
+        await _young_borrower(h, clock)
+        clock.advance(400)  # still protected: nothing happens
+        await asyncio.sleep(0.3)
+        assert await h.outbox(ns_subject("job.preempted")) == []
+        await h.stop()  # the deferred request survives a restart
+        clock.advance(101)  # a-young's protection ended at +500, a-own's ends at +550
+        await h.start()
+        await h.until("SELECT 1 FROM preemption.preemptions WHERE victim = 'a-young' AND state = 'preempted'")
+        preempted = await h.outbox(ns_subject("job.preempted"))
+        assert [(p["job_id"], p["preemptor"], p["reason"]) for p in preempted] == [
+            ("a-young", "b-back", "ReclaimQuota")]
+        pid = preempted[0]["preemption_id"]
+        assert pid.endswith("/retry-1")
+        clock.advance(1000)
+        await asyncio.sleep(0.3)
+        assert len(await h.outbox(ns_subject("job.preempted"))) == 1  # retried once, preempted once
+        async with h.pool.acquire() as conn:
+            assert await conn.fetchval("SELECT count(*) FROM preemption.deferred") == 0
+            outcomes = [tuple(r) for r in await conn.fetch(
+                "SELECT preemption_id, outcome FROM preemption.requests WHERE preemptor = 'b-back' "
+                "ORDER BY requested_at")]
+        assert [o for _, o in outcomes] == ["deferred", "started"]
+        assert outcomes[1][0] == f"{outcomes[0][0]}/retry-1"
+
+
+async def test_a_deferred_reclaim_is_dropped_once_the_preemptor_is_placed(fresh: tuple[str, str]) -> None:
+    clock = ManualClock(T0 + 5000)
+    async with Harness(*fresh, clock) as h:
+        await _young_borrower(h, clock)
+        b = spec("b-back", "team-b", "high")
+        await h.send(JobPlaced(job_id="b-back", spec=b, placed_at=utcnow_from(clock.now()), bindings=(
+            GpuBinding(pod="main-0", node="n-1", gpu_indices=tuple(range(8))),)))
+        await h.until("SELECT NOT EXISTS (SELECT 1 FROM preemption.deferred WHERE preemptor = 'b-back')")
+        clock.advance(1000)
+        await asyncio.sleep(0.3)
+        assert await h.outbox(ns_subject("job.preempted")) == []
+        async with h.pool.acquire() as conn:
+            assert await conn.fetchval("SELECT count(*) FROM preemption.preemptions") == 0

@@ -8,6 +8,7 @@ from services.preemption.core import (
     Preemptor,
     Why,
     protection,
+    protection_ends,
     select_victims,
     usage_by_queue,
     victim_verdict,
@@ -233,3 +234,15 @@ def test_borrow_within_cohort_takes_no_borrower_above_its_threshold() -> None:
     usage = usage_by_queue(w.running)
     assert victim_verdict(p, low, w.config, usage, NOW) is None
     assert victim_verdict(p, normal, w.config, usage, NOW) == Why.NOT_LOWER_PRIORITY
+
+
+def test_protection_ends_is_the_earliest_end_among_candidates_rejected_as_just_started() -> None:
+    w = World(queues(window=600))
+    young = w.run(spec("young", gpus=8), NOW - 100)
+    younger = w.run(spec("younger", gpus=8), NOW - 50)
+    rejected = {"young": Why.JUST_STARTED, "younger": Why.JUST_STARTED}
+    assert protection_ends(w.running, rejected, NOW, 600) == young.started_at + 600
+    # a job rejected for another reason (here: near its end) does not set a retry time
+    assert protection_ends(w.running, {"younger": Why.NEAR_END}, NOW, 600) is None
+    assert protection_ends(w.running, {"younger": Why.JUST_STARTED}, NOW, 600) == younger.started_at + 600
+    assert protection_ends(w.running, {}, NOW, 600) is None
