@@ -19,11 +19,17 @@ import nats
 import pytest
 import pytest_asyncio
 from cryptography.fernet import Fernet
+from hypothesis import settings
 
 from shared import namespace
 from shared.bus import delete_streams, ensure_streams
 from shared.db import drop_database, scratch_database
 from shared.servers import Servers, resolve_servers
+
+# CI replays the same Hypothesis examples on every run (HYPOTHESIS_PROFILE=ci, set by .ci/run), so a landing is
+# judged on the code, not on the draw; developers' runs keep the random seed and explore new examples.
+settings.register_profile("ci", derandomize=True, database=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 # Set before any test imports code that reads it; subprocesses (`gpuq` commands) inherit it.
 SESSION_NAMESPACE = namespace.fresh("test")

@@ -136,13 +136,21 @@ def check(s: AdmissionState, cfg: QueuesConfig, d, before: set[str], capacity, m
                     limit = fq.lending_limit if fq.lending_limit is not None else fq.nominal
                     lendable += min(limit, nominal - used)
             assert borrowed <= lendable, (c, m, borrowed, lendable)
-    # reclaim requests: positive needs, victims admitted in another queue of the preemptor's cohort
+    # preemption requests: positive needs; victims are admitted jobs either of the preemptor's own queue (within-queue
+    # preemption: only when the request says how much must come from its own queue, and only jobs of lower priority)
+    # or of another queue of the preemptor's cohort (reclaim, borrow_within_cohort)
     cohort_of = {q.name: q.cohort for q in cfg.queues}
+    value = {c.name: c.value for c in cfg.priority_classes}
     for r in d.reclaims:
         assert r.need and all(v > 0 for v in r.need.values()) and r.candidates
+        preemptor = s.pending[r.preemptor].spec
         for v in r.candidates:
             a = s.admitted[v]
-            assert a.spec.queue != r.queue and cohort_of[a.spec.queue] == cohort_of[r.queue]
+            if a.spec.queue == r.queue:
+                assert r.own_need, (r, v)
+                assert value[a.spec.priority_class] < value[preemptor.priority_class], (r, v)
+            else:
+                assert cohort_of[r.queue] is not None and cohort_of[a.spec.queue] == cohort_of[r.queue], (r, v)
 
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
