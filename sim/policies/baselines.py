@@ -170,7 +170,8 @@ class QuotaFifo(PodFifo):
         self.gangs: dict[str, _Gang] = {}
         self.flavor: dict[str, tuple[str, int]] = {}  # admitted job -> (model, milli charged)
 
-    def _enqueue(self, gang: _Gang, now: float) -> str | None:
+    def _queue_for(self, gang: _Gang) -> _QueueState | str:
+        """The gang's queue, or why it can never be admitted there (Kueue's inadmissible reasons)."""
         q = self.queues.get(gang.job.queue)
         if q is None:
             return "UnknownQueue"
@@ -180,6 +181,12 @@ class QuotaFifo(PodFifo):
         req = gang.job.pods * gang.units * 1000  # a slice is one unit of its "<model>:<profile>" quota
         if all(req > self._ceiling(q, m) for m in models):
             return "InadmissibleExceedsLimits"
+        return q
+
+    def _enqueue(self, gang: _Gang, now: float) -> str | None:
+        q = self._queue_for(gang)
+        if isinstance(q, str):
+            return q
         self.gangs[gang.job.job_id] = gang
         heapq.heappush(q.heap, (-self.prio.get(gang.job.priority_class, 0), gang.job.submit_time, gang.job.job_id))
         return None

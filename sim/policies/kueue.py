@@ -43,15 +43,9 @@ class Kueue(QuotaFifo):
     # -- queue entries: each queue's `heap` is kept as a sorted list (a sorted list is also a valid heap, so
     #    QuotaFifo's helpers still read it), because BestEffortFIFO looks past a head that does not fit.
     def _enqueue(self, gang: _Gang, now: float) -> str | None:
-        q = self.queues.get(gang.job.queue)
-        if q is None:
-            return "UnknownQueue"
-        models = self._models(q.config, gang.job)
-        if not models:
-            return "InadmissibleNoFlavor"
-        req = gang.job.pods * gang.units * 1000
-        if all(req > self._ceiling(q, m) for m in models):
-            return "InadmissibleExceedsLimits"
+        q = self._queue_for(gang)
+        if isinstance(q, str):
+            return q
         self.gangs[gang.job.job_id] = gang
         self.original[gang.job.job_id] = gang.job
         insort(q.heap, self._entry(gang.job))
