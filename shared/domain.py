@@ -165,7 +165,7 @@ NEVER_RETRIED: tuple[str, ...] = ("Succeeded", "Cancelled", "Lost")
 
 class RetryPolicy(Frozen):
     """What to do when an attempt of the job fails (Kubernetes' Job `backoffLimit` with a `podFailurePolicy`-like
-    rule). A failed attempt whose exit reason is in `on` is retried while fewer than `backoff_limit` retries were
+    rule). A failed attempt whose exit reason is in `reasons` is retried while fewer than `backoff_limit` retries were
     made: the job waits `min(backoff_s * 2^(n-1), max_backoff_s)` before its n-th retry (the Job controller's
     10 s doubled, capped at 6 minutes), then goes through admission and placement again, resuming from its last
     checkpoint if it has one. `backoff_limit` 0 (the default here; Kubernetes' default is 6) keeps a failed
@@ -174,18 +174,18 @@ class RetryPolicy(Frozen):
     backoff_limit: int = Field(default=0, ge=0, le=100)
     backoff_s: float = Field(default=10.0, ge=0, le=86_400)
     max_backoff_s: float = Field(default=360.0, ge=0, le=7 * 86_400)
-    on: tuple[str, ...] = DEFAULT_RETRY_ON
+    reasons: tuple[str, ...] = DEFAULT_RETRY_ON
 
-    @field_validator("on")
+    @field_validator("reasons")
     @classmethod
     def _known_reasons(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         never = sorted({r for r in v if r in NEVER_RETRIED})
         if never:
-            raise ValueError(f"retry.on cannot name {', '.join(never)}: such an end is never retried "
+            raise ValueError(f"retry.reasons cannot name {', '.join(never)}: such an end is never retried "
                              f"(retryable: {', '.join(RETRYABLE_REASONS)})")
         unknown = sorted({r for r in v if r not in RETRYABLE_REASONS})
         if unknown:
-            raise ValueError(f"retry.on names unknown exit reason(s) {', '.join(unknown)} "
+            raise ValueError(f"retry.reasons names unknown exit reason(s) {', '.join(unknown)} "
                              f"(retryable: {', '.join(RETRYABLE_REASONS)})")
         return tuple(sorted(set(v)))
 

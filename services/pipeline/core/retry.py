@@ -42,9 +42,9 @@ def decide_retry(policy: RetryPolicy | None, attempt: int, reason: str, message:
         return RetryDecision(False, attempt, 1 + (policy.backoff_limit if policy else 0), 0.0, None,
                              _final(message, attempt))
     allowed = 1 + policy.backoff_limit
-    if reason not in policy.on:
-        return RetryDecision(False, attempt, allowed, 0.0, None,
-                             _final(message, attempt, f"{reason} is not retried (retry.on: {', '.join(policy.on)})"))
+    if reason not in policy.reasons:
+        why = f"{reason} is not retried (retry.reasons: {', '.join(policy.reasons)})"
+        return RetryDecision(False, attempt, allowed, 0.0, None, _final(message, attempt, why))
     if attempt >= allowed:
         return RetryDecision(False, attempt, allowed, 0.0, None,
                              _final(message, attempt, f"backoff_limit {policy.backoff_limit} reached"))

@@ -59,13 +59,13 @@ def test_bad_annotations_are_refused_with_the_reason(queues: QueuesConfig, kube_
 
 def test_retry_annotations_become_the_jobs_retry_policy(queues: QueuesConfig, kube_cfg: KubernetesSource) -> None:
     spec = job_spec(JOB, job(annotations={"gpuq.io/retry-backoff-limit": "3", "gpuq.io/retry-backoff-s": "30",
-                                          "gpuq.io/retry-on": "NodeFailure, ImagePullFailed"}), queues, kube_cfg)
+                                          "gpuq.io/retry-reasons": "NodeFailure, ImagePullFailed"}), queues, kube_cfg)
     assert not isinstance(spec, Refusal) and spec.retry is not None
     assert (spec.retry.backoff_limit, spec.retry.backoff_s) == (3, 30.0)
-    assert spec.retry.on == ("ImagePullFailed", "NodeFailure")
+    assert spec.retry.reasons == ("ImagePullFailed", "NodeFailure")
     plain = job_spec(JOB, job(), queues, kube_cfg)
     assert not isinstance(plain, Refusal) and plain.retry is None
-    for given, says in (({"gpuq.io/retry-backoff-limit": "3", "gpuq.io/retry-on": "Cancelled"}, "Cancelled"),
+    for given, says in (({"gpuq.io/retry-backoff-limit": "3", "gpuq.io/retry-reasons": "Cancelled"}, "Cancelled"),
                               ({"gpuq.io/retry-backoff-s": "5"}, "needs gpuq.io/retry-backoff-limit"),
                               ({"gpuq.io/retry-backoff-limit": "two"}, "gpuq.io/retry-backoff-limit")):
         bad = job_spec(JOB, job(annotations=given), queues, kube_cfg)

@@ -34,7 +34,7 @@ def test_oomkilled_is_not_retried_by_default() -> None:
     assert not decision.retry
     assert "OOMKilled is not retried" in decision.message
     # ...unless the policy names it
-    assert decide_retry(RetryPolicy(backoff_limit=5, on=("OOMKilled",)), 1, "OOMKilled", "", 0.0).retry
+    assert decide_retry(RetryPolicy(backoff_limit=5, reasons=("OOMKilled",)), 1, "OOMKilled", "", 0.0).retry
 
 
 def test_the_default_rule_retries_what_a_retry_can_cure() -> None:
@@ -60,9 +60,9 @@ def test_backoff_grows_and_never_passes_its_cap(base: float, cap_extra: float, n
 
 def test_bad_policies_are_refused_with_what_is_wrong() -> None:
     with pytest.raises(ValidationError, match="unknown exit reason"):
-        RetryPolicy(backoff_limit=1, on=("Segfault",))
+        RetryPolicy(backoff_limit=1, reasons=("Segfault",))
     with pytest.raises(ValidationError, match="cannot name Cancelled"):
-        RetryPolicy(backoff_limit=1, on=("Cancelled",))
+        RetryPolicy(backoff_limit=1, reasons=("Cancelled",))
     with pytest.raises(ValidationError, match="backoff_limit"):
         RetryPolicy(backoff_limit=-1)
     with pytest.raises(ValidationError, match="cap must be at least the first backoff"):
@@ -73,8 +73,8 @@ def test_bad_policies_are_refused_with_what_is_wrong() -> None:
 
 def test_a_job_spec_takes_a_retry_policy_and_old_specs_have_none() -> None:
     spec = JobSpec.model_validate({"job_id": "j", "team": "t", "queue": "q", "pod_sets": [{"count": 1}],
-                                   "retry": {"backoff_limit": 2, "on": ["NodeFailure", "Error"]}})
-    assert spec.retry is not None and spec.retry.on == ("Error", "NodeFailure")
+                                   "retry": {"backoff_limit": 2, "reasons": ["NodeFailure", "Error"]}})
+    assert spec.retry is not None and spec.retry.reasons == ("Error", "NodeFailure")
     assert JobSpec(job_id="j", team="t", queue="q", pod_sets=(PodSet(),)).retry is None
 
 
@@ -82,3 +82,13 @@ def test_the_retryable_reasons_are_exit_reasons() -> None:
     from shared.domain import NEVER_RETRIED, RETRYABLE_REASONS
 
     assert set(RETRYABLE_REASONS) | set(NEVER_RETRIED) == {r.value for r in ExitReason}
+
+
+def test_the_example_job_spec_loads_with_its_retry_policy() -> None:
+    from pathlib import Path
+
+    import yaml
+
+    doc = yaml.safe_load((Path(__file__).resolve().parents[3] / "deploy" / "examples" / "job.yaml").read_text())
+    spec = JobSpec.model_validate(doc)
+    assert spec.retry is not None and spec.retry.backoff_limit == 3

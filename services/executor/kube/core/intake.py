@@ -4,7 +4,7 @@ The team comes from the namespace through queues.yaml (`namespaces`), never from
 Priority: the `gpuq.io/priority-class` label, else the pod templates' `priorityClassName` through
 `kubernetes_priority_classes`, else the configuration's default. Runtime limit: `activeDeadlineSeconds`, else the
 `gpuq.io/max-runtime-s` annotation. Checkpoint support: the `gpuq.io/checkpoint` annotation. Retries:
-`gpuq.io/retry-backoff-limit` (with `gpuq.io/retry-backoff-s` and `gpuq.io/retry-on`), the spec's `retry`.
+`gpuq.io/retry-backoff-limit` (with `gpuq.io/retry-backoff-s` and `gpuq.io/retry-reasons`), the spec's `retry`.
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def job_spec(kind: WorkloadKind, obj: Obj, queues: QueuesConfig, cfg: Kubernetes
 def _retry_policy(annotations: Mapping[str, str]) -> RetryPolicy | None:
     limit = _int_annotation(annotations, n.RETRY_BACKOFF_LIMIT_ANNOTATION)
     if limit is None:
-        for key in (n.RETRY_BACKOFF_S_ANNOTATION, n.RETRY_ON_ANNOTATION):
+        for key in (n.RETRY_BACKOFF_S_ANNOTATION, n.RETRY_REASONS_ANNOTATION):
             if key in annotations:
                 raise ValueError(f"annotation {key} needs {n.RETRY_BACKOFF_LIMIT_ANNOTATION}")
         return None
@@ -164,8 +164,8 @@ def _retry_policy(annotations: Mapping[str, str]) -> RetryPolicy | None:
         except ValueError:
             raise ValueError(f"annotation {n.RETRY_BACKOFF_S_ANNOTATION}={raw!r} is not a number") from None
         fields["max_backoff_s"] = max(fields["backoff_s"], RetryPolicy().max_backoff_s)
-    if (raw := annotations.get(n.RETRY_ON_ANNOTATION)) is not None:
-        fields["on"] = tuple(r.strip() for r in raw.split(",") if r.strip())
+    if (raw := annotations.get(n.RETRY_REASONS_ANNOTATION)) is not None:
+        fields["reasons"] = tuple(r.strip() for r in raw.split(",") if r.strip())
     return RetryPolicy(**fields)
 
 
