@@ -91,3 +91,45 @@ async def _count(nats_url: str, subject: str) -> int:
     from tests.system.test_reclaim_scenario import events_on
 
     return len(await events_on(nats_url, ns_subject(subject)))
+
+
+async def test_a_job_cancelled_during_its_backoff_ends_and_is_never_admitted_again(fresh: tuple[str, str]) -> None:
+    from shared.events import JobCancelRequested
+
+    nats_url, database_url = fresh
+    pool = await create_pool(database_url)
+    conn = await asyncpg.connect(database_url)
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    clock = ManualClock()
+    svc = ServiceRuntime(AdmissionService(parse_queues(queues(8))).spec(), nats_url=nats_url, pool=pool,
+                         clock=clock, database_url=database_url)
+
+    async def status(job_id: str) -> str | None:
+        return await conn.fetchval("SELECT status FROM admission.jobs WHERE job_id = $1", job_id)
+
+    async def reason(job_id: str) -> str | None:
+        return await conn.fetchval("SELECT reason FROM admission.jobs WHERE job_id = $1", job_id)
+
+    now = datetime.fromtimestamp(clock.now(), UTC)
+    await svc.start()
+    try:
+        await js.publish(ns_subject("job.submitted.team-a"), submitted("j1", 8))
+        await until(lambda: _eq(status("j1"), "admitted"))
+        await js.publish(ns_subject("job.attempt_failed"), encode_event(make_event(JobAttemptFailed(
+            job_id="j1", attempt=1, attempts_allowed=2, exit_reason="NodeFailure", finished_at=now,
+            retry_not_before=datetime.fromtimestamp(clock.now() + 60, UTC)), source="test", time=now)))
+        await until(lambda: _eq(reason("j1"), "BackoffAfterFailure"))
+        await js.publish(ns_subject("job.cancel_requested.team-a"), encode_event(make_event(
+            JobCancelRequested(job_id="j1"), source="test", time=now)))
+        await until(lambda: _eq(status("j1"), "finished"))
+        clock.advance(120)  # past the backoff: nothing wakes
+        await asyncio.sleep(1.0)
+        row = await conn.fetchrow("SELECT status, outcome, retry_not_before FROM admission.jobs WHERE job_id = 'j1'")
+        assert (row["status"], row["outcome"], row["retry_not_before"]) == ("finished", "Cancelled", None)
+        assert await _count(nats_url, "job.admitted") == 1
+    finally:
+        await svc.stop()
+        await nc.close()
+        await conn.close()
+        await pool.close()
