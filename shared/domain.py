@@ -148,6 +148,55 @@ class CheckpointSpec(Frozen):
     interval_s: int | None = Field(default=None, ge=1)
 
 
+# Exit reasons (shared.events.ExitReason values; the domain cannot import the events) a retry policy may name,
+# and the ones it retries unless it says otherwise. Kubernetes' batch/v1 Job retries every pod failure up to
+# `backoffLimit`; its `podFailurePolicy` is how users stop retrying failures a retry cannot cure, and Kueue's own
+# requeueing covers evictions and nodes that fail. gpuq's default rule does both: NodeFailure, Evicted and Error
+# (a crash that may be transient) are retried; OOMKilled (the same job runs out of memory again), ImagePullFailed
+# (the image will not appear by waiting), DeadlineExceeded (it would run past its limit again) and PodsNotReady
+# (the executor already requeued it up to its own limit) are not, unless the policy names them.
+RETRYABLE_REASONS: tuple[str, ...] = ("OOMKilled", "Error", "DeadlineExceeded", "NodeFailure", "Evicted",
+                                      "ImagePullFailed", "PodsNotReady")
+DEFAULT_RETRY_ON: tuple[str, ...] = ("Error", "NodeFailure", "Evicted")
+# Never retried: a cancel is the user's last word, and a job declared Lost by the scheduler's liveness watch has no
+# executor left that could count its attempts.
+NEVER_RETRIED: tuple[str, ...] = ("Succeeded", "Cancelled", "Lost")
+
+
+class RetryPolicy(Frozen):
+    """What to do when an attempt of the job fails (Kubernetes' Job `backoffLimit` with a `podFailurePolicy`-like
+    rule). A failed attempt whose exit reason is in `reasons` is retried while fewer than `backoff_limit` retries were
+    made: the job waits `min(backoff_s * 2^(n-1), max_backoff_s)` before its n-th retry (the Job controller's
+    10 s doubled, capped at 6 minutes), then goes through admission and placement again, resuming from its last
+    checkpoint if it has one. `backoff_limit` 0 (the default here; Kubernetes' default is 6) keeps a failed
+    attempt final."""
+
+    backoff_limit: int = Field(default=0, ge=0, le=100)
+    backoff_s: float = Field(default=10.0, ge=0, le=86_400)
+    max_backoff_s: float = Field(default=360.0, ge=0, le=7 * 86_400)
+    reasons: tuple[str, ...] = DEFAULT_RETRY_ON
+
+    @field_validator("reasons")
+    @classmethod
+    def _known_reasons(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        never = sorted({r for r in v if r in NEVER_RETRIED})
+        if never:
+            raise ValueError(f"retry.reasons cannot name {', '.join(never)}: such an end is never retried "
+                             f"(retryable: {', '.join(RETRYABLE_REASONS)})")
+        unknown = sorted({r for r in v if r not in RETRYABLE_REASONS})
+        if unknown:
+            raise ValueError(f"retry.reasons names unknown exit reason(s) {', '.join(unknown)} "
+                             f"(retryable: {', '.join(RETRYABLE_REASONS)})")
+        return tuple(sorted(set(v)))
+
+    @model_validator(mode="after")
+    def _cap_covers_base(self) -> RetryPolicy:
+        if self.max_backoff_s < self.backoff_s:
+            raise ValueError(f"retry.max_backoff_s ({self.max_backoff_s:g}) is below retry.backoff_s "
+                             f"({self.backoff_s:g}): the cap must be at least the first backoff")
+        return self
+
+
 class JobSpec(Frozen):
     """What a user asks for. The scheduler knows only this and `max_runtime_s`, never the true duration."""
 
@@ -170,6 +219,8 @@ class JobSpec(Frozen):
     # (default: the namespace queues.yaml maps to the team). A job has a workload or pod templates, not both.
     workload: WorkloadRef | None = None
     namespace: str | None = None
+    # Retries of failed attempts (RetryPolicy). None: a failed attempt is final, as before retries existed.
+    retry: RetryPolicy | None = None
 
     @field_validator("job_id")
     @classmethod

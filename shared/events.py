@@ -207,11 +207,41 @@ class JobCompleted(Payload):
 
 
 class JobFailed(Payload):
+    """The job's end: its last attempt failed (no retry policy, a reason not retried, or the backoff limit
+    reached: the message then says after how many attempts)."""
+
     aggregate, fact = "job", "failed"
     job_id: str
     exit_reason: ExitReason = ExitReason.ERROR
     message: str = ""
     finished_at: datetime
+    attempts: int | None = Field(default=None, ge=1)  # attempts the job made, when it had a retry policy
+
+
+class JobAttemptFailed(Payload):
+    """One attempt failed and the job's retry policy retries it: not an end. Published by the executor that saw
+    the failure (it counts the attempts); every service frees what the attempt held as for an end (GPUs, quota,
+    its run), metering charges the attempt, and admission holds the job pending (`BackoffAfterFailure`) until
+    `retry_not_before`, then admits it again (JobRequeued), resuming from `checkpoint_uri` if there is one."""
+
+    aggregate, fact = "job", "attempt_failed"
+    job_id: str
+    attempt: int = Field(ge=1)  # the attempt that failed, 1-based
+    attempts_allowed: int = Field(ge=2)  # 1 + the policy's backoff_limit
+    exit_reason: ExitReason
+    message: str = ""
+    finished_at: datetime
+    retry_not_before: datetime
+    checkpoint_uri: str | None = None
+    lost_gpu_seconds: float = Field(default=0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _retry_left(self) -> JobAttemptFailed:
+        if self.attempt >= self.attempts_allowed:
+            raise ValueError(f"attempt {self.attempt} of {self.attempts_allowed} is the last: that is a JobFailed")
+        if self.retry_not_before < self.finished_at:
+            raise ValueError("retry_not_before is before finished_at")
+        return self
 
 
 class JobCancelled(Payload):
@@ -465,8 +495,8 @@ class AuditRecorded(Payload):
 
 CATALOGUE: tuple[type[Payload], ...] = (
     JobSubmitted, JobRejected, JobQueued, JobPending, JobAdmitted, JobPlaced, JobStarted, JobCompleted,
-    JobFailed, JobCancelled, JobCancelRequested, JobApproved, CheckpointRequested, JobCheckpointed, JobPreempted,
-    JobRequeued, PreemptionRequested, UtilizationSampled, NodeInventory, NodeChanged, QueueConfigChanged,
+    JobFailed, JobAttemptFailed, JobCancelled, JobCancelRequested, JobApproved, CheckpointRequested, JobCheckpointed,
+    JobPreempted, JobRequeued, PreemptionRequested, UtilizationSampled, NodeInventory, NodeChanged, QueueConfigChanged,
     AuditRecorded, UtilizationSourceChecked, JobFlopsReported, ExecutorHeartbeat,
 )
 BY_TYPE: dict[str, type[Payload]] = {cls.event_type(): cls for cls in CATALOGUE}

@@ -50,7 +50,8 @@ SERVICE_PUBLISHES: dict[str, tuple[str, ...]] = {
     "preemption": ("job.checkpoint_requested", "job.preempted"),
     "metering": (),
     "telemetry": (),
-    "executor": ("job.started", "job.completed", "job.failed", "job.checkpointed", "utilization.sampled",
+    "executor": ("job.started", "job.completed", "job.failed", "job.attempt_failed", "job.checkpointed",
+                 "utilization.sampled",
                  "utilization.source_checked", "node.inventory", "node.changed", "utilization.heartbeat"),
     "audit": (),
     # The API publishes what authenticated people ask for: submissions and cancels of any team (it checked the

@@ -21,7 +21,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from operator import itemgetter
 from pathlib import Path
 from typing import Protocol
@@ -43,6 +43,7 @@ from shared.events import (
     CloudEvent,
     JobAdmitted,
     JobApproved,
+    JobAttemptFailed,
     JobCancelled,
     JobCancelRequested,
     JobCompleted,
@@ -96,6 +97,8 @@ ETA_INTERVAL_S = 0.5  # wall seconds between looks at whether an ETA refresh is 
 ETA_DUTY_FACTOR = 5.0  # the pause after an ETA simulation is at least this many times its duration
 # Held shared by a per-cohort instance's units of work and exclusively while a configuration is recorded.
 CONFIG_LOCK = lock_key("admission-config")
+BACKOFF_REASON = "BackoffAfterFailure"  # a failed attempt waits out its retry backoff (JobAttemptFailed)
+BACKOFF_TICK_S = 0.2  # wall seconds between looks at whether a backoff ended (the end itself is platform time)
 # Events every per-cohort instance handles itself (see ServiceSpec.broadcast).
 BROADCAST: frozenset[type[Payload]] = frozenset({QueueConfigChanged, NodeInventory, NodeChanged})
 
@@ -117,6 +120,8 @@ class AdmissionService:
         self._announced: dict[str, Published] = {}  # the status last sent as JobPending (publish.py)
         self._etas: dict[str, tuple[float, float, float]] = {}  # job -> (start, p10, p90) last published
         self._reclaims_sent: set[str] = set()
+        # Jobs waiting out a retry backoff (pending, held outside the queue) -> when they may be admitted again.
+        self.backoff: dict[str, float] = {}
 
     def spec(self) -> ServiceSpec:
         sharded = not self.shard.serves_all
@@ -125,10 +130,11 @@ class AdmissionService:
             handlers={JobSubmitted: self.on_submitted, JobCompleted: self.on_finished, JobFailed: self.on_finished,
                       JobCancelRequested: self.on_cancel_requested, JobApproved: self.on_approved,
                       JobCancelled: self.on_cancelled,
-                      JobPreempted: self.on_preempted,
+                      JobPreempted: self.on_preempted, JobAttemptFailed: self.on_attempt_failed,
                       QueueConfigChanged: self.on_config_changed, NodeInventory: self.on_inventory,
                       NodeChanged: self.on_node_changed, JobPlaced: self.on_placed, JobStarted: self.on_started},
-            on_start=self.load, reload=self._rebuild, background=(self.eta_loop,) if self.eta is not None else (),
+            on_start=self.load, reload=self._rebuild,
+            background=(self.backoff_loop, self.eta_loop) if self.eta is not None else (self.backoff_loop,),
             consumer_suffix=self.shard.consumer_suffix, lease_scopes=self.shard.lease_scopes,
             shared_lease_scopes=self.shard.shared_lease_scopes, claim=self.claim if sharded else None,
             broadcast=BROADCAST if sharded else frozenset(),
@@ -165,6 +171,7 @@ class AdmissionService:
     async def _rebuild(self, conn: asyncpg.Connection) -> None:
         self._config_version, config = await latest_config(conn, self.initial_config)
         self.state = await load_jobs(conn, config, self.shard)
+        self.backoff = await load_backoff(conn, config, self.shard)
         self.cluster, self.expected_end = await load_cluster_view(conn)
         self._published.clear()
         self._announced.clear()
@@ -177,6 +184,7 @@ class AdmissionService:
         kept; jobs that moved here get their status published by the next cycle."""
         self._config_version, config = await latest_config(conn, self.initial_config)
         self.state = await load_jobs(conn, config, self.shard)
+        self.backoff = await load_backoff(conn, config, self.shard)
         held = self.state.pending.keys() | self.state.admitted.keys()
         for cache in (self._published, self._announced, self._etas):
             for job_id in [j for j in cache if j not in held]:
@@ -226,7 +234,8 @@ class AdmissionService:
             _commit_quietly(self.cluster, payload.spec, payload.bindings)
             self.expected_end[payload.job_id] = payload.placed_at.timestamp() + payload.spec.max_runtime_s
             self._version += 1
-        elif isinstance(payload, JobCompleted | JobFailed | JobCancelled) and payload.job_id in self.expected_end:
+        elif (isinstance(payload, JobCompleted | JobFailed | JobCancelled | JobAttemptFailed)
+              and payload.job_id in self.expected_end):
             self.cluster.release(payload.job_id)
             self.expected_end.pop(payload.job_id, None)
             self._version += 1
@@ -408,12 +417,14 @@ class AdmissionService:
                 # a job that succeeded or was stopped at its limit ran as long as it needed (or its limit)
                 self.eta.job_finished(held.spec, ran if outcome in ("Succeeded", "DeadlineExceeded") else None)
         self.state.finish(job_id)
+        self.backoff.pop(job_id, None)  # cancelled while waiting out a retry backoff
         self.cluster.release(job_id)
         self.expected_end.pop(job_id, None)
         self._etas.pop(job_id, None)
         await tx.conn.execute(
             "UPDATE admission.jobs SET status = 'finished', finished_at = $2, outcome = $3, reason = NULL, "
-            "message = NULL WHERE job_id = $1 AND status IN ('pending', 'admitted')", job_id, tx.now, outcome)
+            "message = NULL, retry_not_before = NULL WHERE job_id = $1 AND status IN ('pending', 'admitted')",
+            job_id, tx.now, outcome)
 
     async def on_preempted(self, tx: Tx, event: CloudEvent, payload: JobPreempted) -> None:
         """A preempted job goes back to pending with its original submit time and resumes from its checkpoint."""
@@ -437,6 +448,70 @@ class AdmissionService:
                                       submitted_at=utcnow_from(row["submitted_at"])))
 
         await self._then_cycle(tx, body)
+
+    async def on_attempt_failed(self, tx: Tx, event: CloudEvent, payload: JobAttemptFailed) -> None:
+        """A failed attempt the job's retry policy retries: its quota is released at once, and the job waits pending
+        outside its queue (BackoffAfterFailure) until `retry_not_before`, when the backoff timer puts it back in the
+        queue with its original submit time. Only an admitted job is taken: a redelivery, or an attempt failure
+        that arrives after the job was cancelled, changes nothing."""
+
+        async def body() -> None:
+            row = await tx.conn.fetchrow(
+                "SELECT spec, submitted_at, queue FROM admission.jobs WHERE job_id = $1 AND status = 'admitted'",
+                payload.job_id)
+            if row is None:
+                return
+            spec = JobSpec.model_validate_json(row["spec"])
+            not_before = payload.retry_not_before.timestamp()
+            self.state.finish(payload.job_id)  # releases the attempt's quota
+            self.cluster.release(payload.job_id)
+            self.expected_end.pop(payload.job_id, None)
+            self._reclaims_sent.discard(payload.job_id)
+            for cache in (self._published, self._announced, self._etas):
+                cache.pop(payload.job_id, None)
+            self.backoff[payload.job_id] = not_before
+            message = (f"attempt {payload.attempt} of {payload.attempts_allowed} failed ({payload.exit_reason.value}"
+                       + (f": {payload.message}" if payload.message else "")
+                       + f"); retried not before {payload.retry_not_before.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC")
+            await tx.conn.execute(
+                "UPDATE admission.jobs SET status = 'pending', admitted_at = NULL, flavors = NULL, usage = NULL, "
+                "borrowing = NULL, bindings = NULL, started_at = NULL, expected_end = NULL, resume_from = $2, "
+                "retry_not_before = $3, reason = $4, message = $5, position_in_queue = NULL, "
+                "position_in_cohort = NULL, eta = NULL, eta_low = NULL, eta_high = NULL WHERE job_id = $1",
+                payload.job_id, payload.checkpoint_uri, not_before, BACKOFF_REASON, message)
+            await audit.record(tx, "retry", service_actor("admission"), job_id=payload.job_id, team=spec.team,
+                               queue=spec.queue, attempt=payload.attempt, attempts_allowed=payload.attempts_allowed,
+                               exit_reason=payload.exit_reason.value, retry_not_before=not_before)
+            await tx.emit(JobRequeued(job_id=payload.job_id, spec=spec, resume_from=payload.checkpoint_uri,
+                                      submitted_at=utcnow_from(row["submitted_at"])))
+            await tx.emit(JobPending(job_id=payload.job_id, queue=spec.queue, reason=BACKOFF_REASON, message=message))
+
+        await self._then_cycle(tx, body)
+
+    async def backoff_loop(self, runtime: ServiceRuntime) -> None:
+        """Wake jobs whose retry backoff ended (platform clock: virtual time in an accelerated run)."""
+        while True:
+            await asyncio.sleep(BACKOFF_TICK_S)
+            if self.backoff and min(self.backoff.values()) <= runtime.clock.now():
+                async with runtime.transaction() as tx:
+                    await self.end_backoffs(tx)
+
+    async def end_backoffs(self, tx: Tx) -> None:
+        """Put every job whose backoff ended back in its queue (original submit time), then run a cycle."""
+        if not self.shard.serves_all:
+            await self._enter_config_epoch(tx.conn)
+        due = sorted(j for j, at in self.backoff.items() if at <= tx.now)
+        if not due:
+            return
+        rows = await tx.conn.fetch(
+            "UPDATE admission.jobs SET retry_not_before = NULL, reason = NULL, message = NULL "
+            "WHERE job_id = ANY($1::text[]) AND status = 'pending' AND retry_not_before IS NOT NULL "
+            "RETURNING job_id, spec, submitted_at", due)
+        for job_id in due:
+            self.backoff.pop(job_id, None)
+        for r in sorted(rows, key=lambda r: r["job_id"]):
+            self.state.requeue(Workload(JobSpec.model_validate_json(r["spec"]), r["submitted_at"]))
+        await self._cycle_and_count(tx)
 
     async def on_config_changed(self, tx: Tx, event: CloudEvent, payload: QueueConfigChanged) -> None:
         sharded = not self.shard.serves_all
@@ -697,7 +772,8 @@ async def load_jobs(conn: asyncpg.Connection, config: QueuesConfig, shard: Shard
         args = [shard.queues(config), shard.owns_unknown_queues, [q.name for q in config.queues]]
     rows = await conn.fetch(
         "SELECT spec, status, submitted_at, admitted_at, flavors, usage, borrowing FROM admission.jobs "
-        f"WHERE status IN ('pending', 'admitted') AND approval IS DISTINCT FROM 'required'{where} "
+        f"WHERE status IN ('pending', 'admitted') AND approval IS DISTINCT FROM 'required' "
+        f"AND retry_not_before IS NULL{where} "
         "ORDER BY submitted_at, job_id", *args)
     for r in rows:
         spec = JobSpec.model_validate_json(r["spec"])
@@ -709,6 +785,18 @@ async def load_jobs(conn: asyncpg.Connection, config: QueuesConfig, shard: Shard
         else:
             state.requeue(Workload(spec, r["submitted_at"]))
     return state
+
+
+async def load_backoff(conn: asyncpg.Connection, config: QueuesConfig,
+                       shard: Shard | None = None) -> dict[str, float]:
+    """Jobs of the queues `shard` owns (all) that wait out a retry backoff, and until when."""
+    where, args = "", []
+    if shard is not None and not shard.serves_all:
+        where = " AND (queue = ANY($1::text[]) OR ($2 AND NOT queue = ANY($3::text[])))"
+        args = [shard.queues(config), shard.owns_unknown_queues, [q.name for q in config.queues]]
+    rows = await conn.fetch("SELECT job_id, retry_not_before FROM admission.jobs WHERE status = 'pending' "
+                            f"AND retry_not_before IS NOT NULL{where} ORDER BY job_id", *args)
+    return {r["job_id"]: float(r["retry_not_before"]) for r in rows}
 
 
 def _commit_quietly(cluster: ClusterState, spec: JobSpec, bindings: Sequence[GpuBinding]) -> None:

@@ -7,7 +7,9 @@ requests after a configurable delay.
 
 The true duration of a simulated job comes from the label `sim.gpuq.io/duration-s` that workload
 generators set; only this executor reads it (the scheduler plans with `max_runtime_s`). Optional labels:
-`sim.gpuq.io/utilization` (mean GPU utilisation %), `sim.gpuq.io/outcome` (e.g. OOMKilled).
+`sim.gpuq.io/utilization` (mean GPU utilisation %), `sim.gpuq.io/outcome` (e.g. OOMKilled),
+`sim.gpuq.io/failed-attempts` (the outcome applies to the first N attempts only: the job's retry policy then
+retries it, see services/executor/attempts.py).
 
 With `dcgm` settings (cluster.yaml or GPUQ_DCGM_PROMETHEUS_URL), the synthetic samples stop and the DCGM source
 (services/executor/dcgm.py) reads real ones; this executor then names its jobs' pods and GPUs the way a
@@ -28,6 +30,7 @@ from pathlib import Path
 
 import asyncpg
 
+from services.executor.attempts import report_failure
 from services.executor.core.attribution import Placements, units_by_node
 from services.executor.core.dcgm_series import Device
 from services.executor.dcgm import DcgmSource, degraded_nodes, ensure_health_table, with_health
@@ -59,6 +62,9 @@ OUTCOME_LABEL = "sim.gpuq.io/outcome"
 # Fault injection: a job whose pods never report. The simulated executor runs it but neither lists it in its
 # heartbeats nor ever finishes it, as when a node's agent dies silently; the scheduler's liveness watch must find it.
 SILENT_LABEL = "sim.gpuq.io/silent"
+# Fault injection for retries: the outcome label applies to the first N attempts only (default: every attempt), so
+# that a job can fail, be retried by its retry policy, and then succeed.
+FAILED_ATTEMPTS_LABEL = "sim.gpuq.io/failed-attempts"
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 
@@ -76,6 +82,12 @@ class SimExecutorSettings:
 def true_duration(spec: JobSpec) -> float:
     raw = spec.labels.get(DURATION_LABEL)
     return float(raw) if raw is not None else float(spec.max_runtime_s)
+
+
+def _failed_attempts(spec: JobSpec) -> int:
+    """How many attempts the outcome label fails (FAILED_ATTEMPTS_LABEL; every attempt without it)."""
+    raw = spec.labels.get(FAILED_ATTEMPTS_LABEL)
+    return int(raw) if raw is not None else 1 << 30
 
 
 def mean_utilization(spec: JobSpec) -> float:
@@ -256,7 +268,7 @@ class SimExecutor:
 
     async def _finish_due(self, tx: Tx) -> None:
         rows = await tx.conn.fetch(
-            "SELECT job_id, spec, started_at, done_s, traceparent FROM executor.runs "
+            "SELECT job_id, spec, gpus, started_at, done_s, failures, traceparent FROM executor.runs "
             "WHERE status = 'running' AND ends_at <= $1 "
             f"AND NOT coalesce((spec->'labels'->>'{SILENT_LABEL}')::boolean, false) "
             "ORDER BY ends_at, job_id FOR UPDATE", tx.now)
@@ -265,21 +277,25 @@ class SimExecutor:
             finished = utcnow_from(tx.now)
             outcome = spec.labels.get(OUTCOME_LABEL)
             ran = tx.now - row["started_at"] + row["done_s"]
-            if outcome and outcome != ExitReason.SUCCEEDED.value:
-                reason = ExitReason(outcome) if outcome in ExitReason.__members__.values() else ExitReason.ERROR
-                await tx.emit(JobFailed(job_id=spec.job_id, exit_reason=reason, message=f"simulated {outcome}",
-                                        finished_at=finished), traceparent=row["traceparent"])
-                status = "failed"
-            elif ran + 1e-6 < true_duration(spec):
-                await tx.emit(JobFailed(job_id=spec.job_id, exit_reason=ExitReason.DEADLINE_EXCEEDED,
-                                        message=f"ran past max_runtime_s={spec.max_runtime_s}", finished_at=finished),
-                              traceparent=row["traceparent"])
-                status, outcome = "failed", ExitReason.DEADLINE_EXCEEDED.value
+            failures = row["failures"]
+            failing = outcome is not None and outcome != ExitReason.SUCCEEDED.value \
+                and failures < _failed_attempts(spec)
+            if failing or ran + 1e-6 < true_duration(spec):
+                if outcome is not None and failing:
+                    reason = ExitReason(outcome) if outcome in ExitReason.__members__.values() else ExitReason.ERROR
+                    message = f"simulated {outcome}"
+                else:
+                    reason, message = ExitReason.DEADLINE_EXCEEDED, f"ran past max_runtime_s={spec.max_runtime_s}"
+                # retried (JobAttemptFailed) or final (JobFailed), per the job's retry policy; counted here
+                await report_failure(tx, spec, failures, reason, message,
+                                     lost_gpu_seconds=(tx.now - row["started_at"]) * row["gpus"],
+                                     traceparent=row["traceparent"])
+                status, outcome, failures = "failed", reason.value, failures + 1
             else:
                 await tx.emit(JobCompleted(job_id=spec.job_id, finished_at=finished), traceparent=row["traceparent"])
                 status, outcome = "completed", ExitReason.SUCCEEDED.value
-            await tx.conn.execute("UPDATE executor.runs SET status = $2, outcome = $3 WHERE job_id = $1",
-                                  spec.job_id, status, outcome)
+            await tx.conn.execute("UPDATE executor.runs SET status = $2, outcome = $3, failures = $4 WHERE job_id = $1",
+                                  spec.job_id, status, outcome, failures)
 
     async def _checkpoint_due(self, tx: Tx) -> None:
         rows = await tx.conn.fetch(

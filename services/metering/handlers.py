@@ -15,6 +15,7 @@ from services.metering.core.segments import FactKind
 from shared.config import ConfigError, parse_queues
 from shared.events import (
     CloudEvent,
+    JobAttemptFailed,
     JobCancelled,
     JobCompleted,
     JobFailed,
@@ -53,6 +54,13 @@ async def on_completed(tx: TxLike, event: CloudEvent, p: JobCompleted) -> None:
 
 async def on_failed(tx: TxLike, event: CloudEvent, p: JobFailed) -> None:
     await store.record_fact(tx.conn, p.job_id, FactKind.FAILED, p.finished_at, {"exit_reason": p.exit_reason.value})
+
+
+async def on_attempt_failed(tx: TxLike, event: CloudEvent, p: JobAttemptFailed) -> None:
+    # The attempt's allocation ends here and is charged like any other (a failed fact); the retry's placement opens a
+    # new allocation, so the attempt's GPU time is charged exactly once.
+    await store.record_fact(tx.conn, p.job_id, FactKind.FAILED, p.finished_at,
+                            {"exit_reason": p.exit_reason.value, "attempt": p.attempt})
 
 
 async def on_cancelled(tx: TxLike, event: CloudEvent, p: JobCancelled) -> None:
@@ -94,6 +102,7 @@ HANDLERS: dict[type[Payload], Callable[[TxLike, CloudEvent, Any], Awaitable[None
     JobStarted: on_started,
     JobCompleted: on_completed,
     JobFailed: on_failed,
+    JobAttemptFailed: on_attempt_failed,
     JobCancelled: on_cancelled,
     JobPreempted: on_preempted,
     UtilizationSampled: on_sampled,

@@ -43,6 +43,7 @@ from shared.events import (
     CheckpointRequested,
     CloudEvent,
     JobAdmitted,
+    JobAttemptFailed,
     JobCancelled,
     JobCheckpointed,
     JobCompleted,
@@ -80,6 +81,7 @@ class PreemptionService:
             handlers={PreemptionRequested: self.on_requested, JobCheckpointed: self.on_checkpointed,
                       JobSubmitted: self.on_submitted, JobAdmitted: self.on_admitted, JobPlaced: self.on_placed,
                       JobStarted: self.on_started, JobCompleted: self.on_ended, JobFailed: self.on_ended,
+                      JobAttemptFailed: self.on_attempt_failed,
                       JobCancelled: self.on_ended, JobRequeued: self.on_requeued, NodeInventory: self.on_inventory,
                       NodeChanged: self.on_node_changed, QueueConfigChanged: self.on_config_changed},
             on_start=self.load, background=(self.deadline_loop,),
@@ -171,6 +173,15 @@ class PreemptionService:
                               payload.job_id)
         await self._abort_open(tx, "victim = $1", payload.job_id, f"victim ended ({type(payload).__name__})")
         await self._abort_open(tx, "preemptor = $1", payload.job_id, f"preemptor ended ({type(payload).__name__})")
+        await tx.conn.execute("DELETE FROM preemption.deferred WHERE preemptor = $1", payload.job_id)
+
+    async def on_attempt_failed(self, tx: Tx, event: CloudEvent, payload: JobAttemptFailed) -> None:
+        """A failed attempt that will be retried: stopped, like a preempted job (not finished: its JobRequeued and
+        its next admission make it a candidate again once it runs). Nothing is preempted for or of it meanwhile."""
+        await tx.conn.execute("UPDATE preemption.jobs SET status = 'preempted', bindings = NULL WHERE job_id = $1 "
+                              "AND status IN ('placed', 'running', 'preempting')", payload.job_id)
+        await self._abort_open(tx, "victim = $1", payload.job_id, "victim's attempt failed")
+        await self._abort_open(tx, "preemptor = $1", payload.job_id, "preemptor's attempt failed")
         await tx.conn.execute("DELETE FROM preemption.deferred WHERE preemptor = $1", payload.job_id)
 
     async def _abort_open(self, tx: Tx, where: str, job_id: str, why: str) -> None:

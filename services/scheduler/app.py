@@ -27,6 +27,7 @@ from shared.events import (
     CloudEvent,
     ExecutorHeartbeat,
     JobAdmitted,
+    JobAttemptFailed,
     JobCancelled,
     JobCompleted,
     JobFailed,
@@ -71,7 +72,8 @@ class SchedulerService:
             name="scheduler", schema="scheduler", migrations=MIGRATIONS, singleton=True,
             handlers={NodeInventory: self.on_inventory, NodeChanged: self.on_node_changed,
                       JobAdmitted: self.on_admitted, JobStarted: self.on_started, JobCompleted: self.on_finished,
-                      JobFailed: self.on_finished, JobCancelled: self.on_finished, JobPreempted: self.on_finished,
+                      JobFailed: self.on_finished, JobAttemptFailed: self.on_finished, JobCancelled: self.on_finished,
+                      JobPreempted: self.on_finished,
                       JobRequeued: self.on_requeued, ExecutorHeartbeat: self.liveness.on_heartbeat},
             on_start=self.load, reload=self._rebuild, background=(self.liveness.loop,),
         )
@@ -187,7 +189,7 @@ class SchedulerService:
             self.placed[payload.job_id] = (float(expected_end), self.placed[payload.job_id][1])
 
     async def on_finished(self, tx: Tx, event: CloudEvent,
-                          payload: JobCompleted | JobFailed | JobCancelled | JobPreempted) -> None:
+                          payload: JobCompleted | JobFailed | JobCancelled | JobPreempted | JobAttemptFailed) -> None:
         async def body() -> None:
             self.cluster.release(payload.job_id)
             self._published.pop(payload.job_id, None)

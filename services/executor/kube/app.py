@@ -26,6 +26,7 @@ from typing import Any
 import asyncpg
 from lightkube import operators
 
+from services.executor.attempts import report_failure
 from services.executor.core.attribution import Placements
 from services.executor.dcgm import DcgmSource, degraded_nodes, ensure_health_table
 from services.executor.heartbeat import Heartbeat
@@ -343,9 +344,33 @@ class KubeExecutor:
             reason, message = ExitReason.ERROR, f"{finish.reason}: {finish.message}".strip(": ")
         await self._emit_failed(tx, row, reason, message)
 
-    async def _emit_failed(self, tx: Tx, row: asyncpg.Record, reason: ExitReason, message: str) -> None:
-        await tx.emit(JobFailed(job_id=row["job_id"], exit_reason=reason, message=message,
-                                finished_at=utcnow_from(tx.now)), traceparent=row["traceparent"])
+    async def _emit_failed(self, tx: Tx, row: asyncpg.Record, reason: ExitReason, message: str, *,
+                           retryable: bool = False) -> None:
+        """The attempt failed. `retryable`: the workload is suspended, not finished, so the job's retry policy
+        may run it again (JobAttemptFailed; admission re-admits it after its backoff and the next placement
+        resumes the workload). Otherwise (Kubernetes marked the workload Failed, or it is gone) the end is final."""
+        spec = JobSpec.model_validate_json(row["spec"])
+        if retryable:
+            lost = (tx.now - row["started_at"]) * spec.total_gpus if row["started_at"] else 0.0
+            decision = await report_failure(tx, spec, row["failures"], reason, message, lost_gpu_seconds=lost,
+                                            checkpoint_uri=row["last_checkpoint"], traceparent=row["traceparent"])
+            await tx.conn.execute("UPDATE executor.kube_jobs SET failures = $2 WHERE job_id = $1", row["job_id"],
+                                  row["failures"] + 1)
+            if decision.retry:
+                # a new attempt gets the PodsReady requeues an attempt may use afresh
+                await tx.conn.execute("UPDATE executor.kube_jobs SET requeues = 0, backoff_until = NULL "
+                                      "WHERE job_id = $1", row["job_id"])
+                await self._set_state(tx, row["job_id"], "suspended", outcome=reason.value)
+                await self.notices.event(_ref(row), "AttemptFailed", f"{reason.value}: {decision.message}", tx.now,
+                                         warning=True)
+                await self.notices.status(_ref(row), f"Attempt {decision.attempt} failed: {reason.value}; retrying")
+                return
+            message = decision.message
+        else:
+            await tx.emit(JobFailed(job_id=row["job_id"], exit_reason=reason, message=message,
+                                    finished_at=utcnow_from(tx.now),
+                                    attempts=row["failures"] + 1 if spec.retry is not None else None),
+                          traceparent=row["traceparent"])
         await self._set_state(tx, row["job_id"], "failed", outcome=reason.value)
         await self.notices.event(_ref(row), "Failed", f"{reason.value}: {message}", tx.now, warning=True)
         await self.notices.status(_ref(row), f"Failed: {reason.value}")
@@ -635,7 +660,7 @@ class KubeExecutor:
                                   requeues)
             await self._suspend(row)
             await self._emit_failed(tx, row, ExitReason.PODS_NOT_READY,
-                                    f"{message}; gave up after {self.cfg.requeue_limit} requeue(s)")
+                                    f"{message}; gave up after {self.cfg.requeue_limit} requeue(s)", retryable=True)
             return
         await self._suspend(row)
         backoff = tx.now + requeue_delay_s(requeues, self.cfg.requeue_backoff_s) if count else None
@@ -651,8 +676,9 @@ class KubeExecutor:
         await self.notices.event(_ref(row), "Requeued", f"{reason.value}: {message}", tx.now, warning=True)
 
     async def _fail(self, tx: Tx, row: asyncpg.Record, reason: ExitReason, message: str) -> None:
+        """A failure gpuq observed on a live workload: suspended, and retried if the job's policy says so."""
         await self._suspend(row)
-        await self._emit_failed(tx, row, reason, message)
+        await self._emit_failed(tx, row, reason, message, retryable=True)
 
     async def _set_state(self, tx: Tx, job_id: str, state: str, outcome: str | None = None) -> None:
         await tx.conn.execute("UPDATE executor.kube_jobs SET state = $2 WHERE job_id = $1", job_id, state)

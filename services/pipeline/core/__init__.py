@@ -30,16 +30,20 @@ from .pipeline import (
     priority_value,
     waiting_job,
 )
+from .retry import RetryDecision, decide_retry, retry_delay_s
 
 __all__ = [
     "CycleOutcome",
     "PlacementOutcome",
+    "RetryDecision",
     "WaitingJob",
     "admit",
     "asks_for_preemption",
     "cycle",
+    "decide_retry",
     "place",
     "placement_key",
     "priority_value",
+    "retry_delay_s",
     "waiting_job",
 ]

@@ -32,6 +32,7 @@ from shared.events import (
     ExitReason,
     GpuSample,
     JobAdmitted,
+    JobAttemptFailed,
     JobCancelled,
     JobCheckpointed,
     JobCompleted,
@@ -310,6 +311,17 @@ class TelemetryState:
 
     def _on_JobFailed(self, p: JobFailed, now: float, fx: Effects) -> None:
         self._finish(p.job_id, p.exit_reason, _ts(p.finished_at) or now, fx)
+
+    def _on_JobAttemptFailed(self, p: JobAttemptFailed, now: float, fx: Effects) -> None:
+        """An attempt failed and is retried: counted, its GPUs are free, and the job waits out its backoff."""
+        rec, _ = self._record(p.job_id, fx)
+        fx.count("gpuq_job_attempts_failed", queue=rec.queue, team=rec.team, exit_reason=str(p.exit_reason))
+        if p.exit_reason is ExitReason.OOM_KILLED:
+            fx.count("gpuq_oom_kills", queue=rec.queue, team=rec.team)
+        rec.gpus, rec.shares, rec.flops = [], [], None
+        rec.phase, rec.stage, rec.reason = JobPhase.PENDING, "admission", "BackoffAfterFailure"
+        rec.queued_at = _ts(p.finished_at) or now
+        rec.started_at = rec.last_checkpoint_at = rec.admitted_at = None
 
     def _on_JobCancelled(self, p: JobCancelled, now: float, fx: Effects) -> None:
         self._finish(p.job_id, ExitReason.CANCELLED, _ts(p.cancelled_at) or now, fx)

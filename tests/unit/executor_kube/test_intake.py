@@ -55,3 +55,18 @@ def test_bad_annotations_are_refused_with_the_reason(queues: QueuesConfig, kube_
     assert isinstance(bad, Refusal) and bad.reason == "InvalidWorkload" and "gpuq.io/min-members" in bad.message
     unknown = job_spec(JOB, job(labels={"gpuq.io/priority-class": "urgent"}), queues, kube_cfg)
     assert isinstance(unknown, Refusal) and unknown.reason == "UnknownPriorityClass"
+
+
+def test_retry_annotations_become_the_jobs_retry_policy(queues: QueuesConfig, kube_cfg: KubernetesSource) -> None:
+    spec = job_spec(JOB, job(annotations={"gpuq.io/retry-backoff-limit": "3", "gpuq.io/retry-backoff-s": "30",
+                                          "gpuq.io/retry-reasons": "NodeFailure, ImagePullFailed"}), queues, kube_cfg)
+    assert not isinstance(spec, Refusal) and spec.retry is not None
+    assert (spec.retry.backoff_limit, spec.retry.backoff_s) == (3, 30.0)
+    assert spec.retry.reasons == ("ImagePullFailed", "NodeFailure")
+    plain = job_spec(JOB, job(), queues, kube_cfg)
+    assert not isinstance(plain, Refusal) and plain.retry is None
+    for given, says in (({"gpuq.io/retry-backoff-limit": "3", "gpuq.io/retry-reasons": "Cancelled"}, "Cancelled"),
+                              ({"gpuq.io/retry-backoff-s": "5"}, "needs gpuq.io/retry-backoff-limit"),
+                              ({"gpuq.io/retry-backoff-limit": "two"}, "gpuq.io/retry-backoff-limit")):
+        bad = job_spec(JOB, job(annotations=given), queues, kube_cfg)
+        assert isinstance(bad, Refusal) and bad.reason == "InvalidWorkload" and says in bad.message, bad

@@ -254,3 +254,23 @@ def test_first_etas_are_checked_against_starts_per_queue() -> None:
               for name in ("gpuq_eta_checked", "gpuq_eta_within_50pct", "gpuq_eta_in_range")}
     assert counts == {"gpuq_eta_checked": 2, "gpuq_eta_within_50pct": 1, "gpuq_eta_in_range": 1}
     assert {o.labels for o in find(obs, "gpuq_eta_checked")} == {labels(queue="team-a")}
+
+
+def test_a_retried_attempt_is_counted_frees_its_gpus_and_the_job_waits_out_its_backoff() -> None:
+    from shared.events import JobAttemptFailed, JobFailed
+
+    s = TelemetryState()
+    s.apply(inventory(node("n0")), T0)
+    flaky = spec("flaky", team="team-a", gpus_per_pod=8)
+    run(s, life(flaky, {"n0": list(range(8))}, t_submit=0, wait=10, run=1, end=None))
+    fx = s.apply(JobAttemptFailed(job_id="flaky", attempt=1, attempts_allowed=2, exit_reason=ExitReason.ERROR,
+                                  finished_at=at(500), retry_not_before=at(530)), T0 + 500)
+    assert {(o.name, o.labels) for o in fx.observations} == {
+        ("gpuq_job_attempts_failed", labels(queue="team-a", team="team-a", exit_reason="Error"))}
+    g = s.gauges(T0 + 501)
+    assert g["gpuq_gpus_free"][labels(pool="training", gpu_model="H100")] == 8
+    assert g["gpuq_pending_jobs"] == {
+        labels(queue="team-a", team="team-a", stage="admission", reason="BackoffAfterFailure"): 1}
+    fx = s.apply(JobFailed(job_id="flaky", exit_reason=ExitReason.ERROR, finished_at=at(900), attempts=2), T0 + 900)
+    assert [o.labels for o in find(fx.observations, "gpuq_jobs_finished")] == [
+        labels(queue="team-a", team="team-a", exit_reason="Error")]  # the job ends once

@@ -3,7 +3,8 @@
 The team comes from the namespace through queues.yaml (`namespaces`), never from a label the user writes.
 Priority: the `gpuq.io/priority-class` label, else the pod templates' `priorityClassName` through
 `kubernetes_priority_classes`, else the configuration's default. Runtime limit: `activeDeadlineSeconds`, else the
-`gpuq.io/max-runtime-s` annotation. Checkpoint support: the `gpuq.io/checkpoint` annotation.
+`gpuq.io/max-runtime-s` annotation. Checkpoint support: the `gpuq.io/checkpoint` annotation. Retries:
+`gpuq.io/retry-backoff-limit` (with `gpuq.io/retry-backoff-s` and `gpuq.io/retry-reasons`), the spec's `retry`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from shared.domain import (
     JobKind,
     JobSpec,
     PodSet,
+    RetryPolicy,
     Toleration,
     TopologyLevel,
     TopologyRequest,
@@ -140,11 +142,31 @@ def job_spec(kind: WorkloadKind, obj: Obj, queues: QueuesConfig, cfg: Kubernetes
             labels={k: v for k, v in labels.items() if not k.startswith("gpuq.io/")},
             preemptible=None if preemptible is None else preemptible.lower() == "true",
             user=annotations.get("gpuq.io/user"),
+            retry=_retry_policy(annotations),
             workload=WorkloadRef(api_version=kind.api_version, kind=kind.kind, namespace=namespace, name=name,
                                  uid=uid or None))
     except (ValidationError, ValueError) as exc:
         return Refusal("InvalidWorkload", _short(exc))
     return spec
+
+
+def _retry_policy(annotations: Mapping[str, str]) -> RetryPolicy | None:
+    limit = _int_annotation(annotations, n.RETRY_BACKOFF_LIMIT_ANNOTATION)
+    if limit is None:
+        for key in (n.RETRY_BACKOFF_S_ANNOTATION, n.RETRY_REASONS_ANNOTATION):
+            if key in annotations:
+                raise ValueError(f"annotation {key} needs {n.RETRY_BACKOFF_LIMIT_ANNOTATION}")
+        return None
+    fields: dict[str, Any] = {"backoff_limit": limit}
+    if (raw := annotations.get(n.RETRY_BACKOFF_S_ANNOTATION)) is not None:
+        try:
+            fields["backoff_s"] = float(raw)
+        except ValueError:
+            raise ValueError(f"annotation {n.RETRY_BACKOFF_S_ANNOTATION}={raw!r} is not a number") from None
+        fields["max_backoff_s"] = max(fields["backoff_s"], RetryPolicy().max_backoff_s)
+    if (raw := annotations.get(n.RETRY_REASONS_ANNOTATION)) is not None:
+        fields["reasons"] = tuple(r.strip() for r in raw.split(",") if r.strip())
+    return RetryPolicy(**fields)
 
 
 def _short(exc: Exception) -> str:

@@ -22,6 +22,11 @@ GPU_MODELS_ANNOTATION = "gpuq.io/gpu-models"  # comma-separated flavors (any of)
 DATASETS_ANNOTATION = "gpuq.io/datasets"
 KIND_ANNOTATION = "gpuq.io/kind"  # training | inference | notebook
 PREEMPTIBLE_ANNOTATION = "gpuq.io/preemptible"
+# A workload's retry policy (JobSpec.retry): failures gpuq observes on a live workload are retried through
+# admission after a backoff. (A workload Kubernetes itself marks Failed is final: its own backoffLimit retried it.)
+RETRY_BACKOFF_LIMIT_ANNOTATION = "gpuq.io/retry-backoff-limit"
+RETRY_BACKOFF_S_ANNOTATION = "gpuq.io/retry-backoff-s"  # base of the exponential backoff, seconds
+RETRY_REASONS_ANNOTATION = "gpuq.io/retry-reasons"  # comma-separated exit reasons (default: Error,NodeFailure,Evicted)
 
 CHECKPOINT_REQUESTED_ANNOTATION = "gpuq.io/checkpoint-requested"  # on pods: the deadline (RFC 3339)
 LAST_CHECKPOINT_ANNOTATION = "gpuq.io/last-checkpoint"  # on a pod, set by the SDK: the checkpoint URI
