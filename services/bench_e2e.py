@@ -108,11 +108,13 @@ def _submission(job_id: str, queue: str, duration_s: float) -> tuple[str, bytes,
 class Meter:
     """CPU seconds and RSS of this process and its children, and CPU seconds of the machine's Postgres processes."""
 
-    def __init__(self, pids: list[int]) -> None:
+    def __init__(self, pids: list[int], names: list[str] | None = None) -> None:
         import psutil
 
         self.psutil = psutil
         self.procs = [psutil.Process(pid) for pid in pids]
+        # what each process is called in the report: its service (processes layout), else its pid
+        self.names = {str(pid): name for pid, name in zip(pids, names or [str(p) for p in pids], strict=True)}
         self.start = self._read()
 
     def _postgres(self) -> float:
@@ -141,11 +143,11 @@ class Meter:
 
     def report(self, jobs: int) -> dict[str, Any]:
         end = self._read()
-        gpuq = {pid: round(end[pid] - self.start.get(pid, 0.0), 2) for pid in end if pid != "postgres"}
+        gpuq = {self.names[pid]: round(end[pid] - self.start.get(pid, 0.0), 2) for pid in end if pid != "postgres"}
         rss = {}
         for proc in self.procs:
             with contextlib.suppress(self.psutil.Error):
-                rss[str(proc.pid)] = round(proc.memory_info().rss / 2**20, 1)
+                rss[self.names[str(proc.pid)]] = round(proc.memory_info().rss / 2**20, 1)
         pg = end["postgres"] - self.start["postgres"]
         cpu = sum(gpuq.values())
         return {"gpuq_cpu_s": gpuq, "gpuq_rss_mib": rss, "postgres_cpu_s": round(pg, 2),
@@ -186,8 +188,37 @@ async def _wait(predicate: Any, timeout: float, what: str, progress: Progress | 
     return True
 
 
+async def _start_processes(names: list[str], *, nats_url: str, database_url: str, namespace: str,
+                           cluster: dict[str, Any], queues: dict[str, Any], timeout: float) -> list[Any]:
+    """One `gpuq up --services NAME` process per service (the Helm chart's layout), ready when each answers
+    /readyz. The processes' logs stay in a temporary folder, named if they do not become ready."""
+    import httpx
+
+    from services.chaos.harness import ServiceProcess
+
+    workdir = Path(tempfile.mkdtemp(prefix="gpuq-bench-e2e-procs-"))
+    cluster_file, queues_file = workdir / "cluster.yaml", workdir / "queues.yaml"
+    cluster_file.write_text(json.dumps(cluster))  # JSON is YAML
+    queues_file.write_text(json.dumps(queues))
+    env = {**os.environ, "NATS_URL": nats_url, "DATABASE_URL": database_url, namespaces.ENV: namespace}
+    procs = [ServiceProcess(name, name, workdir, env, cluster_file, queues_file) for name in names]
+    for proc in procs:
+        proc.start()
+    deadline = time.perf_counter() + timeout
+    async with httpx.AsyncClient() as client:
+        while not all([await p.ready(client) for p in procs]):
+            if time.perf_counter() > deadline or any(p.proc is not None and p.proc.poll() is not None
+                                                     for p in procs):
+                for p in procs:
+                    p.stop()
+                raise RuntimeError(f"the services' processes did not become ready; logs in {workdir}")
+            await asyncio.sleep(0.2)
+    return procs
+
+
 async def _run(scenario: str, *, nodes: int, queues: int, jobs: int, rate: float, seconds: float, waiting: int,
-               duration: float, services: str, attach: bool, timeout: float, progress: Progress) -> dict[str, Any]:
+               duration: float, services: str, attach: bool, timeout: float, progress: Progress,
+               layout: str = "one-process") -> dict[str, Any]:
     import nats
 
     from services.stack import Stack, StackSettings
@@ -204,20 +235,29 @@ async def _run(scenario: str, *, nodes: int, queues: int, jobs: int, rate: float
     base_db = os.environ["DATABASE_URL"] if attach else servers.database_url  # type: ignore[union-attr]  # as above
     db_url, db_name = (base_db, "") if attach else await scratch_database(base_db, "gpuq_bench_e2e")
     out: dict[str, Any] = {"scenario": scenario, "nodes": nodes, "queues": queues, "services": services,
-                           "layout": "attached" if attach else "one process"}
+                           "layout": "attached" if attach else layout}
     nc = await nats.connect(nats_url)
     js = nc.jetstream()
     stack = None
+    procs: list[Any] = []
+    pids, pid_names = [os.getpid()], ["bench+services" if not attach else "bench"]
     try:
         if own_ns:
             await ensure_streams(js, ns, purpose="bench")
-            settings = StackSettings(nats_url=nats_url, database_url=db_url,
-                                     queues=parse_queues(_queues(queues, nodes, waiting)),
-                                     cluster=parse_cluster(_cluster(nodes)),
-                                     services=[s for s in services.split(",") if s])
-            stack = Stack(settings)
+            names = [s for s in services.split(",") if s]
             started = time.perf_counter()
-            await stack.start()
+            if layout == "processes":
+                procs = await _start_processes(names, nats_url=nats_url, database_url=db_url, namespace=ns,
+                                               cluster=_cluster(nodes), queues=_queues(queues, nodes, waiting),
+                                               timeout=timeout)
+                pids = [p.proc.pid for p in procs if p.proc is not None]
+                pid_names = [p.service for p in procs if p.proc is not None]
+            else:
+                settings = StackSettings(nats_url=nats_url, database_url=db_url,
+                                         queues=parse_queues(_queues(queues, nodes, waiting)),
+                                         cluster=parse_cluster(_cluster(nodes)), services=names)
+                stack = Stack(settings)
+                await stack.start()
         pool = await create_pool(db_url, max_size=2)
         try:
             if own_ns:
@@ -250,7 +290,7 @@ async def _run(scenario: str, *, nodes: int, queues: int, jobs: int, rate: float
                        or 0) < waiting:
                     await asyncio.sleep(0.5)
             before_msgs, before_deliveries = await _bus_totals(js, ns)
-            meter = Meter([os.getpid()])
+            meter = Meter(pids, pid_names)
             task = progress.add_task(f"{scenario}: submitting", total=jobs)
             t0 = time.perf_counter()
             if scenario == "steady":
@@ -307,6 +347,8 @@ async def _run(scenario: str, *, nodes: int, queues: int, jobs: int, rate: float
     finally:
         if stack is not None:
             await stack.stop()
+        for proc in procs:
+            await asyncio.to_thread(proc.stop)
         if own_ns:
             with contextlib.suppress(Exception):
                 await delete_streams(js, ns, purpose="bench")
@@ -329,6 +371,9 @@ def bench_e2e(
                                         "(steady: 10,000 in the issue's scenario)."),
     duration: float = typer.Option(5.0, help="steady: seconds each arriving job runs."),
     services: str = typer.Option(SERVICES, help="Services the started stack runs (comma-separated)."),
+    layout: str = typer.Option("one-process", help="one-process: every service in this process (`gpuq up`'s "
+                               "default); processes: one `gpuq up --services NAME` process per service, as the Helm "
+                               "chart runs them (CPU and RSS are then reported per process)."),
     attach: bool = typer.Option(False, "--attach", help="Drive the stack already running on NATS_URL / "
                                 "DATABASE_URL in GPUQ_NAMESPACE instead of starting one."),
     timeout: float = typer.Option(600.0, help="Seconds to wait for the placements before reporting what came."),
@@ -337,6 +382,8 @@ def bench_e2e(
     events and deliveries per job, CPU and RSS, Postgres CPU. Prints one JSON object."""
     if scenario not in ("burst", "steady", "scale"):
         raise typer.BadParameter(f"unknown scenario {scenario!r}: burst, steady or scale")
+    if layout not in ("one-process", "processes"):
+        raise typer.BadParameter(f"unknown layout {layout!r}: one-process or processes")
     if attach and not (os.environ.get("NATS_URL") and os.environ.get("DATABASE_URL")):
         raise typer.BadParameter("--attach needs NATS_URL and DATABASE_URL of the running stack")
     import logging
@@ -345,5 +392,5 @@ def bench_e2e(
     with Progress(transient=True, console=Console(file=sys.stderr)) as progress:
         result = asyncio.run(_run(scenario, nodes=nodes, queues=queues, jobs=jobs, rate=rate, seconds=seconds,
                                   waiting=waiting, duration=duration, services=services, attach=attach,
-                                  timeout=timeout, progress=progress))
+                                  timeout=timeout, progress=progress, layout=layout))
     typer.echo(json.dumps(result))

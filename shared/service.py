@@ -166,6 +166,38 @@ class Refused(Exception):  # a verdict, not a failure: the event is dead-lettere
 
 
 @dataclass
+class _Prepared:
+    """A message parsed and checked against its subject, ready for its handler."""
+
+    event: CloudEvent
+    payload: Payload
+    handler: Handler
+    subject: str
+    inbox_id: str
+
+
+_NOT_PREPARED: Any = object()  # `_unit` parses the message itself
+
+
+@dataclass
+class _BatchWork:
+    """What a consumed batch writes once for all its messages instead of once per message: the inbox rows (claimed
+    together before the first handler runs: `claimed` holds the ids this batch inserted, None where the service
+    claims per message), the job trace rows its messages staged, and the outbox rows its handlers emitted."""
+
+    claimed: set[str] | None
+    traces: dict[str, str] = field(default_factory=dict)
+    rows: list[tuple[str, str, bytes]] = field(default_factory=list)
+
+    def take(self, inbox_id: str) -> bool:
+        """Is this the message that claimed `inbox_id`? (A copy later in the same batch is a duplicate.)"""
+        if self.claimed is not None and inbox_id in self.claimed:
+            self.claimed.discard(inbox_id)
+            return True
+        return False
+
+
+@dataclass
 class Tx:
     """One unit of work: the open transaction, the clock reading, and the outbox writer. `subject` is the subject
     the handled event arrived on (its scope token names the team of a submission: see Payload.scope)."""
@@ -186,6 +218,8 @@ class Tx:
     # event: the runtime buffers its batch-end cycles (a cycle admits or places many jobs), and flushes before commit.
     buffered: bool = False
     _rows: list[tuple[str, str, bytes]] = field(default_factory=list)
+    # In a consumed batch: job trace rows staged by the batch's messages, written at its end (JobTraces.stage).
+    staged_traces: dict[str, str] | None = None
 
     async def flush(self) -> None:
         """Write the buffered outbox rows (in emission order, so the relay publishes them in that order)."""
@@ -211,7 +245,7 @@ class Tx:
         (AuditRecorded) take their scope token as `subject_suffix`."""
         job = payload.job_key()
         if traceparent is None and job is not None and job != self.job:
-            traceparent = await (self.job_traces or JobTraces()).get(self.conn, self.schema, job)
+            traceparent = await (self.job_traces or JobTraces()).get(self.conn, self.schema, job, self.staged_traces)
         event = traced_event(payload, source=self.source, time=utcnow_from(self.now),
                              traceparent=traceparent or self.traceparent)
         subject = (payload.scoped_subject(subject_suffix) if payload.scope and subject_suffix else
@@ -250,6 +284,28 @@ class JobTraces:
         return bool(await conn.fetchval(f"INSERT INTO {schema}.job_traces(job_id, traceparent) VALUES ($1, $2) "
                                         "ON CONFLICT DO NOTHING RETURNING true", job_id, traceparent))
 
+    def stage(self, job_id: str, traceparent: str, staged: dict[str, str]) -> bool:
+        """Batch form of `remember`: the row is staged (written by `write_staged` at the batch's end, one round trip
+        for the batch) unless the cache or an earlier message of the batch knows the job. Returns whether it was
+        staged; the caller drops what a message staged if that message's savepoint rolls back."""
+        if job_id in self.cache or job_id in staged:
+            return False
+        staged[job_id] = traceparent
+        return True
+
+    async def write_staged(self, conn: asyncpg.Connection, schema: str,
+                           staged: Mapping[str, str]) -> list[tuple[str, str]]:
+        """Insert the staged rows; returns those this call inserted (a row written before, e.g. before a restart,
+        is kept and not cached from the staged value), for `committed` after the commit."""
+        if not staged:
+            return []
+        jobs = sorted(staged)
+        rows = await conn.fetch(
+            f"INSERT INTO {schema}.job_traces(job_id, traceparent) "
+            "SELECT * FROM unnest($1::text[], $2::text[]) ON CONFLICT DO NOTHING RETURNING job_id, traceparent",
+            jobs, [staged[j] for j in jobs])
+        return [(r["job_id"], r["traceparent"]) for r in rows]
+
     def committed(self, written: Sequence[tuple[str, str]]) -> None:
         """After commit: the rows `remember` wrote are in the table. The first one written for a job wins (ON
         CONFLICT DO NOTHING), so a job already cached keeps its entry."""
@@ -257,12 +313,15 @@ class JobTraces:
             if job_id not in self.cache:
                 self._keep(job_id, traceparent)
 
-    async def get(self, conn: asyncpg.Connection, schema: str, job_id: str) -> str | None:
+    async def get(self, conn: asyncpg.Connection, schema: str, job_id: str,
+                  staged: Mapping[str, str] | None = None) -> str | None:
         found = self.cache.get(job_id)
         if found is None:
             found = await conn.fetchval(f"SELECT traceparent FROM {schema}.job_traces WHERE job_id = $1", job_id)
             if found is not None:
                 self._keep(job_id, found)
+            elif staged is not None:  # first seen earlier in this batch: its row is written at the batch's end
+                found = staged.get(job_id)
         return found
 
 
@@ -627,20 +686,16 @@ class ServiceRuntime:
         elif outcome == "ignored":
             self.counters.ignored += 1
 
-    async def _unit(self, conn: asyncpg.Connection, raw: bytes, subject: str,
-                    deferred: dict[str, Callable[[Tx], Awaitable[None]]] | None,
-                    traces: list[tuple[str, str]]) -> tuple[str, bool]:
-        """One event's work inside the caller's transaction: parse, check the subject, claim, the inbox row, the
-        handler. Returns (outcome, whether it emitted events); raises _DeadLetter for a verdict, anything else
-        for a failure worth retrying. Appends to `traces` the job trace rows it wrote (for the cache, after
-        the caller committed)."""
+    def _prepare(self, raw: bytes, subject: str) -> _Prepared | None:
+        """Parse an event and check it may travel on its subject. None: no handler of this service takes its type
+        (ignored); raises _DeadLetter for a poison message."""
         try:
             event, payload = parse_event(raw)
         except InvalidEvent as exc:
             raise _DeadLetter(exc.reason, exc.message, handler_ran=False) from exc
         handler = self.spec.handlers.get(type(payload))
         if handler is None:
-            return "ignored", False
+            return None
         # The subject, not the body, says what an event may be: NATS permissions grant subjects to credentials,
         # so a body whose type does not belong on its subject (a JobPlaced sent on a team's submission subject)
         # is forged. In-process calls without a subject (benchmarks, tests) stand for the event's own subject.
@@ -649,27 +704,54 @@ class ServiceRuntime:
             raise _DeadLetter("SubjectMismatch", f"a {event.type} event may not travel on {subject!r} (expected "
                                                  f"{type(payload).subscription()})", handler_ran=False,
                               subject=subject)
-        if self.spec.claim is not None and not await self.spec.claim(conn, event, payload):
-            return "ignored", False
         inbox_id = event.id + (self.spec.consumer_suffix if type(payload) in self.spec.broadcast else "")
-        fresh = await conn.fetchval(
-            f"INSERT INTO {self.spec.schema}.inbox(event_id, type) VALUES ($1, $2) "
-            "ON CONFLICT DO NOTHING RETURNING true", inbox_id, event.type)
-        if not fresh:
-            return "duplicate", False
+        return _Prepared(event, payload, handler, subject, inbox_id)
+
+    async def _unit(self, conn: asyncpg.Connection, raw: bytes, subject: str,
+                    deferred: dict[str, Callable[[Tx], Awaitable[None]]] | None,
+                    traces: list[tuple[str, str]], batch: _BatchWork | None = None,
+                    prepared: _Prepared | _DeadLetter | None = _NOT_PREPARED) -> tuple[str, bool]:
+        """One event's work inside the caller's transaction: parse, check the subject, claim, the inbox row, the
+        handler. Returns (outcome, whether it emitted events); raises _DeadLetter for a verdict, anything else
+        for a failure worth retrying. Appends to `traces` the job trace rows it wrote (for the cache, after
+        the caller committed). In a consumed batch (`batch`), the inbox rows were claimed for the whole batch,
+        job trace rows are staged and outbox rows buffered: the batch writes each kind in one round trip."""
+        if isinstance(prepared, _DeadLetter):
+            raise prepared
+        p = self._prepare(raw, subject) if prepared is _NOT_PREPARED else prepared
+        if p is None:
+            return "ignored", False
+        event, payload = p.event, p.payload
+        if batch is not None and batch.claimed is not None:
+            if not batch.take(p.inbox_id):
+                return "duplicate", False
+        else:
+            if self.spec.claim is not None and not await self.spec.claim(conn, event, payload):
+                return "ignored", False
+            fresh = await conn.fetchval(
+                f"INSERT INTO {self.spec.schema}.inbox(event_id, type) VALUES ($1, $2) "
+                "ON CONFLICT DO NOTHING RETURNING true", p.inbox_id, event.type)
+            if not fresh:
+                return "duplicate", False
         # One span per hop, child of the event's trace context; emitted events carry this span's
         # context, so a job's life from JobSubmitted to JobCompleted is one trace across services.
         with start_span_from_event(event, name=f"{self.spec.name} {BY_TYPE[event.type].__name__}"):
             tx = Tx(conn=conn, now=self.clock.now(), source=self.source, schema=self.spec.schema,
-                    traceparent=current_traceparent() or event.traceparent, subject=subject,
-                    job=event.subject, job_traces=self.job_traces, deferred=deferred)
-            if event.subject and tx.traceparent and \
-                    await self.job_traces.remember(conn, self.spec.schema, event.subject, tx.traceparent):
-                traces.append((event.subject, tx.traceparent))
+                    traceparent=current_traceparent() or event.traceparent, subject=p.subject,
+                    job=event.subject, job_traces=self.job_traces, deferred=deferred, buffered=batch is not None,
+                    staged_traces=None if batch is None else batch.traces)
+            if event.subject and tx.traceparent:
+                if batch is not None:
+                    if self.job_traces.stage(event.subject, tx.traceparent, batch.traces):
+                        traces.append((event.subject, tx.traceparent))
+                elif await self.job_traces.remember(conn, self.spec.schema, event.subject, tx.traceparent):
+                    traces.append((event.subject, tx.traceparent))
             try:
-                await handler(tx, event, payload)
+                await p.handler(tx, event, payload)
             except Refused as exc:
-                raise _DeadLetter(exc.reason, exc.message, handler_ran=True, subject=subject) from exc
+                raise _DeadLetter(exc.reason, exc.message, handler_ran=True, subject=p.subject) from exc
+            if batch is not None:  # only a message whose handler succeeded has rows to write
+                batch.rows.extend(tx._rows)
         return "handled", bool(tx.emitted)
 
     def routed(self, subject: str) -> bool:
@@ -740,34 +822,53 @@ class ServiceRuntime:
         outcomes: list[tuple[Msg, str, BaseException | None]] = []
         dead: list[tuple[Msg, _DeadLetter]] = []
         emitted = False
-        traces: list[tuple[str, str]] = []  # job trace rows written by the messages whose savepoint held
+        traces: list[tuple[str, str]] = []  # job trace rows the batch wrote (cached after the commit)
+        # Parse and check every message first (no Postgres), so that the batch's inbox rows are claimed in one
+        # statement; a service that claims events per message (sharding) writes its inbox rows one by one.
+        prepared: list[_Prepared | _DeadLetter | None] = []
+        for m in work:
+            try:
+                prepared.append(self._prepare(m.data, m.subject))
+            except _DeadLetter as verdict:
+                prepared.append(verdict)
         async with self._handle_lock:
             try:
                 async with self.pool.acquire() as conn, conn.transaction():
                     await self._reload_if_stale(conn)
+                    batch = _BatchWork(claimed=await self._claim_inbox(conn, prepared))
                     deferred: dict[str, Callable[[Tx], Awaitable[None]]] = {}
-                    for m in work:
+                    for m, p in zip(work, prepared, strict=True):
+                        if p is None or (isinstance(p, _Prepared) and batch.claimed is not None
+                                         and p.inbox_id not in batch.claimed):
+                            # ignored, or a duplicate: nothing to do, no savepoint needed
+                            outcomes.append((m, "ignored" if p is None else "duplicate", None))
+                            continue
                         # A savepoint: this message's work alone. Savepoints of the same name nest and are not
                         # released (the commit ends them all): one round trip to Postgres per message instead of
                         # two; a rollback goes back to the newest one, the start of this message.
                         await conn.execute(f"SAVEPOINT {_MESSAGE_SAVEPOINT}")
+                        unit_traces: list[tuple[str, str]] = []
                         try:
-                            unit_traces: list[tuple[str, str]] = []
-                            outcome, wrote = await self._unit(conn, m.data, m.subject, deferred, unit_traces)
-                            traces.extend(unit_traces)
+                            outcome, wrote = await self._unit(conn, m.data, m.subject, deferred, unit_traces,
+                                                              batch, p)
                             emitted = emitted or wrote
                             outcomes.append((m, outcome, None))
                         except _DeadLetter as verdict:
-                            await conn.execute(f"ROLLBACK TO SAVEPOINT {_MESSAGE_SAVEPOINT}")
+                            await self._roll_back_message(conn, batch, p, unit_traces)
                             if verdict.handler_ran:
                                 await self._reload_in(conn)
                             dead.append((m, verdict))
                             await self._record_dead_letter(conn, m.data, m.subject, m.metadata.sequence.stream,
                                                            m.metadata.num_delivered, verdict.reason, verdict.message)
                         except Exception as exc:
-                            await conn.execute(f"ROLLBACK TO SAVEPOINT {_MESSAGE_SAVEPOINT}")
+                            await self._roll_back_message(conn, batch, p, unit_traces)
                             await self._reload_in(conn)
                             outcomes.append((m, "failed", exc))
+                    # The messages' rows, in handling order, before the rows of the work deferred to the batch's end.
+                    if batch.rows:
+                        await conn.executemany(f"INSERT INTO {self.spec.schema}.outbox(event_id, subject, body) "
+                                               "VALUES ($1, $2, $3)", batch.rows)
+                    traces = await self.job_traces.write_staged(conn, self.spec.schema, batch.traces)
                     if deferred:
                         tx = Tx(conn=conn, now=self.clock.now(), source=self.source, schema=self.spec.schema,
                                 job_traces=self.job_traces, buffered=True)
@@ -806,6 +907,34 @@ class ServiceRuntime:
         transaction again (the batch's earlier messages included) before the next message."""
         if self.spec.reload is not None:
             await self.spec.reload(conn)
+
+    async def _claim_inbox(self, conn: asyncpg.Connection,
+                           prepared: Sequence[_Prepared | _DeadLetter | None]) -> set[str] | None:
+        """Insert the inbox rows of a batch's messages in one statement; returns the ids this batch inserted (the
+        others were handled before: duplicates). None where the service claims events per message (`claim`)."""
+        if self.spec.claim is not None:
+            return None
+        rows: dict[str, str] = {}
+        for p in prepared:
+            if isinstance(p, _Prepared):
+                rows.setdefault(p.inbox_id, p.event.type)
+        if not rows:
+            return set()
+        ids = list(rows)
+        inserted = await conn.fetch(
+            f"INSERT INTO {self.spec.schema}.inbox(event_id, type) SELECT * FROM unnest($1::text[], $2::text[]) "
+            "ON CONFLICT DO NOTHING RETURNING event_id", ids, [rows[i] for i in ids])
+        return {r["event_id"] for r in inserted}
+
+    async def _roll_back_message(self, conn: asyncpg.Connection, batch: _BatchWork,
+                                 p: _Prepared | _DeadLetter | None, unit_traces: list[tuple[str, str]]) -> None:
+        """Undo one message of a batch: its savepoint, its staged trace rows, and the inbox row the batch claimed
+        for it before the savepoint (so that its redelivery, or its replay from the dead letters, is handled)."""
+        await conn.execute(f"ROLLBACK TO SAVEPOINT {_MESSAGE_SAVEPOINT}")
+        for job, _ in unit_traces:
+            batch.traces.pop(job, None)
+        if isinstance(p, _Prepared) and batch.claimed is not None:
+            await conn.execute(f"DELETE FROM {self.spec.schema}.inbox WHERE event_id = $1", p.inbox_id)
 
     async def _retry_or_give_up(self, raw: Msg, exc: BaseException) -> None:
         if isinstance(exc, LostLeadership):

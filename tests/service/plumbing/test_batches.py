@@ -5,6 +5,7 @@ event that arrives before the event it depends on (a cancel before the admission
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
@@ -76,6 +77,46 @@ async def test_poison_and_a_failing_handler_in_the_middle_of_a_batch_cost_only_t
         assert await pool.fetchval(f"SELECT count(*) FROM {SCHEMA}.outbox") == 11
     finally:
         await runtime.stop()
+
+
+async def test_a_batch_writes_each_message_once_in_order_and_a_copy_in_the_same_batch_is_a_duplicate(
+        fresh: tuple[str, str], pool: asyncpg.Pool) -> None:
+    """A batch claims its inbox rows, writes its outbox rows and its job trace rows together (one statement each,
+    not one per message): each event is still handled once, a second copy of an event in the same pull is a
+    duplicate, the outbox keeps the handling order, and every job's trace row is written once."""
+    nats_url, _ = fresh
+    svc = CountingService()
+    runtime = ServiceRuntime(svc.spec(), nats_url=nats_url, pool=pool, clock=ManualClock())
+    subject = ns_subject("job.submitted.team-a")
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    copied = submitted("copied")
+    for i in range(3):
+        await publish_event(js, submitted(f"job-{i}"), subject)
+    await publish_event(js, copied, subject)
+    await js.publish(subject, encode_event(copied))  # a second copy, past JetStream's dedup (no Nats-Msg-Id)
+    for i in range(3, 6):
+        await publish_event(js, submitted(f"job-{i}"), subject)
+    await nc.close()
+    await runtime.start()
+    try:
+        await wait_for(lambda: _all_counted(pool, 7))
+        await wait_for(lambda: _settled(runtime, 8))
+        assert await count(pool, "copied") == 1
+        assert runtime.counters.handled == 7 and runtime.counters.duplicates == 1
+        order = [json.loads(bytes(r["body"]))["data"]["job_id"]
+                 for r in await pool.fetch(f"SELECT body FROM {SCHEMA}.outbox ORDER BY seq")]
+        assert order == ["job-0", "job-1", "job-2", "copied", "job-3", "job-4", "job-5"]
+        traces = await pool.fetch(f"SELECT job_id FROM {SCHEMA}.job_traces ORDER BY job_id")
+        assert [r["job_id"] for r in traces] == sorted(["copied", *(f"job-{i}" for i in range(6))])
+        assert await pool.fetchval(f"SELECT count(*) FROM {SCHEMA}.inbox") == 7
+    finally:
+        await runtime.stop()
+
+
+async def _settled(runtime: ServiceRuntime, n: int) -> bool:
+    c = runtime.counters
+    return c.handled + c.duplicates >= n
 
 
 async def _all_counted(pool: asyncpg.Pool, n: int) -> bool:
