@@ -34,6 +34,7 @@ from services.admission.core.statuses import PendingStatuses, message_text
 from services.admission.publish import MESSAGE_EVERY_S, Published, worth_publishing
 from services.admission.sharding import Shard
 from services.pipeline.core import admit
+from services.pipeline.core.predict import DurationPredictor, JobKey
 from services.scheduler.core import ClusterState
 from shared import audit
 from shared.audit import service_actor, team_actor
@@ -90,6 +91,7 @@ class EtaFn(Protocol):
                  now: float) -> Mapping[str, EtaRange]: ...
     def job_started(self, job_id: str, started_at: float) -> None: ...
     def job_finished(self, spec: JobSpec, ran_s: float | None) -> None: ...
+    def predicted_s(self, spec: JobSpec) -> float: ...
     def refresh_due(self, last_refresh: float | None, now: float, changed: bool) -> bool: ...
 
 
@@ -99,6 +101,11 @@ ETA_DUTY_FACTOR = 5.0  # the pause after an ETA simulation is at least this many
 CONFIG_LOCK = lock_key("admission-config")
 BACKOFF_REASON = "BackoffAfterFailure"  # a failed attempt waits out its retry backoff (JobAttemptFailed)
 BACKOFF_TICK_S = 0.2  # wall seconds between looks at whether a backoff ended (the end itself is platform time)
+# The predictor's history is rebuilt at start from at most this many of the most recently finished runs: it bounds
+# start-up work (the predictor keeps the last 200 runs per group, so this covers the busiest 25 groups in full).
+HISTORY_REBUILD_LIMIT = 5000
+# Ends after which a job ran as long as it needed (or up to its limit): the only run times that are history.
+RAN_TO_THE_END = ("Succeeded", "DeadlineExceeded")
 # Events every per-cohort instance handles itself (see ServiceSpec.broadcast).
 BROADCAST: frozenset[type[Payload]] = frozenset({QueueConfigChanged, NodeInventory, NodeChanged})
 
@@ -114,6 +121,9 @@ class AdmissionService:
         self.expected_end: dict[str, float] = {}  # running job -> started_at + max_runtime_s
         self.eta = eta
         self.eta_interval_s = eta_interval_s
+        # Run-time history for duration-aware ordering: the ETA's predictor when there is an ETA (one owner of the
+        # history), otherwise one of admission's own.
+        self._predictor = DurationPredictor() if eta is None else None
         self._version = 0  # bumped by every handled event; the ETA loop recomputes only when it moved
         # the status last written to the table, and when (reason, message, positions, service clock)
         self._published: dict[str, tuple[str, str, int, int, float]] = {}
@@ -155,6 +165,7 @@ class AdmissionService:
                     "INSERT INTO admission.config(applied_at, document, applied_by) VALUES ($1, $2, 'startup')",
                     runtime.clock.now(), self.initial_config.model_dump_json(exclude_none=False))
             await self._rebuild(conn)
+            await self._rebuild_history(conn)
         if self.shard.cohorts is not None:
             declared = {c.name for c in self.state.config.cohorts}
             unknown = sorted(self.shard.cohorts - declared - {"-"})
@@ -177,6 +188,43 @@ class AdmissionService:
         self._announced.clear()
         self._etas.clear()
         self._version += 1
+
+    async def _rebuild_history(self, conn: asyncpg.Connection) -> None:
+        """At start only (a reload keeps the history in memory): the run times of the most recent finished jobs,
+        oldest first, as `_finish` recorded them, so predictions survive a restart."""
+        rows = await conn.fetch(
+            "SELECT spec, ran FROM (SELECT job_id, spec, finished_at, finished_at - started_at AS ran "
+            "FROM admission.jobs WHERE status = 'finished' AND started_at IS NOT NULL AND outcome = ANY($1::text[]) "
+            "ORDER BY finished_at DESC, job_id DESC LIMIT $2) t ORDER BY finished_at, job_id",
+            list(RAN_TO_THE_END), HISTORY_REBUILD_LIMIT)
+        for r in rows:
+            self._observe(JobSpec.model_validate_json(r["spec"]), max(0.0, r["ran"]))
+        if rows:
+            log.info("admission: run-time history rebuilt from %d finished jobs", len(rows))
+
+    def _observe(self, spec: JobSpec, ran_s: float | None) -> None:
+        """A job ended (`ran_s`: its run time, None if it never ran or ended early): history for predictions."""
+        if self.eta is not None:
+            self.eta.job_finished(spec, ran_s)
+        elif self._predictor is not None and ran_s is not None:
+            self._predictor.observe(JobKey.of(spec), float(spec.max_runtime_s), max(0.0, ran_s))
+
+    def predicted_gpu_s(self, spec: JobSpec) -> float | None:
+        """Duration-aware ordering (policy.duration_ordering): the job's predicted GPU-seconds from its limit and the
+        history of similar finished jobs (never its true duration); None when the policy is off."""
+        if not self.state.config.policy.duration_ordering:
+            return None
+        if self.eta is not None:
+            seconds = self.eta.predicted_s(spec)
+        else:
+            assert self._predictor is not None
+            seconds = self._predictor.predict(JobKey.of(spec), float(spec.max_runtime_s)).median_s
+        return seconds * spec.total_gpus
+
+    def _stored(self, row: Mapping[str, object]) -> float | None:
+        """A job's stored prediction (admission.jobs.predicted_gpu_s) when duration ordering is on."""
+        value = row["predicted_gpu_s"]
+        return float(value) if isinstance(value, int | float) and self.state.config.policy.duration_ordering else None
 
     async def _reload_owned(self, conn: asyncpg.Connection) -> None:
         """The configuration in force changed (here or in another instance): take this instance's queues under it
@@ -300,7 +348,8 @@ class AdmissionService:
             if violation is not None:
                 await reject(violation.reason, violation.message, True)
                 return
-            rejection = self.state.submit(Workload(spec, received_at))
+            predicted = self.predicted_gpu_s(spec)
+            rejection = self.state.submit(Workload(spec, received_at, predicted_gpu_s=predicted))
             if rejection is not None:
                 await reject(rejection.reason, rejection.message, True)
                 return
@@ -325,18 +374,18 @@ class AdmissionService:
                            f"gpuq approve {spec.job_id}")
                 await tx.conn.execute(
                     "INSERT INTO admission.jobs(job_id, team, queue, spec, status, submitted_at, approval, reason, "
-                    "message) VALUES ($1, $2, $3, $4, 'pending', $5, 'required', $6, $7)",
+                    "message, predicted_gpu_s) VALUES ($1, $2, $3, $4, 'pending', $5, 'required', $6, $7, $8)",
                     spec.job_id, team, spec.queue, spec.model_dump_json(), received_at,
-                    governance.AWAITING_APPROVAL, message)
+                    governance.AWAITING_APPROVAL, message, predicted)
                 await tx.emit(JobQueued(job_id=spec.job_id, queue=spec.queue, team=team))
                 await tx.emit(JobPending(job_id=spec.job_id, queue=spec.queue, reason=governance.AWAITING_APPROVAL,
                                          message=message))
                 await verdict("awaiting_approval", governance.AWAITING_APPROVAL, message)
                 return
             await tx.conn.execute(
-                "INSERT INTO admission.jobs(job_id, team, queue, spec, status, submitted_at) "
-                "VALUES ($1, $2, $3, $4, 'pending', $5)",
-                spec.job_id, team, spec.queue, spec.model_dump_json(), received_at)
+                "INSERT INTO admission.jobs(job_id, team, queue, spec, status, submitted_at, predicted_gpu_s) "
+                "VALUES ($1, $2, $3, $4, 'pending', $5, $6)",
+                spec.job_id, team, spec.queue, spec.model_dump_json(), received_at, predicted)
             await tx.emit(JobQueued(job_id=spec.job_id, queue=spec.queue, team=team))
             await verdict("queued")
 
@@ -382,14 +431,14 @@ class AdmissionService:
 
         async def body() -> None:
             row = await tx.conn.fetchrow(
-                "SELECT spec, submitted_at, team FROM admission.jobs WHERE job_id = $1 AND status = 'pending' AND "
-                "approval = 'required'", payload.job_id)
+                "SELECT spec, submitted_at, team, predicted_gpu_s FROM admission.jobs WHERE job_id = $1 AND "
+                "status = 'pending' AND approval = 'required'", payload.job_id)
             if row is None:
                 await audit.record(tx, "approve", f"admin:{payload.approved_by}", job_id=payload.job_id,
                                    outcome="nothing awaits approval", event_id=event.id)
                 return
             spec = JobSpec.model_validate_json(row["spec"])
-            self.state.requeue(Workload(spec, row["submitted_at"]))
+            self.state.requeue(Workload(spec, row["submitted_at"], predicted_gpu_s=self._stored(row)))
             await tx.conn.execute(
                 "UPDATE admission.jobs SET approval = 'approved', reason = NULL, message = NULL WHERE job_id = $1",
                 payload.job_id)
@@ -409,13 +458,12 @@ class AdmissionService:
         one changes nothing here). Consumed so that per-cohort instances mirror other cohorts' cancels (claim)."""
 
     async def _finish(self, tx: Tx, job_id: str, outcome: str) -> None:
-        if self.eta is not None:
-            held = self.state.admitted.get(job_id) or self.state.pending.get(job_id)
-            end = self.expected_end.get(job_id)
-            if held is not None:  # history for the predicted durations: how long it ran (None: it never ran)
-                ran = None if end is None else tx.now - (end - held.spec.max_runtime_s)
-                # a job that succeeded or was stopped at its limit ran as long as it needed (or its limit)
-                self.eta.job_finished(held.spec, ran if outcome in ("Succeeded", "DeadlineExceeded") else None)
+        held = self.state.admitted.get(job_id) or self.state.pending.get(job_id)
+        end = self.expected_end.get(job_id)
+        if held is not None:  # history for the predicted durations: how long it ran (None: it never ran)
+            ran = None if end is None else tx.now - (end - held.spec.max_runtime_s)
+            # a job that succeeded or was stopped at its limit ran as long as it needed (or its limit)
+            self._observe(held.spec, ran if outcome in RAN_TO_THE_END else None)
         self.state.finish(job_id)
         self.backoff.pop(job_id, None)  # cancelled while waiting out a retry backoff
         self.cluster.release(job_id)
@@ -430,13 +478,13 @@ class AdmissionService:
         """A preempted job goes back to pending with its original submit time and resumes from its checkpoint."""
 
         async def body() -> None:
-            row = await tx.conn.fetchrow("SELECT spec, submitted_at FROM admission.jobs WHERE job_id = $1",
-                                         payload.job_id)
+            row = await tx.conn.fetchrow(
+                "SELECT spec, submitted_at, predicted_gpu_s FROM admission.jobs WHERE job_id = $1", payload.job_id)
             if row is None:
                 return
 
             spec = JobSpec.model_validate_json(row["spec"])
-            self.state.requeue(Workload(spec, row["submitted_at"]))
+            self.state.requeue(Workload(spec, row["submitted_at"], predicted_gpu_s=self._stored(row)))
             self.cluster.release(payload.job_id)
             self.expected_end.pop(payload.job_id, None)
             self._reclaims_sent.discard(payload.job_id)
@@ -506,11 +554,12 @@ class AdmissionService:
         rows = await tx.conn.fetch(
             "UPDATE admission.jobs SET retry_not_before = NULL, reason = NULL, message = NULL "
             "WHERE job_id = ANY($1::text[]) AND status = 'pending' AND retry_not_before IS NOT NULL "
-            "RETURNING job_id, spec, submitted_at", due)
+            "RETURNING job_id, spec, submitted_at, predicted_gpu_s", due)
         for job_id in due:
             self.backoff.pop(job_id, None)
         for r in sorted(rows, key=lambda r: r["job_id"]):
-            self.state.requeue(Workload(JobSpec.model_validate_json(r["spec"]), r["submitted_at"]))
+            self.state.requeue(Workload(JobSpec.model_validate_json(r["spec"]), r["submitted_at"],
+                                        predicted_gpu_s=self._stored(r)))
         await self._cycle_and_count(tx)
 
     async def on_config_changed(self, tx: Tx, event: CloudEvent, payload: QueueConfigChanged) -> None:
@@ -532,11 +581,15 @@ class AdmissionService:
             return
 
         async def body() -> None:
+            reorder = config.policy.duration_ordering != self.state.config.policy.duration_ordering
             messages = self.state.set_config(config)
             await tx.conn.execute(
                 "INSERT INTO admission.config(applied_at, document, applied_by, event_id) VALUES ($1, $2, $3, $4)",
                 tx.now, json.dumps(payload.config), payload.changed_by, event.id)
             detail = {"messages": messages, "warnings": config.warnings()}
+            if reorder and not sharded:
+                # duration ordering turned on or off: the jobs take (or drop) their stored predictions
+                self.state = await load_jobs(tx.conn, config, self.shard)
             if sharded:
                 # The messages are about this instance's jobs; a queue may now belong to another instance.
                 detail["cohorts"] = sorted(self.shard.cohorts or ())
@@ -771,7 +824,8 @@ async def load_jobs(conn: asyncpg.Connection, config: QueuesConfig, shard: Shard
         where = " AND (queue = ANY($1::text[]) OR ($2 AND NOT queue = ANY($3::text[])))"
         args = [shard.queues(config), shard.owns_unknown_queues, [q.name for q in config.queues]]
     rows = await conn.fetch(
-        "SELECT spec, status, submitted_at, admitted_at, flavors, usage, borrowing FROM admission.jobs "
+        "SELECT spec, status, submitted_at, admitted_at, flavors, usage, borrowing, predicted_gpu_s "
+        "FROM admission.jobs "
         f"WHERE status IN ('pending', 'admitted') AND approval IS DISTINCT FROM 'required' "
         f"AND retry_not_before IS NULL{where} "
         "ORDER BY submitted_at, job_id", *args)
@@ -783,7 +837,9 @@ async def load_jobs(conn: asyncpg.Connection, config: QueuesConfig, shard: Shard
                 flavors=json.loads(r["flavors"] or "{}"), usage=json.loads(r["usage"] or "{}"),
                 borrowing=bool(r["borrowing"])))
         else:
-            state.requeue(Workload(spec, r["submitted_at"]))
+            # the prediction stored at receipt keeps the job's place; ignored while duration ordering is off
+            predicted = r["predicted_gpu_s"] if config.policy.duration_ordering else None
+            state.requeue(Workload(spec, r["submitted_at"], predicted_gpu_s=predicted))
     return state
 
 
