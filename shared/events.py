@@ -475,6 +475,26 @@ class QueueConfigChanged(Payload):
     changed_by: str = "admin"
 
 
+class QueueUsageReported(Payload):
+    """The metering service's read model of each queue's past GPU use, for fair share over time (queues.yaml
+    `policy.usage_half_life_s`): per queue and GPU model, the GPU-seconds its jobs held, each counted 2^(−a/H) for
+    a GPU-second held `a` seconds before `at` (H = `half_life_s`), from the ledger's allocations. Published by
+    metering every few minutes of platform time; the admission service orders queues with it."""
+
+    aggregate, fact = "queue", "usage_reported"
+    at: datetime
+    half_life_s: float = Field(gt=0)
+    usage: dict[str, dict[str, float]] = Field(default_factory=dict)  # queue -> GPU model -> decayed GPU-seconds
+
+    @field_validator("usage")
+    @classmethod
+    def _non_negative(cls, v: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        bad = sorted(f"{q}/{m}" for q, per in v.items() for m, x in per.items() if not 0 <= x < float("inf"))
+        if bad:
+            raise ValueError(f"decayed usage must be finite and >= 0; check {', '.join(bad)}")
+        return v
+
+
 # --------------------------------------------------------------------------- audit
 
 
@@ -497,7 +517,7 @@ CATALOGUE: tuple[type[Payload], ...] = (
     JobSubmitted, JobRejected, JobQueued, JobPending, JobAdmitted, JobPlaced, JobStarted, JobCompleted,
     JobFailed, JobAttemptFailed, JobCancelled, JobCancelRequested, JobApproved, CheckpointRequested, JobCheckpointed,
     JobPreempted, JobRequeued, PreemptionRequested, UtilizationSampled, NodeInventory, NodeChanged, QueueConfigChanged,
-    AuditRecorded, UtilizationSourceChecked, JobFlopsReported, ExecutorHeartbeat,
+    AuditRecorded, UtilizationSourceChecked, JobFlopsReported, ExecutorHeartbeat, QueueUsageReported,
 )
 BY_TYPE: dict[str, type[Payload]] = {cls.event_type(): cls for cls in CATALOGUE}
 

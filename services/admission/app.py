@@ -63,6 +63,7 @@ from shared.events import (
     PreemptionReason,
     PreemptionRequested,
     QueueConfigChanged,
+    QueueUsageReported,
     utcnow_from,
 )
 from shared.leader import lock_key
@@ -107,7 +108,7 @@ HISTORY_REBUILD_LIMIT = 5000
 # Ends after which a job ran as long as it needed (or up to its limit): the only run times that are history.
 RAN_TO_THE_END = ("Succeeded", "DeadlineExceeded")
 # Events every per-cohort instance handles itself (see ServiceSpec.broadcast).
-BROADCAST: frozenset[type[Payload]] = frozenset({QueueConfigChanged, NodeInventory, NodeChanged})
+BROADCAST: frozenset[type[Payload]] = frozenset({QueueConfigChanged, NodeInventory, NodeChanged, QueueUsageReported})
 
 
 class AdmissionService:
@@ -124,6 +125,10 @@ class AdmissionService:
         # Run-time history for duration-aware ordering: the ETA's predictor when there is an ETA (one owner of the
         # history), otherwise one of admission's own.
         self._predictor = DurationPredictor() if eta is None else None
+        # Fair share over time: metering's latest QueueUsageReported (its read model; admission keeps no copy of
+        # the ledger), re-applied whenever the state is rebuilt. Memory only: after a restart the next report
+        # (within one period) brings it back.
+        self._usage: QueueUsageReported | None = None
         self._version = 0  # bumped by every handled event; the ETA loop recomputes only when it moved
         # the status last written to the table, and when (reason, message, positions, service clock)
         self._published: dict[str, tuple[str, str, int, int, float]] = {}
@@ -142,7 +147,8 @@ class AdmissionService:
                       JobCancelled: self.on_cancelled,
                       JobPreempted: self.on_preempted, JobAttemptFailed: self.on_attempt_failed,
                       QueueConfigChanged: self.on_config_changed, NodeInventory: self.on_inventory,
-                      NodeChanged: self.on_node_changed, JobPlaced: self.on_placed, JobStarted: self.on_started},
+                      NodeChanged: self.on_node_changed, JobPlaced: self.on_placed, JobStarted: self.on_started,
+                      QueueUsageReported: self.on_usage_reported},
             on_start=self.load, reload=self._rebuild,
             background=(self.backoff_loop, self.eta_loop) if self.eta is not None else (self.backoff_loop,),
             consumer_suffix=self.shard.consumer_suffix, lease_scopes=self.shard.lease_scopes,
@@ -183,6 +189,7 @@ class AdmissionService:
         self._config_version, config = await latest_config(conn, self.initial_config)
         self.state = await load_jobs(conn, config, self.shard)
         self.backoff = await load_backoff(conn, config, self.shard)
+        self._apply_usage()
         self.cluster, self.expected_end = await load_cluster_view(conn)
         self._published.clear()
         self._announced.clear()
@@ -233,6 +240,7 @@ class AdmissionService:
         self._config_version, config = await latest_config(conn, self.initial_config)
         self.state = await load_jobs(conn, config, self.shard)
         self.backoff = await load_backoff(conn, config, self.shard)
+        self._apply_usage()
         held = self.state.pending.keys() | self.state.admitted.keys()
         for cache in (self._published, self._announced, self._etas):
             for job_id in [j for j in cache if j not in held]:
@@ -254,8 +262,8 @@ class AdmissionService:
     async def claim(self, conn: asyncpg.Connection, event: CloudEvent, payload: object) -> bool:
         """Is this event this instance's? (ServiceSpec.claim; per-cohort instances only.) Events of other
         cohorts' jobs are acked with nothing recorded; the cluster view for ETAs still follows their placements."""
-        if isinstance(payload, NodeInventory | NodeChanged):
-            return True  # every instance keeps the whole cluster view (ETAs)
+        if isinstance(payload, NodeInventory | NodeChanged | QueueUsageReported):
+            return True  # every instance keeps the whole cluster view (ETAs) and applies usage to its queues
         await self._enter_config_epoch(conn, exclusive=isinstance(payload, QueueConfigChanged))
         if isinstance(payload, QueueConfigChanged):
             return True
@@ -590,6 +598,7 @@ class AdmissionService:
             if reorder and not sharded:
                 # duration ordering turned on or off: the jobs take (or drop) their stored predictions
                 self.state = await load_jobs(tx.conn, config, self.shard)
+            self._apply_usage()  # the new configuration's quotas and half-life
             if sharded:
                 # The messages are about this instance's jobs; a queue may now belong to another instance.
                 detail["cohorts"] = sorted(self.shard.cohorts or ())
@@ -599,6 +608,35 @@ class AdmissionService:
                 tx.now, payload.changed_by, json.dumps(detail))
 
         await self._then_cycle(tx, body)
+
+    # ------------------------------------------------------------------ fair share over time
+
+    async def on_usage_reported(self, tx: Tx, event: CloudEvent, payload: QueueUsageReported) -> None:
+        """Metering's decayed usage per queue (policy.usage_half_life_s): the queues' historic standing changes,
+        so a cycle runs. An older report than the one in force (a redelivery, a second metering replica) changes
+        nothing."""
+        if self._usage is not None and payload.at <= self._usage.at:
+            return
+        self._usage = payload
+
+        async def body() -> None:
+            self._apply_usage()
+
+        await self._then_cycle(tx, body)
+
+    def _apply_usage(self) -> None:
+        """Hand the latest report to the core when the policy asks for history with the report's half-life (a
+        report made under another half-life, before metering saw a configuration change, is not used)."""
+        half_life = self.state.config.policy.usage_half_life_s
+        usage = self._usage
+        if half_life is not None and usage is not None and usage.half_life_s == half_life:
+            self.state.set_usage_history(usage.usage, float(half_life))
+            return
+        if half_life is not None and usage is not None:
+            log.warning("admission: ignoring a usage report decayed with a %ss half-life (policy: %ss)",
+                        usage.half_life_s, half_life)
+        # off, or no usable report: only current usage counts (an empty history clears the historic standing)
+        self.state.set_usage_history({}, float(half_life or 1))
 
     # ------------------------------------------------------------------ the cluster view (for ETAs)
 

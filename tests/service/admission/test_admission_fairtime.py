@@ -1,21 +1,35 @@
 """Scheduling over time in the admission service, on real NATS + Postgres: duration-aware ordering from the run-time
-history of finished jobs (policy.duration_ordering), kept across a restart."""
+history of finished jobs (policy.duration_ordering), kept across a restart; fair share over time from the metering
+service's read model of decayed usage (policy.usage_half_life_s, QueueUsageReported)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from types import SimpleNamespace
 
 import asyncpg
 import nats
 
 from services.admission.app import AdmissionService
+from services.metering.app import build_spec as metering_spec
 from shared.clock import ManualClock
 from shared.config import parse_queues
 from shared.db import create_pool
-from shared.domain import JobSpec, PodSet
-from shared.events import JobCompleted, JobStarted, JobSubmitted, Payload, encode_event, make_event, utcnow_from
+from shared.domain import GpuBinding, JobSpec, PodSet
+from shared.events import (
+    JobCompleted,
+    JobPlaced,
+    JobStarted,
+    JobSubmitted,
+    Payload,
+    QueueUsageReported,
+    encode_event,
+    make_event,
+    utcnow_from,
+)
 from shared.namespace import subject as ns_subject
 from shared.service import ServiceRuntime
 
@@ -123,3 +137,97 @@ async def test_duration_ordering_puts_a_short_job_before_a_long_one_once_history
 
 async def _eq(value: Awaitable[object], expected: object) -> bool:
     return (await value) == expected
+
+
+H100 = "H100-80GB"
+DAY_S = 86_400
+
+
+def cohort_queues(**policy: object) -> dict:
+    """team-a and team-b share a cohort of 8 GPUs, 4 each."""
+    return {"priority_classes": [{"name": "normal", "value": 100}], "policy": policy,
+            "cohorts": [{"name": "research"}],
+            "queues": [{"name": q, "cohort": "research", "teams": [q], "quotas": {H100: {"nominal": 4}}}
+                       for q in ("team-a", "team-b")]}
+
+
+def job(job_id: str, team: str, gpus: int = 8) -> JobSpec:
+    return JobSpec(job_id=job_id, team=team, queue=team,
+                   pod_sets=(PodSet(count=1, gpus_per_pod=gpus, gpu_models=(H100,)),))
+
+
+async def test_a_queue_that_borrowed_heavily_in_the_past_waits_behind_one_that_did_not(
+        fresh: tuple[str, str]) -> None:
+    """team-a held the whole cohort (8 GPUs, nominal 4) for two days until recently. Metering's report of the
+    decayed usage reaches admission; then, with room for one of two equal 8-GPU jobs, team-b's goes first although
+    team-a's waited longer (without history, the older one goes first: same priority, same current borrowing)."""
+    nats_url, database_url = fresh
+    pool = await create_pool(database_url)
+    conn = await asyncpg.connect(database_url)
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    clock = ManualClock()
+    config = parse_queues(cohort_queues(usage_half_life_s=DAY_S))
+    admission = ServiceRuntime(AdmissionService(config).spec(), nats_url=nats_url, pool=pool, clock=clock,
+                               database_url=database_url)
+    metering = ServiceRuntime(metering_spec(SimpleNamespace(queues=config)), nats_url=nats_url, pool=pool,
+                              clock=clock, database_url=database_url)
+
+    async def status(job_id: str) -> str | None:
+        return await conn.fetchval("SELECT status FROM admission.jobs WHERE job_id = $1", job_id)
+
+    async def reports() -> list[dict]:
+        rows = await conn.fetch("SELECT body FROM metering.outbox WHERE published_at IS NOT NULL ORDER BY seq")
+        events = [json.loads(bytes(r["body"])) for r in rows]
+        return [e for e in events if e["type"] == QueueUsageReported.event_type()]
+
+    await metering.start()
+    await admission.start()
+    try:
+        # The ledger's history: team-a's 8 GPUs from two days ago until 2.4 hours ago.
+        old = job("old-a", "team-a")
+        now = clock.now()
+        await js.publish(ns_subject("job.placed"), encoded(JobPlaced(
+            job_id="old-a", spec=old, placed_at=utcnow_from(now - 2 * DAY_S),
+            bindings=(GpuBinding(pod="main-0", node="h0", gpu_indices=tuple(range(8))),))))
+        await js.publish(ns_subject("job.completed"), encoded(JobCompleted(
+            job_id="old-a", finished_at=utcnow_from(now - 0.1 * DAY_S))))
+
+        async def ledger_closed() -> bool:
+            return bool(await conn.fetchval(
+                "SELECT count(*) FROM metering.allocations WHERE job_id = 'old-a' AND ended_at IS NOT NULL"))
+
+        await until(ledger_closed)
+        # One job of team-a holds the cohort; one of each team waits.
+        for job_id, team in (("a-hold", "team-a"), ("a-wait", "team-a"), ("b-wait", "team-b")):
+            clock.advance(1)
+            await js.publish(ns_subject(f"job.submitted.{team}"), encoded(JobSubmitted(spec=job(job_id, team),
+                                                                                      submitted_at=T0)))
+            await until(lambda j=job_id: _eq(status(j), "admitted" if j == "a-hold" else "pending"))
+
+        clock.advance(300)  # the next report period: metering publishes the decayed usage
+
+        async def reported() -> bool:
+            got = await reports()
+            return bool(got) and "team-a" in got[-1]["data"]["usage"]
+
+        await until(reported)
+        report = (await reports())[-1]
+        average_gpus = report["data"]["usage"]["team-a"][H100] * 0.693147 / DAY_S
+        assert 5 < average_gpus < 6  # above its nominal 4: it borrowed, on average, over the last days
+
+        async def applied() -> bool:
+            return bool(await conn.fetchval("SELECT count(*) FROM admission.inbox WHERE event_id = $1",
+                                            report["id"]))
+
+        await until(applied)
+        await js.publish(ns_subject("job.completed"), encoded(JobCompleted(job_id="a-hold",
+                                                                           finished_at=utcnow_from(clock.now()))))
+        await until(lambda: _eq(status("b-wait"), "admitted"))
+        assert await status("a-wait") == "pending"
+    finally:
+        await admission.stop()
+        await metering.stop()
+        await nc.close()
+        await conn.close()
+        await pool.close()
