@@ -109,12 +109,15 @@ class ExitReason(StrEnum):
 
 
 class PreemptionReason(StrEnum):
-    """Why a running job was stopped and requeued. The first two are the preemption service's decisions; the
+    """Why a running job was stopped and requeued. The first three are the preemption service's decisions; the
     others are the Kubernetes executor's: the job's node failed (it resumes from its checkpoint), its gang was not
     Ready in time, or a pod could not run where gpuq placed it."""
 
     PRIORITY = "PriorityPreemption"
     RECLAIM = "ReclaimQuota"
+    # The job's queue has stop_policy HoldAndDrain: admission asks the preemption service to evict its preemptible
+    # running jobs (PreemptionRequested with this reason and preemptor `drain:<queue>`; docs/admission.md).
+    DRAIN = "QueueDrained"
     NODE_FAILURE = "NodeFailure"
     PODS_READY_TIMEOUT = "PodsReadyTimeout"
     PLACEMENT_FAILED = "PlacementFailed"

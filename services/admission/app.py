@@ -35,10 +35,11 @@ from services.admission.publish import MESSAGE_EVERY_S, Published, worth_publish
 from services.admission.sharding import Shard
 from services.pipeline.core import admit
 from services.pipeline.core.predict import DurationPredictor, JobKey
+from services.preemption.core import priority_of
 from services.scheduler.core import ClusterState
 from shared import audit
 from shared.audit import service_actor, team_actor
-from shared.config import ConfigError, QueuesConfig, parse_queues
+from shared.config import ConfigError, QueuesConfig, StopPolicy, parse_queues
 from shared.domain import GpuBinding, JobSpec, NodeHealth, NodeSpec
 from shared.events import (
     CloudEvent,
@@ -137,6 +138,7 @@ class AdmissionService:
         self._reclaims_sent: set[str] = set()
         # Jobs waiting out a retry backoff (pending, held outside the queue) -> when they may be admitted again.
         self.backoff: dict[str, float] = {}
+        self._drains_sent: dict[str, set[str]] = {}  # HoldAndDrain queue -> the running jobs last asked to drain
 
     def spec(self) -> ServiceSpec:
         sharded = not self.shard.serves_all
@@ -666,6 +668,10 @@ class AdmissionService:
             self.expected_end[payload.job_id] = payload.placed_at.timestamp() + payload.spec.max_runtime_s
             self._etas.pop(payload.job_id, None)
             self._version += 1
+            queue = self.state.config.queue_map.get(payload.spec.queue)
+            if queue is not None and queue.stop_policy is StopPolicy.HOLD_AND_DRAIN:
+                # admitted before the queue was drained, placed since: it is drained too
+                await tx.after_events("admission-drain", self._drain_held_queues)
 
     async def on_started(self, tx: Tx, event: CloudEvent, payload: JobStarted) -> None:
         row = await tx.conn.fetchrow(
@@ -819,6 +825,35 @@ class AdmissionService:
                 need=r.need, own_need=r.own_need, candidates=r.candidates, max_victim_priority=r.max_victim_priority,
                 message=(f"queue {r.queue} makes room in its nominal quota for a higher-priority job" if within
                          else f"queue {r.queue} reclaims its nominal quota")))
+        await self._drain_held_queues(tx)
+
+    async def _drain_held_queues(self, tx: Tx) -> None:
+        """stop_policy HoldAndDrain: ask the preemption service to evict each such queue's running jobs that may be
+        preempted (its checkpoint-before-preempt protocol; preemption/core/drain.py), whenever the set of those
+        jobs has gained one since the last request. Jobs of classes never preempted (production) are not asked
+        for and keep running with their quota; evicted jobs come back pending and wait (WaitingForQueueHeld)."""
+        config = self.state.config
+        draining = sorted(q.name for q in config.queues if q.stop_policy is StopPolicy.HOLD_AND_DRAIN)
+        for name in sorted(set(self._drains_sent) - set(draining)):
+            del self._drains_sent[name]
+        if not draining:
+            return
+        running: dict[str, set[str]] = {name: set() for name in draining}
+        for job_id, held in self.state.admitted.items():
+            jobs = running.get(held.spec.queue)
+            if jobs is not None and job_id in self.expected_end and priority_of(config, held.spec)[1]:
+                jobs.add(job_id)
+        for name in draining:
+            jobs = running[name]
+            if not jobs or jobs <= self._drains_sent.get(name, set()):
+                self._drains_sent[name] = jobs
+                continue
+            self._drains_sent[name] = jobs
+            await tx.emit(PreemptionRequested(
+                preemptor=f"drain:{name}", queue=name, reason=PreemptionReason.DRAIN, candidates=tuple(sorted(jobs)),
+                message=f"queue {name} is held and drained (stop_policy: HoldAndDrain): its preemptible running "
+                        "jobs are checkpointed and evicted; jobs of classes never preempted keep running"))
+            await audit.record(tx, "drain", service_actor("admission"), queue=name, jobs=sorted(jobs))
 
 
 async def _nothing() -> None:
