@@ -1,6 +1,7 @@
 """stop_policy HoldAndDrain on real NATS + Postgres, admission and preemption services together: the queue admits
 nothing, its preemptible running job is checkpointed and evicted through the preemption protocol and comes back
-pending (held), and its production job keeps running with its quota (production is never preempted)."""
+pending (held), its production job keeps running with its quota (production is never preempted), and a job inside
+its protection window is drained only when the window ends."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ MODEL = "H100-80GB"
 def queues(stop_policy: str = "None") -> dict:
     return {"priority_classes": [{"name": "production", "value": 1000, "preemptible": False},
                                  {"name": "normal", "value": 100, "preemptible": True}],
-            "queues": [{"name": "team-a", "teams": ["team-a"], "quotas": {MODEL: {"nominal": 16}},
+            "queues": [{"name": "team-a", "teams": ["team-a"], "quotas": {MODEL: {"nominal": 24}},
                         "stop_policy": stop_policy}],
             "policy": {"protection_window_s": 600, "checkpoint_grace_s": 300}}
 
@@ -93,7 +94,7 @@ async def test_hold_and_drain_evicts_the_preemptible_running_job_keeps_productio
     await admission.start()
     try:
         nodes = tuple(NodeSpec(name=f"n-{i}", gpus=8, gpu_model=MODEL, cpu_milli=96000, memory_mib=1 << 20,
-                               rack="r-0", block="b-0") for i in range(2))
+                               rack="r-0", block="b-0") for i in range(3))
         await send(NodeInventory(nodes=nodes))
         for i, (job_id, klass) in enumerate((("a-train", "normal"), ("a-serve", "production"))):
             s = spec(job_id, klass)
@@ -103,12 +104,19 @@ async def test_hold_and_drain_evicts_the_preemptible_running_job_keeps_productio
                                  bindings=(GpuBinding(pod="main-0", node=f"n-{i}", gpu_indices=tuple(range(8))),)))
             await send(JobStarted(job_id=job_id, started_at=utcnow_from(clock.now())))
 
-        async def running_in_preemption() -> bool:
+        async def running_in_preemption(count: int) -> bool:
             n = await conn.fetchval("SELECT count(*) FROM preemption.jobs WHERE status = 'running'")
-            return bool(n == 2)
+            return bool(n == count)
 
-        await until(running_in_preemption)
+        await until(lambda: running_in_preemption(2))
         clock.advance(3600)  # both are past their protection window
+        young = spec("a-young", "normal")  # starts now: inside its 600 s protection window
+        await send(JobSubmitted(spec=young, submitted_at=utcnow_from(clock.now())), ns_subject("job.submitted.team-a"))
+        await until(lambda: is_("a-young", "admitted"))
+        await send(JobPlaced(job_id="a-young", spec=young, placed_at=utcnow_from(clock.now()),
+                             bindings=(GpuBinding(pod="main-0", node="n-2", gpu_indices=tuple(range(8))),)))
+        await send(JobStarted(job_id="a-young", started_at=utcnow_from(clock.now())))
+        await until(lambda: running_in_preemption(3))
 
         await send(QueueConfigChanged(config=queues("HoldAndDrain"), changed_by="admin"))
 
@@ -131,6 +139,16 @@ async def test_hold_and_drain_evicts_the_preemptible_running_job_keeps_productio
         assert await row("a-serve") == ("admitted", None)  # production keeps running, with its quota
         resume = await conn.fetchval("SELECT resume_from FROM admission.jobs WHERE job_id = 'a-train'")
         assert resume == "s3://ckpt/a-train/1"
+
+        # a-young was kept for its protection window; when it ends, the deferred drain asks it to checkpoint
+        assert await row("a-young") == ("admitted", None)
+        clock.advance(600)
+
+        async def young_asked() -> bool:
+            got = await emitted("preemption", CheckpointRequested.event_type())
+            return [a["job_id"] for a in got] == ["a-train", "a-young"]
+
+        await until(young_asked)
     finally:
         await admission.stop()
         await preemption.stop()
