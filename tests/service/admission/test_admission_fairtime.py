@@ -231,3 +231,18 @@ async def test_a_queue_that_borrowed_heavily_in_the_past_waits_behind_one_that_d
         await nc.close()
         await conn.close()
         await pool.close()
+
+
+def test_with_an_eta_admission_predicts_with_the_etas_predictor_one_owner_of_the_history() -> None:
+    """The history the ETA learns from is the one duration ordering reads (no second copy to drift apart)."""
+    from sim.eta import PlatformEta
+
+    eta = PlatformEta()
+    service = AdmissionService(parse_queues(queues(duration_ordering=True)), eta=eta)
+    quick = spec("quick-200", 2)
+    assert service.predicted_gpu_s(quick) == 2 * LIMIT_S  # no history: the limit
+    for i in range(5):
+        eta.job_finished(spec(f"quick-{i}", 1), 60.0)
+    assert service.predicted_gpu_s(quick) == 2 * eta.predicted_s(quick) < 2 * 1000
+    off = AdmissionService(parse_queues(queues()), eta=eta)
+    assert off.predicted_gpu_s(quick) is None  # policy off: no prediction, FIFO
