@@ -58,10 +58,13 @@ async def report_usage(runtime: ServiceRuntime, period_s: float = USAGE_REPORT_P
         now = runtime.clock.now()
         if last is None or now - last >= period_s:
             last = now
-            async with runtime.transaction() as tx:
-                half_life_s = await store.usage_half_life(tx.conn)
-                if half_life_s is not None:
-                    at = utcnow_from(now)
-                    usage = await store.decayed_usage(tx.conn, at, half_life_s)
+            # read outside the unit-of-work lock (a read of the ledger must not hold up event handling), then
+            # publish through the outbox
+            at = utcnow_from(now)
+            async with runtime.pool.acquire() as conn:
+                half_life_s = await store.usage_half_life(conn)
+                usage = await store.decayed_usage(conn, at, half_life_s) if half_life_s is not None else None
+            if half_life_s is not None and usage is not None:
+                async with runtime.transaction() as tx:
                     await tx.emit(QueueUsageReported(at=at, half_life_s=half_life_s, usage=usage))
         await asyncio.sleep(poll_s)
