@@ -367,10 +367,13 @@ class QueueingStrategy(StrEnum):
 
 class StopPolicy(StrEnum):
     """Kueue's ClusterQueue `stopPolicy`: `None` admits as usual; `Hold` admits nothing more (jobs already
-    admitted keep running and their quota). Kueue's `HoldAndDrain` (also evict the admitted) is refused."""
+    admitted keep running and their quota); `HoldAndDrain` admits nothing and also evicts the queue's admitted jobs
+    that may be preempted, through the preemption service's checkpoint-before-preempt protocol. Jobs of a class
+    that is never preempted (production) keep running: a promise to users outranks the drain (docs/admission.md)."""
 
     NONE = "None"
     HOLD = "Hold"
+    HOLD_AND_DRAIN = "HoldAndDrain"
 
 
 class QueueConfig(_Strict):
@@ -388,14 +391,6 @@ class QueueConfig(_Strict):
     # 0 = such jobs never borrow; null = no limit.
     max_borrow_runtime_without_checkpoint_s: int | None = Field(default=None, ge=0)
     stop_policy: StopPolicy = StopPolicy.NONE
-
-    @field_validator("stop_policy", mode="before")
-    @classmethod
-    def _stop_policy(cls, v: object) -> object:
-        if v == "HoldAndDrain":
-            raise ValueError("stop_policy HoldAndDrain is not supported (it would evict the queue's admitted jobs); "
-                             "use Hold, and preempt or cancel running jobs explicitly")
-        return v
 
     @field_validator("name")
     @classmethod
@@ -428,6 +423,17 @@ class Policy(_Strict):
     # A running job is not a victim when preempting it would lose more than this many seconds of its run
     # (work since its last checkpoint, or since its start when it cannot checkpoint). null = no bound.
     max_victim_loss_s: int | None = Field(default=1800, ge=0)
+    # Fair share over time (docs/admission.md, "Fair share over time"): each queue's past GPU use, decayed with this
+    # half-life, counts in its standing (Slurm's PriorityDecayHalfLife; 604800 = Slurm's 7-day default). The
+    # metering service publishes the decayed usage (QueueUsageReported); null = off, only current usage counts.
+    usage_half_life_s: int | None = Field(default=None, gt=0)
+    # Duration-aware ordering (docs/admission.md, "Duration-aware ordering"): within a priority and fair-share
+    # standing, shorter predicted GPU-time first (predicted from limits and the history of finished jobs, never the
+    # true duration). Off by default: FIFO within a priority is what users are promised today.
+    duration_ordering: bool = False
+    # Wait-time aging (docs/admission.md, "Aging"): a job's duration offset shrinks with its wait and is gone after
+    # this many seconds (Slurm's PriorityMaxAge), after which no later job passes it. null = no aging.
+    max_age_s: int | None = Field(default=None, gt=0)
 
 
 class TeamPolicy(_Strict):

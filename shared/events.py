@@ -109,12 +109,15 @@ class ExitReason(StrEnum):
 
 
 class PreemptionReason(StrEnum):
-    """Why a running job was stopped and requeued. The first two are the preemption service's decisions; the
+    """Why a running job was stopped and requeued. The first three are the preemption service's decisions; the
     others are the Kubernetes executor's: the job's node failed (it resumes from its checkpoint), its gang was not
     Ready in time, or a pod could not run where gpuq placed it."""
 
     PRIORITY = "PriorityPreemption"
     RECLAIM = "ReclaimQuota"
+    # The job's queue has stop_policy HoldAndDrain: admission asks the preemption service to evict its preemptible
+    # running jobs (PreemptionRequested with this reason and preemptor `drain:<queue>`; docs/admission.md).
+    DRAIN = "QueueDrained"
     NODE_FAILURE = "NodeFailure"
     PODS_READY_TIMEOUT = "PodsReadyTimeout"
     PLACEMENT_FAILED = "PlacementFailed"
@@ -475,6 +478,26 @@ class QueueConfigChanged(Payload):
     changed_by: str = "admin"
 
 
+class QueueUsageReported(Payload):
+    """The metering service's read model of each queue's past GPU use, for fair share over time (queues.yaml
+    `policy.usage_half_life_s`): per queue and GPU model, the GPU-seconds its jobs held, each counted 2^(−a/H) for
+    a GPU-second held `a` seconds before `at` (H = `half_life_s`), from the ledger's allocations. Published by
+    metering every few minutes of platform time; the admission service orders queues with it."""
+
+    aggregate, fact = "queue", "usage_reported"
+    at: datetime
+    half_life_s: float = Field(gt=0)
+    usage: dict[str, dict[str, float]] = Field(default_factory=dict)  # queue -> GPU model -> decayed GPU-seconds
+
+    @field_validator("usage")
+    @classmethod
+    def _non_negative(cls, v: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        bad = sorted(f"{q}/{m}" for q, per in v.items() for m, x in per.items() if not 0 <= x < float("inf"))
+        if bad:
+            raise ValueError(f"decayed usage must be finite and >= 0; check {', '.join(bad)}")
+        return v
+
+
 # --------------------------------------------------------------------------- audit
 
 
@@ -497,7 +520,7 @@ CATALOGUE: tuple[type[Payload], ...] = (
     JobSubmitted, JobRejected, JobQueued, JobPending, JobAdmitted, JobPlaced, JobStarted, JobCompleted,
     JobFailed, JobAttemptFailed, JobCancelled, JobCancelRequested, JobApproved, CheckpointRequested, JobCheckpointed,
     JobPreempted, JobRequeued, PreemptionRequested, UtilizationSampled, NodeInventory, NodeChanged, QueueConfigChanged,
-    AuditRecorded, UtilizationSourceChecked, JobFlopsReported, ExecutorHeartbeat,
+    AuditRecorded, UtilizationSourceChecked, JobFlopsReported, ExecutorHeartbeat, QueueUsageReported,
 )
 BY_TYPE: dict[str, type[Payload]] = {cls.event_type(): cls for cls in CATALOGUE}
 

@@ -48,7 +48,7 @@ SERVICE_PUBLISHES: dict[str, tuple[str, ...]] = {
     # job.failed only with exit_reason Lost: the liveness watch's verdict on a job no executor reports.
     "scheduler": ("job.placed", "status.job.pending", "preemption.requested", "job.failed"),
     "preemption": ("job.checkpoint_requested", "job.preempted"),
-    "metering": (),
+    "metering": ("queue.usage_reported",),  # its read model of decayed usage per queue (fair share over time)
     "telemetry": (),
     "executor": ("job.started", "job.completed", "job.failed", "job.attempt_failed", "job.checkpointed",
                  "utilization.sampled",

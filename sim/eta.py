@@ -367,6 +367,12 @@ class PlatformEta:
             if ran_s is not None:
                 self.model.job_finished(spec, ran_s)
 
+    def predicted_s(self, spec: JobSpec) -> float:
+        """A job's predicted run time (median) from the history this ETA learned: admission's duration-aware
+        ordering reads the same predictor, so the run-time history has one owner."""
+        with self._lock:
+            return self.model.predictor.predict(JobKey.of(spec), float(spec.max_runtime_s)).median_s
+
     def refresh_due(self, last_refresh: float | None, now: float, changed: bool) -> bool:
         """Whether the service refreshes ETAs now (module-level `refresh_due`, platform time)."""
         return refresh_due(last_refresh, now, changed)

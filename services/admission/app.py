@@ -34,10 +34,12 @@ from services.admission.core.statuses import PendingStatuses, message_text
 from services.admission.publish import MESSAGE_EVERY_S, Published, worth_publishing
 from services.admission.sharding import Shard
 from services.pipeline.core import admit
+from services.pipeline.core.predict import DurationPredictor, JobKey
+from services.preemption.core import priority_of
 from services.scheduler.core import ClusterState
 from shared import audit
 from shared.audit import service_actor, team_actor
-from shared.config import ConfigError, QueuesConfig, parse_queues
+from shared.config import ConfigError, QueuesConfig, StopPolicy, parse_queues
 from shared.domain import GpuBinding, JobSpec, NodeHealth, NodeSpec
 from shared.events import (
     CloudEvent,
@@ -62,6 +64,7 @@ from shared.events import (
     PreemptionReason,
     PreemptionRequested,
     QueueConfigChanged,
+    QueueUsageReported,
     utcnow_from,
 )
 from shared.leader import lock_key
@@ -90,6 +93,7 @@ class EtaFn(Protocol):
                  now: float) -> Mapping[str, EtaRange]: ...
     def job_started(self, job_id: str, started_at: float) -> None: ...
     def job_finished(self, spec: JobSpec, ran_s: float | None) -> None: ...
+    def predicted_s(self, spec: JobSpec) -> float: ...
     def refresh_due(self, last_refresh: float | None, now: float, changed: bool) -> bool: ...
 
 
@@ -99,8 +103,13 @@ ETA_DUTY_FACTOR = 5.0  # the pause after an ETA simulation is at least this many
 CONFIG_LOCK = lock_key("admission-config")
 BACKOFF_REASON = "BackoffAfterFailure"  # a failed attempt waits out its retry backoff (JobAttemptFailed)
 BACKOFF_TICK_S = 0.2  # wall seconds between looks at whether a backoff ended (the end itself is platform time)
+# The predictor's history is rebuilt at start from at most this many of the most recently finished runs: it bounds
+# start-up work (the predictor keeps the last 200 runs per group, so this covers the busiest 25 groups in full).
+HISTORY_REBUILD_LIMIT = 5000
+# Ends after which a job ran as long as it needed (or up to its limit): the only run times that are history.
+RAN_TO_THE_END = ("Succeeded", "DeadlineExceeded")
 # Events every per-cohort instance handles itself (see ServiceSpec.broadcast).
-BROADCAST: frozenset[type[Payload]] = frozenset({QueueConfigChanged, NodeInventory, NodeChanged})
+BROADCAST: frozenset[type[Payload]] = frozenset({QueueConfigChanged, NodeInventory, NodeChanged, QueueUsageReported})
 
 
 class AdmissionService:
@@ -114,6 +123,13 @@ class AdmissionService:
         self.expected_end: dict[str, float] = {}  # running job -> started_at + max_runtime_s
         self.eta = eta
         self.eta_interval_s = eta_interval_s
+        # Run-time history for duration-aware ordering: the ETA's predictor when there is an ETA (one owner of the
+        # history), otherwise one of admission's own.
+        self._predictor = DurationPredictor() if eta is None else None
+        # Fair share over time: metering's latest QueueUsageReported (its read model; admission keeps no copy of
+        # the ledger), re-applied whenever the state is rebuilt. Memory only: after a restart the next report
+        # (within one period) brings it back.
+        self._usage: QueueUsageReported | None = None
         self._version = 0  # bumped by every handled event; the ETA loop recomputes only when it moved
         # the status last written to the table, and when (reason, message, positions, service clock)
         self._published: dict[str, tuple[str, str, int, int, float]] = {}
@@ -122,6 +138,7 @@ class AdmissionService:
         self._reclaims_sent: set[str] = set()
         # Jobs waiting out a retry backoff (pending, held outside the queue) -> when they may be admitted again.
         self.backoff: dict[str, float] = {}
+        self._drains_sent: dict[str, set[str]] = {}  # HoldAndDrain queue -> the running jobs last asked to drain
 
     def spec(self) -> ServiceSpec:
         sharded = not self.shard.serves_all
@@ -132,7 +149,8 @@ class AdmissionService:
                       JobCancelled: self.on_cancelled,
                       JobPreempted: self.on_preempted, JobAttemptFailed: self.on_attempt_failed,
                       QueueConfigChanged: self.on_config_changed, NodeInventory: self.on_inventory,
-                      NodeChanged: self.on_node_changed, JobPlaced: self.on_placed, JobStarted: self.on_started},
+                      NodeChanged: self.on_node_changed, JobPlaced: self.on_placed, JobStarted: self.on_started,
+                      QueueUsageReported: self.on_usage_reported},
             on_start=self.load, reload=self._rebuild,
             background=(self.backoff_loop, self.eta_loop) if self.eta is not None else (self.backoff_loop,),
             consumer_suffix=self.shard.consumer_suffix, lease_scopes=self.shard.lease_scopes,
@@ -155,6 +173,7 @@ class AdmissionService:
                     "INSERT INTO admission.config(applied_at, document, applied_by) VALUES ($1, $2, 'startup')",
                     runtime.clock.now(), self.initial_config.model_dump_json(exclude_none=False))
             await self._rebuild(conn)
+            await self._rebuild_history(conn)
         if self.shard.cohorts is not None:
             declared = {c.name for c in self.state.config.cohorts}
             unknown = sorted(self.shard.cohorts - declared - {"-"})
@@ -172,11 +191,49 @@ class AdmissionService:
         self._config_version, config = await latest_config(conn, self.initial_config)
         self.state = await load_jobs(conn, config, self.shard)
         self.backoff = await load_backoff(conn, config, self.shard)
+        self._apply_usage()
         self.cluster, self.expected_end = await load_cluster_view(conn)
         self._published.clear()
         self._announced.clear()
         self._etas.clear()
         self._version += 1
+
+    async def _rebuild_history(self, conn: asyncpg.Connection) -> None:
+        """At start only (a reload keeps the history in memory): the run times of the most recent finished jobs,
+        oldest first, as `_finish` recorded them, so predictions survive a restart."""
+        rows = await conn.fetch(
+            "SELECT spec, ran FROM (SELECT job_id, spec, finished_at, finished_at - started_at AS ran "
+            "FROM admission.jobs WHERE status = 'finished' AND started_at IS NOT NULL AND outcome = ANY($1::text[]) "
+            "ORDER BY finished_at DESC, job_id DESC LIMIT $2) t ORDER BY finished_at, job_id",
+            list(RAN_TO_THE_END), HISTORY_REBUILD_LIMIT)
+        for r in rows:
+            self._observe(JobSpec.model_validate_json(r["spec"]), max(0.0, r["ran"]))
+        if rows:
+            log.info("admission: run-time history rebuilt from %d finished jobs", len(rows))
+
+    def _observe(self, spec: JobSpec, ran_s: float | None) -> None:
+        """A job ended (`ran_s`: its run time, None if it never ran or ended early): history for predictions."""
+        if self.eta is not None:
+            self.eta.job_finished(spec, ran_s)
+        elif self._predictor is not None and ran_s is not None:
+            self._predictor.observe(JobKey.of(spec), float(spec.max_runtime_s), max(0.0, ran_s))
+
+    def predicted_gpu_s(self, spec: JobSpec) -> float | None:
+        """Duration-aware ordering (policy.duration_ordering): the job's predicted GPU-seconds from its limit and the
+        history of similar finished jobs (never its true duration); None when the policy is off."""
+        if not self.state.config.policy.duration_ordering:
+            return None
+        if self.eta is not None:
+            seconds = self.eta.predicted_s(spec)
+        else:
+            assert self._predictor is not None
+            seconds = self._predictor.predict(JobKey.of(spec), float(spec.max_runtime_s)).median_s
+        return seconds * spec.total_gpus
+
+    def _stored(self, row: Mapping[str, object]) -> float | None:
+        """A job's stored prediction (admission.jobs.predicted_gpu_s) when duration ordering is on."""
+        value = row["predicted_gpu_s"]
+        return float(value) if isinstance(value, int | float) and self.state.config.policy.duration_ordering else None
 
     async def _reload_owned(self, conn: asyncpg.Connection) -> None:
         """The configuration in force changed (here or in another instance): take this instance's queues under it
@@ -185,6 +242,7 @@ class AdmissionService:
         self._config_version, config = await latest_config(conn, self.initial_config)
         self.state = await load_jobs(conn, config, self.shard)
         self.backoff = await load_backoff(conn, config, self.shard)
+        self._apply_usage()
         held = self.state.pending.keys() | self.state.admitted.keys()
         for cache in (self._published, self._announced, self._etas):
             for job_id in [j for j in cache if j not in held]:
@@ -206,8 +264,8 @@ class AdmissionService:
     async def claim(self, conn: asyncpg.Connection, event: CloudEvent, payload: object) -> bool:
         """Is this event this instance's? (ServiceSpec.claim; per-cohort instances only.) Events of other
         cohorts' jobs are acked with nothing recorded; the cluster view for ETAs still follows their placements."""
-        if isinstance(payload, NodeInventory | NodeChanged):
-            return True  # every instance keeps the whole cluster view (ETAs)
+        if isinstance(payload, NodeInventory | NodeChanged | QueueUsageReported):
+            return True  # every instance keeps the whole cluster view (ETAs) and applies usage to its queues
         await self._enter_config_epoch(conn, exclusive=isinstance(payload, QueueConfigChanged))
         if isinstance(payload, QueueConfigChanged):
             return True
@@ -300,7 +358,8 @@ class AdmissionService:
             if violation is not None:
                 await reject(violation.reason, violation.message, True)
                 return
-            rejection = self.state.submit(Workload(spec, received_at))
+            predicted = self.predicted_gpu_s(spec)
+            rejection = self.state.submit(Workload(spec, received_at, predicted_gpu_s=predicted))
             if rejection is not None:
                 await reject(rejection.reason, rejection.message, True)
                 return
@@ -325,18 +384,18 @@ class AdmissionService:
                            f"gpuq approve {spec.job_id}")
                 await tx.conn.execute(
                     "INSERT INTO admission.jobs(job_id, team, queue, spec, status, submitted_at, approval, reason, "
-                    "message) VALUES ($1, $2, $3, $4, 'pending', $5, 'required', $6, $7)",
+                    "message, predicted_gpu_s) VALUES ($1, $2, $3, $4, 'pending', $5, 'required', $6, $7, $8)",
                     spec.job_id, team, spec.queue, spec.model_dump_json(), received_at,
-                    governance.AWAITING_APPROVAL, message)
+                    governance.AWAITING_APPROVAL, message, predicted)
                 await tx.emit(JobQueued(job_id=spec.job_id, queue=spec.queue, team=team))
                 await tx.emit(JobPending(job_id=spec.job_id, queue=spec.queue, reason=governance.AWAITING_APPROVAL,
                                          message=message))
                 await verdict("awaiting_approval", governance.AWAITING_APPROVAL, message)
                 return
             await tx.conn.execute(
-                "INSERT INTO admission.jobs(job_id, team, queue, spec, status, submitted_at) "
-                "VALUES ($1, $2, $3, $4, 'pending', $5)",
-                spec.job_id, team, spec.queue, spec.model_dump_json(), received_at)
+                "INSERT INTO admission.jobs(job_id, team, queue, spec, status, submitted_at, predicted_gpu_s) "
+                "VALUES ($1, $2, $3, $4, 'pending', $5, $6)",
+                spec.job_id, team, spec.queue, spec.model_dump_json(), received_at, predicted)
             await tx.emit(JobQueued(job_id=spec.job_id, queue=spec.queue, team=team))
             await verdict("queued")
 
@@ -382,14 +441,14 @@ class AdmissionService:
 
         async def body() -> None:
             row = await tx.conn.fetchrow(
-                "SELECT spec, submitted_at, team FROM admission.jobs WHERE job_id = $1 AND status = 'pending' AND "
-                "approval = 'required'", payload.job_id)
+                "SELECT spec, submitted_at, team, predicted_gpu_s FROM admission.jobs WHERE job_id = $1 AND "
+                "status = 'pending' AND approval = 'required'", payload.job_id)
             if row is None:
                 await audit.record(tx, "approve", f"admin:{payload.approved_by}", job_id=payload.job_id,
                                    outcome="nothing awaits approval", event_id=event.id)
                 return
             spec = JobSpec.model_validate_json(row["spec"])
-            self.state.requeue(Workload(spec, row["submitted_at"]))
+            self.state.requeue(Workload(spec, row["submitted_at"], predicted_gpu_s=self._stored(row)))
             await tx.conn.execute(
                 "UPDATE admission.jobs SET approval = 'approved', reason = NULL, message = NULL WHERE job_id = $1",
                 payload.job_id)
@@ -409,13 +468,12 @@ class AdmissionService:
         one changes nothing here). Consumed so that per-cohort instances mirror other cohorts' cancels (claim)."""
 
     async def _finish(self, tx: Tx, job_id: str, outcome: str) -> None:
-        if self.eta is not None:
-            held = self.state.admitted.get(job_id) or self.state.pending.get(job_id)
-            end = self.expected_end.get(job_id)
-            if held is not None:  # history for the predicted durations: how long it ran (None: it never ran)
-                ran = None if end is None else tx.now - (end - held.spec.max_runtime_s)
-                # a job that succeeded or was stopped at its limit ran as long as it needed (or its limit)
-                self.eta.job_finished(held.spec, ran if outcome in ("Succeeded", "DeadlineExceeded") else None)
+        held = self.state.admitted.get(job_id) or self.state.pending.get(job_id)
+        end = self.expected_end.get(job_id)
+        if held is not None:  # history for the predicted durations: how long it ran (None: it never ran)
+            ran = None if end is None else tx.now - (end - held.spec.max_runtime_s)
+            # a job that succeeded or was stopped at its limit ran as long as it needed (or its limit)
+            self._observe(held.spec, ran if outcome in RAN_TO_THE_END else None)
         self.state.finish(job_id)
         self.backoff.pop(job_id, None)  # cancelled while waiting out a retry backoff
         self.cluster.release(job_id)
@@ -430,13 +488,13 @@ class AdmissionService:
         """A preempted job goes back to pending with its original submit time and resumes from its checkpoint."""
 
         async def body() -> None:
-            row = await tx.conn.fetchrow("SELECT spec, submitted_at FROM admission.jobs WHERE job_id = $1",
-                                         payload.job_id)
+            row = await tx.conn.fetchrow(
+                "SELECT spec, submitted_at, predicted_gpu_s FROM admission.jobs WHERE job_id = $1", payload.job_id)
             if row is None:
                 return
 
             spec = JobSpec.model_validate_json(row["spec"])
-            self.state.requeue(Workload(spec, row["submitted_at"]))
+            self.state.requeue(Workload(spec, row["submitted_at"], predicted_gpu_s=self._stored(row)))
             self.cluster.release(payload.job_id)
             self.expected_end.pop(payload.job_id, None)
             self._reclaims_sent.discard(payload.job_id)
@@ -506,11 +564,12 @@ class AdmissionService:
         rows = await tx.conn.fetch(
             "UPDATE admission.jobs SET retry_not_before = NULL, reason = NULL, message = NULL "
             "WHERE job_id = ANY($1::text[]) AND status = 'pending' AND retry_not_before IS NOT NULL "
-            "RETURNING job_id, spec, submitted_at", due)
+            "RETURNING job_id, spec, submitted_at, predicted_gpu_s", due)
         for job_id in due:
             self.backoff.pop(job_id, None)
         for r in sorted(rows, key=lambda r: r["job_id"]):
-            self.state.requeue(Workload(JobSpec.model_validate_json(r["spec"]), r["submitted_at"]))
+            self.state.requeue(Workload(JobSpec.model_validate_json(r["spec"]), r["submitted_at"],
+                                        predicted_gpu_s=self._stored(r)))
         await self._cycle_and_count(tx)
 
     async def on_config_changed(self, tx: Tx, event: CloudEvent, payload: QueueConfigChanged) -> None:
@@ -532,11 +591,16 @@ class AdmissionService:
             return
 
         async def body() -> None:
+            reorder = config.policy.duration_ordering != self.state.config.policy.duration_ordering
             messages = self.state.set_config(config)
             await tx.conn.execute(
                 "INSERT INTO admission.config(applied_at, document, applied_by, event_id) VALUES ($1, $2, $3, $4)",
                 tx.now, json.dumps(payload.config), payload.changed_by, event.id)
             detail = {"messages": messages, "warnings": config.warnings()}
+            if reorder and not sharded:
+                # duration ordering turned on or off: the jobs take (or drop) their stored predictions
+                self.state = await load_jobs(tx.conn, config, self.shard)
+            self._apply_usage()  # the new configuration's quotas and half-life
             if sharded:
                 # The messages are about this instance's jobs; a queue may now belong to another instance.
                 detail["cohorts"] = sorted(self.shard.cohorts or ())
@@ -546,6 +610,35 @@ class AdmissionService:
                 tx.now, payload.changed_by, json.dumps(detail))
 
         await self._then_cycle(tx, body)
+
+    # ------------------------------------------------------------------ fair share over time
+
+    async def on_usage_reported(self, tx: Tx, event: CloudEvent, payload: QueueUsageReported) -> None:
+        """Metering's decayed usage per queue (policy.usage_half_life_s): the queues' historic standing changes,
+        so a cycle runs. An older report than the one in force (a redelivery, a second metering replica) changes
+        nothing."""
+        if self._usage is not None and payload.at <= self._usage.at:
+            return
+        self._usage = payload
+
+        async def body() -> None:
+            self._apply_usage()
+
+        await self._then_cycle(tx, body)
+
+    def _apply_usage(self) -> None:
+        """Hand the latest report to the core when the policy asks for history with the report's half-life (a
+        report made under another half-life, before metering saw a configuration change, is not used)."""
+        half_life = self.state.config.policy.usage_half_life_s
+        usage = self._usage
+        if half_life is not None and usage is not None and usage.half_life_s == half_life:
+            self.state.set_usage_history(usage.usage, float(half_life))
+            return
+        if half_life is not None and usage is not None:
+            log.warning("admission: ignoring a usage report decayed with a %ss half-life (policy: %ss)",
+                        usage.half_life_s, half_life)
+        # off, or no usable report: only current usage counts (an empty history clears the historic standing)
+        self.state.set_usage_history({}, float(half_life or 1))
 
     # ------------------------------------------------------------------ the cluster view (for ETAs)
 
@@ -575,6 +668,10 @@ class AdmissionService:
             self.expected_end[payload.job_id] = payload.placed_at.timestamp() + payload.spec.max_runtime_s
             self._etas.pop(payload.job_id, None)
             self._version += 1
+            queue = self.state.config.queue_map.get(payload.spec.queue)
+            if queue is not None and queue.stop_policy is StopPolicy.HOLD_AND_DRAIN:
+                # admitted before the queue was drained, placed since: it is drained too
+                await tx.after_events("admission-drain", self._drain_held_queues)
 
     async def on_started(self, tx: Tx, event: CloudEvent, payload: JobStarted) -> None:
         row = await tx.conn.fetchrow(
@@ -728,6 +825,35 @@ class AdmissionService:
                 need=r.need, own_need=r.own_need, candidates=r.candidates, max_victim_priority=r.max_victim_priority,
                 message=(f"queue {r.queue} makes room in its nominal quota for a higher-priority job" if within
                          else f"queue {r.queue} reclaims its nominal quota")))
+        await self._drain_held_queues(tx)
+
+    async def _drain_held_queues(self, tx: Tx) -> None:
+        """stop_policy HoldAndDrain: ask the preemption service to evict each such queue's running jobs that may be
+        preempted (its checkpoint-before-preempt protocol; preemption/core/drain.py), whenever the set of those
+        jobs has gained one since the last request. Jobs of classes never preempted (production) are not asked
+        for and keep running with their quota; evicted jobs come back pending and wait (WaitingForQueueHeld)."""
+        config = self.state.config
+        draining = sorted(q.name for q in config.queues if q.stop_policy is StopPolicy.HOLD_AND_DRAIN)
+        for name in sorted(set(self._drains_sent) - set(draining)):
+            del self._drains_sent[name]
+        if not draining:
+            return
+        running: dict[str, set[str]] = {name: set() for name in draining}
+        for job_id, held in self.state.admitted.items():
+            jobs = running.get(held.spec.queue)
+            if jobs is not None and job_id in self.expected_end and priority_of(config, held.spec)[1]:
+                jobs.add(job_id)
+        for name in draining:
+            jobs = running[name]
+            if not jobs or jobs <= self._drains_sent.get(name, set()):
+                self._drains_sent[name] = jobs
+                continue
+            self._drains_sent[name] = jobs
+            await tx.emit(PreemptionRequested(
+                preemptor=f"drain:{name}", queue=name, reason=PreemptionReason.DRAIN, candidates=tuple(sorted(jobs)),
+                message=f"queue {name} is held and drained (stop_policy: HoldAndDrain): its preemptible running "
+                        "jobs are checkpointed and evicted; jobs of classes never preempted keep running"))
+            await audit.record(tx, "drain", service_actor("admission"), queue=name, jobs=sorted(jobs))
 
 
 async def _nothing() -> None:
@@ -771,7 +897,8 @@ async def load_jobs(conn: asyncpg.Connection, config: QueuesConfig, shard: Shard
         where = " AND (queue = ANY($1::text[]) OR ($2 AND NOT queue = ANY($3::text[])))"
         args = [shard.queues(config), shard.owns_unknown_queues, [q.name for q in config.queues]]
     rows = await conn.fetch(
-        "SELECT spec, status, submitted_at, admitted_at, flavors, usage, borrowing FROM admission.jobs "
+        "SELECT spec, status, submitted_at, admitted_at, flavors, usage, borrowing, predicted_gpu_s "
+        "FROM admission.jobs "
         f"WHERE status IN ('pending', 'admitted') AND approval IS DISTINCT FROM 'required' "
         f"AND retry_not_before IS NULL{where} "
         "ORDER BY submitted_at, job_id", *args)
@@ -783,7 +910,9 @@ async def load_jobs(conn: asyncpg.Connection, config: QueuesConfig, shard: Shard
                 flavors=json.loads(r["flavors"] or "{}"), usage=json.loads(r["usage"] or "{}"),
                 borrowing=bool(r["borrowing"])))
         else:
-            state.requeue(Workload(spec, r["submitted_at"]))
+            # the prediction stored at receipt keeps the job's place; ignored while duration ordering is off
+            predicted = r["predicted_gpu_s"] if config.policy.duration_ordering else None
+            state.requeue(Workload(spec, r["submitted_at"], predicted_gpu_s=predicted))
     return state
 
 

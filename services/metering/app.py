@@ -4,13 +4,14 @@ Wiring only: the handlers live in handlers.py, the SQL in store.py, the arithmet
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 from services.metering import store
 from services.metering.batch import handle_sample_batch
 from services.metering.handlers import HANDLERS
 from services.metering.store import MIGRATIONS, SCHEMA
-from shared.events import UtilizationSampled, utcnow_from
+from shared.events import QueueUsageReported, UtilizationSampled, utcnow_from
 from shared.service import ServiceRuntime, ServiceSpec
 
 if TYPE_CHECKING:
@@ -25,13 +26,45 @@ def build_spec(settings: Any) -> ServiceSpec:
     queues: QueuesConfig | None = getattr(settings, "queues", None)
     rates = {m: f.cost_per_gpu_hour for m, f in queues.gpu_flavors.items()} if queues is not None else None
 
+    half_life = queues.policy.usage_half_life_s if queues is not None else None
+
     async def seed_prices(runtime: ServiceRuntime) -> None:
-        if rates is None:
+        if queues is None:
             return
         async with runtime.transaction() as tx:
-            await store.set_rates(tx.conn, rates, utcnow_from(tx.now))
+            await store.set_rates(tx.conn, rates or {}, utcnow_from(tx.now))
+            await store.set_usage_half_life(tx.conn, float(half_life) if half_life else None, utcnow_from(tx.now))
 
     # Samples arrive in pulled batches recorded in one transaction each (services/metering/batch.py).
     handlers = {k: v for k, v in HANDLERS.items() if k is not UtilizationSampled}
     return ServiceSpec(name="metering", schema=SCHEMA, migrations=MIGRATIONS, handlers=handlers,
-                       batch_handlers={UtilizationSampled: handle_sample_batch}, on_start=seed_prices)
+                       batch_handlers={UtilizationSampled: handle_sample_batch}, on_start=seed_prices,
+                       background=(report_usage,))
+
+
+# Fair share over time: how often the decayed usage per queue is published, in platform time (Slurm recomputes
+# its fair-share factors every PriorityCalcPeriod, 5 minutes by default); how often the loop looks, in wall time.
+USAGE_REPORT_PERIOD_S = 300.0
+USAGE_POLL_S = 0.5
+
+
+async def report_usage(runtime: ServiceRuntime, period_s: float = USAGE_REPORT_PERIOD_S,
+                       poll_s: float = USAGE_POLL_S) -> None:
+    """Publish QueueUsageReported, metering's read model of each queue's decayed usage, at start and then every
+    `period_s` of platform time while policy.usage_half_life_s is set (admission orders queues with it; it never
+    reads metering's tables)."""
+    last: float | None = None
+    while True:
+        now = runtime.clock.now()
+        if last is None or now - last >= period_s:
+            last = now
+            # read outside the unit-of-work lock (a read of the ledger must not hold up event handling), then
+            # publish through the outbox
+            at = utcnow_from(now)
+            async with runtime.pool.acquire() as conn:
+                half_life_s = await store.usage_half_life(conn)
+                usage = await store.decayed_usage(conn, at, half_life_s) if half_life_s is not None else None
+            if half_life_s is not None and usage is not None:
+                async with runtime.transaction() as tx:
+                    await tx.emit(QueueUsageReported(at=at, half_life_s=half_life_s, usage=usage))
+        await asyncio.sleep(poll_s)

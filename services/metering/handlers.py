@@ -94,6 +94,11 @@ async def on_queue_config(tx: TxLike, event: CloudEvent, p: QueueConfigChanged) 
         log.warning("metering: ignoring the prices of an invalid queue configuration: %s", exc)
         return
     await store.set_rates(tx.conn, {m: f.cost_per_gpu_hour for m, f in config.gpu_flavors.items()}, event.time)
+    await store.set_usage_half_life(tx.conn, _half_life(config.policy.usage_half_life_s), event.time)
+
+
+def _half_life(value: int | None) -> float | None:
+    return float(value) if value is not None else None
 
 
 # Handlers take a TxLike (tests pass a stand-in): wider than the runtime's Handler, which passes a Tx.

@@ -8,9 +8,10 @@ arriving again under a new event id — a producer retry, a replay — changes n
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -202,6 +203,50 @@ async def set_rates(conn: Conn, rates: Mapping[str, float], at: datetime) -> boo
         "SELECT m, r, $3 FROM unnest($1::text[], $2::float8[]) AS t(m, r)",
         models, [float(rates[m]) for m in models], at)
     return True
+
+
+async def set_usage_half_life(conn: Conn, half_life_s: float | None, at: datetime) -> bool:
+    """Record the half-life of fair share over time (None: off) unless a newer configuration already set it."""
+    updated = await conn.fetchval(
+        """INSERT INTO metering.usage_policy AS p (id, half_life_s, set_at) VALUES (1, $1, $2)
+           ON CONFLICT (id) DO UPDATE SET half_life_s = EXCLUDED.half_life_s, set_at = EXCLUDED.set_at
+           WHERE p.set_at <= EXCLUDED.set_at RETURNING true""", half_life_s, at)
+    return bool(updated)
+
+
+async def usage_half_life(conn: Conn) -> float | None:
+    value = await conn.fetchval("SELECT half_life_s FROM metering.usage_policy WHERE id = 1")
+    return float(value) if value is not None else None
+
+
+# Allocations that ended more than this many half-lives before the report weigh less than 2^-30 of their GPU time.
+USAGE_HORIZON_HALF_LIVES = 30
+
+
+async def decayed_usage(conn: Conn, now: datetime, half_life_s: float) -> dict[str, dict[str, float]]:
+    """The read model of fair share over time: per queue and GPU model, the GPU-seconds allocated to its jobs
+    before `now`, each weighted 2^(−a/H) for a GPU-second `a` seconds before `now`. An allocation [s, e) weighs
+    τ·(e^(−(now−e)/τ) − e^(−(now−s)/τ)) GPU-seconds per GPU with τ = H / ln 2 (exact, no sampling). The GPU model
+    is the node's (or the job's only model); allocations of unknown model and lost-work rows are left out."""
+    if half_life_s <= 0:
+        raise ValueError(f"half_life_s must be > 0, got {half_life_s}")
+    tau = half_life_s / math.log(2)
+    horizon = now - timedelta(seconds=half_life_s * USAGE_HORIZON_HALF_LIVES)
+    rows = await conn.fetch(
+        """SELECT j.queue, coalesce(n.gpu_model, a.model_hint) AS model,
+                  sum(a.milli_gpus / 1000.0 * $3 * (
+                      exp(-least(700.0, extract(epoch FROM $1 - least(coalesce(a.ended_at, $1), $1))::float8 / $3))
+                    - exp(-least(700.0, extract(epoch FROM $1 - a.placed_at)::float8 / $3)))) AS gpu_s
+           FROM metering.allocations a JOIN metering.jobs j USING (job_id)
+                LEFT JOIN metering.nodes n ON n.node = a.node
+           WHERE a.node <> '' AND a.placed_at < $1 AND (a.ended_at IS NULL OR a.ended_at > $2)
+             AND coalesce(n.gpu_model, a.model_hint) IS NOT NULL
+           GROUP BY 1, 2 ORDER BY 1, 2""", now, horizon, tau)
+    usage: dict[str, dict[str, float]] = {}
+    for r in rows:
+        if r["gpu_s"] > 0:
+            usage.setdefault(r["queue"], {})[r["model"]] = float(r["gpu_s"])
+    return usage
 
 
 async def load_rates(conn: Conn) -> dict[str, float]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,7 +29,9 @@ from services.preemption.core import (
     RECLAIM,
     Outcome,
     Preemptor,
+    RunningJob,
     cooldown_verdict,
+    drain_plan,
     priority_of,
     protection_ends,
     rate_limit_verdict,
@@ -37,7 +40,7 @@ from services.preemption.core import (
 from services.preemption.store import load_config, load_snapshot
 from shared import audit
 from shared.audit import service_actor
-from shared.config import ConfigError, QueuesConfig, parse_queues
+from shared.config import ConfigError, QueuesConfig, StopPolicy, parse_queues
 from shared.domain import JobSpec, NodeHealth
 from shared.events import (
     CheckpointRequested,
@@ -211,6 +214,9 @@ class PreemptionService:
                 pid, payload.preemptor, payload.queue, payload.reason.value, json.dumps(payload.need), tx.now,
                 outcome, message, list(victims))
 
+        if payload.reason is PreemptionReason.DRAIN:
+            await self._drain(tx, pid, payload, origin=origin, attempt=attempt, record=record)
+            return
         if await tx.conn.fetchval("SELECT 1 FROM preemption.preemptions WHERE preemptor = $1 "
                                   "AND state = 'checkpointing' LIMIT 1", payload.preemptor):
             await record(Outcome.DUPLICATE, "a preemption for this job is already in progress")
@@ -254,12 +260,7 @@ class PreemptionService:
                 # Only protection stands in the way: run it again when the earliest protection ends.
                 await record(Outcome.DEFERRED, f"{selection.why}: {selection.message}; retry at "
                              f"{utcnow_from(retry_at).isoformat()} when protection ends")
-                await tx.conn.execute(
-                    "INSERT INTO preemption.deferred(preemptor, preemption_id, attempt, payload, retry_at) "
-                    "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (preemptor) DO UPDATE SET "
-                    "preemption_id = excluded.preemption_id, attempt = excluded.attempt, "
-                    "payload = excluded.payload, retry_at = excluded.retry_at",
-                    payload.preemptor, origin, attempt, payload.model_dump_json(), retry_at)
+                await self._defer(tx, payload, origin, attempt, retry_at)
                 return
             outcome = Outcome.FITS if selection.why == "FitsWithoutPreemption" else Outcome.NO_VICTIMS
             await record(outcome, f"{selection.why}: {selection.message}")
@@ -273,15 +274,63 @@ class PreemptionService:
             return
         await record(Outcome.STARTED, f"{len(selection.victims)} victim(s), about "
                      f"{selection.lost_gpu_seconds:.0f} GPU-seconds of work at risk", selection.victims)
-        by_id = {j.job_id: j for j in snap.running}
+        await self._start(tx, pid, payload, spec.job_id, spec.queue, selection.victims,
+                          {j.job_id: j for j in snap.running})
+
+    async def _defer(self, tx: Tx, payload: PreemptionRequested, origin: str, attempt: int, retry_at: float) -> None:
+        """Run the request again at `retry_at` (when a protection window ends); a newer request supersedes it."""
+        await tx.conn.execute(
+            "INSERT INTO preemption.deferred(preemptor, preemption_id, attempt, payload, retry_at) "
+            "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (preemptor) DO UPDATE SET "
+            "preemption_id = excluded.preemption_id, attempt = excluded.attempt, "
+            "payload = excluded.payload, retry_at = excluded.retry_at",
+            payload.preemptor, origin, attempt, payload.model_dump_json(), retry_at)
+
+    async def _drain(self, tx: Tx, pid: str, payload: PreemptionRequested, *, origin: str, attempt: int,
+                     record: Callable[..., Awaitable[None]]) -> None:
+        """stop_policy HoldAndDrain (core/drain.py): evict the queue's preemptible running jobs with the
+        checkpoint protocol; production and non-preemptible jobs keep running; protected ones are drained when
+        their window ends (the request is deferred until then)."""
+        config = self.config
+        q = config.queue_map.get(payload.queue)
+        if q is None or q.stop_policy is not StopPolicy.HOLD_AND_DRAIN:
+            await record(Outcome.NO_VICTIMS, f"queue {payload.queue} is not HoldAndDrain (any more): nothing drained")
+            return
+        if attempt == 0 and payload.candidates:
+            # admission names the running jobs it drains; JobPlaced travels on another stream and may not be
+            # here yet: retry (bounded, with delay) rather than miss one
+            unseen = await tx.conn.fetch(
+                "SELECT c FROM unnest($1::text[]) AS c LEFT JOIN preemption.jobs j ON j.job_id = c "
+                "WHERE j.job_id IS NULL OR j.status IN ('submitted', 'admitted') ORDER BY c", list(payload.candidates))
+            if unseen:
+                raise LookupError(f"the placement of {unseen[0]['c']} (queue {payload.queue}, draining) has not "
+                                  "reached the preemption service yet")
+        snap = await load_snapshot(tx.conn, config)
+        plan = drain_plan(payload.queue, snap.running, tx.now, config.policy.protection_window_s, snap.busy)
+        kept = ", ".join(f"{j} ({why})" for j, why in sorted(plan.kept.items())) or "none"
+        if plan.retry_at is not None:
+            await self._defer(tx, payload, origin, attempt, plan.retry_at)
+        if not plan.victims:
+            outcome = Outcome.DEFERRED if plan.retry_at is not None else Outcome.NO_VICTIMS
+            await record(outcome, f"queue {payload.queue} drains: nothing to evict now; kept: {kept}")
+            return
+        await record(Outcome.STARTED, f"queue {payload.queue} drains {len(plan.victims)} job(s); kept: {kept}",
+                     plan.victims)
+        await self._start(tx, pid, payload, payload.preemptor, payload.queue, plan.victims,
+                          {j.job_id: j for j in snap.running})
+
+    async def _start(self, tx: Tx, pid: str, payload: PreemptionRequested, preemptor: str, queue: str,
+                     victims: tuple[str, ...], by_id: Mapping[str, RunningJob]) -> None:
+        """Open the checkpoint-before-preempt protocol for each victim."""
+        config = self.config
         deadline = tx.now + config.policy.checkpoint_grace_s
-        for victim_id in selection.victims:
+        for victim_id in victims:
             victim = by_id[victim_id]
             await tx.conn.execute(
                 "INSERT INTO preemption.preemptions(preemption_id, victim, preemptor, reason, queue, victim_queue, "
                 "gpus, state, requested_at, deadline, estimated_lost_gpu_seconds) "
                 "VALUES ($1, $2, $3, $4, $5, $6, $7, 'checkpointing', $8, $9, $10)",
-                pid, victim_id, spec.job_id, payload.reason.value, spec.queue, victim.queue, victim.gpus, tx.now,
+                pid, victim_id, preemptor, payload.reason.value, queue, victim.queue, victim.gpus, tx.now,
                 deadline, victim.lost_gpu_seconds(tx.now))
             await tx.conn.execute("UPDATE preemption.jobs SET status = 'preempting' WHERE job_id = $1", victim_id)
             if victim.checkpointable and config.policy.checkpoint_grace_s > 0:

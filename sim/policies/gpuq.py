@@ -70,17 +70,24 @@ class GpuqPolicy:
         # Duration-aware ordering: each arrival's GPU-time is predicted (services.pipeline.core.predict) from its
         # limit and the history of similar jobs that ended, the history the metering ledger keeps: the run time
         # this policy saw them take (starts and ends it reported), never the trace's true duration field.
-        self.duration_aware = duration_aware
+        self.duration_aware = self._duration_asked = duration_aware
         # Fair share over time: per queue and quota resource, the GPU-seconds its running jobs used, decayed with
         # this half-life (what the metering ledger's history gives the admission service), handed to the
         # admission core every HISTORY_PERIOD_S of virtual time.
-        self.history_half_life_s = history_half_life_s
+        self.history_half_life_s = self._half_life_asked = history_half_life_s
 
     def setup(self, trace: Trace) -> None:
         from services.admission.core import AdmissionState
         from services.scheduler.core import ClusterState
 
         self.trace = trace
+        # The queues' own policy turns these on as it does in the services (a what-if of a production config);
+        # `gpuq-duration` and `gpuq-fairtime` turn them on whatever the config says.
+        policy = trace.queues.policy
+        self.duration_aware = self._duration_asked or policy.duration_ordering
+        self.history_half_life_s = self._half_life_asked
+        if self.history_half_life_s is None and policy.usage_half_life_s is not None:
+            self.history_half_life_s = float(policy.usage_half_life_s)
         self.adm = AdmissionState(trace.queues)
         self.cluster = ClusterState.from_nodes(trace.nodes)
         # An empty copy answers "could this job ever be placed here?" at arrival: a job no empty cluster

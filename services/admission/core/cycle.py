@@ -36,7 +36,7 @@ from services.admission.core.reclaim import own_candidates, reclaim_candidates
 from services.admission.core.resources import GpuOption, PodSetDemand, Signature
 from services.admission.core.state import AdmissionState, Entry
 from services.admission.core.statuses import PendingStatuses
-from shared.config import PreemptionPolicy
+from shared.config import PreemptionPolicy, StopPolicy
 
 
 class _Fit:
@@ -236,7 +236,7 @@ class _Cycle:
     def run(self) -> AdmissionDecision:
         # 1 heads
         state = self.state
-        self.lists = state._ordered_pending()
+        self.lists = state._ordered_pending(self.now)  # (with policy.max_age_s: aged to now first)
         self.scopes = {q: state._scope_of(q) for q in self.lists}
         if self.reuse:
             self.clean = {sc for sc in set(self.scopes.values())
@@ -324,8 +324,11 @@ class _Cycle:
             self.idx[q] = len(lst)
             return
         if qq.held:
-            held = (Reason.QUEUE_HELD, f"queue {q} is held (stop_policy: Hold): it admits nothing until its "
-                    "stop_policy is None again; its running jobs keep running")
+            drain = qq.config.stop_policy is StopPolicy.HOLD_AND_DRAIN
+            held = (Reason.QUEUE_HELD, f"queue {q} is held (stop_policy: {qq.config.stop_policy}): it admits nothing "
+                    "until its stop_policy is None again; " + (
+                        "its preemptible jobs are drained (checkpointed and evicted), jobs of classes never "
+                        "preempted keep running" if drain else "its running jobs keep running"))
             for e in lst[i:]:
                 e.reason, e.message = e.verdict or held
             self.idx[q] = len(lst)

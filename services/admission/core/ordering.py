@@ -29,3 +29,27 @@ def order_time(submitted_at: float, predicted_gpu_s: float | None, queue_nominal
         raise ValueError(f"predicted_gpu_s must be >= 0, got {predicted_gpu_s}")
     per = queue_nominal_gpus if queue_nominal_gpus > 0 else max(job_gpus, 1.0)
     return submitted_at + predicted_gpu_s / per
+
+
+def aged_order_time(submitted_at: float, order_at: float, now: float, max_age_s: float | None) -> float:
+    """Wait-time aging (Slurm's age factor, saturating at PriorityMaxAge): the order time a job has at `now`.
+
+    A job's duration offset (order_at − submitted_at) shrinks linearly with its wait and is gone once it waited
+    `max_age_s`; from then on it is ordered by its submit time, so no job submitted after it passes it again. Among
+    jobs of equal priority and fair-share standing, a job's key only improves while it waits, and a job submitted
+    later that is behind it at some instant never overtakes it afterwards: while neither has waited `max_age_s`,
+    the gap between their keys is linear in time and either grows or stays at least the gap between their submit
+    times; once the earlier job has waited `max_age_s` its key (its submit time) is below any key the later one
+    can have (tests/unit/admission/test_admission_aging.py checks it with Hypothesis). Without a
+    prediction (order_at == submitted_at) or without aging, the order time is unchanged: FIFO is already aged.
+    Pure: `now` is handed in."""
+    if max_age_s is None or order_at <= submitted_at:
+        return order_at
+    if max_age_s <= 0:
+        raise ValueError(f"max_age_s must be > 0, got {max_age_s}")
+    wait = now - submitted_at
+    if wait <= 0:
+        return order_at
+    if wait >= max_age_s:
+        return submitted_at
+    return submitted_at + (order_at - submitted_at) * (1.0 - wait / max_age_s)

@@ -64,7 +64,8 @@ class QueueQuota:
         self.teams = frozenset(q.teams)
         self.can_reclaim = self.cohort is not None and self.reclaim_policy is not PreemptionPolicy.NEVER
         self.can_preempt_within = q.preemption.within_queue is not PreemptionPolicy.NEVER
-        self.held = q.stop_policy is StopPolicy.HOLD  # admits nothing, asks nothing of others
+        # admits nothing, asks nothing of others (HoldAndDrain also evicts its admitted jobs: the service does that)
+        self.held = q.stop_policy in (StopPolicy.HOLD, StopPolicy.HOLD_AND_DRAIN)
         # borrow_within_cohort: highest victim priority when a job preempts borrowers in order to borrow (None = off)
         bwc = q.preemption.borrow_within_cohort
         self.borrow_threshold: float | None = None

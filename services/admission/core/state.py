@@ -14,7 +14,7 @@ from types import MappingProxyType
 
 from services.admission.core.history import historic_share
 from services.admission.core.model import AdmittedWorkload, Reason, ReclaimRequest, Rejection, Workload
-from services.admission.core.ordering import order_time
+from services.admission.core.ordering import aged_order_time, order_time
 from services.admission.core.quota import QueueQuota, QuotaBook
 from services.admission.core.resources import (
     GpuOption,
@@ -35,7 +35,7 @@ class Entry:
     """Internal record of one job (pending or admitted). Mutable and slotted because the cycle touches every
     pending job every cycle; never handed out."""
 
-    __slots__ = ("admitted", "gpu_pod_sets", "job_id", "message", "order", "preemptible", "priority",
+    __slots__ = ("admitted", "base_at", "gpu_pod_sets", "job_id", "message", "order", "preemptible", "priority",
                  "queue", "reason", "sid", "sig", "unsaved_runtime_s", "verdict", "workload")
 
     def __init__(self, workload: Workload, priority: int, preemptible: bool, order_at: float | None = None):
@@ -47,6 +47,7 @@ class Entry:
         self.preemptible = preemptible
         # (-priority, order time, id): the order time is the submit time, or later for longer predicted work
         self.order: Order = (-priority, workload.submitted_at if order_at is None else order_at, spec.job_id)
+        self.base_at = self.order[1]  # the order time before aging (ordering.aged_order_time)
         self.sig: Signature = request_signature(spec)
         self.sid = 0  # small int standing for `sig` (cheap memo keys); set by AdmissionState
         self.gpu_pod_sets = gpu_pod_set_names(spec)
@@ -87,6 +88,8 @@ class AdmissionState:
         self._generation = 0
         self._sig_ids: dict[Signature, int] = {}  # interned request signatures (bounded by distinct shapes)
         self._history_share: dict[str, float] = {}  # queue -> historic borrowing score (core/history.py)
+        # pending jobs whose order time still ages (a duration offset, waited less than policy.max_age_s)
+        self._aging: set[str] = set()
 
     # ------------------------------------------------------------------ views
 
@@ -153,6 +156,7 @@ class AdmissionState:
                                    for q, lst in self._pending_by_queue.items()}
         other._admitted_by_queue = {q: {j: entries[j] for j in m} for q, m in self._admitted_by_queue.items()}
         other._dirty = set(self._dirty)
+        other._aging = set(self._aging)
         # no cached cohorts: the entries' messages may still be written lazily from *this* state's numbers
         other._scope_cache = {}
         other._stale = set()
@@ -271,14 +275,23 @@ class AdmissionState:
                 if u > limit:
                     messages.append(f"queue {q} now holds {u} {r}, above the {limit} its new quota allows: "
                                     "admitted jobs stay admitted, new work waits until usage falls")
+        # aging restarts from the un-aged order times under the new policy (the next cycle ages them again)
+        for j in sorted(self._aging):
+            e = self._entries[j]
+            e.order = (e.order[0], e.base_at, e.job_id)
+        self._aging = {j for j, e in self._entries.items()
+                       if e.admitted is None and e.base_at > e.workload.submitted_at}
         self._dirty.update(self._pending_by_queue)
         self._scope_cache.clear()
         return sorted(messages)
 
     # ------------------------------------------------------------------ internals used by the cycle
 
-    def _ordered_pending(self) -> dict[str, list[Entry]]:
-        """Per queue, its pending entries in order; lists are re-filtered and re-sorted only when touched."""
+    def _ordered_pending(self, now: float | None = None) -> dict[str, list[Entry]]:
+        """Per queue, its pending entries in order; lists are re-filtered and re-sorted only when touched. With
+        `now` and policy.max_age_s, the order times of jobs that still age are moved to `now` first."""
+        if now is not None and self._aging:
+            self._age(now)
         for q in sorted(self._dirty):
             lst = [e for e in self._pending_by_queue.get(q, ()) if e.admitted is None
                    and self._entries.get(e.job_id) is e]
@@ -289,6 +302,27 @@ class AdmissionState:
                 self._pending_by_queue.pop(q, None)
         self._dirty.clear()
         return self._pending_by_queue
+
+    def _age(self, now: float) -> None:
+        """Wait-time aging (ordering.aged_order_time): re-key the jobs whose order time moved; a job that waited
+        max_age_s is keyed by its submit time for good and leaves the aging set."""
+        max_age = self._config.policy.max_age_s
+        if max_age is None:
+            return
+        for j in sorted(self._aging):
+            e = self._entries.get(j)
+            if e is None or e.admitted is not None:
+                self._aging.discard(j)
+                continue
+            submitted = e.workload.submitted_at
+            at = aged_order_time(submitted, e.base_at, now, max_age)
+            if at == submitted:
+                self._aging.discard(j)
+            if at != e.order[1]:
+                e.order = (e.order[0], at, e.job_id)
+                self._dirty.add(e.queue)
+                self._stale.add(self._scope_of(e.queue))
+                self._generation += 1
 
     def _admit(self, e: Entry, a: AdmittedWorkload) -> None:
         """Move a pending entry to admitted. The caller rebuilds the queue's pending list afterwards."""
@@ -324,6 +358,8 @@ class AdmissionState:
         e = self._new_entry(w)
         e.verdict = self._verdict(w.spec)
         self._entries[e.job_id] = e
+        if e.base_at > w.submitted_at:
+            self._aging.add(e.job_id)
         self._pending[e.job_id] = w
         self._stale.add(self._scope_of(e.queue))
         self._generation += 1

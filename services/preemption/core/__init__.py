@@ -4,6 +4,7 @@ No I/O, no clock, no asyncio: callers pass `now` and snapshots. The service (ser
 and the simulator (sim/preemption.py) drive the same functions.
 """
 
+from .drain import DrainPlan, drain_plan
 from .guards import cooldown_s, cooldown_verdict, rate_limit_verdict
 from .model import PRIORITY, RECLAIM, Outcome, Preemptor, RunningJob, Selection, Why, priority_of, usage_by_queue
 from .policy import class_verdict, is_borrowing, needed_resources, protection, protection_ends, victim_verdict
@@ -12,6 +13,7 @@ from .select import candidate_key, select_victims, set_key
 __all__ = [
     "PRIORITY",
     "RECLAIM",
+    "DrainPlan",
     "Outcome",
     "Preemptor",
     "RunningJob",
@@ -21,6 +23,7 @@ __all__ = [
     "class_verdict",
     "cooldown_s",
     "cooldown_verdict",
+    "drain_plan",
     "is_borrowing",
     "needed_resources",
     "priority_of",

@@ -283,3 +283,31 @@ async def _statuses_are(env: Env, expected: dict[str, str]) -> bool:
 
 async def _consumed(runtime: ServiceRuntime, n: int) -> bool:
     return runtime.counters.handled + runtime.counters.duplicates >= n
+
+
+async def test_every_cohort_instance_applies_meterings_usage_report_to_its_queues(env: Env) -> None:
+    """QueueUsageReported is broadcast: each per-cohort instance takes the report for its own queues (fair share
+    over time), although only one of them would own an ordinary event."""
+    from shared.events import QueueUsageReported
+
+    doc = queues() | {"policy": {"usage_half_life_s": 86_400}}
+    services = []
+    for name, cohorts in (("A", ["alpha", "-"]), ("B", ["beta"])):
+        svc = AdmissionService(parse_queues(doc), cohorts=cohorts)
+        runtime = ServiceRuntime(svc.spec(), nats_url=env.nats_url, pool=env.pool, clock=ManualClock(),
+                                 database_url=env.database_url, instance=name)
+        env.runtimes.append(runtime)
+        await runtime.start()
+        services.append(svc)
+    # a1 (alpha, nominal 8) and b2 (beta, nominal 0) used 16 GPUs on average over the last days: both borrowed
+    tau = 86_400 / 0.6931471805599453
+    report = QueueUsageReported(at=T0, half_life_s=86_400,
+                                usage={"a1": {"H100": 16 * tau}, "b2": {"H100": 16 * tau}})
+    await env.js.publish(ns_subject("queue.usage_reported"),
+                         encode_event(make_event(report, source="metering", time=T0)))
+    alpha, beta = services
+
+    async def applied() -> bool:
+        return alpha.state.history_share("a1") > 0 and beta.state.history_share("b2") > 0
+
+    await until(applied)

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from services.admission.core import AdmissionState, Reason, admission_cycle
-from shared.config import ConfigError
 from tests.unit.admission.admission_core_builders import H100, config, job, queue, submit
 
 
@@ -83,6 +80,12 @@ def test_a_held_queue_admits_nothing_keeps_its_running_jobs_and_holds_back_no_lo
     assert [a.job_id for a in admission_cycle(s, 12.0).admitted] == ["a-wait"]
 
 
-def test_hold_and_drain_is_refused_with_its_reason() -> None:
-    with pytest.raises((ConfigError, ValueError), match="HoldAndDrain is not supported"):
-        config(queue("team-a", {H100: 8}) | {"stop_policy": "HoldAndDrain"})
+def test_hold_and_drain_holds_like_hold_and_says_it_drains() -> None:
+    s = _state()
+    s.set_config(config(queue("team-a", {H100: 8}, max_running_jobs=1) | {"stop_policy": "HoldAndDrain"},
+                        queue("team-b", {H100: 0})))
+    s.finish("a-run")
+    d = admission_cycle(s, 11.0)
+    assert d.admitted == []
+    st = d.pending["a-wait"]
+    assert st.reason == Reason.QUEUE_HELD and "stop_policy: HoldAndDrain" in st.message and "drained" in st.message

@@ -132,6 +132,22 @@ def test_gpuq_fairtime_serves_the_team_that_did_not_borrow_first():
     assert fair.records["b2"].start == t + 1 and fair.records["a2"].start == t + 101
 
 
+def test_plain_gpuq_follows_the_queues_policy_as_the_services_do():
+    # The production options (policy.usage_half_life_s, policy.duration_ordering) turn the same inputs on in
+    # `gpuq`: a what-if of a production queues.yaml replays what the services would decide.
+    t = 14 * 86_400
+    jobs = [job("a1", 0, t, gpus_per_pod=8, team="a"),
+            job("a2", t + 1, 100, gpus_per_pod=8, team="a"), job("b2", t + 1, 100, gpus_per_pod=8, team="b")]
+    tr = trace(jobs)
+    tr.queues = tr.queues.model_copy(update={"policy": tr.queues.policy.model_copy(
+        update={"usage_half_life_s": 7 * 86_400, "duration_ordering": True})})
+    configured, _ = _run(tr, "gpuq")
+    assert configured.records["b2"].start == t + 1 and configured.records["a2"].start == t + 101
+    policy = make_policy("gpuq")
+    Engine(tr, policy).run()
+    assert policy.predicted  # type: ignore[attr-defined]  # GpuqPolicy: predictions given to admission
+
+
 def test_gpuq_sends_a_reclaim_once_as_the_admission_service_does():
     # Teams a and b, 4 GPUs of quota each, one 8-GPU node. a's 8 jobs borrow b's half from t=0; b's job at
     # t=10 asks to reclaim while a's jobs are inside their protection window (600 s), so no victim is found.
