@@ -126,7 +126,7 @@ class _Why(_LazyText):
                     text += f" and may borrow at most {limit}"
                 text += f"; cohort {qq.cohort} has {max(0, book.cohort_available(qq.cohort, r))} lendable"
                 if used + total <= nominal:
-                    lent = sum(book.borrowed(o, r) for o in book.cohort_members[qq.cohort] if o != q)
+                    lent = sum(book.borrowed(o, r) for o in book.pool_members.get(qq.pool or '', ()) if o != q)
                     text += f", {lent} borrowed by other queues"
             parts.append(text)
         return " | ".join(parts)
@@ -406,8 +406,8 @@ class _Cycle:
         self.state._admit(e, a)
         self.admitted_queues.add(qq.name)
         self.scope_admitted.add(qq.scope)
-        if qq.cohort is not None:
-            self.cohort_version[qq.cohort] = self.cohort_version.get(qq.cohort, 0) + 1
+        if qq.pool is not None:
+            self.cohort_version[qq.pool] = self.cohort_version.get(qq.pool, 0) + 1
         cap = self.cap_left
         if cap is not None:
             for r, amount in fit.usage.items():
@@ -451,8 +451,8 @@ class _Cycle:
         (`reclaim_within_cohort: Never`; `LowerPriority` and this job's priority is not below the lender's
         highest pending one; or this job is not preemptible). It may still borrow what other lenders lend.
         The message when refused, else None."""
-        cohort = qq.cohort
-        if cohort is None:
+        cohort = qq.pool  # the lenders of the whole cohort tree
+        if cohort is None or qq.cohort is None:
             return None
         lenders = self._waiting_lenders(cohort)
         if not lenders:
@@ -473,6 +473,12 @@ class _Cycle:
             for lender, priority, policy, unused in unused_by.get(r, ()):
                 if lender == q:
                     continue
+                if not book.flat:  # in a cohort tree, only what can reach this queue is held back from it
+                    cap = book.tree.lend_cap(book.queues[lender].cohort, qq.cohort, r)  # type: ignore[arg-type]
+                    if cap is not None:
+                        unused = min(unused, cap)
+                        if unused <= 0:
+                            continue
                 if e.preemptible and (policy is PreemptionPolicy.ANY or (
                         policy is PreemptionPolicy.LOWER_PRIORITY and e.priority < priority)):
                     continue  # the lender could take it back when it needs it
@@ -481,9 +487,9 @@ class _Cycle:
             if not held:
                 continue
             own_unused = max(0, nominal - guaranteed - max(0, used - guaranteed))
-            lendable = book.cohort_available(cohort, r) - own_unused - held
+            lendable = book.cohort_available(qq.cohort, r) - own_unused - held
             if borrowed > lendable:
-                return (f"needs to borrow {borrowed} {r}; cohort {cohort} could lend {max(0, lendable)} without "
+                return (f"needs to borrow {borrowed} {r}; cohort {qq.cohort} could lend {max(0, lendable)} without "
                         f"the {held} unused {r} of {', '.join(holders)}, which have jobs waiting and could not "
                         f"take a loan to this job back (reclaim_within_cohort)")
         return None
@@ -512,7 +518,7 @@ class _Cycle:
         """Did the waiting lenders (who, what they are owed, what they still lend) of the cohorts where borrowing
         was refused change since? Only then can a refusal turn into an admission. Recomputes them."""
         changed = False
-        cohorts = {c for q in self.refused_at if (c := self.book.queues[q].cohort) is not None}
+        cohorts = {c for q in self.refused_at if (c := self.book.queues[q].pool) is not None}
         for cohort in sorted(cohorts):
             before = self.waiting_lenders.pop(cohort, None)
             before_use = self.lender_usage.get(cohort)
@@ -535,7 +541,7 @@ class _Cycle:
         if found is not None:
             return found
         found = []
-        for member in self.book.cohort_members.get(cohort, ()):
+        for member in self.book.pool_members.get(cohort, ()):
             mq = self.book.queues.get(member)
             if mq is None or mq.held:  # a held queue admits nothing, so it is owed nothing back yet
                 continue
@@ -755,7 +761,7 @@ class _Cycle:
             if result.borrow is not None and self.preempting.get(qq.name) != e.job_id:
                 self._borrow_within(qq, e, result, result.borrow)
             return
-        q, cohort = qq.name, qq.cohort
+        q, cohort = qq.name, qq.pool
         # memoised per (priority, resources needed): a deep queue fails many jobs against the same borrowers
         key = (q, e.priority, tuple(result.need), self.cohort_version.get(cohort, 0))
         candidates = self.reclaim_memo.get(key)
@@ -823,7 +829,7 @@ class _Cycle:
             result.settle(e.priority, e.reason, result.message)
             return
         first = self.preempting.get(q)
-        pledge = self.pledges.get(qq.cohort) if qq.cohort is not None else None
+        pledge = self.pledges.get(qq.pool) if qq.pool is not None else None
         if first is None and pledge is not None:
             first = pledge.first.get(q)
         if first is not None:
@@ -859,8 +865,8 @@ class _Cycle:
             return
         self.preempting[q] = e.job_id
         if borrowers:
-            assert qq.cohort is not None  # can_reclaim: only queues in a cohort reclaim
-            pledge = self.pledges.setdefault(qq.cohort, _Pledge())
+            assert qq.pool is not None  # can_reclaim: only queues in a cohort reclaim
+            pledge = self.pledges.setdefault(qq.pool, _Pledge())
             pledge.first.setdefault(q, e.job_id)
             pledge.victims.update(borrowers)
         reason = Reason.RECLAIM_QUOTA if borrowers else Reason.PRIORITY_PREEMPTION
@@ -877,7 +883,7 @@ class _Cycle:
         cohort, may preempt other queues' borrowers of strictly lower priority, at most the queue's
         `max_priority_threshold`, to get the room it borrows. Such victims, requeued, cannot take it back (lower
         priority). One such request per queue and cycle, like within-queue preemption."""
-        q, cohort = qq.name, qq.cohort
+        q, cohort = qq.name, qq.pool
         assert cohort is not None and qq.borrow_threshold is not None  # set only for queues that can reclaim
         pledge = self.pledges.setdefault(cohort, _Pledge())
         first = self.preempting.get(q) or pledge.first.get(q)

@@ -3,7 +3,7 @@
 Order of the checks (first failing rule is reported, so the reason a user sees is the most fundamental one):
   1 class      production never; non-preemptible classes never (JobSpec.preemptible overrides the class)
   2 kind       training never preempts inference
-  3 queue      same queue: the preemptor queue's `within_queue`; other queue: same cohort, the victim's
+  3 queue      same queue: the preemptor queue's `within_queue`; other queue: same cohort tree, the victim's
                queue above its nominal quota on a resource the preemptor needs (a borrower), and the
                preemptor queue's `reclaim_within_cohort`; ReclaimQuota takes from its own queue only when
                admission asked for that part too (`own_need`: preempt in the queue and reclaim together)
@@ -104,7 +104,8 @@ def victim_verdict(preemptor: Preemptor, job: RunningJob, config: QueuesConfig,
             return Why.WITHIN_QUEUE_NEVER
     else:
         vq = config.queue_map.get(job.queue)
-        if pq.cohort is None or vq is None or vq.cohort != pq.cohort:
+        # same cohort tree (a flat cohort is its own root): quota flows, and is reclaimed, across the tree
+        if pq.cohort is None or vq is None or config.cohort_root(vq.cohort) != config.cohort_root(pq.cohort):
             return Why.OTHER_COHORT
         if pq.preemption.reclaim_within_cohort is PreemptionPolicy.NEVER:
             return Why.RECLAIM_NEVER
