@@ -25,6 +25,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Mapping
 
+from services.admission.core.fair_sharing import fair_victims
 from services.admission.core.model import (
     AdmissionDecision,
     AdmittedWorkload,
@@ -36,7 +37,7 @@ from services.admission.core.reclaim import own_candidates, reclaim_candidates
 from services.admission.core.resources import GpuOption, PodSetDemand, Signature
 from services.admission.core.state import AdmissionState, Entry
 from services.admission.core.statuses import PendingStatuses
-from shared.config import PreemptionPolicy, StopPolicy
+from shared.config import FairSharingStrategy, PreemptionPolicy, StopPolicy
 
 
 class _Fit:
@@ -230,6 +231,12 @@ class _Cycle:
         self.refused: dict[str, list[Entry]] = {}  # queue -> the jobs whose borrowing was refused in this pass
         self.admitted_since_refusal = 0
         self.lowest_own: dict[str, float] = {}  # queue -> lowest priority of its admitted preemptible jobs
+        # fair-sharing preemption (opt-in, core/fair_sharing.py): replaces borrow_within_cohort, as in Kueue
+        fair = state.config.fair_sharing
+        self.fair_strategies = fair.preemption_strategies if fair.preemption else None
+        # queue -> its first job that must borrow and found too little lendable: asked for after the admissions,
+        # when what is left is known (an admission later in the cycle could take the room its victims free)
+        self.fair_deferred: dict[str, tuple[QueueQuota, Entry, _NoFit, dict[str, int]]] = {}
 
     # ------------------------------------------------------------------ phases
 
@@ -272,6 +279,12 @@ class _Cycle:
         for q, lst in saved.items():  # back to the queues' own lists, for phase 6
             self.lists[q] = lst
             self.idx[q] = len(lst)
+        # 5b fair-sharing preemption, against the usage the admissions left
+        for q in sorted(self.fair_deferred):
+            assert self.fair_strategies is not None  # deferred only when fair sharing is on
+            qq, e, result, request = self.fair_deferred[q]
+            if e.admitted is None:
+                self._fair_preempt(qq, e, result, request, self.fair_strategies)
         # 6 requeue
         self._requeue()
         return self.decision
@@ -706,7 +719,8 @@ class _Cycle:
         limit = qq.borrowing_limit[r]
         if limit is not None and used + total > nominal + limit:
             return _NoFit(Reason.WAITING_FOR_QUOTA, message, None, own)
-        borrow = self._first_request(qq, sig) if qq.borrow_threshold is not None else None
+        borrow = (self._first_request(qq, sig)
+                  if qq.borrow_threshold is not None or (self.fair_strategies and qq.can_reclaim) else None)
         return _NoFit(Reason.WAITING_FOR_BORROWABLE_QUOTA, message, None, own, borrow)
 
     def _first_request(self, qq: QueueQuota, sig: Signature) -> dict[str, int]:
@@ -759,7 +773,10 @@ class _Cycle:
             if result.own is not None and qq.can_preempt_within:
                 self._preempt_within(qq, e, result, result.own)
             if result.borrow is not None and self.preempting.get(qq.name) != e.job_id:
-                self._borrow_within(qq, e, result, result.borrow)
+                if self.fair_strategies:
+                    self.fair_deferred.setdefault(qq.name, (qq, e, result, result.borrow))
+                else:
+                    self._borrow_within(qq, e, result, result.borrow)
             return
         q, cohort = qq.name, qq.pool
         # memoised per (priority, resources needed): a deep queue fails many jobs against the same borrowers
@@ -913,6 +930,42 @@ class _Cycle:
         e.reason = Reason.WAITING_FOR_RECLAIM
         e.message = _Then(result.message, f"preemption of {text} requested from {len(candidates)} lower-priority "
                           "borrowing job(s) in order to borrow (borrow_within_cohort)")
+
+    def _fair_preempt(self, qq: QueueQuota, e: Entry, result: _NoFit, request: Mapping[str, int],
+                      strategies: tuple[FairSharingStrategy, ...]) -> None:
+        """Fair-sharing preemption (core/fair_sharing.py): a job that must borrow and finds too little lendable
+        asks other queues' borrowers to make room when the strategies say its queue's share, with it admitted,
+        is not above theirs. One such request per queue and cycle, like within-queue preemption."""
+        q, pool = qq.name, qq.pool
+        assert pool is not None  # only queues in a cohort borrow
+        pledge = self.pledges.setdefault(pool, _Pledge())
+        first = self.preempting.get(q) or pledge.first.get(q)
+        if first is not None:
+            e.message = _Then(result.message, f"waits behind this queue's preemption for {first}")
+            return
+        book = self.book
+        need = {r: n - max(0, book.available(qq, r)) for r, n in request.items()
+                if n - max(0, book.available(qq, r)) > 0}
+        if not need:
+            return
+        found = reclaim_candidates(self.state, qq, e.priority, need)
+        # not above the preemptor's priority (even under `Any`): the admission order puts priority before the
+        # fair share, so a higher-priority victim would take its room back at the next cycle
+        free = [c for c in found if c not in pledge.victims and (self.state.priority(c) or 0) <= e.priority]
+        victims = fair_victims(self.state, qq, request, free, strategies) if free else ()
+        if not victims:
+            e.message = _Then(result.message, "no borrower is above this queue's fair share with the job admitted "
+                              f"(fair_sharing: {', '.join(s.value for s in strategies)})")
+            return
+        self.preempting[q] = e.job_id
+        pledge.first.setdefault(q, e.job_id)
+        pledge.victims.update(victims)
+        self.scope_reclaims.setdefault(qq.scope, []).append(ReclaimRequest(
+            preemptor=e.job_id, queue=q, need=need, candidates=victims))
+        text = ", ".join(f"{n} {r}" for r, n in need.items())
+        e.reason = Reason.WAITING_FOR_RECLAIM
+        e.message = _Then(result.message, f"preemption of {text} requested from {len(victims)} job(s) of queues "
+                          "above their fair share (fair_sharing)")
 
     @staticmethod
     def _message(result: _NoFit, variant: str, build: Callable[[], _LazyText]) -> _LazyText:
