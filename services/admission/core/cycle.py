@@ -960,8 +960,9 @@ class _Cycle:
         self.preempting[q] = e.job_id
         pledge.first.setdefault(q, e.job_id)
         pledge.victims.update(victims)
+        # max_victim_priority: the preemption core holds it to the same bound (the preemptor borrows)
         self.scope_reclaims.setdefault(qq.scope, []).append(ReclaimRequest(
-            preemptor=e.job_id, queue=q, need=need, candidates=victims))
+            preemptor=e.job_id, queue=q, need=need, candidates=victims, max_victim_priority=e.priority))
         text = ", ".join(f"{n} {r}" for r, n in need.items())
         e.reason = Reason.WAITING_FOR_RECLAIM
         e.message = _Then(result.message, f"preemption of {text} requested from {len(victims)} job(s) of queues "
