@@ -634,8 +634,11 @@ class QueuesConfig(_Strict):
             if q.quotas and all(f.borrowing_limit == 0 for f in q.quotas.values()):
                 out.append(f"queue {q.name}: borrowing_limit is 0 for every flavor, so it can borrow nothing "
                            f"from cohort {q.cohort}")
+            # in a cohort tree it may still borrow from other cohorts or a cohort's own quota
+            root = self.cohort_root(q.cohort)
+            tree = any(c.parent is not None or c.quotas for c in self.cohorts if self.cohort_root(c.name) == root)
             peers = [p for p in self.queues if p.cohort == q.cohort and p.name != q.name]
-            if peers and all(f.lending_limit == 0 for p in peers for f in p.quotas.values()):
+            if peers and not tree and all(f.lending_limit == 0 for p in peers for f in p.quotas.values()):
                 out.append(f"queue {q.name}: every other queue of cohort {q.cohort} lends 0, "
                            "so it can borrow nothing")
         for p in self.priority_classes:

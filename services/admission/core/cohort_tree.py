@@ -90,9 +90,9 @@ class CohortTree:
         """At most how much of `r` a queue of cohort `lender` can lend to a queue of cohort `borrower`: the
         lending limits of the cohorts between the lender and the lowest common ancestor (None = no such limit;
         a bound, not the exact flow, which also depends on what the rest of those subtrees use)."""
-        above = self.path[borrower]
+        above = self.path.get(borrower, ())
         cap: int | None = None
-        for c in self.path[lender]:
+        for c in self.path.get(lender, ()):
             if c in above:
                 return cap
             limit = self.lending_limit[c].get(r)

@@ -487,7 +487,7 @@ class _Cycle:
                 if lender == q:
                     continue
                 if not book.flat:  # in a cohort tree, only what can reach this queue is held back from it
-                    cap = book.tree.lend_cap(book.queues[lender].cohort, qq.cohort, r)  # type: ignore[arg-type]
+                    cap = book.tree.lend_cap(book.queues[lender].cohort or "", qq.cohort, r)
                     if cap is not None:
                         unused = min(unused, cap)
                         if unused <= 0:

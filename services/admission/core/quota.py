@@ -138,9 +138,11 @@ class QuotaBook:
         own = self.usage.setdefault(queue, {})
         qq = self.queues.get(queue)
         cohort_used = None
+        cohort = ""
         guaranteed: Mapping[str, int] = {}
         if qq is not None and qq.cohort is not None:
-            cohort_used, guaranteed = self.cohort_used[qq.cohort], qq.guaranteed
+            cohort = qq.cohort
+            cohort_used, guaranteed = self.cohort_used[cohort], qq.guaranteed
         for r, amount in usage.items():
             old = own.get(r, 0)
             new = old + sign * amount
@@ -150,7 +152,7 @@ class QuotaBook:
                 delta = max(0, new - g) - max(0, old - g)
                 cohort_used[r] = cohort_used.get(r, 0) + delta
                 if delta and not self.flat:
-                    self._bubble(qq.cohort, r, delta)  # type: ignore[union-attr, arg-type]  # cohort set above
+                    self._bubble(cohort, r, delta)
         self.running[queue] = self.running.get(queue, 0) + sign
 
     def _bubble(self, cohort: str, r: str, delta: int) -> None:
