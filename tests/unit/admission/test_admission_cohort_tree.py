@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import tests.unit.admission.test_admission_invariants as invariants
 from services.admission.core import AdmissionState, Reason, Workload, admission_cycle
 from services.admission.core.cohort_tree import CohortTree
 from shared.config import ConfigError, QueuesConfig, parse_queues
@@ -152,7 +153,8 @@ def test_a_flat_configuration_decides_as_the_same_under_a_trivial_root(cfg: Queu
 @st.composite
 def tree_configs(draw: st.DrawFn) -> QueuesConfig:
     """A root with two child cohorts, one of them with a grandchild; random own quotas and limits per cohort;
-    2-4 queues anywhere in the tree with random quotas and limits (the invariants test's)."""
+    2-4 queues anywhere in the tree with random quotas and limits (the invariants test's); fair-sharing
+    preemption on or off."""
     base = draw(configs())
     limit = st.one_of(st.none(), st.integers(0, 6))
     cohorts: list[dict[str, Any]] = [{"name": "root", "quotas": {H100: {"nominal": draw(st.integers(0, 3))}}}]
@@ -163,6 +165,7 @@ def tree_configs(draw: st.DrawFn) -> QueuesConfig:
     data["cohorts"] = cohorts
     for q in data["queues"]:
         q["cohort"] = draw(st.sampled_from(["root", "c1", "c2", "c3"]))
+    data["fair_sharing"] = {"preemption": draw(st.booleans())}
     return parse_queues(data)
 
 
@@ -220,3 +223,11 @@ def test_usage_stays_within_the_limits_of_every_level_of_the_tree(cfg: QueuesCon
             _check_tree(s, cfg)
             for r in d.reclaims:  # victims come from the same tree
                 assert all(s.admitted[v].spec.queue in queues for v in r.candidates)
+
+
+@settings(max_examples=80, deadline=None)
+@given(tree_configs(), st.lists(op, min_size=5, max_size=40))
+def test_reusing_unchanged_cohort_trees_decides_like_a_cycle_from_scratch(cfg: QueuesConfig,
+                                                                          ops: list[tuple]) -> None:
+    """A cycle's reuse scope is the whole tree: the invariants test's cache check, on trees."""
+    invariants.test_reusing_unchanged_cohorts_decides_like_a_cycle_from_scratch.hypothesis.inner_test(cfg, ops)  # type: ignore[attr-defined]  # hypothesis' documented handle on the undecorated test
