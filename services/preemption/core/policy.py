@@ -13,8 +13,10 @@ Order of the checks (first failing rule is reported, so the reason a user sees i
                (started_at + max_runtime_s) — Slurm's PreemptExemptTime and KAI's minimum runtime, plus
                the end-of-run protection Kueue lacks
   6 lost work  priority preemption only: not when it would lose more than `max_victim_loss_s` of its run.
-               Never for ReclaimQuota: reclaiming nominal quota is a guarantee the bound must not veto (the
-               risk is controlled where it is taken, at borrowing time: `max_unsafe_borrow_runtime_s`)
+               Never for ReclaimQuota of nominal quota: that is a guarantee the bound must not veto (the
+               risk is controlled where it is taken, at borrowing time: `max_unsafe_borrow_runtime_s`); a
+               ReclaimQuota whose preemptor borrows (`max_victim_priority` set: borrow_within_cohort, fair
+               sharing) reclaims no guarantee and keeps the bound
 """
 
 from __future__ import annotations
@@ -119,7 +121,10 @@ def victim_verdict(preemptor: Preemptor, job: RunningJob, config: QueuesConfig,
     window = protection(job, now, config.policy.protection_window_s)
     if window is not None:
         return window[0]
-    if (preemptor.reason != RECLAIM or job.queue == preemptor.queue) and exceeds_loss_bound(job, config, now):
+    # a preemptor that borrows (borrow_within_cohort, fair sharing: max_victim_priority set) reclaims no
+    # guarantee, so the bound holds for its victims as for a priority preemption's
+    reclaims_nominal = preemptor.reason == RECLAIM and preemptor.max_victim_priority is None
+    if (not reclaims_nominal or job.queue == preemptor.queue) and exceeds_loss_bound(job, config, now):
         # Preempting it would throw away more than `max_victim_loss_s` of its run (it cannot checkpoint, or
         # its last checkpoint is old): a priority preemptor waits for capacity instead. A reclaim of nominal
         # quota is never vetoed by the bound (the lender was promised its quota back); there the lost work

@@ -266,3 +266,14 @@ def test_a_reclaim_takes_a_borrower_of_another_child_cohort_of_the_same_tree_onl
     assert verdict(w, lender, a1, RECLAIM, {MODEL: 8}) is None
     stranger = spec("stranger", queue="team-c", klass="high", gpus=8)
     assert verdict(w, stranger, a1, RECLAIM, {MODEL: 8}) == Why.OTHER_COHORT
+
+
+def test_the_unsaved_work_bound_holds_for_a_preemptor_that_borrows() -> None:
+    """borrow_within_cohort and fair-sharing requests (max_victim_priority set) reclaim no guarantee: a borrower
+    that would lose hours of unsaved work is left alone, as for a priority preemption."""
+    w = World(queues(max_loss=1800, a_nominal=4, b_nominal=4))
+    never_saved = w.run(spec("a-borrower", queue="team-a", gpus=8), NOW - 20_000)
+    borrower = spec("b-borrower", queue="team-b", klass="normal", gpus=8)
+    p = Preemptor(job_id="b-borrower", queue="team-b", priority=100, kind=borrower.kind, spec=borrower,
+                  reason=RECLAIM, need={MODEL: 4}, max_victim_priority=100)
+    assert victim_verdict(p, never_saved, w.config, usage_by_queue(w.running), NOW) == Why.TOO_MUCH_LOST_WORK
