@@ -27,10 +27,11 @@ borrowers Kueue compares their unweighted shares, but the admission order here t
 from one for the other would only hand the room back and forth). The simulation changes the live QuotaBook and
 restores it exactly before returning (integers only), as Kueue simulates on its snapshot.
 
-What differs from Kueue: shares are compared queue against queue with each queue's share computed against its
-own cohort's potential pool (Kueue compares, in a cohort tree, the shares of the lowest common ancestor's
-children, with cohort weights; cohorts have no weight here); the preemptor's own queue is not a candidate here
-(its lower-priority jobs are taken by within-queue preemption, which has its own rules).
+What differs from Kueue: shares are compared queue against queue with each queue's share computed against its own
+cohort's potential pool (Kueue compares, in a cohort tree, the shares of the lowest common ancestor's children,
+with cohort weights, and orders admissions the same way; the admission order here compares queues, and judging a
+preemption by other shares than the order that then admits would hand the room back); the preemptor's own queue is
+not a candidate here (its lower-priority jobs are taken by within-queue preemption, which has its own rules).
 """
 
 from __future__ import annotations
