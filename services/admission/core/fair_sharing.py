@@ -21,7 +21,8 @@ borrowers when its queue, after admitting it, would not be above them in dominan
     no victim of higher priority than the preemptor even under `reclaim_within_cohort: Any`, because the
     admission order puts priority before the share: such a victim would take its room back at the next cycle.
 
-Shares are the admission order's (`QuotaBook.share`): a zero-weight queue that borrows has +inf. Such a queue
+Shares are what the admission order reads (`QuotaBook.share`, plus the historic share when usage history is
+given): a zero-weight queue that borrows has +inf. Such a queue
 never preempts by fair sharing (Kueue's fsStrategyUnsatisfiable for a target below +inf; between two zero-weight
 borrowers Kueue compares their unweighted shares, but the admission order here ties them, so taking a victim
 from one for the other would only hand the room back and forth). The simulation changes the live QuotaBook and
@@ -49,8 +50,15 @@ INF = float("inf")
 
 
 def share(book: QuotaBook, qq: QueueQuota, extra: Mapping[str, int] | None = None) -> float:
-    """The queue's weighted dominant resource share (after admitting `extra`), as the admission order reads it."""
+    """The queue's weighted dominant resource share (after admitting `extra`)."""
     return book.share(qq, extra or {})
+
+
+def _standing(state: AdmissionState, qq: QueueQuota) -> float:
+    """What the admission order reads: the share plus the historic share when the caller gave usage history
+    (core/history.py). Preemption judges by the same number, or the victim's queue would be admitted first
+    again and take the room back."""
+    return state._book.share(qq, {}) + state.history_share(qq.name)
 
 
 def fair_victims(state: AdmissionState, qq: QueueQuota, request: Mapping[str, int], candidates: Sequence[str],
@@ -80,10 +88,9 @@ def fair_victims(state: AdmissionState, qq: QueueQuota, request: Mapping[str, in
 
     book.add(qq.name, request)  # shares are taken with the preemptor's job admitted (PreemptorNewShare)
     try:
-        if _first_strategy(book, qq, request, by_queue, rank, strategies[0], remove, fits,
-                           lambda job_id: state._admitted[job_id].usage):
+        if _first_strategy(state, qq, by_queue, rank, strategies[0], remove, fits):
             return tuple(targets)
-        if len(strategies) > 1 and _second_strategy(book, qq, request, by_queue, rank, remove, fits):
+        if len(strategies) > 1 and _second_strategy(state, qq, by_queue, rank, remove, fits):
             return tuple(targets)
         return ()
     finally:
@@ -92,9 +99,10 @@ def fair_victims(state: AdmissionState, qq: QueueQuota, request: Mapping[str, in
             book.add(queue, usage)
 
 
-def _next_queue(book: QuotaBook, by_queue: Mapping[str, list[str]], rank: Mapping[str, int],
+def _next_queue(state: AdmissionState, by_queue: Mapping[str, list[str]], rank: Mapping[str, int],
                 dropped: set[str]) -> str | None:
     """The borrowing queue with candidates left and the highest share (Kueue's target ordering)."""
+    book = state._book
     best: tuple[float, int, str] | None = None
     for queue in sorted(by_queue):
         left = by_queue[queue]
@@ -103,36 +111,35 @@ def _next_queue(book: QuotaBook, by_queue: Mapping[str, list[str]], rank: Mappin
         tq = book.queues.get(queue)
         if tq is None:
             continue
-        s = share(book, tq)
-        if s == 0.0:  # no longer borrowing: its nominal quota is its own
+        if book.share(tq, {}) == 0.0:  # no longer borrowing: its nominal quota is its own
             dropped.add(queue)
             continue
-        key = (s, -rank[left[0]], queue)
+        key = (_standing(state, tq), -rank[left[0]], queue)
         if best is None or key[:2] > best[:2]:
             best = key
     return best[2] if best is not None else None
 
 
-def _first_strategy(book: QuotaBook, qq: QueueQuota, request: Mapping[str, int], by_queue: dict[str, list[str]],
-                    rank: Mapping[str, int], strategy: FairSharingStrategy, remove: Callable[[str], None],
-                    fits: Callable[[], bool], usage_of: Callable[[str], Mapping[str, int]]) -> bool:
-    preemptor = share(book, qq)
+def _first_strategy(state: AdmissionState, qq: QueueQuota, by_queue: dict[str, list[str]], rank: Mapping[str, int],
+                    strategy: FairSharingStrategy, remove: Callable[[str], None], fits: Callable[[], bool]) -> bool:
+    book = state._book
+    preemptor = _standing(state, qq)
     if preemptor == INF:
         return False
     dropped: set[str] = set()
     retry: dict[str, list[str]] = {}
-    while (queue := _next_queue(book, by_queue, rank, dropped)) is not None:
+    while (queue := _next_queue(state, by_queue, rank, dropped)) is not None:
         tq = book.queues[queue]
-        old = share(book, tq)
+        old = _standing(state, tq)
         left = by_queue[queue]
         while left:
             job_id = left.pop(0)
             if strategy is FairSharingStrategy.LESS_THAN_INITIAL_SHARE:
                 passed = preemptor < old
             else:  # the target's share without this victim
-                victim = usage_of(job_id)
+                victim = state._admitted[job_id].usage
                 book.add(queue, victim, -1)
-                new = share(book, tq)
+                new = _standing(state, tq)
                 book.add(queue, victim)
                 passed = preemptor <= new
             if passed:
@@ -146,16 +153,16 @@ def _first_strategy(book: QuotaBook, qq: QueueQuota, request: Mapping[str, int],
     return False
 
 
-def _second_strategy(book: QuotaBook, qq: QueueQuota, request: Mapping[str, int], by_queue: dict[str, list[str]],
-                     rank: Mapping[str, int], remove: Callable[[str], None], fits: Callable[[], bool]) -> bool:
+def _second_strategy(state: AdmissionState, qq: QueueQuota, by_queue: dict[str, list[str]], rank: Mapping[str, int],
+                     remove: Callable[[str], None], fits: Callable[[], bool]) -> bool:
     """Rule S2-b over the candidates the first strategy left: at most one victim per queue."""
-    preemptor = share(book, qq)
+    preemptor = _standing(state, qq)
     if preemptor == INF:
         return False
     dropped: set[str] = set()
-    while (queue := _next_queue(book, by_queue, rank, dropped)) is not None:
+    while (queue := _next_queue(state, by_queue, rank, dropped)) is not None:
         job_id = by_queue[queue].pop(0)
-        if preemptor < share(book, book.queues[queue]):
+        if preemptor < _standing(state, state._book.queues[queue]):
             remove(job_id)
             if fits():
                 return True

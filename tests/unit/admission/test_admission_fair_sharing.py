@@ -3,6 +3,7 @@ share takes borrowed GPUs back from queues above theirs, within every guarantee;
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -143,6 +144,19 @@ def test_lower_priority_reclaim_policy_only_takes_lower_priority_borrowers() -> 
     assert settle(s) == []
     d = admission_cycle(s, 50.0)
     assert "fair share" in str(d.pending["b-2"].message)
+
+
+def test_fair_sharing_judges_by_the_same_standing_as_the_admission_order_usage_history_included() -> None:
+    """With usage history, queues are admitted by current + historic share; a queue that borrowed heavily in
+    the recent past is not below a's standing, so it takes nothing (it would not be admitted first anyway)."""
+    s = AdmissionState(fair_config(*three_queues()))
+    submit_many(s, "a", 6)
+    admission_cycle(s, 1.0)
+    half_life = 3600.0
+    s.set_usage_history({"b": {H100: 8 * half_life / math.log(2)}}, half_life)  # b used all 8 lately
+    submit_many(s, "b", 6, t0=2.0)
+    assert settle(s) == []
+    assert s.usage("a") == {H100: 6} and s.usage("b") == {H100: 2}
 
 
 def test_a_zero_weight_borrower_never_preempts_by_fair_sharing() -> None:
