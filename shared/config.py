@@ -316,11 +316,6 @@ class PriorityClass(_Strict):
     preemptible: bool = True
 
 
-class Cohort(_Strict):
-    name: str
-    parent: str | None = None  # reserved for hierarchical cohorts; flat today
-
-
 class FlavorQuota(_Strict):
     nominal: int = Field(ge=0)
     borrowing_limit: int | None = Field(default=None, ge=0)  # None = unlimited
@@ -331,6 +326,59 @@ class FlavorQuota(_Strict):
         if self.lending_limit is not None and self.lending_limit > self.nominal:
             raise ValueError(f"lending_limit {self.lending_limit} exceeds nominal {self.nominal}")
         return self
+
+
+class CohortQuota(_Strict):
+    """A cohort's own quota per GPU model (Kueue Cohort `resourceGroups`): `nominal` is a shared pool on top of
+    the members' quotas; `borrowing_limit` bounds what the cohort's subtree may take from its parent's, and
+    `lending_limit` what it lends to it (both only for a cohort with a parent, as in Kueue). Unlike a queue's,
+    a cohort's lending limit counts its whole subtree's quota (Kueue's SubtreeQuota), not just `nominal`."""
+
+    nominal: int = Field(default=0, ge=0)
+    borrowing_limit: int | None = Field(default=None, ge=0)  # None = unlimited
+    lending_limit: int | None = Field(default=None, ge=0)  # None = the whole subtree's unused quota is lendable
+
+
+class Cohort(_Strict):
+    """A cohort pools its members' unused quota. With `parent` it is a node of a cohort tree (Kueue KEP-79
+    hierarchical cohorts): what its subtree lends flows up to the parent, and its members may borrow from the
+    whole tree, within the borrowing and lending limits of every cohort on the way."""
+
+    name: str
+    parent: str | None = None
+    quotas: dict[str, CohortQuota] = Field(default_factory=dict)
+
+
+class FairSharingStrategy(StrEnum):
+    """Kueue `fairSharing.preemptionStrategies` (KEP-1714 rules S2-a and S2-b)."""
+
+    LESS_THAN_OR_EQUAL_TO_FINAL_SHARE = "LessThanOrEqualToFinalShare"
+    LESS_THAN_INITIAL_SHARE = "LessThanInitialShare"
+
+
+_FAIR_STRATEGY_LISTS = (
+    (FairSharingStrategy.LESS_THAN_OR_EQUAL_TO_FINAL_SHARE,),
+    (FairSharingStrategy.LESS_THAN_INITIAL_SHARE,),
+    (FairSharingStrategy.LESS_THAN_OR_EQUAL_TO_FINAL_SHARE, FairSharingStrategy.LESS_THAN_INITIAL_SHARE),
+)
+
+
+class FairSharing(_Strict):
+    """Kueue's `fairSharing` configuration: with `preemption: true`, a job that must borrow and finds too little
+    lendable may preempt other queues' borrowers when the strategies say its queue's share (after admitting it)
+    is not above theirs (docs/admission.md). Off by default: borrowers are then only taken back by reclaim."""
+
+    preemption: bool = False
+    preemption_strategies: tuple[FairSharingStrategy, ...] = (
+        FairSharingStrategy.LESS_THAN_OR_EQUAL_TO_FINAL_SHARE, FairSharingStrategy.LESS_THAN_INITIAL_SHARE)
+
+    @field_validator("preemption_strategies")
+    @classmethod
+    def _strategies(cls, v: tuple[FairSharingStrategy, ...]) -> tuple[FairSharingStrategy, ...]:
+        if v not in _FAIR_STRATEGY_LISTS:
+            raise ValueError("preemption_strategies must be [LessThanOrEqualToFinalShare], [LessThanInitialShare] "
+                             "or [LessThanOrEqualToFinalShare, LessThanInitialShare] (as in Kueue)")
+        return v
 
 
 class PreemptionPolicy(StrEnum):
@@ -485,6 +533,7 @@ class QueuesConfig(_Strict):
     gpu_flavors: dict[str, GpuFlavor] = Field(default_factory=dict)
     default_priority_class: str | None = None
     governance: Governance = Governance()
+    fair_sharing: FairSharing = FairSharing()
     # Kubernetes: namespace -> team and queues; a pod template's priorityClassName -> gpuq priority class.
     namespaces: tuple[NamespaceMapping, ...] = ()
     kubernetes_priority_classes: dict[str, str] = Field(default_factory=dict)
@@ -502,6 +551,7 @@ class QueuesConfig(_Strict):
         for i, q in enumerate(self.queues):
             if q.cohort is not None and q.cohort not in cohorts:
                 problems.append(f"queues[{i}] ({q.name}): cohort {q.cohort!r} is not declared under cohorts")
+        problems.extend(_cohort_tree_problems(self.cohorts))
         if self.default_priority_class and self.default_priority_class not in self.priority_class_map:
             problems.append(f"default_priority_class {self.default_priority_class!r} is not a priority class")
         policies = [("governance.default", self.governance.default),
@@ -541,6 +591,23 @@ class QueuesConfig(_Strict):
         return {q.name: q for q in self.queues}
 
     @cached_property
+    def cohort_roots(self) -> dict[str, str]:
+        """Cohort -> the root of its cohort tree (itself when it has no parent). Queues under one root share
+        quota: reclaim, sharding and fair sharing work per root."""
+        parent = {c.name: c.parent for c in self.cohorts}
+        roots: dict[str, str] = {}
+        for c in parent:
+            node, seen = c, {c}
+            while (p := parent.get(node)) is not None and p not in seen:
+                seen.add(p)
+                node = p
+            roots[c] = node
+        return roots
+
+    def cohort_root(self, cohort: str | None) -> str | None:
+        return None if cohort is None else self.cohort_roots.get(cohort, cohort)
+
+    @cached_property
     def namespace_map(self) -> dict[str, NamespaceMapping]:
         return {n.name: n for n in self.namespaces}
 
@@ -567,14 +634,48 @@ class QueuesConfig(_Strict):
             if q.quotas and all(f.borrowing_limit == 0 for f in q.quotas.values()):
                 out.append(f"queue {q.name}: borrowing_limit is 0 for every flavor, so it can borrow nothing "
                            f"from cohort {q.cohort}")
+            # in a cohort tree it may still borrow from other cohorts or a cohort's own quota
+            root = self.cohort_root(q.cohort)
+            tree = any(c.parent is not None or c.quotas for c in self.cohorts if self.cohort_root(c.name) == root)
             peers = [p for p in self.queues if p.cohort == q.cohort and p.name != q.name]
-            if peers and all(f.lending_limit == 0 for p in peers for f in p.quotas.values()):
+            if peers and not tree and all(f.lending_limit == 0 for p in peers for f in p.quotas.values()):
                 out.append(f"queue {q.name}: every other queue of cohort {q.cohort} lends 0, "
                            "so it can borrow nothing")
         for p in self.priority_classes:
             if p.preemptible and p.name.startswith("prod"):
                 out.append(f"priority class {p.name} is preemptible: production work can be evicted")
         return out
+
+
+def _cohort_tree_problems(cohorts: tuple[Cohort, ...]) -> list[str]:
+    """Hierarchical cohorts: every parent is declared, the parent links form no cycle, and borrowing or lending
+    limits are set only on a cohort that has a parent (a root has nobody to borrow from or lend to)."""
+    problems: list[str] = []
+    parent = {c.name: c.parent for c in cohorts}
+    for i, c in enumerate(cohorts):
+        if c.parent is None:
+            limited = sorted(m for m, f in c.quotas.items()
+                             if f.borrowing_limit is not None or f.lending_limit is not None)
+            if limited:
+                problems.append(f"cohorts[{i}] ({c.name}): borrowing_limit/lending_limit on {', '.join(limited)} "
+                                "need a parent cohort (a root cohort has nobody to borrow from or lend to)")
+        elif c.parent == c.name:
+            problems.append(f"cohorts[{i}] ({c.name}): a cohort cannot be its own parent")
+        elif c.parent not in parent:
+            problems.append(f"cohorts[{i}] ({c.name}): parent {c.parent!r} is not declared under cohorts")
+    reported: set[str] = set()
+    for start in sorted(parent):
+        path = [start]
+        node = parent[start]
+        while node is not None and node in parent and node not in path and node != start:
+            path.append(node)
+            node = parent[node]
+        if node == start and len(path) > 1:
+            cycle = frozenset(path)
+            if not cycle & reported:
+                reported |= cycle
+                problems.append("cohort parents form a cycle: " + " -> ".join([*path, start]))
+    return problems
 
 
 # --------------------------------------------------------------------------- loading

@@ -63,7 +63,7 @@ class Shard:
     def queues(self, config: QueuesConfig) -> list[str]:
         """The configured queues this instance owns, sorted."""
         return sorted(q.name for q in config.queues
-                      if self.cohorts is None or (q.cohort if q.cohort is not None else NO_COHORT) in self.cohorts)
+                      if self.cohorts is None or cohort_of(config, q.name) in self.cohorts)
 
     @property
     def owns_unknown_queues(self) -> bool:
@@ -100,5 +100,7 @@ class Shard:
 
 
 def cohort_of(config: QueuesConfig, queue: str) -> str:
+    """The shard of a queue: the root of its cohort tree (quota is shared across the whole tree), or `-`."""
     q = config.queue_map.get(queue)
-    return q.cohort if q is not None and q.cohort is not None else NO_COHORT
+    root = config.cohort_root(q.cohort) if q is not None else None
+    return root if root is not None else NO_COHORT

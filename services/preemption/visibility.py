@@ -45,10 +45,13 @@ def takers(job: RunningJob, config: QueuesConfig, usage: dict[str, dict[str, int
     if q is not None and q.preemption.within_queue is not PreemptionPolicy.NEVER:
         parts.append(f"higher-priority jobs of {job.queue} (priority > {job.priority})")
     if q is not None and q.cohort is not None and is_borrowing(job.queue, (), usage, config):
-        reclaimers = sorted(o.name for o in config.queues if o.cohort == q.cohort and o.name != job.queue
+        root = config.cohort_root(q.cohort)
+        reclaimers = sorted(o.name for o in config.queues
+                            if config.cohort_root(o.cohort) == root and o.name != job.queue
                             and o.preemption.reclaim_within_cohort is not PreemptionPolicy.NEVER)
         if reclaimers:
-            parts.append(f"queues reclaiming in cohort {q.cohort} ({', '.join(reclaimers)}): {job.queue} borrows")
+            where = f"cohort {q.cohort}" if root == q.cohort else f"cohort tree {root}"
+            parts.append(f"queues reclaiming in {where} ({', '.join(reclaimers)}): {job.queue} borrows")
     if job.kind.value == "inference":
         parts.append("never by training jobs")
     return "; ".join(parts) or "nobody (no queue policy allows it)"

@@ -25,6 +25,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Mapping
 
+from services.admission.core.fair_sharing import fair_victims
 from services.admission.core.model import (
     AdmissionDecision,
     AdmittedWorkload,
@@ -36,7 +37,7 @@ from services.admission.core.reclaim import own_candidates, reclaim_candidates
 from services.admission.core.resources import GpuOption, PodSetDemand, Signature
 from services.admission.core.state import AdmissionState, Entry
 from services.admission.core.statuses import PendingStatuses
-from shared.config import PreemptionPolicy, StopPolicy
+from shared.config import FairSharingStrategy, PreemptionPolicy, StopPolicy
 
 
 class _Fit:
@@ -126,7 +127,7 @@ class _Why(_LazyText):
                     text += f" and may borrow at most {limit}"
                 text += f"; cohort {qq.cohort} has {max(0, book.cohort_available(qq.cohort, r))} lendable"
                 if used + total <= nominal:
-                    lent = sum(book.borrowed(o, r) for o in book.cohort_members[qq.cohort] if o != q)
+                    lent = sum(book.borrowed(o, r) for o in book.pool_members.get(qq.pool or '', ()) if o != q)
                     text += f", {lent} borrowed by other queues"
             parts.append(text)
         return " | ".join(parts)
@@ -230,6 +231,12 @@ class _Cycle:
         self.refused: dict[str, list[Entry]] = {}  # queue -> the jobs whose borrowing was refused in this pass
         self.admitted_since_refusal = 0
         self.lowest_own: dict[str, float] = {}  # queue -> lowest priority of its admitted preemptible jobs
+        # fair-sharing preemption (opt-in, core/fair_sharing.py): replaces borrow_within_cohort, as in Kueue
+        fair = state.config.fair_sharing
+        self.fair_strategies = fair.preemption_strategies if fair.preemption else None
+        # queue -> its first job that must borrow and found too little lendable: asked for after the admissions,
+        # when what is left is known (an admission later in the cycle could take the room its victims free)
+        self.fair_deferred: dict[str, tuple[QueueQuota, Entry, _NoFit, dict[str, int]]] = {}
 
     # ------------------------------------------------------------------ phases
 
@@ -272,6 +279,12 @@ class _Cycle:
         for q, lst in saved.items():  # back to the queues' own lists, for phase 6
             self.lists[q] = lst
             self.idx[q] = len(lst)
+        # 5b fair-sharing preemption, against the usage the admissions left
+        for q in sorted(self.fair_deferred):
+            assert self.fair_strategies is not None  # deferred only when fair sharing is on
+            qq, e, result, request = self.fair_deferred[q]
+            if e.admitted is None:
+                self._fair_preempt(qq, e, result, request, self.fair_strategies)
         # 6 requeue
         self._requeue()
         return self.decision
@@ -406,8 +419,8 @@ class _Cycle:
         self.state._admit(e, a)
         self.admitted_queues.add(qq.name)
         self.scope_admitted.add(qq.scope)
-        if qq.cohort is not None:
-            self.cohort_version[qq.cohort] = self.cohort_version.get(qq.cohort, 0) + 1
+        if qq.pool is not None:
+            self.cohort_version[qq.pool] = self.cohort_version.get(qq.pool, 0) + 1
         cap = self.cap_left
         if cap is not None:
             for r, amount in fit.usage.items():
@@ -451,8 +464,8 @@ class _Cycle:
         (`reclaim_within_cohort: Never`; `LowerPriority` and this job's priority is not below the lender's
         highest pending one; or this job is not preemptible). It may still borrow what other lenders lend.
         The message when refused, else None."""
-        cohort = qq.cohort
-        if cohort is None:
+        cohort = qq.pool  # the lenders of the whole cohort tree
+        if cohort is None or qq.cohort is None:
             return None
         lenders = self._waiting_lenders(cohort)
         if not lenders:
@@ -473,6 +486,12 @@ class _Cycle:
             for lender, priority, policy, unused in unused_by.get(r, ()):
                 if lender == q:
                     continue
+                if not book.flat:  # in a cohort tree, only what can reach this queue is held back from it
+                    cap = book.tree.lend_cap(book.queues[lender].cohort or "", qq.cohort, r)
+                    if cap is not None:
+                        unused = min(unused, cap)
+                        if unused <= 0:
+                            continue
                 if e.preemptible and (policy is PreemptionPolicy.ANY or (
                         policy is PreemptionPolicy.LOWER_PRIORITY and e.priority < priority)):
                     continue  # the lender could take it back when it needs it
@@ -481,9 +500,9 @@ class _Cycle:
             if not held:
                 continue
             own_unused = max(0, nominal - guaranteed - max(0, used - guaranteed))
-            lendable = book.cohort_available(cohort, r) - own_unused - held
+            lendable = book.cohort_available(qq.cohort, r) - own_unused - held
             if borrowed > lendable:
-                return (f"needs to borrow {borrowed} {r}; cohort {cohort} could lend {max(0, lendable)} without "
+                return (f"needs to borrow {borrowed} {r}; cohort {qq.cohort} could lend {max(0, lendable)} without "
                         f"the {held} unused {r} of {', '.join(holders)}, which have jobs waiting and could not "
                         f"take a loan to this job back (reclaim_within_cohort)")
         return None
@@ -512,7 +531,7 @@ class _Cycle:
         """Did the waiting lenders (who, what they are owed, what they still lend) of the cohorts where borrowing
         was refused change since? Only then can a refusal turn into an admission. Recomputes them."""
         changed = False
-        cohorts = {c for q in self.refused_at if (c := self.book.queues[q].cohort) is not None}
+        cohorts = {c for q in self.refused_at if (c := self.book.queues[q].pool) is not None}
         for cohort in sorted(cohorts):
             before = self.waiting_lenders.pop(cohort, None)
             before_use = self.lender_usage.get(cohort)
@@ -535,7 +554,7 @@ class _Cycle:
         if found is not None:
             return found
         found = []
-        for member in self.book.cohort_members.get(cohort, ()):
+        for member in self.book.pool_members.get(cohort, ()):
             mq = self.book.queues.get(member)
             if mq is None or mq.held:  # a held queue admits nothing, so it is owed nothing back yet
                 continue
@@ -700,7 +719,8 @@ class _Cycle:
         limit = qq.borrowing_limit[r]
         if limit is not None and used + total > nominal + limit:
             return _NoFit(Reason.WAITING_FOR_QUOTA, message, None, own)
-        borrow = self._first_request(qq, sig) if qq.borrow_threshold is not None else None
+        borrow = (self._first_request(qq, sig)
+                  if qq.borrow_threshold is not None or (self.fair_strategies and qq.can_reclaim) else None)
         return _NoFit(Reason.WAITING_FOR_BORROWABLE_QUOTA, message, None, own, borrow)
 
     def _first_request(self, qq: QueueQuota, sig: Signature) -> dict[str, int]:
@@ -753,9 +773,12 @@ class _Cycle:
             if result.own is not None and qq.can_preempt_within:
                 self._preempt_within(qq, e, result, result.own)
             if result.borrow is not None and self.preempting.get(qq.name) != e.job_id:
-                self._borrow_within(qq, e, result, result.borrow)
+                if self.fair_strategies:
+                    self.fair_deferred.setdefault(qq.name, (qq, e, result, result.borrow))
+                else:
+                    self._borrow_within(qq, e, result, result.borrow)
             return
-        q, cohort = qq.name, qq.cohort
+        q, cohort = qq.name, qq.pool
         # memoised per (priority, resources needed): a deep queue fails many jobs against the same borrowers
         key = (q, e.priority, tuple(result.need), self.cohort_version.get(cohort, 0))
         candidates = self.reclaim_memo.get(key)
@@ -823,7 +846,7 @@ class _Cycle:
             result.settle(e.priority, e.reason, result.message)
             return
         first = self.preempting.get(q)
-        pledge = self.pledges.get(qq.cohort) if qq.cohort is not None else None
+        pledge = self.pledges.get(qq.pool) if qq.pool is not None else None
         if first is None and pledge is not None:
             first = pledge.first.get(q)
         if first is not None:
@@ -859,8 +882,8 @@ class _Cycle:
             return
         self.preempting[q] = e.job_id
         if borrowers:
-            assert qq.cohort is not None  # can_reclaim: only queues in a cohort reclaim
-            pledge = self.pledges.setdefault(qq.cohort, _Pledge())
+            assert qq.pool is not None  # can_reclaim: only queues in a cohort reclaim
+            pledge = self.pledges.setdefault(qq.pool, _Pledge())
             pledge.first.setdefault(q, e.job_id)
             pledge.victims.update(borrowers)
         reason = Reason.RECLAIM_QUOTA if borrowers else Reason.PRIORITY_PREEMPTION
@@ -877,7 +900,7 @@ class _Cycle:
         cohort, may preempt other queues' borrowers of strictly lower priority, at most the queue's
         `max_priority_threshold`, to get the room it borrows. Such victims, requeued, cannot take it back (lower
         priority). One such request per queue and cycle, like within-queue preemption."""
-        q, cohort = qq.name, qq.cohort
+        q, cohort = qq.name, qq.pool
         assert cohort is not None and qq.borrow_threshold is not None  # set only for queues that can reclaim
         pledge = self.pledges.setdefault(cohort, _Pledge())
         first = self.preempting.get(q) or pledge.first.get(q)
@@ -907,6 +930,43 @@ class _Cycle:
         e.reason = Reason.WAITING_FOR_RECLAIM
         e.message = _Then(result.message, f"preemption of {text} requested from {len(candidates)} lower-priority "
                           "borrowing job(s) in order to borrow (borrow_within_cohort)")
+
+    def _fair_preempt(self, qq: QueueQuota, e: Entry, result: _NoFit, request: Mapping[str, int],
+                      strategies: tuple[FairSharingStrategy, ...]) -> None:
+        """Fair-sharing preemption (core/fair_sharing.py): a job that must borrow and finds too little lendable
+        asks other queues' borrowers to make room when the strategies say its queue's share, with it admitted,
+        is not above theirs. One such request per queue and cycle, like within-queue preemption."""
+        q, pool = qq.name, qq.pool
+        assert pool is not None  # only queues in a cohort borrow
+        pledge = self.pledges.setdefault(pool, _Pledge())
+        first = self.preempting.get(q) or pledge.first.get(q)
+        if first is not None:
+            e.message = _Then(result.message, f"waits behind this queue's preemption for {first}")
+            return
+        book = self.book
+        need = {r: n - max(0, book.available(qq, r)) for r, n in request.items()
+                if n - max(0, book.available(qq, r)) > 0}
+        if not need:
+            return
+        found = reclaim_candidates(self.state, qq, e.priority, need)
+        # not above the preemptor's priority (even under `Any`): the admission order puts priority before the
+        # fair share, so a higher-priority victim would take its room back at the next cycle
+        free = [c for c in found if c not in pledge.victims and (self.state.priority(c) or 0) <= e.priority]
+        victims = fair_victims(self.state, qq, request, free, strategies) if free else ()
+        if not victims:
+            e.message = _Then(result.message, "no borrower is above this queue's fair share with the job admitted "
+                              f"(fair_sharing: {', '.join(s.value for s in strategies)})")
+            return
+        self.preempting[q] = e.job_id
+        pledge.first.setdefault(q, e.job_id)
+        pledge.victims.update(victims)
+        # max_victim_priority: the preemption core holds it to the same bound (the preemptor borrows)
+        self.scope_reclaims.setdefault(qq.scope, []).append(ReclaimRequest(
+            preemptor=e.job_id, queue=q, need=need, candidates=victims, max_victim_priority=e.priority))
+        text = ", ".join(f"{n} {r}" for r, n in need.items())
+        e.reason = Reason.WAITING_FOR_RECLAIM
+        e.message = _Then(result.message, f"preemption of {text} requested from {len(victims)} job(s) of queues "
+                          "above their fair share (fair_sharing)")
 
     @staticmethod
     def _message(result: _NoFit, variant: str, build: Callable[[], _LazyText]) -> _LazyText:

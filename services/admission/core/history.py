@@ -25,7 +25,7 @@ def historic_share(book: QuotaBook, qq: QueueQuota, decayed_gpu_s: Mapping[str, 
     if qq.cohort is None or half_life_s <= 0 or not decayed_gpu_s:
         return 0.0
     tau = half_life_s / math.log(2)
-    lendable = book.cohort_lendable[qq.cohort]
+    lendable = book.share_pool[qq.cohort]
     score = 0.0
     for r in sorted(decayed_gpu_s):
         borrowed = decayed_gpu_s[r] / tau - qq.nominal.get(r, 0)

@@ -8,14 +8,22 @@ Per queue q and resource r (Kueue pkg/cache resource_node.go, `available()`):
   A queue without cohort has available = N - U and can never borrow.
 A request fits if it is <= available; it borrows if U + request > N. Because the cohort only ever hands out
 `lendable_c`, what others borrow from a queue never exceeds its lending limit, and usage never exceeds
-N + B. Everything is integers. The data model keeps `Cohort.parent` open for hierarchy: only the cohort
-aggregates would become a tree walk.
+N + B. Everything is integers.
+
+Hierarchical cohorts (Kueue KEP-79, resource_node.go `available()`/`addUsage()`): a cohort with a parent is a
+node like a queue, with its subtree's quota S (core/cohort_tree.py), its local part Lc (kept from its parent
+by a lending limit), its own borrowing limit, and its usage U_c = sum over children of max(0, U_k - local_k).
+  available(root c)  = S_c - U_c
+  available(child c) = max(0, Lc - U_c) + min(available(parent), S_c - Lc - max(0, U_c - Lc) + B_c)
+and a queue's available is the formula above with `lendable_c - used_c` replaced by available(its cohort).
+A flat cohort is a root without quota of its own (S = lendable, U = used): the same numbers as before.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from services.admission.core.cohort_tree import CohortTree
 from services.admission.core.resources import GpuOption, base_model, quota_models
 from shared.config import PreemptionPolicy, QueueConfig, QueueingStrategy, QueuesConfig, StopPolicy
 
@@ -38,6 +46,7 @@ class QueueQuota:
         "models",
         "name",
         "nominal",
+        "pool",
         "reclaim_policy",
         "scope",
         "strict_fifo",
@@ -46,12 +55,14 @@ class QueueQuota:
         "weight",
     )
 
-    def __init__(self, q: QueueConfig):
+    def __init__(self, q: QueueConfig, root: str | None = None):
         self.config = q
         self.name = q.name
         self.cohort = q.cohort
-        # what an admission elsewhere can change for this queue: its cohort's pool, or only itself
-        self.scope = f"cohort/{q.cohort}" if q.cohort is not None else f"queue/{q.name}"
+        # the root of its cohort tree (its cohort when flat): every queue under it shares quota with it
+        self.pool = root if root is not None else q.cohort
+        # what an admission elsewhere can change for this queue: its cohort tree's pool, or only itself
+        self.scope = f"cohort/{self.pool}" if self.pool is not None else f"queue/{q.name}"
         self.nominal = {r: f.nominal for r, f in q.quotas.items()}
         self.guaranteed = {r: (f.nominal - f.lending_limit if f.lending_limit is not None else 0)
                            for r, f in q.quotas.items()}
@@ -86,19 +97,33 @@ class QuotaBook:
 
     def __init__(self, config: QueuesConfig):
         self.config = config
-        self.queues: dict[str, QueueQuota] = {q.name: QueueQuota(q) for q in config.queues}
-        self.cohort_members: dict[str, tuple[str, ...]] = {}
+        self.tree = CohortTree(config)
+        self.flat = self.tree.is_flat()
+        roots = self.tree.root
+        self.queues: dict[str, QueueQuota] = {q.name: QueueQuota(q, roots.get(q.cohort) if q.cohort else None)
+                                              for q in config.queues}
+        self.cohort_members: dict[str, tuple[str, ...]] = {}  # cohort -> its own queues
+        self.pool_members: dict[str, tuple[str, ...]] = {}  # root cohort -> every queue of its tree
         for q in sorted(self.queues):
-            c = self.queues[q].cohort
-            if c is not None:
-                self.cohort_members[c] = (*self.cohort_members.get(c, ()), q)
-        self.cohort_lendable: dict[str, dict[str, int]] = {c: {} for c in self.cohort_members}
-        self.cohort_used: dict[str, dict[str, int]] = {c: {} for c in self.cohort_members}
-        for qq in self.queues.values():
-            if qq.cohort is not None:
-                lend = self.cohort_lendable[qq.cohort]
-                for r, n in qq.nominal.items():
-                    lend[r] = lend.get(r, 0) + n - qq.guaranteed[r]
+            qq = self.queues[q]
+            if qq.cohort is not None and qq.pool is not None:
+                self.cohort_members[qq.cohort] = (*self.cohort_members.get(qq.cohort, ()), q)
+                self.pool_members[qq.pool] = (*self.pool_members.get(qq.pool, ()), q)
+        if self.flat:
+            self.cohort_lendable: dict[str, dict[str, int]] = {c: {} for c in self.cohort_members}
+            for qq in self.queues.values():
+                if qq.cohort is not None:
+                    lend = self.cohort_lendable[qq.cohort]
+                    for r, n in qq.nominal.items():
+                        lend[r] = lend.get(r, 0) + n - qq.guaranteed[r]
+        else:
+            # every declared cohort is a node (an inner one may have no queue of its own); subtree quota
+            self.cohort_lendable = {c: dict(v) for c, v in self.tree.subtree.items()}
+        self.cohort_used: dict[str, dict[str, int]] = {c: {} for c in self.cohort_lendable}
+        # per cohort, what a member's borrowing is measured against in the fair share (Kueue calculateLendable:
+        # the cohort's potentialAvailable; for a flat cohort its lendable)
+        self.share_pool: dict[str, dict[str, int]] = (self.cohort_lendable if self.flat
+                                                      else {c: dict(v) for c, v in self.tree.potential.items()})
         # usage survives for queues that a config change deleted (admitted jobs stay admitted)
         self.usage: dict[str, dict[str, int]] = {q: {} for q in self.queues}
         self.running: dict[str, int] = dict.fromkeys(self.queues, 0)
@@ -113,17 +138,39 @@ class QuotaBook:
         own = self.usage.setdefault(queue, {})
         qq = self.queues.get(queue)
         cohort_used = None
+        cohort = ""
         guaranteed: Mapping[str, int] = {}
         if qq is not None and qq.cohort is not None:
-            cohort_used, guaranteed = self.cohort_used[qq.cohort], qq.guaranteed
+            cohort = qq.cohort
+            cohort_used, guaranteed = self.cohort_used[cohort], qq.guaranteed
         for r, amount in usage.items():
             old = own.get(r, 0)
             new = old + sign * amount
             own[r] = new
             if cohort_used is not None:
                 g = guaranteed.get(r, 0)
-                cohort_used[r] = cohort_used.get(r, 0) + max(0, new - g) - max(0, old - g)
+                delta = max(0, new - g) - max(0, old - g)
+                cohort_used[r] = cohort_used.get(r, 0) + delta
+                if delta and not self.flat:
+                    self._bubble(cohort, r, delta)
         self.running[queue] = self.running.get(queue, 0) + sign
+
+    def _bubble(self, cohort: str, r: str, delta: int) -> None:
+        """Kueue addUsage/removeUsage: a cohort's usage past its local quota is usage of its parent."""
+        tree = self.tree
+        node = cohort
+        while delta:
+            parent = tree.parent[node]
+            if parent is None:
+                return
+            new = self.cohort_used[node].get(r, 0)
+            old = new - delta
+            local = tree.local[node].get(r, 0)
+            delta = max(0, new - local) - max(0, old - local)
+            if delta:
+                pu = self.cohort_used[parent]
+                pu[r] = pu.get(r, 0) + delta
+            node = parent
 
     # ------------------------------------------------------------------ arithmetic
 
@@ -135,8 +182,21 @@ class QuotaBook:
         return self.usage.get(queue, {}).get(r, 0)
 
     def cohort_available(self, cohort: str, r: str) -> int:
-        """Unused lendable quota left in the cohort's pool."""
-        return self.cohort_lendable[cohort].get(r, 0) - self.cohort_used[cohort].get(r, 0)
+        """Unused lendable quota left in the cohort's pool (in a tree: what its members may draw from it,
+        its ancestors' limits and usage included)."""
+        avail = self.cohort_lendable[cohort].get(r, 0) - self.cohort_used[cohort].get(r, 0)
+        if self.flat:
+            return avail
+        parent = self.tree.parent[cohort]
+        if parent is None:
+            return avail
+        local = self.tree.local[cohort].get(r, 0)
+        used = self.cohort_used[cohort].get(r, 0)
+        above = self.cohort_available(parent, r)
+        b = self.tree.borrowing_limit[cohort].get(r)
+        if b is not None:
+            above = min(above, self.cohort_lendable[cohort].get(r, 0) - local - max(0, used - local) + b)
+        return max(0, local - used) + above
 
     def available(self, qq: QueueQuota, r: str) -> int:
         n = qq.nominal.get(r)
@@ -146,7 +206,8 @@ class QuotaBook:
         if qq.cohort is None:
             return n - u
         g = qq.guaranteed[r]
-        parent = self.cohort_lendable[qq.cohort].get(r, 0) - self.cohort_used[qq.cohort].get(r, 0)
+        parent = (self.cohort_lendable[qq.cohort].get(r, 0) - self.cohort_used[qq.cohort].get(r, 0) if self.flat
+                  else self.cohort_available(qq.cohort, r))
         b = qq.borrowing_limit[r]
         if b is not None:
             parent = min(parent, (n - g) - max(0, u - g) + b)
@@ -160,7 +221,7 @@ class QuotaBook:
         if qq.cohort is None:
             return n
         g = qq.guaranteed[r]
-        parent = self.cohort_lendable[qq.cohort].get(r, 0)
+        parent = self.share_pool[qq.cohort].get(r, 0)
         b = qq.borrowing_limit[r]
         if b is not None:
             parent = min(parent, (n - g) + b)
@@ -177,7 +238,7 @@ class QuotaBook:
         if qq.cohort is None:
             return 0.0
         own = self.usage[qq.name]
-        lendable = self.cohort_lendable[qq.cohort]
+        lendable = self.share_pool[qq.cohort]
         drs = 0.0
         for r in _union(own, extra):
             borrowed = own.get(r, 0) + extra.get(r, 0) - qq.nominal.get(r, 0)

@@ -1,12 +1,12 @@
 """Reclaim: a queue under its nominal quota whose pending job does not fit because others borrowed names the
 borrowers' jobs that could give the quota back (PreemptionRequested with reason `ReclaimQuota`).
 
-Candidates (Kueue preemption/common/ordering.go, restricted to reclaim): admitted jobs of the *other* queues of
-the cohort that are above their nominal quota on a resource the preemptor needs, that use that resource and are
-preemptible; under `reclaim_within_cohort: LowerPriority` only jobs of strictly lower priority than the
-preemptor, under `Any` every such job. Ordered lowest priority first, then most recently admitted first (least
-work lost), then job id. The preemption service chooses the minimal set among them (protection windows,
-checkpoints); listing them all keeps that choice in one place.
+Candidates (Kueue preemption/common/ordering.go, restricted to reclaim): admitted jobs of the *other* queues of the
+cohort tree (Kueue: the root's SubtreeClusterQueues) that are above their nominal quota on a resource the preemptor
+needs, that use that resource and are preemptible; under `reclaim_within_cohort: LowerPriority` only jobs of
+strictly lower priority than the preemptor, under `Any` every such job. Ordered lowest priority first, then most
+recently admitted first (least work lost), then job id. The preemption service chooses the minimal set among them
+(protection windows, checkpoints); listing them all keeps that choice in one place.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def reclaim_candidates(state: AdmissionState, qq: QueueQuota, priority: int,
     book = state._book
     lower_only = qq.reclaim_policy is PreemptionPolicy.LOWER_PRIORITY
     found = []
-    for other in book.cohort_members.get(qq.cohort, ()):
+    for other in book.pool_members.get(qq.pool, ()) if qq.pool is not None else ():  # the whole cohort tree
         if other == qq.name:
             continue
         over = [r for r in sorted(need) if book.used(other, r) > book.nominal(other, r)]

@@ -44,7 +44,7 @@ def _lent(book: QuotaBook) -> dict[str, dict[str, int]]:
     per resource is attributed to the lenders in proportion to their unused lendable quota (largest remainder,
     ties by queue name), integers only."""
     out: dict[str, dict[str, int]] = {}
-    for members in (book.cohort_members[c] for c in sorted(book.cohort_members)):
+    for members in (book.pool_members[c] for c in sorted(book.pool_members)):  # a cohort tree pools
         resources = sorted({r for q in members for r in book.queues[q].nominal})
         for r in resources:
             borrowed = sum(book.borrowed(q, r) for q in members)

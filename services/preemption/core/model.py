@@ -99,7 +99,8 @@ class Preemptor:
     # quota resource -> the part of `need` that must come from the preemptor's own queue (admission's
     # within-queue preemption, alone or with a reclaim in the same decision)
     own_need: Mapping[str, int] = field(default_factory=dict)
-    # borrow_within_cohort: the preemptor borrows, so other queues' victims must have at most this priority
+    # borrow_within_cohort, fair-sharing preemption: the preemptor borrows, so other queues' victims must have at
+    # most this priority
     max_victim_priority: int | None = None
 
     @property

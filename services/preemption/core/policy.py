@@ -3,7 +3,7 @@
 Order of the checks (first failing rule is reported, so the reason a user sees is the most fundamental one):
   1 class      production never; non-preemptible classes never (JobSpec.preemptible overrides the class)
   2 kind       training never preempts inference
-  3 queue      same queue: the preemptor queue's `within_queue`; other queue: same cohort, the victim's
+  3 queue      same queue: the preemptor queue's `within_queue`; other queue: same cohort tree, the victim's
                queue above its nominal quota on a resource the preemptor needs (a borrower), and the
                preemptor queue's `reclaim_within_cohort`; ReclaimQuota takes from its own queue only when
                admission asked for that part too (`own_need`: preempt in the queue and reclaim together)
@@ -13,8 +13,10 @@ Order of the checks (first failing rule is reported, so the reason a user sees i
                (started_at + max_runtime_s) — Slurm's PreemptExemptTime and KAI's minimum runtime, plus
                the end-of-run protection Kueue lacks
   6 lost work  priority preemption only: not when it would lose more than `max_victim_loss_s` of its run.
-               Never for ReclaimQuota: reclaiming nominal quota is a guarantee the bound must not veto (the
-               risk is controlled where it is taken, at borrowing time: `max_unsafe_borrow_runtime_s`)
+               Never for ReclaimQuota of nominal quota: that is a guarantee the bound must not veto (the
+               risk is controlled where it is taken, at borrowing time: `max_unsafe_borrow_runtime_s`); a
+               ReclaimQuota whose preemptor borrows (`max_victim_priority` set: borrow_within_cohort, fair
+               sharing) reclaims no guarantee and keeps the bound
 """
 
 from __future__ import annotations
@@ -104,7 +106,8 @@ def victim_verdict(preemptor: Preemptor, job: RunningJob, config: QueuesConfig,
             return Why.WITHIN_QUEUE_NEVER
     else:
         vq = config.queue_map.get(job.queue)
-        if pq.cohort is None or vq is None or vq.cohort != pq.cohort:
+        # same cohort tree (a flat cohort is its own root): quota flows, and is reclaimed, across the tree
+        if pq.cohort is None or vq is None or config.cohort_root(vq.cohort) != config.cohort_root(pq.cohort):
             return Why.OTHER_COHORT
         if pq.preemption.reclaim_within_cohort is PreemptionPolicy.NEVER:
             return Why.RECLAIM_NEVER
@@ -118,7 +121,10 @@ def victim_verdict(preemptor: Preemptor, job: RunningJob, config: QueuesConfig,
     window = protection(job, now, config.policy.protection_window_s)
     if window is not None:
         return window[0]
-    if (preemptor.reason != RECLAIM or job.queue == preemptor.queue) and exceeds_loss_bound(job, config, now):
+    # a preemptor that borrows (borrow_within_cohort, fair sharing: max_victim_priority set) reclaims no
+    # guarantee, so the bound holds for its victims as for a priority preemption's
+    reclaims_nominal = preemptor.reason == RECLAIM and preemptor.max_victim_priority is None
+    if (not reclaims_nominal or job.queue == preemptor.queue) and exceeds_loss_bound(job, config, now):
         # Preempting it would throw away more than `max_victim_loss_s` of its run (it cannot checkpoint, or
         # its last checkpoint is old): a priority preemptor waits for capacity instead. A reclaim of nominal
         # quota is never vetoed by the bound (the lender was promised its quota back); there the lost work

@@ -157,3 +157,43 @@ async def status_of(conn: asyncpg.Connection, job_id: str) -> str | None:
 
 async def _position(conn: asyncpg.Connection, job_id: str) -> int | None:
     return await conn.fetchval("SELECT position_in_queue FROM admission.jobs WHERE job_id = $1", job_id)
+
+
+def tree_queues(cycle: bool = False) -> dict:
+    """team-a in cohort vision, an idle lender in the sibling cohort speech, both under org (or a cycle)."""
+    cohorts = [{"name": "org", "parent": "speech" if cycle else None},
+               {"name": "vision", "parent": "org"}, {"name": "speech", "parent": "org"}]
+    return {"priority_classes": [{"name": "normal", "value": 100}], "cohorts": cohorts,
+            "queues": [{"name": "team-a", "teams": ["team-a"], "cohort": "vision", "quotas": {"H100": {"nominal": 8}}},
+                       {"name": "lender", "cohort": "speech", "quotas": {"H100": {"nominal": 8}}}]}
+
+
+async def test_a_cohort_tree_applied_at_runtime_lets_a_queue_borrow_from_a_sibling_cohort(
+        fresh: tuple[str, str]) -> None:
+    nats_url, database_url = fresh
+    pool = await create_pool(database_url)
+    conn = await asyncpg.connect(database_url)
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    svc = ServiceRuntime(AdmissionService(parse_queues(queues(8))).spec(), nats_url=nats_url, pool=pool,
+                         clock=ManualClock(), database_url=database_url)
+
+    async def status(job_id: str) -> str | None:
+        return await conn.fetchval("SELECT status FROM admission.jobs WHERE job_id = $1", job_id)
+
+    await svc.start()
+    try:
+        for job_id in ("j1", "j2"):
+            await js.publish(ns_subject("job.submitted.team-a"), submitted(job_id, 8))
+        await until(lambda: _eq(status("j2"), "pending"))
+        for doc in (tree_queues(cycle=True), tree_queues()):
+            await js.publish(ns_subject("queue.config_changed"), encode_event(make_event(
+                QueueConfigChanged(config=doc, changed_by="alice"), source="test", time=T0)))
+        await until(lambda: _eq(status("j2"), "admitted"))  # 8 of its own, 8 lent by speech through org
+        refused = await conn.fetchval("SELECT detail->>'error' FROM admission.audit WHERE action = 'config_refused'")
+        assert "cohort parents form a cycle" in refused
+    finally:
+        await svc.stop()
+        await nc.close()
+        await conn.close()
+        await pool.close()

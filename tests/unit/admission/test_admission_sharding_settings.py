@@ -57,3 +57,14 @@ def test_consumer_names_stay_valid_for_any_cohort_names() -> None:
     for shard in (odd, long):
         assert DURABLE_SAFE.match(shard.consumer_suffix) and len(shard.consumer_suffix) <= 20
     assert odd.consumer_suffix != Shard.of(["team.x"]).consumer_suffix
+
+
+def test_a_cohort_tree_is_served_by_the_instance_of_its_root() -> None:
+    tree = parse_queues({
+        "priority_classes": [{"name": "normal", "value": 100}],
+        "cohorts": [{"name": "org"}, {"name": "vision", "parent": "org"}, {"name": "cv", "parent": "vision"}],
+        "queues": [{"name": "q-org", "cohort": "org"}, {"name": "q-cv", "cohort": "cv"}],
+    }, "test")
+    assert cohort_of(tree, "q-cv") == "org"  # quota flows across the tree: one instance decides for all of it
+    assert Shard.of(["org"]).queues(tree) == ["q-cv", "q-org"]
+    assert Shard.of(["cv"]).queues(tree) == []

@@ -13,6 +13,7 @@ from services.preemption.core import (
     usage_by_queue,
     victim_verdict,
 )
+from shared.config import parse_queues
 from shared.domain import JobKind
 from tests.unit.preemption.builders import MODEL, World, queues, spec
 
@@ -246,3 +247,33 @@ def test_protection_ends_is_the_earliest_end_among_candidates_rejected_as_just_s
     assert protection_ends(w.running, {"younger": Why.NEAR_END}, NOW, 600) is None
     assert protection_ends(w.running, {"younger": Why.JUST_STARTED}, NOW, 600) == younger.started_at + 600
     assert protection_ends(w.running, {}, NOW, 600) is None
+
+
+def _tree_world() -> World:
+    """team-a and team-b in sibling child cohorts of one root; team-c in a tree of its own."""
+    data = queues(a_nominal=4, b_nominal=12).model_dump(mode="json")
+    data["cohorts"] = [{"name": "org"}, {"name": "vision", "parent": "org"}, {"name": "speech", "parent": "org"},
+                       {"name": "other"}]
+    data["queues"][0]["cohort"], data["queues"][1]["cohort"] = "vision", "speech"
+    data["queues"].append({**data["queues"][1], "name": "team-c", "cohort": "other"})
+    return World(parse_queues(data))
+
+
+def test_a_reclaim_takes_a_borrower_of_another_child_cohort_of_the_same_tree_only() -> None:
+    w = _tree_world()
+    a1 = w.run(spec("a1", queue="team-a", gpus=8), NOW - 5000)  # team-a uses 8 > nominal 4: borrows via org
+    lender = spec("lender", queue="team-b", klass="high", gpus=8)
+    assert verdict(w, lender, a1, RECLAIM, {MODEL: 8}) is None
+    stranger = spec("stranger", queue="team-c", klass="high", gpus=8)
+    assert verdict(w, stranger, a1, RECLAIM, {MODEL: 8}) == Why.OTHER_COHORT
+
+
+def test_the_unsaved_work_bound_holds_for_a_preemptor_that_borrows() -> None:
+    """borrow_within_cohort and fair-sharing requests (max_victim_priority set) reclaim no guarantee: a borrower
+    that would lose hours of unsaved work is left alone, as for a priority preemption."""
+    w = World(queues(max_loss=1800, a_nominal=4, b_nominal=4))
+    never_saved = w.run(spec("a-borrower", queue="team-a", gpus=8), NOW - 20_000)
+    borrower = spec("b-borrower", queue="team-b", klass="normal", gpus=8)
+    p = Preemptor(job_id="b-borrower", queue="team-b", priority=100, kind=borrower.kind, spec=borrower,
+                  reason=RECLAIM, need={MODEL: 4}, max_victim_priority=100)
+    assert victim_verdict(p, never_saved, w.config, usage_by_queue(w.running), NOW) == Why.TOO_MUCH_LOST_WORK
