@@ -637,8 +637,12 @@ class ServiceRuntime:
             try:
                 async with self.pool.acquire() as conn, conn.transaction():
                     await self._reload_if_stale(conn)
-                    yield Tx(conn=conn, now=self.clock.now(), source=self.source, schema=self.spec.schema,
-                             traceparent=traceparent, job_traces=self.job_traces)
+                    # Outbox rows are written together before the commit (a tick emitting many events, such as
+                    # utilisation samples or ETA updates, costs one round trip for them, not one per event).
+                    tx = Tx(conn=conn, now=self.clock.now(), source=self.source, schema=self.spec.schema,
+                            traceparent=traceparent, job_traces=self.job_traces, buffered=True)
+                    yield tx
+                    await tx.flush()
             except BaseException as exc:
                 self._stale = True
                 if isinstance(exc, LostLeadership):

@@ -35,7 +35,7 @@ from services.executor.core.attribution import Placements, units_by_node
 from services.executor.core.dcgm_series import Device
 from services.executor.dcgm import DcgmSource, degraded_nodes, ensure_health_table, with_health
 from services.executor.heartbeat import Heartbeat
-from services.executor.verify import verify_placement
+from services.executor.verify import SchedulerTables, verify_placement
 from shared.config import ClusterConfig, DcgmSettings
 from shared.domain import GpuBinding, JobSpec, NodeSpec
 from shared.events import (
@@ -134,6 +134,7 @@ def sim_placements(runs: list[tuple[JobSpec, list[GpuBinding]]]) -> Placements:
 
 class SimExecutor:
     def __init__(self, settings: SimExecutorSettings):
+        self.scheduler_tables = SchedulerTables()  # placements are checked against the scheduler's table
         self.settings = settings
         self.nodes = {n.name: n for n in settings.cluster.nodes(settings.cluster_dir)}
         self._last_sample: float | None = None
@@ -186,7 +187,7 @@ class SimExecutor:
     # ------------------------------------------------------------------ handlers
 
     async def on_placed(self, tx: Tx, event: CloudEvent, placed: JobPlaced) -> None:
-        await verify_placement(tx.conn, placed, cancelled_table="executor.cancelled")
+        await verify_placement(tx.conn, placed, cancelled_table="executor.cancelled", tables=self.scheduler_tables)
         spec = placed.spec
         nodes = sorted({b.node for b in placed.bindings})
         unknown = [n for n in nodes if n not in self.nodes]

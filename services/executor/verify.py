@@ -26,26 +26,52 @@ FORGED_TOKEN = "ForgedFencingToken"
 CANCELLED = "PlacementOfCancelledJob"
 
 
+class SchedulerTables:
+    """Whether the scheduler's tables were found in this executor's database (one per executor instance): from
+    then on a check is one query (tables are never dropped while the platform runs)."""
+
+    def __init__(self) -> None:
+        self.seen = False
+
+
 def _bindings_key(bindings: list[dict[str, object]]) -> list[tuple[str, str, tuple[int, ...], object]]:
     return sorted((str(b["pod"]), str(b["node"]), tuple(b.get("gpu_indices") or ()),  # type: ignore[arg-type]  # JSON list of ints
                    tuple(b["mig_slice"]) if b.get("mig_slice") else None) for b in bindings)  # type: ignore[arg-type]  # JSON pair
 
 
-async def verify_placement(conn: asyncpg.Connection, placed: JobPlaced, *, cancelled_table: str) -> None:
+async def verify_placement(conn: asyncpg.Connection, placed: JobPlaced, *, cancelled_table: str,
+                           tables: SchedulerTables | None = None) -> None:
     """Raise Refused unless `placed` is the scheduler's current placement of a job still to run.
-    `cancelled_table`: the executor's own record of jobs it heard were cancelled."""
+    `cancelled_table`: the executor's own record of jobs it heard were cancelled.
+
+    One round trip once the scheduler's tables exist (an executor runs before the scheduler ever did, e.g. on
+    its own in tests: then the tables are looked up first, and refusals name what is missing)."""
     job = placed.job_id
     if placed.fencing_token is None:
         raise Refused(UNFENCED, f"JobPlaced for {job} carries no fencing token: only the scheduler's leader places")
-    if await conn.fetchval(f"SELECT true FROM {cancelled_table} WHERE job_id = $1", job):
+    if tables is None or not tables.seen:
+        has_jobs, has_terms = await conn.fetchrow(
+            "SELECT to_regclass('scheduler.jobs') IS NOT NULL, to_regclass('scheduler.leader_terms') IS NOT NULL")
+        if not (has_jobs and has_terms):
+            if await conn.fetchval(f"SELECT true FROM {cancelled_table} WHERE job_id = $1", job):
+                raise Refused(CANCELLED, f"job {job} was cancelled; its placement is not run")
+            if not has_jobs:
+                raise Refused(UNKNOWN_JOB, f"JobPlaced for {job}: the scheduler has recorded no placement at all "
+                                           "here")
+            raise Refused(FORGED_TOKEN, f"JobPlaced for {job} carries fencing token {placed.fencing_token}, but "
+                                        "the scheduler's lease has granted no term")
+        if tables is not None:
+            tables.seen = True
+    row = await conn.fetchrow(
+        f"SELECT EXISTS (SELECT 1 FROM {cancelled_table} WHERE job_id = $1) AS cancelled, "
+        "(SELECT max(term) FROM scheduler.leader_terms) AS current, j.status, j.fencing_token, j.bindings, "
+        "j.job_id IS NOT NULL AS known "
+        "FROM (SELECT 1) AS one LEFT JOIN scheduler.jobs j ON j.job_id = $1", job)
+    if row["cancelled"]:
         raise Refused(CANCELLED, f"job {job} was cancelled; its placement is not run")
-    if not await conn.fetchval("SELECT to_regclass('scheduler.jobs') IS NOT NULL"):
-        raise Refused(UNKNOWN_JOB, f"JobPlaced for {job}: the scheduler has recorded no placement at all here")
-    row = await conn.fetchrow("SELECT status, fencing_token, bindings FROM scheduler.jobs WHERE job_id = $1", job)
-    if row is None:
+    if not row["known"]:
         raise Refused(UNKNOWN_JOB, f"JobPlaced for {job}, a job the scheduler never received from admission")
-    current = (await conn.fetchval("SELECT max(term) FROM scheduler.leader_terms")
-               if await conn.fetchval("SELECT to_regclass('scheduler.leader_terms') IS NOT NULL") else None)
+    current = row["current"]
     if current is None or placed.fencing_token > current:
         raise Refused(FORGED_TOKEN, f"JobPlaced for {job} carries fencing token {placed.fencing_token}, but the "
                                     f"scheduler's lease has granted terms up to {current} only")

@@ -55,7 +55,7 @@ from services.executor.kube.core.pods import (
 from services.executor.kube.core.workload import Finish, PodSetTemplate, WorkloadKind, all_kinds, kind_of
 from services.executor.kube.informer import Informer
 from services.executor.kube.notices import Notices
-from services.executor.verify import verify_placement
+from services.executor.verify import SchedulerTables, verify_placement
 from shared.config import ClusterConfig, DcgmSettings, KubernetesSource, QueuesConfig
 from shared.domain import GpuBinding, JobSpec, NodeSpec
 from shared.events import (
@@ -131,6 +131,7 @@ def _created_at(obj: dict[str, Any]) -> datetime | None:
 
 class KubeExecutor:
     def __init__(self, settings: KubeExecutorSettings, api: KubeApi):
+        self.scheduler_tables = SchedulerTables()  # placements are checked against the scheduler's table
         self.settings = settings
         self.cfg = settings.kube
         self.queues = settings.queues
@@ -378,7 +379,7 @@ class KubeExecutor:
     # ------------------------------------------------------------------ placement
 
     async def on_placed(self, tx: Tx, event: CloudEvent, placed: JobPlaced) -> None:
-        await verify_placement(tx.conn, placed, cancelled_table="executor.cancelled")
+        await verify_placement(tx.conn, placed, cancelled_table="executor.cancelled", tables=self.scheduler_tables)
         spec = placed.spec
         row = await tx.conn.fetchrow("SELECT * FROM executor.kube_jobs WHERE job_id = $1 FOR UPDATE", spec.job_id)
         if row is None:
