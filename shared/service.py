@@ -419,6 +419,7 @@ class ServiceRuntime:
         # The subscriptions of the handled types: a message on any other subject of a consumer's filter is acked
         # unread (routing on the subject, before any parsing).
         self.routes = tuple(sorted({cls.subscription() for cls in spec.handlers}))
+        self._routed: dict[str, bool] = {}
         self._inbox_prefix = f"{inbox_prefix_for(nats_url)}.".encode()  # the pull requests' replies
 
     # ------------------------------------------------------------------ lifecycle
@@ -761,7 +762,12 @@ class ServiceRuntime:
     def routed(self, subject: str) -> bool:
         """Does a handler of this service take events on `subject`? (Read from the subject alone: a message on a
         subject no handler takes is acked without parsing its body.)"""
-        return any(matches(pattern, subject) for pattern in self.routes)
+        known = self._routed.get(subject)
+        if known is None:  # subjects repeat (one per event type and team): decide each once
+            known = self._routed[subject] = any(matches(pattern, subject) for pattern in self.routes)
+            if len(self._routed) > 10_000:  # bounded (team names come from publishers)
+                self._routed.clear()
+        return known
 
     # ------------------------------------------------------------------ consumption
 
