@@ -1,4 +1,7 @@
-"""The scheduler service: owns the cluster's allocation state and runs the pure placement core.
+"""The scheduler service: owns the cluster's node facts and allocation state and runs the pure placement core.
+
+It is their one owner: other services read them through its read model (readmodel.py, the views
+`scheduler.v1_nodes` and `scheduler.v1_placements`), never through a copy of their own.
 
 Each handled event (inventory, admission, end of a job) updates the snapshot and runs one scheduling
 cycle in the same transaction: placements are written and JobPlaced events emitted together, after a
@@ -136,18 +139,24 @@ class SchedulerService:
         async def body() -> None:
             if payload.change == "removed":
                 await self._upsert_node(tx, payload.node.model_copy(update={"health": NodeHealth.FAILED}),
-                                        removed=True)
+                                        removed=True, reason=payload.reason, message=payload.message)
             else:
-                await self._upsert_node(tx, payload.node)
+                await self._upsert_node(tx, payload.node, reason=payload.reason, message=payload.message)
 
         await self._then_cycle(tx, body)
 
-    async def _upsert_node(self, tx: Tx, node: NodeSpec, removed: bool = False) -> None:
+    async def _upsert_node(self, tx: Tx, node: NodeSpec, removed: bool = False, reason: str | None = None,
+                           message: str = "") -> None:
+        """Record a node fact. scheduler.nodes is the cluster's one node table: other services read it through the
+        read model (services/scheduler/readmodel.py), so why its health changed is kept here too (an inventory
+        announces no reason: it clears the last one)."""
         self.cluster.upsert_node(node)
         await tx.conn.execute(
-            "INSERT INTO scheduler.nodes(name, spec, removed, updated_at) VALUES ($1, $2, $3, $4) "
+            "INSERT INTO scheduler.nodes(name, spec, removed, updated_at, reason, message) "
+            "VALUES ($1, $2, $3, $4, $5, $6) "
             "ON CONFLICT (name) DO UPDATE SET spec = excluded.spec, removed = excluded.removed, "
-            "updated_at = excluded.updated_at", node.name, node.model_dump_json(), removed, tx.now)
+            "updated_at = excluded.updated_at, reason = excluded.reason, message = excluded.message",
+            node.name, node.model_dump_json(), removed, tx.now, reason, message or None)
 
     async def on_admitted(self, tx: Tx, event: CloudEvent, payload: JobAdmitted) -> None:
         async def body() -> None:
