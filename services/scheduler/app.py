@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import asyncpg
 
@@ -22,6 +21,7 @@ from services.pipeline.core import WaitingJob, place, priority_value
 from services.preemption.core import priority_of
 from services.scheduler.core import ClusterState, RunningJob
 from services.scheduler.liveness import LivenessWatch
+from services.scheduler.nodes import MIGRATIONS, record_node
 from shared import audit
 from shared.audit import service_actor
 from shared.config import QueuesConfig
@@ -48,7 +48,6 @@ from shared.events import (
 from shared.service import ServiceRuntime, ServiceSpec, Tx
 
 log = logging.getLogger("gpuq.scheduler")
-MIGRATIONS = Path(__file__).parent / "migrations"
 
 
 class SchedulerService:
@@ -147,16 +146,10 @@ class SchedulerService:
 
     async def _upsert_node(self, tx: Tx, node: NodeSpec, removed: bool = False, reason: str | None = None,
                            message: str = "") -> None:
-        """Record a node fact. scheduler.nodes is the cluster's one node table: other services read it through the
-        read model (services/scheduler/readmodel.py), so why its health changed is kept here too (an inventory
-        announces no reason: it clears the last one)."""
+        """scheduler.nodes is the cluster's one node table: other services read it through the read model
+        (services/scheduler/readmodel.py), so why a node's health changed is kept there too."""
         self.cluster.upsert_node(node)
-        await tx.conn.execute(
-            "INSERT INTO scheduler.nodes(name, spec, removed, updated_at, reason, message) "
-            "VALUES ($1, $2, $3, $4, $5, $6) "
-            "ON CONFLICT (name) DO UPDATE SET spec = excluded.spec, removed = excluded.removed, "
-            "updated_at = excluded.updated_at, reason = excluded.reason, message = excluded.message",
-            node.name, node.model_dump_json(), removed, tx.now, reason, message or None)
+        await record_node(tx.conn, node, at=tx.now, removed=removed, reason=reason, message=message)
 
     async def on_admitted(self, tx: Tx, event: CloudEvent, payload: JobAdmitted) -> None:
         async def body() -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import asyncpg
 
@@ -23,6 +24,8 @@ from shared.domain import GpuBinding, JobSpec, NodeSpec
 
 NODES_VIEW = "scheduler.v1_nodes"
 PLACEMENTS_VIEW = "scheduler.v1_placements"
+
+Conn: TypeAlias = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
 
 
 @dataclass(frozen=True)
@@ -53,13 +56,13 @@ class PlacementFact:
     fencing_token: int | None
 
 
-async def published(conn: asyncpg.Connection) -> bool:
+async def published(conn: Conn) -> bool:
     """Has the owner published the read model on this database (its migrations ran)?"""
     return bool(await conn.fetchval("SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL",
                                     NODES_VIEW, PLACEMENTS_VIEW))
 
 
-async def node_facts(conn: asyncpg.Connection, *, include_removed: bool = False) -> list[NodeFact]:
+async def node_facts(conn: Conn, *, include_removed: bool = False) -> list[NodeFact]:
     """Every node, by name; removed nodes only when asked (their rows stay so that history keeps their model)."""
     if not await published(conn):
         return []
@@ -69,12 +72,12 @@ async def node_facts(conn: asyncpg.Connection, *, include_removed: bool = False)
                      message=r["message"] or "") for r in rows]
 
 
-async def nodes(conn: asyncpg.Connection) -> list[NodeSpec]:
+async def nodes(conn: Conn) -> list[NodeSpec]:
     """The nodes in the cluster now (not removed), by name."""
     return [f.spec for f in await node_facts(conn)]
 
 
-async def placements(conn: asyncpg.Connection) -> list[PlacementFact]:
+async def placements(conn: Conn) -> list[PlacementFact]:
     """Every job holding GPUs now, in placement order (placed_at, job_id)."""
     if not await published(conn):
         return []
