@@ -672,12 +672,17 @@ class AdmissionService:
             etas = None
             if self.shard.serves_all:  # (a per-cohort instance first enters the config epoch, in the transaction)
                 async with runtime.pool.acquire() as conn:
-                    cluster, ends = await load_cluster_view(conn)
-                snapshot = (cluster, copy.deepcopy(self.state), ends, now)
-                etas = await asyncio.to_thread(self._estimate, *snapshot)
+                    rows = await readmodel.cluster_rows(conn)
+                # parsed in the worker thread too: a large cluster's specs take a while, and handlers go on meanwhile
+                etas = await asyncio.to_thread(self._estimate_rows, rows, copy.deepcopy(self.state), now)
             async with runtime.transaction() as tx:
                 await self.publish_etas(tx, etas)
             pause = max(self.eta_interval_s, ETA_DUTY_FACTOR * (time.perf_counter() - started))
+
+    def _estimate_rows(self, rows: readmodel.ClusterRows, state: AdmissionState, now: float
+                       ) -> Mapping[str, EtaRange]:
+        cluster, ends = cluster_view(rows)
+        return self._estimate(cluster, state, ends, now)
 
     def _estimate(self, cluster: ClusterState, state: AdmissionState, expected_end: Mapping[str, float],
                   now: float) -> Mapping[str, EtaRange]:
@@ -691,7 +696,7 @@ class AdmissionService:
         if etas is None:
             if not self.shard.serves_all:
                 await self._enter_config_epoch(tx.conn)  # publish only for the jobs this instance owns now
-            cluster, ends = await load_cluster_view(tx.conn)
+            cluster, ends = cluster_view(await readmodel.cluster_rows(tx.conn))
             etas = self._estimate(cluster, self.state, ends, tx.now)
         ranges = etas
         waiting = [j for j in self.state.pending] + [j for j in self.state.admitted if j not in self.expected_end]
@@ -902,12 +907,13 @@ async def load_expected_ends(conn: asyncpg.Connection) -> dict[str, float]:
         "AS expected_end FROM admission.jobs WHERE status = 'admitted' AND bindings IS NOT NULL ORDER BY job_id")}
 
 
-async def load_cluster_view(conn: asyncpg.Connection) -> tuple[ClusterState, dict[str, float]]:
-    """The cluster for ETAs, read from its owner at refresh time (the scheduler's read model): the nodes, every job
-    holding GPUs where it holds them (every cohort's), and when the scheduler expects each to end."""
-    cluster = ClusterState.from_nodes(await readmodel.nodes(conn))
+def cluster_view(rows: readmodel.ClusterRows) -> tuple[ClusterState, dict[str, float]]:
+    """The cluster for ETAs, read from its owner at refresh time (the scheduler's read model, `rows`): the nodes,
+    every job holding GPUs where it holds them (every cohort's), and when the scheduler expects each to end. Pure:
+    the ETA loop runs it in its worker thread."""
+    cluster = ClusterState.from_nodes(f.spec for f in readmodel.node_facts_of(rows.nodes))
     expected: dict[str, float] = {}
-    for p in await readmodel.placements(conn):
+    for p in readmodel.placements_of(rows.placements):
         try:
             cluster.commit(cluster.make_placement(p.spec, list(p.bindings)))
         except Exception as exc:  # a node removed under a placement: the scheduler reports the job's fate
@@ -915,3 +921,8 @@ async def load_cluster_view(conn: asyncpg.Connection) -> tuple[ClusterState, dic
             continue
         expected[p.job_id] = p.expected_end
     return cluster, expected
+
+
+async def load_cluster_view(conn: asyncpg.Connection) -> tuple[ClusterState, dict[str, float]]:
+    """`cluster_view` of the read model as it is now."""
+    return cluster_view(await readmodel.cluster_rows(conn))

@@ -15,6 +15,7 @@ This module imports nothing of the scheduler's shell (it is not the scheduler's 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -62,14 +63,54 @@ async def published(conn: Conn) -> bool:
                                     NODES_VIEW, PLACEMENTS_VIEW))
 
 
-async def node_facts(conn: Conn, *, include_removed: bool = False) -> list[NodeFact]:
-    """Every node, by name; removed nodes only when asked (their rows stay so that history keeps their model)."""
+@dataclass(frozen=True)
+class ClusterRows:
+    """The read model's rows as fetched, not parsed yet: fetching is quick, parsing a large cluster is not, so a
+    reader may parse them off its event loop (`node_facts_of`, `placements_of` are pure)."""
+
+    nodes: tuple[asyncpg.Record, ...]
+    placements: tuple[asyncpg.Record, ...]
+
+
+async def node_rows(conn: Conn, *, include_removed: bool = False) -> tuple[asyncpg.Record, ...]:
     if not await published(conn):
-        return []
-    rows = await conn.fetch(f"SELECT spec, removed, reason, message FROM {NODES_VIEW} "
-                            f"{'' if include_removed else 'WHERE NOT removed '}ORDER BY name")
+        return ()
+    return tuple(await conn.fetch(f"SELECT spec, removed, reason, message FROM {NODES_VIEW} "
+                                  f"{'' if include_removed else 'WHERE NOT removed '}ORDER BY name"))
+
+
+async def placement_rows(conn: Conn) -> tuple[asyncpg.Record, ...]:
+    if not await published(conn):
+        return ()
+    return tuple(await conn.fetch(f"SELECT job_id, spec, flavors, bindings, placed_at, expected_end, fencing_token "
+                                  f"FROM {PLACEMENTS_VIEW} ORDER BY placed_at, job_id"))
+
+
+async def cluster_rows(conn: Conn) -> ClusterRows:
+    """The nodes in the cluster now and the jobs holding GPUs, as one snapshot (a repeatable-read transaction of
+    its own, or the caller's transaction)."""
+    if conn.is_in_transaction():
+        return ClusterRows(nodes=await node_rows(conn), placements=await placement_rows(conn))
+    async with conn.transaction(readonly=True, isolation="repeatable_read"):
+        return ClusterRows(nodes=await node_rows(conn), placements=await placement_rows(conn))
+
+
+def node_facts_of(rows: Iterable[asyncpg.Record]) -> list[NodeFact]:
     return [NodeFact(spec=NodeSpec.model_validate_json(r["spec"]), removed=bool(r["removed"]), reason=r["reason"],
                      message=r["message"] or "") for r in rows]
+
+
+def placements_of(rows: Iterable[asyncpg.Record]) -> list[PlacementFact]:
+    return [PlacementFact(job_id=r["job_id"], spec=JobSpec.model_validate_json(r["spec"]),
+                          flavors=json.loads(r["flavors"]),
+                          bindings=tuple(GpuBinding.model_validate(b) for b in json.loads(r["bindings"] or "[]")),
+                          placed_at=float(r["placed_at"]), expected_end=float(r["expected_end"]),
+                          fencing_token=r["fencing_token"]) for r in rows]
+
+
+async def node_facts(conn: Conn, *, include_removed: bool = False) -> list[NodeFact]:
+    """Every node, by name; removed nodes only when asked (their rows stay so that history keeps their model)."""
+    return node_facts_of(await node_rows(conn, include_removed=include_removed))
 
 
 async def nodes(conn: Conn) -> list[NodeSpec]:
@@ -79,12 +120,4 @@ async def nodes(conn: Conn) -> list[NodeSpec]:
 
 async def placements(conn: Conn) -> list[PlacementFact]:
     """Every job holding GPUs now, in placement order (placed_at, job_id)."""
-    if not await published(conn):
-        return []
-    rows = await conn.fetch(f"SELECT job_id, spec, flavors, bindings, placed_at, expected_end, fencing_token "
-                            f"FROM {PLACEMENTS_VIEW} ORDER BY placed_at, job_id")
-    return [PlacementFact(job_id=r["job_id"], spec=JobSpec.model_validate_json(r["spec"]),
-                          flavors=json.loads(r["flavors"]),
-                          bindings=tuple(GpuBinding.model_validate(b) for b in json.loads(r["bindings"] or "[]")),
-                          placed_at=float(r["placed_at"]), expected_end=float(r["expected_end"]),
-                          fencing_token=r["fencing_token"]) for r in rows]
+    return placements_of(await placement_rows(conn))

@@ -52,7 +52,12 @@ async def test_nodes_and_placements_as_the_scheduler_knows_them(fresh: tuple[str
         assert facts[NODES[0].name].reason is None and not facts[NODES[0].name].removed
         assert [n.name for n in await readmodel.nodes(conn)] == [NODES[0].name, NODES[1].name, NODES[3].name]
 
-        (p,) = await readmodel.placements(conn)
+        rows = await readmodel.cluster_rows(conn)  # one snapshot, in a transaction of its own or the caller's
+        async with conn.transaction():
+            assert await readmodel.cluster_rows(conn) == rows
+        assert [f.name for f in readmodel.node_facts_of(rows.nodes)] == [n.name for n in await readmodel.nodes(conn)]
+        (p,) = readmodel.placements_of(rows.placements)
+        assert p == (await readmodel.placements(conn))[0]
         assert p.job_id == "small" and p.flavors == {"main": "H100"}
         assert sum(len(b.gpu_indices) for b in p.bindings) == 4 and p.fencing_token is not None
         assert p.expected_end == p.placed_at + p.spec.max_runtime_s  # before the start: from the placement
