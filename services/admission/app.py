@@ -921,8 +921,3 @@ def cluster_view(rows: readmodel.ClusterRows) -> tuple[ClusterState, dict[str, f
             continue
         expected[p.job_id] = p.expected_end
     return cluster, expected
-
-
-async def load_cluster_view(conn: asyncpg.Connection) -> tuple[ClusterState, dict[str, float]]:
-    """`cluster_view` of the read model as it is now."""
-    return cluster_view(await readmodel.cluster_rows(conn))
