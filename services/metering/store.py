@@ -212,6 +212,13 @@ async def usage_half_life(conn: Conn) -> float | None:
 USAGE_HORIZON_HALF_LIVES = 30
 
 
+async def node_models(conn: Conn) -> tuple[list[str], list[str]]:
+    """Node names and their GPU models, as the scheduler records them (its read model, removed nodes included so
+    that past allocations keep their model), as two parallel arrays for `unnest`."""
+    facts = sorted((f.name, f.spec.gpu_model) for f in await readmodel.node_facts(conn, include_removed=True))
+    return [f[0] for f in facts], [f[1] for f in facts]
+
+
 async def decayed_usage(conn: Conn, now: datetime, half_life_s: float) -> dict[str, dict[str, float]]:
     """The read model of fair share over time: per queue and GPU model, the GPU-seconds allocated to its jobs
     before `now`, each weighted 2^(−a/H) for a GPU-second `a` seconds before `now`. An allocation [s, e) weighs
@@ -221,16 +228,20 @@ async def decayed_usage(conn: Conn, now: datetime, half_life_s: float) -> dict[s
         raise ValueError(f"half_life_s must be > 0, got {half_life_s}")
     tau = half_life_s / math.log(2)
     horizon = now - timedelta(seconds=half_life_s * USAGE_HORIZON_HALF_LIVES)
+    names, models = await node_models(conn)
     rows = await conn.fetch(
-        """SELECT j.queue, coalesce(n.gpu_model, a.model_hint) AS model,
+        """SELECT j.queue, coalesce(n.gpu_model, s.gpu_model, a.model_hint) AS model,
                   sum(a.milli_gpus / 1000.0 * $3 * (
                       exp(-least(700.0, extract(epoch FROM $1 - least(coalesce(a.ended_at, $1), $1))::float8 / $3))
                     - exp(-least(700.0, extract(epoch FROM $1 - a.placed_at)::float8 / $3)))) AS gpu_s
            FROM metering.allocations a JOIN metering.jobs j USING (job_id)
-                LEFT JOIN metering.nodes n ON n.node = a.node
+                LEFT JOIN unnest($4::text[], $5::text[]) AS n(node, gpu_model) ON n.node = a.node
+                LEFT JOIN LATERAL (SELECT u.gpu_model FROM metering.usage_hourly u
+                                   WHERE u.job_id = a.job_id AND u.node = a.node AND u.gpu_model IS NOT NULL
+                                   ORDER BY u.hour LIMIT 1) s ON true
            WHERE a.node <> '' AND a.placed_at < $1 AND (a.ended_at IS NULL OR a.ended_at > $2)
-             AND coalesce(n.gpu_model, a.model_hint) IS NOT NULL
-           GROUP BY 1, 2 ORDER BY 1, 2""", now, horizon, tau)
+             AND coalesce(n.gpu_model, s.gpu_model, a.model_hint) IS NOT NULL
+           GROUP BY 1, 2 ORDER BY 1, 2""", now, horizon, tau, names, models)
     usage: dict[str, dict[str, float]] = {}
     for r in rows:
         if r["gpu_s"] > 0:
@@ -267,10 +278,9 @@ async def load_ledger(conn: Conn, since: datetime | None = None, until: datetime
     """Allocations overlapping [since, until), hourly usage inside it, and the dimensions of their jobs."""
     lo = since or datetime.fromisoformat("1970-01-01T00:00:00+00:00")
     hi = until or datetime.fromisoformat("9999-01-01T00:00:00+00:00")
-    # A node's GPU model is the scheduler's fact (its read model keeps removed nodes, so past allocations keep
-    # their model); then the model the job's own samples named; then the one its spec allows.
-    facts = sorted((f.name, f.spec.gpu_model) for f in await readmodel.node_facts(conn, include_removed=True))
-    names, models = [f[0] for f in facts], [f[1] for f in facts]
+    # A node's GPU model is the scheduler's fact; then the model the job's own samples named; then the one its
+    # spec allows.
+    names, models = await node_models(conn)
     arows = await conn.fetch(
         """SELECT a.job_id, COALESCE(n.gpu_model, s.gpu_model, a.model_hint, $3) AS gpu_model, a.milli_gpus,
                   a.placed_at, a.ended_at, a.lost_ms

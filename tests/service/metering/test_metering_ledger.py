@@ -183,3 +183,6 @@ async def test_node_models_come_from_the_scheduler_then_from_samples(pool):
         await record_node(conn, gone.model_copy(update={"name": "dcgm-0", "gpu_model": "A10G"}), at=20.0)
         ledger = await store.load_ledger(conn)
     assert sorted((a.job_id, a.gpu_model) for a in ledger.allocations) == [("on-dcgm", "A10G"), ("on-gone", "L4")]
+    async with pool.acquire() as conn:  # fair share over time decays the same allocations under the same models
+        usage = await store.decayed_usage(conn, at(3600), 3600.0)
+    assert {q: sorted(m) for q, m in usage.items()} == {"team-a": ["L4"], "team-b": ["A10G"]}
