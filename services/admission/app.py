@@ -10,6 +10,9 @@ default) or a set of them. A per-cohort instance leads per cohort, receives ever
 consumers, and handles only those of its cohorts' queues (`claim`); it keeps only their jobs in memory.
 Every instance applies configuration changes; ownership always follows the configuration in force, which
 changes only between units of work (a Postgres advisory lock), so no two instances act for the same queue.
+
+ETAs: the cluster (nodes, and where every job holds GPUs until when) is the scheduler's fact. Admission keeps no
+copy of it: each ETA refresh reads the scheduler's read model (services/scheduler/readmodel.py) at that moment.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import gc
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from operator import itemgetter
 from pathlib import Path
@@ -36,11 +39,12 @@ from services.admission.sharding import Shard
 from services.pipeline.core import admit
 from services.pipeline.core.predict import DurationPredictor, JobKey
 from services.preemption.core import priority_of
+from services.scheduler import readmodel
 from services.scheduler.core import ClusterState
 from shared import audit
 from shared.audit import service_actor, team_actor
 from shared.config import ConfigError, QueuesConfig, StopPolicy, parse_queues
-from shared.domain import GpuBinding, JobSpec, NodeHealth, NodeSpec
+from shared.domain import JobSpec
 from shared.events import (
     CloudEvent,
     JobAdmitted,
@@ -58,8 +62,6 @@ from shared.events import (
     JobRequeued,
     JobStarted,
     JobSubmitted,
-    NodeChanged,
-    NodeInventory,
     Payload,
     PreemptionReason,
     PreemptionRequested,
@@ -109,7 +111,7 @@ HISTORY_REBUILD_LIMIT = 5000
 # Ends after which a job ran as long as it needed (or up to its limit): the only run times that are history.
 RAN_TO_THE_END = ("Succeeded", "DeadlineExceeded")
 # Events every per-cohort instance handles itself (see ServiceSpec.broadcast).
-BROADCAST: frozenset[type[Payload]] = frozenset({QueueConfigChanged, NodeInventory, NodeChanged, QueueUsageReported})
+BROADCAST: frozenset[type[Payload]] = frozenset({QueueConfigChanged, QueueUsageReported})
 
 
 class AdmissionService:
@@ -119,8 +121,8 @@ class AdmissionService:
         self.shard = Shard.of(cohorts)  # no cohorts = all cohorts: the single instance of old
         self._config_version: int | None = None  # admission.config version the state was loaded under
         self.state = AdmissionState(config)
-        self.cluster = ClusterState.from_nodes([])
-        self.expected_end: dict[str, float] = {}  # running job -> started_at + max_runtime_s
+        # this instance's placed jobs -> placed_at (then started_at) + max_runtime_s, from their JobPlaced/JobStarted
+        self.expected_end: dict[str, float] = {}
         self.eta = eta
         self.eta_interval_s = eta_interval_s
         # Run-time history for duration-aware ordering: the ETA's predictor when there is an ETA (one owner of the
@@ -148,9 +150,8 @@ class AdmissionService:
                       JobCancelRequested: self.on_cancel_requested, JobApproved: self.on_approved,
                       JobCancelled: self.on_cancelled,
                       JobPreempted: self.on_preempted, JobAttemptFailed: self.on_attempt_failed,
-                      QueueConfigChanged: self.on_config_changed, NodeInventory: self.on_inventory,
-                      NodeChanged: self.on_node_changed, JobPlaced: self.on_placed, JobStarted: self.on_started,
-                      QueueUsageReported: self.on_usage_reported},
+                      QueueConfigChanged: self.on_config_changed, JobPlaced: self.on_placed,
+                      JobStarted: self.on_started, QueueUsageReported: self.on_usage_reported},
             on_start=self.load, reload=self._rebuild,
             background=(self.backoff_loop, self.eta_loop) if self.eta is not None else (self.backoff_loop,),
             consumer_suffix=self.shard.consumer_suffix, lease_scopes=self.shard.lease_scopes,
@@ -192,7 +193,7 @@ class AdmissionService:
         self.state = await load_jobs(conn, config, self.shard)
         self.backoff = await load_backoff(conn, config, self.shard)
         self._apply_usage()
-        self.cluster, self.expected_end = await load_cluster_view(conn)
+        self.expected_end = await load_expected_ends(conn)
         self._published.clear()
         self._announced.clear()
         self._etas.clear()
@@ -263,9 +264,9 @@ class AdmissionService:
 
     async def claim(self, conn: asyncpg.Connection, event: CloudEvent, payload: object) -> bool:
         """Is this event this instance's? (ServiceSpec.claim; per-cohort instances only.) Events of other
-        cohorts' jobs are acked with nothing recorded; the cluster view for ETAs still follows their placements."""
-        if isinstance(payload, NodeInventory | NodeChanged | QueueUsageReported):
-            return True  # every instance keeps the whole cluster view (ETAs) and applies usage to its queues
+        cohorts' jobs are acked with nothing recorded (ETAs see their placements in the scheduler's read model)."""
+        if isinstance(payload, QueueUsageReported):
+            return True  # every instance applies usage to its queues
         await self._enter_config_epoch(conn, exclusive=isinstance(payload, QueueConfigChanged))
         if isinstance(payload, QueueConfigChanged):
             return True
@@ -280,23 +281,7 @@ class AdmissionService:
             # instance may write it, the inbox keeps it to one).
             queue = await conn.fetchval("SELECT queue FROM admission.jobs WHERE job_id = $1", job_id)
             return queue is None or self.shard.owns_queue(self.state.config, queue)
-        await self._mirror_other_cohort(conn, payload)
         return False
-
-    async def _mirror_other_cohort(self, conn: asyncpg.Connection, payload: object) -> None:
-        """Another cohort's job took or gave back GPUs: memory only (its owner records it), for ETAs."""
-        if isinstance(payload, JobPlaced):
-            status = await conn.fetchval("SELECT status FROM admission.jobs WHERE job_id = $1", payload.job_id)
-            if status != "admitted":
-                return  # ended (or unknown) already: a late placement must not hold GPUs in the view
-            _commit_quietly(self.cluster, payload.spec, payload.bindings)
-            self.expected_end[payload.job_id] = payload.placed_at.timestamp() + payload.spec.max_runtime_s
-            self._version += 1
-        elif (isinstance(payload, JobCompleted | JobFailed | JobCancelled | JobAttemptFailed)
-              and payload.job_id in self.expected_end):
-            self.cluster.release(payload.job_id)
-            self.expected_end.pop(payload.job_id, None)
-            self._version += 1
 
     async def _then_cycle(self, tx: Tx, body: Callable[[], Awaitable[None]]) -> None:
         """Apply an event's change, then run one admission cycle in the same transaction: after this event, or once
@@ -476,7 +461,6 @@ class AdmissionService:
             self._observe(held.spec, ran if outcome in RAN_TO_THE_END else None)
         self.state.finish(job_id)
         self.backoff.pop(job_id, None)  # cancelled while waiting out a retry backoff
-        self.cluster.release(job_id)
         self.expected_end.pop(job_id, None)
         self._etas.pop(job_id, None)
         await tx.conn.execute(
@@ -495,7 +479,6 @@ class AdmissionService:
 
             spec = JobSpec.model_validate_json(row["spec"])
             self.state.requeue(Workload(spec, row["submitted_at"], predicted_gpu_s=self._stored(row)))
-            self.cluster.release(payload.job_id)
             self.expected_end.pop(payload.job_id, None)
             self._reclaims_sent.discard(payload.job_id)
             await tx.conn.execute(
@@ -522,7 +505,6 @@ class AdmissionService:
             spec = JobSpec.model_validate_json(row["spec"])
             not_before = payload.retry_not_before.timestamp()
             self.state.finish(payload.job_id)  # releases the attempt's quota
-            self.cluster.release(payload.job_id)
             self.expected_end.pop(payload.job_id, None)
             self._reclaims_sent.discard(payload.job_id)
             for cache in (self._published, self._announced, self._etas):
@@ -640,31 +622,13 @@ class AdmissionService:
         # off, or no usable report: only current usage counts (an empty history clears the historic standing)
         self.state.set_usage_history({}, float(half_life or 1))
 
-    # ------------------------------------------------------------------ the cluster view (for ETAs)
-
-    async def on_inventory(self, tx: Tx, event: CloudEvent, payload: NodeInventory) -> None:
-        for node in sorted(payload.nodes, key=lambda n: n.name):
-            await self._upsert_node(tx, node, removed=False)
-        self._version += 1
-
-    async def on_node_changed(self, tx: Tx, event: CloudEvent, payload: NodeChanged) -> None:
-        removed = payload.change == "removed"
-        node = payload.node.model_copy(update={"health": NodeHealth.FAILED}) if removed else payload.node
-        await self._upsert_node(tx, node, removed=removed)
-        self._version += 1
-
-    async def _upsert_node(self, tx: Tx, node: NodeSpec, *, removed: bool) -> None:
-        self.cluster.upsert_node(node)
-        await tx.conn.execute(
-            "INSERT INTO admission.nodes(name, spec, removed) VALUES ($1, $2, $3) ON CONFLICT (name) DO UPDATE "
-            "SET spec = excluded.spec, removed = excluded.removed", node.name, node.model_dump_json(), removed)
+    # ------------------------------------------------------------------ placements of this instance's jobs
 
     async def on_placed(self, tx: Tx, event: CloudEvent, payload: JobPlaced) -> None:
         updated = await tx.conn.fetchval(
             "UPDATE admission.jobs SET bindings = $2 WHERE job_id = $1 AND status = 'admitted' RETURNING true",
             payload.job_id, json.dumps([b.model_dump(mode="json") for b in payload.bindings]))
         if updated:
-            _commit_quietly(self.cluster, payload.spec, payload.bindings)
             self.expected_end[payload.job_id] = payload.placed_at.timestamp() + payload.spec.max_runtime_s
             self._etas.pop(payload.job_id, None)
             self._version += 1
@@ -707,11 +671,18 @@ class AdmissionService:
             started = time.perf_counter()
             etas = None
             if self.shard.serves_all:  # (a per-cohort instance first enters the config epoch, in the transaction)
-                snapshot = (copy.deepcopy(self.cluster), copy.deepcopy(self.state), dict(self.expected_end), now)
-                etas = await asyncio.to_thread(self._estimate, *snapshot)
+                async with runtime.pool.acquire() as conn:
+                    rows = await readmodel.cluster_rows(conn)
+                # parsed in the worker thread too: a large cluster's specs take a while, and handlers go on meanwhile
+                etas = await asyncio.to_thread(self._estimate_rows, rows, copy.deepcopy(self.state), now)
             async with runtime.transaction() as tx:
                 await self.publish_etas(tx, etas)
             pause = max(self.eta_interval_s, ETA_DUTY_FACTOR * (time.perf_counter() - started))
+
+    def _estimate_rows(self, rows: readmodel.ClusterRows, state: AdmissionState, now: float
+                       ) -> Mapping[str, EtaRange]:
+        cluster, ends = cluster_view(rows)
+        return self._estimate(cluster, state, ends, now)
 
     def _estimate(self, cluster: ClusterState, state: AdmissionState, expected_end: Mapping[str, float],
                   now: float) -> Mapping[str, EtaRange]:
@@ -725,7 +696,8 @@ class AdmissionService:
         if etas is None:
             if not self.shard.serves_all:
                 await self._enter_config_epoch(tx.conn)  # publish only for the jobs this instance owns now
-            etas = self._estimate(self.cluster, self.state, dict(self.expected_end), tx.now)
+            cluster, ends = cluster_view(await readmodel.cluster_rows(tx.conn))
+            etas = self._estimate(cluster, self.state, ends, tx.now)
         ranges = etas
         waiting = [j for j in self.state.pending] + [j for j in self.state.admitted if j not in self.expected_end]
         changed: list[tuple[str, float | None, float | None, float | None]] = []
@@ -928,26 +900,24 @@ async def load_backoff(conn: asyncpg.Connection, config: QueuesConfig,
     return {r["job_id"]: float(r["retry_not_before"]) for r in rows}
 
 
-def _commit_quietly(cluster: ClusterState, spec: JobSpec, bindings: Sequence[GpuBinding]) -> None:
-    """Mirror a placement into admission's cluster view; a conflict (a stale view) must not fail the event."""
-    try:
-        cluster.release(spec.job_id)
-        cluster.commit(cluster.make_placement(spec, list(bindings)))
-    except Exception as exc:  # the scheduler is authoritative; the ETA view tolerates drift
-        log.warning("ETA cluster view could not mirror placement of %s: %s", spec.job_id, exc)
+async def load_expected_ends(conn: asyncpg.Connection) -> dict[str, float]:
+    """When this instance's placed jobs are expected to end (their rows: placement or start + max_runtime_s)."""
+    return {r["job_id"]: float(r["expected_end"]) for r in await conn.fetch(
+        "SELECT job_id, coalesce(expected_end, admitted_at + (spec->>'max_runtime_s')::double precision) "
+        "AS expected_end FROM admission.jobs WHERE status = 'admitted' AND bindings IS NOT NULL ORDER BY job_id")}
 
 
-async def load_cluster_view(conn: asyncpg.Connection) -> tuple[ClusterState, dict[str, float]]:
-    """Admission's view of the cluster for ETAs: nodes as announced, admitted jobs where they were placed."""
-    nodes = [NodeSpec.model_validate_json(r["spec"]) for r in
-             await conn.fetch("SELECT spec FROM admission.nodes WHERE NOT removed ORDER BY name")]
-    cluster = ClusterState.from_nodes(nodes)
+def cluster_view(rows: readmodel.ClusterRows) -> tuple[ClusterState, dict[str, float]]:
+    """The cluster for ETAs, read from its owner at refresh time (the scheduler's read model, `rows`): the nodes,
+    every job holding GPUs where it holds them (every cohort's), and when the scheduler expects each to end. Pure:
+    the ETA loop runs it in its worker thread."""
+    cluster = ClusterState.from_nodes(f.spec for f in readmodel.node_facts_of(rows.nodes))
     expected: dict[str, float] = {}
-    for r in await conn.fetch(
-            "SELECT job_id, spec, bindings, coalesce(expected_end, admitted_at + (spec->>'max_runtime_s')::double "
-            "precision) AS expected_end FROM admission.jobs WHERE status = 'admitted' AND bindings IS NOT NULL "
-            "ORDER BY job_id"):
-        spec = JobSpec.model_validate_json(r["spec"])
-        _commit_quietly(cluster, spec, [GpuBinding.model_validate(b) for b in json.loads(r["bindings"])])
-        expected[r["job_id"]] = r["expected_end"]
+    for p in readmodel.placements_of(rows.placements):
+        try:
+            cluster.commit(cluster.make_placement(p.spec, list(p.bindings)))
+        except Exception as exc:  # a node removed under a placement: the scheduler reports the job's fate
+            log.warning("ETA cluster view: placement of %s not restored: %s", p.job_id, exc)
+            continue
+        expected[p.job_id] = p.expected_end
     return cluster, expected

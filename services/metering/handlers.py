@@ -22,8 +22,6 @@ from shared.events import (
     JobPlaced,
     JobPreempted,
     JobStarted,
-    NodeChanged,
-    NodeInventory,
     Payload,
     QueueConfigChanged,
     UtilizationSampled,
@@ -77,15 +75,6 @@ async def on_sampled(tx: TxLike, event: CloudEvent, p: UtilizationSampled) -> No
     await store.record_samples(tx.conn, [p])
 
 
-async def on_inventory(tx: TxLike, event: CloudEvent, p: NodeInventory) -> None:
-    await store.record_nodes(tx.conn, list(p.nodes), source=p.source)
-
-
-async def on_node_changed(tx: TxLike, event: CloudEvent, p: NodeChanged) -> None:
-    if p.change != "removed":  # a removed node's past allocations keep their model
-        await store.record_nodes(tx.conn, [p.node], source="changed")
-
-
 async def on_queue_config(tx: TxLike, event: CloudEvent, p: QueueConfigChanged) -> None:
     try:
         config = parse_queues(p.config, source=f"QueueConfigChanged {event.id}")
@@ -111,7 +100,5 @@ HANDLERS: dict[type[Payload], Callable[[TxLike, CloudEvent, Any], Awaitable[None
     JobCancelled: on_cancelled,
     JobPreempted: on_preempted,
     UtilizationSampled: on_sampled,
-    NodeInventory: on_inventory,
-    NodeChanged: on_node_changed,
     QueueConfigChanged: on_queue_config,
 }

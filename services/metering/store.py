@@ -21,8 +21,8 @@ from services.metering.core.rollup import UNKNOWN, AllocationRow, JobDims, Usage
 from services.metering.core.samples import sample_columns
 from services.metering.core.segments import Fact, FactKind, build_segments
 from services.metering.core.units import HOUR_MS, from_ms, model_hint, node_shares, to_ms
+from services.scheduler import readmodel
 from shared.db import apply_migrations
-from shared.domain import NodeSpec
 from shared.events import JobPlaced, UtilizationSampled
 
 SCHEMA = "metering"
@@ -127,32 +127,33 @@ WITH s AS (
                                       gpu_instance, milli_gpus, approximate)
     SELECT * FROM s ON CONFLICT DO NOTHING
     RETURNING job_id, node, sampled_at, interval_ms, used_gpu_ms, energy_mj, milli_gpus
+), m AS (
+    -- The GPU model a sample names is the sample's own fact (the node's model is the scheduler's): it is kept
+    -- with the usage it fed, for nodes the scheduler never announced.
+    SELECT node, min(model) AS model FROM unnest($12::text[], $13::text[]) AS t(node, model) GROUP BY node
 ), agg AS (
     -- A sample covers (sampled_at - interval, sampled_at]: it belongs to the hour its interval starts in.
     -- A MIG instance's sample covers its slice's share of a GPU (milli_gpus), whole GPUs 1000.
-    SELECT job_id, node,
+    SELECT job_id, node, min(m.model) AS model,
            date_bin('1 hour', sampled_at - interval_ms * interval '1 millisecond',
                     timestamptz '1970-01-01 00:00:00+00') AS hour,
            count(*) AS samples, sum(interval_ms::bigint * milli_gpus / 1000)::bigint AS sampled_gpu_ms,
            sum(used_gpu_ms)::bigint AS used,
            sum(energy_mj)::bigint AS energy, max(sampled_at) AS last_at
-    FROM ins WHERE job_id IS NOT NULL GROUP BY 1, 2, 3
+    FROM ins LEFT JOIN m USING (node) WHERE job_id IS NOT NULL GROUP BY 1, 2, 4
 ), up AS (
     -- Rows are upserted in key order so concurrent batches lock them in the same order (no deadlock).
     INSERT INTO metering.usage_hourly AS u
-        (job_id, node, hour, samples, sampled_gpu_ms, used_gpu_ms, energy_mj, last_sample_at)
-    SELECT job_id, node, hour, samples, sampled_gpu_ms, used, energy, last_at FROM agg
+        (job_id, node, hour, samples, sampled_gpu_ms, used_gpu_ms, energy_mj, last_sample_at, gpu_model)
+    SELECT job_id, node, hour, samples, sampled_gpu_ms, used, energy, last_at, model FROM agg
     ORDER BY job_id, node, hour
     ON CONFLICT (job_id, node, hour) DO UPDATE SET
         samples = u.samples + EXCLUDED.samples,
         sampled_gpu_ms = u.sampled_gpu_ms + EXCLUDED.sampled_gpu_ms,
         used_gpu_ms = u.used_gpu_ms + EXCLUDED.used_gpu_ms,
         energy_mj = u.energy_mj + EXCLUDED.energy_mj,
-        last_sample_at = GREATEST(u.last_sample_at, EXCLUDED.last_sample_at)
-), nm AS (
-    INSERT INTO metering.nodes (node, gpu_model, source)
-    SELECT DISTINCT node, model, 'samples' FROM unnest($12::text[], $13::text[]) AS m(node, model)
-    ON CONFLICT DO NOTHING
+        last_sample_at = GREATEST(u.last_sample_at, EXCLUDED.last_sample_at),
+        gpu_model = COALESCE(u.gpu_model, EXCLUDED.gpu_model)
 )
 SELECT count(*) FROM ins
 """
@@ -167,18 +168,6 @@ async def record_samples(conn: Conn, events: Sequence[UtilizationSampled]) -> in
     if not len(cols):
         return 0
     return int(await conn.fetchval(_INSERT_SAMPLES, *cols.arrays()))
-
-
-async def record_nodes(conn: Conn, nodes: Sequence[NodeSpec], source: str = "inventory") -> None:
-    """Node → GPU model from inventory: authoritative, so it overrides a model learnt from samples."""
-    ordered = sorted(nodes, key=lambda n: n.name)
-    if not ordered:
-        return
-    await conn.execute(
-        """INSERT INTO metering.nodes (node, gpu_model, source)
-           SELECT * FROM unnest($1::text[], $2::text[], $3::text[])
-           ON CONFLICT (node) DO UPDATE SET gpu_model = EXCLUDED.gpu_model, source = EXCLUDED.source""",
-        [n.name for n in ordered], [n.gpu_model for n in ordered], [source] * len(ordered))
 
 
 async def prune_samples(conn: Conn, older_than: datetime) -> int:
@@ -223,6 +212,13 @@ async def usage_half_life(conn: Conn) -> float | None:
 USAGE_HORIZON_HALF_LIVES = 30
 
 
+async def node_models(conn: Conn) -> tuple[list[str], list[str]]:
+    """Node names and their GPU models, as the scheduler records them (its read model, removed nodes included so
+    that past allocations keep their model), as two parallel arrays for `unnest`."""
+    facts = sorted((f.name, f.spec.gpu_model) for f in await readmodel.node_facts(conn, include_removed=True))
+    return [f[0] for f in facts], [f[1] for f in facts]
+
+
 async def decayed_usage(conn: Conn, now: datetime, half_life_s: float) -> dict[str, dict[str, float]]:
     """The read model of fair share over time: per queue and GPU model, the GPU-seconds allocated to its jobs
     before `now`, each weighted 2^(−a/H) for a GPU-second `a` seconds before `now`. An allocation [s, e) weighs
@@ -232,16 +228,20 @@ async def decayed_usage(conn: Conn, now: datetime, half_life_s: float) -> dict[s
         raise ValueError(f"half_life_s must be > 0, got {half_life_s}")
     tau = half_life_s / math.log(2)
     horizon = now - timedelta(seconds=half_life_s * USAGE_HORIZON_HALF_LIVES)
+    names, models = await node_models(conn)
     rows = await conn.fetch(
-        """SELECT j.queue, coalesce(n.gpu_model, a.model_hint) AS model,
+        """SELECT j.queue, coalesce(n.gpu_model, s.gpu_model, a.model_hint) AS model,
                   sum(a.milli_gpus / 1000.0 * $3 * (
                       exp(-least(700.0, extract(epoch FROM $1 - least(coalesce(a.ended_at, $1), $1))::float8 / $3))
                     - exp(-least(700.0, extract(epoch FROM $1 - a.placed_at)::float8 / $3)))) AS gpu_s
            FROM metering.allocations a JOIN metering.jobs j USING (job_id)
-                LEFT JOIN metering.nodes n ON n.node = a.node
+                LEFT JOIN unnest($4::text[], $5::text[]) AS n(node, gpu_model) ON n.node = a.node
+                LEFT JOIN LATERAL (SELECT u.gpu_model FROM metering.usage_hourly u
+                                   WHERE u.job_id = a.job_id AND u.node = a.node AND u.gpu_model IS NOT NULL
+                                   ORDER BY u.hour LIMIT 1) s ON true
            WHERE a.node <> '' AND a.placed_at < $1 AND (a.ended_at IS NULL OR a.ended_at > $2)
-             AND coalesce(n.gpu_model, a.model_hint) IS NOT NULL
-           GROUP BY 1, 2 ORDER BY 1, 2""", now, horizon, tau)
+             AND coalesce(n.gpu_model, s.gpu_model, a.model_hint) IS NOT NULL
+           GROUP BY 1, 2 ORDER BY 1, 2""", now, horizon, tau, names, models)
     usage: dict[str, dict[str, float]] = {}
     for r in rows:
         if r["gpu_s"] > 0:
@@ -278,22 +278,29 @@ async def load_ledger(conn: Conn, since: datetime | None = None, until: datetime
     """Allocations overlapping [since, until), hourly usage inside it, and the dimensions of their jobs."""
     lo = since or datetime.fromisoformat("1970-01-01T00:00:00+00:00")
     hi = until or datetime.fromisoformat("9999-01-01T00:00:00+00:00")
+    # A node's GPU model is the scheduler's fact; then the model the job's own samples named; then the one its
+    # spec allows.
+    names, models = await node_models(conn)
     arows = await conn.fetch(
-        """SELECT a.job_id, COALESCE(n.gpu_model, a.model_hint, $3) AS gpu_model, a.milli_gpus, a.placed_at,
-                  a.ended_at, a.lost_ms
-           FROM metering.allocations a LEFT JOIN metering.nodes n ON n.node = a.node
+        """SELECT a.job_id, COALESCE(n.gpu_model, s.gpu_model, a.model_hint, $3) AS gpu_model, a.milli_gpus,
+                  a.placed_at, a.ended_at, a.lost_ms
+           FROM metering.allocations a
+           LEFT JOIN unnest($4::text[], $5::text[]) AS n(node, gpu_model) ON n.node = a.node
+           LEFT JOIN LATERAL (SELECT u.gpu_model FROM metering.usage_hourly u
+                              WHERE u.job_id = a.job_id AND u.node = a.node AND u.gpu_model IS NOT NULL
+                              ORDER BY u.hour LIMIT 1) s ON true
            WHERE a.placed_at < $2 AND (a.ended_at IS NULL OR a.ended_at >= $1)
-           ORDER BY a.job_id, a.placed_at, a.node""", lo, hi, UNKNOWN)
+           ORDER BY a.job_id, a.placed_at, a.node""", lo, hi, UNKNOWN, names, models)
     urows = await conn.fetch(
-        """SELECT u.job_id, COALESCE(n.gpu_model, h.model_hint, $3) AS gpu_model, u.hour,
+        """SELECT u.job_id, COALESCE(n.gpu_model, u.gpu_model, h.model_hint, $3) AS gpu_model, u.hour,
                   sum(u.used_gpu_ms)::bigint AS used, sum(u.sampled_gpu_ms)::bigint AS sampled,
                   sum(u.energy_mj)::bigint AS energy, sum(u.samples)::bigint AS samples
            FROM metering.usage_hourly u
-           LEFT JOIN metering.nodes n ON n.node = u.node
+           LEFT JOIN unnest($4::text[], $5::text[]) AS n(node, gpu_model) ON n.node = u.node
            LEFT JOIN LATERAL (SELECT a.model_hint FROM metering.allocations a
                               WHERE a.job_id = u.job_id AND a.model_hint IS NOT NULL LIMIT 1) h ON true
            WHERE u.hour >= date_bin('1 hour', $1, timestamptz '1970-01-01 00:00:00+00') AND u.hour < $2
-           GROUP BY 1, 2, 3 ORDER BY 1, 2, 3""", lo, hi, UNKNOWN)
+           GROUP BY 1, 2, 3 ORDER BY 1, 2, 3""", lo, hi, UNKNOWN, names, models)
     allocations = [AllocationRow(r["job_id"], r["gpu_model"], r["milli_gpus"], to_ms(r["placed_at"]),
                                  to_ms(r["ended_at"]) if r["ended_at"] is not None else None, r["lost_ms"])
                    for r in arows]
@@ -328,6 +335,6 @@ async def team_summary(conn_or_pool: Conn | asyncpg.Pool, *, rates: Mapping[str,
 
 __all__ = [
     "HOUR_MS", "MIGRATIONS", "SCHEMA", "LedgerSlice", "load_ledger", "load_rates", "migrate", "prune_samples",
-    "rebuild_allocations", "record_fact", "record_nodes", "record_placed", "record_samples", "set_rates",
+    "rebuild_allocations", "record_fact", "record_placed", "record_samples", "set_rates",
     "team_summary",
 ]

@@ -41,7 +41,7 @@ from services.preemption.store import load_config, load_snapshot
 from shared import audit
 from shared.audit import service_actor
 from shared.config import ConfigError, QueuesConfig, StopPolicy, parse_queues
-from shared.domain import JobSpec, NodeHealth
+from shared.domain import JobSpec
 from shared.events import (
     CheckpointRequested,
     CloudEvent,
@@ -56,8 +56,6 @@ from shared.events import (
     JobRequeued,
     JobStarted,
     JobSubmitted,
-    NodeChanged,
-    NodeInventory,
     PreemptionReason,
     PreemptionRequested,
     QueueConfigChanged,
@@ -85,8 +83,8 @@ class PreemptionService:
                       JobSubmitted: self.on_submitted, JobAdmitted: self.on_admitted, JobPlaced: self.on_placed,
                       JobStarted: self.on_started, JobCompleted: self.on_ended, JobFailed: self.on_ended,
                       JobAttemptFailed: self.on_attempt_failed,
-                      JobCancelled: self.on_ended, JobRequeued: self.on_requeued, NodeInventory: self.on_inventory,
-                      NodeChanged: self.on_node_changed, QueueConfigChanged: self.on_config_changed},
+                      JobCancelled: self.on_ended, JobRequeued: self.on_requeued,
+                      QueueConfigChanged: self.on_config_changed},
             on_start=self.load, background=(self.deadline_loop,),
         )
 
@@ -96,24 +94,6 @@ class PreemptionService:
                 await conn.execute("INSERT INTO preemption.config(applied_at, document) VALUES ($1, $2)",
                                    runtime.clock.now(), self.initial_config.model_dump_json())
             self.config = await load_config(conn, self.initial_config)
-
-    # ------------------------------------------------------------------ the cluster as we know it
-
-    async def on_inventory(self, tx: Tx, event: CloudEvent, payload: NodeInventory) -> None:
-        for node in sorted(payload.nodes, key=lambda n: n.name):
-            await self._upsert_node(tx, node.model_dump_json(), node.name, False)
-
-    async def on_node_changed(self, tx: Tx, event: CloudEvent, payload: NodeChanged) -> None:
-        node = payload.node
-        if payload.change == "removed":
-            node = node.model_copy(update={"health": NodeHealth.FAILED})
-        await self._upsert_node(tx, node.model_dump_json(), node.name, payload.change == "removed")
-
-    @staticmethod
-    async def _upsert_node(tx: Tx, spec: str, name: str, removed: bool) -> None:
-        await tx.conn.execute(
-            "INSERT INTO preemption.nodes(name, spec, removed) VALUES ($1, $2, $3) ON CONFLICT (name) DO UPDATE "
-            "SET spec = excluded.spec, removed = excluded.removed", name, spec, removed)
 
     async def on_config_changed(self, tx: Tx, event: CloudEvent, payload: QueueConfigChanged) -> None:
         try:

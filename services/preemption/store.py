@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import asyncpg
 
 from services.preemption.core import RunningJob, priority_of
+from services.scheduler import readmodel
 from services.scheduler.core import ClusterState
 from shared.config import QueuesConfig, parse_queues
 from shared.domain import GpuBinding, JobSpec, NodeSpec
@@ -66,8 +67,8 @@ EXPECTED_CHECKPOINT_S = 60.0
 
 
 async def load_snapshot(conn: asyncpg.Connection, config: QueuesConfig) -> Snapshot:
-    nodes = {r["name"]: NodeSpec.model_validate_json(r["spec"]) for r in
-             await conn.fetch("SELECT name, spec FROM preemption.nodes WHERE NOT removed ORDER BY name")}
+    # The nodes are the scheduler's fact: read from its read model at decision time (no copy kept here).
+    nodes = {n.name: n for n in await readmodel.nodes(conn)}
     cluster = ClusterState.from_nodes(nodes.values())
     running: list[RunningJob] = []
     busy: set[str] = set()

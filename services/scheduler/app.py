@@ -1,4 +1,7 @@
-"""The scheduler service: owns the cluster's allocation state and runs the pure placement core.
+"""The scheduler service: owns the cluster's node facts and allocation state and runs the pure placement core.
+
+It is their one owner: other services read them through its read model (readmodel.py, the views
+`scheduler.v1_nodes` and `scheduler.v1_placements`), never through a copy of their own.
 
 Each handled event (inventory, admission, end of a job) updates the snapshot and runs one scheduling
 cycle in the same transaction: placements are written and JobPlaced events emitted together, after a
@@ -11,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import asyncpg
 
@@ -19,6 +21,7 @@ from services.pipeline.core import WaitingJob, place, priority_value
 from services.preemption.core import priority_of
 from services.scheduler.core import ClusterState, RunningJob
 from services.scheduler.liveness import LivenessWatch
+from services.scheduler.nodes import MIGRATIONS, record_node
 from shared import audit
 from shared.audit import service_actor
 from shared.config import QueuesConfig
@@ -45,7 +48,6 @@ from shared.events import (
 from shared.service import ServiceRuntime, ServiceSpec, Tx
 
 log = logging.getLogger("gpuq.scheduler")
-MIGRATIONS = Path(__file__).parent / "migrations"
 
 
 class SchedulerService:
@@ -136,18 +138,18 @@ class SchedulerService:
         async def body() -> None:
             if payload.change == "removed":
                 await self._upsert_node(tx, payload.node.model_copy(update={"health": NodeHealth.FAILED}),
-                                        removed=True)
+                                        removed=True, reason=payload.reason, message=payload.message)
             else:
-                await self._upsert_node(tx, payload.node)
+                await self._upsert_node(tx, payload.node, reason=payload.reason, message=payload.message)
 
         await self._then_cycle(tx, body)
 
-    async def _upsert_node(self, tx: Tx, node: NodeSpec, removed: bool = False) -> None:
+    async def _upsert_node(self, tx: Tx, node: NodeSpec, removed: bool = False, reason: str | None = None,
+                           message: str = "") -> None:
+        """scheduler.nodes is the cluster's one node table: other services read it through the read model
+        (services/scheduler/readmodel.py), so why a node's health changed is kept there too."""
         self.cluster.upsert_node(node)
-        await tx.conn.execute(
-            "INSERT INTO scheduler.nodes(name, spec, removed, updated_at) VALUES ($1, $2, $3, $4) "
-            "ON CONFLICT (name) DO UPDATE SET spec = excluded.spec, removed = excluded.removed, "
-            "updated_at = excluded.updated_at", node.name, node.model_dump_json(), removed, tx.now)
+        await record_node(tx.conn, node, at=tx.now, removed=removed, reason=reason, message=message)
 
     async def on_admitted(self, tx: Tx, event: CloudEvent, payload: JobAdmitted) -> None:
         async def body() -> None:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
+from services.scheduler import readmodel
 from services.telemetry.core.state import Effects, Gauges, TelemetryState
 from services.telemetry.metrics import DEFAULT_PORT, TelemetryMetrics
 from services.telemetry.webhooks import store
@@ -111,7 +112,6 @@ class TelemetryService:
     async def persist(self, conn: asyncpg.Connection, fx: Effects) -> None:
         with self.lock:
             jobs = [(j, self.state.job_doc(j)) for j in sorted(fx.jobs)]
-            nodes = [(n, self.state.node_doc(n)) for n in sorted(fx.nodes)]
             samples = [(n, self.state.sample_doc(n)) for n in sorted(fx.samples)]
             sources = [(n, self.state.source_doc(n)) for n in sorted(fx.sources)]
         for name, doc in sources:
@@ -119,7 +119,8 @@ class TelemetryService:
                 await conn.execute("INSERT INTO telemetry.settings(key, doc) VALUES ($1, $2::jsonb) "
                                    "ON CONFLICT (key) DO UPDATE SET doc = excluded.doc", _SOURCE_KEY + name,
                                    json.dumps(doc))
-        for table, key, rows in (("jobs", "job_id", jobs), ("nodes", "name", nodes), ("samples", "node", samples)):
+        # (Nodes are not persisted here: they are the scheduler's fact, reloaded from its read model at start.)
+        for table, key, rows in (("jobs", "job_id", jobs), ("samples", "node", samples)):
             for k, doc in rows:
                 if doc is None:
                     await conn.execute(f"DELETE FROM telemetry.{table} WHERE {key} = $1", k)
@@ -135,13 +136,16 @@ class TelemetryService:
     # ------------------------------------------------------------------ lifecycle
 
     async def load(self, conn: asyncpg.Connection) -> None:
-        """Rebuild the core from its tables (after a restart)."""
+        """Rebuild the core from its tables and the scheduler's read model (after a restart)."""
         state = TelemetryState(self.state.job_series_cap)
         state.guaranteed, state.prices, state.flavors = self.state.guaranteed, self.state.prices, self.state.flavors
         for row in await conn.fetch("SELECT doc FROM telemetry.jobs ORDER BY job_id"):
             state.load_job(json.loads(row["doc"]))
-        for row in await conn.fetch("SELECT doc FROM telemetry.nodes ORDER BY name"):
-            state.load_node(json.loads(row["doc"]))
+        # The nodes, their health and why it changed, as their owner (the scheduler) knows them now; events keep
+        # them current from then on.
+        for fact in await readmodel.node_facts(conn):
+            state.load_node({"node": fact.spec.model_dump(mode="json"), "reason": fact.reason,
+                             "message": fact.message})
         for row in await conn.fetch("SELECT doc FROM telemetry.samples ORDER BY node"):
             state.load_sample(json.loads(row["doc"]))
         for row in await conn.fetch("SELECT doc FROM telemetry.settings WHERE key LIKE $1 ORDER BY key",

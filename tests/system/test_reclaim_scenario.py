@@ -11,6 +11,7 @@ import asyncpg
 import nats
 
 from services.api.readmodel import fetch_status
+from services.preemption.core import preemption_chains
 from services.stack import Stack, StackSettings
 from shared.clock import ScaledClock
 from shared.domain import JobSpec, PodSet
@@ -78,6 +79,14 @@ async def test_team_b_reclaims_from_team_a_which_checkpoints_and_resumes(fresh: 
     placed = [e["data"] for e in await events_on(nats_url, ns_subject("job.placed"))
               if e["data"]["job_id"] == "a-sweep"]
     assert len(placed) == 2 and placed[1]["resume_from"] == p["checkpoint_uri"]
+    # Hops per preemption (issue "One house"): the bus handoffs from the request to the preemptor's placement.
+    history = [e for kind in ("preemption.requested", "job.checkpoint_requested", "job.checkpointed", "job.preempted",
+                              "job.admitted", "job.placed") for e in await events_on(nats_url, ns_subject(kind))]
+    (chain,) = preemption_chains(history)
+    print(f"\nhops per preemption: {chain.hops} ({' -> '.join(chain.steps)})")
+    assert (chain.victim, chain.preemptor) == ("a-sweep", "b-train")
+    assert chain.steps == ("preemption.requested", "job.checkpoint_requested", "job.checkpointed", "job.preempted",
+                           "job.admitted", "job.placed")
     conn = await asyncpg.connect(database_url)
     run = await conn.fetchrow("SELECT attempt, done_s FROM executor.runs WHERE job_id = 'a-sweep'")
     await conn.close()

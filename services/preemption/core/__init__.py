@@ -6,6 +6,7 @@ and the simulator (sim/preemption.py) drive the same functions.
 
 from .drain import DrainPlan, drain_plan
 from .guards import cooldown_s, cooldown_verdict, rate_limit_verdict
+from .hops import PreemptionChain, preemption_chains
 from .model import PRIORITY, RECLAIM, Outcome, Preemptor, RunningJob, Selection, Why, priority_of, usage_by_queue
 from .policy import class_verdict, is_borrowing, needed_resources, protection, protection_ends, victim_verdict
 from .select import candidate_key, select_victims, set_key
@@ -15,6 +16,7 @@ __all__ = [
     "RECLAIM",
     "DrainPlan",
     "Outcome",
+    "PreemptionChain",
     "Preemptor",
     "RunningJob",
     "Selection",
@@ -26,6 +28,7 @@ __all__ = [
     "drain_plan",
     "is_borrowing",
     "needed_resources",
+    "preemption_chains",
     "priority_of",
     "protection",
     "protection_ends",

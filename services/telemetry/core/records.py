@@ -1,6 +1,7 @@
 """What the telemetry core remembers between events: one record per live job, per node and per node's
 latest utilisation sample. Records are plain pydantic models so the shell can persist each one as a JSON
-document (`telemetry.jobs`, `telemetry.nodes`, `telemetry.samples`) and rebuild the core after a restart.
+document (`telemetry.jobs`, `telemetry.samples`) and rebuild the core after a restart (nodes are rebuilt from
+the scheduler's read model, their one owner).
 """
 
 from __future__ import annotations

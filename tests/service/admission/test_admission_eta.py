@@ -12,11 +12,12 @@ from services.admission.app import AdmissionService
 from shared.clock import ManualClock
 from shared.config import parse_queues
 from shared.db import create_pool
-from shared.events import JobPending, NodeInventory, make_event, utcnow_from
+from shared.events import JobPending
 from shared.namespace import subject as ns_subject
-from shared.service import ServiceRuntime, publish_event
+from shared.service import ServiceRuntime
 from sim.eta import PlatformEta
 from tests.service.admission.test_admission_service import queues, submitted, until
+from tests.support.cluster import record_nodes
 from tests.unit.telemetry.telemetry_builders import node
 
 
@@ -46,8 +47,7 @@ async def test_waiting_job_gets_an_eta_range_stored_and_published_on_platform_ti
 
     await svc.start()
     try:
-        inventory = make_event(NodeInventory(nodes=(node("h0"),)), source="test", time=utcnow_from(clock.now()))
-        await publish_event(js, inventory, NodeInventory.subject())
+        await record_nodes(pool, (node("h0"),))  # the scheduler's fact: ETAs read its read model
         await js.publish(ns_subject("job.submitted.team-a"), submitted("first", 8))  # admitted: holds the quota
 
         async def admitted() -> bool:

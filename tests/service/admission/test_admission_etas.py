@@ -13,11 +13,12 @@ from services.admission.app import AdmissionService
 from shared.clock import ManualClock
 from shared.config import parse_cluster, parse_queues
 from shared.db import create_pool
-from shared.events import JobPending, JobStarted, NodeInventory, encode_event, make_event
+from shared.events import JobPending, JobStarted, encode_event, make_event
 from shared.namespace import subject as ns_subject
 from shared.service import ServiceRuntime
 from sim.eta import PlatformEta
 from tests.service.admission.test_admission_service import queues, submitted, until
+from tests.support.cluster import record_nodes
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -35,8 +36,7 @@ async def test_waiting_jobs_get_etas_from_the_forward_simulation_off_the_lock(fr
                                             "cpu_milli": 64000, "memory_mib": 512000}]}).nodes()
     await runtime.start()
     try:
-        await js.publish(ns_subject("node.inventory"),
-                         encode_event(make_event(NodeInventory(nodes=tuple(nodes)), source="test", time=T0)))
+        await record_nodes(pool, nodes)  # the scheduler's fact: ETAs read its read model
         for job_id in ("first", "second", "third"):  # 8 GPUs of quota: the first runs, the others wait behind it
             await js.publish(ns_subject("job.submitted.team-a"), submitted(job_id, 8))
         await until(lambda: conn.fetchval("SELECT status = 'admitted' FROM admission.jobs WHERE job_id = 'first'"))

@@ -9,7 +9,8 @@ import asyncpg
 import pytest_asyncio
 
 from services.metering import store
-from shared.db import create_pool
+from services.scheduler.nodes import MIGRATIONS as SCHEDULER_MIGRATIONS
+from shared.db import apply_migrations, create_pool
 from shared.service import PLUMBING_SQL
 
 
@@ -24,7 +25,10 @@ async def pool(metering_db_url: str) -> AsyncIterator[asyncpg.Pool]:
     async with p.acquire() as conn:
         await conn.execute(f"DROP SCHEMA IF EXISTS {store.SCHEMA} CASCADE")
         await conn.execute(PLUMBING_SQL.format(s=store.SCHEMA))
+        await conn.execute("DROP SCHEMA IF EXISTS scheduler CASCADE")
     await store.migrate(p)
+    # The nodes' owner: reports read GPU models from the scheduler's read model.
+    await apply_migrations(p, "scheduler", SCHEDULER_MIGRATIONS)
     try:
         yield p
     finally:

@@ -11,12 +11,12 @@ import pytest
 
 from services.metering import store
 from services.metering.testing import QUEUES_DOC, T0_MS, at, deliver, event, placed, sampled, scenario, spec
+from services.scheduler.nodes import record_node
 from shared.domain import GpuBinding, NodeSpec
 from shared.events import (
     GpuSample,
     JobFailed,
     JobPlaced,
-    NodeInventory,
     QueueConfigChanged,
     UtilizationSampled,
     make_event,
@@ -66,7 +66,7 @@ async def test_replayed_twice_and_shuffled_gives_identical_totals(pool, metering
 
     # Same ledger, built again from scratch from the stream delivered twice, in a random order.
     async with pool.acquire() as conn:
-        await conn.execute("TRUNCATE metering.jobs, metering.job_facts, metering.allocations, metering.nodes, "
+        await conn.execute("TRUNCATE metering.jobs, metering.job_facts, metering.allocations, "
                            "metering.gpu_samples, metering.usage_hourly, metering.rates")
     replay = events + events
     random.Random(7).shuffle(replay)
@@ -97,7 +97,9 @@ async def test_samples_before_placement_still_count(pool):
 async def test_open_allocation_runs_to_the_ledger_horizon_and_model_from_inventory(pool):
     node = NodeSpec(name="a100-0", gpus=8, gpu_model="A100-40GB", cpu_milli=1, memory_mib=1, rack="r", block="b")
     job = spec("open", team="team-b", gpus=8, model=None)
-    await deliver(pool, [event(QueueConfigChanged(config=QUEUES_DOC)), event(NodeInventory(nodes=(node,))),
+    async with pool.acquire() as conn:  # the scheduler records the inventory; metering reads its read model
+        await record_node(conn, node, at=0.0)
+    await deliver(pool, [event(QueueConfigChanged(config=QUEUES_DOC)),
                          event(placed(job, 0, ["a100-0"]), 0),
                          event(sampled("a100-0", 1800, "open", [0.0] * 8, model=None, interval_s=1800), 1800)])
     async with pool.acquire() as conn:
@@ -157,3 +159,30 @@ async def test_mig_instances_are_separate_samples_charged_their_slice(pool):
     assert summary["team-a"]["allocated_gpu_hours"] == pytest.approx(2 * 0.428)
     assert summary["team-a"]["used_gpu_hours"] == pytest.approx(0.428 * 1.5)
     assert summary["team-a"]["idle_gpu_hours"] == pytest.approx(0.428 * 0.5)
+
+
+async def test_node_models_come_from_the_scheduler_then_from_samples(pool):
+    """GPU models are the scheduler's node facts, read when a report is made: a node it removed since still
+    charges its past allocation at its model; a node it never announced takes the model its samples named."""
+    gone = NodeSpec(name="l4-0", gpus=8, gpu_model="L4", cpu_milli=1, memory_mib=1, rack="r", block="b")
+    async with pool.acquire() as conn:
+        await record_node(conn, gone, at=0.0)
+        await record_node(conn, gone, at=10.0, removed=True)
+    on_gone, on_unknown = spec("on-gone", team="team-a", gpus=8, model=None), spec("on-dcgm", team="team-b", gpus=8,
+                                                                                  model=None)
+    await deliver(pool, [event(placed(on_gone, 0, ["l4-0"]), 0), event(placed(on_unknown, 0, ["dcgm-0"]), 0),
+                         event(sampled("dcgm-0", 60, "on-dcgm", [10.0] * 8, model="A10"), 60),
+                         event(JobFailed(job_id="on-gone", finished_at=at(60)), 60),
+                         event(JobFailed(job_id="on-dcgm", finished_at=at(60)), 60)])
+    async with pool.acquire() as conn:
+        ledger = await store.load_ledger(conn)
+    assert sorted((a.job_id, a.gpu_model) for a in ledger.allocations) == [("on-dcgm", "A10"), ("on-gone", "L4")]
+    assert [(u.job_id, u.gpu_model) for u in ledger.usage] == [("on-dcgm", "A10")]
+    # The scheduler's fact outranks what a sample said.
+    async with pool.acquire() as conn:
+        await record_node(conn, gone.model_copy(update={"name": "dcgm-0", "gpu_model": "A10G"}), at=20.0)
+        ledger = await store.load_ledger(conn)
+    assert sorted((a.job_id, a.gpu_model) for a in ledger.allocations) == [("on-dcgm", "A10G"), ("on-gone", "L4")]
+    async with pool.acquire() as conn:  # fair share over time decays the same allocations under the same models
+        usage = await store.decayed_usage(conn, at(3600), 3600.0)
+    assert {q: sorted(m) for q, m in usage.items()} == {"team-a": ["L4"], "team-b": ["A10G"]}

@@ -14,6 +14,7 @@ import nats
 
 from services.preemption.app import PreemptionService
 from services.preemption.visibility import preemptible_in_queue, preemption_status
+from services.scheduler.app import SchedulerService
 from shared.clock import ManualClock
 from shared.config import parse_queues
 from shared.db import create_pool
@@ -61,6 +62,10 @@ class Harness:
         self.pool = await create_pool(self.database_url)
         self.nc = await nats.connect(self.nats_url)
         self.js = self.nc.jetstream()
+        # The nodes' owner: the preemption service reads them from the scheduler's read model.
+        self.scheduler = ServiceRuntime(SchedulerService().spec(), nats_url=self.nats_url, pool=self.pool,
+                                        clock=self.clock, database_url=self.database_url)
+        await self.scheduler.start()
         await self.start()
         return self
 
@@ -78,6 +83,7 @@ class Harness:
     async def __aexit__(self, *exc: object) -> None:
         if self.runtime is not None:
             await self.stop()
+        await self.scheduler.stop()
         await self.nc.close()
         await self.pool.close()
 
@@ -113,7 +119,7 @@ class Harness:
 
 async def _setup(h: Harness, victim_ckpt: bool = True) -> None:
     await h.send(NodeInventory(nodes=NODES))
-    await h.until("SELECT count(*) = 2 FROM preemption.nodes")
+    await h.until("SELECT count(*) = 2 FROM scheduler.v1_nodes WHERE NOT removed")
     await h.run_job(spec("a-own", "team-a", "low", ckpt=False), "n-0", T0)  # team-a's nominal 8
     await h.run_job(spec("a-borrowed", "team-a", "low", ckpt=victim_ckpt), "n-1", T0 + 100)  # 8 borrowed from B
     await h.send(JobSubmitted(spec=spec("b-back", "team-b", "high"), submitted_at=utcnow_from(T0 + 5000)))
@@ -185,7 +191,7 @@ async def test_a_job_five_minutes_from_its_end_is_left_alone(fresh: tuple[str, s
     clock = ManualClock(T0 + 5000)
     async with Harness(*fresh, clock) as h:
         await h.send(NodeInventory(nodes=NODES[:1]))
-        await h.until("SELECT count(*) = 1 FROM preemption.nodes")
+        await h.until("SELECT count(*) = 1 FROM scheduler.v1_nodes WHERE NOT removed")
         # started at T0+1000 with a 4300 s limit: its expected end is T0+5300, 5 minutes from now
         await h.run_job(spec("a-ending", "team-a", "low", max_runtime_s=4300), "n-0", T0 + 1000)
         await h.send(JobSubmitted(spec=spec("a-high", "team-a", "high"), submitted_at=utcnow_from(T0 + 5000)))
@@ -207,7 +213,7 @@ async def test_a_job_five_minutes_from_its_end_is_left_alone(fresh: tuple[str, s
 async def _young_borrower(h: Harness, clock: ManualClock) -> None:
     """Team A runs 16 GPUs (8 borrowed from B) in two jobs that cannot checkpoint and started 50 and 100 s ago."""
     await h.send(NodeInventory(nodes=NODES))
-    await h.until("SELECT count(*) = 2 FROM preemption.nodes")
+    await h.until("SELECT count(*) = 2 FROM scheduler.v1_nodes WHERE NOT removed")
     await h.run_job(spec("a-own", "team-a", "low", ckpt=False), "n-0", clock.now() - 50)
     await h.run_job(spec("a-young", "team-a", "low", ckpt=False), "n-1", clock.now() - 100)
     await h.send(JobSubmitted(spec=spec("b-back", "team-b", "high"), submitted_at=utcnow_from(clock.now())))

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import asyncpg
 import pytest_asyncio
 
+from services.scheduler.nodes import MIGRATIONS as SCHEDULER_MIGRATIONS
 from services.telemetry.app import MIGRATIONS
 from shared.db import apply_migrations, create_pool
 from shared.service import PLUMBING_SQL
@@ -24,7 +25,10 @@ async def pool(telemetry_db_url: str) -> AsyncIterator[asyncpg.Pool]:
     async with p.acquire() as conn:
         await conn.execute("DROP SCHEMA IF EXISTS telemetry CASCADE")
         await conn.execute(PLUMBING_SQL.format(s="telemetry"))
+        await conn.execute("DROP SCHEMA IF EXISTS scheduler CASCADE")
     await apply_migrations(p, "telemetry", MIGRATIONS)
+    # The nodes' owner: a restarted telemetry reads them from the scheduler's read model.
+    await apply_migrations(p, "scheduler", SCHEDULER_MIGRATIONS)
     try:
         yield p
     finally:
