@@ -3,6 +3,8 @@ many jobs per cycle as fit instead of one head per queue:
 
   1 heads     per queue, the pending jobs in order (priority, then submit time, then id)
   2 snapshot  the live QuotaBook plus this cycle's copy of free physical capacity
+  3a-5a       phases 3-5 over only the jobs that fit their queue's nominal quota without borrowing (Kueue's
+              entry ordering: entries that do not borrow come first), then phases 3-5 over everything
   3 nominate  per queue, the next job that fits (flavor assignment); jobs before it get their reason now
   4 order     a heap of the nominated heads: priority, then dominant resource share / weight after admission
               (Kueue fair_sharing.go), then submit time, then job id
@@ -249,7 +251,18 @@ class _Cycle:
             self.clean = {sc for sc in set(self.scopes.values())
                           if sc in state._scope_cache and sc not in state._stale}
         # 2 snapshot: the QuotaBook is the live snapshot; capacity was copied in __init__
-        # 3 nominate (an unchanged scope admitted nothing last time and would decide the same again)
+        # 3a/5a within nominal first (Kueue's entry ordering puts entries that fit without borrowing before
+        # those that borrow): every job that fits its queue's nominal quota, in the usual order, before any job
+        # borrows. A reclaim frees nominal quota for its job; without this, its victim (requeued, and first in
+        # the order by share, priority or submit time) borrowed it back and the same reclaim repeated each cycle.
+        # (an unchanged scope admitted nothing last time and would decide the same again)
+        live = [q for q in sorted(self.lists) if self.scopes[q] not in self.clean]
+        for q in live:
+            self.idx[q] = 0
+            self._nominate_within_nominal(q)
+        self._admit_within_nominal()
+        self.heap.clear()  # left over only when max_admissions stopped it
+        # 3 nominate, from each queue's first job again (the jobs just admitted are passed over)
         for q in sorted(self.lists):
             self.idx[q] = 0
             if self.scopes[q] in self.clean:
@@ -324,6 +337,52 @@ class _Cycle:
                     self._block_rest(q, Reason.WAITING_IN_STRICT_FIFO, self._strict_message(qq, e))
                     continue
             self._nominate(q)
+
+    def _admit_within_nominal(self) -> None:
+        """Phases 4 and 5 for the jobs that fit their queue's nominal quota (3a/5a in `run`): admitted in the
+        usual order; a head that no longer fits within nominal is left to the full pass (phases 3-5), which
+        gives every job its reason and its reclaim, so nothing here fails a job or asks for anything."""
+        while self.heap:
+            _, q = heapq.heappop(self.heap)
+            qq = self.book.queues[q]
+            e = self.lists[q][self.idx[q]]
+            result = self._evaluate(qq, e)
+            if type(result) is _Fit and not result.borrowing:
+                fresh = self._key(qq, e, result)
+                if self.heap and fresh > self.heap[0][0]:
+                    heapq.heappush(self.heap, (fresh, q))
+                    continue
+                self._admit(qq, e, result)
+                if self.max_admissions is not None and len(self.decision.admitted) >= self.max_admissions:
+                    return
+            self.idx[q] += 1
+            self._nominate_within_nominal(q)
+
+    def _nominate_within_nominal(self, q: str) -> None:
+        """Push `q`'s next job that fits within its queue's nominal quota (a StrictFIFO queue: only if its head
+        does). Jobs passed over get no reason here: the full pass gives them one."""
+        lst = self.lists[q]
+        qq = self.book.queues.get(q)
+        if (qq is None or qq.held or (qq.max_running is not None and self.book.running.get(q, 0) >= qq.max_running)
+                or (self.max_admissions is not None and len(self.decision.admitted) >= self.max_admissions)):
+            self.idx[q] = len(lst)
+            return
+        if qq.cohort is not None and all(self.book.used(q, r) >= n for r, n in qq.nominal.items()):
+            self.idx[q] = len(lst)  # every GPU request would borrow (a job asking for none fits in the full pass)
+            return
+        i, n = self.idx[q], len(lst)
+        while i < n:
+            e = lst[i]
+            if e.verdict is None and e.admitted is None:
+                result = self._evaluate(qq, e)
+                if type(result) is _Fit and not result.borrowing:
+                    self.idx[q] = i
+                    heapq.heappush(self.heap, (self._key(qq, e, result), q))
+                    return
+                if qq.strict_fifo:
+                    break
+            i += 1
+        self.idx[q] = n
 
     def _nominate(self, q: str) -> None:
         """Give `q`'s pending jobs their reasons up to the next job that fits, and push that one.
