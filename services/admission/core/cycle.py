@@ -239,6 +239,10 @@ class _Cycle:
         # queue -> its first job that must borrow and found too little lendable: asked for after the admissions,
         # when what is left is known (an admission later in the cycle could take the room its victims free)
         self.fair_deferred: dict[str, tuple[QueueQuota, Entry, _NoFit, dict[str, int]]] = {}
+        # pool -> (cohort, resource) -> the free room of that cohort this cycle's reclaims count on, with the first
+        # reclaiming job: no later admission of the cycle borrows it (Kueue reserves a preempting entry's
+        # resources for the rest of the cycle), else the victims would free too little and the reclaim repeat
+        self.holds: dict[str, dict[tuple[str, str], tuple[int, str]]] = {}
 
     # ------------------------------------------------------------------ phases
 
@@ -316,6 +320,8 @@ class _Cycle:
                     continue
                 refused = (self._refusal(qq, e, result, self._version(qq))
                            if result.borrowing and qq.cohort is not None else None)
+                if refused is None and result.borrowing and self.holds and qq.pool in self.holds:
+                    refused = self._held(qq, result)
                 if refused is not None:
                     e.reason, e.message = Reason.WAITING_FOR_BORROWABLE_QUOTA, refused
                     self.refused_at.setdefault(q, self.idx[q])
@@ -371,14 +377,23 @@ class _Cycle:
             self.idx[q] = len(lst)  # every GPU request would borrow (a job asking for none fits in the full pass)
             return
         i, n = self.idx[q], len(lst)
+        # the priority of the first job passed over that would fit by borrowing and could preempt within its
+        # queue: no job of lower priority goes ahead of it, since it could preempt that job (within_queue) and the
+        # room would change hands every cycle
+        floor: int | None = None
         while i < n:
             e = lst[i]
             if e.verdict is None and e.admitted is None:
+                if floor is not None and e.priority < floor:
+                    break
                 result = self._evaluate(qq, e)
-                if type(result) is _Fit and not result.borrowing:
-                    self.idx[q] = i
-                    heapq.heappush(self.heap, (self._key(qq, e, result), q))
-                    return
+                if type(result) is _Fit:
+                    if not result.borrowing:
+                        self.idx[q] = i
+                        heapq.heappush(self.heap, (self._key(qq, e, result), q))
+                        return
+                    if floor is None and qq.can_preempt_within and self._nominal_request(qq, e.sig) is not None:
+                        floor = e.priority
                 if qq.strict_fifo:
                     break
             i += 1
@@ -564,6 +579,16 @@ class _Cycle:
                 return (f"needs to borrow {borrowed} {r}; cohort {qq.cohort} could lend {max(0, lendable)} without "
                         f"the {held} unused {r} of {', '.join(holders)}, which have jobs waiting and could not "
                         f"take a loan to this job back (reclaim_within_cohort)")
+        return None
+
+    def _held(self, qq: QueueQuota, fit: _Fit) -> str | None:
+        """Whether borrowing `fit` would take free room that a reclaim of this cycle counts on (`holds`): the
+        message if so, else None."""
+        for (cohort, r), (room, first) in self.holds[qq.pool or ""].items():
+            u = fit.usage.get(r, 0)
+            if u and self.book.cohort_available(cohort, r) - u < room:
+                return (f"needs to borrow {u} {r}; the {room} {r} left in cohort {cohort} are held for the jobs "
+                        f"reclaiming quota this cycle ({first})")
         return None
 
     def _lenders_unused(self, cohort: str, version: int, lenders: list[tuple[str, int, frozenset[str]]]
@@ -868,6 +893,12 @@ class _Cycle:
             if short > 0:
                 need[r] = short
         pledge.add(q, e.job_id, request)
+        assert qq.cohort is not None
+        holds = self.holds.setdefault(cohort, {})
+        for r in request:
+            room = min(pledge.demand[r], max(0, book.cohort_available(qq.cohort, r)))
+            if room > holds.get((qq.cohort, r), (0, ""))[0]:
+                holds[(qq.cohort, r)] = (room, pledge.first[q])
         e.reason = Reason.WAITING_FOR_RECLAIM
         if not need:
             e.message = _Then(result.message, f"fits once the capacity reclaimed for {pledge.first[q]} is freed")

@@ -8,8 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from services.admission.core import AdmissionState, Workload, admission_cycle
+from shared.config import QueuesConfig
 from tests.unit.admission.admission_core_builders import H100, config, job, queue, submit
 
 
@@ -92,3 +95,102 @@ def test_a_higher_priority_borrower_does_not_take_reclaimed_quota_back(borrower_
     if borrower_first:
         assert log[0] == (["j1"], [("j3", "j0")])
     assert set(s.admitted) == {"j1", "j2", "j3"}
+
+
+@st.composite
+def cohorts(draw: st.DrawFn) -> tuple[QueuesConfig, list[tuple[int, int, bool]], list[str], int]:
+    """One cohort: a lender that runs nothing and 2-3 queues with small nominal quotas (0-3, so that they both
+    reclaim and borrow), weights 0-3, reclaim Any or LowerPriority, either queueing strategy, each with its own
+    priority (`high` made preemptible for some jobs, so that `Any` may reclaim from a higher-priority borrower);
+    jobs of 1-3 GPUs; the first `first` jobs arrive (and are admitted) before the others. One priority per queue:
+    within-queue preemption has a churn of its own, with backfill (see the report of issue 15)."""
+    n = draw(st.integers(2, 3))
+    queues = [queue("lender", {H100: draw(st.integers(0, 4))})]
+    for i in range(n):
+        queues.append(queue(f"q{i}", {H100: draw(st.integers(0, 3))}, weight=draw(st.sampled_from([0, 1, 3])),
+                            reclaim=draw(st.sampled_from(["Any", "LowerPriority"])),
+                            strategy=draw(st.sampled_from(["BestEffortFIFO", "BestEffortFIFO", "StrictFIFO"]))))
+    priorities = [draw(st.sampled_from(["low", "normal", "high"])) for _ in range(n)]
+    jobs = draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(1, 3), st.booleans()), min_size=2,
+                         max_size=14))
+    return config(*queues), jobs, priorities, draw(st.integers(1, len(jobs)))
+
+
+def requeue_needed(s: AdmissionState, d: Any) -> int:
+    """The preemption service: per request, its candidates in order until the need is covered, `own_need` of it
+    by the preemptor's own queue; nothing when they cannot cover it (as services/preemption/core/select.py)."""
+    taken = 0
+    for r in d.reclaims:
+        freed: dict[str, int] = {}
+        own: dict[str, int] = {}
+
+        def covered(freed: dict[str, int] = freed, own: dict[str, int] = own, r: Any = r) -> bool:
+            return (all(freed.get(k, 0) >= n for k, n in r.need.items())
+                    and all(own.get(k, 0) >= n for k, n in r.own_need.items()))
+
+        picks = []
+        for victim in r.candidates:
+            if covered():
+                break
+            if victim not in s.admitted:  # taken for an earlier request of the cycle
+                continue
+            a = s.admitted[victim]
+            if a.spec.queue != r.queue and all(freed.get(k, 0) >= n for k, n in r.need.items()):
+                continue  # only the own queue's part is still missing
+            picks.append(victim)
+            for k, n in a.usage.items():
+                freed[k] = freed.get(k, 0) + n
+                if a.spec.queue == r.queue:
+                    own[k] = own.get(k, 0) + n
+        if not covered():
+            continue
+        for victim in picks:
+            a = s.admitted[victim]
+            s.requeue(Workload(a.spec, a.submitted_at))
+            taken += 1
+    return taken
+
+
+@settings(max_examples=300, deadline=None)
+@given(cohorts())
+def test_reclaims_settle_without_new_arrivals(
+        case: tuple[QueuesConfig, list[tuple[int, int, bool]], list[str], int]) -> None:
+    """With no arrivals and no finishes, cycles that requeue the victims they ask for reach a cycle that admits
+    and asks nothing, after at most one preemption per job (the old code asked the same reclaim forever)."""
+    cfg, jobs, priorities, first = case
+    s = AdmissionState(cfg)
+    for k, (qi, gpus, flag) in enumerate(jobs):
+        if k == first:
+            admission_cycle(s, k + 0.5)  # the early jobs run (and borrow) before the rest arrive
+        prio = priorities[qi]
+        preemptible = True if prio == "high" and flag else None
+        s.submit(Workload(job(f"j{k}", f"q{qi}", gpus, priority=prio, preemptible=preemptible), k))  # (or rejected)
+    preemptions = 0
+    log = []
+    for i in range(3 * len(jobs) + 3):
+        d = admission_cycle(s, 100.0 + i)
+        log.append(([a.spec.job_id for a in d.admitted], [(r.preemptor, r.candidates) for r in d.reclaims]))
+        taken = requeue_needed(s, d)
+        preemptions += taken
+        if not taken and not d.admitted:
+            break
+    else:
+        shape = [(q.name, q.quotas[H100].nominal, q.weight, q.queueing_strategy.value,
+                  q.preemption.reclaim_within_cohort.value) for q in cfg.queues]
+        raise AssertionError(f"did not settle: {preemptions} preemptions; {shape}; {jobs} {first}; {log[:4]}")
+    assert preemptions <= len(jobs)
+
+
+def test_a_job_within_nominal_does_not_pass_a_higher_priority_job_of_its_queue_that_could_preempt_it() -> None:
+    """Within nominal first, but not within a queue across priorities: j2 (normal) would borrow and could preempt
+    j1 (low) within its queue (its request fits q0's nominal quota), so j1 must not take the room first, or j2
+    would preempt it, j1 take the room back, and so on every cycle."""
+    s = AdmissionState(config(queue("lender", {H100: 1}), queue("q0", {H100: 3}, reclaim="Any")))
+    submit(s, job("j0", "q0", 2, priority="low"), 0)
+    assert [a.spec.job_id for a in admission_cycle(s, 0.5).admitted] == ["j0"]
+    submit(s, job("j1", "q0", 1, priority="low"), 1)
+    submit(s, job("j2", "q0", 2), 2)
+    log = run_cycles(s, 4)
+    assert log[0] == (["j2"], [])  # j2 borrows the lender's GPU, as before the within-nominal pass
+    assert log[1:] == [([], [])] * 3
+    assert set(s.admitted) == {"j0", "j2"}
