@@ -239,9 +239,9 @@ class _Cycle:
         # queue -> its first job that must borrow and found too little lendable: asked for after the admissions,
         # when what is left is known (an admission later in the cycle could take the room its victims free)
         self.fair_deferred: dict[str, tuple[QueueQuota, Entry, _NoFit, dict[str, int]]] = {}
-        # pool -> (cohort, resource) -> the free room of that cohort this cycle's reclaims count on, with the first
-        # reclaiming job: no later admission of the cycle borrows it (Kueue reserves a preempting entry's
-        # resources for the rest of the cycle), else the victims would free too little and the reclaim repeat
+        # pool -> (cohort, resource) -> the free room of that cohort this cycle's preemption requests count on, with
+        # the first preemptor: no later admission of the cycle borrows it (Kueue reserves a preempting entry's
+        # resources for the rest of the cycle), else the victims would free too little and the request repeat
         self.holds: dict[str, dict[tuple[str, str], tuple[int, str]]] = {}
 
     # ------------------------------------------------------------------ phases
@@ -581,6 +581,17 @@ class _Cycle:
                         f"take a loan to this job back (reclaim_within_cohort)")
         return None
 
+    def _hold(self, qq: QueueQuota, request: Mapping[str, int], first: str) -> None:
+        """Hold the free room of `qq`'s cohort that a preemption asked for `request` counts on (`holds`)."""
+        if qq.cohort is None or qq.pool is None:
+            return  # nothing shares its quota
+        holds = self.holds.setdefault(qq.pool, {})
+        for r, amount in sorted(request.items()):
+            held, who = holds.get((qq.cohort, r), (0, first))
+            room = min(held + amount, max(0, self.book.cohort_available(qq.cohort, r)))
+            if room > held:
+                holds[(qq.cohort, r)] = (room, who)
+
     def _held(self, qq: QueueQuota, fit: _Fit) -> str | None:
         """Whether borrowing `fit` would take free room that a reclaim of this cycle counts on (`holds`): the
         message if so, else None."""
@@ -588,7 +599,7 @@ class _Cycle:
             u = fit.usage.get(r, 0)
             if u and self.book.cohort_available(cohort, r) - u < room:
                 return (f"needs to borrow {u} {r}; the {room} {r} left in cohort {cohort} are held for the jobs "
-                        f"reclaiming quota this cycle ({first})")
+                        f"preempting or reclaiming this cycle ({first})")
         return None
 
     def _lenders_unused(self, cohort: str, version: int, lenders: list[tuple[str, int, frozenset[str]]]
@@ -893,12 +904,7 @@ class _Cycle:
             if short > 0:
                 need[r] = short
         pledge.add(q, e.job_id, request)
-        assert qq.cohort is not None
-        holds = self.holds.setdefault(cohort, {})
-        for r in request:
-            room = min(pledge.demand[r], max(0, book.cohort_available(qq.cohort, r)))
-            if room > holds.get((qq.cohort, r), (0, ""))[0]:
-                holds[(qq.cohort, r)] = (room, pledge.first[q])
+        self._hold(qq, request, pledge.first[q])
         e.reason = Reason.WAITING_FOR_RECLAIM
         if not need:
             e.message = _Then(result.message, f"fits once the capacity reclaimed for {pledge.first[q]} is freed")
@@ -971,6 +977,7 @@ class _Cycle:
             result.settle(e.priority, e.reason, result.message)  # nothing of its queue may make room this cycle
             return
         self.preempting[q] = e.job_id
+        self._hold(qq, request, e.job_id)
         if borrowers:
             assert qq.pool is not None  # can_reclaim: only queues in a cohort reclaim
             pledge = self.pledges.setdefault(qq.pool, _Pledge())
@@ -1010,6 +1017,7 @@ class _Cycle:
             result.settle(e.priority, e.reason, result.message)
             return
         self.preempting[q] = e.job_id
+        self._hold(qq, request, e.job_id)
         pledge.first.setdefault(q, e.job_id)
         pledge.victims.update(candidates)
         threshold = None if qq.borrow_threshold == float("inf") else int(qq.borrow_threshold)

@@ -98,22 +98,29 @@ def test_a_higher_priority_borrower_does_not_take_reclaimed_quota_back(borrower_
 
 
 @st.composite
-def cohorts(draw: st.DrawFn) -> tuple[QueuesConfig, list[tuple[int, int, bool]], list[str], int]:
+def cohorts(draw: st.DrawFn) -> tuple[QueuesConfig, list[tuple[int, int, str, bool]], int]:
     """One cohort: a lender that runs nothing and 2-3 queues with small nominal quotas (0-3, so that they both
-    reclaim and borrow), weights 0-3, reclaim Any or LowerPriority, either queueing strategy, each with its own
-    priority (`high` made preemptible for some jobs, so that `Any` may reclaim from a higher-priority borrower);
-    jobs of 1-3 GPUs; the first `first` jobs arrive (and are admitted) before the others. One priority per queue:
-    within-queue preemption has a churn of its own, with backfill (see the report of issue 15)."""
+    reclaim and borrow), weights 0-3, either queueing strategy; jobs of 1-3 GPUs; the first `first` jobs arrive
+    (and are admitted) before the others. Either one priority per queue, reclaim Any or LowerPriority (`high` made
+    preemptible for some jobs, so that `Any` may reclaim from a higher-priority borrower); or mixed priorities in a
+    queue (within-queue preemption too), every job preemptible and reclaim Any: off, as it still finds churn (not
+    fixed here; see the report of issue 15): a lower-priority job of the preemptor's own queue that fits within
+    nominal takes the room a within-queue preemption counts on; and a job refused a loan (docs/admission.md,
+    "Lending while the lender waits") preempts within its queue for room a lower-priority job then borrows."""
     n = draw(st.integers(2, 3))
+    mixed = False  # see the docstring: the mixed case still finds churn
     queues = [queue("lender", {H100: draw(st.integers(0, 4))})]
     for i in range(n):
         queues.append(queue(f"q{i}", {H100: draw(st.integers(0, 3))}, weight=draw(st.sampled_from([0, 1, 3])),
-                            reclaim=draw(st.sampled_from(["Any", "LowerPriority"])),
+                            reclaim="Any" if mixed else draw(st.sampled_from(["Any", "LowerPriority"])),
                             strategy=draw(st.sampled_from(["BestEffortFIFO", "BestEffortFIFO", "StrictFIFO"]))))
     priorities = [draw(st.sampled_from(["low", "normal", "high"])) for _ in range(n)]
-    jobs = draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(1, 3), st.booleans()), min_size=2,
-                         max_size=14))
-    return config(*queues), jobs, priorities, draw(st.integers(1, len(jobs)))
+    jobs = []
+    for _ in range(draw(st.integers(2, 14))):
+        qi = draw(st.integers(0, n - 1))
+        prio = draw(st.sampled_from(["low", "normal", "high"])) if mixed else priorities[qi]
+        jobs.append((qi, draw(st.integers(1, 3)), prio, mixed or draw(st.booleans())))
+    return config(*queues), jobs, draw(st.integers(1, len(jobs)))
 
 
 def requeue_needed(s: AdmissionState, d: Any) -> int:
@@ -153,18 +160,17 @@ def requeue_needed(s: AdmissionState, d: Any) -> int:
 
 @settings(max_examples=300, deadline=None)
 @given(cohorts())
-def test_reclaims_settle_without_new_arrivals(
-        case: tuple[QueuesConfig, list[tuple[int, int, bool]], list[str], int]) -> None:
+def test_reclaims_settle_without_new_arrivals(case: tuple[QueuesConfig, list[tuple[int, int, str, bool]], int]
+                                              ) -> None:
     """With no arrivals and no finishes, cycles that requeue the victims they ask for reach a cycle that admits
     and asks nothing, after at most one preemption per job (the old code asked the same reclaim forever)."""
-    cfg, jobs, priorities, first = case
+    cfg, jobs, first = case
     s = AdmissionState(cfg)
-    for k, (qi, gpus, flag) in enumerate(jobs):
+    for k, (qi, gpus, prio, preemptible) in enumerate(jobs):
         if k == first:
             admission_cycle(s, k + 0.5)  # the early jobs run (and borrow) before the rest arrive
-        prio = priorities[qi]
-        preemptible = True if prio == "high" and flag else None
-        s.submit(Workload(job(f"j{k}", f"q{qi}", gpus, priority=prio, preemptible=preemptible), k))  # (or rejected)
+        spec = job(f"j{k}", f"q{qi}", gpus, priority=prio, preemptible=True if preemptible else None)
+        s.submit(Workload(spec, k))  # (or rejected: larger than the cohort)
     preemptions = 0
     log = []
     for i in range(3 * len(jobs) + 3):
@@ -194,3 +200,19 @@ def test_a_job_within_nominal_does_not_pass_a_higher_priority_job_of_its_queue_t
     assert log[0] == (["j2"], [])  # j2 borrows the lender's GPU, as before the within-nominal pass
     assert log[1:] == [([], [])] * 3
     assert set(s.admitted) == {"j0", "j2"}
+
+
+def test_a_within_queue_preemption_is_not_undone_by_a_lower_priority_borrower_of_the_same_cycle() -> None:
+    """j3 (normal) asks q0's low-priority j0 to make room, counting on the one free GPU; j1 (low) used to borrow
+    that GPU in the same cycle, so freeing j0 was never enough and the request repeated every cycle (old code)."""
+    s = AdmissionState(config(queue("q0", {H100: 2}, reclaim="Any"), queue("q2", {H100: 2}, reclaim="Any")))
+    submit(s, job("j0", "q0", 1, priority="low"), 0)
+    assert [a.spec.job_id for a in admission_cycle(s, 0.5).admitted] == ["j0"]
+    submit(s, job("j1", "q0", 1, priority="low"), 1)
+    submit(s, job("j2", "q0", 2), 2)
+    submit(s, job("j3", "q0", 2), 3)
+    log = run_cycles(s, 5)
+    assert log[0] == (["j2"], [("j3", "j0")])
+    assert log[1] == (["j3"], [])
+    assert log[2:] == [([], [])] * 3
+    assert set(s.admitted) == {"j2", "j3"}
