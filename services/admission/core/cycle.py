@@ -3,6 +3,8 @@ many jobs per cycle as fit instead of one head per queue:
 
   1 heads     per queue, the pending jobs in order (priority, then submit time, then id)
   2 snapshot  the live QuotaBook plus this cycle's copy of free physical capacity
+  3a-5a       phases 3-5 over only the jobs that fit their queue's nominal quota without borrowing (Kueue's
+              entry ordering: entries that do not borrow come first), then phases 3-5 over everything
   3 nominate  per queue, the next job that fits (flavor assignment); jobs before it get their reason now
   4 order     a heap of the nominated heads: priority, then dominant resource share / weight after admission
               (Kueue fair_sharing.go), then submit time, then job id
@@ -237,6 +239,10 @@ class _Cycle:
         # queue -> its first job that must borrow and found too little lendable: asked for after the admissions,
         # when what is left is known (an admission later in the cycle could take the room its victims free)
         self.fair_deferred: dict[str, tuple[QueueQuota, Entry, _NoFit, dict[str, int]]] = {}
+        # pool -> (cohort, resource) -> the free room of that cohort this cycle's preemption requests count on, with
+        # the first preemptor: no later admission of the cycle borrows it (Kueue reserves a preempting entry's
+        # resources for the rest of the cycle), else the victims would free too little and the request repeat
+        self.holds: dict[str, dict[tuple[str, str], tuple[int, str]]] = {}
 
     # ------------------------------------------------------------------ phases
 
@@ -249,7 +255,18 @@ class _Cycle:
             self.clean = {sc for sc in set(self.scopes.values())
                           if sc in state._scope_cache and sc not in state._stale}
         # 2 snapshot: the QuotaBook is the live snapshot; capacity was copied in __init__
-        # 3 nominate (an unchanged scope admitted nothing last time and would decide the same again)
+        # 3a/5a within nominal first (Kueue's entry ordering puts entries that fit without borrowing before
+        # those that borrow): every job that fits its queue's nominal quota, in the usual order, before any job
+        # borrows. A reclaim frees nominal quota for its job; without this, its victim (requeued, and first in
+        # the order by share, priority or submit time) borrowed it back and the same reclaim repeated each cycle.
+        # (an unchanged scope admitted nothing last time and would decide the same again)
+        live = [q for q in sorted(self.lists) if self.scopes[q] not in self.clean]
+        for q in live:
+            self.idx[q] = 0
+            self._nominate_within_nominal(q)
+        self._admit_within_nominal()
+        self.heap.clear()  # left over only when max_admissions stopped it
+        # 3 nominate, from each queue's first job again (the jobs just admitted are passed over)
         for q in sorted(self.lists):
             self.idx[q] = 0
             if self.scopes[q] in self.clean:
@@ -303,6 +320,8 @@ class _Cycle:
                     continue
                 refused = (self._refusal(qq, e, result, self._version(qq))
                            if result.borrowing and qq.cohort is not None else None)
+                if refused is None and result.borrowing and self.holds and qq.pool in self.holds:
+                    refused = self._held(qq, result)
                 if refused is not None:
                     e.reason, e.message = Reason.WAITING_FOR_BORROWABLE_QUOTA, refused
                     self.refused_at.setdefault(q, self.idx[q])
@@ -324,6 +343,61 @@ class _Cycle:
                     self._block_rest(q, Reason.WAITING_IN_STRICT_FIFO, self._strict_message(qq, e))
                     continue
             self._nominate(q)
+
+    def _admit_within_nominal(self) -> None:
+        """Phases 4 and 5 for the jobs that fit their queue's nominal quota (3a/5a in `run`): admitted in the
+        usual order; a head that no longer fits within nominal is left to the full pass (phases 3-5), which
+        gives every job its reason and its reclaim, so nothing here fails a job or asks for anything."""
+        while self.heap:
+            _, q = heapq.heappop(self.heap)
+            qq = self.book.queues[q]
+            e = self.lists[q][self.idx[q]]
+            result = self._evaluate(qq, e)
+            if type(result) is _Fit and not result.borrowing:
+                fresh = self._key(qq, e, result)
+                if self.heap and fresh > self.heap[0][0]:
+                    heapq.heappush(self.heap, (fresh, q))
+                    continue
+                self._admit(qq, e, result)
+                if self.max_admissions is not None and len(self.decision.admitted) >= self.max_admissions:
+                    return
+            self.idx[q] += 1
+            self._nominate_within_nominal(q)
+
+    def _nominate_within_nominal(self, q: str) -> None:
+        """Push `q`'s next job that fits within its queue's nominal quota (a StrictFIFO queue: only if its head
+        does). Jobs passed over get no reason here: the full pass gives them one."""
+        lst = self.lists[q]
+        qq = self.book.queues.get(q)
+        if (qq is None or qq.held or (qq.max_running is not None and self.book.running.get(q, 0) >= qq.max_running)
+                or (self.max_admissions is not None and len(self.decision.admitted) >= self.max_admissions)):
+            self.idx[q] = len(lst)
+            return
+        if qq.cohort is not None and all(self.book.used(q, r) >= n for r, n in qq.nominal.items()):
+            self.idx[q] = len(lst)  # every GPU request would borrow (a job asking for none fits in the full pass)
+            return
+        i, n = self.idx[q], len(lst)
+        # the priority of the first job passed over that would fit by borrowing and could preempt within its
+        # queue: no job of lower priority goes ahead of it, since it could preempt that job (within_queue) and the
+        # room would change hands every cycle
+        floor: int | None = None
+        while i < n:
+            e = lst[i]
+            if e.verdict is None and e.admitted is None:
+                if floor is not None and e.priority < floor:
+                    break
+                result = self._evaluate(qq, e)
+                if type(result) is _Fit:
+                    if not result.borrowing:
+                        self.idx[q] = i
+                        heapq.heappush(self.heap, (self._key(qq, e, result), q))
+                        return
+                    if floor is None and qq.can_preempt_within and self._nominal_request(qq, e.sig) is not None:
+                        floor = e.priority
+                if qq.strict_fifo:
+                    break
+            i += 1
+        self.idx[q] = n
 
     def _nominate(self, q: str) -> None:
         """Give `q`'s pending jobs their reasons up to the next job that fits, and push that one.
@@ -505,6 +579,27 @@ class _Cycle:
                 return (f"needs to borrow {borrowed} {r}; cohort {qq.cohort} could lend {max(0, lendable)} without "
                         f"the {held} unused {r} of {', '.join(holders)}, which have jobs waiting and could not "
                         f"take a loan to this job back (reclaim_within_cohort)")
+        return None
+
+    def _hold(self, qq: QueueQuota, request: Mapping[str, int], first: str) -> None:
+        """Hold the free room of `qq`'s cohort that a preemption asked for `request` counts on (`holds`)."""
+        if qq.cohort is None or qq.pool is None:
+            return  # nothing shares its quota
+        holds = self.holds.setdefault(qq.pool, {})
+        for r, amount in sorted(request.items()):
+            held, who = holds.get((qq.cohort, r), (0, first))
+            room = min(held + amount, max(0, self.book.cohort_available(qq.cohort, r)))
+            if room > held:
+                holds[(qq.cohort, r)] = (room, who)
+
+    def _held(self, qq: QueueQuota, fit: _Fit) -> str | None:
+        """Whether borrowing `fit` would take free room that a reclaim of this cycle counts on (`holds`): the
+        message if so, else None."""
+        for (cohort, r), (room, first) in self.holds[qq.pool or ""].items():
+            u = fit.usage.get(r, 0)
+            if u and self.book.cohort_available(cohort, r) - u < room:
+                return (f"needs to borrow {u} {r}; the {room} {r} left in cohort {cohort} are held for the jobs "
+                        f"preempting or reclaiming this cycle ({first})")
         return None
 
     def _lenders_unused(self, cohort: str, version: int, lenders: list[tuple[str, int, frozenset[str]]]
@@ -809,6 +904,7 @@ class _Cycle:
             if short > 0:
                 need[r] = short
         pledge.add(q, e.job_id, request)
+        self._hold(qq, request, pledge.first[q])
         e.reason = Reason.WAITING_FOR_RECLAIM
         if not need:
             e.message = _Then(result.message, f"fits once the capacity reclaimed for {pledge.first[q]} is freed")
@@ -881,6 +977,7 @@ class _Cycle:
             result.settle(e.priority, e.reason, result.message)  # nothing of its queue may make room this cycle
             return
         self.preempting[q] = e.job_id
+        self._hold(qq, request, e.job_id)
         if borrowers:
             assert qq.pool is not None  # can_reclaim: only queues in a cohort reclaim
             pledge = self.pledges.setdefault(qq.pool, _Pledge())
@@ -920,6 +1017,7 @@ class _Cycle:
             result.settle(e.priority, e.reason, result.message)
             return
         self.preempting[q] = e.job_id
+        self._hold(qq, request, e.job_id)
         pledge.first.setdefault(q, e.job_id)
         pledge.victims.update(candidates)
         threshold = None if qq.borrow_threshold == float("inf") else int(qq.borrow_threshold)
