@@ -39,7 +39,14 @@ from services.pipeline.core.predict import (
 )
 from shared.domain import JobSpec
 
-DEFAULT_HORIZON_S = 30 * 86_400.0
+# How far ahead a replay looks. An ETA assumes nothing new arrives; a week ahead that assumption says nothing (a
+# week of arrivals reorders any queue), so a job the replay does not start within it is reported as beyond the
+# horizon (no ETA) rather than given a date. Also bounds the replay of a job that can never start.
+DEFAULT_HORIZON_S = 7 * 86_400.0
+# Ends closer together than this fraction of the look-ahead are replayed as one (the cycle runs at the latest of
+# them): a planned start moves later by at most this fraction of its wait, far inside the ±20% users are promised,
+# and a replay runs O(log(horizon) / RESOLUTION) cycles however many jobs hold GPUs.
+RESOLUTION = 0.02
 MIN_REMAINING_S = 60.0  # an overrunning job (past its estimate) is assumed to end this soon
 MIN_WAIT_S = 60.0  # waits are compared as ratios; below a minute the ratio says nothing
 ALL_QUEUES = "*"  # the calibration record of every queue together (the fallback of a queue without one)
@@ -52,16 +59,20 @@ Duration = Callable[[JobSpec], float]
 def estimate_starts(cluster: Any, admission: Any, running: Mapping[str, float], now: float, *,
                     horizon_s: float = DEFAULT_HORIZON_S, max_cycles: int = 10_000,
                     backfill: bool = True, duration: Duration | None = None,
-                    believed_ends: Mapping[str, float] | None = None) -> dict[str, float]:
+                    believed_ends: Mapping[str, float] | None = None,
+                    resolution: float = RESOLUTION) -> dict[str, float]:
     """{job_id: planned start (same clock as `now`, e.g. epoch seconds)} for every admitted-but-unplaced and
-    pending job that would start within `horizon_s`; jobs that would not are left out.
+    pending job that would start within `horizon_s`; jobs that would not are left out (beyond the horizon).
 
     cluster:   services.scheduler.core.ClusterState (running jobs' allocations committed)
     admission: services.admission.core.AdmissionState (pending + admitted workloads)
     running:   job_id -> when each job holding GPUs is expected to end (predicted, or started_at + limit)
     duration:  how long a job that starts in the replay runs (default: its `max_runtime_s`)
     believed_ends: job_id -> the end the scheduler reserves by (started_at + max_runtime_s; default `running`)
+    resolution: ends within this fraction of the look-ahead of the first one are replayed together (0: each)
     """
+    if horizon_s <= 0 or not 0.0 <= resolution < 1.0:
+        raise ValueError(f"need horizon_s > 0 and 0 <= resolution < 1, got {horizon_s}, {resolution}")
     from services.pipeline.core import cycle, waiting_job
     from services.scheduler.core import RunningJob
 
@@ -96,9 +107,11 @@ def estimate_starts(cluster: Any, admission: Any, running: Mapping[str, float], 
             break
         if not ends or ends[0][0] > now + horizon_s:
             break
-        t = ends[0][0]
-        while ends and ends[0][0] == t:  # every job ending at this instant, then one cycle
-            _, job_id = heapq.heappop(ends)
+        # Every job ending at this instant or within `resolution` of the look-ahead after it, then one cycle at
+        # the latest of those ends (never before a job's end: a start is planned late by at most that fraction).
+        until = min(now + horizon_s, ends[0][0] + resolution * (ends[0][0] - now))
+        while ends and ends[0][0] <= until:
+            t, job_id = heapq.heappop(ends)
             believed.pop(job_id, None)
             cl.release(job_id)
             adm.finish(job_id)
@@ -236,11 +249,15 @@ class EtaModel:
         return self.predictor.predict(JobKey.of(spec), float(spec.max_runtime_s)).median_s
 
     def expected_end(self, job: RunningView, now: float, which: str = "median") -> float:
+        return self.expected_ends(job, now)[{"low": 0, "high": 2}.get(which, 1)]
+
+    def expected_ends(self, job: RunningView, now: float) -> tuple[float, float, float]:
+        """When a job holding GPUs is expected to end: (p10, median, p90)."""
         limit = float(job.spec.max_runtime_s)
         if not self.predict:
-            return job.started_at + limit
+            return (job.started_at + limit,) * 3
         p = self.predictor.remaining(JobKey.of(job.spec), limit, now - job.started_at, job.progress)
-        return now + {"low": p.low_s, "high": p.high_s}.get(which, p.median_s)
+        return now + p.low_s, now + p.median_s, now + p.high_s
 
 
 def estimate_ranges(cluster: Any, admission: Any, running: Mapping[str, RunningView], now: float,
@@ -252,8 +269,11 @@ def estimate_ranges(cluster: Any, admission: Any, running: Mapping[str, RunningV
     fixed = dict(fixed_ends or {})
     believed = {**fixed, **{j: r.started_at + r.spec.max_runtime_s for j, r in running.items()}}
 
+    expected = {j: model.expected_ends(r, now) for j, r in sorted(running.items())}  # once for all replays
+
     def replay(which: str) -> dict[str, float]:
-        ends = {**fixed, **{j: model.expected_end(r, now, which) for j, r in sorted(running.items())}}
+        pick = {"low": 0, "high": 2}.get(which, 1)
+        ends = {**fixed, **{j: e[pick] for j, e in expected.items()}}
         if which == "median" or not model.predict:
             duration: Duration = model.duration
         else:

@@ -30,6 +30,49 @@ def test_replay_uses_predicted_durations_but_the_schedulers_beliefs():
     assert etas == {"p1": 1000.0, "p2": 1200.0}
 
 
+def _count_cycles(monkeypatch) -> list[int]:
+    """Count the pipeline cycles a replay runs (estimate_starts imports `cycle` when called)."""
+    import services.pipeline.core as pipeline
+
+    calls = [0]
+    real = pipeline.cycle
+
+    def counting(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "cycle", counting)
+    return calls
+
+
+def test_ends_close_together_are_replayed_as_one_cycle_at_the_latest(monkeypatch):
+    """Eight 1-GPU jobs ending a second apart an hour ahead free the node for an 8-GPU job: with the default
+    resolution (2% of the look-ahead) they are one step, and the start is the last end, never earlier."""
+    running = [job(f"r{i}", 0, 10, gpus_per_pod=1, estimate=3600) for i in range(8)]
+    cluster, adm = _state_with(running, [job("p1", 5, 10, gpus_per_pod=8, estimate=600)], now=5.0)
+    ends = {f"r{i}": 3600.0 + i for i in range(8)}
+    calls = _count_cycles(monkeypatch)
+    assert estimate_starts(cluster, adm, ends, now=5.0) == {"p1": 3607.0}
+    coalesced = calls[0]
+    calls[0] = 0
+    assert estimate_starts(cluster, adm, ends, now=5.0, resolution=0.0) == {"p1": 3607.0}
+    assert coalesced == 2 and calls[0] == 9  # now + one step, against now + one per end
+    with pytest.raises(ValueError, match="resolution"):
+        estimate_starts(cluster, adm, ends, now=5.0, resolution=1.5)
+
+
+def test_a_start_beyond_the_horizon_gets_no_eta_and_costs_a_bounded_replay(monkeypatch):
+    """A job that waits for 8 days of ends (one every 10 minutes) is beyond the 7-day horizon: no ETA (not a
+    date), and the replay runs far fewer cycles than there are ends (the resolution grows with the look-ahead)."""
+    running = [job(f"r{i}", 0, 10, gpus_per_pod=1, estimate=10 * 86_400) for i in range(8)]
+    cluster, adm = _state_with(running, [job("p1", 5, 10, gpus_per_pod=8, estimate=600)], now=5.0)
+    ends = {f"r{i}": 8 * 86_400.0 - i * 600 for i in range(8)}
+    calls = _count_cycles(monkeypatch)
+    assert estimate_starts(cluster, adm, ends, now=5.0) == {}
+    assert estimate_starts(cluster, adm, ends, now=5.0, horizon_s=9 * 86_400) == {"p1": 8 * 86_400.0}
+    assert calls[0] <= 8
+
+
 def test_a_model_without_history_gives_the_limit_eta_and_learns_from_ended_jobs():
     running = [job("r1", 0, 10, gpus_per_pod=6, estimate=3600)]
     cluster, adm = _state_with(running, [job("p1", 5, 10, gpus_per_pod=8, estimate=600)], now=5.0)
