@@ -32,10 +32,8 @@ from services.pipeline.core.predict import (
     DEFAULT_WINDOW,
     HIGH_Q,
     LOW_Q,
-    BiasRecord,
     DurationPredictor,
     JobKey,
-    quantile,
 )
 from shared.domain import JobSpec
 
@@ -120,17 +118,25 @@ def estimate_starts(cluster: Any, admission: Any, running: Mapping[str, float], 
 
 @dataclass(frozen=True)
 class EtaRange:
-    """An ETA: the most likely start and the p10-p90 interval (same clock as the `now` it was made at), and the
-    start the replay planned before calibration (what the calibration record compares with the actual start)."""
+    """An ETA: the most likely start and the p10-p90 interval (same clock as the `now` it was made at), the start
+    the replay planned and the range of the p10 / p90 replays before calibration (what the calibration record
+    compares with the actual start)."""
 
     start: float
     low: float
     high: float
     planned: float = float("nan")
+    replay_low: float = float("nan")
+    replay_high: float = float("nan")
 
     @property
     def replayed(self) -> float:
         return self.start if math.isnan(self.planned) else self.planned
+
+    @property
+    def replayed_range(self) -> tuple[float, float]:
+        return (self.low if math.isnan(self.replay_low) else self.replay_low,
+                self.high if math.isnan(self.replay_high) else self.replay_high)
 
 
 @dataclass(frozen=True)
@@ -142,35 +148,54 @@ class RunningView:
     progress: float | None = None  # fraction of its work done, 0-1
 
 
-# Calibration strata by the wait the replay promised: how wrong a forecast goes depends on how far ahead it looks
-# (more arrivals and more ends to get wrong). Natural time units, not fitted to any trace.
-WAIT_STRATA_S = (600.0, 3_600.0, 6 * 3_600.0)
+def stratum(waited_s: float) -> str:
+    """The calibration stratum of an ETA given to a job that has waited `waited_s` already: whether it just
+    arrived (a first ETA meets every later arrival ahead of it) or has waited (a later ETA has seen some of them,
+    and running jobs have run longer: its replay errs differently)."""
+    return "f" if waited_s < MIN_WAIT_S else "r"
 
 
-def stratum(wait_s: float, waited_s: float) -> str:
-    """The calibration stratum of an ETA promising `wait_s` more to a job that has waited `waited_s` already:
-    the promised wait's band, and whether the job just arrived (a first ETA meets every later arrival ahead of
-    it; a later one has seen some of them and the queue moved)."""
-    return f"{sum(wait_s >= b for b in WAIT_STRATA_S)}{'f' if waited_s < MIN_WAIT_S else 'r'}"
+def conformal_quantile(scores: list[float], level: float) -> float | None:
+    """The split-conformal quantile of `scores` at `level`: the ceil((n + 1) level)-th smallest, which a new
+    exchangeable score stays under with probability at least `level` for any n; None when n is too small."""
+    n = len(scores)
+    k = math.ceil((n + 1) * level - 1e-9)
+    if n == 0 or k > n:
+        return None
+    return sorted(scores)[max(k, 1) - 1]
+
+
+def _log_wait(t: float, given_at: float) -> float:
+    return math.log(max(MIN_WAIT_S, t - given_at))
 
 
 class EtaCalibration:
-    """The record of ETAs given against actual starts, per queue (and over all queues), by promised wait.
+    """The record of ETAs given against actual starts, per queue (and over all queues), first ETAs apart from
+    later ones; it turns the replays' p10-p90 range into an interval that holds the nominal share of starts.
 
-    Each record compares the wait the replay promised (planned start - given_at) with the wait that followed
-    (start - given_at), as log(actual / promised), late positive, waits floored at a minute. From the records of
-    the same queue and stratum of promised wait (else all queues' of that stratum, else the queue's, else all):
-    the bias correction of the promised wait (exp of the median error) and the range (the p10-p90 of the
-    errors). `accuracy` gives the figures the admission service exports, from what users were shown.
-    A record stands in only with `min_samples` entries (default a quarter of the window): the p10-p90 of a
-    handful of points is narrower than the true one, and the range would cover less than it says.
+    The replays' range (every duration at its own p10, then p90) is a range of durations, not of starts: what
+    arrives later and the order in which similar jobs end are not in it, so it covers some other share than 80%.
+    Conformalized quantile regression (Romano, Patterson and Candès, 2019) corrects it from the record: each
+    start scores how far outside the replayed range it fell, in log wait (waits floored at a minute), negative
+    inside: s = max(log(low / actual), log(actual / high)). With Q the split-conformal quantile of the last
+    `window` scores at the nominal level (`conformal_quantile`), [low·e^-Q, high·e^Q] holds a new start with at
+    least that probability when the record is exchangeable with it; Q < 0 narrows a range that covers too much.
+    From the records of the same queue and stratum (else all queues' of that stratum, else the queue's, else
+    all), once one has `min_samples` entries (a quarter of the window: the 80% quantile of fewer is noisy);
+    before that, the replayed range as is. The most likely start is the replay's, not shifted by the record's
+    median error: that error follows the load (bursts) and a record of past ones corrects the wrong way as often
+    as the right one. `accuracy` gives the figures the admission service exports, from what users were shown.
     """
 
     def __init__(self, window: int = DEFAULT_WINDOW, min_samples: int = DEFAULT_WINDOW // 4,
                  low_q: float = LOW_Q, high_q: float = HIGH_Q, min_wait_s: float = 0.0):
+        if window < 1 or not 1 <= min_samples <= window or not 0.0 <= low_q < high_q <= 1.0:
+            raise ValueError(f"need 1 <= min_samples <= window and 0 <= low_q < high_q <= 1, got {window}, "
+                             f"{min_samples}, {low_q}, {high_q}")
         self.min_wait_s = min_wait_s
-        self.errors = BiasRecord(window=window, min_samples=min_samples)
-        self.low_q, self.high_q = low_q, high_q
+        self.min_samples = min_samples
+        self.level = high_q - low_q  # the nominal coverage of the range (p10-p90: 80%)
+        self._scores: dict[str, deque[float]] = {}  # stratum key -> conformity scores, the last `window`
         self._checks: dict[str, deque[tuple[float, bool]]] = {}  # queue -> (|err| as a fraction, in range)
         self.window = window
 
@@ -178,34 +203,42 @@ class EtaCalibration:
         """A job of `queue` submitted at `submitted_at` was given `eta` at `given_at` and started at `started_at`."""
         if started_at - given_at < self.min_wait_s:
             return  # a start this soon says little about a forecast: neither scored nor recorded
-        promised = max(MIN_WAIT_S, eta.replayed - given_at)
-        actual = max(MIN_WAIT_S, started_at - given_at)
+        actual = _log_wait(started_at, given_at)
+        low, high = eta.replayed_range
+        score = max(_log_wait(low, given_at) - actual, actual - _log_wait(high, given_at))
+        band = stratum(given_at - submitted_at)
+        for key in (f"{queue}|{band}", f"{ALL_QUEUES}|{band}", queue, ALL_QUEUES):
+            self._scores.setdefault(key, deque(maxlen=self.window)).append(score)
         shown = max(MIN_WAIT_S, eta.start - given_at)
+        wait = max(MIN_WAIT_S, started_at - given_at)
         covered = eta.low - 1.0 <= started_at <= eta.high + 1.0
-        band = stratum(promised, given_at - submitted_at)
-        for key in (f"{queue}|{band}", f"{ALL_QUEUES}|{band}", queue, ALL_QUEUES):
-            self.errors.record(key, promised, actual)
         for key in (queue, ALL_QUEUES):
-            self._checks.setdefault(key, deque(maxlen=self.window)).append((abs(shown - actual) / actual, covered))
+            self._checks.setdefault(key, deque(maxlen=self.window)).append((abs(shown - wait) / wait, covered))
 
-    def _key(self, queue: str, promised: float, waited: float) -> str | None:
-        band = stratum(promised, waited)
+    def margin(self, queue: str, waited_s: float) -> float | None:
+        """Q, the log-wait margin to add on both sides of a replayed range given to a job of `queue` that has
+        waited `waited_s`; None while no record stands in."""
+        band = stratum(waited_s)
         for key in (f"{queue}|{band}", f"{ALL_QUEUES}|{band}", queue, ALL_QUEUES):
-            if self.errors.count(key) >= self.errors.min_samples:
-                return key
+            scores = self._scores.get(key, ())
+            if len(scores) >= self.min_samples:
+                return conformal_quantile(list(scores), self.level)
         return None
 
-    def calibrated(self, queue: str, now: float, start: float, submitted_at: float) -> EtaRange | None:
-        """The planned `start` of a job of `queue` submitted at `submitted_at`, corrected for the bias of its
-        stratum, with the range its record supports; None while no stratum has enough records."""
-        wait = max(MIN_WAIT_S, start - now)
-        key = self._key(queue, wait, now - submitted_at)
-        if key is None:
-            return None
-        errs = self.errors.errors(key)
-        mid = math.exp(quantile(errs, 0.5))
-        lo, hi = math.exp(quantile(errs, self.low_q)), math.exp(quantile(errs, self.high_q))
-        return EtaRange(now + wait * mid, now + wait * lo, now + wait * hi, planned=start)
+    def calibrated(self, queue: str, now: float, start: float, low: float, high: float,
+                   submitted_at: float) -> EtaRange:
+        """The ETA of a job of `queue` submitted at `submitted_at` whose replays planned `start` and the range
+        `low`-`high`: the range widened (or narrowed) by the record's conformal margin, the start as planned."""
+        q = self.margin(queue, now - submitted_at)
+        lo, hi = min(low, start), max(high, start)
+        if q is None:
+            return EtaRange(start, lo, hi, planned=start, replay_low=low, replay_high=high)
+        cal_lo = now + math.exp(_log_wait(lo, now) - q)
+        cal_hi = now + math.exp(_log_wait(hi, now) + q)
+        # (waits are floored at a minute: a margin moves a bound only the way it means to)
+        cal_lo, cal_hi = (min(lo, cal_lo), max(hi, cal_hi)) if q >= 0 else (max(lo, cal_lo), min(hi, cal_hi))
+        return EtaRange(start, min(cal_lo, start), max(cal_hi, start), planned=start, replay_low=low,
+                        replay_high=high)
 
     def accuracy(self, queue: str) -> dict[str, float]:
         """Over the queue's last `window` ETAs: how many, the fraction within ±20% and ±50% of the actual wait,
@@ -284,23 +317,18 @@ def estimate_ranges(cluster: Any, admission: Any, running: Mapping[str, RunningV
                                duration=duration, believed_ends=believed)
 
     starts = replay("median")
+    # The range of the replays with every duration at its p10, then its p90: the base the record calibrates.
+    low = replay("low") if model.predict else {}
+    high = replay("high") if model.predict else {}
     queued = _queued(admission)
     out: dict[str, EtaRange] = {}
-    missing: list[str] = []
     for job_id, start in starts.items():
-        queue, submitted_at = queued.get(job_id, ("", now))
-        got = model.calibration.calibrated(queue, now, start, submitted_at) if model.calibrate else None
-        if got is None:
-            missing.append(job_id)
+        lo, hi = min(start, low.get(job_id, start)), max(start, high.get(job_id, start))
+        if model.calibrate:
+            queue, submitted_at = queued.get(job_id, ("", now))
+            out[job_id] = model.calibration.calibrated(queue, now, start, lo, hi, submitted_at)
         else:
-            out[job_id] = got
-    if missing:  # no record to calibrate from yet: the range of a replay with every duration at its p10 / p90
-        low = replay("low") if model.predict else {}
-        high = replay("high") if model.predict else {}
-        for job_id in missing:
-            s = starts[job_id]
-            lo, hi = min(s, low.get(job_id, s)), max(s, high.get(job_id, s))
-            out[job_id] = EtaRange(s, lo, hi, planned=s)
+            out[job_id] = EtaRange(start, lo, hi, planned=start, replay_low=lo, replay_high=hi)
     return dict(sorted(out.items()))
 
 

@@ -26,7 +26,7 @@ import bisect
 import math
 import re
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from shared.domain import JobSpec
@@ -194,6 +194,38 @@ class DurationPredictor:
             left = elapsed_s * (1.0 - progress) / progress
             left = max(MIN_REMAINING_S, left) if progress < 1.0 else MIN_REMAINING_S
             return Prediction(left, left, left, 0, "progress")
+        alive_q, samples, basis = self._alive(key, limit_s, elapsed_s)
+        if alive_q is None:
+            return Prediction(MIN_REMAINING_S, MIN_REMAINING_S, MIN_REMAINING_S, samples, basis)
+        med = alive_q(0.5) - elapsed_s
+        low = alive_q(self.low_q) - elapsed_s
+        high = alive_q(self.high_q) - elapsed_s
+        return Prediction(max(1.0, med), max(1.0, low), max(1.0, high), samples, basis)
+
+    def remaining_at(self, key: JobKey, limit_s: float, elapsed_s: float, q: float,
+                     progress: float | None = None) -> float:
+        """The `q`-quantile (0-1) of the seconds left for a running job (as `remaining`, any level)."""
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"q must be within [0, 1], got {q}")
+        elapsed_s = max(0.0, elapsed_s)
+        if progress is not None and 0.0 < progress <= 1.0 and elapsed_s > 0:
+            return self.remaining(key, limit_s, elapsed_s, progress).median_s
+        alive_q, _, _ = self._alive(key, limit_s, elapsed_s)
+        return MIN_REMAINING_S if alive_q is None else max(1.0, alive_q(q) - elapsed_s)
+
+    def duration_at(self, key: JobKey, limit_s: float, q: float) -> float:
+        """The `q`-quantile (0-1) of the duration of a job not started (`predict` gives 0.1, 0.5, 0.9)."""
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"q must be within [0, 1], got {q}")
+        if limit_s <= 0:
+            raise ValueError(f"limit_s must be > 0, got {limit_s}")
+        ratios, _, group = self._group(key)
+        return limit_s * (quantile(ratios, q) if ratios else 1.0) * self._factor(group)
+
+    def _alive(self, key: JobKey, limit_s: float, elapsed_s: float,
+               ) -> tuple[Callable[[float], float] | None, int, str]:
+        """The quantile function of the durations still possible after `elapsed_s` (None: history allows none),
+        the samples and the basis."""
         ratios, samples, group = self._group(key)
         basis, f = _basis(group), self._factor(group)
         # History bounds the total: a bias correction never predicts a run longer than any similar job took.
@@ -205,7 +237,7 @@ class DurationPredictor:
 
         first = bisect.bisect_right(values, elapsed_s, key=total)  # durations still possible: values[first:]
         if first == len(values):
-            return Prediction(MIN_REMAINING_S, MIN_REMAINING_S, MIN_REMAINING_S, samples, basis)
+            return None, samples, basis
         n = len(values) - first
 
         def alive_q(q: float) -> float:  # `quantile` of the durations still possible, without building them
@@ -214,10 +246,7 @@ class DurationPredictor:
             hi = min(lo + 1, n - 1)
             return total(values[first + lo]) * (1 - (pos - lo)) + total(values[first + hi]) * (pos - lo)
 
-        med = alive_q(0.5) - elapsed_s
-        low = alive_q(self.low_q) - elapsed_s
-        high = alive_q(self.high_q) - elapsed_s
-        return Prediction(max(1.0, med), max(1.0, low), max(1.0, high), samples, basis)
+        return alive_q, samples, basis
 
     def ratios(self, key: JobKey) -> list[float]:
         """The sorted duration/limit ratios of the group a prediction for `key` rests on (empty: none yet)."""
