@@ -45,6 +45,7 @@ DEFAULT_HORIZON_S = 7 * 86_400.0
 # them): a planned start moves later by at most this fraction of its wait, far inside the ±20% users are promised,
 # and a replay runs O(log(horizon) / RESOLUTION) cycles however many jobs hold GPUs.
 RESOLUTION = 0.02
+IDLE_REFRESH_S = RESOLUTION * DEFAULT_HORIZON_S  # time-only refreshes while no waiting job starts within it
 MIN_REMAINING_S = 60.0  # an overrunning job (past its estimate) is assumed to end this soon
 MIN_WAIT_S = 60.0  # waits are compared as ratios; below a minute the ratio says nothing
 ALL_QUEUES = "*"  # the calibration record of every queue together (the fallback of a queue without one)
@@ -339,13 +340,18 @@ def _queued(admission: Any) -> dict[str, tuple[str, float]]:
 
 
 def refresh_due(last_refresh: float | None, now: float, changed: bool, interval_s: float = ETA_REFRESH_S,
-                min_interval_s: float = ETA_MIN_REFRESH_S) -> bool:
+                min_interval_s: float = ETA_MIN_REFRESH_S, all_beyond: bool = False) -> bool:
     """Whether ETAs are recomputed now, in platform time: after a change (a job ended, started, arrived or left
     the queue) once `min_interval_s` passed since the last refresh, and otherwise every `interval_s` of the
-    platform clock (elapsed times move on). Never paced by wall seconds: at 400x a wall second is 400 s."""
+    platform clock (elapsed times move on). Never paced by wall seconds: at 400x a wall second is 400 s.
+    `all_beyond`: the last refresh started no waiting job within the horizon (a pod no node can hold, a queue
+    days long); time alone then refreshes every IDLE_REFRESH_S, the replay's resolution at the horizon: a start
+    that time brings within the horizon is shown by then, as late as the replay's own rounding."""
     if last_refresh is None:
         return True
     elapsed = now - last_refresh
+    if all_beyond and not changed:
+        return elapsed >= max(interval_s, IDLE_REFRESH_S)
     return elapsed >= interval_s or (changed and elapsed >= min_interval_s)
 
 
@@ -365,6 +371,7 @@ class PlatformEta:
         # The service replays in a worker thread while its handlers report starts and ends: the replay works on a
         # copy of the model taken under this lock, and every change to the memory holds it (never for a replay).
         self._lock = threading.Lock()
+        self._all_beyond = False  # the last refresh started no waiting job within the horizon
 
     def __call__(self, cluster: Any, state: Any, reserved_ends: Mapping[str, float], now: float,
                  ) -> dict[str, EtaRange]:
@@ -382,6 +389,7 @@ class PlatformEta:
         etas = estimate_ranges(cluster, admission, running, now, model, fixed_ends=fixed)
         queued = _queued(admission)
         with self._lock:
+            self._all_beyond = not etas
             self._remember(etas, queued, now)
         return etas
 
@@ -423,7 +431,7 @@ class PlatformEta:
 
     def refresh_due(self, last_refresh: float | None, now: float, changed: bool) -> bool:
         """Whether the service refreshes ETAs now (module-level `refresh_due`, platform time)."""
-        return refresh_due(last_refresh, now, changed)
+        return refresh_due(last_refresh, now, changed, all_beyond=self._all_beyond)
 
     def accuracy(self) -> dict[str, dict[str, float]]:
         """Per queue: the calibration record's accuracy figures (EtaCalibration.accuracy)."""

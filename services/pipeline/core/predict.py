@@ -202,26 +202,6 @@ class DurationPredictor:
         high = alive_q(self.high_q) - elapsed_s
         return Prediction(max(1.0, med), max(1.0, low), max(1.0, high), samples, basis)
 
-    def remaining_at(self, key: JobKey, limit_s: float, elapsed_s: float, q: float,
-                     progress: float | None = None) -> float:
-        """The `q`-quantile (0-1) of the seconds left for a running job (as `remaining`, any level)."""
-        if not 0.0 <= q <= 1.0:
-            raise ValueError(f"q must be within [0, 1], got {q}")
-        elapsed_s = max(0.0, elapsed_s)
-        if progress is not None and 0.0 < progress <= 1.0 and elapsed_s > 0:
-            return self.remaining(key, limit_s, elapsed_s, progress).median_s
-        alive_q, _, _ = self._alive(key, limit_s, elapsed_s)
-        return MIN_REMAINING_S if alive_q is None else max(1.0, alive_q(q) - elapsed_s)
-
-    def duration_at(self, key: JobKey, limit_s: float, q: float) -> float:
-        """The `q`-quantile (0-1) of the duration of a job not started (`predict` gives 0.1, 0.5, 0.9)."""
-        if not 0.0 <= q <= 1.0:
-            raise ValueError(f"q must be within [0, 1], got {q}")
-        if limit_s <= 0:
-            raise ValueError(f"limit_s must be > 0, got {limit_s}")
-        ratios, _, group = self._group(key)
-        return limit_s * (quantile(ratios, q) if ratios else 1.0) * self._factor(group)
-
     def _alive(self, key: JobKey, limit_s: float, elapsed_s: float,
                ) -> tuple[Callable[[float], float] | None, int, str]:
         """The quantile function of the durations still possible after `elapsed_s` (None: history allows none),

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from sim.engine import Engine
-from sim.eta import EtaCalibration, EtaModel, RunningView, estimate_ranges, estimate_starts, refresh_due
+from sim.eta import IDLE_REFRESH_S, EtaCalibration, EtaModel, RunningView, estimate_ranges, estimate_starts, refresh_due
 from sim.eta_accuracy import EtaTracked, eta_metrics
 from sim.run import make_policy
 
@@ -143,6 +143,10 @@ def test_refresh_is_paced_by_platform_time_and_changes():
     assert refresh_due(100.0, 130.0, changed=True, min_interval_s=30)
     assert not refresh_due(100.0, 399.0, changed=False, interval_s=300)
     assert refresh_due(100.0, 400.0, changed=False, interval_s=300)
+    # the last refresh started nobody within the horizon: time alone refreshes at the horizon's resolution
+    assert not refresh_due(100.0, 400.0, changed=False, interval_s=300, all_beyond=True)
+    assert refresh_due(100.0, 100.0 + IDLE_REFRESH_S, changed=False, all_beyond=True)
+    assert refresh_due(100.0, 130.0, changed=True, min_interval_s=30, all_beyond=True)  # a change: as before
 
 
 def _busy_trace():
@@ -227,3 +231,10 @@ def test_platform_eta_learns_from_the_starts_and_ends_admission_reports():
     eta.job_started("p1", 2400.0)
     assert eta.accuracy()["a"]["count"] == 2.0  # the first ETA and the one in force halfway
     assert eta.refresh_due(None, 0.0, False) and not eta.refresh_due(0.0, 10.0, True)
+    assert eta.refresh_due(0.0, 400.0, False)
+    # a job holding the node for 10 days: p1 is beyond the horizon, no ETA, and time alone refreshes rarely
+    eta = PlatformEta()  # (no history: r1 runs to its reserved end)
+    cluster, adm = _state_with([job("r1", 0, 10, gpus_per_pod=6, estimate=10 * 86_400)],
+                               [job("p1", 5, 10, gpus_per_pod=8, estimate=600)], now=5.0)
+    assert eta(cluster, adm, {"r1": 10 * 86_400.0}, 5.0) == {}
+    assert not eta.refresh_due(5.0, 405.0, False) and eta.refresh_due(5.0, 35.0, True)
