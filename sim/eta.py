@@ -32,14 +32,20 @@ from services.pipeline.core.predict import (
     DEFAULT_WINDOW,
     HIGH_Q,
     LOW_Q,
-    BiasRecord,
     DurationPredictor,
     JobKey,
-    quantile,
 )
 from shared.domain import JobSpec
 
-DEFAULT_HORIZON_S = 30 * 86_400.0
+# How far ahead a replay looks. An ETA assumes nothing new arrives; a week ahead that assumption says nothing (a
+# week of arrivals reorders any queue), so a job the replay does not start within it is reported as beyond the
+# horizon (no ETA) rather than given a date. Also bounds the replay of a job that can never start.
+DEFAULT_HORIZON_S = 7 * 86_400.0
+# Ends closer together than this fraction of the look-ahead are replayed as one (the cycle runs at the latest of
+# them): a planned start moves later by at most this fraction of its wait, far inside the ±20% users are promised,
+# and a replay runs O(log(horizon) / RESOLUTION) cycles however many jobs hold GPUs.
+RESOLUTION = 0.02
+IDLE_REFRESH_S = RESOLUTION * DEFAULT_HORIZON_S  # time-only refreshes while no waiting job starts within it
 MIN_REMAINING_S = 60.0  # an overrunning job (past its estimate) is assumed to end this soon
 MIN_WAIT_S = 60.0  # waits are compared as ratios; below a minute the ratio says nothing
 ALL_QUEUES = "*"  # the calibration record of every queue together (the fallback of a queue without one)
@@ -52,16 +58,20 @@ Duration = Callable[[JobSpec], float]
 def estimate_starts(cluster: Any, admission: Any, running: Mapping[str, float], now: float, *,
                     horizon_s: float = DEFAULT_HORIZON_S, max_cycles: int = 10_000,
                     backfill: bool = True, duration: Duration | None = None,
-                    believed_ends: Mapping[str, float] | None = None) -> dict[str, float]:
+                    believed_ends: Mapping[str, float] | None = None,
+                    resolution: float = RESOLUTION) -> dict[str, float]:
     """{job_id: planned start (same clock as `now`, e.g. epoch seconds)} for every admitted-but-unplaced and
-    pending job that would start within `horizon_s`; jobs that would not are left out.
+    pending job that would start within `horizon_s`; jobs that would not are left out (beyond the horizon).
 
     cluster:   services.scheduler.core.ClusterState (running jobs' allocations committed)
     admission: services.admission.core.AdmissionState (pending + admitted workloads)
     running:   job_id -> when each job holding GPUs is expected to end (predicted, or started_at + limit)
     duration:  how long a job that starts in the replay runs (default: its `max_runtime_s`)
     believed_ends: job_id -> the end the scheduler reserves by (started_at + max_runtime_s; default `running`)
+    resolution: ends within this fraction of the look-ahead of the first one are replayed together (0: each)
     """
+    if horizon_s <= 0 or not 0.0 <= resolution < 1.0:
+        raise ValueError(f"need horizon_s > 0 and 0 <= resolution < 1, got {horizon_s}, {resolution}")
     from services.pipeline.core import cycle, waiting_job
     from services.scheduler.core import RunningJob
 
@@ -96,9 +106,11 @@ def estimate_starts(cluster: Any, admission: Any, running: Mapping[str, float], 
             break
         if not ends or ends[0][0] > now + horizon_s:
             break
-        t = ends[0][0]
-        while ends and ends[0][0] == t:  # every job ending at this instant, then one cycle
-            _, job_id = heapq.heappop(ends)
+        # Every job ending at this instant or within `resolution` of the look-ahead after it, then one cycle at
+        # the latest of those ends (never before a job's end: a start is planned late by at most that fraction).
+        until = min(now + horizon_s, ends[0][0] + resolution * (ends[0][0] - now))
+        while ends and ends[0][0] <= until:
+            t, job_id = heapq.heappop(ends)
             believed.pop(job_id, None)
             cl.release(job_id)
             adm.finish(job_id)
@@ -107,17 +119,25 @@ def estimate_starts(cluster: Any, admission: Any, running: Mapping[str, float], 
 
 @dataclass(frozen=True)
 class EtaRange:
-    """An ETA: the most likely start and the p10-p90 interval (same clock as the `now` it was made at), and the
-    start the replay planned before calibration (what the calibration record compares with the actual start)."""
+    """An ETA: the most likely start and the p10-p90 interval (same clock as the `now` it was made at), the start
+    the replay planned and the range of the p10 / p90 replays before calibration (what the calibration record
+    compares with the actual start)."""
 
     start: float
     low: float
     high: float
     planned: float = float("nan")
+    replay_low: float = float("nan")
+    replay_high: float = float("nan")
 
     @property
     def replayed(self) -> float:
         return self.start if math.isnan(self.planned) else self.planned
+
+    @property
+    def replayed_range(self) -> tuple[float, float]:
+        return (self.low if math.isnan(self.replay_low) else self.replay_low,
+                self.high if math.isnan(self.replay_high) else self.replay_high)
 
 
 @dataclass(frozen=True)
@@ -129,35 +149,54 @@ class RunningView:
     progress: float | None = None  # fraction of its work done, 0-1
 
 
-# Calibration strata by the wait the replay promised: how wrong a forecast goes depends on how far ahead it looks
-# (more arrivals and more ends to get wrong). Natural time units, not fitted to any trace.
-WAIT_STRATA_S = (600.0, 3_600.0, 6 * 3_600.0)
+def stratum(waited_s: float) -> str:
+    """The calibration stratum of an ETA given to a job that has waited `waited_s` already: whether it just
+    arrived (a first ETA meets every later arrival ahead of it) or has waited (a later ETA has seen some of them,
+    and running jobs have run longer: its replay errs differently)."""
+    return "f" if waited_s < MIN_WAIT_S else "r"
 
 
-def stratum(wait_s: float, waited_s: float) -> str:
-    """The calibration stratum of an ETA promising `wait_s` more to a job that has waited `waited_s` already:
-    the promised wait's band, and whether the job just arrived (a first ETA meets every later arrival ahead of
-    it; a later one has seen some of them and the queue moved)."""
-    return f"{sum(wait_s >= b for b in WAIT_STRATA_S)}{'f' if waited_s < MIN_WAIT_S else 'r'}"
+def conformal_quantile(scores: list[float], level: float) -> float | None:
+    """The split-conformal quantile of `scores` at `level`: the ceil((n + 1) level)-th smallest, which a new
+    exchangeable score stays under with probability at least `level` for any n; None when n is too small."""
+    n = len(scores)
+    k = math.ceil((n + 1) * level - 1e-9)
+    if n == 0 or k > n:
+        return None
+    return sorted(scores)[max(k, 1) - 1]
+
+
+def _log_wait(t: float, given_at: float) -> float:
+    return math.log(max(MIN_WAIT_S, t - given_at))
 
 
 class EtaCalibration:
-    """The record of ETAs given against actual starts, per queue (and over all queues), by promised wait.
+    """The record of ETAs given against actual starts, per queue (and over all queues), first ETAs apart from
+    later ones; it turns the replays' p10-p90 range into an interval that holds the nominal share of starts.
 
-    Each record compares the wait the replay promised (planned start - given_at) with the wait that followed
-    (start - given_at), as log(actual / promised), late positive, waits floored at a minute. From the records of
-    the same queue and stratum of promised wait (else all queues' of that stratum, else the queue's, else all):
-    the bias correction of the promised wait (exp of the median error) and the range (the p10-p90 of the
-    errors). `accuracy` gives the figures the admission service exports, from what users were shown.
-    A record stands in only with `min_samples` entries (default a quarter of the window): the p10-p90 of a
-    handful of points is narrower than the true one, and the range would cover less than it says.
+    The replays' range (every duration at its own p10, then p90) is a range of durations, not of starts: what
+    arrives later and the order in which similar jobs end are not in it, so it covers some other share than 80%.
+    Conformalized quantile regression (Romano, Patterson and Candès, 2019) corrects it from the record: each
+    start scores how far outside the replayed range it fell, in log wait (waits floored at a minute), negative
+    inside: s = max(log(low / actual), log(actual / high)). With Q the split-conformal quantile of the last
+    `window` scores at the nominal level (`conformal_quantile`), [low·e^-Q, high·e^Q] holds a new start with at
+    least that probability when the record is exchangeable with it; Q < 0 narrows a range that covers too much.
+    From the records of the same queue and stratum (else all queues' of that stratum, else the queue's, else
+    all), once one has `min_samples` entries (a quarter of the window: the 80% quantile of fewer is noisy);
+    before that, the replayed range as is. The most likely start is the replay's, not shifted by the record's
+    median error: that error follows the load (bursts) and a record of past ones corrects the wrong way as often
+    as the right one. `accuracy` gives the figures the admission service exports, from what users were shown.
     """
 
     def __init__(self, window: int = DEFAULT_WINDOW, min_samples: int = DEFAULT_WINDOW // 4,
                  low_q: float = LOW_Q, high_q: float = HIGH_Q, min_wait_s: float = 0.0):
+        if window < 1 or not 1 <= min_samples <= window or not 0.0 <= low_q < high_q <= 1.0:
+            raise ValueError(f"need 1 <= min_samples <= window and 0 <= low_q < high_q <= 1, got {window}, "
+                             f"{min_samples}, {low_q}, {high_q}")
         self.min_wait_s = min_wait_s
-        self.errors = BiasRecord(window=window, min_samples=min_samples)
-        self.low_q, self.high_q = low_q, high_q
+        self.min_samples = min_samples
+        self.level = high_q - low_q  # the nominal coverage of the range (p10-p90: 80%)
+        self._scores: dict[str, deque[float]] = {}  # stratum key -> conformity scores, the last `window`
         self._checks: dict[str, deque[tuple[float, bool]]] = {}  # queue -> (|err| as a fraction, in range)
         self.window = window
 
@@ -165,34 +204,42 @@ class EtaCalibration:
         """A job of `queue` submitted at `submitted_at` was given `eta` at `given_at` and started at `started_at`."""
         if started_at - given_at < self.min_wait_s:
             return  # a start this soon says little about a forecast: neither scored nor recorded
-        promised = max(MIN_WAIT_S, eta.replayed - given_at)
-        actual = max(MIN_WAIT_S, started_at - given_at)
+        actual = _log_wait(started_at, given_at)
+        low, high = eta.replayed_range
+        score = max(_log_wait(low, given_at) - actual, actual - _log_wait(high, given_at))
+        band = stratum(given_at - submitted_at)
+        for key in (f"{queue}|{band}", f"{ALL_QUEUES}|{band}", queue, ALL_QUEUES):
+            self._scores.setdefault(key, deque(maxlen=self.window)).append(score)
         shown = max(MIN_WAIT_S, eta.start - given_at)
+        wait = max(MIN_WAIT_S, started_at - given_at)
         covered = eta.low - 1.0 <= started_at <= eta.high + 1.0
-        band = stratum(promised, given_at - submitted_at)
-        for key in (f"{queue}|{band}", f"{ALL_QUEUES}|{band}", queue, ALL_QUEUES):
-            self.errors.record(key, promised, actual)
         for key in (queue, ALL_QUEUES):
-            self._checks.setdefault(key, deque(maxlen=self.window)).append((abs(shown - actual) / actual, covered))
+            self._checks.setdefault(key, deque(maxlen=self.window)).append((abs(shown - wait) / wait, covered))
 
-    def _key(self, queue: str, promised: float, waited: float) -> str | None:
-        band = stratum(promised, waited)
+    def margin(self, queue: str, waited_s: float) -> float | None:
+        """Q, the log-wait margin to add on both sides of a replayed range given to a job of `queue` that has
+        waited `waited_s`; None while no record stands in."""
+        band = stratum(waited_s)
         for key in (f"{queue}|{band}", f"{ALL_QUEUES}|{band}", queue, ALL_QUEUES):
-            if self.errors.count(key) >= self.errors.min_samples:
-                return key
+            scores = self._scores.get(key, ())
+            if len(scores) >= self.min_samples:
+                return conformal_quantile(list(scores), self.level)
         return None
 
-    def calibrated(self, queue: str, now: float, start: float, submitted_at: float) -> EtaRange | None:
-        """The planned `start` of a job of `queue` submitted at `submitted_at`, corrected for the bias of its
-        stratum, with the range its record supports; None while no stratum has enough records."""
-        wait = max(MIN_WAIT_S, start - now)
-        key = self._key(queue, wait, now - submitted_at)
-        if key is None:
-            return None
-        errs = self.errors.errors(key)
-        mid = math.exp(quantile(errs, 0.5))
-        lo, hi = math.exp(quantile(errs, self.low_q)), math.exp(quantile(errs, self.high_q))
-        return EtaRange(now + wait * mid, now + wait * lo, now + wait * hi, planned=start)
+    def calibrated(self, queue: str, now: float, start: float, low: float, high: float,
+                   submitted_at: float) -> EtaRange:
+        """The ETA of a job of `queue` submitted at `submitted_at` whose replays planned `start` and the range
+        `low`-`high`: the range widened (or narrowed) by the record's conformal margin, the start as planned."""
+        q = self.margin(queue, now - submitted_at)
+        lo, hi = min(low, start), max(high, start)
+        if q is None:
+            return EtaRange(start, lo, hi, planned=start, replay_low=low, replay_high=high)
+        cal_lo = now + math.exp(_log_wait(lo, now) - q)
+        cal_hi = now + math.exp(_log_wait(hi, now) + q)
+        # (waits are floored at a minute: a margin moves a bound only the way it means to)
+        cal_lo, cal_hi = (min(lo, cal_lo), max(hi, cal_hi)) if q >= 0 else (max(lo, cal_lo), min(hi, cal_hi))
+        return EtaRange(start, min(cal_lo, start), max(cal_hi, start), planned=start, replay_low=low,
+                        replay_high=high)
 
     def accuracy(self, queue: str) -> dict[str, float]:
         """Over the queue's last `window` ETAs: how many, the fraction within ±20% and ±50% of the actual wait,
@@ -236,11 +283,15 @@ class EtaModel:
         return self.predictor.predict(JobKey.of(spec), float(spec.max_runtime_s)).median_s
 
     def expected_end(self, job: RunningView, now: float, which: str = "median") -> float:
+        return self.expected_ends(job, now)[{"low": 0, "high": 2}.get(which, 1)]
+
+    def expected_ends(self, job: RunningView, now: float) -> tuple[float, float, float]:
+        """When a job holding GPUs is expected to end: (p10, median, p90)."""
         limit = float(job.spec.max_runtime_s)
         if not self.predict:
-            return job.started_at + limit
+            return (job.started_at + limit,) * 3
         p = self.predictor.remaining(JobKey.of(job.spec), limit, now - job.started_at, job.progress)
-        return now + {"low": p.low_s, "high": p.high_s}.get(which, p.median_s)
+        return now + p.low_s, now + p.median_s, now + p.high_s
 
 
 def estimate_ranges(cluster: Any, admission: Any, running: Mapping[str, RunningView], now: float,
@@ -252,8 +303,11 @@ def estimate_ranges(cluster: Any, admission: Any, running: Mapping[str, RunningV
     fixed = dict(fixed_ends or {})
     believed = {**fixed, **{j: r.started_at + r.spec.max_runtime_s for j, r in running.items()}}
 
+    expected = {j: model.expected_ends(r, now) for j, r in sorted(running.items())}  # once for all replays
+
     def replay(which: str) -> dict[str, float]:
-        ends = {**fixed, **{j: model.expected_end(r, now, which) for j, r in sorted(running.items())}}
+        pick = {"low": 0, "high": 2}.get(which, 1)
+        ends = {**fixed, **{j: e[pick] for j, e in expected.items()}}
         if which == "median" or not model.predict:
             duration: Duration = model.duration
         else:
@@ -264,23 +318,18 @@ def estimate_ranges(cluster: Any, admission: Any, running: Mapping[str, RunningV
                                duration=duration, believed_ends=believed)
 
     starts = replay("median")
+    # The range of the replays with every duration at its p10, then its p90: the base the record calibrates.
+    low = replay("low") if model.predict else {}
+    high = replay("high") if model.predict else {}
     queued = _queued(admission)
     out: dict[str, EtaRange] = {}
-    missing: list[str] = []
     for job_id, start in starts.items():
-        queue, submitted_at = queued.get(job_id, ("", now))
-        got = model.calibration.calibrated(queue, now, start, submitted_at) if model.calibrate else None
-        if got is None:
-            missing.append(job_id)
+        lo, hi = min(start, low.get(job_id, start)), max(start, high.get(job_id, start))
+        if model.calibrate:
+            queue, submitted_at = queued.get(job_id, ("", now))
+            out[job_id] = model.calibration.calibrated(queue, now, start, lo, hi, submitted_at)
         else:
-            out[job_id] = got
-    if missing:  # no record to calibrate from yet: the range of a replay with every duration at its p10 / p90
-        low = replay("low") if model.predict else {}
-        high = replay("high") if model.predict else {}
-        for job_id in missing:
-            s = starts[job_id]
-            lo, hi = min(s, low.get(job_id, s)), max(s, high.get(job_id, s))
-            out[job_id] = EtaRange(s, lo, hi, planned=s)
+            out[job_id] = EtaRange(start, lo, hi, planned=start, replay_low=lo, replay_high=hi)
     return dict(sorted(out.items()))
 
 
@@ -291,13 +340,18 @@ def _queued(admission: Any) -> dict[str, tuple[str, float]]:
 
 
 def refresh_due(last_refresh: float | None, now: float, changed: bool, interval_s: float = ETA_REFRESH_S,
-                min_interval_s: float = ETA_MIN_REFRESH_S) -> bool:
+                min_interval_s: float = ETA_MIN_REFRESH_S, all_beyond: bool = False) -> bool:
     """Whether ETAs are recomputed now, in platform time: after a change (a job ended, started, arrived or left
     the queue) once `min_interval_s` passed since the last refresh, and otherwise every `interval_s` of the
-    platform clock (elapsed times move on). Never paced by wall seconds: at 400x a wall second is 400 s."""
+    platform clock (elapsed times move on). Never paced by wall seconds: at 400x a wall second is 400 s.
+    `all_beyond`: the last refresh started no waiting job within the horizon (a pod no node can hold, a queue
+    days long); time alone then refreshes every IDLE_REFRESH_S, the replay's resolution at the horizon: a start
+    that time brings within the horizon is shown by then, as late as the replay's own rounding."""
     if last_refresh is None:
         return True
     elapsed = now - last_refresh
+    if all_beyond and not changed:
+        return elapsed >= max(interval_s, IDLE_REFRESH_S)
     return elapsed >= interval_s or (changed and elapsed >= min_interval_s)
 
 
@@ -317,6 +371,7 @@ class PlatformEta:
         # The service replays in a worker thread while its handlers report starts and ends: the replay works on a
         # copy of the model taken under this lock, and every change to the memory holds it (never for a replay).
         self._lock = threading.Lock()
+        self._all_beyond = False  # the last refresh started no waiting job within the horizon
 
     def __call__(self, cluster: Any, state: Any, reserved_ends: Mapping[str, float], now: float,
                  ) -> dict[str, EtaRange]:
@@ -334,6 +389,7 @@ class PlatformEta:
         etas = estimate_ranges(cluster, admission, running, now, model, fixed_ends=fixed)
         queued = _queued(admission)
         with self._lock:
+            self._all_beyond = not etas
             self._remember(etas, queued, now)
         return etas
 
@@ -375,7 +431,7 @@ class PlatformEta:
 
     def refresh_due(self, last_refresh: float | None, now: float, changed: bool) -> bool:
         """Whether the service refreshes ETAs now (module-level `refresh_due`, platform time)."""
-        return refresh_due(last_refresh, now, changed)
+        return refresh_due(last_refresh, now, changed, all_beyond=self._all_beyond)
 
     def accuracy(self) -> dict[str, dict[str, float]]:
         """Per queue: the calibration record's accuracy figures (EtaCalibration.accuracy)."""

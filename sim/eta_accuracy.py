@@ -49,6 +49,7 @@ class EtaTracked:
         self._changed = False
         self._last_refresh: float | None = None
         self.refreshes = 0
+        self._all_beyond = False  # the last refresh gave no waiting job an ETA (all beyond the horizon)
 
     # -- Policy protocol, delegated
     def setup(self, trace: Trace) -> None:
@@ -101,7 +102,8 @@ class EtaTracked:
             self._stopped(p.job_id, now)
         self._changed = self._changed or bool(out.started or out.preempted)
         waiting = len(self.inner.submitted) > len(self.inner.running)
-        if waiting and refresh_due(self._last_refresh, now, self._changed, self.refresh_s):
+        if waiting and refresh_due(self._last_refresh, now, self._changed, self.refresh_s,
+                                   all_beyond=self._all_beyond):
             self._refresh(now)
             self._changed = False
         return out
@@ -120,6 +122,7 @@ class EtaTracked:
             if log is not None and log.started_at is None:
                 log.given.append((now, eta))
         self._last_refresh = now
+        self._all_beyond = not etas
         self.refreshes += 1
 
 

@@ -26,7 +26,7 @@ import bisect
 import math
 import re
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from shared.domain import JobSpec
@@ -194,18 +194,39 @@ class DurationPredictor:
             left = elapsed_s * (1.0 - progress) / progress
             left = max(MIN_REMAINING_S, left) if progress < 1.0 else MIN_REMAINING_S
             return Prediction(left, left, left, 0, "progress")
+        alive_q, samples, basis = self._alive(key, limit_s, elapsed_s)
+        if alive_q is None:
+            return Prediction(MIN_REMAINING_S, MIN_REMAINING_S, MIN_REMAINING_S, samples, basis)
+        med = alive_q(0.5) - elapsed_s
+        low = alive_q(self.low_q) - elapsed_s
+        high = alive_q(self.high_q) - elapsed_s
+        return Prediction(max(1.0, med), max(1.0, low), max(1.0, high), samples, basis)
+
+    def _alive(self, key: JobKey, limit_s: float, elapsed_s: float,
+               ) -> tuple[Callable[[float], float] | None, int, str]:
+        """The quantile function of the durations still possible after `elapsed_s` (None: history allows none),
+        the samples and the basis."""
         ratios, samples, group = self._group(key)
         basis, f = _basis(group), self._factor(group)
         # History bounds the total: a bias correction never predicts a run longer than any similar job took.
         cap = limit_s * ratios[-1] if ratios else float(limit_s)
-        totals = [min(cap, limit_s * r * f) for r in ratios] if ratios else [float(limit_s)]
-        alive = totals[bisect.bisect_right(totals, elapsed_s):]  # durations still possible
-        if not alive:
-            return Prediction(MIN_REMAINING_S, MIN_REMAINING_S, MIN_REMAINING_S, samples, basis)
-        med = quantile(alive, 0.5) - elapsed_s
-        low = quantile(alive, self.low_q) - elapsed_s
-        high = quantile(alive, self.high_q) - elapsed_s
-        return Prediction(max(1.0, med), max(1.0, low), max(1.0, high), samples, basis)
+        values: Sequence[float] = ratios or [1.0]
+
+        def total(r: float) -> float:  # a similar job's duration scaled to this one's limit (sorted like ratios)
+            return min(cap, limit_s * r * f)
+
+        first = bisect.bisect_right(values, elapsed_s, key=total)  # durations still possible: values[first:]
+        if first == len(values):
+            return None, samples, basis
+        n = len(values) - first
+
+        def alive_q(q: float) -> float:  # `quantile` of the durations still possible, without building them
+            pos = q * (n - 1)
+            lo = math.floor(pos)
+            hi = min(lo + 1, n - 1)
+            return total(values[first + lo]) * (1 - (pos - lo)) + total(values[first + hi]) * (pos - lo)
+
+        return alive_q, samples, basis
 
     def ratios(self, key: JobKey) -> list[float]:
         """The sorted duration/limit ratios of the group a prediction for `key` rests on (empty: none yet)."""
