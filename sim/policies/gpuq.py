@@ -100,6 +100,9 @@ class GpuqPolicy:
         self._running_jobs: dict[str, Any] = {}  # job_id -> scheduler RunningJob
         # job_id -> (priority, preemptible) of running jobs, for the pipeline's "asks for preemption" rule
         self._running_class: dict[str, tuple[int, bool]] = {}
+        # priority -> how many preemptible jobs of it run: the lowest is read every cycle, and a scan of every
+        # running job per cycle grew with the cluster
+        self._preemptible_running: dict[int, int] = {}
         self.milli: dict[str, int] = {}
         self._allocated = 0
         self._pending_admission = 0
@@ -163,7 +166,7 @@ class GpuqPolicy:
                 ran = self._ran.pop(job_id, 0.0) + (now - info.started_at)
                 self.predictor.observe(JobKey.of(info.spec), float(info.spec.max_runtime_s), ran)
         self._release_history(job_id, now)
-        self._running_class.pop(job_id, None)
+        self._forget_class(job_id)
         self._reclaims_sent.discard(job_id)
         self.cluster.release(job_id)
         self.adm.finish(job_id)
@@ -181,7 +184,7 @@ class GpuqPolicy:
             return CycleOutput()
         if self.history_half_life_s and now >= self._next_history:
             self._feed_history(now)
-        lowest = min((p for p, preemptible in self._running_class.values() if preemptible), default=None)
+        lowest = min(self._preemptible_running) if self._preemptible_running else None
         # Expected ends come from estimates; an overrunning job's end is in the past, which the scheduler
         # reads as "ends any moment" (Slurm does the same). RunningJob objects are made once per start.
         out = cycle(self.adm, self.cluster, self.waiting, list(self._running_jobs.values()), now,
@@ -206,6 +209,8 @@ class GpuqPolicy:
             self._running_jobs[job_id] = RunningJob(job_id=job_id, expected_end=now + w.spec.max_runtime_s)
             value, preemptible, _ = priority_of(self.trace.queues, w.spec)
             self._running_class[job_id] = (value, preemptible)
+            if preemptible:
+                self._preemptible_running[value] = self._preemptible_running.get(value, 0) + 1
             self._allocated += self.milli[job_id]
             started.append(job_id)
             if self.history_half_life_s:
@@ -249,6 +254,15 @@ class GpuqPolicy:
             wake = again.wake_at if wake is None or (again.wake_at is not None and again.wake_at < wake) else wake
         return CycleOutput(started=started, preempted=victims, wake_at=wake)
 
+    def _forget_class(self, job_id: str) -> None:
+        found = self._running_class.pop(job_id, None)
+        if found is not None and found[1]:
+            left = self._preemptible_running[found[0]] - 1
+            if left:
+                self._preemptible_running[found[0]] = left
+            else:
+                del self._preemptible_running[found[0]]
+
     def _feed_history(self, now: float) -> None:
         assert self.history_half_life_s is not None
         self.usage_history.advance(now)
@@ -270,7 +284,7 @@ class GpuqPolicy:
         if info is None:
             return
         self._running_jobs.pop(job_id, None)
-        self._running_class.pop(job_id, None)
+        self._forget_class(job_id)
         self._reclaims_sent.discard(job_id)
         self.cluster.release(job_id)
         self.adm.finish(job_id)
