@@ -39,13 +39,17 @@ _STATIC = {Reason.NO_GPU_MODEL, Reason.UNTOLERATED, Reason.NO_READY_NODES}
 
 
 def schedule_cycle(state: ClusterIndex, pending: Sequence[PendingJob], running: Sequence[RunningJob], now: float,
-                   *, backfill: bool = True, max_reservations: int = 1) -> CycleResult:
+                   *, backfill: bool = True, max_reservations: int = 1,
+                   timeline: Sequence[tuple[float, str]] | None = None) -> CycleResult:
     """Place what can start now, reserve for blocked heads, backfill around the reservations.
 
-    Commits every placed job into `state` (pass `state.copy()` for a dry run).
+    Commits every placed job into `state` (pass `state.copy()` for a dry run). `timeline`: the running jobs'
+    (expected end, job id), sorted, when the caller keeps it up to date (a simulator cycle sorting every
+    running job again was a cost per cycle linear in the cluster); else it is built from `running`.
     """
     result = CycleResult()
-    timeline: list[tuple[float, str]] = sorted((r.expected_end, r.job_id) for r in running)
+    timeline = (list(timeline) if timeline is not None
+                else sorted([(r.expected_end, r.job_id) for r in running]))
     reservations: list[Reservation] = []
     strict_block: Reservation | None = None
     for pj in pending:

@@ -4,7 +4,8 @@ A replay's decisions (every cycle's starts with their placements, preemptions wi
 rejections, wake-ups, and every job's record) are hashed; the same slice replayed with the scheduler's state
 memory switched off (`ClusterIndex.state_memo` always missing) must give the same hash. The preemption hook's
 incrementally kept view of the running jobs is compared with one built from scratch at every call, and the
-policy's lowest running preemptible priority with a scan."""
+policy's lowest running preemptible priority and sorted timeline of expected ends with a scan after every
+cycle."""
 
 from __future__ import annotations
 
@@ -45,6 +46,8 @@ def decisions(trace: Trace, checks: list[str] | None = None) -> str:
             kept = min(policy._preemptible_running) if policy._preemptible_running else None
             if scan != kept:
                 checks.append(f"t={now}: lowest preemptible priority {kept}, a scan says {scan}")
+            if policy._timeline != sorted((r.expected_end, r.job_id) for r in policy._running_jobs.values()):
+                checks.append(f"t={now}: the kept timeline is not the running jobs' sorted expected ends")
         return out
 
     def hashed_arrival(job: TraceJob, now: float) -> str | None:
