@@ -17,6 +17,8 @@ caps them only when a what-if run asks for it.
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -36,6 +38,15 @@ from shared.config import QueuesConfig
 from shared.domain import JobSpec
 from sim.engine import Preempted
 
+# How long before a running job's next periodic checkpoint its view is looked at again (seconds; far above the
+# rounding of a sum of floats of this size, far below any checkpoint interval).
+_DUE_MARGIN_S = 1e-3
+
+
+def _last_checkpoint(started_at: float, interval: float, now: float) -> float:
+    """When the job's last periodic checkpoint was written (at its start when none yet)."""
+    return started_at + ((now - started_at) // interval) * interval
+
 
 class SimPreemption:
     def __init__(self, queues: QueuesConfig, *, checkpointing: bool = True, checkpoint_write_s: float = 30.0,
@@ -46,7 +57,10 @@ class SimPreemption:
         self.max_preemptors_per_cycle = max_preemptors_per_cycle
         self.last_preempted: dict[str, float] = {}
         self.by_queue: dict[str, list[float]] = {}
-        self._built: dict[str, RunningJob] = {}  # job id -> its RunningJob for its current run
+        self._jobs: dict[str, RunningJob] = {}  # job id -> its RunningJob for its current run
+        self._seen: dict[str, Any] = {}  # the policy's running jobs (RunningInfo) when `_jobs` was last synced
+        self._due: list[tuple[float, str, float]] = []  # (next checkpoint due, job id, its run's start)
+        self._list: list[RunningJob] = []  # `_jobs` in job id order
         self.protected_violations = 0  # victims inside the window or of non-preemptible classes (must stay 0)
         # after a call: when the first job that protected itself from a request (young) leaves its window
         self.next_wake: float | None = None
@@ -54,35 +68,63 @@ class SimPreemption:
     def _running(self, ctx: Any) -> list[RunningJob]:
         """The running jobs as the preemption core sees them, in job id order. Each is built once per run
         (start) and only its last periodic checkpoint is moved as time passes: rebuilding every running job
-        on every call was a third of a deep-backlog replay."""
-        out = []
-        cache = self._built
-        for job_id in sorted(ctx.running):
-            info = ctx.running[job_id]
-            spec: JobSpec = info.spec
-            interval = spec.checkpoint.interval_s
-            last = None
-            if interval:
-                last = info.started_at + ((ctx.now - info.started_at) // interval) * interval
-            job = cache.get(job_id)
-            if job is None or job.started_at != info.started_at:
-                value, preemptible, production = priority_of(self.config, spec)
-                model = spec.gpu_models[0] if spec.gpu_models else "gpu"
-                usage = {model: spec.total_gpus} if spec.total_gpus else {}
-                job = RunningJob(job_id=job_id, queue=spec.queue, priority_class=spec.priority_class,
-                                 priority=value, preemptible=preemptible, production=production, kind=spec.kind,
-                                 gpus=float(spec.total_gpus or 1), usage=usage, started_at=info.started_at,
-                                 max_runtime_s=spec.max_runtime_s, last_checkpoint_at=last,
-                                 checkpointable=spec.checkpoint.supported,
-                                 checkpoint_cost_s=self.checkpoint_write_s if self.checkpointing else None)
-                cache[job_id] = job
-            elif job.last_checkpoint_at != last:
-                job = cache[job_id] = replace(job, last_checkpoint_at=last)
-            out.append(job)
-        if len(cache) > 2 * len(out) + 1024:  # forget jobs that ended, now and then
-            for job_id in [j for j in cache if j not in ctx.running]:
-                del cache[job_id]
-        return out
+        on every call was a third of a deep-backlog replay. Kept incrementally: the list is rebuilt only when
+        the running jobs changed (the policy's dict compared with the one last seen: the same RunningInfo
+        objects compare by identity) or a job passed a checkpoint (a heap of when each job's next periodic
+        checkpoint is due); a scan of every running job on every call was a seventh of the 60-day replay."""
+        running: Mapping[str, Any] = ctx.running
+        now: float = ctx.now
+        jobs = self._jobs
+        changed = False
+        if running != self._seen:
+            for job_id in [j for j in jobs if j not in running]:
+                del jobs[job_id]
+            for job_id, info in running.items():
+                job = jobs.get(job_id)
+                if job is None or job.started_at != info.started_at:
+                    job = jobs[job_id] = self._build(job_id, info, now)
+                    interval = info.spec.checkpoint.interval_s
+                    if interval:
+                        heapq.heappush(self._due, (self._next_due(job, interval), job_id, info.started_at))
+            self._seen = dict(running)
+            changed = True
+        due = self._due
+        while due and due[0][0] <= now:
+            _, job_id, started_at = heapq.heappop(due)
+            job = jobs.get(job_id)
+            if job is None or job.started_at != started_at:
+                continue  # ended, or restarted (its new run has its own entry)
+            interval = running[job_id].spec.checkpoint.interval_s
+            last = _last_checkpoint(started_at, interval, now)
+            if last != job.last_checkpoint_at:
+                job = jobs[job_id] = replace(job, last_checkpoint_at=last)
+                changed = True
+            heapq.heappush(due, (max(self._next_due(job, interval), math.nextafter(now, math.inf)), job_id,
+                                 started_at))
+        if changed:
+            self._list = [jobs[j] for j in sorted(jobs)]
+        return self._list
+
+    def _build(self, job_id: str, info: Any, now: float) -> RunningJob:
+        spec: JobSpec = info.spec
+        interval = spec.checkpoint.interval_s
+        last = _last_checkpoint(info.started_at, interval, now) if interval else None
+        value, preemptible, production = priority_of(self.config, spec)
+        model = spec.gpu_models[0] if spec.gpu_models else "gpu"
+        usage = {model: spec.total_gpus} if spec.total_gpus else {}
+        return RunningJob(job_id=job_id, queue=spec.queue, priority_class=spec.priority_class,
+                          priority=value, preemptible=preemptible, production=production, kind=spec.kind,
+                          gpus=float(spec.total_gpus or 1), usage=usage, started_at=info.started_at,
+                          max_runtime_s=spec.max_runtime_s, last_checkpoint_at=last,
+                          checkpointable=spec.checkpoint.supported,
+                          checkpoint_cost_s=self.checkpoint_write_s if self.checkpointing else None)
+
+    @staticmethod
+    def _next_due(job: RunningJob, interval: float) -> float:
+        """A little before the job's next periodic checkpoint (the margin covers float rounding of the sum):
+        until then `_last_checkpoint` cannot change; at it, it is recomputed and compared."""
+        base = job.started_at if job.last_checkpoint_at is None else job.last_checkpoint_at
+        return base + interval - _DUE_MARGIN_S
 
     def __call__(self, ctx: Any) -> list[Any]:
         running = self._running(ctx)

@@ -9,6 +9,7 @@ No scheduling logic lives here: only the bookkeeping that the services' shells d
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -98,8 +99,14 @@ class GpuqPolicy:
         self.waiting: dict[str, Any] = {}  # admitted but not placed: job -> pipeline WaitingJob
         self.running: dict[str, RunningInfo] = {}
         self._running_jobs: dict[str, Any] = {}  # job_id -> scheduler RunningJob
+        # their (expected end, job id), kept sorted for the scheduler (sorting them all again every cycle grew
+        # with the cluster)
+        self._timeline: list[tuple[float, str]] = []
         # job_id -> (priority, preemptible) of running jobs, for the pipeline's "asks for preemption" rule
         self._running_class: dict[str, tuple[int, bool]] = {}
+        # priority -> how many preemptible jobs of it run: the lowest is read every cycle, and a scan of every
+        # running job per cycle grew with the cluster
+        self._preemptible_running: dict[int, int] = {}
         self.milli: dict[str, int] = {}
         self._allocated = 0
         self._pending_admission = 0
@@ -163,12 +170,12 @@ class GpuqPolicy:
                 ran = self._ran.pop(job_id, 0.0) + (now - info.started_at)
                 self.predictor.observe(JobKey.of(info.spec), float(info.spec.max_runtime_s), ran)
         self._release_history(job_id, now)
-        self._running_class.pop(job_id, None)
+        self._forget_class(job_id)
         self._reclaims_sent.discard(job_id)
         self.cluster.release(job_id)
         self.adm.finish(job_id)
         self.running.pop(job_id, None)
-        self._running_jobs.pop(job_id, None)
+        self._stop_running(job_id)
         self.submitted.pop(job_id, None)
         self._allocated -= self.milli.pop(job_id, 0)
 
@@ -181,12 +188,12 @@ class GpuqPolicy:
             return CycleOutput()
         if self.history_half_life_s and now >= self._next_history:
             self._feed_history(now)
-        lowest = min((p for p, preemptible in self._running_class.values() if preemptible), default=None)
+        lowest = min(self._preemptible_running) if self._preemptible_running else None
         # Expected ends come from estimates; an overrunning job's end is in the past, which the scheduler
         # reads as "ends any moment" (Slurm does the same). RunningJob objects are made once per start.
         out = cycle(self.adm, self.cluster, self.waiting, list(self._running_jobs.values()), now,
                     lowest_preemptible_running=lowest, backfill=self.backfill,
-                    run_admission=bool(self._pending_admission))
+                    run_admission=bool(self._pending_admission), timeline=self._timeline)
         self._pending_admission -= len(out.admitted)
         for w in out.admitted:
             self.waiting[w.job_id] = w
@@ -204,8 +211,11 @@ class GpuqPolicy:
             self._published.pop(job_id, None)
             self.running[job_id] = RunningInfo(w.spec, now, now + w.spec.max_runtime_s)
             self._running_jobs[job_id] = RunningJob(job_id=job_id, expected_end=now + w.spec.max_runtime_s)
+            bisect.insort(self._timeline, (now + w.spec.max_runtime_s, job_id))
             value, preemptible, _ = priority_of(self.trace.queues, w.spec)
             self._running_class[job_id] = (value, preemptible)
+            if preemptible:
+                self._preemptible_running[value] = self._preemptible_running.get(value, 0) + 1
             self._allocated += self.milli[job_id]
             started.append(job_id)
             if self.history_half_life_s:
@@ -249,6 +259,23 @@ class GpuqPolicy:
             wake = again.wake_at if wake is None or (again.wake_at is not None and again.wake_at < wake) else wake
         return CycleOutput(started=started, preempted=victims, wake_at=wake)
 
+    def _stop_running(self, job_id: str) -> None:
+        job = self._running_jobs.pop(job_id, None)
+        if job is not None:
+            entry = (job.expected_end, job_id)
+            i = bisect.bisect_left(self._timeline, entry)
+            assert self._timeline[i] == entry, f"{job_id} missing from the running timeline"
+            del self._timeline[i]
+
+    def _forget_class(self, job_id: str) -> None:
+        found = self._running_class.pop(job_id, None)
+        if found is not None and found[1]:
+            left = self._preemptible_running[found[0]] - 1
+            if left:
+                self._preemptible_running[found[0]] = left
+            else:
+                del self._preemptible_running[found[0]]
+
     def _feed_history(self, now: float) -> None:
         assert self.history_half_life_s is not None
         self.usage_history.advance(now)
@@ -269,8 +296,8 @@ class GpuqPolicy:
         info = self.running.pop(job_id, None)
         if info is None:
             return
-        self._running_jobs.pop(job_id, None)
-        self._running_class.pop(job_id, None)
+        self._stop_running(job_id)
+        self._forget_class(job_id)
         self._reclaims_sent.discard(job_id)
         self.cluster.release(job_id)
         self.adm.finish(job_id)

@@ -68,12 +68,14 @@ class PlacementOutcome:
 
 
 def place(cluster: ClusterIndex, waiting: Iterable[WaitingJob], running: Sequence[RunningJob], now: float, *,
-          lowest_preemptible_running: int | None = None, backfill: bool = True) -> PlacementOutcome:
+          lowest_preemptible_running: int | None = None, backfill: bool = True,
+          timeline: Sequence[tuple[float, str]] | None = None) -> PlacementOutcome:
     """The scheduler's half: place the admitted jobs in the pipeline's order (committed on `cluster`), reserve
-    for blocked heads, backfill around them, and say which unplaced jobs ask for preemption."""
+    for blocked heads, backfill around them, and say which unplaced jobs ask for preemption. `timeline`: the
+    running jobs' sorted (expected end, job id) when the caller keeps it (`schedule_cycle`)."""
     order = sorted(waiting, key=placement_key)
     pending = [PendingJob(spec=w.spec, allowed_models=w.allowed_models) for w in order]
-    result = schedule_cycle(cluster, pending, running, now, backfill=backfill)
+    result = schedule_cycle(cluster, pending, running, now, backfill=backfill, timeline=timeline)
     priority = {w.spec.job_id: w.priority for w in order}
     asks = [u.job_id for u in result.unplaceable
             if asks_for_preemption(u.reason, priority[u.job_id], lowest_preemptible_running)]
@@ -89,12 +91,13 @@ class CycleOutcome:
 
 def cycle(state: AdmissionState, cluster: ClusterIndex, waiting: Mapping[str, WaitingJob],
           running: Sequence[RunningJob], now: float, *, lowest_preemptible_running: int | None = None,
-          backfill: bool = True, run_admission: bool = True) -> CycleOutcome:
+          backfill: bool = True, run_admission: bool = True,
+          timeline: Sequence[tuple[float, str]] | None = None) -> CycleOutcome:
     """The whole pipeline once, on one snapshot: admit (when `run_admission`), then place every admitted job
     waiting (those in `waiting` and the ones just admitted). Applies the admissions to `state` and the
     placements to `cluster`; `waiting` is not changed (the caller keeps its own bookkeeping)."""
     decision = admit(state, now, explain=False) if run_admission else AdmissionDecision()
     admitted = [waiting_job(state.config, a) for a in decision.admitted]
     outcome = place(cluster, [*waiting.values(), *admitted], running, now,
-                    lowest_preemptible_running=lowest_preemptible_running, backfill=backfill)
+                    lowest_preemptible_running=lowest_preemptible_running, backfill=backfill, timeline=timeline)
     return CycleOutcome(admitted, outcome, decision)

@@ -86,8 +86,11 @@ def class_verdict(job: RunningJob) -> str | None:
 
 
 def victim_verdict(preemptor: Preemptor, job: RunningJob, config: QueuesConfig,
-                   usage: Mapping[str, Mapping[str, int]], now: float) -> str | None:
-    """None when `job` may be taken for `preemptor` now, else the first rule that forbids it."""
+                   usage: Mapping[str, Mapping[str, int]], now: float,
+                   borrowing: dict[str, bool] | None = None) -> str | None:
+    """None when `job` may be taken for `preemptor` now, else the first rule that forbids it. `borrowing`: a
+    dict the caller keeps for one (preemptor, usage) across many jobs, queue -> is it borrowing (filled here;
+    the answer depends on nothing else, and judging every running job asked it once per job)."""
     if job.job_id == preemptor.job_id:
         return Why.SELF
     verdict = class_verdict(job)
@@ -111,7 +114,12 @@ def victim_verdict(preemptor: Preemptor, job: RunningJob, config: QueuesConfig,
             return Why.OTHER_COHORT
         if pq.preemption.reclaim_within_cohort is PreemptionPolicy.NEVER:
             return Why.RECLAIM_NEVER
-        if not is_borrowing(job.queue, needed_resources(preemptor), usage, config):
+        borrows = borrowing.get(job.queue) if borrowing is not None else None
+        if borrows is None:
+            borrows = is_borrowing(job.queue, needed_resources(preemptor), usage, config)
+            if borrowing is not None:
+                borrowing[job.queue] = borrows
+        if not borrows:
             return Why.NOT_BORROWING
         any_priority = pq.preemption.reclaim_within_cohort is PreemptionPolicy.ANY
         if preemptor.max_victim_priority is not None and job.priority > preemptor.max_victim_priority:

@@ -145,11 +145,12 @@ def select_victims(preemptor: Preemptor, running: Sequence[RunningJob], cluster:
     usage = usage_by_queue(ordered)
     rejected: dict[str, str] = {}
     eligible: list[RunningJob] = []
+    borrowing: dict[str, bool] = {}  # queue -> borrowing a resource the preemptor needs (same for its jobs)
     for job in ordered:
         if job.job_id in busy_set:
             rejected[job.job_id] = "AlreadyBeingPreempted"
             continue
-        why = victim_verdict(preemptor, job, config, usage, now)
+        why = victim_verdict(preemptor, job, config, usage, now, borrowing)
         if why is None:
             eligible.append(job)
         else:

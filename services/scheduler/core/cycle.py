@@ -12,15 +12,25 @@ Without backfill (`backfill=False`) the first job that gets a reservation blocks
 order); a job that can never fit gets no reservation and blocks nothing.
 Several reservations (`max_reservations > 1`) never share resources: a later reservation is planned
 avoiding every earlier one's GPUs for its whole duration (conservative: it never delays an earlier one).
+
+Incremental: a job's placement attempt and its reservation search are pure functions of the state, the job
+(spec, allowed models) and, for the search, the timeline and the earlier reservations. They are remembered on
+the state (`ClusterIndex.state_memo`, dropped by any commit, release or node update) with those other inputs,
+so a cycle that finds the state as an earlier one left it (an arrival that starts nothing, a wake-up) answers
+from memory; the answer is the same object the computation would return again. A reservation is kept as its
+instant and placement: its start is max(now, instant) (an overrunning job's end is in the past).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
-from .index import ClusterIndex
+from shared.domain import JobSpec
+
+from .index import MISSING, ClusterIndex
 from .placer import place_job
-from .slot import Reservation, earliest_slot
+from .slot import Reservation, earliest_instant, earliest_slot
 from .staging import exclusions_for
 from .types import CycleResult, PendingJob, Placement, Reason, RunningJob, Unplaceable
 
@@ -29,13 +39,17 @@ _STATIC = {Reason.NO_GPU_MODEL, Reason.UNTOLERATED, Reason.NO_READY_NODES}
 
 
 def schedule_cycle(state: ClusterIndex, pending: Sequence[PendingJob], running: Sequence[RunningJob], now: float,
-                   *, backfill: bool = True, max_reservations: int = 1) -> CycleResult:
+                   *, backfill: bool = True, max_reservations: int = 1,
+                   timeline: Sequence[tuple[float, str]] | None = None) -> CycleResult:
     """Place what can start now, reserve for blocked heads, backfill around the reservations.
 
-    Commits every placed job into `state` (pass `state.copy()` for a dry run).
+    Commits every placed job into `state` (pass `state.copy()` for a dry run). `timeline`: the running jobs'
+    (expected end, job id), sorted, when the caller keeps it up to date (a simulator cycle sorting every
+    running job again was a cost per cycle linear in the cluster); else it is built from `running`.
     """
     result = CycleResult()
-    timeline: list[tuple[float, str]] = sorted((r.expected_end, r.job_id) for r in running)
+    timeline = (list(timeline) if timeline is not None
+                else sorted([(r.expected_end, r.job_id) for r in running]))
     reservations: list[Reservation] = []
     strict_block: Reservation | None = None
     for pj in pending:
@@ -48,7 +62,7 @@ def schedule_cycle(state: ClusterIndex, pending: Sequence[PendingJob], running: 
                 f"queued behind {strict_block.job_id}, planned to start at t={strict_block.start:.0f} "
                 "(backfill is off)"))
             continue
-        got = place_job(state, spec, pj.allowed_models)
+        got = _place(state, pj)
         if isinstance(got, Placement):
             end = now + spec.max_runtime_s
             # Only reservations that start before this job would end can be delayed by it.
@@ -69,7 +83,7 @@ def schedule_cycle(state: ClusterIndex, pending: Sequence[PendingJob], running: 
             timeline.append((end, spec.job_id))
             continue
         if len(reservations) < max_reservations and got.reason not in _STATIC:
-            slot = earliest_slot(state, pj, timeline, reservations, now)
+            slot = _earliest_slot(state, pj, timeline, reservations, now)
             if slot is not None:
                 reservations.append(slot)
                 result.reservations[spec.job_id] = slot.start
@@ -79,6 +93,53 @@ def schedule_cycle(state: ClusterIndex, pending: Sequence[PendingJob], running: 
                     strict_block = slot
         result.unplaceable.append(got)
     return result
+
+
+_PlaceMemo = tuple[JobSpec, Placement | Unplaceable]  # (the spec it was asked for, the answer)
+# (spec, timeline, earlier reservations, the instant and placement found or None)
+_SlotMemo = tuple[JobSpec, list[tuple[float, str]], tuple[Reservation, ...], tuple[float, Placement] | None]
+
+
+def _place(state: ClusterIndex, pj: PendingJob) -> Placement | Unplaceable:
+    """`place_job` without exclusions, remembered on the state until it changes."""
+    spec = pj.spec
+    key = ("place", spec.job_id, pj.allowed_models)
+    hit = state.state_memo(key)
+    if hit is not MISSING:
+        seen, got = cast(_PlaceMemo, hit)
+        if seen is spec or seen == spec:
+            return got
+    got = place_job(state, spec, pj.allowed_models)
+    memo: _PlaceMemo = (spec, got)
+    state.remember(key, memo)
+    return got
+
+
+def _earliest_slot(state: ClusterIndex, pj: PendingJob, timeline: list[tuple[float, str]],
+                   earlier: Sequence[Reservation], now: float) -> Reservation | None:
+    """`earliest_slot`, its search remembered on the state until it changes, with the timeline and earlier
+    reservations it read (compared whole: equal inputs, equal answer)."""
+    spec = pj.spec
+    key = ("slot", spec.job_id, pj.allowed_models)
+    hit = state.state_memo(key)
+    found: tuple[float, Placement] | None
+    if hit is not MISSING and _same_search(cast(_SlotMemo, hit), spec, timeline, earlier):
+        found = cast(_SlotMemo, hit)[3]
+    else:
+        found = earliest_instant(state, pj, timeline, earlier)
+        memo: _SlotMemo = (spec, list(timeline), tuple(earlier), found)
+        state.remember(key, memo)
+    if found is None:
+        return None
+    t, placement = found
+    start = max(now, t)
+    return Reservation(spec.job_id, start, start + spec.max_runtime_s, placement)
+
+
+def _same_search(memo: _SlotMemo, spec: JobSpec, timeline: list[tuple[float, str]],
+                 earlier: Sequence[Reservation]) -> bool:
+    seen, seen_timeline, seen_earlier, _found = memo
+    return (seen is spec or seen == spec) and seen_earlier == tuple(earlier) and seen_timeline == timeline
 
 
 def _disjoint(p: Placement, reservations: Sequence[Reservation]) -> bool:

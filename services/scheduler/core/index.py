@@ -43,6 +43,7 @@ ClassKey = tuple[object, ...]  # (gpu model, MIG profile or "", taints)
 T = TypeVar("T")
 _I = TypeVar("_I", bound="ClusterIndex")
 _MISSING = object()
+MISSING = _MISSING  # what `state_memo` returns for an answer it does not hold
 
 
 def natural_key(text: str) -> tuple[object, ...]:
@@ -209,6 +210,10 @@ class ClusterIndex:
         self._dom_order: dict[TopologyLevel, list[str]] = {}
         # Answers that depend on the node specs only (not on what is free): reset by a rebuild.
         self._spec_cache: dict[object, object] = {}
+        # Answers that depend on everything the index holds (what is free, what is placed): dropped by any
+        # change (commit, release, node update), so a cycle that finds the state as the last one left it
+        # reuses them instead of deciding the same again (`state_memo`).
+        self._state_cache: dict[object, object] = {}
         self._dirty = True
 
     # ------------------------------------------------------------------ construction
@@ -240,6 +245,7 @@ class ClusterIndex:
                     self._reapply(fresh, placement)
         self._nodes[node.name] = fresh
         self._dirty = True
+        self._state_cache.clear()
 
     def _reapply(self, node: IndexedNode, placement: Placement) -> None:
         for i, b in enumerate(placement.bindings):
@@ -300,6 +306,7 @@ class ClusterIndex:
                 for d in sorted(frees, key=ranks.__getitem__):
                     c.dom_buckets[lvl].setdefault(frees[d], []).append(ranks[d])
         self._spec_cache = {}
+        self._state_cache.clear()
         self._dirty = False
 
     def refresh_index(self) -> None:
@@ -324,6 +331,7 @@ class ClusterIndex:
         other._dom_rank = self._dom_rank
         other._dom_order = self._dom_order
         other._spec_cache = self._spec_cache
+        other._state_cache = {}  # the two diverge from here: each keeps its own (a copy is a what-if)
         other._dirty = False
         # Both sides get a new generation: from now on neither owns the shared nodes and classes.
         self._gen = object()
@@ -435,12 +443,14 @@ class ClusterIndex:
             n.jobs.add(placement.job_id)
             self._units_changed(n, old)
         self._alloc[placement.job_id] = placement
+        self._state_cache.clear()
 
     def release(self, job_id: str) -> None:
         """Give back everything the job holds. Unknown or already released jobs are ignored (idempotent)."""
         placement = self._alloc.pop(job_id, None)
         if placement is None:
             return
+        self._state_cache.clear()
         self.refresh_index()
         per_node: dict[str, list[int]] = {}
         for i, b in enumerate(placement.bindings):
@@ -532,6 +542,16 @@ class ClusterIndex:
             hit = self._spec_cache[key] = compute()
         return hit  # type: ignore[return-value]  # stored by this method under the same key: a T
 
+    def state_memo(self, key: object) -> object:
+        """An answer remembered with `remember(key, value)` since the index last changed (a commit, a release or
+        a node update drops them all), or `MISSING`. For pure queries of the whole state that a caller repeats
+        on an unchanged state, e.g. a blocked head's placement and reservation search, asked again every cycle
+        while nothing ends or starts. The caller keys it by everything else its answer reads."""
+        return self._state_cache.get(key, _MISSING)
+
+    def remember(self, key: object, value: object) -> None:
+        self._state_cache[key] = value
+
     def holds(self, job_id: str) -> bool:
         """Is the job placed on this index?"""
         return job_id in self._alloc
@@ -621,4 +641,5 @@ def _bits(mask: int) -> list[int]:
     return [i for i in range(mask.bit_length()) if mask >> i & 1]
 
 
-__all__ = ["STRATEGIES", "CallableInt", "ClassKey", "ClusterIndex", "IndexedNode", "NodeClass", "natural_key"]
+__all__ = ["MISSING", "STRATEGIES", "CallableInt", "ClassKey", "ClusterIndex", "IndexedNode", "NodeClass",
+           "natural_key"]

@@ -176,6 +176,18 @@ def earliest_slot(state: ClusterIndex, pj: PendingJob, timeline: Sequence[tuple[
     """When and where the job starts if the running jobs end as expected (`timeline`: (expected end, job id)),
     avoiding `earlier` reservations: the first instant after which the placer places it; None if none does.
     A pure query: `state` is not changed."""
+    found = earliest_instant(state, pj, timeline, earlier)
+    if found is None:
+        return None
+    t, placement = found
+    start = max(now, t)
+    return Reservation(pj.spec.job_id, start, start + pj.spec.max_runtime_s, placement)
+
+
+def earliest_instant(state: ClusterIndex, pj: PendingJob, timeline: Sequence[tuple[float, str]],
+                     earlier: Sequence[Reservation]) -> tuple[float, Placement] | None:
+    """`earliest_slot`'s search: the first expected end after which the job is placed, and where (the instant
+    may be in the past: an overrunning job's expected end). It does not read the time."""
     spec = pj.spec
     reqs = resolve(spec, pj.allowed_models)
     if isinstance(reqs, Unplaceable) or not timeline:
@@ -218,10 +230,9 @@ def earliest_slot(state: ClusterIndex, pj: PendingJob, timeline: Sequence[tuple[
         synced = i
         got = try_place(future, spec, reqs, exclude)
         if got is not None:
-            start = max(now, t)
-            return Reservation(spec.job_id, start, start + spec.max_runtime_s, got)
+            return t, got
         changed = False
     return None
 
 
-__all__ = ["Reservation", "earliest_slot"]
+__all__ = ["Reservation", "earliest_instant", "earliest_slot"]

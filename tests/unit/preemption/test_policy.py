@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+import services.preemption.core.policy as policy_module
 from services.preemption.core import (
     PRIORITY,
     RECLAIM,
@@ -277,3 +280,30 @@ def test_the_unsaved_work_bound_holds_for_a_preemptor_that_borrows() -> None:
     p = Preemptor(job_id="b-borrower", queue="team-b", priority=100, kind=borrower.kind, spec=borrower,
                   reason=RECLAIM, need={MODEL: 4}, max_victim_priority=100)
     assert victim_verdict(p, never_saved, w.config, usage_by_queue(w.running), NOW) == Why.TOO_MUCH_LOST_WORK
+
+
+def test_selection_asks_whether_a_queue_borrows_once_per_queue_with_the_same_verdicts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Judging every running job asked "does its queue borrow?" once per job; the answer depends only on the
+    # queue (the preemptor and the usage are fixed for one selection), so it is now asked once per queue.
+    w = World(queues(a_nominal=4, b_nominal=12), node_count=4)
+    for i in range(6):
+        w.run(spec(f"a{i}", queue="team-a", gpus=4), NOW - 2000 - i)
+    w.run(spec("b0", queue="team-b", gpus=4), NOW - 3000)
+    boss = w.preemptor(spec("b-boss", queue="team-b", klass="normal", gpus=4), RECLAIM, {MODEL: 4})
+    usage = usage_by_queue(w.running)
+    alone = [victim_verdict(boss, j, w.config, usage, NOW) for j in w.running]
+    memo: dict[str, bool] = {}
+    shared = [victim_verdict(boss, j, w.config, usage, NOW, memo) for j in w.running]
+    assert shared == alone and memo == {"team-a": True}
+    asked: list[str] = []
+    real = policy_module.is_borrowing
+
+    def counted(queue: str, *args: object) -> bool:
+        asked.append(queue)
+        return real(queue, *args)  # type: ignore[arg-type]  # the arguments is_borrowing was given
+
+    monkeypatch.setattr(policy_module, "is_borrowing", counted)
+    sel = select_victims(boss, w.running, w.cluster, w.config, NOW)
+    assert sel.victims == ("a0",)  # the most recent borrower: least lost work
+    assert asked == ["team-a"]
