@@ -70,3 +70,33 @@ def test_no_room_is_held_for_a_reclaim_its_victims_cannot_make_room_for() -> Non
     d = admission_cycle(reclaim_case(low_gpus=1), 10)
     assert [(r.preemptor, r.need, r.candidates) for r in d.reclaims] == [("j", {H100: 2}, ("a1",))]
     assert [a.spec.job_id for a in d.admitted] == ["b"]
+
+
+def borrow_within_case(low_gpus: int) -> AdmissionState:
+    """team-a (4 GPUs, borrow_within_cohort under priority 0) wants 8; team-b (4) borrows 8 of team-c's with normal
+    jobs and one low job of `low_gpus`; team-d lends 1 more, free, so 5 are free and a-big lacks 3, which only the
+    low job may give. q3's b (low, 1 GPU) would borrow a free one."""
+    a = queue("team-a", {H100: 4})
+    a["preemption"]["borrow_within_cohort"] = {"policy": "LowerPriority", "max_priority_threshold": 0}
+    s = AdmissionState(without_window(config(a, queue("team-b", {H100: 4}), queue("team-c", {H100: 8}),
+                                             queue("team-d", {H100: 1}), queue("q3", {H100: 0}))))
+    submit(s, job("b0", "team-b", 4), 0)
+    submit(s, job("b1", "team-b", 4), 0)
+    submit(s, job("b2", "team-b", 4 - low_gpus), 0)
+    submit(s, job("b3", "team-b", low_gpus, priority="low"), 0)
+    assert len(admission_cycle(s, 1).admitted) == 4 and s.usage("team-b") == {H100: 12}
+    submit(s, job("a-big", "team-a", 8), 2)
+    submit(s, job("b", "q3", 1, priority="low"), 3)
+    return s
+
+
+def test_the_free_room_is_held_for_a_borrow_within_cohort_request_its_victims_can_make_room_for() -> None:
+    d = admission_cycle(borrow_within_case(low_gpus=3), 10)
+    assert [(r.preemptor, r.need, r.candidates) for r in d.reclaims] == [("a-big", {H100: 3}, ("b3",))]
+    assert d.admitted == []
+
+
+def test_no_room_is_held_for_a_borrow_within_cohort_request_its_victims_cannot_make_room_for() -> None:
+    d = admission_cycle(borrow_within_case(low_gpus=1), 10)
+    assert [(r.preemptor, r.need, r.candidates) for r in d.reclaims] == [("a-big", {H100: 3}, ("b3",))]
+    assert [a.spec.job_id for a in d.admitted] == ["b"]
