@@ -595,10 +595,11 @@ class _Cycle:
     def _hold_if_coverable(self, qq: QueueQuota, request: Mapping[str, int], first: str,
                            *needs: tuple[tuple[str, ...], Mapping[str, int]]) -> None:
         """`_hold`, but only when the request can be met: for each (candidates, what they must free) in `needs`,
-        the candidates' admitted usage covers it. That usage bounds what the preemption core can take (it takes
-        only running jobs, whose usage is what admission charged, and leaves some of it to guarantees and
-        protection windows), so when it falls short no set of victims can make the room and the request fails;
-        holding the free room for it would only keep that room idle for as long as the job waits."""
+        the candidates' admitted usage covers it. Preempting a job gives back what admission charged it, and the
+        preemption core frees a quota request only from such candidates (fewer of them: only running jobs, none
+        inside its protection window, guarantees kept), so when their usage falls short no set of victims can make
+        the room and the request fails; holding the free room for it would only keep that room idle, from every
+        borrower of the cohort, for as long as the job waits. (The request itself is still made.)"""
         admitted = self.state._admitted
         for candidates, need in needs:
             left = {r: n for r, n in need.items() if n > 0}
