@@ -592,6 +592,29 @@ class _Cycle:
             if room > held:
                 holds[(qq.cohort, r)] = (room, who)
 
+    def _hold_if_coverable(self, qq: QueueQuota, request: Mapping[str, int], first: str,
+                           *needs: tuple[tuple[str, ...], Mapping[str, int]]) -> None:
+        """`_hold`, but only when the request can be met: for each (candidates, what they must free) in `needs`,
+        the candidates' admitted usage covers it. Preempting a job gives back what admission charged it, and the
+        preemption core frees a quota request only from such candidates (fewer of them: only running jobs, none
+        inside its protection window, guarantees kept), so when their usage falls short no set of victims can make
+        the room and the request fails; holding the free room for it would only keep that room idle, from every
+        borrower of the cohort, for as long as the job waits. (The request itself is still made.)"""
+        admitted = self.state._admitted
+        for candidates, need in needs:
+            left = {r: n for r, n in need.items() if n > 0}
+            for c in candidates:
+                if not left:
+                    break
+                usage = admitted[c].usage
+                for r in sorted(left):
+                    left[r] -= usage.get(r, 0)
+                    if left[r] <= 0:
+                        del left[r]
+            if left:
+                return
+        self._hold(qq, request, first)
+
     def _held(self, qq: QueueQuota, fit: _Fit) -> str | None:
         """Whether borrowing `fit` would take free room that a reclaim of this cycle counts on (`holds`): the
         message if so, else None."""
@@ -904,15 +927,18 @@ class _Cycle:
             if short > 0:
                 need[r] = short
         pledge.add(q, e.job_id, request)
-        self._hold(qq, request, pledge.first[q])
         e.reason = Reason.WAITING_FOR_RECLAIM
         if not need:
+            self._hold(qq, request, pledge.first[q])
             e.message = _Then(result.message, f"fits once the capacity reclaimed for {pledge.first[q]} is freed")
             return
         free = tuple(c for c in candidates if c not in pledge.victims) if pledge.victims else candidates
         if not free:
             e.message = _Then(result.message, "every reclaimable borrower is already being reclaimed")
             return
+        # (all the candidates: the preemption core may take other victims for this cycle's earlier requests than
+        # those earmarked for them here)
+        self._hold_if_coverable(qq, request, pledge.first[q], (candidates, need))
         self.scope_reclaims.setdefault(qq.scope, []).append(
             ReclaimRequest(preemptor=e.job_id, queue=q, need=need, candidates=free))
         # earmark victims in candidate order until the need is covered, so the next request names others
@@ -965,11 +991,13 @@ class _Cycle:
         if own is None:
             own = self.reclaim_memo[key] = own_candidates(self.state, qq, e.priority, need)
         borrowers: tuple[str, ...] = ()
+        found: tuple[str, ...] = ()
         if qq.can_reclaim and all(book.used(q, r) < qq.nominal[r] for r in need):
             key = ("cohort", q, e.priority, tuple(need), version)
-            found = self.reclaim_memo.get(key)
-            if found is None:
-                found = self.reclaim_memo[key] = reclaim_candidates(self.state, qq, e.priority, need)
+            hit = self.reclaim_memo.get(key)
+            if hit is None:
+                hit = self.reclaim_memo[key] = reclaim_candidates(self.state, qq, e.priority, need)
+            found = hit
             taken = pledge.victims if pledge is not None else set()
             borrowers = tuple(c for c in found if c not in taken)
         own_need = {r: min(n, over[r]) for r, n in need.items() if min(n, over[r]) > 0} if borrowers else need
@@ -977,7 +1005,7 @@ class _Cycle:
             result.settle(e.priority, e.reason, result.message)  # nothing of its queue may make room this cycle
             return
         self.preempting[q] = e.job_id
-        self._hold(qq, request, e.job_id)
+        self._hold_if_coverable(qq, request, e.job_id, (own, own_need), (found + own, need))
         if borrowers:
             assert qq.pool is not None  # can_reclaim: only queues in a cohort reclaim
             pledge = self.pledges.setdefault(qq.pool, _Pledge())
@@ -1012,12 +1040,13 @@ class _Cycle:
             return
         limit = min(qq.borrow_threshold, e.priority - 1)
         found = reclaim_candidates(self.state, qq, e.priority, need)
-        candidates = tuple(c for c in found if c not in pledge.victims and (self.state.priority(c) or 0) <= limit)
+        below = tuple(c for c in found if (self.state.priority(c) or 0) <= limit)
+        candidates = tuple(c for c in below if c not in pledge.victims)
         if not candidates:
             result.settle(e.priority, e.reason, result.message)
             return
         self.preempting[q] = e.job_id
-        self._hold(qq, request, e.job_id)
+        self._hold_if_coverable(qq, request, e.job_id, (below, need))
         pledge.first.setdefault(q, e.job_id)
         pledge.victims.update(candidates)
         threshold = None if qq.borrow_threshold == float("inf") else int(qq.borrow_threshold)
