@@ -5,13 +5,14 @@ calibrated range. The admission service and the simulator run this same code.
 running jobs end at their predicted end, and after each end the pipeline's cycle
 (`services.pipeline.core.cycle`: admission, then placement in the pipeline's order) runs as in production. The
 scheduler inside the replay still believes what the real one believes (reservations from `max_runtime_s`), so
-it decides as the real one will; only time advances by the predictions. Nothing new arrives (an ETA is "if
-nothing with higher priority shows up").
+it decides as the real one will; only time advances by the predictions. Nothing new arrives in the replay;
+`estimate_ranges` then moves each start later by what the higher-priority arrivals expected from the queue's
+recent history would take (`ArrivalHistory`).
 
 `estimate_ranges` is what users see: the most likely start from predicted durations
-(`services.pipeline.core.predict`), corrected by the per-queue record of ETAs given against actual starts
-(`EtaCalibration`), and a p10-p90 range from the spread of that record; until the record is long enough, the range
-comes from two more replays with every duration at its own p10 and p90.
+(`services.pipeline.core.predict`) and expected arrivals, and a p10-p90 range from two more replays with every
+duration at its own p10 and p90, widened or narrowed by the per-queue record of ETAs given against actual starts
+(`EtaCalibration`, conformal).
 
 Pure: no I/O, no clock, the states passed in are never mutated (`EtaModel` is the caller's memory, changed only
 through its methods).
