@@ -308,6 +308,14 @@ def test_the_arrival_history_learns_each_job_once_from_refreshes_and_stays_bound
     assert [a.job_id for a in hist.overtaking("a", 0, -1.0, 500.0)] == ["j2", "j3", "j4"]
     hist.observe("a", Arrival(2000.0, "late", 1, 1.0), now=2000.0)
     assert [a.job_id for a in hist.overtaking("a", 0, -1.0, 2000.0)] == ["late"] and len(hist) == 1
+    hist.observe("a", Arrival(500.0, "old", 1, 1.0), now=2000.0)  # older than the history: never counted
+    assert len(hist) == 1
+    import copy
+
+    snapshot = copy.deepcopy(hist)  # (PlatformEta replays on a copy of its model)
+    hist.observe("a", Arrival(2100.0, "after", 1, 1.0), now=2100.0)
+    assert len(snapshot) == 1 and len(hist) == 2
+    assert [a.job_id for a in snapshot.overtaking("a", 0, -1.0, 2100.0)] == ["late"]
 
     eta = PlatformEta()  # the service's ETA feeds the history at each refresh
     eta(cluster, adm, {"r1": 3600.0}, 5.0)
