@@ -5,13 +5,14 @@ calibrated range. The admission service and the simulator run this same code.
 running jobs end at their predicted end, and after each end the pipeline's cycle
 (`services.pipeline.core.cycle`: admission, then placement in the pipeline's order) runs as in production. The
 scheduler inside the replay still believes what the real one believes (reservations from `max_runtime_s`), so
-it decides as the real one will; only time advances by the predictions. Nothing new arrives (an ETA is "if
-nothing with higher priority shows up").
+it decides as the real one will; only time advances by the predictions. Nothing new arrives in the replay;
+`estimate_ranges` then moves each start later by what the higher-priority arrivals expected from the queue's
+recent history would take (`ArrivalHistory`).
 
 `estimate_ranges` is what users see: the most likely start from predicted durations
-(`services.pipeline.core.predict`), corrected by the per-queue record of ETAs given against actual starts
-(`EtaCalibration`), and a p10-p90 range from the spread of that record; until the record is long enough, the range
-comes from two more replays with every duration at its own p10 and p90.
+(`services.pipeline.core.predict`) and expected arrivals, and a p10-p90 range from two more replays with every
+duration at its own p10 and p90, widened or narrowed by the per-queue record of ETAs given against actual starts
+(`EtaCalibration`, conformal).
 
 Pure: no I/O, no clock, the states passed in are never mutated (`EtaModel` is the caller's memory, changed only
 through its methods).
@@ -19,6 +20,7 @@ through its methods).
 
 from __future__ import annotations
 
+import bisect
 import copy
 import heapq
 import math
@@ -51,6 +53,9 @@ MIN_WAIT_S = 60.0  # waits are compared as ratios; below a minute the ratio says
 ALL_QUEUES = "*"  # the calibration record of every queue together (the fallback of a queue without one)
 ETA_REFRESH_S = 300.0  # platform seconds between ETA refreshes when nothing changed
 ETA_MIN_REFRESH_S = 30.0  # platform seconds at least between two refreshes: a burst of changes is one refresh
+# The arrival history's bound per queue (ArrivalHistory): its look-back never exceeds the horizon, and a queue
+# receiving more than this many jobs within a horizon has its rate measured over the span these cover.
+ARRIVAL_HISTORY = 10_000
 
 Duration = Callable[[JobSpec], float]
 
@@ -256,6 +261,99 @@ class EtaCalibration:
         return sorted(q for q in self._checks if q != ALL_QUEUES)
 
 
+@dataclass(frozen=True)
+class Arrival:
+    """A job the ETA saw arrive: when it was submitted, its priority value and its expected work (GPUs x the
+    predicted median run time when it was seen)."""
+
+    at: float
+    job_id: str
+    priority: int
+    gpu_s: float
+
+
+class ArrivalHistory:
+    """The jobs each queue received (bounded, in memory), and the delay the arrivals still to come are expected
+    to add to a waiting job's start.
+
+    The replay assumes nothing new arrives, yet a job of the queue with a higher priority, submitted while a job
+    waits, is admitted and placed before it (the pipeline orders by priority first) and takes GPU-seconds it
+    would have had. The forecast is "the next `wait` looks like the last `wait`": for a job the replay starts in
+    `wait` seconds, the higher-priority jobs its queue received over the last `wait` (n jobs, A GPU-seconds of
+    predicted work, the last one d seconds ago) are expected again, and take A / capacity seconds from it (the
+    fluid view: the GPUs of the models it can use drain A GPU-seconds that much later). Streams of submissions
+    end (a sweep is submitted in minutes, then nothing): the forecast is weighted by exp(-n d / wait), the
+    chance that a stream still arriving at its look-back rate n / wait leaves a silence as long as the one seen
+    since its last job (Poisson), so a sweep that ended long before adds nothing. One step: arrivals during the
+    added delay itself are not counted again (the streams end). Lower- and equal-priority arrivals of the queue
+    come after the job (submission order), and other queues' arrivals are served from their own quota first,
+    so neither is counted (a queue borrowing another's idle quota loses it to that queue's arrivals: not
+    modelled).
+    """
+
+    def __init__(self, max_age_s: float = DEFAULT_HORIZON_S, max_entries: int = ARRIVAL_HISTORY):
+        if max_age_s <= 0 or max_entries < 1:
+            raise ValueError(f"need max_age_s > 0 and max_entries >= 1, got {max_age_s}, {max_entries}")
+        self.max_age_s = max_age_s
+        self.max_entries = max_entries
+        self._queues: dict[str, list[tuple[float, str, Arrival]]] = {}  # queue -> sorted (at, job_id, arrival)
+        self._seen: dict[str, float] = {}  # job_id -> when it was submitted (each job counts once)
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._seen
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ArrivalHistory:
+        """An independent copy (PlatformEta replays on a copy of its model, under its lock): the lists are
+        copied, the arrivals (immutable) shared, so a week of them copies in a fraction of a deep copy's time."""
+        other = ArrivalHistory(self.max_age_s, self.max_entries)
+        other._queues = {q: list(entries) for q, entries in self._queues.items()}
+        other._seen = dict(self._seen)
+        return other
+
+    def observe(self, queue: str, arrival: Arrival, now: float) -> None:
+        """A job of `queue` seen waiting or holding quota at `now` (again: ignored); forgets arrivals older than
+        `max_age_s`."""
+        if arrival.job_id in self._seen or arrival.at < now - self.max_age_s:
+            return  # (a job older than the history, still waiting or running, is never counted)
+        self._seen[arrival.job_id] = arrival.at
+        bisect.insort(self._queues.setdefault(queue, []), (arrival.at, arrival.job_id, arrival))
+        self._forget(now)
+
+    def _forget(self, now: float) -> None:
+        cutoff = now - self.max_age_s
+        for queue in sorted(self._queues):
+            entries = self._queues[queue]
+            drop = bisect.bisect_left(entries, (cutoff,))
+            drop = max(drop, len(entries) - self.max_entries)
+            for _, job_id, _ in entries[:drop]:
+                self._seen.pop(job_id, None)
+            del entries[:drop]
+            if not entries:
+                del self._queues[queue]
+
+    def overtaking(self, queue: str, priority: int, since: float, now: float) -> list[Arrival]:
+        """The arrivals of `queue` with a priority above `priority` submitted in (since, now]."""
+        entries = self._queues.get(queue, [])
+        lo = bisect.bisect_right(entries, (since, "\uffff"))
+        hi = bisect.bisect_right(entries, (now, "\uffff"))
+        return [a for _, _, a in entries[lo:hi] if a.priority > priority]
+
+    def expected_delay(self, queue: str, priority: int, now: float, wait_s: float, capacity_gpus: int) -> float:
+        """Seconds the arrivals still to come are expected to add to the start of a job of `queue` with
+        `priority` that the replay starts `wait_s` from `now`, on a pool of `capacity_gpus` GPUs (class doc)."""
+        lookback = max(MIN_WAIT_S, wait_s)
+        ahead = self.overtaking(queue, priority, now - lookback, now)
+        if not ahead or capacity_gpus <= 0:
+            return 0.0
+        work = sum(a.gpu_s for a in ahead)
+        silence = max(0.0, now - max(a.at for a in ahead))
+        still_arriving = math.exp(-len(ahead) * silence / lookback)
+        return still_arriving * work / capacity_gpus
+
+
 @dataclass
 class EtaModel:
     """What ETAs learn online: how long finished jobs ran (the predictor) and how ETAs fared (calibration).
@@ -264,8 +362,25 @@ class EtaModel:
 
     predictor: DurationPredictor = field(default_factory=DurationPredictor)
     calibration: EtaCalibration = field(default_factory=EtaCalibration)
+    arrivals: ArrivalHistory = field(default_factory=ArrivalHistory)
     predict: bool = True
     calibrate: bool = True
+    expect_arrivals: bool = True  # False: the replay alone ("nothing new arrives"), kept to measure against
+
+    def observe_arrivals(self, admission: Any, now: float) -> None:
+        """Every job waiting or holding quota in `admission` goes to the arrival history (once per job), with its
+        predicted work as of now. Called before each refresh: a job is seen unless it arrived, ran and ended
+        between two refreshes (minutes of platform time)."""
+        for job_id, (spec, submitted_at) in sorted(_known(admission).items()):
+            if job_id in self.arrivals or submitted_at < now - self.arrivals.max_age_s:
+                continue
+            priority = admission.priority(job_id)
+            if priority is None:
+                from services.pipeline.core import priority_value
+
+                priority = priority_value(admission.config, spec)
+            self.arrivals.observe(spec.queue, Arrival(submitted_at, job_id, priority,
+                                                      spec.total_gpus * self.duration(spec)), now)
 
     def job_finished(self, spec: JobSpec, ran_s: float) -> None:
         """A job ended after running `ran_s` seconds in all: history for the predictor."""
@@ -322,6 +437,9 @@ def estimate_ranges(cluster: Any, admission: Any, running: Mapping[str, RunningV
     low = replay("low") if model.predict else {}
     high = replay("high") if model.predict else {}
     queued = _queued(admission)
+    if model.expect_arrivals:  # each replay's start, later by what the arrivals to come are expected to take
+        later = _arrival_delays(cluster, admission, now, model)
+        starts, low, high = (later(starts), later(low), later(high))
     out: dict[str, EtaRange] = {}
     for job_id, start in starts.items():
         lo, hi = min(start, low.get(job_id, start)), max(start, high.get(job_id, start))
@@ -331,6 +449,33 @@ def estimate_ranges(cluster: Any, admission: Any, running: Mapping[str, RunningV
         else:
             out[job_id] = EtaRange(start, lo, hi, planned=start, replay_low=lo, replay_high=hi)
     return dict(sorted(out.items()))
+
+
+def _arrival_delays(cluster: Any, admission: Any, now: float, model: EtaModel
+                    ) -> Callable[[Mapping[str, float]], dict[str, float]]:
+    """Planned starts -> the same, each later by its expected delay from arrivals (ArrivalHistory)."""
+    pools = cluster.total_gpus_by_model()
+    known = _known(admission)
+
+    def later(planned: Mapping[str, float]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for job_id, start in planned.items():
+            spec = known[job_id][0] if job_id in known else None
+            priority = admission.priority(job_id)
+            if spec is None or priority is None:
+                out[job_id] = start
+                continue
+            capacity = sum(n for m, n in pools.items() if not spec.gpu_models or m in spec.gpu_models)
+            out[job_id] = start + model.arrivals.expected_delay(spec.queue, priority, now, start - now, capacity)
+        return out
+
+    return later
+
+
+def _known(admission: Any) -> dict[str, tuple[JobSpec, float]]:
+    """job_id -> (spec, submitted at) of every job pending or holding quota."""
+    return {**{j: (w.spec, w.submitted_at) for j, w in admission.pending.items()},
+            **{j: (a.spec, a.submitted_at) for j, a in admission.admitted.items()}}
 
 
 def _queued(admission: Any) -> dict[str, tuple[str, float]]:
@@ -377,6 +522,7 @@ class PlatformEta:
                  ) -> dict[str, EtaRange]:
         admission = state
         with self._lock:
+            self.model.observe_arrivals(admission, now)
             model = copy.deepcopy(self.model)
         running: dict[str, RunningView] = {}
         fixed: dict[str, float] = {}

@@ -115,6 +115,7 @@ class EtaTracked:
 
     def _refresh(self, now: float) -> None:
         inner = self.inner
+        self.model.observe_arrivals(inner.adm, now)
         running = {j: RunningView(info.spec, info.started_at) for j, info in sorted(inner.running.items())}
         etas = estimate_ranges(inner.cluster, inner.adm, running, now, self.model, backfill=inner.backfill)
         for job_id, eta in etas.items():

@@ -238,3 +238,85 @@ def test_platform_eta_learns_from_the_starts_and_ends_admission_reports():
                                [job("p1", 5, 10, gpus_per_pod=8, estimate=600)], now=5.0)
     assert eta(cluster, adm, {"r1": 10 * 86_400.0}, 5.0) == {}
     assert not eta.refresh_due(5.0, 405.0, False) and eta.refresh_due(5.0, 35.0, True)
+
+
+def _stream(model: EtaModel, queue: str, priority: int, every_s: float, until: float, span_s: float,
+            gpu_s: float) -> float:
+    """Arrivals of `queue` every `every_s` over (until - span_s, until]; returns their GPU-seconds in all."""
+    from sim.eta import Arrival
+
+    n = int(span_s // every_s)
+    for i in range(n):
+        at = until - i * every_s
+        model.arrivals.observe(queue, Arrival(at, f"s-{queue}-{priority}-{i}", priority, gpu_s), now=until)
+    return n * gpu_s
+
+
+def _low_job_waiting(now: float):
+    """r1 holds 6 of the node's 8 GPUs until 3600; p1 (low, 8 GPUs) waits for it."""
+    running = [job("r1", 0, 10, gpus_per_pod=6, estimate=3600)]
+    cluster, adm = _state_with(running, [job("p1", 5, 10, gpus_per_pod=8, estimate=600, priority="low")], now=now)
+    return cluster, adm, {"r1": RunningView(running[0].spec(), started_at=0.0)}
+
+
+def test_a_steady_stream_of_higher_priority_arrivals_delays_a_low_priority_eta_by_what_it_takes():
+    """A queue that received a 1-GPU, 480 s high-priority job every minute over the last hour (the replay's
+    wait of p1) is expected to go on: that hour of arrivals is 28,800 GPU-seconds, 3,600 s of the 8-GPU pool,
+    and p1's start moves that much later. Without arrivals the ETA is the replay's; an equal-priority or a
+    lower-priority stream, or another queue's, does not overtake p1; a stream that stopped long ago adds
+    (nearly) nothing."""
+    now = 5.0
+    cluster, adm, view = _low_job_waiting(now)
+    plain = estimate_ranges(cluster, adm, view, now, EtaModel())["p1"]
+    assert plain.start == 3600.0  # no history: r1 runs its limit, and nothing arrived
+    off = estimate_ranges(cluster, adm, view, now, EtaModel(expect_arrivals=False))["p1"]
+    assert off == plain
+
+    model = EtaModel()
+    work = _stream(model, "a", 500, 60.0, now, 3600.0, 480.0)
+    eta = estimate_ranges(cluster, adm, view, now, model)["p1"]
+    assert eta.start == pytest.approx(3600.0 + work / 8, rel=0.02)
+    assert eta.low <= eta.start <= eta.high
+
+    for queue, priority in (("a", 0), ("other", 500)):
+        quiet = EtaModel()
+        _stream(quiet, queue, priority, 60.0, now, 3600.0, 480.0)
+        assert estimate_ranges(cluster, adm, view, now, quiet)["p1"].start == 3600.0
+    ended = EtaModel()  # the same sweep, submitted in the first ten minutes of the hour, then silence
+    _stream(ended, "a", 500, 10.0, now - 3000.0, 600.0, 480.0)
+    assert estimate_ranges(cluster, adm, view, now, ended)["p1"].start == pytest.approx(3600.0, abs=1.0)
+
+
+def test_the_arrival_history_learns_each_job_once_from_refreshes_and_stays_bounded():
+    """observe_arrivals records every job admission holds (pending and admitted), with its priority and
+    predicted work, once however many refreshes see it; entries older than the horizon are forgotten, and a
+    queue keeps at most `max_entries`."""
+    from sim.eta import Arrival, ArrivalHistory, PlatformEta
+
+    cluster, adm, _ = _low_job_waiting(5.0)
+    model = EtaModel()
+    model.observe_arrivals(adm, 5.0)
+    model.observe_arrivals(adm, 65.0)
+    assert len(model.arrivals) == 2  # r1 and p1, once each
+    assert [(a.job_id, a.priority, a.gpu_s) for a in model.arrivals.overtaking("a", -1, -1.0, 65.0)] == [
+        ("r1", 100, 6 * 3600.0), ("p1", 0, 8 * 600.0)]
+    assert [a.job_id for a in model.arrivals.overtaking("a", 0, -1.0, 65.0)] == ["r1"]
+
+    hist = ArrivalHistory(max_age_s=1000.0, max_entries=3)
+    for i in range(5):
+        hist.observe("a", Arrival(float(i * 100), f"j{i}", 1, 1.0), now=float(i * 100))
+    assert [a.job_id for a in hist.overtaking("a", 0, -1.0, 500.0)] == ["j2", "j3", "j4"]
+    hist.observe("a", Arrival(2000.0, "late", 1, 1.0), now=2000.0)
+    assert [a.job_id for a in hist.overtaking("a", 0, -1.0, 2000.0)] == ["late"] and len(hist) == 1
+    hist.observe("a", Arrival(500.0, "old", 1, 1.0), now=2000.0)  # older than the history: never counted
+    assert len(hist) == 1
+    import copy
+
+    snapshot = copy.deepcopy(hist)  # (PlatformEta replays on a copy of its model)
+    hist.observe("a", Arrival(2100.0, "after", 1, 1.0), now=2100.0)
+    assert len(snapshot) == 1 and len(hist) == 2
+    assert [a.job_id for a in snapshot.overtaking("a", 0, -1.0, 2100.0)] == ["late"]
+
+    eta = PlatformEta()  # the service's ETA feeds the history at each refresh
+    eta(cluster, adm, {"r1": 3600.0}, 5.0)
+    assert len(eta.model.arrivals) == 2
