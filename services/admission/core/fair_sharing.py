@@ -82,8 +82,8 @@ def fair_victims(state: AdmissionState, qq: QueueQuota, request: Mapping[str, in
     removed: list[tuple[str, Mapping[str, int]]] = []
     targets: list[str] = []
     returning: dict[str, dict[tuple[tuple[str, int], ...], Mapping[str, int]]] = {}
-    for queue, usages in sorted((comeback or {}).items()):
-        returning[queue] = {tuple(sorted(u.items())): u for u in usages}
+    for queue, usages in sorted((comeback or {}).items()):  # (a job asking for none of it takes no freed room)
+        returning[queue] = {tuple(sorted(u.items())): u for u in usages if any(r in request for r in u)}
     preemptor_at: list[float] = []  # the preemptor's standing with its job admitted, once known
 
     def remove(job_id: str) -> None:
