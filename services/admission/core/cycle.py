@@ -1079,9 +1079,11 @@ class _Cycle:
         # not above the preemptor's priority (even under `Any`): the admission order puts priority before the
         # fair share, so a higher-priority victim would take its room back at the next cycle
         free = [c for c in found if c not in pledge.victims and (self.state.priority(c) or 0) <= e.priority]
-        victims = fair_victims(self.state, qq, request, free, strategies) if free else ()
+        victims = fair_victims(self.state, qq, request, free, strategies, self._comeback(e.priority, free)) \
+            if free else ()
         if not victims:
             e.message = _Then(result.message, "no borrower is above this queue's fair share with the job admitted "
+                              "by enough to keep the room it would free "
                               f"(fair_sharing: {', '.join(s.value for s in strategies)})")
             return
         self.preempting[q] = e.job_id
@@ -1094,6 +1096,28 @@ class _Cycle:
         e.reason = Reason.WAITING_FOR_RECLAIM
         e.message = _Then(result.message, f"preemption of {text} requested from {len(victims)} job(s) of queues "
                           "above their fair share (fair_sharing)")
+
+    def _comeback(self, priority: int, candidates: list[str]) -> dict[str, list[dict[str, int]]]:
+        """Per queue of the candidates, the requests (first option per pod set) of its pending jobs of
+        `priority`: what it would admit into room its victims free, in the admission order by share, before a
+        preemptor of that priority whose standing is not below (fair_sharing.fair_victims keeps it behind).
+        Lower-priority jobs come after the preemptor whatever their share, higher-priority ones before it
+        whatever the preemption does."""
+        found: dict[str, list[dict[str, int]]] = {}
+        for q in sorted({self.state._admitted[c].spec.queue for c in candidates}):
+            qq = self.book.queues.get(q)
+            if qq is None:
+                continue
+            seen: set[int] = set()
+            usages = found[q] = []
+            for e in self.lists.get(q, ()):
+                if e.priority != priority or e.admitted is not None or e.verdict is not None or e.sid in seen:
+                    continue
+                seen.add(e.sid)
+                request = self._first_request(qq, e.sig)
+                if request:
+                    usages.append(request)
+        return found
 
     @staticmethod
     def _message(result: _NoFit, variant: str, build: Callable[[], _LazyText]) -> _LazyText:

@@ -15,6 +15,12 @@ borrowers when its queue, after admitting it, would not be above them in dominan
       LessThanInitialShare (rule S2-b): preemptor's new share < the target's share before the victim goes.
     A passing victim is removed (simulated), and the target queue is chosen again; a failing one is kept for
     the second strategy, which, when configured, takes at most one victim per queue that passes rule S2-b.
+  * the room stays with the preemptor: a victim is taken only when, with it (and the victims before it) gone,
+    every job its queue would admit into the freed room (the victims requeued, its pending jobs of the
+    preemptor's priority) puts that queue strictly above the preemptor's new share, so the admission order
+    reaches the preemptor first. Rule S2-b alone compares with the target's share before the victim goes and
+    can leave the target below the preemptor: the requeued victim was then admitted first (at an equal share
+    its earlier submit time wins), borrowed the room back, and the same preemption repeated every cycle.
   * it stops as soon as the job fits; when the victims found cannot make it fit, nothing is asked.
   * the cycle asks after its admissions (one job per queue: its first that must borrow and did not fit), so
     the room the victims free is not also counted on by a job admitted later in the same cycle; and it takes
@@ -62,9 +68,12 @@ def _standing(state: AdmissionState, qq: QueueQuota) -> float:
 
 
 def fair_victims(state: AdmissionState, qq: QueueQuota, request: Mapping[str, int], candidates: Sequence[str],
-                 strategies: Sequence[FairSharingStrategy]) -> tuple[str, ...]:
+                 strategies: Sequence[FairSharingStrategy],
+                 comeback: Mapping[str, Sequence[Mapping[str, int]]] | None = None) -> tuple[str, ...]:
     """The victims, in the order chosen, whose removal lets `request` fit in `qq` under the strategies; () when
-    they cannot make it fit. `candidates` in candidate order (lowest priority, most recently admitted, id)."""
+    they cannot make it fit. `candidates` in candidate order (lowest priority, most recently admitted, id).
+    `comeback`: per queue, the requests of its pending jobs of the preemptor's priority (what it would admit
+    into freed room); with the victims themselves they must stay behind the preemptor (`_stays_behind`)."""
     book = state._book
     by_queue: dict[str, list[str]] = {}
     rank = {job_id: i for i, job_id in enumerate(candidates)}
@@ -72,12 +81,31 @@ def fair_victims(state: AdmissionState, qq: QueueQuota, request: Mapping[str, in
         by_queue.setdefault(state._admitted[job_id].spec.queue, []).append(job_id)
     removed: list[tuple[str, Mapping[str, int]]] = []
     targets: list[str] = []
+    returning: dict[str, dict[tuple[tuple[str, int], ...], Mapping[str, int]]] = {}
+    for queue, usages in sorted((comeback or {}).items()):  # (a job asking for none of it takes no freed room)
+        returning[queue] = {tuple(sorted(u.items())): u for u in usages if any(r in request for r in u)}
+    preemptor_at: list[float] = []  # the preemptor's standing with its job admitted, once known
 
     def remove(job_id: str) -> None:
         a = state._admitted[job_id]
         book.add(a.spec.queue, a.usage, -1)
         removed.append((a.spec.queue, a.usage))
         targets.append(job_id)
+        returning.setdefault(a.spec.queue, {})[tuple(sorted(a.usage.items()))] = a.usage
+
+    def stays_behind(queue: str, victim: Mapping[str, int]) -> bool:
+        """With `victim` removed too (the book as it is now less `victim`), every job the target queue would
+        admit into the freed room (its victims requeued, its pending jobs of the preemptor's priority) puts it
+        strictly above the preemptor's new standing, so the admission order reaches the preemptor first."""
+        tq = book.queues[queue]
+        usages = dict(returning.get(queue, {}))
+        usages[tuple(sorted(victim.items()))] = victim
+        book.add(queue, victim, -1)
+        try:
+            history = state.history_share(queue)
+            return all(book.share(tq, u) + history > preemptor_at[0] for _k, u in sorted(usages.items()))
+        finally:
+            book.add(queue, victim)
 
     def fits() -> bool:
         book.add(qq.name, request, -1)  # the preemptor's own usage was added for the shares only
@@ -88,9 +116,10 @@ def fair_victims(state: AdmissionState, qq: QueueQuota, request: Mapping[str, in
 
     book.add(qq.name, request)  # shares are taken with the preemptor's job admitted (PreemptorNewShare)
     try:
-        if _first_strategy(state, qq, by_queue, rank, strategies[0], remove, fits):
+        preemptor_at.append(_standing(state, qq))
+        if _first_strategy(state, qq, by_queue, rank, strategies[0], remove, fits, stays_behind):
             return tuple(targets)
-        if len(strategies) > 1 and _second_strategy(state, qq, by_queue, rank, remove, fits):
+        if len(strategies) > 1 and _second_strategy(state, qq, by_queue, rank, remove, fits, stays_behind):
             return tuple(targets)
         return ()
     finally:
@@ -121,7 +150,8 @@ def _next_queue(state: AdmissionState, by_queue: Mapping[str, list[str]], rank: 
 
 
 def _first_strategy(state: AdmissionState, qq: QueueQuota, by_queue: dict[str, list[str]], rank: Mapping[str, int],
-                    strategy: FairSharingStrategy, remove: Callable[[str], None], fits: Callable[[], bool]) -> bool:
+                    strategy: FairSharingStrategy, remove: Callable[[str], None], fits: Callable[[], bool],
+                    stays_behind: Callable[[str, Mapping[str, int]], bool]) -> bool:
     book = state._book
     preemptor = _standing(state, qq)
     if preemptor == INF:
@@ -134,15 +164,15 @@ def _first_strategy(state: AdmissionState, qq: QueueQuota, by_queue: dict[str, l
         left = by_queue[queue]
         while left:
             job_id = left.pop(0)
+            victim = state._admitted[job_id].usage
             if strategy is FairSharingStrategy.LESS_THAN_INITIAL_SHARE:
                 passed = preemptor < old
             else:  # the target's share without this victim
-                victim = state._admitted[job_id].usage
                 book.add(queue, victim, -1)
                 new = _standing(state, tq)
                 book.add(queue, victim)
                 passed = preemptor <= new
-            if passed:
+            if passed and stays_behind(queue, victim):
                 remove(job_id)
                 if fits():
                     return True
@@ -154,7 +184,8 @@ def _first_strategy(state: AdmissionState, qq: QueueQuota, by_queue: dict[str, l
 
 
 def _second_strategy(state: AdmissionState, qq: QueueQuota, by_queue: dict[str, list[str]], rank: Mapping[str, int],
-                     remove: Callable[[str], None], fits: Callable[[], bool]) -> bool:
+                     remove: Callable[[str], None], fits: Callable[[], bool],
+                     stays_behind: Callable[[str, Mapping[str, int]], bool]) -> bool:
     """Rule S2-b over the candidates the first strategy left: at most one victim per queue."""
     preemptor = _standing(state, qq)
     if preemptor == INF:
@@ -162,7 +193,8 @@ def _second_strategy(state: AdmissionState, qq: QueueQuota, by_queue: dict[str, 
     dropped: set[str] = set()
     while (queue := _next_queue(state, by_queue, rank, dropped)) is not None:
         job_id = by_queue[queue].pop(0)
-        if preemptor < _standing(state, state._book.queues[queue]):
+        if (preemptor < _standing(state, state._book.queues[queue])
+                and stays_behind(queue, state._admitted[job_id].usage)):
             remove(job_id)
             if fits():
                 return True
