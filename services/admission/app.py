@@ -152,7 +152,7 @@ class AdmissionService:
                       JobPreempted: self.on_preempted, JobAttemptFailed: self.on_attempt_failed,
                       QueueConfigChanged: self.on_config_changed, JobPlaced: self.on_placed,
                       JobStarted: self.on_started, QueueUsageReported: self.on_usage_reported},
-            on_start=self.load, reload=self._rebuild,
+            on_start=self.load, reload=self._rebuild, optimistic_batches=True,
             background=(self.backoff_loop, self.eta_loop) if self.eta is not None else (self.backoff_loop,),
             consumer_suffix=self.shard.consumer_suffix, lease_scopes=self.shard.lease_scopes,
             shared_lease_scopes=self.shard.shared_lease_scopes, claim=self.claim if sharded else None,

@@ -149,6 +149,7 @@ class SimExecutor:
             handlers={JobPlaced: self.on_placed, CheckpointRequested: self.on_checkpoint_requested,
                       JobPreempted: self.on_stopped, JobCancelled: self.on_stopped, JobFailed: self.on_failed},
             on_start=self.announce_inventory, background=background, singleton=False,
+            optimistic_batches=True,  # its runs are rows; memory holds only settings and sampling times
         )
 
     # ------------------------------------------------------------------ what the DCGM source needs (ExecutorView)

@@ -77,7 +77,7 @@ class SchedulerService:
                       JobFailed: self.on_finished, JobAttemptFailed: self.on_finished, JobCancelled: self.on_finished,
                       JobPreempted: self.on_finished,
                       JobRequeued: self.on_requeued, ExecutorHeartbeat: self.liveness.on_heartbeat},
-            on_start=self.load, reload=self._rebuild, background=(self.liveness.loop,),
+            on_start=self.load, reload=self._rebuild, background=(self.liveness.loop,), optimistic_batches=True,
         )
 
     # ------------------------------------------------------------------ state
