@@ -238,6 +238,9 @@ class Tx:
     _rows: list[tuple[str, str, bytes]] = field(default_factory=list)
     # In a consumed batch: job trace rows staged by the batch's messages, written at its end (JobTraces.stage).
     staged_traces: dict[str, str] | None = None
+    # Job trace rows this transaction wrote (the table's rows, as RETURNING gave them): the work deferred to a
+    # batch's end reads a job's trace here first, instead of asking Postgres for a row the batch just wrote.
+    written_traces: Mapping[str, str] | None = None
     # Handler-owned scratch space shared by every unit of work of one transaction (a consumed batch's messages and
     # the work deferred to its end; a unit of one event has its own): a handler gathers rows here and writes them
     # once in its `after_events` work. A message whose savepoint rolls back must have added nothing that its
@@ -268,7 +271,10 @@ class Tx:
         (AuditRecorded) take their scope token as `subject_suffix`."""
         job = payload.job_key()
         if traceparent is None and job is not None and job != self.job:
-            traceparent = await (self.job_traces or JobTraces()).get(self.conn, self.schema, job, self.staged_traces)
+            traceparent = self.written_traces.get(job) if self.written_traces else None
+            if traceparent is None:
+                traceparent = await (self.job_traces or JobTraces()).get(self.conn, self.schema, job,
+                                                                         self.staged_traces)
         event = traced_event(payload, source=self.source, time=utcnow_from(self.now),
                              traceparent=traceparent or self.traceparent)
         subject = (payload.scoped_subject(subject_suffix) if payload.scope and subject_suffix else
@@ -971,7 +977,8 @@ class ServiceRuntime:
         result.traces = await self.job_traces.write_staged(conn, self.spec.schema, batch.traces)
         if deferred:
             tx = Tx(conn=conn, now=self.clock.now(), source=self.source, schema=self.spec.schema,
-                    job_traces=self.job_traces, buffered=True, scratch=result.scratch)
+                    job_traces=self.job_traces, buffered=True, scratch=result.scratch,
+                    written_traces=dict(result.traces))
             for key in sorted(deferred):
                 await deferred[key](tx)
             await tx.flush()
