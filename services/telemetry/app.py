@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 
 from services.scheduler import readmodel
-from services.telemetry.core.state import Effects, Gauges, TelemetryState
+from services.telemetry.core.state import Effects, Gauges, Labels, Observation, TelemetryState
 from services.telemetry.metrics import DEFAULT_PORT, TelemetryMetrics
 from services.telemetry.webhooks import store
 from services.telemetry.webhooks.backoff import RetryPolicy
@@ -69,9 +70,31 @@ class _Pending:
     webhooks: list[tuple[CloudEvent, str | None, float]] = field(default_factory=list)  # (event, team, now)
 
     def add(self, fx: Effects) -> None:
+        self.fx.observations += fx.observations
         self.fx.jobs |= fx.jobs
         self.fx.samples |= fx.samples
         self.fx.sources |= fx.sources
+
+
+def summed(observations: Sequence[Observation]) -> list[Observation]:
+    """The same observations with each counter series' positive increments added up (in the order each series
+    first appears; histogram observations kept one by one, in order): a counter reads the same afterwards (up to
+    floating-point rounding)."""
+    out: list[Observation] = []
+    counters: dict[tuple[str, Labels], int] = {}
+    for o in observations:
+        if o.kind != "counter":
+            out.append(o)
+            continue
+        if o.value <= 0:  # never added (metrics.record skips them too)
+            continue
+        at = counters.get((o.name, o.labels))
+        if at is None:
+            counters[(o.name, o.labels)] = len(out)
+            out.append(o)
+        else:
+            out[at] = Observation("counter", o.name, out[at].value + o.value, o.labels)
+    return out
 
 
 class TelemetryService:
@@ -111,19 +134,22 @@ class TelemetryService:
 
     # ------------------------------------------------------------------ events
 
-    def apply(self, payload: Payload, now: float, subject: str = "") -> tuple[Effects, str | None]:
-        """Fold one event into the core (no I/O) and record its counters; returns the effects and the
-        team the event concerns (looked up before a finishing job's record is dropped). `subject` is the one the
-        event arrived on (its scope token names the publishing team of a team-scoped event)."""
+    def apply(self, payload: Payload, now: float, subject: str = "", *,
+              record: bool = True) -> tuple[Effects, str | None]:
+        """Fold one event into the core (no I/O) and record its counters (unless `record` is false: the caller
+        records `fx.observations` itself); returns the effects and the team the event concerns (looked up before
+        a finishing job's record is dropped). `subject` is the one the event arrived on (its scope token names the
+        publishing team of a team-scoped event)."""
         scope = type(payload).scope_of(subject) if payload.scope and subject else None
         with self.lock:
             team = self.state.team_of(payload)
             fx = self.state.apply(payload, now, scope or None)
-        self.metrics.record(fx.observations)
+        if record:
+            self.metrics.record(fx.observations)
         return fx, team
 
     async def on_event(self, tx: Tx, event: CloudEvent, payload: Payload) -> None:
-        fx, team = self.apply(payload, tx.now, tx.subject)
+        fx, team = self.apply(payload, tx.now, tx.subject, record=False)
         # What the event changed is written once for the unit of work (a consumed batch: once for all its
         # messages, each record with its state after the last of them), at its end, in its transaction. Added to
         # last: nothing after this can fail and leave a rolled-back message's part behind.
@@ -139,6 +165,8 @@ class TelemetryService:
         pending: _Pending | None = tx.scratch.pop(_PENDING, None)
         if pending is None:
             return
+        # The unit of work's counter increments summed per series (one add each), its histogram observations each.
+        self.metrics.record(summed(pending.fx.observations))
         await self.persist(tx.conn, pending.fx)
         if pending.queues is not None:
             await self.persist_queues(tx.conn, pending.queues)
