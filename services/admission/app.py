@@ -330,7 +330,12 @@ class AdmissionService:
             await verdict("rejected", reason, message)
 
         async def body() -> None:
-            existing = await tx.conn.fetchval("SELECT status FROM admission.jobs WHERE job_id = $1", spec.job_id)
+            # Whether the job id is taken and whether a cancel for it came first, in one round trip (a tombstone is
+            # rare: it is taken below only when there is one).
+            known = await tx.conn.fetchrow(
+                "SELECT (SELECT status FROM admission.jobs WHERE job_id = $1) AS existing, EXISTS (SELECT 1 FROM "
+                "admission.tombstones WHERE job_id = $1 AND team = $2) AS tombstoned", spec.job_id, team)
+            existing = known["existing"]
             if existing is not None:
                 await reject("DuplicateJobId", f"job id {spec.job_id} was already submitted ({existing})", False)
                 return
@@ -350,7 +355,7 @@ class AdmissionService:
                 return
             tombstone = await tx.conn.fetchrow(
                 "DELETE FROM admission.tombstones WHERE job_id = $1 AND team = $2 RETURNING requested_at, event_id",
-                spec.job_id, team)
+                spec.job_id, team) if known["tombstoned"] else None
             if tombstone is not None:
                 # Cancelled before it arrived: it never waits, and everyone hears it is cancelled.
                 self.state.finish(spec.job_id)
