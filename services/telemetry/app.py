@@ -124,8 +124,8 @@ class TelemetryService:
         return ServiceSpec(name="telemetry", schema="telemetry", migrations=MIGRATIONS,
                            handlers={cls: self.on_event for cls in HANDLED}, on_start=self.on_start,
                            background=background,
-                           # Applying an event again leaves the core as it was (only counters may count twice,
-                           # as after any rollback): a batch may be handled again after one of its messages failed.
+                           # Applying an event again leaves the core as it was, and counters are recorded with
+                           # the batch-end writes: a batch may be handled again after one of its messages failed.
                            optimistic_batches=True)
 
     def snapshot(self) -> Gauges:
