@@ -181,6 +181,19 @@ async def _bus_totals(js: Any, ns: str) -> tuple[int, int]:
     return messages, deliveries
 
 
+async def _job_consumers_settled(js: Any, ns: str) -> bool:
+    """Has every consumer of the streams job events travel on nothing pending and nothing awaiting its ack?"""
+    from shared.bus import streams
+
+    for stream in streams(ns):
+        if stream.name.endswith(("_UTILIZATION", "_DLQ", "_AUDIT", "_STATUS")):
+            continue
+        for consumer in await js.consumers_info(stream.name):
+            if consumer.num_pending or consumer.num_ack_pending:
+                return False
+    return True
+
+
 async def _wait(predicate: Any, timeout: float, what: str, progress: Progress | None = None,
                 task: Any = None, total: Any = None) -> bool:
     deadline = time.perf_counter() + timeout
@@ -347,6 +360,18 @@ async def _run(scenario: str, *, nodes: int, queues: int, jobs: int, rate: float
                 "deliveries_per_job": round((after_deliveries - before_deliveries) / max(1, jobs), 2),
             })
             out.update(meter.report(jobs))
+            # The window above ends 1 s after the last placement, when services may still be working through the
+            # job events (a saturated one uses all the CPU it gets whatever its cost per event). Per-job CPU is
+            # read again once every consumer of the job streams has settled everything it was given.
+            drain_deadline = time.perf_counter() + max(60.0, timeout - elapsed)
+            while not (drained := await _job_consumers_settled(js, ns)) and time.perf_counter() < drain_deadline:
+                await asyncio.sleep(0.25)
+            if drained:
+                again = meter.report(jobs)
+                out.update({"drained_s": round(time.perf_counter() - t0, 2),
+                            "gpuq_cpu_ms_per_job_drained": again["gpuq_cpu_ms_per_job"],
+                            "postgres_cpu_ms_per_job_drained": again["postgres_cpu_ms_per_job"],
+                            "gpuq_cpu_s_drained": again["gpuq_cpu_s"]})
         finally:
             await pool.close()
     finally:

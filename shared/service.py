@@ -75,6 +75,9 @@ FETCH_BATCH = 256
 FETCH_WAIT_S = 1.0
 # The savepoint each message of a consumed batch is handled in (shared/service.py _process_batch).
 _MESSAGE_SAVEPOINT = "gpuq_message"
+# A service with optimistic batches (ServiceSpec.optimistic_batches) handles this many batches with a savepoint per
+# message after one of its batches had to be handled again (failures come in runs: a dependency not there yet).
+SAVEPOINT_BATCHES_AFTER_FAILURE = 8
 # The outbox relay: rows per pipelined batch, and how long the batch's PubAcks may take all together.
 RELAY_BATCH = 512
 PUBLISH_TIMEOUT_S = 10.0
@@ -179,6 +182,21 @@ class _Prepared:
 _NOT_PREPARED: Any = object()  # `_unit` parses the message itself
 
 
+class _Optimism(Exception):  # a handler failed in a batch handled without savepoints: roll back, try with them
+    pass
+
+
+@dataclass
+class _BatchResult:
+    """What one attempt at a consumed batch decided, settled after its commit."""
+
+    outcomes: list[tuple[Msg, str, BaseException | None]] = field(default_factory=list)
+    dead: list[tuple[Msg, _DeadLetter]] = field(default_factory=list)
+    traces: list[tuple[str, str]] = field(default_factory=list)  # job trace rows written (cached after the commit)
+    emitted: bool = False
+    scratch: dict[str, Any] = field(default_factory=dict)  # shared by the attempt's units of work (Tx.scratch)
+
+
 @dataclass
 class _BatchWork:
     """What a consumed batch writes once for all its messages instead of once per message: the inbox rows (claimed
@@ -220,6 +238,14 @@ class Tx:
     _rows: list[tuple[str, str, bytes]] = field(default_factory=list)
     # In a consumed batch: job trace rows staged by the batch's messages, written at its end (JobTraces.stage).
     staged_traces: dict[str, str] | None = None
+    # Job trace rows this transaction wrote (the table's rows, as RETURNING gave them): the work deferred to a
+    # batch's end reads a job's trace here first, instead of asking Postgres for a row the batch just wrote.
+    written_traces: Mapping[str, str] | None = None
+    # Handler-owned scratch space shared by every unit of work of one transaction (a consumed batch's messages and
+    # the work deferred to its end; a unit of one event has its own): a handler gathers rows here and writes them
+    # once in its `after_events` work. A message whose savepoint rolls back must have added nothing that its
+    # failure undoes, so a handler adds to it last; a batch attempt that rolls back as a whole drops all of it.
+    scratch: dict[str, Any] = field(default_factory=dict)
 
     async def flush(self) -> None:
         """Write the buffered outbox rows (in emission order, so the relay publishes them in that order)."""
@@ -245,7 +271,10 @@ class Tx:
         (AuditRecorded) take their scope token as `subject_suffix`."""
         job = payload.job_key()
         if traceparent is None and job is not None and job != self.job:
-            traceparent = await (self.job_traces or JobTraces()).get(self.conn, self.schema, job, self.staged_traces)
+            traceparent = self.written_traces.get(job) if self.written_traces else None
+            if traceparent is None:
+                traceparent = await (self.job_traces or JobTraces()).get(self.conn, self.schema, job,
+                                                                         self.staged_traces)
         event = traced_event(payload, source=self.source, time=utcnow_from(self.now),
                              traceparent=traceparent or self.traceparent)
         subject = (payload.scoped_subject(subject_suffix) if payload.scope and subject_suffix else
@@ -359,6 +388,11 @@ class ServiceSpec:
     # Rebuilds the service's in-memory state from its tables. Called at the start of the next unit of work
     # after one failed: a handler may have changed memory before its transaction rolled back.
     reload: Callable[[asyncpg.Connection], Awaitable[None]] | None = None
+    # Handle a consumed batch without a savepoint per message (one round trip to Postgres less per message); if a
+    # handler fails or refuses, the batch rolls back as a whole and is handled again with savepoints (as are the
+    # next SAVEPOINT_BATCHES_AFTER_FAILURE batches). Only for a service whose memory `reload` rebuilds, or that
+    # keeps none a second application of an event would change (its earlier messages are applied again).
+    optimistic_batches: bool = False
 
 
 @dataclass
@@ -370,6 +404,7 @@ class Counters:
     dead_lettered: int = 0
     published: int = 0
     batches: int = 0  # pulled batches committed as one unit of work
+    batch_retries: int = 0  # batches handled without savepoints that rolled back and were handled again with them
 
 
 class ServiceRuntime:
@@ -410,6 +445,7 @@ class ServiceRuntime:
         self.phase = "created"
         self.migrated = False
         self._stale = False  # in-memory state may be ahead of Postgres (a unit of work failed)
+        self._savepoint_batches = 0  # batches left to handle with savepoints after an optimistic one failed
         batch_subjects = {cls.subject(): fn for cls, fn in spec.batch_handlers.items()}
         # (stream, filter subject, durable name, batch handler): one durable pull consumer each, pulled by this
         # runtime's own loop (`_consume`), which settles each message itself in stream order.
@@ -715,7 +751,8 @@ class ServiceRuntime:
     async def _unit(self, conn: asyncpg.Connection, raw: bytes, subject: str,
                     deferred: dict[str, Callable[[Tx], Awaitable[None]]] | None,
                     traces: list[tuple[str, str]], batch: _BatchWork | None = None,
-                    prepared: _Prepared | _DeadLetter | None = _NOT_PREPARED) -> tuple[str, bool]:
+                    prepared: _Prepared | _DeadLetter | None = _NOT_PREPARED,
+                    scratch: dict[str, Any] | None = None) -> tuple[str, bool]:
         """One event's work inside the caller's transaction: parse, check the subject, claim, the inbox row, the
         handler. Returns (outcome, whether it emitted events); raises _DeadLetter for a verdict, anything else
         for a failure worth retrying. Appends to `traces` the job trace rows it wrote (for the cache, after
@@ -744,7 +781,8 @@ class ServiceRuntime:
             tx = Tx(conn=conn, now=self.clock.now(), source=self.source, schema=self.spec.schema,
                     traceparent=current_traceparent() or event.traceparent, subject=p.subject,
                     job=event.subject, job_traces=self.job_traces, deferred=deferred, buffered=batch is not None,
-                    staged_traces=None if batch is None else batch.traces)
+                    staged_traces=None if batch is None else batch.traces,
+                    scratch={} if scratch is None else scratch)
             if event.subject and tx.traceparent:
                 if batch is not None:
                     if self.job_traces.stage(event.subject, tx.traceparent, batch.traces):
@@ -816,10 +854,13 @@ class ServiceRuntime:
                 await psub.unsubscribe()
 
     async def _process_batch(self, msgs: Sequence[Msg]) -> None:
-        """Handle a pulled batch in stream order in one transaction, each message in a savepoint of its own with its
-        inbox row; then settle each: ack (handled, duplicate, ignored, dead-lettered) or nak with delay (failed).
-        A message that fails or is poison rolls back only its own savepoint. If the batch as a whole fails
-        (the commit, or the work deferred to its end), each message is handled again on its own."""
+        """Handle a pulled batch in stream order in one transaction, each message with its inbox row; then settle
+        each: ack (handled, duplicate, ignored, dead-lettered) or nak with delay (failed). A message that fails or
+        is poison costs only itself: it is handled in a savepoint of its own, which its failure rolls back. A
+        service with `optimistic_batches` handles a batch without savepoints first; if one of its handlers fails
+        (or refuses), the whole transaction rolls back, memory is rebuilt, and the batch is handled again with a
+        savepoint per message (and so are the next few batches). If the batch as a whole fails (the commit, or
+        the work deferred to its end), each message is handled again on its own."""
         work = []
         for m in msgs:
             if self.routed(m.subject):
@@ -829,10 +870,6 @@ class ServiceRuntime:
                 await m.ack()
         if not work:
             return
-        outcomes: list[tuple[Msg, str, BaseException | None]] = []
-        dead: list[tuple[Msg, _DeadLetter]] = []
-        emitted = False
-        traces: list[tuple[str, str]] = []  # job trace rows the batch wrote (cached after the commit)
         # Parse and check every message first (no Postgres), so that the batch's inbox rows are claimed in one
         # statement; a service that claims events per message (sharding) writes its inbox rows one by one.
         prepared: list[_Prepared | _DeadLetter | None] = []
@@ -841,76 +878,112 @@ class ServiceRuntime:
                 prepared.append(self._prepare(m.data, m.subject))
             except _DeadLetter as verdict:
                 prepared.append(verdict)
+        savepoints = not self.spec.optimistic_batches or self._savepoint_batches > 0
+        if self._savepoint_batches > 0:
+            self._savepoint_batches -= 1
+        result: _BatchResult | None = None
         async with self._handle_lock:
-            try:
-                async with self.pool.acquire() as conn, conn.transaction():
-                    await self._reload_if_stale(conn)
-                    batch = _BatchWork(claimed=await self._claim_inbox(conn, prepared))
-                    deferred: dict[str, Callable[[Tx], Awaitable[None]]] = {}
-                    for m, p in zip(work, prepared, strict=True):
-                        if p is None or (isinstance(p, _Prepared) and batch.claimed is not None
-                                         and p.inbox_id not in batch.claimed):
-                            # ignored, or a duplicate: nothing to do, no savepoint needed
-                            outcomes.append((m, "ignored" if p is None else "duplicate", None))
-                            continue
-                        # A savepoint: this message's work alone. Savepoints of the same name nest and are not
-                        # released (the commit ends them all): one round trip to Postgres per message instead of
-                        # two; a rollback goes back to the newest one, the start of this message.
-                        await conn.execute(f"SAVEPOINT {_MESSAGE_SAVEPOINT}")
-                        unit_traces: list[tuple[str, str]] = []
-                        try:
-                            outcome, wrote = await self._unit(conn, m.data, m.subject, deferred, unit_traces,
-                                                              batch, p)
-                            emitted = emitted or wrote
-                            outcomes.append((m, outcome, None))
-                        except _DeadLetter as verdict:
-                            await self._roll_back_message(conn, batch, p, unit_traces)
-                            if verdict.handler_ran:
-                                await self._reload_in(conn)
-                            dead.append((m, verdict))
-                            await self._record_dead_letter(conn, m.data, m.subject, m.metadata.sequence.stream,
-                                                           m.metadata.num_delivered, verdict.reason, verdict.message)
-                        except Exception as exc:
-                            await self._roll_back_message(conn, batch, p, unit_traces)
-                            await self._reload_in(conn)
-                            outcomes.append((m, "failed", exc))
-                    # The messages' rows, in handling order, before the rows of the work deferred to the batch's end.
-                    if batch.rows:
-                        await conn.executemany(f"INSERT INTO {self.spec.schema}.outbox(event_id, subject, body) "
-                                               "VALUES ($1, $2, $3)", batch.rows)
-                    traces = await self.job_traces.write_staged(conn, self.spec.schema, batch.traces)
-                    if deferred:
-                        tx = Tx(conn=conn, now=self.clock.now(), source=self.source, schema=self.spec.schema,
-                                job_traces=self.job_traces, buffered=True)
-                        for key in sorted(deferred):
-                            await deferred[key](tx)
-                        await tx.flush()
-                        emitted = emitted or bool(tx.emitted)
-            except Exception as exc:
-                self._stale = True
-                log.warning("%s: a batch of %d failed as a whole, handling its messages one by one: %s: %s",
-                            self.spec.name, len(work), type(exc).__name__, exc)
-                failed_whole = True
-            else:
-                failed_whole = False
-        if failed_whole:
+            for attempt_savepoints in ((True,) if savepoints else (False, True)):
+                try:
+                    async with self.pool.acquire() as conn, conn.transaction():
+                        await self._reload_if_stale(conn)
+                        result = await self._run_batch(conn, work, prepared, savepoints=attempt_savepoints)
+                except _Optimism as failure:
+                    # Rolled back as a whole: memory may be ahead of the tables (rebuilt by the next attempt).
+                    self._stale = True
+                    self.counters.batch_retries += 1
+                    self._savepoint_batches = SAVEPOINT_BATCHES_AFTER_FAILURE
+                    log.info("%s: a message of a batch of %d failed (%s); handling the batch again with a savepoint "
+                             "per message", self.spec.name, len(work), failure)
+                    continue
+                except Exception as exc:
+                    self._stale = True
+                    log.warning("%s: a batch of %d failed as a whole, handling its messages one by one: %s: %s",
+                                self.spec.name, len(work), type(exc).__name__, exc)
+                    result = None
+                break
+        if result is None:
             for m in work:
                 await self._process(m)
             return
         self.counters.batches += 1
-        self.job_traces.committed(traces)
-        if emitted:
+        self.job_traces.committed(result.traces)
+        if result.emitted:
             self._outbox_wakeup.set()
-        for m, why in dead:
+        for m, why in result.dead:
             await self._notify_dead_letter(m.data, m.subject, m.metadata.sequence.stream, m.metadata.num_delivered,
                                            why.reason, why.message)
             await m.ack()
-        for m, outcome, error in outcomes:
+        for m, outcome, error in result.outcomes:
             if error is None:
                 self._count(outcome)
                 await m.ack()
             else:
                 await self._retry_or_give_up(m, error)
+
+    async def _run_batch(self, conn: asyncpg.Connection, work: Sequence[Msg],
+                         prepared: Sequence[_Prepared | _DeadLetter | None], *, savepoints: bool) -> _BatchResult:
+        """One attempt at a batch inside the caller's transaction. With `savepoints`, each handled message runs in a
+        savepoint of its own and a failure rolls back only that message; without, the first failing handler
+        raises _Optimism (the caller rolls the transaction back and tries again with savepoints)."""
+        result = _BatchResult()
+        batch = _BatchWork(claimed=await self._claim_inbox(conn, prepared))
+        deferred: dict[str, Callable[[Tx], Awaitable[None]]] = {}
+        for m, p in zip(work, prepared, strict=True):
+            if p is None or (isinstance(p, _Prepared) and batch.claimed is not None
+                             and p.inbox_id not in batch.claimed):
+                # ignored, or a duplicate: nothing to do, no savepoint needed
+                result.outcomes.append((m, "ignored" if p is None else "duplicate", None))
+                continue
+            if isinstance(p, _DeadLetter):  # poison, known before any handler ran: nothing of it to roll back
+                result.dead.append((m, p))
+                await self._record_dead_letter(conn, m.data, m.subject, m.metadata.sequence.stream,
+                                               m.metadata.num_delivered, p.reason, p.message)
+                continue
+            if not savepoints:
+                try:
+                    outcome, wrote = await self._unit(conn, m.data, m.subject, deferred, [], batch, p,
+                                                      scratch=result.scratch)
+                except Exception as exc:
+                    raise _Optimism(f"{type(exc).__name__}: {exc}") from exc
+                result.emitted = result.emitted or wrote
+                result.outcomes.append((m, outcome, None))
+                continue
+            # A savepoint: this message's work alone. Savepoints of the same name nest and are not released (the
+            # commit ends them all): one round trip to Postgres per message instead of two; a rollback goes back to
+            # the newest one, the start of this message.
+            await conn.execute(f"SAVEPOINT {_MESSAGE_SAVEPOINT}")
+            unit_traces: list[tuple[str, str]] = []
+            try:
+                outcome, wrote = await self._unit(conn, m.data, m.subject, deferred, unit_traces, batch, p,
+                                                  scratch=result.scratch)
+                result.emitted = result.emitted or wrote
+                result.outcomes.append((m, outcome, None))
+            except _DeadLetter as verdict:
+                await self._roll_back_message(conn, batch, p, unit_traces)
+                if verdict.handler_ran:
+                    await self._reload_in(conn)
+                result.dead.append((m, verdict))
+                await self._record_dead_letter(conn, m.data, m.subject, m.metadata.sequence.stream,
+                                               m.metadata.num_delivered, verdict.reason, verdict.message)
+            except Exception as exc:
+                await self._roll_back_message(conn, batch, p, unit_traces)
+                await self._reload_in(conn)
+                result.outcomes.append((m, "failed", exc))
+        # The messages' rows, in handling order, before the rows of the work deferred to the batch's end.
+        if batch.rows:
+            await conn.executemany(f"INSERT INTO {self.spec.schema}.outbox(event_id, subject, body) "
+                                   "VALUES ($1, $2, $3)", batch.rows)
+        result.traces = await self.job_traces.write_staged(conn, self.spec.schema, batch.traces)
+        if deferred:
+            tx = Tx(conn=conn, now=self.clock.now(), source=self.source, schema=self.spec.schema,
+                    job_traces=self.job_traces, buffered=True, scratch=result.scratch,
+                    written_traces=dict(result.traces))
+            for key in sorted(deferred):
+                await deferred[key](tx)
+            await tx.flush()
+            result.emitted = result.emitted or bool(tx.emitted)
+        return result
 
     async def _reload_in(self, conn: asyncpg.Connection) -> None:
         """After one message's savepoint rolled back: its handler may have changed memory, which must match the

@@ -152,7 +152,7 @@ class AdmissionService:
                       JobPreempted: self.on_preempted, JobAttemptFailed: self.on_attempt_failed,
                       QueueConfigChanged: self.on_config_changed, JobPlaced: self.on_placed,
                       JobStarted: self.on_started, QueueUsageReported: self.on_usage_reported},
-            on_start=self.load, reload=self._rebuild,
+            on_start=self.load, reload=self._rebuild, optimistic_batches=True,
             background=(self.backoff_loop, self.eta_loop) if self.eta is not None else (self.backoff_loop,),
             consumer_suffix=self.shard.consumer_suffix, lease_scopes=self.shard.lease_scopes,
             shared_lease_scopes=self.shard.shared_lease_scopes, claim=self.claim if sharded else None,
@@ -330,7 +330,12 @@ class AdmissionService:
             await verdict("rejected", reason, message)
 
         async def body() -> None:
-            existing = await tx.conn.fetchval("SELECT status FROM admission.jobs WHERE job_id = $1", spec.job_id)
+            # Whether the job id is taken and whether a cancel for it came first, in one round trip (a tombstone is
+            # rare: it is taken below only when there is one).
+            known = await tx.conn.fetchrow(
+                "SELECT (SELECT status FROM admission.jobs WHERE job_id = $1) AS existing, EXISTS (SELECT 1 FROM "
+                "admission.tombstones WHERE job_id = $1 AND team = $2) AS tombstoned", spec.job_id, team)
+            existing = known["existing"]
             if existing is not None:
                 await reject("DuplicateJobId", f"job id {spec.job_id} was already submitted ({existing})", False)
                 return
@@ -350,7 +355,7 @@ class AdmissionService:
                 return
             tombstone = await tx.conn.fetchrow(
                 "DELETE FROM admission.tombstones WHERE job_id = $1 AND team = $2 RETURNING requested_at, event_id",
-                spec.job_id, team)
+                spec.job_id, team) if known["tombstoned"] else None
             if tombstone is not None:
                 # Cancelled before it arrived: it never waits, and everyone hears it is cancelled.
                 self.state.finish(spec.job_id)

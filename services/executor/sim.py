@@ -139,6 +139,7 @@ class SimExecutor:
         self.nodes = {n.name: n for n in settings.cluster.nodes(settings.cluster_dir)}
         self._last_sample: float | None = None
         self._last_sample_at: float | None = None
+        self._sampled_specs: dict[tuple[str, int], tuple[float, int]] = {}  # (job, attempt) -> (util %, GPUs)
         self.dcgm = DcgmSource(settings.dcgm, self) if settings.dcgm is not None else None
         self.heartbeat = Heartbeat("executor/sim", settings.heartbeat_every_s)
 
@@ -149,6 +150,7 @@ class SimExecutor:
             handlers={JobPlaced: self.on_placed, CheckpointRequested: self.on_checkpoint_requested,
                       JobPreempted: self.on_stopped, JobCancelled: self.on_stopped, JobFailed: self.on_failed},
             on_start=self.announce_inventory, background=background, singleton=False,
+            optimistic_batches=True,  # its runs are rows; memory holds only settings and sampling times
         )
 
     # ------------------------------------------------------------------ what the DCGM source needs (ExecutorView)
@@ -321,16 +323,30 @@ class SimExecutor:
         # The interval is in the services' (possibly accelerated) time, which metering integrates over.
         interval = max(1.0, tx.now - self._last_sample_at) if self._last_sample_at is not None else 1.0
         self._last_sample, self._last_sample_at = wall, tx.now
-        rows = await tx.conn.fetch("SELECT job_id, spec, nodes FROM executor.runs WHERE status = 'running'")
+        rows = await tx.conn.fetch("SELECT job_id, attempt, nodes FROM executor.runs WHERE status = 'running'")
+        # What a sample needs of a run's spec (its mean utilisation, its GPUs), read once per run: a placement
+        # (a new attempt) is the only thing that changes a run's spec.
+        runs = {(r["job_id"], r["attempt"]) for r in rows}
+        missing = sorted(runs - self._sampled_specs.keys())
+        if missing:
+            for row in await tx.conn.fetch("SELECT job_id, attempt, spec FROM executor.runs WHERE job_id = ANY($1)",
+                                           [job_id for job_id, _ in missing]):
+                spec = JobSpec.model_validate_json(row["spec"])
+                self._sampled_specs[(row["job_id"], row["attempt"])] = (mean_utilization(spec), spec.total_gpus)
+        for key in self._sampled_specs.keys() - runs:
+            del self._sampled_specs[key]
         per_node: dict[str, list[GpuSample]] = {}
         for row in sorted(rows, key=lambda r: r["job_id"]):
-            spec = JobSpec.model_validate_json(row["spec"])
-            util = mean_utilization(spec)
+            known = self._sampled_specs.get((row["job_id"], row["attempt"]))
+            if known is None:  # placed again between the two reads: sampled from the next round on
+                continue
+            util, total_gpus = known
+            job_id = row["job_id"]
             for node in row["nodes"]:
                 samples = per_node.setdefault(node, [])
-                for gpu in range(max(1, spec.total_gpus // max(1, len(row["nodes"])))):
-                    value = min(100.0, max(0.0, util + jitter(spec.job_id, gpu, tx.now)))
-                    samples.append(GpuSample(job_id=spec.job_id, gpu_index=len(samples), utilization_pct=value,
+                for gpu in range(max(1, total_gpus // max(1, len(row["nodes"])))):
+                    value = min(100.0, max(0.0, util + jitter(job_id, gpu, tx.now)))
+                    samples.append(GpuSample(job_id=job_id, gpu_index=len(samples), utilization_pct=value,
                                              memory_used_mib=int(value * 600), power_w=round(80 + 6 * value, 1)))
         for node in sorted(per_node):
             await tx.emit(UtilizationSampled(node=node, gpu_model=self.nodes[node].gpu_model,

@@ -39,7 +39,7 @@ def build_spec(settings: Any) -> ServiceSpec:
     handlers = {k: v for k, v in HANDLERS.items() if k is not UtilizationSampled}
     return ServiceSpec(name="metering", schema=SCHEMA, migrations=MIGRATIONS, handlers=handlers,
                        batch_handlers={UtilizationSampled: handle_sample_batch}, on_start=seed_prices,
-                       background=(report_usage,))
+                       background=(report_usage,), optimistic_batches=True)  # no memory: its facts are tables
 
 
 # Fair share over time: how often the decayed usage per queue is published, in platform time (Slurm recomputes

@@ -5,7 +5,8 @@ under new event ids are harmless too."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime
 from typing import Any, Protocol
 
 import asyncpg
@@ -37,37 +38,70 @@ class TxLike(Protocol):
     now: float
 
 
+_REBUILD = "metering-allocations"  # Tx.scratch and after_events key: the jobs whose allocations are to be rebuilt
+
+
+async def _record(tx: TxLike, job_id: str, kind: FactKind, at: datetime,
+                  detail: Mapping[str, Any] | None = None) -> None:
+    await store.record_fact(tx.conn, job_id, kind, at, detail, rebuild=_rebuild_set(tx))
+    await _rebuild_after_events(tx)
+
+
+def _rebuild_set(tx: TxLike) -> set[str] | None:
+    """The set a runtime unit of work (shared.service.Tx) gathers the jobs to rebuild in, rebuilt once after its
+    events (a consumed batch: once for all its messages); None for a stand-in without one (rebuilt at once)."""
+    scratch: dict[str, Any] | None = getattr(tx, "scratch", None)
+    if scratch is None or getattr(tx, "after_events", None) is None:
+        return None
+    jobs: set[str] = scratch.setdefault(_REBUILD, set())
+    return jobs
+
+
+async def _rebuild_after_events(tx: TxLike) -> None:
+    """After the fact is written: the rebuild runs now in a unit of one event, at the batch's end in a batch."""
+    after_events = getattr(tx, "after_events", None)
+    if after_events is not None and getattr(tx, "scratch", None) is not None:
+        await after_events(_REBUILD, _rebuild_pending)
+
+
+async def _rebuild_pending(tx: Any) -> None:
+    # Rebuilding a job whose fact was rolled back with its message's savepoint is harmless: a rebuild is a pure
+    # function of the job's facts as the transaction sees them.
+    await store.rebuild_allocations_many(tx.conn, tx.scratch.pop(_REBUILD, ()))
+
+
 async def on_placed(tx: TxLike, event: CloudEvent, p: JobPlaced) -> None:
-    await store.record_placed(tx.conn, p)
+    await store.record_placed(tx.conn, p, rebuild=_rebuild_set(tx))
+    await _rebuild_after_events(tx)
 
 
 async def on_started(tx: TxLike, event: CloudEvent, p: JobStarted) -> None:
-    await store.record_fact(tx.conn, p.job_id, FactKind.STARTED, p.started_at)
+    await _record(tx, p.job_id, FactKind.STARTED, p.started_at)
 
 
 async def on_completed(tx: TxLike, event: CloudEvent, p: JobCompleted) -> None:
-    await store.record_fact(tx.conn, p.job_id, FactKind.COMPLETED, p.finished_at,
+    await _record(tx, p.job_id, FactKind.COMPLETED, p.finished_at,
                             {"exit_reason": p.exit_reason.value})
 
 
 async def on_failed(tx: TxLike, event: CloudEvent, p: JobFailed) -> None:
-    await store.record_fact(tx.conn, p.job_id, FactKind.FAILED, p.finished_at, {"exit_reason": p.exit_reason.value})
+    await _record(tx, p.job_id, FactKind.FAILED, p.finished_at, {"exit_reason": p.exit_reason.value})
 
 
 async def on_attempt_failed(tx: TxLike, event: CloudEvent, p: JobAttemptFailed) -> None:
     # The attempt's allocation ends here and is charged like any other (a failed fact); the retry's placement opens a
     # new allocation, so the attempt's GPU time is charged exactly once.
-    await store.record_fact(tx.conn, p.job_id, FactKind.FAILED, p.finished_at,
+    await _record(tx, p.job_id, FactKind.FAILED, p.finished_at,
                             {"exit_reason": p.exit_reason.value, "attempt": p.attempt})
 
 
 async def on_cancelled(tx: TxLike, event: CloudEvent, p: JobCancelled) -> None:
     # cancelled_at is optional; the envelope's time is the producer's statement of when it happened.
-    await store.record_fact(tx.conn, p.job_id, FactKind.CANCELLED, p.cancelled_at or event.time, {"by": p.by})
+    await _record(tx, p.job_id, FactKind.CANCELLED, p.cancelled_at or event.time, {"by": p.by})
 
 
 async def on_preempted(tx: TxLike, event: CloudEvent, p: JobPreempted) -> None:
-    await store.record_fact(tx.conn, p.job_id, FactKind.PREEMPTED, p.preempted_at, {
+    await _record(tx, p.job_id, FactKind.PREEMPTED, p.preempted_at, {
         "lost_ms": round(p.lost_gpu_seconds * 1000), "reason": p.reason.value, "preemptor": p.preemptor})
 
 

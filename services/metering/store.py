@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -44,8 +44,10 @@ async def _lock_job(conn: Conn, job_id: str) -> None:
     await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", f"metering:{job_id}")
 
 
-async def record_placed(conn: Conn, p: JobPlaced) -> bool:
-    """Record a placement and the job's dimensions. Returns False when the fact was already known."""
+async def record_placed(conn: Conn, p: JobPlaced, *, rebuild: set[str] | None = None) -> bool:
+    """Record a placement and the job's dimensions. Returns False when the fact was already known. With `rebuild`,
+    the job's allocations are not rebuilt here: its id is added to the set, for `rebuild_allocations_many` later
+    in the same transaction (the job's lock is held until its commit)."""
     spec = p.spec
     await _lock_job(conn, spec.job_id)
     await conn.execute(
@@ -58,17 +60,18 @@ async def record_placed(conn: Conn, p: JobPlaced) -> bool:
         spec.job_id, spec.team, spec.queue, spec.priority_class, spec.kind.value, spec.user,
         json.dumps(dict(sorted(spec.labels.items()))), p.placed_at)
     detail = {"shares": [list(s) for s in node_shares(p.bindings, spec)], "model_hint": model_hint(spec)}
-    return await _add_fact(conn, spec.job_id, FactKind.PLACED, p.placed_at, detail, locked=True)
+    return await _add_fact(conn, spec.job_id, FactKind.PLACED, p.placed_at, detail, locked=True, rebuild=rebuild)
 
 
 async def record_fact(conn: Conn, job_id: str, kind: FactKind, at: datetime,
-                      detail: Mapping[str, Any] | None = None) -> bool:
-    """Record a start, end or preemption fact (`detail` of a preemption carries `lost_ms`)."""
-    return await _add_fact(conn, job_id, kind, at, dict(detail or {}), locked=False)
+                      detail: Mapping[str, Any] | None = None, *, rebuild: set[str] | None = None) -> bool:
+    """Record a start, end or preemption fact (`detail` of a preemption carries `lost_ms`); `rebuild` as for
+    `record_placed`."""
+    return await _add_fact(conn, job_id, kind, at, dict(detail or {}), locked=False, rebuild=rebuild)
 
 
 async def _add_fact(conn: Conn, job_id: str, kind: FactKind, at: datetime, detail: dict[str, Any],
-                    *, locked: bool) -> bool:
+                    *, locked: bool, rebuild: set[str] | None = None) -> bool:
     if not locked:
         await _lock_job(conn, job_id)
     inserted = await conn.fetchval(
@@ -77,7 +80,10 @@ async def _add_fact(conn: Conn, job_id: str, kind: FactKind, at: datetime, detai
         job_id, kind.value, at, json.dumps(detail, sort_keys=True))
     if not inserted:
         return False
-    await rebuild_allocations(conn, job_id)
+    if rebuild is not None:
+        rebuild.add(job_id)
+    else:
+        await rebuild_allocations(conn, job_id)
     return True
 
 
@@ -94,17 +100,29 @@ def _fact_from_row(row: asyncpg.Record) -> Fact:
 
 async def rebuild_allocations(conn: Conn, job_id: str) -> None:
     """Recompute a job's allocation rows from all its facts (order-independent by construction)."""
-    rows = await conn.fetch("SELECT kind, at, detail FROM metering.job_facts WHERE job_id = $1", job_id)
-    parts = build_segments([_fact_from_row(r) for r in rows])
-    await conn.execute("DELETE FROM metering.allocations WHERE job_id = $1", job_id)
-    if not parts:
+    await rebuild_allocations_many(conn, [job_id])
+
+
+async def rebuild_allocations_many(conn: Conn, job_ids: Iterable[str]) -> None:
+    """`rebuild_allocations` for several jobs, in three statements whatever their number. The caller holds each
+    job's lock (`_lock_job`, taken before its facts were written), so every committed fact of each is seen."""
+    jobs = sorted(set(job_ids))
+    if not jobs:
         return
+    facts: dict[str, list[Fact]] = {job: [] for job in jobs}
+    for r in await conn.fetch("SELECT job_id, kind, at, detail FROM metering.job_facts WHERE job_id = ANY($1)", jobs):
+        facts[r["job_id"]].append(_fact_from_row(r))
+    await conn.execute("DELETE FROM metering.allocations WHERE job_id = ANY($1)", jobs)
+    rows = [(job, p) for job in jobs for p in build_segments(facts[job])]
+    if not rows:
+        return
+    parts = [p for _, p in rows]
     await conn.execute(
         """INSERT INTO metering.allocations
                (job_id, placed_at, node, milli_gpus, model_hint, started_at, ended_at, end_kind, lost_ms)
-           SELECT $1, * FROM unnest($2::timestamptz[], $3::text[], $4::int[], $5::text[], $6::timestamptz[],
-                                    $7::timestamptz[], $8::text[], $9::bigint[])""",
-        job_id,
+           SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::int[], $5::text[],
+                                $6::timestamptz[], $7::timestamptz[], $8::text[], $9::bigint[])""",
+        [job for job, _ in rows],
         [from_ms(p.placed_at_ms) for p in parts], [p.node for p in parts], [p.milli_gpus for p in parts],
         [p.model_hint for p in parts],
         [from_ms(p.started_at_ms) if p.started_at_ms is not None else None for p in parts],
@@ -335,6 +353,6 @@ async def team_summary(conn_or_pool: Conn | asyncpg.Pool, *, rates: Mapping[str,
 
 __all__ = [
     "HOUR_MS", "MIGRATIONS", "SCHEMA", "LedgerSlice", "load_ledger", "load_rates", "migrate", "prune_samples",
-    "rebuild_allocations", "record_fact", "record_placed", "record_samples", "set_rates",
+    "rebuild_allocations", "rebuild_allocations_many", "record_fact", "record_placed", "record_samples", "set_rates",
     "team_summary",
 ]

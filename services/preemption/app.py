@@ -86,6 +86,8 @@ class PreemptionService:
                       JobCancelled: self.on_ended, JobRequeued: self.on_requeued,
                       QueueConfigChanged: self.on_config_changed},
             on_start=self.load, background=(self.deadline_loop,),
+            # Its memory (the queue config) is set from the event alone: applying an event again changes nothing.
+            optimistic_batches=True,
         )
 
     async def load(self, runtime: ServiceRuntime) -> None:

@@ -77,7 +77,7 @@ class SchedulerService:
                       JobFailed: self.on_finished, JobAttemptFailed: self.on_finished, JobCancelled: self.on_finished,
                       JobPreempted: self.on_finished,
                       JobRequeued: self.on_requeued, ExecutorHeartbeat: self.liveness.on_heartbeat},
-            on_start=self.load, reload=self._rebuild, background=(self.liveness.loop,),
+            on_start=self.load, reload=self._rebuild, background=(self.liveness.loop,), optimistic_batches=True,
         )
 
     # ------------------------------------------------------------------ state
@@ -153,20 +153,26 @@ class SchedulerService:
 
     async def on_admitted(self, tx: Tx, event: CloudEvent, payload: JobAdmitted) -> None:
         async def body() -> None:
-            if await tx.conn.fetchval("SELECT true FROM scheduler.cancelled WHERE job_id = $1", payload.job_id):
+            # One round trip: the job waits unless it was cancelled first (a tombstone) or is placed already.
+            row = await tx.conn.fetchrow(
+                """WITH cancelled AS (SELECT true AS yes FROM scheduler.cancelled WHERE job_id = $1),
+                   waiting AS (
+                     INSERT INTO scheduler.jobs(job_id, spec, flavors, status, admitted_at)
+                     SELECT $1::text, $2::jsonb, $3::jsonb, 'waiting', $4::double precision
+                     WHERE NOT EXISTS (SELECT 1 FROM cancelled)
+                     ON CONFLICT (job_id) DO UPDATE SET spec = excluded.spec, flavors = excluded.flavors,
+                       status = 'waiting', admitted_at = excluded.admitted_at, bindings = NULL, placed_at = NULL
+                     WHERE scheduler.jobs.status <> 'placed'
+                     RETURNING true AS waiting, resume_from, reason, message, planned_start)
+                   SELECT (SELECT yes FROM cancelled) AS cancelled, w.* FROM (SELECT 1) AS one
+                   LEFT JOIN waiting AS w ON true""",
+                payload.job_id, payload.spec.model_dump_json(), json.dumps(payload.flavors),
+                payload.admitted_at.timestamp())
+            if row["cancelled"]:
                 log.info("not placing %s: it was cancelled before its admission reached the scheduler",
                          payload.job_id)
                 return
-            row = await tx.conn.fetchrow(
-                """INSERT INTO scheduler.jobs(job_id, spec, flavors, status, admitted_at)
-                   VALUES ($1, $2, $3, 'waiting', $4)
-                   ON CONFLICT (job_id) DO UPDATE SET spec = excluded.spec, flavors = excluded.flavors,
-                     status = 'waiting', admitted_at = excluded.admitted_at, bindings = NULL, placed_at = NULL
-                   WHERE scheduler.jobs.status <> 'placed'
-                   RETURNING resume_from, reason, message, planned_start""",
-                payload.job_id, payload.spec.model_dump_json(), json.dumps(payload.flavors),
-                payload.admitted_at.timestamp())
-            if row is not None:  # waiting now (a placed job's late re-admission changes nothing)
+            if row["waiting"]:  # waiting now (a placed job's late re-admission changes nothing)
                 self.waiting[payload.job_id] = self._waiting_job(payload.spec, payload.flavors,
                                                                  payload.admitted_at.timestamp())
                 self.resume[payload.job_id] = row["resume_from"]

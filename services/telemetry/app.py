@@ -16,13 +16,15 @@ import asyncio
 import contextlib
 import json
 import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
 from services.scheduler import readmodel
-from services.telemetry.core.state import Effects, Gauges, TelemetryState
+from services.telemetry.core.state import Effects, Gauges, Labels, Observation, TelemetryState
 from services.telemetry.metrics import DEFAULT_PORT, TelemetryMetrics
 from services.telemetry.webhooks import store
 from services.telemetry.webhooks.backoff import RetryPolicy
@@ -56,6 +58,45 @@ _QUEUES_KEY = "queues"
 _SOURCE_KEY = "source:"  # + source name: the latest poll of a utilisation source
 
 
+_PENDING = "telemetry"  # Tx.scratch key and after_events key of what a unit of work has yet to write
+
+
+@dataclass
+class _Pending:
+    """What a unit of work's events changed, written at its end (TelemetryService._write_pending)."""
+
+    fx: Effects = field(default_factory=Effects)
+    queues: dict[str, Any] | None = None  # the last queue config applied
+    webhooks: list[tuple[CloudEvent, str | None, float]] = field(default_factory=list)  # (event, team, now)
+
+    def add(self, fx: Effects) -> None:
+        self.fx.observations += fx.observations
+        self.fx.jobs |= fx.jobs
+        self.fx.samples |= fx.samples
+        self.fx.sources |= fx.sources
+
+
+def summed(observations: Sequence[Observation]) -> list[Observation]:
+    """The same observations with each counter series' positive increments added up (in the order each series
+    first appears; histogram observations kept one by one, in order): a counter reads the same afterwards (up to
+    floating-point rounding)."""
+    out: list[Observation] = []
+    counters: dict[tuple[str, Labels], int] = {}
+    for o in observations:
+        if o.kind != "counter":
+            out.append(o)
+            continue
+        if o.value <= 0:  # never added (metrics.record skips them too)
+            continue
+        at = counters.get((o.name, o.labels))
+        if at is None:
+            counters[(o.name, o.labels)] = len(out)
+            out.append(o)
+        else:
+            out[at] = Observation("counter", o.name, out[at].value + o.value, o.labels)
+    return out
+
+
 class TelemetryService:
     def __init__(self, *, metrics_port: int | None = DEFAULT_PORT, metrics_addr: str = "0.0.0.0",
                  queues: QueuesConfig | None = None, clock: Clock | None = None,
@@ -82,7 +123,10 @@ class TelemetryService:
             background.append(self._deliver_webhooks)
         return ServiceSpec(name="telemetry", schema="telemetry", migrations=MIGRATIONS,
                            handlers={cls: self.on_event for cls in HANDLED}, on_start=self.on_start,
-                           background=background)
+                           background=background,
+                           # Applying an event again leaves the core as it was, and counters are recorded with
+                           # the batch-end writes: a batch may be handled again after one of its messages failed.
+                           optimistic_batches=True)
 
     def snapshot(self) -> Gauges:
         with self.lock:
@@ -90,44 +134,68 @@ class TelemetryService:
 
     # ------------------------------------------------------------------ events
 
-    def apply(self, payload: Payload, now: float, subject: str = "") -> tuple[Effects, str | None]:
-        """Fold one event into the core (no I/O) and record its counters; returns the effects and the
-        team the event concerns (looked up before a finishing job's record is dropped). `subject` is the one the
-        event arrived on (its scope token names the publishing team of a team-scoped event)."""
+    def apply(self, payload: Payload, now: float, subject: str = "", *,
+              record: bool = True) -> tuple[Effects, str | None]:
+        """Fold one event into the core (no I/O) and record its counters (unless `record` is false: the caller
+        records `fx.observations` itself); returns the effects and the team the event concerns (looked up before
+        a finishing job's record is dropped). `subject` is the one the event arrived on (its scope token names the
+        publishing team of a team-scoped event)."""
         scope = type(payload).scope_of(subject) if payload.scope and subject else None
         with self.lock:
             team = self.state.team_of(payload)
             fx = self.state.apply(payload, now, scope or None)
-        self.metrics.record(fx.observations)
+        if record:
+            self.metrics.record(fx.observations)
         return fx, team
 
     async def on_event(self, tx: Tx, event: CloudEvent, payload: Payload) -> None:
-        fx, team = self.apply(payload, tx.now, tx.subject)
-        await self.persist(tx.conn, fx)
+        fx, team = self.apply(payload, tx.now, tx.subject, record=False)
+        # What the event changed is written once for the unit of work (a consumed batch: once for all its
+        # messages, each record with its state after the last of them), at its end, in its transaction. Added to
+        # last: nothing after this can fail and leave a rolled-back message's part behind.
+        pending: _Pending = tx.scratch.setdefault(_PENDING, _Pending())
+        pending.add(fx)
         if fx.quotas and isinstance(payload, QueueConfigChanged):
-            await self.persist_queues(tx.conn, payload.config)
+            pending.queues = payload.config
         if payload.aggregate == "job":
-            await store.enqueue(tx.conn, event, team, tx.now)
+            pending.webhooks.append((event, team, tx.now))
+        await tx.after_events(_PENDING, self._write_pending)
+
+    async def _write_pending(self, tx: Tx) -> None:
+        pending: _Pending | None = tx.scratch.pop(_PENDING, None)
+        if pending is None:
+            return
+        # The unit of work's counter increments summed per series (one add each), its histogram observations each.
+        self.metrics.record(summed(pending.fx.observations))
+        await self.persist(tx.conn, pending.fx)
+        if pending.queues is not None:
+            await self.persist_queues(tx.conn, pending.queues)
+        if pending.webhooks:
+            await store.enqueue_many(tx.conn, pending.webhooks)
 
     async def persist(self, conn: asyncpg.Connection, fx: Effects) -> None:
+        """Write the records `fx` names as the core holds them now: one statement per table and kind, whatever
+        the number of records (a record the core no longer holds is deleted)."""
         with self.lock:
             jobs = [(j, self.state.job_doc(j)) for j in sorted(fx.jobs)]
             samples = [(n, self.state.sample_doc(n)) for n in sorted(fx.samples)]
             sources = [(n, self.state.source_doc(n)) for n in sorted(fx.sources)]
-        for name, doc in sources:
-            if doc is not None:
-                await conn.execute("INSERT INTO telemetry.settings(key, doc) VALUES ($1, $2::jsonb) "
-                                   "ON CONFLICT (key) DO UPDATE SET doc = excluded.doc", _SOURCE_KEY + name,
-                                   json.dumps(doc))
+        kept = [(_SOURCE_KEY + name, doc) for name, doc in sources if doc is not None]
+        if kept:
+            await conn.execute("INSERT INTO telemetry.settings(key, doc) SELECT k, d::jsonb FROM "
+                               "unnest($1::text[], $2::text[]) AS t(k, d) ON CONFLICT (key) DO UPDATE SET doc = "
+                               "excluded.doc", [k for k, _ in kept], [json.dumps(doc) for _, doc in kept])
         # (Nodes are not persisted here: they are the scheduler's fact, reloaded from its read model at start.)
         for table, key, rows in (("jobs", "job_id", jobs), ("samples", "node", samples)):
-            for k, doc in rows:
-                if doc is None:
-                    await conn.execute(f"DELETE FROM telemetry.{table} WHERE {key} = $1", k)
-                else:
-                    await conn.execute(
-                        f"INSERT INTO telemetry.{table}({key}, doc) VALUES ($1, $2::jsonb) "
-                        f"ON CONFLICT ({key}) DO UPDATE SET doc = excluded.doc", k, json.dumps(doc))
+            gone = [k for k, doc in rows if doc is None]
+            if gone:
+                await conn.execute(f"DELETE FROM telemetry.{table} WHERE {key} = ANY($1::text[])", gone)
+            upserts = [(k, json.dumps(doc)) for k, doc in rows if doc is not None]
+            if upserts:
+                await conn.execute(
+                    f"INSERT INTO telemetry.{table}({key}, doc) SELECT k, d::jsonb FROM "
+                    f"unnest($1::text[], $2::text[]) AS t(k, d) ON CONFLICT ({key}) DO UPDATE SET doc = excluded.doc",
+                    [k for k, _ in upserts], [d for _, d in upserts])
 
     async def persist_queues(self, conn: asyncpg.Connection, config: dict[str, Any]) -> None:
         await conn.execute("INSERT INTO telemetry.settings(key, doc) VALUES ($1, $2::jsonb) "

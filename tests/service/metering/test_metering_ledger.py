@@ -10,6 +10,7 @@ import asyncpg
 import pytest
 
 from services.metering import store
+from services.metering.handlers import HANDLERS
 from services.metering.testing import QUEUES_DOC, T0_MS, at, deliver, event, placed, sampled, scenario, spec
 from services.scheduler.nodes import record_node
 from shared.domain import GpuBinding, NodeSpec
@@ -21,6 +22,7 @@ from shared.events import (
     UtilizationSampled,
     make_event,
 )
+from shared.service import Tx
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 H = 3600
@@ -186,3 +188,28 @@ async def test_node_models_come_from_the_scheduler_then_from_samples(pool):
     async with pool.acquire() as conn:  # fair share over time decays the same allocations under the same models
         usage = await store.decayed_usage(conn, at(3600), 3600.0)
     assert {q: sorted(m) for q, m in usage.items()} == {"team-a": ["L4"], "team-b": ["A10G"]}
+
+
+async def test_one_batch_of_every_event_gives_the_ledger_of_one_transaction_each(pool):
+    """In a consumed batch (the runtime's Tx with deferred work), facts are written per message and each job's
+    allocations rebuilt once at the batch's end, for every job at once: the same ledger as one event per
+    transaction, and a rebuilt job whose fact came twice is unchanged."""
+    events = scenario()
+    await deliver(pool, events)
+    first = await snapshot(pool)
+    async with pool.acquire() as conn:
+        await conn.execute("TRUNCATE metering.jobs, metering.job_facts, metering.allocations, "
+                           "metering.gpu_samples, metering.usage_hourly, metering.rates")
+    async with pool.acquire() as conn, conn.transaction():
+        deferred: dict[str, Any] = {}
+        scratch: dict[str, Any] = {}
+        for ev in events + events[:5]:
+            payload = ev.payload()
+            tx = Tx(conn=conn, now=0.0, source="test", schema="metering", deferred=deferred, scratch=scratch)
+            await HANDLERS[type(payload)](tx, ev, payload)
+        assert await conn.fetchval("SELECT count(*) FROM metering.allocations") == 0  # not rebuilt yet
+        assert list(deferred) == ["metering-allocations"]
+        end = Tx(conn=conn, now=0.0, source="test", schema="metering", scratch=scratch)
+        for work in deferred.values():
+            await work(end)
+    assert await snapshot(pool) == first

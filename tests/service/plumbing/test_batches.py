@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 
 import asyncpg
 import nats
+import pytest
 import pytest_asyncio
 
 from services.scheduler.app import SchedulerService
@@ -20,7 +21,7 @@ from shared.db import create_pool
 from shared.domain import JobSpec, PodSet
 from shared.events import CloudEvent, JobAdmitted, JobCancelled, JobSubmitted, NodeInventory, encode_event, make_event
 from shared.namespace import subject as ns_subject
-from shared.service import ServiceRuntime, Tx, publish_event
+from shared.service import Refused, ServiceRuntime, Tx, publish_event
 from tests.service.plumbing.test_delivery import SCHEMA, CountingService, count, submitted, wait_for
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -36,11 +37,16 @@ async def pool(fresh: tuple[str, str]) -> AsyncIterator[asyncpg.Pool]:
     await p.close()
 
 
+@pytest.mark.parametrize("optimistic", [False, True], ids=["savepoints", "optimistic"])
 async def test_poison_and_a_failing_handler_in_the_middle_of_a_batch_cost_only_themselves(
-        fresh: tuple[str, str], pool: asyncpg.Pool) -> None:
+        fresh: tuple[str, str], pool: asyncpg.Pool, optimistic: bool) -> None:
+    """With a savepoint per message, the failing message alone rolls back and is retried. With optimistic batches
+    (no savepoints), the failure rolls the whole batch back, memory is rebuilt, and the batch is handled again
+    with savepoints: still every job counted once and every JobCompleted emitted once."""
     nats_url, _ = fresh
     svc = CountingService()
     failed: list[str] = []
+    reloads: list[int] = []
 
     async def fails_once_for_one_job(tx: Tx, event: CloudEvent, payload: JobSubmitted) -> None:
         await svc.on_submitted(tx, event, payload)  # its row and its JobCompleted, rolled back with the failure
@@ -48,8 +54,13 @@ async def test_poison_and_a_failing_handler_in_the_middle_of_a_batch_cost_only_t
             failed.append(payload.spec.job_id)
             raise RuntimeError("simulated failure of one message in the middle of the batch")
 
+    async def reload(conn: asyncpg.Connection) -> None:
+        reloads.append(1)
+
     spec = svc.spec()
     spec.handlers = {JobSubmitted: fails_once_for_one_job}
+    spec.optimistic_batches = optimistic
+    spec.reload = reload
     runtime = ServiceRuntime(spec, nats_url=nats_url, pool=pool, clock=ManualClock())
     subject = ns_subject("job.submitted.team-a")
     nc = await nats.connect(nats_url)
@@ -70,13 +81,62 @@ async def test_poison_and_a_failing_handler_in_the_middle_of_a_batch_cost_only_t
         rows = await pool.fetch(f"SELECT reason, stream_seq FROM {SCHEMA}.dead_letters")
         assert [r["reason"] for r in rows] == ["MalformedJson"] and rows[0]["stream_seq"] == 6
         assert runtime.counters.handled == 11 and runtime.counters.dead_lettered == 1
-        assert runtime.counters.retried == 1
+        if optimistic:  # the batch was handled again, with savepoints, where the handler no longer failed
+            assert runtime.counters.batch_retries == 1 and runtime.counters.retried == 0
+        else:
+            assert runtime.counters.batch_retries == 0 and runtime.counters.retried == 1
+        assert reloads  # memory rebuilt after the rollback (of the message, or of the whole batch)
         # the good ten of the first batch were committed together (the retry came in a later one)
         assert 1 <= runtime.counters.batches <= 3
         # every JobCompleted the handler emitted once, none from the rolled-back attempt twice
         assert await pool.fetchval(f"SELECT count(*) FROM {SCHEMA}.outbox") == 11
     finally:
         await runtime.stop()
+
+
+async def test_a_refusal_in_an_optimistic_batch_dead_letters_that_message_alone(
+        fresh: tuple[str, str], pool: asyncpg.Pool) -> None:
+    """A handler that refuses its event in a batch handled without savepoints: the batch rolls back and is handled
+    again with savepoints, the refused event is dead-lettered (its inbox row not kept), the others are counted
+    and emitted once, in order; the next batches use savepoints too."""
+    nats_url, _ = fresh
+    svc = CountingService()
+
+    async def refuses_one(tx: Tx, event: CloudEvent, payload: JobSubmitted) -> None:
+        await svc.on_submitted(tx, event, payload)
+        if payload.spec.job_id == "refused":
+            raise Refused("NotForUs", "refused in the middle of the batch")
+
+    spec = svc.spec()
+    spec.handlers = {JobSubmitted: refuses_one}
+    spec.optimistic_batches = True
+    runtime = ServiceRuntime(spec, nats_url=nats_url, pool=pool, clock=ManualClock())
+    subject = ns_subject("job.submitted.team-a")
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    names = [*(f"before-{i}" for i in range(3)), "refused", *(f"after-{i}" for i in range(3))]
+    for name in names:
+        await publish_event(js, submitted(name), subject)
+    await nc.close()
+    await runtime.start()
+    try:
+        await wait_for(lambda: _all_counted(pool, 6))
+        await wait_for(lambda: _dead(runtime, 1))
+        for job in names:
+            assert await count(pool, job) == (0 if job == "refused" else 1), job
+        rows = await pool.fetch(f"SELECT reason FROM {SCHEMA}.dead_letters")
+        assert [r["reason"] for r in rows] == ["NotForUs"]
+        order = [json.loads(bytes(r["body"]))["data"]["job_id"]
+                 for r in await pool.fetch(f"SELECT body FROM {SCHEMA}.outbox ORDER BY seq")]
+        assert order == [n for n in names if n != "refused"]
+        assert await pool.fetchval(f"SELECT count(*) FROM {SCHEMA}.inbox") == 6
+        assert runtime.counters.batch_retries == 1 and runtime.counters.handled == 6
+    finally:
+        await runtime.stop()
+
+
+async def _dead(runtime: ServiceRuntime, n: int) -> bool:
+    return runtime.counters.dead_lettered >= n
 
 
 async def test_a_batch_writes_each_message_once_in_order_and_a_copy_in_the_same_batch_is_a_duplicate(

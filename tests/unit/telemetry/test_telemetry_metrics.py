@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 import httpx
 
+from services.telemetry.app import summed
 from services.telemetry.core.names import COUNTER, METRICS
 from services.telemetry.core.state import TelemetryState
 from services.telemetry.metrics import TelemetryMetrics
@@ -68,3 +70,33 @@ def test_http_endpoint_serves_metrics_on_the_configured_port() -> None:
         assert 'gpuq_gpus_capacity{gpu_model="H100",pool="training"} 8.0' in resp.text
     finally:
         metrics.shutdown()
+
+
+def test_a_batch_recorded_summed_reads_as_the_events_recorded_one_by_one() -> None:
+    """Telemetry records a consumed batch's observations once at its end, each counter series' increments added up
+    (services/telemetry/app.py `summed`): the exposition is the one the events recorded one by one give."""
+    events = [*life(spec("a"), {"n0": [0]}, 0, 42, 600, end=ExitReason.OOM_KILLED),
+              *life(spec("b", team="team-b"), {"n0": [1]}, 0, 5, 1, end=ExitReason.SUCCEEDED),
+              *life(spec("c"), {"n0": [2]}, 1, 7, 30, end=ExitReason.SUCCEEDED)]
+    texts = []
+    for batched in (False, True):
+        state = TelemetryState()
+        state.apply(inventory(node("n0")), T0)
+        metrics = TelemetryMetrics(functools.partial(state.gauges, T0 + 1000))
+        try:
+            observations = []
+            for t, p in sorted(events, key=lambda e: e[0]):
+                fx = state.apply(p, T0 + t)
+                if batched:
+                    observations += fx.observations
+                else:
+                    metrics.record(fx.observations)
+            if batched:
+                folded = summed(observations)
+                assert len(folded) < len(observations)  # some series were added up
+                metrics.record(folded)
+            texts.append([line for line in metrics.render().decode().splitlines() if "_created" not in line])
+        finally:
+            metrics.shutdown()
+    assert texts[0] == texts[1]
+    assert any(line.startswith("gpuq_jobs_finished_total") for line in texts[1])
