@@ -115,10 +115,10 @@ class PreemptionService:
         (admission's read model; a drain has no preemptor). Returns the others, each with its victim's placement."""
         if not rows:
             return []
-        waiting = [r["preemptor"] for r in rows if r["reason"] != PreemptionReason.DRAIN.value]
+        preemptor_ids = [r["preemptor"] for r in rows if r["reason"] != PreemptionReason.DRAIN.value]
         placed = {p.job_id: p for p in await scheduler_view.placements(
-            tx.conn, [r["victim"] for r in rows] + waiting)}
-        preemptors = await admission_view.jobs(tx.conn, waiting)
+            tx.conn, [r["victim"] for r in rows] + preemptor_ids)}
+        preemptors = await admission_view.jobs(tx.conn, preemptor_ids)
         kept: list[tuple[asyncpg.Record, PlacementFact]] = []
         for r in rows:
             victim = placed.get(r["victim"])
