@@ -359,6 +359,28 @@ async def test_a_victim_that_ends_while_its_protocol_is_open_is_not_preempted(fr
         assert outcome != "duplicate"
 
 
+async def test_a_victim_that_runs_again_under_a_new_placement_is_not_preempted_for_its_old_run(
+        fresh: tuple[str, str]) -> None:
+    """Its attempt ended and it was placed again before its protocol was looked at: the protocol was for the run
+    that ended (its placement time is kept with it), so it is aborted and the new run goes on."""
+    clock = ManualClock(T0 + 5000)
+    async with Harness(*fresh, clock) as h:
+        pid = await _open_reclaim(h)
+        first = await h.placed("a-borrowed")
+        await h.stop()  # preemption hears nothing of this
+        await h.send(JobCompleted(job_id="a-borrowed", finished_at=utcnow_from(clock.now())))
+        await h.until("SELECT NOT EXISTS (SELECT 1 FROM scheduler.v1_placements WHERE job_id = 'a-borrowed')")
+        clock.advance(10)
+        await h.admit(spec("a-borrowed", "team-a", "low"))  # its retry, admitted and placed again
+        await h.until("SELECT 1 FROM scheduler.v1_placements WHERE job_id = 'a-borrowed'")
+        second = await h.placed("a-borrowed")
+        assert first is not None and second is not None and second.placed_at != first.placed_at
+        await h.start()
+        await h.send(JobCheckpointed(job_id="a-borrowed", uri="s3://ckpt/a-borrowed/old", step=3,
+                                     checkpointed_at=utcnow_from(clock.now()), preemption_id=pid))
+        assert await _aborted(h, "a-borrowed") == "victim ended (it runs again under a new placement)"
+
+
 async def test_a_victim_whose_preemptor_was_placed_meanwhile_runs_on(fresh: tuple[str, str]) -> None:
     clock = ManualClock(T0 + 5000)
     async with Harness(*fresh, clock) as h:
