@@ -183,7 +183,8 @@ def explain(job_id: str = typer.Argument(..., help="The job to explain")) -> Non
 
 
 async def _preemption_lines(url: str, job_id: str) -> list[str]:
-    """Whether a running job may be preempted, and by what (from the preemption service's tables)."""
+    """Whether a running job may be preempted, and by what (services/preemption/visibility.py: the scheduler's read
+    model, and the preemption service's protocol tables)."""
     from services.preemption.visibility import preemption_status
 
     conn = await asyncpg.connect(url)

@@ -161,13 +161,15 @@ class Meter:
                 "postgres_cpu_ms_per_job": round(1000 * pg / max(1, jobs), 2)}
 
 
-async def _bus_totals(js: Any, ns: str) -> tuple[int, int]:
-    """(messages in the namespace's streams but utilisation samples and dead letters, deliveries to consumers)."""
+async def _bus_totals(js: Any, ns: str) -> tuple[int, dict[str, int]]:
+    """(messages in the namespace's streams but utilisation samples and dead letters, deliveries to each durable
+    consumer: `<service>-<stream subject>`, e.g. `preemption-job`)."""
     from nats.js.errors import NotFoundError
 
     from shared.bus import streams
 
-    messages = deliveries = 0
+    messages = 0
+    deliveries: dict[str, int] = {}
     for stream in streams(ns):
         if stream.name.endswith(("_UTILIZATION", "_DLQ", "_AUDIT")):
             continue
@@ -177,7 +179,8 @@ async def _bus_totals(js: Any, ns: str) -> tuple[int, int]:
             continue
         messages += info.state.messages
         for consumer in await js.consumers_info(stream.name):
-            deliveries += consumer.delivered.consumer_seq
+            name = consumer.name or consumer.config.durable_name or "?"
+            deliveries[name] = deliveries.get(name, 0) + consumer.delivered.consumer_seq
     return messages, deliveries
 
 
@@ -357,7 +360,13 @@ async def _run(scenario: str, *, nodes: int, queues: int, jobs: int, rate: float
                 "submit_to_placed_p50_ms": _ms(statistics.median(to_place) if to_place else None),
                 "submit_to_placed_p99_ms": _ms(_percentile(to_place, 0.99)),
                 "events_per_job": round((after_msgs - before_msgs) / max(1, jobs), 2),
-                "deliveries_per_job": round((after_deliveries - before_deliveries) / max(1, jobs), 2),
+                "deliveries_per_job": round((sum(after_deliveries.values()) - sum(before_deliveries.values()))
+                                            / max(1, jobs), 2),
+                # per durable consumer: which service receives what (a consumer filtering on a stream's pattern
+                # gets every event of it, handled or acked unread)
+                "deliveries_per_job_by_consumer": {
+                    name: round((n - before_deliveries.get(name, 0)) / max(1, jobs), 2)
+                    for name, n in sorted(after_deliveries.items()) if n > before_deliveries.get(name, 0)},
             })
             out.update(meter.report(jobs))
             # The window above ends 1 s after the last placement, when services may still be working through the

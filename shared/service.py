@@ -26,7 +26,7 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -810,16 +810,31 @@ class ServiceRuntime:
     # ------------------------------------------------------------------ consumption
 
     async def _start_consumers(self) -> None:
-        """Create the durable pull consumers that do not exist yet (an existing one is used as it is: its pending
-        messages are the service's), then pull each in a task of its own."""
+        """Create the durable pull consumers that do not exist yet (an existing one is kept: its pending messages
+        are the service's), then pull each in a task of its own.
+
+        An existing consumer whose filter is not the one the handlers call for now (the service handles more or
+        fewer event types of that stream than when the consumer was made, e.g. one subject instead of the pattern)
+        has its filter updated in place: JetStream keeps its position, so it goes on from where it was, receiving
+        what the handlers take. A server that refuses the update leaves the consumer as it was (a wider filter only
+        costs deliveries acked unread)."""
         js = self.broker.config.connection_state.stream
         for stream, subject, durable, _ in self.consumers:
             try:
-                await js.consumer_info(stream.name, durable)
+                info = await js.consumer_info(stream.name, durable)
             except NotFoundError:
                 await js.add_consumer(stream.name, NatsConsumerConfig(
                     durable_name=durable, filter_subject=subject, ack_policy=NatsAckPolicy.EXPLICIT,
                     deliver_policy=DeliverPolicy.ALL, max_deliver=MAX_DELIVER, ack_wait=ACK_WAIT_S))
+                continue
+            if info.config.filter_subject != subject:
+                try:
+                    await js.add_consumer(stream.name, replace(info.config, filter_subject=subject))
+                    log.info("%s: consumer %s now filters %s (was %s)", self.spec.name, durable, subject,
+                             info.config.filter_subject)
+                except APIError as exc:
+                    log.warning("%s: consumer %s keeps its filter %s (%s wanted): %s", self.spec.name, durable,
+                                info.config.filter_subject, subject, exc)
         for stream, subject, durable, batch_fn in self.consumers:
             self._consumer_tasks.append(asyncio.create_task(
                 self._consume(stream.name, subject, durable, batch_fn), name=f"{self.spec.name}-consume-{durable}"))

@@ -11,6 +11,13 @@ partial unique index allows one open protocol per job, so a restart of any servi
 redelivered, deadlines re-read from the table) neither loses the victim nor preempts it twice.
 Victims that cannot checkpoint (spec.checkpoint.supported = false) are preempted at once: waiting for a
 checkpoint that will never come would only delay the preemptor.
+
+One owner per fact (docs/architecture.md): the running jobs (spec, bindings, placement, the executor-reported
+start) are the scheduler's, read from its read model; a preemptor (spec, whether it still waits, its flavors) is
+admission's, read from its read model; both when a request is decided, a checkpoint arrives or a deadline comes.
+The service consumes no job event but JobCheckpointed: an open protocol whose victim no longer holds the run it
+was opened for, or whose preemptor was placed or stopped waiting, is aborted when it is next looked at (the next
+request, the victim's checkpoint, its deadline), before anything is preempted for it.
 """
 
 from __future__ import annotations
@@ -18,18 +25,19 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import asyncpg
 from pydantic import ValidationError
 
+from services.admission import readmodel as admission_view
 from services.preemption.core import (
     PRIORITY,
     RECLAIM,
     Outcome,
     Preemptor,
-    RunningJob,
     cooldown_verdict,
     drain_plan,
     priority_of,
@@ -37,25 +45,17 @@ from services.preemption.core import (
     rate_limit_verdict,
     select_victims,
 )
-from services.preemption.store import load_config, load_snapshot
+from services.preemption.store import Snapshot, last_checkpoints, load_config, load_snapshot, run_started
+from services.scheduler import readmodel as scheduler_view
+from services.scheduler.readmodel import PlacementFact
 from shared import audit
 from shared.audit import service_actor
 from shared.config import ConfigError, QueuesConfig, StopPolicy, parse_queues
-from shared.domain import JobSpec
 from shared.events import (
     CheckpointRequested,
     CloudEvent,
-    JobAdmitted,
-    JobAttemptFailed,
-    JobCancelled,
     JobCheckpointed,
-    JobCompleted,
-    JobFailed,
-    JobPlaced,
     JobPreempted,
-    JobRequeued,
-    JobStarted,
-    JobSubmitted,
     PreemptionReason,
     PreemptionRequested,
     QueueConfigChanged,
@@ -70,6 +70,11 @@ log = logging.getLogger("gpuq.preemption")
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 
+# The open protocols (one row per victim), with what `_reconcile` checks against the owners' read models.
+OPEN_PROTOCOLS = ("SELECT preemption_id, victim, preemptor, reason, victim_placed_at FROM preemption.preemptions "
+                  "WHERE state = 'checkpointing'")
+
+
 class PreemptionService:
     def __init__(self, config: QueuesConfig, *, tick_s: float = 0.2):
         self.initial_config = config
@@ -80,10 +85,6 @@ class PreemptionService:
         return ServiceSpec(
             name="preemption", schema="preemption", migrations=MIGRATIONS, singleton=True,
             handlers={PreemptionRequested: self.on_requested, JobCheckpointed: self.on_checkpointed,
-                      JobSubmitted: self.on_submitted, JobAdmitted: self.on_admitted, JobPlaced: self.on_placed,
-                      JobStarted: self.on_started, JobCompleted: self.on_ended, JobFailed: self.on_ended,
-                      JobAttemptFailed: self.on_attempt_failed,
-                      JobCancelled: self.on_ended, JobRequeued: self.on_requeued,
                       QueueConfigChanged: self.on_config_changed},
             on_start=self.load, background=(self.deadline_loop,),
             # Its memory (the queue config) is set from the event alone: applying an event again changes nothing.
@@ -107,75 +108,40 @@ class PreemptionService:
                               tx.now, json.dumps(payload.config))
         self.config = config
 
-    async def on_submitted(self, tx: Tx, event: CloudEvent, payload: JobSubmitted) -> None:
-        await tx.conn.execute(
-            "INSERT INTO preemption.jobs(job_id, spec, queue, status) VALUES ($1, $2, $3, 'submitted') "
-            "ON CONFLICT (job_id) DO NOTHING", payload.spec.job_id, payload.spec.model_dump_json(),
-            payload.spec.queue)
+    # ------------------------------------------------------------------ open protocols and their owners' facts
 
-    async def on_admitted(self, tx: Tx, event: CloudEvent, payload: JobAdmitted) -> None:
-        models = json.dumps(sorted(set(payload.flavors.values())))
-        await tx.conn.execute(
-            """INSERT INTO preemption.jobs(job_id, spec, queue, status, allowed_models)
-               VALUES ($1, $2, $3, 'admitted', $4)
-               ON CONFLICT (job_id) DO UPDATE SET spec = excluded.spec, allowed_models = excluded.allowed_models,
-                 status = 'admitted' WHERE preemption.jobs.status IN ('submitted', 'admitted', 'preempted')""",
-            payload.job_id, payload.spec.model_dump_json(), payload.spec.queue, models)
-
-    async def on_requeued(self, tx: Tx, event: CloudEvent, payload: JobRequeued) -> None:
-        await tx.conn.execute(
-            "UPDATE preemption.jobs SET status = 'submitted', bindings = NULL WHERE job_id = $1 "
-            "AND status IN ('preempted', 'submitted', 'admitted')", payload.job_id)
-
-    async def on_placed(self, tx: Tx, event: CloudEvent, payload: JobPlaced) -> None:
-        # A new run: lost work is counted from here (earlier progress is in the checkpoint it resumes from).
-        await tx.conn.execute(
-            """INSERT INTO preemption.jobs(job_id, spec, queue, status, bindings, placed_at)
-               VALUES ($1, $2, $3, 'placed', $4, $5)
-               ON CONFLICT (job_id) DO UPDATE SET spec = excluded.spec, status = 'placed',
-                 bindings = excluded.bindings, placed_at = excluded.placed_at, started_at = NULL,
-                 last_checkpoint_at = NULL
-               WHERE preemption.jobs.status NOT IN ('placed', 'running', 'preempting', 'finished')""",
-            payload.job_id, payload.spec.model_dump_json(), payload.spec.queue,
-            json.dumps([b.model_dump(mode="json") for b in payload.bindings]), payload.placed_at.timestamp())
-        # The preemptor found room before its victims were stopped: let them run on.
-        await self._abort_open(tx, "preemptor = $1", payload.job_id, "preemptor placed before the checkpoint")
-        await tx.conn.execute("DELETE FROM preemption.deferred WHERE preemptor = $1", payload.job_id)
-
-    async def on_started(self, tx: Tx, event: CloudEvent, payload: JobStarted) -> None:
-        status = await tx.conn.fetchval(
-            "UPDATE preemption.jobs SET started_at = $2, status = CASE WHEN status = 'placed' THEN 'running' "
-            "ELSE status END WHERE job_id = $1 AND status IN ('placed', 'running', 'preempting') RETURNING status",
-            payload.job_id, payload.started_at.timestamp())
-        if status is None and await tx.conn.fetchval(
-                "SELECT 1 FROM preemption.jobs WHERE job_id = $1 AND status IN ('submitted', 'admitted')",
-                payload.job_id):
-            # JobPlaced travels on another subject and has not arrived yet: retry (bounded, with delay).
-            raise LookupError(f"{payload.job_id} started before its placement reached us")
-
-    async def on_ended(self, tx: Tx, event: CloudEvent, payload: JobCompleted | JobFailed | JobCancelled) -> None:
-        await tx.conn.execute("UPDATE preemption.jobs SET status = 'finished', bindings = NULL WHERE job_id = $1",
-                              payload.job_id)
-        await self._abort_open(tx, "victim = $1", payload.job_id, f"victim ended ({type(payload).__name__})")
-        await self._abort_open(tx, "preemptor = $1", payload.job_id, f"preemptor ended ({type(payload).__name__})")
-        await tx.conn.execute("DELETE FROM preemption.deferred WHERE preemptor = $1", payload.job_id)
-
-    async def on_attempt_failed(self, tx: Tx, event: CloudEvent, payload: JobAttemptFailed) -> None:
-        """A failed attempt that will be retried: stopped, like a preempted job (not finished: its JobRequeued and
-        its next admission make it a candidate again once it runs). Nothing is preempted for or of it meanwhile."""
-        await tx.conn.execute("UPDATE preemption.jobs SET status = 'preempted', bindings = NULL WHERE job_id = $1 "
-                              "AND status IN ('placed', 'running', 'preempting')", payload.job_id)
-        await self._abort_open(tx, "victim = $1", payload.job_id, "victim's attempt failed")
-        await self._abort_open(tx, "preemptor = $1", payload.job_id, "preemptor's attempt failed")
-        await tx.conn.execute("DELETE FROM preemption.deferred WHERE preemptor = $1", payload.job_id)
-
-    async def _abort_open(self, tx: Tx, where: str, job_id: str, why: str) -> None:
-        rows = await tx.conn.fetch(
-            f"UPDATE preemption.preemptions SET state = 'aborted', abort_reason = $2 "
-            f"WHERE {where} AND state = 'checkpointing' RETURNING victim", job_id, why)
+    async def _reconcile(self, tx: Tx, rows: Sequence[asyncpg.Record]) -> list[tuple[asyncpg.Record, PlacementFact]]:
+        """Abort the open protocols (rows of preemption.preemptions) that must not end in a preemption any more, as
+        the owners know it now: the victim no longer holds the run the protocol was opened for (it ended, or runs
+        again under a new placement: the scheduler's read model), or the preemptor was placed or no longer waits
+        (admission's read model; a drain has no preemptor). Returns the others, each with its victim's placement."""
+        if not rows:
+            return []
+        preemptor_ids = [r["preemptor"] for r in rows if r["reason"] != PreemptionReason.DRAIN.value]
+        placed = {p.job_id: p for p in await scheduler_view.placements(
+            tx.conn, [r["victim"] for r in rows] + preemptor_ids)}
+        preemptors = await admission_view.jobs(tx.conn, preemptor_ids)
+        kept: list[tuple[asyncpg.Record, PlacementFact]] = []
         for r in rows:
-            await tx.conn.execute("UPDATE preemption.jobs SET status = 'running' WHERE job_id = $1 "
-                                  "AND status = 'preempting'", r["victim"])
+            victim = placed.get(r["victim"])
+            why = None
+            if victim is None:
+                why = "victim ended (it holds no GPUs any more)"
+            elif r["victim_placed_at"] is not None and victim.placed_at != r["victim_placed_at"]:
+                why = "victim ended (it runs again under a new placement)"
+            elif r["reason"] != PreemptionReason.DRAIN.value:
+                if r["preemptor"] in placed:
+                    why = "preemptor placed before the checkpoint"
+                elif (fact := preemptors.get(r["preemptor"])) is None or fact.status not in admission_view.WAITING:
+                    why = f"preemptor no longer waiting ({fact.status if fact is not None else 'unknown'})"
+            if victim is not None and why is None:
+                kept.append((r, victim))
+            else:
+                await tx.conn.execute(
+                    "UPDATE preemption.preemptions SET state = 'aborted', abort_reason = $3 "
+                    "WHERE preemption_id = $1 AND victim = $2 AND state = 'checkpointing'",
+                    r["preemption_id"], r["victim"], why)
+        return kept
 
     # ------------------------------------------------------------------ the protocol
 
@@ -196,6 +162,8 @@ class PreemptionService:
                 pid, payload.preemptor, payload.queue, payload.reason.value, json.dumps(payload.need), tx.now,
                 outcome, message, list(victims))
 
+        # open protocols that must not go on (victim ended, preemptor placed or gone) stop holding their victims
+        await self._reconcile(tx, await tx.conn.fetch(OPEN_PROTOCOLS))
         if payload.reason is PreemptionReason.DRAIN:
             await self._drain(tx, pid, payload, origin=origin, attempt=attempt, record=record)
             return
@@ -203,25 +171,29 @@ class PreemptionService:
                                   "AND state = 'checkpointing' LIMIT 1", payload.preemptor):
             await record(Outcome.DUPLICATE, "a preemption for this job is already in progress")
             return
-        row = await tx.conn.fetchrow("SELECT spec, status, allowed_models, last_preempted_at FROM preemption.jobs "
-                                     "WHERE job_id = $1", payload.preemptor)
-        if row is None and attempt > 0:
-            await record(Outcome.NOT_WAITING, "the preemptor is no longer known")
+        # The preemptor is admission's fact: it committed the job before any request about it was sent (its own in
+        # the same transaction, the scheduler's after JobAdmitted), so an unknown preemptor is no waiting one.
+        fact = await admission_view.job(tx.conn, payload.preemptor)
+        if fact is None:
+            await record(Outcome.NOT_WAITING, "admission has no record of the preemptor")
             return
-        if row is None:
-            # JobSubmitted/JobAdmitted travel on other subjects and may not be here yet: retry later.
-            raise LookupError(f"preemptor {payload.preemptor} is not known yet")
-        if row["status"] not in ("submitted", "admitted"):
-            await record(Outcome.NOT_WAITING, f"the preemptor is {row['status']}")
+        if fact.status not in admission_view.WAITING:
+            await record(Outcome.NOT_WAITING, f"the preemptor is {fact.status}")
             return
         config = self.config
-        why = cooldown_verdict(config, row["last_preempted_at"], tx.now)
+        snap = await load_snapshot(tx.conn, config)
+        if payload.preemptor in snap.placements:
+            await record(Outcome.NOT_WAITING, "the preemptor is placed")
+            return
+        last_preempted = await tx.conn.fetchval(
+            "SELECT max(preempted_at) FROM preemption.preemptions WHERE victim = $1 AND state = 'preempted'",
+            payload.preemptor)
+        why = cooldown_verdict(config, last_preempted, tx.now)
         if why is not None:
             await record(Outcome.COOLDOWN, why)
             return
-        spec = JobSpec.model_validate_json(row["spec"])
-        snap = await load_snapshot(tx.conn, config)
-        allowed = tuple(json.loads(row["allowed_models"] or "[]"))
+        spec = fact.spec
+        allowed = fact.allowed_models
         # admission's requests are about quota (`need`, and `own_need` for within-queue preemption); the
         # scheduler's priority requests are about room on the nodes
         for_quota = payload.reason is PreemptionReason.RECLAIM or bool(payload.own_need)
@@ -256,8 +228,7 @@ class PreemptionService:
             return
         await record(Outcome.STARTED, f"{len(selection.victims)} victim(s), about "
                      f"{selection.lost_gpu_seconds:.0f} GPU-seconds of work at risk", selection.victims)
-        await self._start(tx, pid, payload, spec.job_id, spec.queue, selection.victims,
-                          {j.job_id: j for j in snap.running})
+        await self._start(tx, pid, payload, spec.job_id, spec.queue, selection.victims, snap)
 
     async def _defer(self, tx: Tx, payload: PreemptionRequested, origin: str, attempt: int, retry_at: float) -> None:
         """Run the request again at `retry_at` (when a protection window ends); a newer request supersedes it."""
@@ -278,15 +249,8 @@ class PreemptionService:
         if q is None or q.stop_policy is not StopPolicy.HOLD_AND_DRAIN:
             await record(Outcome.NO_VICTIMS, f"queue {payload.queue} is not HoldAndDrain (any more): nothing drained")
             return
-        if attempt == 0 and payload.candidates:
-            # admission names the running jobs it drains; JobPlaced travels on another stream and may not be
-            # here yet: retry (bounded, with delay) rather than miss one
-            unseen = await tx.conn.fetch(
-                "SELECT c FROM unnest($1::text[]) AS c LEFT JOIN preemption.jobs j ON j.job_id = c "
-                "WHERE j.job_id IS NULL OR j.status IN ('submitted', 'admitted') ORDER BY c", list(payload.candidates))
-            if unseen:
-                raise LookupError(f"the placement of {unseen[0]['c']} (queue {payload.queue}, draining) has not "
-                                  "reached the preemption service yet")
+        # The candidates admission names were placed before it heard of them (JobPlaced follows the scheduler's
+        # commit), so the read model has them, or they have ended since: there is nothing to wait for.
         snap = await load_snapshot(tx.conn, config)
         plan = drain_plan(payload.queue, snap.running, tx.now, config.policy.protection_window_s, snap.busy)
         kept = ", ".join(f"{j} ({why})" for j, why in sorted(plan.kept.items())) or "none"
@@ -298,59 +262,56 @@ class PreemptionService:
             return
         await record(Outcome.STARTED, f"queue {payload.queue} drains {len(plan.victims)} job(s); kept: {kept}",
                      plan.victims)
-        await self._start(tx, pid, payload, payload.preemptor, payload.queue, plan.victims,
-                          {j.job_id: j for j in snap.running})
+        await self._start(tx, pid, payload, payload.preemptor, payload.queue, plan.victims, snap)
 
     async def _start(self, tx: Tx, pid: str, payload: PreemptionRequested, preemptor: str, queue: str,
-                     victims: tuple[str, ...], by_id: Mapping[str, RunningJob]) -> None:
-        """Open the checkpoint-before-preempt protocol for each victim."""
+                     victims: tuple[str, ...], snap: Snapshot) -> None:
+        """Open the checkpoint-before-preempt protocol for each victim, for the run it is in now."""
         config = self.config
         deadline = tx.now + config.policy.checkpoint_grace_s
+        by_id = {j.job_id: j for j in snap.running}
         for victim_id in victims:
-            victim = by_id[victim_id]
+            victim, placement = by_id[victim_id], snap.placements[victim_id]
             await tx.conn.execute(
                 "INSERT INTO preemption.preemptions(preemption_id, victim, preemptor, reason, queue, victim_queue, "
-                "gpus, state, requested_at, deadline, estimated_lost_gpu_seconds) "
-                "VALUES ($1, $2, $3, $4, $5, $6, $7, 'checkpointing', $8, $9, $10)",
+                "gpus, state, requested_at, deadline, estimated_lost_gpu_seconds, victim_placed_at) "
+                "VALUES ($1, $2, $3, $4, $5, $6, $7, 'checkpointing', $8, $9, $10, $11)",
                 pid, victim_id, preemptor, payload.reason.value, queue, victim.queue, victim.gpus, tx.now,
-                deadline, victim.lost_gpu_seconds(tx.now))
-            await tx.conn.execute("UPDATE preemption.jobs SET status = 'preempting' WHERE job_id = $1", victim_id)
+                deadline, victim.lost_gpu_seconds(tx.now), placement.placed_at)
             if victim.checkpointable and config.policy.checkpoint_grace_s > 0:
                 await tx.emit(CheckpointRequested(job_id=victim_id, preemption_id=pid,
                                                   deadline=utcnow_from(deadline)))
             else:
-                await self._finish(tx, pid, victim_id, checkpoint_uri=None, checkpointed_at=None, step=None)
+                await self._finish(tx, pid, victim_id, placement, checkpoint_uri=None, checkpointed_at=None,
+                                   step=None)
 
     async def on_checkpointed(self, tx: Tx, event: CloudEvent, payload: JobCheckpointed) -> None:
         at = payload.checkpointed_at.timestamp()
         await tx.conn.execute(
-            "UPDATE preemption.jobs SET last_checkpoint_at = $2, last_checkpoint_uri = $3 WHERE job_id = $1 "
-            "AND (last_checkpoint_at IS NULL OR last_checkpoint_at <= $2)", payload.job_id, at, payload.uri)
-        open_row = await tx.conn.fetchrow(
-            "SELECT preemption_id FROM preemption.preemptions WHERE victim = $1 AND state = 'checkpointing'",
-            payload.job_id)
-        if open_row is None:
-            return  # a periodic checkpoint, or one that arrives after the grace: recorded above, nothing more
-        if payload.preemption_id is not None and payload.preemption_id != open_row["preemption_id"]:
+            "INSERT INTO preemption.checkpoints(job_id, checkpointed_at, uri) VALUES ($1, $2, $3) "
+            "ON CONFLICT (job_id) DO UPDATE SET checkpointed_at = excluded.checkpointed_at, uri = excluded.uri "
+            "WHERE preemption.checkpoints.checkpointed_at <= excluded.checkpointed_at", payload.job_id, at, payload.uri)
+        open_rows = await self._reconcile(tx, await tx.conn.fetch(
+            f"{OPEN_PROTOCOLS} AND victim = $1", payload.job_id))
+        if not open_rows:
+            return  # a periodic checkpoint, one after the grace, or the protocol could not go on: recorded above
+        row, placement = open_rows[0]
+        if payload.preemption_id is not None and payload.preemption_id != row["preemption_id"]:
             return  # answers an older, aborted protocol: this one still waits for its own
-        await self._finish(tx, open_row["preemption_id"], payload.job_id, checkpoint_uri=payload.uri,
+        await self._finish(tx, row["preemption_id"], payload.job_id, placement, checkpoint_uri=payload.uri,
                            checkpointed_at=at, step=payload.step)
 
-    async def _finish(self, tx: Tx, pid: str, victim: str, *, checkpoint_uri: str | None,
+    async def _finish(self, tx: Tx, pid: str, victim: str, placement: PlacementFact, *, checkpoint_uri: str | None,
                       checkpointed_at: float | None, step: int | None) -> None:
-        """checkpointing -> preempted, at most once (guarded update), then JobPreempted."""
-        job = await tx.conn.fetchrow(
-            "SELECT started_at, placed_at, last_checkpoint_at, last_checkpoint_uri, spec->>'team' AS team "
-            "FROM preemption.jobs "
-            "WHERE job_id = $1", victim)
-        started = tx.now
-        if job is not None:
-            started = job["started_at"] if job["started_at"] is not None else (job["placed_at"] or tx.now)
-        marks = [started, checkpointed_at, job["last_checkpoint_at"] if job is not None else None]
+        """checkpointing -> preempted, at most once (guarded update), then JobPreempted. `placement` is the victim's
+        run, as the scheduler's read model has it now (the caller checked it is the protocol's)."""
+        started = run_started(placement)
+        last = (await last_checkpoints(tx.conn, [victim])).get(victim)
+        last_at, last_uri = last if last is not None else (None, None)
+        marks = [started, checkpointed_at, last_at]
         since = max(t for t in marks if t is not None)  # work after the newest checkpoint of this run is lost
-        if checkpoint_uri is None and job is not None and job["last_checkpoint_at"] is not None \
-                and job["last_checkpoint_at"] >= started:
-            checkpoint_uri = job["last_checkpoint_uri"]  # resume from the last periodic checkpoint of this run
+        if checkpoint_uri is None and last_at is not None and last_at >= started:
+            checkpoint_uri = last_uri  # resume from the last periodic checkpoint of this run
         row = await tx.conn.fetchrow(
             "UPDATE preemption.preemptions SET state = 'preempted', preempted_at = $3, checkpointed_at = $4, "
             "checkpoint_uri = $5, checkpoint_step = $6, lost_gpu_seconds = gpus * greatest(0, $3 - $7::float8) "
@@ -359,11 +320,9 @@ class PreemptionService:
             checkpoint_uri, step, float(since))
         if row is None:
             return
-        await tx.conn.execute("UPDATE preemption.jobs SET status = 'preempted', last_preempted_at = $2, "
-                              "bindings = NULL WHERE job_id = $1", victim, tx.now)
-        await audit.record(tx, "preempt", service_actor("preemption"), job_id=victim,
-                           team=job["team"] if job is not None else None, preemptor=row["preemptor"],
-                           reason=row["reason"], preemption_id=pid, lost_gpu_seconds=float(row["lost_gpu_seconds"]))
+        await audit.record(tx, "preempt", service_actor("preemption"), job_id=victim, team=placement.spec.team,
+                           preemptor=row["preemptor"], reason=row["reason"], preemption_id=pid,
+                           lost_gpu_seconds=float(row["lost_gpu_seconds"]))
         await tx.emit(JobPreempted(job_id=victim, reason=PreemptionReason(row["reason"]), preemptor=row["preemptor"],
                                    preemption_id=pid, lost_gpu_seconds=float(row["lost_gpu_seconds"]),
                                    checkpoint_uri=checkpoint_uri, preempted_at=utcnow_from(tx.now)))
@@ -377,14 +336,14 @@ class PreemptionService:
             await asyncio.sleep(self.tick_s)
 
     async def expire_due(self, runtime: ServiceRuntime) -> int:
-        """Preempt every victim whose checkpoint grace elapsed on the runtime clock. Returns how many."""
+        """Preempt every victim whose checkpoint grace elapsed on the runtime clock (or abort its protocol if it can
+        no longer go on: `_reconcile`). Returns how many protocols were due."""
         async with runtime.transaction() as tx:
-            rows = await tx.conn.fetch(
-                "SELECT preemption_id, victim FROM preemption.preemptions WHERE state = 'checkpointing' "
-                "AND deadline <= $1 ORDER BY deadline, victim FOR UPDATE SKIP LOCKED", tx.now)
-            for r in rows:
-                await self._finish(tx, r["preemption_id"], r["victim"], checkpoint_uri=None, checkpointed_at=None,
-                                   step=None)
+            rows = await tx.conn.fetch(f"{OPEN_PROTOCOLS} AND deadline <= $1 ORDER BY deadline, victim "
+                                       "FOR UPDATE SKIP LOCKED", tx.now)
+            for r, placement in await self._reconcile(tx, rows):
+                await self._finish(tx, r["preemption_id"], r["victim"], placement, checkpoint_uri=None,
+                                   checkpointed_at=None, step=None)
         return len(rows)
 
 

@@ -1,4 +1,10 @@
-"""Reading the preemption service's tables into core snapshots (shared by the service, the CLI and explain)."""
+"""The preemption service's view of the cluster at decision time (shared by the service, the CLI and explain).
+
+Nothing here is a copy: the nodes and the running jobs (spec, bindings, placement, the executor-reported start) are
+the scheduler's facts, read from its read model (services/scheduler/readmodel.py) when a request is decided; the
+protocol (requests, preemptions, which victims are in one) and the last checkpoint each job reported are this
+service's own tables.
+"""
 
 from __future__ import annotations
 
@@ -11,12 +17,11 @@ import asyncpg
 from services.preemption.core import RunningJob, priority_of
 from services.scheduler import readmodel
 from services.scheduler.core import ClusterState
+from services.scheduler.readmodel import PlacementFact
 from shared.config import QueuesConfig, parse_queues
 from shared.domain import GpuBinding, JobSpec, NodeSpec
 
 log = logging.getLogger("gpuq.preemption")
-
-HOLDING = ("placed", "running", "preempting")  # statuses in which a job holds GPUs
 
 
 @dataclass
@@ -25,7 +30,8 @@ class Snapshot:
     cluster: ClusterState
     running: list[RunningJob]
     busy: set[str] = field(default_factory=set)  # victims of open protocols
-    specs: dict[str, JobSpec] = field(default_factory=dict)
+    # every placement in force, by job id (`running` less the victims preempted in their current run)
+    placements: dict[str, PlacementFact] = field(default_factory=dict)
 
 
 async def load_config(conn: asyncpg.Connection, fallback: QueuesConfig | None = None) -> QueuesConfig:
@@ -66,26 +72,46 @@ def running_job(spec: JobSpec, bindings: list[GpuBinding], nodes: dict[str, Node
 EXPECTED_CHECKPOINT_S = 60.0
 
 
+async def last_checkpoints(conn: asyncpg.Connection, job_ids: list[str]) -> dict[str, tuple[float, str | None]]:
+    """job -> (time, URI) of the last checkpoint it reported (JobCheckpointed), for the jobs that reported one."""
+    rows = await conn.fetch("SELECT job_id, checkpointed_at, uri FROM preemption.checkpoints "
+                            "WHERE job_id = ANY($1::text[])", job_ids)
+    return {r["job_id"]: (float(r["checkpointed_at"]), r["uri"]) for r in rows}
+
+
+def run_started(p: PlacementFact) -> float:
+    """Start of the placement's run: the executor-reported start, the placement time until it is reported."""
+    return p.started_at if p.started_at is not None else p.placed_at
+
+
 async def load_snapshot(conn: asyncpg.Connection, config: QueuesConfig) -> Snapshot:
-    # The nodes are the scheduler's fact: read from its read model at decision time (no copy kept here).
-    nodes = {n.name: n for n in await readmodel.nodes(conn)}
+    """The nodes and the jobs holding GPUs as the scheduler knows them now (its read model, one snapshot), less
+    the victims this service has preempted in their current run and the scheduler has not freed yet; victims of
+    an open protocol are `busy`."""
+    rows = await readmodel.cluster_rows(conn)
+    nodes = {f.name: f.spec for f in readmodel.node_facts_of(rows.nodes)}
     cluster = ClusterState.from_nodes(nodes.values())
-    running: list[RunningJob] = []
+    placements = readmodel.placements_of(rows.placements)
+    ids = [p.job_id for p in placements]
     busy: set[str] = set()
-    specs: dict[str, JobSpec] = {}
-    rows = await conn.fetch(
-        "SELECT job_id, spec, status, bindings, placed_at, started_at, last_checkpoint_at FROM preemption.jobs "
-        "WHERE status = ANY($1::text[]) ORDER BY placed_at, job_id", list(HOLDING))
-    for r in rows:
-        spec = JobSpec.model_validate_json(r["spec"])
-        bindings = [GpuBinding.model_validate(b) for b in json.loads(r["bindings"] or "[]")]
+    gone: set[tuple[str, float]] = set()  # (victim, placed_at) preempted in that run
+    for r in await conn.fetch("SELECT victim, state, victim_placed_at FROM preemption.preemptions "
+                              "WHERE victim = ANY($1::text[]) AND state IN ('checkpointing', 'preempted')", ids):
+        if r["state"] == "checkpointing":
+            busy.add(r["victim"])
+        elif r["victim_placed_at"] is not None:
+            gone.add((r["victim"], float(r["victim_placed_at"])))
+    checkpoints = await last_checkpoints(conn, ids)
+    running: list[RunningJob] = []
+    for p in placements:
+        if (p.job_id, p.placed_at) in gone:
+            continue  # JobPreempted is on its way to the scheduler: its GPUs are as good as free
         try:
-            cluster.commit(cluster.make_placement(spec, bindings))
+            cluster.commit(cluster.make_placement(p.spec, list(p.bindings)))
         except Exception as exc:  # a node vanished: the job is still a candidate, its GPUs just are not there
-            log.warning("could not restore placement of %s: %s", spec.job_id, exc)
-        started = r["started_at"] if r["started_at"] is not None else r["placed_at"]
-        running.append(running_job(spec, bindings, nodes, config, started, r["last_checkpoint_at"]))
-        specs[spec.job_id] = spec
-        if r["status"] == "preempting":
-            busy.add(spec.job_id)
-    return Snapshot(config=config, cluster=cluster, running=running, busy=busy, specs=specs)
+            log.warning("could not restore placement of %s: %s", p.job_id, exc)
+        last = checkpoints.get(p.job_id)
+        running.append(running_job(p.spec, list(p.bindings), nodes, config, run_started(p),
+                                   last[0] if last is not None else None))
+    return Snapshot(config=config, cluster=cluster, running=running, busy=busy,
+                    placements={p.job_id: p for p in placements})

@@ -6,8 +6,10 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from services.admission import readmodel as admission_view
 from services.preemption.core import RunningJob, class_verdict, is_borrowing, protection, usage_by_queue
 from services.preemption.store import Snapshot, load_config, load_snapshot
+from services.scheduler import readmodel as scheduler_view
 from shared.config import PreemptionPolicy, QueuesConfig
 
 
@@ -76,16 +78,18 @@ async def preemption_status(conn: asyncpg.Connection, job_id: str, now: float | 
         config = await load_config(conn)
     except LookupError:
         return ["preemption: the preemption service has not started yet"]
-    row = await conn.fetchrow("SELECT status FROM preemption.jobs WHERE job_id = $1", job_id)
     lines: list[str] = []
-    if row is None:
-        lines.append("preemption: no record of this job")
-    elif row["status"] not in ("placed", "running", "preempting"):
-        lines.append(f"preemption: the job is not running ({row['status']}), nothing to preempt")
+    # Whether it runs is the scheduler's fact (its read model), what else became of it admission's.
+    if not await scheduler_view.placements(conn, [job_id]):
+        fact = await admission_view.job(conn, job_id)
+        lines.append("preemption: no record of this job" if fact is None else
+                     f"preemption: the job is not running ({fact.status}), nothing to preempt")
     else:
         snap = await load_snapshot(conn, config)
         job = next((j for j in snap.running if j.job_id == job_id), None)
-        if job is not None:
+        if job is None:
+            lines.append("preemption: the job was just preempted, its GPUs are being freed")
+        else:
             e = exposure(job, snap, now)
             if e.takeable:
                 lines.append(f"preemption: may be preempted now by {e.by}; it would lose "

@@ -188,9 +188,10 @@ class SchedulerService:
             self.resume[payload.job_id] = payload.resume_from
 
     async def on_started(self, tx: Tx, event: CloudEvent, payload: JobStarted) -> None:
-        # Expected end from the real start and the user's limit (never the true duration).
+        # Expected end from the real start and the user's limit (never the true duration); the start itself is
+        # part of the placement fact (read model `started_at`: preemption's protection window counts from it).
         expected_end = await tx.conn.fetchval(
-            "UPDATE scheduler.jobs SET expected_end = $2 + (spec->>'max_runtime_s')::double precision "
+            "UPDATE scheduler.jobs SET started_at = $2, expected_end = $2 + (spec->>'max_runtime_s')::double precision "
             "WHERE job_id = $1 AND status = 'placed' RETURNING expected_end", payload.job_id,
             payload.started_at.timestamp())
         if expected_end is not None and payload.job_id in self.placed:
@@ -236,7 +237,7 @@ class SchedulerService:
             await tx.conn.execute(
                 "UPDATE scheduler.jobs SET status = 'placed', placed_at = $2, bindings = $3, racks_spanned = $4, "
                 "blocks_spanned = $5, fencing_token = $6, reason = NULL, message = NULL, planned_start = NULL, "
-                "expected_end = $2::double precision + $7::double precision WHERE job_id = $1",
+                "started_at = NULL, expected_end = $2::double precision + $7::double precision WHERE job_id = $1",
                 placement.job_id, tx.now, json.dumps([b.model_dump(mode="json") for b in placement.bindings]),
                 placement.racks_spanned, placement.blocks_spanned, term, float(spec.max_runtime_s))
             resume_from = self.resume.pop(placement.job_id, None)

@@ -1,9 +1,10 @@
 """The scheduler's cluster read model, version 1: the one place other services read node facts and allocations.
 
 The scheduler owns what the cluster is (nodes as the executors announce them, their health and why it changed) and
-who holds which GPUs (placements, expected ends). It publishes them as the views `scheduler.v1_nodes` and
-`scheduler.v1_placements` (migrations/003_read_model.sql); this module is their typed, read-only accessor, so that
-no other service mirrors those facts into a table of its own or folds node events to rebuild them.
+who holds which GPUs (placements, the executor-reported start of each run, expected ends). It publishes them as
+the views `scheduler.v1_nodes` and `scheduler.v1_placements` (migrations/003_read_model.sql; `started_at` appended
+by 004); this module is their typed, read-only accessor, so that no other service mirrors those facts into a table
+of its own or folds node events to rebuild them.
 
 Readers get the owner's committed state at the moment they read, on their own connection (any isolation level,
 any transaction of theirs). Before the scheduler has ever started on this database the views do not exist: the
@@ -46,7 +47,8 @@ class NodeFact:
 @dataclass(frozen=True)
 class PlacementFact:
     """A job holding GPUs now: where (bindings), since when, and until when the scheduler expects it to hold them
-    (placement + max_runtime_s, then start + max_runtime_s once the executor reported the start)."""
+    (placement + max_runtime_s, then start + max_runtime_s once the executor reported the start). `started_at` is
+    that executor-reported start of this run (None until JobStarted reached the scheduler)."""
 
     job_id: str
     spec: JobSpec
@@ -55,12 +57,19 @@ class PlacementFact:
     placed_at: float
     expected_end: float
     fencing_token: int | None
+    started_at: float | None = None
+
+
+# Whether the views exist, and whether v1_placements has `started_at` yet (appended to v1 by migration 004: during a
+# rolling upgrade a new reader may meet a scheduler that has not migrated, and then reads NULL starts).
+_PUBLISHED = ("SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL AS published, "
+              "EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($2) AND attname = 'started_at' "
+              "AND NOT attisdropped) AS has_started_at")
 
 
 async def published(conn: Conn) -> bool:
     """Has the owner published the read model on this database (its migrations ran)?"""
-    return bool(await conn.fetchval("SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL",
-                                    NODES_VIEW, PLACEMENTS_VIEW))
+    return bool((await conn.fetchrow(_PUBLISHED, NODES_VIEW, PLACEMENTS_VIEW))["published"])
 
 
 @dataclass(frozen=True)
@@ -79,11 +88,18 @@ async def node_rows(conn: Conn, *, include_removed: bool = False) -> tuple[async
                                   f"{'' if include_removed else 'WHERE NOT removed '}ORDER BY name"))
 
 
-async def placement_rows(conn: Conn) -> tuple[asyncpg.Record, ...]:
-    if not await published(conn):
+async def placement_rows(conn: Conn, job_ids: Iterable[str] | None = None) -> tuple[asyncpg.Record, ...]:
+    """The placements in force, in placement order; only those of `job_ids` when given."""
+    state = await conn.fetchrow(_PUBLISHED, NODES_VIEW, PLACEMENTS_VIEW)
+    if not state["published"]:
         return ()
-    return tuple(await conn.fetch(f"SELECT job_id, spec, flavors, bindings, placed_at, expected_end, fencing_token "
-                                  f"FROM {PLACEMENTS_VIEW} ORDER BY placed_at, job_id"))
+    started = "started_at" if state["has_started_at"] else "NULL::double precision AS started_at"
+    select = (f"SELECT job_id, spec, flavors, bindings, placed_at, expected_end, fencing_token, {started} "
+              f"FROM {PLACEMENTS_VIEW}")
+    if job_ids is None:
+        return tuple(await conn.fetch(f"{select} ORDER BY placed_at, job_id"))
+    return tuple(await conn.fetch(f"{select} WHERE job_id = ANY($1::text[]) ORDER BY placed_at, job_id",
+                                  sorted(set(job_ids))))
 
 
 async def cluster_rows(conn: Conn) -> ClusterRows:
@@ -105,7 +121,8 @@ def placements_of(rows: Iterable[asyncpg.Record]) -> list[PlacementFact]:
                           flavors=json.loads(r["flavors"]),
                           bindings=tuple(GpuBinding.model_validate(b) for b in json.loads(r["bindings"] or "[]")),
                           placed_at=float(r["placed_at"]), expected_end=float(r["expected_end"]),
-                          fencing_token=r["fencing_token"]) for r in rows]
+                          fencing_token=r["fencing_token"],
+                          started_at=float(r["started_at"]) if r["started_at"] is not None else None) for r in rows]
 
 
 async def node_facts(conn: Conn, *, include_removed: bool = False) -> list[NodeFact]:
@@ -118,6 +135,6 @@ async def nodes(conn: Conn) -> list[NodeSpec]:
     return [f.spec for f in await node_facts(conn)]
 
 
-async def placements(conn: Conn) -> list[PlacementFact]:
-    """Every job holding GPUs now, in placement order (placed_at, job_id)."""
-    return placements_of(await placement_rows(conn))
+async def placements(conn: Conn, job_ids: Iterable[str] | None = None) -> list[PlacementFact]:
+    """Every job holding GPUs now (or those of `job_ids` that do), in placement order (placed_at, job_id)."""
+    return placements_of(await placement_rows(conn, job_ids))

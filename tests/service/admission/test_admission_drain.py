@@ -1,4 +1,4 @@
-"""stop_policy HoldAndDrain on real NATS + Postgres, admission and preemption services together: the queue admits
+"""stop_policy HoldAndDrain on real NATS + Postgres, admission, scheduler and preemption together: the queue admits
 nothing, its preemptible running job is checkpointed and evicted through the preemption protocol and comes back
 pending (held), its production job keeps running with its quota (production is never preempted), and a job inside
 its protection window is drained only when the window ends."""
@@ -14,14 +14,14 @@ import nats
 
 from services.admission.app import AdmissionService
 from services.preemption.app import PreemptionService
+from services.scheduler.app import SchedulerService
 from shared.clock import ManualClock
 from shared.config import parse_queues
 from shared.db import create_pool
-from shared.domain import CheckpointSpec, GpuBinding, JobSpec, NodeSpec, PodSet
+from shared.domain import CheckpointSpec, JobSpec, NodeSpec, PodSet
 from shared.events import (
     CheckpointRequested,
     JobCheckpointed,
-    JobPlaced,
     JobPreempted,
     JobStarted,
     JobSubmitted,
@@ -72,6 +72,9 @@ async def test_hold_and_drain_evicts_the_preemptible_running_job_keeps_productio
                                database_url=database_url)
     preemption = ServiceRuntime(PreemptionService(config, tick_s=0.05).spec(), nats_url=nats_url, pool=pool,
                                 clock=clock, database_url=database_url)
+    # places what admission admits: the running jobs preemption drains are read from its read model
+    scheduler = ServiceRuntime(SchedulerService().spec(), nats_url=nats_url, pool=pool, clock=clock,
+                               database_url=database_url)
 
     async def send(payload: Payload, subject: str | None = None) -> None:
         event = make_event(payload, source="test", time=utcnow_from(clock.now()))
@@ -90,33 +93,30 @@ async def test_hold_and_drain_evicts_the_preemptible_running_job_keeps_productio
         events = [json.loads(bytes(r["body"])) for r in rows]
         return [e["data"] for e in events if e["type"] == event_type]
 
+    await scheduler.start()
     await preemption.start()
     await admission.start()
     try:
         nodes = tuple(NodeSpec(name=f"n-{i}", gpus=8, gpu_model=MODEL, cpu_milli=96000, memory_mib=1 << 20,
                                rack="r-0", block="b-0") for i in range(3))
         await send(NodeInventory(nodes=nodes))
-        for i, (job_id, klass) in enumerate((("a-train", "normal"), ("a-serve", "production"))):
-            s = spec(job_id, klass)
-            await send(JobSubmitted(spec=s, submitted_at=utcnow_from(clock.now())), ns_subject("job.submitted.team-a"))
-            await until(lambda j=job_id: is_(j, "admitted"))
-            await send(JobPlaced(job_id=job_id, spec=s, placed_at=utcnow_from(clock.now()),
-                                 bindings=(GpuBinding(pod="main-0", node=f"n-{i}", gpu_indices=tuple(range(8))),)))
-            await send(JobStarted(job_id=job_id, started_at=utcnow_from(clock.now())))
 
-        async def running_in_preemption(count: int) -> bool:
-            n = await conn.fetchval("SELECT count(*) FROM preemption.jobs WHERE status = 'running'")
+        async def started(count: int) -> bool:  # placed by the scheduler, started by their executor
+            n = await conn.fetchval("SELECT count(*) FROM scheduler.v1_placements WHERE started_at IS NOT NULL")
             return bool(n == count)
 
-        await until(lambda: running_in_preemption(2))
+        async def run(s: JobSpec) -> None:
+            await send(JobSubmitted(spec=s, submitted_at=utcnow_from(clock.now())), ns_subject("job.submitted.team-a"))
+            await until(lambda: is_(s.job_id, "admitted"))
+            await until(lambda: conn.fetchval("SELECT true FROM scheduler.v1_placements WHERE job_id = $1", s.job_id))
+            await send(JobStarted(job_id=s.job_id, started_at=utcnow_from(clock.now())))
+
+        for n, (job_id, klass) in enumerate((("a-train", "normal"), ("a-serve", "production")), start=1):
+            await run(spec(job_id, klass))
+            await until(lambda n=n: started(n))
         clock.advance(3600)  # both are past their protection window
-        young = spec("a-young", "normal")  # starts now: inside its 600 s protection window
-        await send(JobSubmitted(spec=young, submitted_at=utcnow_from(clock.now())), ns_subject("job.submitted.team-a"))
-        await until(lambda: is_("a-young", "admitted"))
-        await send(JobPlaced(job_id="a-young", spec=young, placed_at=utcnow_from(clock.now()),
-                             bindings=(GpuBinding(pod="main-0", node="n-2", gpu_indices=tuple(range(8))),)))
-        await send(JobStarted(job_id="a-young", started_at=utcnow_from(clock.now())))
-        await until(lambda: running_in_preemption(3))
+        await run(spec("a-young", "normal"))  # starts now: inside its 600 s protection window
+        await until(lambda: started(3))
 
         await send(QueueConfigChanged(config=queues("HoldAndDrain"), changed_by="admin"))
 
@@ -152,6 +152,7 @@ async def test_hold_and_drain_evicts_the_preemptible_running_job_keeps_productio
     finally:
         await admission.stop()
         await preemption.stop()
+        await scheduler.stop()
         await nc.close()
         await conn.close()
         await pool.close()

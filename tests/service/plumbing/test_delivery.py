@@ -12,6 +12,7 @@ import nats
 import pytest
 import pytest_asyncio
 
+from shared.bus import streams
 from shared.clock import ManualClock
 from shared.db import create_pool
 from shared.domain import JobSpec, PodSet
@@ -232,3 +233,74 @@ async def test_memory_is_rebuilt_after_a_failed_unit_of_work(fresh: tuple[str, s
     assert await runtime.handle(encode_event(submitted("job-8"))) == "handled"
     assert reloads == 1 and seen == {"job-8"}  # ...and was rebuilt from the tables before the next event
     await runtime.stop()
+
+
+async def test_a_consumer_follows_the_handlers_filter_in_place_keeping_its_position(
+        fresh: tuple[str, str], pool: asyncpg.Pool) -> None:
+    """A service that handles fewer event types of a stream than when its consumer was made (several: the stream's
+    pattern; one: its subject) has the consumer's filter narrowed at start, so the others are no longer delivered,
+    and widened again when it handles more; the consumer keeps its position, so nothing is handled twice or lost."""
+    nats_url, _ = fresh
+    svc = CountingService()
+    ignored: list[str] = []
+
+    async def on_completed(tx: Tx, event: CloudEvent, payload: JobCompleted) -> None:
+        ignored.append(payload.job_id)
+
+    def runtime(*, completed: bool) -> ServiceRuntime:
+        handlers = {JobSubmitted: svc.on_submitted, **({JobCompleted: on_completed} if completed else {})}
+        return ServiceRuntime(ServiceSpec(name="plumbingfilter", schema=SCHEMA, handlers=handlers), nats_url=nats_url,
+                              pool=pool, clock=ManualClock())
+
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    stream = next(s.name for s in streams() if s.name.endswith("_JOBS"))
+
+    async def consumer() -> tuple[str, int, int]:
+        info = await js.consumer_info(stream, "plumbingfilter-job")
+        return info.config.filter_subject, info.delivered.consumer_seq, info.num_pending
+
+    async def settled() -> bool:
+        return (await consumer())[2] == 0 and svc.calls >= 1
+
+    try:
+        wide = runtime(completed=True)
+        await wide.start()
+        await publish_event(js, submitted("j1"), ns_subject("job.submitted.team-a"))  # emits JobCompleted(j1)
+        await wait_for(lambda: _eq(lambda: ignored, ["j1"]))
+        await wide.stop()
+        assert (await consumer())[0] == ns_subject("job.>")
+
+        narrow = runtime(completed=False)
+        await narrow.start()
+        try:
+            assert (await consumer())[0] == JobSubmitted.subscription()
+            await wait_for(settled)
+            before = (await consumer())[1]
+            for job_id in ("x1", "x2", "x3"):
+                await publish_event(js, make_event(JobCompleted(job_id=job_id, finished_at=T0), source="test", time=T0),
+                                    ns_subject("job.completed"))
+            await publish_event(js, submitted("j2"), ns_subject("job.submitted.team-a"))
+            await wait_for(lambda: _positive(count(pool, "j2")))
+            await wait_for(settled)
+            assert (await consumer())[1] - before == 1  # only j2's submission was delivered: no JobCompleted
+            assert await count(pool, "j1") == 1  # its position was kept: nothing handled again
+        finally:
+            await narrow.stop()
+
+        wide = runtime(completed=True)
+        await wide.start()
+        try:
+            assert (await consumer())[0] == ns_subject("job.>")
+            await publish_event(js, make_event(JobCompleted(job_id="x4", finished_at=T0), source="test", time=T0),
+                                ns_subject("job.completed"))
+            await wait_for(lambda: _eq(lambda: ignored[-1:], ["x4"]))
+            assert "x1" not in ignored  # from where it was: not the events published while it filtered narrower
+        finally:
+            await wide.stop()
+    finally:
+        await nc.close()
+
+
+async def _positive(value) -> bool:  # type: ignore[no-untyped-def]
+    return bool(await value)

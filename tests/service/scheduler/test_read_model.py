@@ -3,6 +3,8 @@ what other services read instead of mirroring nodes and placements, on a real sc
 
 from __future__ import annotations
 
+import contextlib
+from dataclasses import replace
 from datetime import timedelta
 
 import asyncpg
@@ -17,6 +19,10 @@ from shared.events import JobCompleted, JobStarted, NodeChanged, NodeInventory, 
 from shared.namespace import subject as ns_subject
 from shared.service import ServiceRuntime
 from tests.service.scheduler.test_scheduler_service import NODES, T0, admitted, wait_for
+
+
+class Rollback(Exception):
+    pass
 
 
 async def test_nodes_and_placements_as_the_scheduler_knows_them(fresh: tuple[str, str]) -> None:
@@ -61,6 +67,9 @@ async def test_nodes_and_placements_as_the_scheduler_knows_them(fresh: tuple[str
         assert p.job_id == "small" and p.flavors == {"main": "H100"}
         assert sum(len(b.gpu_indices) for b in p.bindings) == 4 and p.fencing_token is not None
         assert p.expected_end == p.placed_at + p.spec.max_runtime_s  # before the start: from the placement
+        assert p.started_at is None
+        assert await readmodel.placements(conn, ["small", "unknown"]) == [p]  # a reader may ask for some jobs only
+        assert await readmodel.placements(conn, []) == []
         await send(JobStarted(job_id="small", started_at=T0 + timedelta(seconds=30)))
 
         async def started() -> bool:
@@ -69,6 +78,21 @@ async def test_nodes_and_placements_as_the_scheduler_knows_them(fresh: tuple[str
         await wait_for(started)
         (p,) = await readmodel.placements(conn)
         assert p.expected_end == T0.timestamp() + 30 + p.spec.max_runtime_s  # the real start + the user's limit
+        assert p.started_at == T0.timestamp() + 30  # the executor-reported start (v1 column added by 004)
+
+        # A reader one release ahead of the scheduler (rolling upgrade: the view as 003 made it, no started_at)
+        # reads the other columns as before and no start.
+        with contextlib.suppress(Rollback):
+            async with conn.transaction():
+                await conn.execute("DROP VIEW scheduler.v1_placements")
+                await conn.execute(
+                    "CREATE VIEW scheduler.v1_placements AS SELECT job_id, spec, flavors, bindings, placed_at, "
+                    "coalesce(expected_end, placed_at + (spec ->> 'max_runtime_s')::double precision) "
+                    "AS expected_end, fencing_token FROM scheduler.jobs WHERE status = 'placed'")
+                (old,) = await readmodel.placements(conn)
+                assert old == replace(p, started_at=None)
+                raise Rollback
+        assert await readmodel.placements(conn) == [p]  # rolled back: the view as 004 made it
         await send(JobCompleted(job_id="small", finished_at=T0))
 
         async def released() -> bool:

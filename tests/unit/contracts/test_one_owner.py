@@ -1,7 +1,8 @@
 """Each fact has one owner (docs/architecture.md, "Who owns which fact"): the scheduler owns the nodes and the
 allocations, and other services read its read model (services/scheduler/readmodel.py) or take events, never
 keep a table of them. These checks fail on the code before the read model: admission, preemption, metering and
-telemetry each created a `nodes` table and consumed the inventory to fill it."""
+telemetry each created a `nodes` table and consumed the inventory to fill it; and preemption kept a table of every
+job (spec, bindings, placement, start, status) from the job events."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from services.metering.app import SPEC as METERING
 from services.preemption.app import PreemptionService
 from services.scheduler.app import SchedulerService
 from services.telemetry.app import TelemetryService
+from shared.bus import consumer_plan
 from shared.config import parse_queues
-from shared.events import NodeChanged, NodeInventory
+from shared.events import JobCheckpointed, JobPlaced, NodeChanged, NodeInventory
 
 ROOT = Path(__file__).resolve().parents[3]
 QUEUES = parse_queues({"priority_classes": [{"name": "normal", "value": 1}],
@@ -49,3 +51,65 @@ def test_node_events_reach_only_the_owner_and_live_gauges() -> None:
     consumers = {s.name for s in specs for event in (NodeInventory, NodeChanged) if event in s.handlers}
     # Telemetry folds them into its gauges in memory only (it reloads nodes from the read model at start).
     assert consumers == {"scheduler", "telemetry"}
+
+
+# ---------------------------------------------------------------------- who holds which GPUs: the scheduler
+
+ALTER = re.compile(r"ALTER\s+TABLE\s+([a-z_]+)\.([a-z_]+)\s", re.I)
+ADD_COLUMN = re.compile(r"ADD\s+COLUMN\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)", re.I)
+DROP_COLUMN = re.compile(r"DROP\s+COLUMN\s+(?:IF\s+EXISTS\s+)?(\w+)", re.I)
+NOT_A_COLUMN = {"primary", "unique", "check", "foreign", "constraint", "exclude"}
+
+
+def column_names(body: str) -> set[str]:
+    """The column names of a CREATE TABLE's parenthesised body (commas inside parentheses split nothing)."""
+    depth, parts, part = 0, [], ""
+    for ch in body:
+        depth += (ch == "(") - (ch == ")")
+        if ch == "," and depth == 0:
+            parts, part = [*parts, part], ""
+        else:
+            part += ch
+    words = [p.split()[0].lower() for p in [*parts, part] if p.split()]
+    return {w for w in words if w not in NOT_A_COLUMN}
+
+
+def columns_after_migrations() -> dict[tuple[str, str], set[str]]:
+    """The columns of every table the services' migrations leave (CREATE TABLE, ALTER TABLE ... ADD / DROP COLUMN,
+    DROP TABLE), replayed in each service's order."""
+    tables: dict[tuple[str, str], set[str]] = {}
+    for directory in sorted((ROOT / "services").glob("*/migrations")):
+        for path in sorted(directory.glob("*.sql")):
+            sql = re.sub(r"--[^\n]*", "", path.read_text())
+            for statement in sql.split(";"):
+                if m := CREATE.search(statement):
+                    tables[(m[1].lower(), m[2].lower())] = column_names(
+                        statement[statement.index("(") + 1:statement.rindex(")")])
+                elif m := DROP.search(statement):
+                    tables.pop((m[1].lower(), m[2].lower()), None)
+                elif (m := ALTER.search(statement)) and (key := (m[1].lower(), m[2].lower())) in tables:
+                    tables[key] |= {c.lower() for c in ADD_COLUMN.findall(statement)}
+                    tables[key] -= {c.lower() for c in DROP_COLUMN.findall(statement)}
+    return tables
+
+
+def test_preemption_keeps_no_copy_of_placements_or_of_admission() -> None:
+    """The running jobs (spec, bindings, placement and start) are read from the scheduler's read model, a preemptor
+    from admission's: preemption's tables hold its protocol and the checkpoints it was told of, nothing else.
+    (Fails on the code before: preemption.jobs mirrored JobSubmitted/Admitted/Placed/Started and the ends.)"""
+    tables = columns_after_migrations()
+    assert "bindings" in tables[("scheduler", "jobs")]  # the replay sees the owner's columns
+    mine = {table: columns for (schema, table), columns in tables.items() if schema == "preemption"}
+    assert sorted(mine) == ["checkpoints", "config", "deferred", "preemptions", "requests"]
+    copied = {"spec", "bindings", "placed_at", "started_at", "status", "allowed_models", "flavors"}
+    assert {table: sorted(columns & copied) for table, columns in mine.items() if columns & copied} == {}
+
+
+def test_preemption_consumes_no_placement_and_no_job_event_but_the_checkpoint() -> None:
+    """It decides from the owners' read models, so the one job event it takes is its protocol's answer; its JOBS
+    consumer filters on that subject and receives no other job event (fewer deliveries per job)."""
+    spec = PreemptionService(QUEUES).spec()
+    assert JobPlaced not in spec.handlers
+    assert {cls for cls in spec.handlers if cls.aggregate == "job"} == {JobCheckpointed}
+    jobs = [subject for stream, subject, _ in consumer_plan(spec.handlers) if stream.name.endswith("_JOBS")]
+    assert jobs == [JobCheckpointed.subscription()]
