@@ -17,10 +17,10 @@ caps them only when a what-if run asks for it.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
-from collections.abc import Mapping
-from dataclasses import replace
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from services.preemption.core import (
@@ -28,6 +28,7 @@ from services.preemption.core import (
     RECLAIM,
     Preemptor,
     RunningJob,
+    Why,
     cooldown_verdict,
     priority_of,
     protection_ends,
@@ -41,6 +42,15 @@ from sim.engine import Preempted
 # How long before a running job's next periodic checkpoint its view is looked at again (seconds; far above the
 # rounding of a sum of floats of this size, far below any checkpoint interval).
 _DUE_MARGIN_S = 1e-3
+
+
+def _moved_checkpoint(job: RunningJob, last: float) -> RunningJob:
+    """`dataclasses.replace(job, last_checkpoint_at=last)`, without its per-call inspection of the fields (a
+    running job passes a periodic checkpoint many times in a long replay)."""
+    moved = object.__new__(RunningJob)
+    moved.__dict__.update(job.__dict__)
+    moved.__dict__["last_checkpoint_at"] = last
+    return moved
 
 
 def _last_checkpoint(started_at: float, interval: float, now: float) -> float:
@@ -59,8 +69,14 @@ class SimPreemption:
         self.by_queue: dict[str, list[float]] = {}
         self._jobs: dict[str, RunningJob] = {}  # job id -> its RunningJob for its current run
         self._seen: dict[str, Any] = {}  # the policy's running jobs (RunningInfo) when `_jobs` was last synced
+        self._log: list[str] | None = None  # the policy's running log (job ids that started or stopped) ...
+        self._log_at = 0  # ... and how much of it `_jobs` has seen
         self._due: list[tuple[float, str, float]] = []  # (next checkpoint due, job id, its run's start)
+        self._ids: list[str] = []  # `_jobs`' ids, sorted
         self._list: list[RunningJob] = []  # `_jobs` in job id order
+        self._usage: dict[str, dict[str, int]] = {}  # usage_by_queue(self._list), kept as jobs come and go
+        self._jobs_of: dict[str, int] = {}  # queue -> its running jobs
+        self._holders: dict[tuple[str, str], int] = {}  # (queue, resource) -> its running jobs holding some
         self.protected_violations = 0  # victims inside the window or of non-preemptible classes (must stay 0)
         # after a call: when the first job that protected itself from a request (young) leaves its window
         self.next_wake: float | None = None
@@ -68,26 +84,39 @@ class SimPreemption:
     def _running(self, ctx: Any) -> list[RunningJob]:
         """The running jobs as the preemption core sees them, in job id order. Each is built once per run
         (start) and only its last periodic checkpoint is moved as time passes: rebuilding every running job
-        on every call was a third of a deep-backlog replay. Kept incrementally: the list is rebuilt only when
-        the running jobs changed (the policy's dict compared with the one last seen: the same RunningInfo
-        objects compare by identity) or a job passed a checkpoint (a heap of when each job's next periodic
-        checkpoint is due); a scan of every running job on every call was a seventh of the 60-day replay."""
+        on every call was a third of a deep-backlog replay. Kept incrementally, with their usage per queue
+        (`usage_by_queue` of the list): only the jobs that started or stopped since the last call are looked
+        at (the policy's `running_log` names them; without one, the policy's dict is compared with the one
+        last seen, the same RunningInfo objects comparing by identity), and the jobs that passed a periodic
+        checkpoint (a heap of when each one is due); a scan of every running job on every call was a seventh
+        of the 60-day replay."""
         running: Mapping[str, Any] = ctx.running
         now: float = ctx.now
         jobs = self._jobs
-        changed = False
-        if running != self._seen:
-            for job_id in [j for j in jobs if j not in running]:
-                del jobs[job_id]
-            for job_id, info in running.items():
-                job = jobs.get(job_id)
-                if job is None or job.started_at != info.started_at:
-                    job = jobs[job_id] = self._build(job_id, info, now)
-                    interval = info.spec.checkpoint.interval_s
-                    if interval:
-                        heapq.heappush(self._due, (self._next_due(job, interval), job_id, info.started_at))
-            self._seen = dict(running)
-            changed = True
+        log: list[str] | None = getattr(ctx, "running_log", None)
+        if log is None or log is not self._log:
+            # no log (or a new one): every job whose run differs from the one last seen
+            changed: Iterable[str] = ()
+            if running != self._seen:
+                changed = [j for j in jobs if j not in running] + list(running)
+                self._seen = dict(running)
+            if log is not None:
+                self._log, self._log_at = log, len(log)
+        else:  # the same log as last time: what was appended since
+            changed = dict.fromkeys(self._log[self._log_at:])
+            self._log_at = len(self._log)
+        for job_id in changed:
+            info = running.get(job_id)
+            job = jobs.get(job_id)
+            if info is None:
+                if job is not None:
+                    self._drop(job_id, job)
+            elif job is None or job.started_at != info.started_at:
+                built = self._build(job_id, info, now)
+                self._put(job_id, built, job)
+                interval = info.spec.checkpoint.interval_s
+                if interval:
+                    heapq.heappush(self._due, (self._next_due(built, interval), job_id, info.started_at))
         due = self._due
         while due and due[0][0] <= now:
             _, job_id, started_at = heapq.heappop(due)
@@ -97,13 +126,52 @@ class SimPreemption:
             interval = running[job_id].spec.checkpoint.interval_s
             last = _last_checkpoint(started_at, interval, now)
             if last != job.last_checkpoint_at:
-                job = jobs[job_id] = replace(job, last_checkpoint_at=last)
-                changed = True
+                job = _moved_checkpoint(job, last)
+                self._put(job_id, job, jobs[job_id])
             heapq.heappush(due, (max(self._next_due(job, interval), math.nextafter(now, math.inf)), job_id,
                                  started_at))
-        if changed:
-            self._list = [jobs[j] for j in sorted(jobs)]
         return self._list
+
+    def _put(self, job_id: str, job: RunningJob, old: RunningJob | None) -> None:
+        """`job` is now `job_id`'s view (replacing `old`), in `_list` at its place in job id order."""
+        self._jobs[job_id] = job
+        i = bisect.bisect_left(self._ids, job_id)
+        if old is not None:
+            self._list[i] = job
+            self._count(old, -1)
+        else:
+            self._ids.insert(i, job_id)
+            self._list.insert(i, job)
+        self._count(job, 1)
+
+    def _drop(self, job_id: str, job: RunningJob) -> None:
+        del self._jobs[job_id]
+        i = bisect.bisect_left(self._ids, job_id)
+        del self._ids[i]
+        del self._list[i]
+        self._count(job, -1)
+
+    def _count(self, job: RunningJob, sign: int) -> None:
+        """Add (sign 1) or take away (-1) the job's usage in `_usage`, which holds, as `usage_by_queue` of the
+        running jobs does, a queue while one of its jobs runs and a resource while one of its jobs holds it."""
+        q = job.queue
+        jobs_of = self._jobs_of
+        left = jobs_of.get(q, 0) + sign
+        usage = self._usage.setdefault(q, {})
+        for r, amount in job.usage.items():
+            key = (q, r)
+            held = self._holders.get(key, 0) + sign
+            if held:
+                self._holders[key] = held
+                usage[r] = usage.get(r, 0) + sign * amount
+            else:
+                del self._holders[key]
+                del usage[r]
+        if left:
+            jobs_of[q] = left
+        else:
+            del jobs_of[q]
+            del self._usage[q]
 
     def _build(self, job_id: str, info: Any, now: float) -> RunningJob:
         spec: JobSpec = info.spec
@@ -130,6 +198,9 @@ class SimPreemption:
         running = self._running(ctx)
         self.next_wake = None
         usage_by_allocation = ctx.cluster.allocations()
+        # every running job holds its allocation (the usual case): until a victim is taken, a request judges the
+        # whole list, whose usage per queue is kept
+        whole = ctx.running.keys() <= usage_by_allocation.keys()
         requests: list[tuple[str, str, dict[str, int], dict[str, int], int | None]] = []
         for u in ctx.unplaceable:
             requests.append((u.job_id, PRIORITY, {}, {}, None))
@@ -138,7 +209,9 @@ class SimPreemption:
                              dict(getattr(r, "own_need", {})), getattr(r, "max_victim_priority", None)))
         taken: set[str] = set()
         out: list[Any] = []
-        cluster = ctx.cluster.copy()  # victims of earlier preemptors this cycle are released on the copy
+        # victims of earlier preemptors this cycle are released on a copy, made at the first victim (selection
+        # only queries the state: until then the live one answers the same)
+        cluster = ctx.cluster
         # Every request is decided, as the preemption service decides every PreemptionRequested it receives;
         # a cap (for what-if runs) keeps the first ones in order: unplaceable admitted jobs, then reclaims.
         cap = self.max_preemptors_per_cycle
@@ -150,8 +223,12 @@ class SimPreemption:
                                   kind=spec.kind, spec=spec, reason=reason,
                                   allowed_models=tuple(sorted({k.split(":", 1)[0] for k in need})), need=need,
                                   own_need=own_need, max_victim_priority=max_victim)
-            alive = [j for j in running if j.job_id not in taken and j.job_id in usage_by_allocation]
-            sel = select_victims(preemptor, alive, cluster, self.config, ctx.now, exact_pool=6)
+            if whole and not taken:
+                alive, usage = running, self._usage
+            else:
+                alive = [j for j in running if j.job_id not in taken and j.job_id in usage_by_allocation]
+                usage = None
+            sel = select_victims(preemptor, alive, cluster, self.config, ctx.now, exact_pool=6, usage=usage)
             if not sel.victims:
                 self._wake_when_unprotected(alive, sel.rejected, ctx.now)
                 continue
@@ -168,14 +245,18 @@ class SimPreemption:
                     lost = job.lost_gpu_seconds(ctx.now)
                 out.append(Preempted(job_id=v, lost_gpu_s=lost, reason=reason))
                 taken.add(v)
+                if cluster is ctx.cluster:
+                    cluster = ctx.cluster.copy()
                 cluster.release(v)
                 recent.append(ctx.now)
                 self.last_preempted[v] = ctx.now
         return out
 
     def _wake_when_unprotected(self, alive: list[RunningJob], rejected: Mapping[str, str], now: float) -> None:
-        # the same rule as the service's deferred requests (services/preemption/app.py)
-        until = protection_ends(alive, rejected, now, self.config.policy.protection_window_s)
+        # the same rule as the service's deferred requests (services/preemption/app.py), asked of the jobs it can
+        # find (rejected as just started; `rejected` judged exactly `alive`) instead of every running job
+        young = [self._jobs[j] for j, why in rejected.items() if why == Why.JUST_STARTED]
+        until = protection_ends(young, rejected, now, self.config.policy.protection_window_s)
         if until is not None:
             self.next_wake = until if self.next_wake is None else min(self.next_wake, until)
 

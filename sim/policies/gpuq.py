@@ -47,6 +47,9 @@ class PreemptionContext:
     running: dict[str, RunningInfo]
     protection_window_s: int
     checkpoint_grace_s: int
+    # every job id that entered or left `running`, in order, since the policy's setup (the hook keeps its view
+    # of the running jobs by reading what was appended since its last call)
+    running_log: list[str] | None = None
 
 
 PreemptionHook = Callable[[PreemptionContext], list[Preempted]]
@@ -98,6 +101,7 @@ class GpuqPolicy:
         self.submitted: dict[str, tuple[JobSpec, float]] = {}
         self.waiting: dict[str, Any] = {}  # admitted but not placed: job -> pipeline WaitingJob
         self.running: dict[str, RunningInfo] = {}
+        self.running_log: list[str] = []  # job ids, each time one enters or leaves `running`
         self._running_jobs: dict[str, Any] = {}  # job_id -> scheduler RunningJob
         # their (expected end, job id), kept sorted for the scheduler (sorting them all again every cycle grew
         # with the cluster)
@@ -174,7 +178,8 @@ class GpuqPolicy:
         self._reclaims_sent.discard(job_id)
         self.cluster.release(job_id)
         self.adm.finish(job_id)
-        self.running.pop(job_id, None)
+        if self.running.pop(job_id, None) is not None:
+            self.running_log.append(job_id)
         self._stop_running(job_id)
         self.submitted.pop(job_id, None)
         self._allocated -= self.milli.pop(job_id, 0)
@@ -210,6 +215,7 @@ class GpuqPolicy:
             w = self.waiting.pop(job_id)
             self._published.pop(job_id, None)
             self.running[job_id] = RunningInfo(w.spec, now, now + w.spec.max_runtime_s)
+            self.running_log.append(job_id)
             self._running_jobs[job_id] = RunningJob(job_id=job_id, expected_end=now + w.spec.max_runtime_s)
             bisect.insort(self._timeline, (now + w.spec.max_runtime_s, job_id))
             value, preemptible, _ = priority_of(self.trace.queues, w.spec)
@@ -241,7 +247,7 @@ class GpuqPolicy:
                                     unplaceable=[u for u in result.unplaceable if u.job_id in asks],
                                     reclaims=reclaims, running=self.running,
                                     protection_window_s=policy.protection_window_s,
-                                    checkpoint_grace_s=policy.checkpoint_grace_s)
+                                    checkpoint_grace_s=policy.checkpoint_grace_s, running_log=self.running_log)
             victims = self.preemption_hook(ctx)
             for v in victims:
                 self._requeue(v.job_id, now)
@@ -296,6 +302,7 @@ class GpuqPolicy:
         info = self.running.pop(job_id, None)
         if info is None:
             return
+        self.running_log.append(job_id)
         self._stop_running(job_id)
         self._forget_class(job_id)
         self._reclaims_sent.discard(job_id)
@@ -333,6 +340,7 @@ class GpuqPolicy:
         from services.scheduler.core import fragmentation
 
         waiting = [w.spec for _, w in sorted(self.waiting.items())]
-        waiting += [spec for job_id, (spec, _) in sorted(self.submitted.items())
-                    if job_id not in self.running and job_id not in self.waiting][:200]
+        # the first 200 of the jobs not yet admitted, in job id order (filtered before sorting: a deep backlog)
+        waiting += [self.submitted[job_id][0] for job_id in sorted(
+            j for j in self.submitted if j not in self.running and j not in self.waiting)[:200]]
         return int(fragmentation(self.cluster, waiting)) if waiting else 0

@@ -43,7 +43,7 @@ from shared.config import FairSharingStrategy, PreemptionPolicy, StopPolicy
 
 
 class _Fit:
-    __slots__ = ("borrowing", "choice", "usage", "usage_id", "version")
+    __slots__ = ("borrowing", "choice", "share", "usage", "usage_id", "version")
 
     def __init__(self, choice: tuple[GpuOption, ...], usage: dict[str, int], borrowing: bool):
         self.choice = choice
@@ -51,6 +51,9 @@ class _Fit:
         self.borrowing = borrowing
         self.version = -1  # the memo version it was computed at (the memo stores results, not tuples)
         self.usage_id: int | None = None  # set by the lending-refusal memo when first needed
+        # the queue's fair share after admitting `usage` (`_key`), set when first needed: it reads the queue's
+        # usage, which only an admission in its scope changes, and that retires this fit (a new memo version)
+        self.share: float | None = None
 
 
 class _Pledge:
@@ -802,8 +805,10 @@ class _Cycle:
     def _key(self, qq: QueueQuota, e: Entry, fit: _Fit) -> tuple[int, float, float, str]:
         # e.order[1]: the submit time, or the duration-aware order time when a prediction was given
         # plus the queue's historic borrowing when the caller gave usage history (core/history.py)
-        share = self.book.share(qq, fit.usage) + self.state.history_share(qq.name)
-        return (-e.priority, share, e.order[1], e.job_id)
+        share = fit.share
+        if share is None:
+            share = fit.share = self.book.share(qq, fit.usage)
+        return (-e.priority, share + self.state.history_share(qq.name), e.order[1], e.job_id)
 
     # ------------------------------------------------------------------ reasons
 

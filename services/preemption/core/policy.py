@@ -21,7 +21,7 @@ Order of the checks (first failing rule is reported, so the reason a user sees i
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 from shared.config import PreemptionPolicy, QueuesConfig
 from shared.domain import JobKind
@@ -139,6 +139,95 @@ def victim_verdict(preemptor: Preemptor, job: RunningJob, config: QueuesConfig,
         # only steers which borrower is taken (selection prefers the least lost work).
         return Why.TOO_MUCH_LOST_WORK
     return None
+
+
+def victim_verdicts(preemptor: Preemptor, jobs: Iterable[RunningJob], config: QueuesConfig,
+                    usage: Mapping[str, Mapping[str, int]], now: float, busy: Collection[str] = ()
+                    ) -> tuple[dict[str, str], list[RunningJob]]:
+    """`victim_verdict` of every job, in order: (job id -> the reason it may not be taken, the jobs that may).
+    A job in `busy` is `Why.BEING_PREEMPTED`. Victim selection judges every running job for every request, so
+    what depends only on the preemptor, or on it and the job's queue (rule 3: the queue rules, whether the queue
+    borrows), is worked out once per queue here; the rules and their order are `victim_verdict`'s."""
+    rejected: dict[str, str] = {}
+    eligible: list[RunningJob] = []
+    pid, priority, cap = preemptor.job_id, preemptor.priority, preemptor.max_victim_priority
+    training = preemptor.kind is JobKind.TRAINING
+    inference = JobKind.INFERENCE
+    window_s = config.policy.protection_window_s
+    bound = config.policy.max_victim_loss_s
+    # a preemptor that borrows reclaims no guarantee: the loss bound holds for other queues' victims too
+    reclaims_nominal = preemptor.reason == RECLAIM and preemptor.max_victim_priority is None
+    # queue -> (its rule-3 verdict, or None with: any priority, the borrow_within_cohort cap applies,
+    # the loss bound applies)
+    gates: dict[str, tuple[str | None, bool, bool, bool]] = {}
+    resources = needed_resources(preemptor)
+    for job in jobs:
+        jid = job.job_id
+        if jid in busy:
+            rejected[jid] = Why.BEING_PREEMPTED
+            continue
+        if jid == pid:
+            rejected[jid] = Why.SELF
+            continue
+        if job.production:
+            rejected[jid] = Why.PRODUCTION
+            continue
+        if not job.preemptible:
+            rejected[jid] = Why.NOT_PREEMPTIBLE
+            continue
+        if training and job.kind is inference:
+            rejected[jid] = Why.INFERENCE
+            continue
+        gate = gates.get(job.queue)
+        if gate is None:
+            gate = gates[job.queue] = _queue_gate(preemptor, job.queue, config, usage, resources, reclaims_nominal)
+        why, any_priority, capped, loss_applies = gate
+        if why is not None:
+            rejected[jid] = why
+            continue
+        if capped and cap is not None and job.priority > cap:
+            rejected[jid] = Why.NOT_LOWER_PRIORITY
+            continue
+        if not any_priority and job.priority >= priority:
+            rejected[jid] = Why.NOT_LOWER_PRIORITY
+            continue
+        if window_s > 0:  # `protection`
+            if now - job.started_at < window_s:
+                rejected[jid] = Why.JUST_STARTED
+                continue
+            if job.started_at + job.max_runtime_s - now < window_s:
+                rejected[jid] = Why.NEAR_END
+                continue
+        if (loss_applies and bound is not None and job.gpus > 0
+                and job.lost_gpu_seconds(now) / job.gpus > bound):  # `exceeds_loss_bound`
+            rejected[jid] = Why.TOO_MUCH_LOST_WORK
+            continue
+        eligible.append(job)
+    return rejected, eligible
+
+
+def _queue_gate(preemptor: Preemptor, queue: str, config: QueuesConfig, usage: Mapping[str, Mapping[str, int]],
+                resources: tuple[str, ...], reclaims_nominal: bool) -> tuple[str | None, bool, bool, bool]:
+    """Rule 3 of `victim_verdict` for a job of `queue` (rules 1-2 passed; `resources`: the preemptor's
+    `needed_resources`): (the verdict, or None and: any priority may be taken, the borrow_within_cohort cap
+    applies, the loss bound applies)."""
+    pq = config.queue_map.get(preemptor.queue)
+    if pq is None:
+        return Why.OTHER_COHORT, False, False, False
+    if queue == preemptor.queue:
+        if preemptor.reason == RECLAIM and not preemptor.own_need:
+            return Why.RECLAIM_SAME_QUEUE, False, False, False
+        if pq.preemption.within_queue is PreemptionPolicy.NEVER:
+            return Why.WITHIN_QUEUE_NEVER, False, False, False
+        return None, False, False, True
+    vq = config.queue_map.get(queue)
+    if pq.cohort is None or vq is None or config.cohort_root(vq.cohort) != config.cohort_root(pq.cohort):
+        return Why.OTHER_COHORT, False, False, False
+    if pq.preemption.reclaim_within_cohort is PreemptionPolicy.NEVER:
+        return Why.RECLAIM_NEVER, False, False, False
+    if not is_borrowing(queue, resources, usage, config):
+        return Why.NOT_BORROWING, False, False, False
+    return None, pq.preemption.reclaim_within_cohort is PreemptionPolicy.ANY, True, not reclaims_nominal
 
 
 def exceeds_loss_bound(job: RunningJob, config: QueuesConfig, now: float) -> bool:

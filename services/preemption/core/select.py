@@ -25,11 +25,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import combinations
 
-from services.scheduler.core import ClusterState, Placement
+from services.scheduler.core import ClusterState, may_fit_if_released
 from shared.config import QueuesConfig
 
-from .model import RECLAIM, Preemptor, RunningJob, Selection, usage_by_queue
-from .policy import exceeds_loss_bound, needed_resources, victim_verdict
+from .model import RECLAIM, Preemptor, RunningJob, Selection, by_job_id, summed_usage
+from .policy import exceeds_loss_bound, needed_resources, victim_verdicts
 
 EXACT_POOL = 8  # pools up to this size are searched exhaustively (2^8 subsets, most pruned cheaply)
 MAX_FITS_CHECKS = 512
@@ -96,8 +96,14 @@ class _Checker:
         ok = self.need_ok(jobs) and (not guarantees or self.guarantees_ok(jobs))
         if ok:
             self.checks += 1
-            result = self.cluster.fits_if_released(self.p.spec, sorted(key), self.p.allowed_models or None)
-            ok = isinstance(result, Placement)
+            # only whether it fits is read: a count of the pods that would fit answers, far cheaper than releasing
+            # the victims on a copy and placing, unless several pod sets must start; then the placement (without
+            # the diagnosis of a refusal) does
+            spec, allowed = self.p.spec, self.p.allowed_models
+            counted = may_fit_if_released(self.cluster, spec, allowed, key)
+            if counted is None:
+                counted = self.cluster.try_place_if_released(spec, key, allowed or None) is not None
+            ok = counted
         if guarantees:
             self.memo[key] = ok
         return ok
@@ -136,31 +142,20 @@ def _exact(pool: Sequence[RunningJob], check: _Checker, now: float) -> list[Runn
 
 def select_victims(preemptor: Preemptor, running: Sequence[RunningJob], cluster: ClusterState,
                    config: QueuesConfig, now: float, *, busy: Iterable[str] = (),
-                   exact_pool: int = EXACT_POOL) -> Selection:
+                   exact_pool: int = EXACT_POOL, usage: Mapping[str, Mapping[str, int]] | None = None
+                   ) -> Selection:
     """Choose victims for `preemptor`. `busy`: jobs already in a preemption protocol (never chosen twice).
+    `usage`: `usage_by_queue(running)`, when the caller keeps it (else it is summed here).
 
     `cluster` is only queried (what-if copies); the caller acts on the returned selection."""
-    busy_set = set(busy)
-    ordered = sorted(running, key=lambda j: j.job_id)
-    usage = usage_by_queue(ordered)
-    rejected: dict[str, str] = {}
-    eligible: list[RunningJob] = []
-    borrowing: dict[str, bool] = {}  # queue -> borrowing a resource the preemptor needs (same for its jobs)
-    for job in ordered:
-        if job.job_id in busy_set:
-            rejected[job.job_id] = "AlreadyBeingPreempted"
-            continue
-        why = victim_verdict(preemptor, job, config, usage, now, borrowing)
-        if why is None:
-            eligible.append(job)
-        else:
-            rejected[job.job_id] = why
+    ordered = sorted(running, key=by_job_id)
+    if usage is None:
+        usage = summed_usage(ordered)
+    rejected, eligible = victim_verdicts(preemptor, ordered, config, usage, now, set(busy))
     check = _Checker(preemptor, cluster, usage, config)
-    if not preemptor.for_quota:
-        already = cluster.place(preemptor.spec, preemptor.allowed_models or None)
-        if isinstance(already, Placement):
-            return Selection((), 0.0, "FitsWithoutPreemption", "the preemptor fits without taking anything",
-                             rejected, 1)
+    if not preemptor.for_quota and cluster.try_place(preemptor.spec, preemptor.allowed_models or None) is not None:
+        return Selection((), 0.0, "FitsWithoutPreemption", "the preemptor fits without taking anything",
+                         rejected, 1)
     borrowers = [j for j in eligible if j.queue != preemptor.queue]
     own = [j for j in eligible if j.queue == preemptor.queue]
     tiers = [borrowers, borrowers + own] if borrowers and own else [eligible]

@@ -10,6 +10,7 @@ public API is what this module exports; modules inside it import one way only:
 from .cycle import Reservation, earliest_slot, schedule_cycle
 from .fragmentation import fragmentation, fragmented_gpus
 from .index import ClusterIndex, IndexedNode, NodeClass
+from .slot import may_fit_if_released
 from .state import STRATEGIES, ClusterState
 from .types import (
     CycleResult,
@@ -38,5 +39,6 @@ __all__ = [
     "earliest_slot",
     "fragmentation",
     "fragmented_gpus",
+    "may_fit_if_released",
     "schedule_cycle",
 ]

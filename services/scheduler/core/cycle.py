@@ -31,7 +31,7 @@ from shared.domain import JobSpec
 from .index import MISSING, ClusterIndex
 from .placer import place_job
 from .slot import Reservation, earliest_instant, earliest_slot
-from .staging import exclusions_for
+from .staging import exclusions_for, placement_shape
 from .types import CycleResult, PendingJob, Placement, Reason, RunningJob, Unplaceable
 
 # Reasons that releasing running jobs cannot cure: no reservation is searched for them.
@@ -101,7 +101,9 @@ _SlotMemo = tuple[JobSpec, list[tuple[float, str]], tuple[Reservation, ...], tup
 
 
 def _place(state: ClusterIndex, pj: PendingJob) -> Placement | Unplaceable:
-    """`place_job` without exclusions, remembered on the state until it changes."""
+    """`place_job` without exclusions, remembered on the state until it changes: per job, and a refusal also
+    per gang shape (`placement_shape`: everything of the spec the placer and its diagnosis read but the job id,
+    which they only write into the answer), so a backlog of jobs of one shape costs one attempt per state."""
     spec = pj.spec
     key = ("place", spec.job_id, pj.allowed_models)
     hit = state.state_memo(key)
@@ -109,7 +111,15 @@ def _place(state: ClusterIndex, pj: PendingJob) -> Placement | Unplaceable:
         seen, got = cast(_PlaceMemo, hit)
         if seen is spec or seen == spec:
             return got
-    got = place_job(state, spec, pj.allowed_models)
+    shape = ("refused", placement_shape(spec), pj.allowed_models)
+    refused = state.state_memo(shape)
+    if refused is not MISSING:
+        same = cast(Unplaceable, refused)
+        got = Unplaceable(spec.job_id, same.reason, same.message)
+    else:
+        got = place_job(state, spec, pj.allowed_models)
+        if isinstance(got, Unplaceable):
+            state.remember(shape, got)
     memo: _PlaceMemo = (spec, got)
     state.remember(key, memo)
     return got

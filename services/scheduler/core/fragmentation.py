@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from shared.domain import JobSpec, TopologyLevel
 
 from .index import ClusterIndex
-from .placer import place_job
-from .staging import Stage, domain_free, prepare, resolve
-from .types import Placement, Unplaceable
+from .placer import try_place
+from .staging import Stage, domain_free, placement_shape, prepare, resolve
+from .types import Unplaceable
 
 
 def _is_gang(spec: JobSpec) -> bool:
@@ -37,19 +37,17 @@ def fragmented_gpus(state: ClusterIndex, waiting: Sequence[JobSpec]) -> dict[str
     if not gangs:
         return dict.fromkeys(free, 0)
     usable: dict[str, int] = {}
-    seen: set[str] = set()
+    seen: set[tuple[object, ...]] = set()
     stage = Stage(state, None)
     nodes, order, classes = state.indexed_nodes, state.rank_order, state.classes
     for spec in gangs:
-        shape = spec.model_dump_json(exclude={"job_id", "team", "queue", "labels", "user", "priority_class"})
+        shape = placement_shape(spec)  # all that is read of the spec below
         if shape in seen:
             continue  # the same shape answers the same way
         seen.add(shape)
-        if not isinstance(place_job(state, spec, ()), Placement):
-            continue
         reqs = resolve(spec, ())
-        if isinstance(reqs, Unplaceable):
-            continue
+        if isinstance(reqs, Unplaceable) or try_place(state, spec, reqs) is None:
+            continue  # it cannot be placed now (the placement, without the diagnosis of why not)
         job = prepare(state, spec, reqs)
         level = spec.topology.required_level
         domains_ok: dict[str, int] | None = None

@@ -171,6 +171,32 @@ def _fits_empty(state: ClusterIndex, spec: JobSpec, starting: list[PodReq], leve
     return True
 
 
+def may_fit_if_released(state: ClusterIndex, spec: JobSpec, allowed: tuple[str, ...],
+                        victims: Iterable[str]) -> bool | None:
+    """Whether `ClusterState.fits_if_released(spec, victims, allowed)` would place the job, told by counting
+    instead of placing: with the victims' resources freed on a private view (the gate above), does every pod set
+    of the pods that must start have enough fitting pods on the READY nodes it may use (in one domain of a
+    required level, for one pod set)? A placement puts each of those pod sets on such nodes within their free
+    resources, so a no is False: no placement exists. A yes is True when those pods form one pod set, where the
+    gate is exact (see the module docstring); with several, None: only the placer can tell."""
+    reqs = resolve(spec, allowed)
+    if isinstance(reqs, Unplaceable):
+        return False
+    state.refresh_index()
+    starting = trim(reqs, spec.gang_size)
+    gate = _Gate(state, spec, reqs, starting, None)
+    touched: list[str] = []
+    for job_id in set(victims):  # each once: the view adds CPU and memory back per release
+        placement = state.placement_of(job_id)
+        if placement is not None:
+            touched.extend(gate.release(placement))
+    if touched:
+        gate.recount(dict.fromkeys(touched))
+    if not gate.holds():
+        return False
+    return True if len(starting) == 1 else None
+
+
 def earliest_slot(state: ClusterIndex, pj: PendingJob, timeline: Sequence[tuple[float, str]],
                   earlier: Sequence[Reservation], now: float) -> Reservation | None:
     """When and where the job starts if the running jobs end as expected (`timeline`: (expected end, job id)),
@@ -225,8 +251,8 @@ def earliest_instant(state: ClusterIndex, pj: PendingJob, timeline: Sequence[tup
             continue
         if future is None:
             future = state.copy()
-        for _, job_id in events[synced:i]:
-            future.release(job_id)  # idempotent: jobs not running, or named twice, change nothing
+        # idempotent: jobs not running, or named twice, change nothing
+        future.release_many(job_id for _, job_id in events[synced:i])
         synced = i
         got = try_place(future, spec, reqs, exclude)
         if got is not None:
@@ -235,4 +261,4 @@ def earliest_instant(state: ClusterIndex, pj: PendingJob, timeline: Sequence[tup
     return None
 
 
-__all__ = ["Reservation", "earliest_instant", "earliest_slot"]
+__all__ = ["Reservation", "earliest_instant", "earliest_slot", "may_fit_if_released"]

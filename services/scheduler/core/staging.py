@@ -95,6 +95,15 @@ def resolve(job: JobSpec, allowed: tuple[str, ...]) -> list[PodReq] | Unplaceabl
     return reqs
 
 
+def placement_shape(spec: JobSpec) -> tuple[object, ...]:
+    """Everything of a spec that placing it reads but its id (which placement only writes into its answer): the
+    pod sets as `resolve` reads them, `min_members` (the gang size), topology, tolerations and datasets. Two
+    specs of one shape get the same answer on the same state, but for the job id in it."""
+    return (tuple((ps.name, ps.count, ps.gpus_per_pod, ps.gpu_models, ps.mig_profile, ps.cpu_milli, ps.memory_mib)
+                  for ps in spec.pod_sets), spec.min_members, spec.topology.required_level,
+            spec.topology.preferred_level, spec.tolerations, spec.datasets)
+
+
 def trim(reqs: list[PodReq], pods: int) -> list[PodReq]:
     """Keep the first `pods` pods in pod-set order (min_members: the gang may start with fewer pods)."""
     out = []
@@ -276,6 +285,7 @@ __all__ = [
     "eligible",
     "exclusions_for",
     "models_text",
+    "placement_shape",
     "prepare",
     "resolve",
     "trim",

@@ -8,9 +8,24 @@ from itertools import combinations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.preemption.core import select_victims, set_key, usage_by_queue, victim_verdict
+from services.preemption.core import (
+    PRIORITY,
+    RECLAIM,
+    Preemptor,
+    RunningJob,
+    Why,
+    priority_of,
+    select_victims,
+    set_key,
+    usage_by_queue,
+    victim_verdict,
+)
+from services.preemption.core.model import summed_usage
+from services.preemption.core.policy import victim_verdicts
 from services.scheduler.core import Placement
-from tests.unit.preemption.builders import World, queues, spec
+from shared.config import QueuesConfig, parse_queues
+from shared.domain import JobKind
+from tests.unit.preemption.builders import MODEL, World, queues, spec
 
 NOW = 1_000_000.0
 CLASSES = ("low", "normal", "high")
@@ -87,3 +102,63 @@ def test_fits_if_released_leaves_the_state_unchanged(jobs, picks) -> None:  # ty
     assert w.cluster.free_gpus() == free_before
     # and the state still commits/releases as before: placing after a what-if behaves like before it
     assert set(w.cluster.allocations()) == {j.job_id for j in w.running}
+
+
+_POLICIES = ("Never", "LowerPriority", "Any")
+
+
+@st.composite
+def _judged(draw: st.DrawFn) -> tuple[QueuesConfig, list[RunningJob], Preemptor, set[str]]:
+    """A config with queues in two cohort trees (and one without a cohort), running jobs of every kind of victim
+    and a preemptor asking for any reason."""
+    names = ("qa", "qb", "qc", "qd", "solo")  # and "gone", a queue the config does not know
+    cohorts = {"qa": "left", "qb": "left-child", "qc": "left", "qd": "right", "solo": None}
+    config = parse_queues({
+        "priority_classes": [{"name": "production", "value": 1000, "preemptible": False},
+                             {"name": "high", "value": 500, "preemptible": False},
+                             {"name": "normal", "value": 100, "preemptible": True},
+                             {"name": "low", "value": 0, "preemptible": True}],
+        "cohorts": [{"name": "left"}, {"name": "left-child", "parent": "left"}, {"name": "right"}],
+        "queues": [{"name": q, **({"cohort": cohorts[q]} if cohorts[q] else {}),
+                    "quotas": {MODEL: {"nominal": draw(st.integers(0, 6))}},
+                    "preemption": {"within_queue": draw(st.sampled_from(_POLICIES)),
+                                   "reclaim_within_cohort": draw(st.sampled_from(_POLICIES))}} for q in names],
+        "policy": {"protection_window_s": draw(st.sampled_from((0, 600))),
+                   "max_victim_loss_s": draw(st.sampled_from((None, 0, 3000)))},
+    })
+    running = []
+    for i in range(draw(st.integers(0, 14))):
+        klass = draw(st.sampled_from((*CLASSES, "production")))
+        value, preemptible, production = priority_of(config, spec("x", klass=klass))
+        started = NOW - draw(st.integers(0, 50_000))
+        running.append(RunningJob(
+            job_id=f"j{i:02d}", queue=draw(st.sampled_from((*names, "gone"))), priority_class=klass,
+            priority=value, preemptible=draw(st.sampled_from((preemptible, False))) and not production,
+            production=production, kind=draw(st.sampled_from(tuple(JobKind))), gpus=float(draw(st.integers(0, 4))),
+            usage={MODEL: draw(st.integers(0, 4))} if draw(st.booleans()) else {}, started_at=started,
+            max_runtime_s=draw(st.integers(60, 100_000)),
+            last_checkpoint_at=draw(st.one_of(st.none(), st.just(started + 10.0))),
+            checkpointable=draw(st.booleans()), checkpoint_cost_s=draw(st.sampled_from((None, 30.0)))))
+    boss = spec(draw(st.sampled_from(("boss", "j00", "j01"))), queue=draw(st.sampled_from((*names, "gone"))),
+                klass=draw(st.sampled_from(CLASSES)), kind=draw(st.sampled_from(tuple(JobKind))))
+    need = {MODEL: draw(st.integers(1, 4))} if draw(st.booleans()) else {}
+    preemptor = Preemptor(job_id=boss.job_id, queue=boss.queue, priority=priority_of(config, boss)[0],
+                          kind=boss.kind, spec=boss, reason=draw(st.sampled_from((PRIORITY, RECLAIM))), need=need,
+                          own_need=need if draw(st.booleans()) else {},
+                          max_victim_priority=draw(st.sampled_from((None, 0, 100))))
+    busy = draw(st.sets(st.sampled_from([j.job_id for j in running] or ["none"]), max_size=2))
+    return config, running, preemptor, busy
+
+
+@settings(max_examples=300, deadline=None)
+@given(_judged())
+def test_verdicts_judged_together_are_each_jobs_own_verdict(
+        case: tuple[QueuesConfig, list[RunningJob], Preemptor, set[str]]) -> None:
+    config, running, preemptor, busy = case
+    usage = usage_by_queue(running)
+    rejected, eligible = victim_verdicts(preemptor, running, config, usage, NOW, busy)
+    one_by_one = {j.job_id: Why.BEING_PREEMPTED if j.job_id in busy
+                  else victim_verdict(preemptor, j, config, usage, NOW) for j in running}
+    assert list(rejected.items()) == [(j, why) for j, why in one_by_one.items() if why is not None]
+    assert [j.job_id for j in eligible] == [j for j, why in one_by_one.items() if why is None]
+    assert summed_usage(sorted(running, key=lambda j: j.job_id)) == usage

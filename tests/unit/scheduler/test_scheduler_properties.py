@@ -3,6 +3,7 @@ constraint respected, queries pure, backfill never delays the reservation."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 from hypothesis import given
@@ -14,8 +15,10 @@ from services.scheduler.core import (
     Placement,
     RunningJob,
     Unplaceable,
+    may_fit_if_released,
     schedule_cycle,
 )
+from services.scheduler.core.staging import placement_shape, resolve, trim
 from shared.domain import JobSpec, NodeHealth, NodeSpec, TaintEffect
 from tests.unit.scheduler.scheduler_strategies import MODELS, SETTINGS, clusters, jobs
 
@@ -163,3 +166,63 @@ def test_backfill_never_delays_the_reservation(data: st.DataObject, cluster: lis
             if end <= start:
                 future.release(jid)
         assert isinstance(future.place(specs[job_id]), Placement), (job_id, start)
+
+
+@given(data=st.data(), cluster=clusters())
+@SETTINGS
+def test_batched_releases_and_cheap_what_ifs_answer_what_one_by_one_releases_answer(data: st.DataObject,
+                                                                                   cluster: list[NodeSpec]) -> None:
+    """`release_many` leaves the state (and its buckets) that releasing the jobs one by one leaves;
+    `try_place_if_released` gives `fits_if_released`'s placement (None where it would explain a refusal); and
+    `may_fit_if_released` never contradicts it, and answers whenever the pods that must start form one pod set."""
+    state = ClusterState.from_nodes(cluster)
+    for i in range(data.draw(st.integers(0, 10))):
+        p = state.place(data.draw(jobs(f"r{i}")))
+        if isinstance(p, Placement):
+            state.commit(p)
+    if data.draw(st.booleans()) and cluster:  # a node that changed under its jobs (cordoned, or fewer GPUs)
+        node = data.draw(st.sampled_from(cluster))
+        state.upsert_node(node.model_copy(update={"health": NodeHealth.CORDONED, "gpus": node.gpus // 2}))
+    before = state.fingerprint()
+    victims = data.draw(st.lists(st.sampled_from([*sorted(state.allocations()), "ghost"]), max_size=6))
+    one_by_one, batched = state.copy(), state.copy()
+    for v in victims:
+        one_by_one.release(v)
+    batched.release_many(victims)
+    assert batched.fingerprint() == one_by_one.fingerprint()
+    assert batched.index_fingerprint() == one_by_one.index_fingerprint()
+    check_index_matches_a_rebuild(batched)
+    spec = data.draw(jobs("new"))
+    allowed = data.draw(st.sampled_from(((), ("H100-80GB",), MODELS)))
+    answer = state.fits_if_released(spec, victims, allowed)
+    assert state.try_place_if_released(spec, victims, allowed) == (answer if isinstance(answer, Placement) else None)
+    assert state.try_place(spec, allowed) == (lambda p: p if isinstance(p, Placement) else None)(state.place(spec,
+                                                                                                             allowed))
+    may = may_fit_if_released(state, spec, allowed, victims)
+    assert may is not False if isinstance(answer, Placement) else may is not True
+    resolved = resolve(spec, allowed)
+    if not isinstance(resolved, Unplaceable) and len(trim(resolved, spec.gang_size)) == 1:
+        assert may is not None  # one pod set must start: the count is exact
+    assert state.fingerprint() == before
+
+
+@given(data=st.data(), cluster=clusters())
+@SETTINGS
+def test_jobs_of_one_placement_shape_get_one_answer(data: st.DataObject, cluster: list[NodeSpec]) -> None:
+    """What the scheduler's refusal memo and the fragmentation count rely on: a spec's placement (or refusal,
+    reason and message) depends on its `placement_shape` only, the job id aside."""
+    state = ClusterState.from_nodes(cluster)
+    for i in range(data.draw(st.integers(0, 8))):
+        p = state.place(data.draw(jobs(f"r{i}")))
+        if isinstance(p, Placement):
+            state.commit(p)
+    spec = data.draw(jobs("one"))
+    twin = spec.model_copy(update={"job_id": "two", "team": "other", "queue": "other", "max_runtime_s": 7,
+                                   "priority_class": "high"})
+    assert placement_shape(twin) == placement_shape(spec)
+    allowed = data.draw(st.sampled_from(((), ("H100-80GB",), MODELS)))
+    first, second = state.place(spec, allowed), state.place(twin, allowed)
+    if isinstance(first, Placement):
+        assert isinstance(second, Placement) and second == dataclasses.replace(first, job_id="two")
+    else:
+        assert second == Unplaceable("two", first.reason, first.message)

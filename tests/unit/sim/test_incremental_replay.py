@@ -3,9 +3,9 @@
 A replay's decisions (every cycle's starts with their placements, preemptions with their lost work,
 rejections, wake-ups, and every job's record) are hashed; the same slice replayed with the scheduler's state
 memory switched off (`ClusterIndex.state_memo` always missing) must give the same hash. The preemption hook's
-incrementally kept view of the running jobs is compared with one built from scratch at every call, and the
-policy's lowest running preemptible priority and sorted timeline of expected ends with a scan after every
-cycle."""
+incrementally kept view of the running jobs (and their usage per queue) is compared with one built from scratch
+at every call, and the policy's lowest running preemptible priority and sorted timeline of expected ends with a
+scan after every cycle."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from services.preemption.core import RunningJob, priority_of
+from services.preemption.core import RunningJob, priority_of, usage_by_queue
 from services.scheduler.core.index import MISSING, ClusterIndex
 from sim.engine import CycleOutput, Engine
 from sim.model import Trace, TraceJob
@@ -99,6 +99,8 @@ def test_replay_with_memory_decides_what_replay_without_it_decides(opts: TraceOp
         got = kept_view(self, ctx)
         if got != _view_from_scratch(self, ctx):
             checks.append(f"t={ctx.now}: the preemption hook's view of the running jobs differs from a rebuild")
+        if self._usage != usage_by_queue(got):
+            checks.append(f"t={ctx.now}: the hook's usage per queue differs from the running jobs' usage")
         return got
 
     monkeypatch.setattr(SimPreemption, "_running", checked_view)
