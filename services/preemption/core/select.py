@@ -1,6 +1,6 @@
 """Victim selection: the least-lost-work set of eligible jobs whose release makes the preemptor placeable.
 
-1 filter     every running job through `policy.victim_verdict` (the reason is kept for visibility)
+1 filter     every running job through `policy.victim_verdicts` (`victim_verdict`'s rules, once per queue; reasons kept)
 2 tiers      borrowers of other queues first, then the preemptor's own queue (reclaim takes from
              borrowers first; ReclaimQuota only from borrowers): a later tier is tried only when the
              earlier ones together are not sufficient. A reclaim first tries the borrowers that would lose
