@@ -474,11 +474,15 @@ class AdmissionService:
             job_id, tx.now, outcome)
 
     async def on_preempted(self, tx: Tx, event: CloudEvent, payload: JobPreempted) -> None:
-        """A preempted job goes back to pending with its original submit time and resumes from its checkpoint."""
+        """A preempted job goes back to pending with its original submit time and resumes from its checkpoint.
+        Only an admitted job is taken: a preemption that crossed the job's end on the bus (it completed, failed or
+        was cancelled while its checkpoint was being taken), or that arrives after a failed attempt already put it
+        back, changes nothing: requeueing it would run a finished job again."""
 
         async def body() -> None:
             row = await tx.conn.fetchrow(
-                "SELECT spec, submitted_at, predicted_gpu_s FROM admission.jobs WHERE job_id = $1", payload.job_id)
+                "SELECT spec, submitted_at, predicted_gpu_s FROM admission.jobs WHERE job_id = $1 "
+                "AND status = 'admitted'", payload.job_id)
             if row is None:
                 return
 

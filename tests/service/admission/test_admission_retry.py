@@ -133,3 +133,47 @@ async def test_a_job_cancelled_during_its_backoff_ends_and_is_never_admitted_aga
         await nc.close()
         await conn.close()
         await pool.close()
+
+
+async def test_a_preemption_that_crossed_the_jobs_end_does_not_run_it_again(fresh: tuple[str, str]) -> None:
+    """JobPreempted and JobCompleted come from different services: the job may end while its checkpoint is taken,
+    and the preemption reach admission after the end. The finished job stays finished, nothing is requeued, and the
+    job that took its quota keeps it."""
+    from shared.events import JobPreempted, PreemptionReason
+
+    nats_url, database_url = fresh
+    pool = await create_pool(database_url)
+    conn = await asyncpg.connect(database_url)
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    clock = ManualClock()
+    svc = ServiceRuntime(AdmissionService(parse_queues(queues(8))).spec(), nats_url=nats_url, pool=pool,
+                         clock=clock, database_url=database_url)
+
+    async def status(job_id: str) -> str | None:
+        return await conn.fetchval("SELECT status FROM admission.jobs WHERE job_id = $1", job_id)
+
+    now = datetime.fromtimestamp(clock.now(), UTC)
+    await svc.start()
+    try:
+        for job_id in ("j1", "j2"):
+            await js.publish(ns_subject("job.submitted.team-a"), submitted(job_id, 8))
+        await until(lambda: _eq(status("j2"), "pending"))
+        await js.publish(ns_subject("job.completed"), encode_event(make_event(
+            JobCompleted(job_id="j1", finished_at=now), source="test", time=now)))
+        await until(lambda: _eq(status("j2"), "admitted"))
+        await js.publish(ns_subject("job.preempted"), encode_event(make_event(JobPreempted(
+            job_id="j1", reason=PreemptionReason.PRIORITY, preemption_id="p1", checkpoint_uri="s3://ckpt/j1/1",
+            preempted_at=now), source="test", time=now)))
+        # a later event on the same consumer: once j3 is seen, the preemption before it was handled
+        await js.publish(ns_subject("job.submitted.team-a"), submitted("j3", 8))
+        await until(lambda: _eq(status("j3"), "pending"))
+        assert await status("j1") == "finished"
+        assert await status("j2") == "admitted"
+        assert await conn.fetchval("SELECT resume_from FROM admission.jobs WHERE job_id = 'j1'") is None
+        assert await _count(nats_url, "job.requeued") == 0
+    finally:
+        await svc.stop()
+        await nc.close()
+        await conn.close()
+        await pool.close()
