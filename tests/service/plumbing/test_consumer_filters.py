@@ -222,3 +222,31 @@ async def test_on_nats_2_9_a_consumer_filters_on_the_pattern_and_acks_the_rest_u
 
 async def _at_least(items: list[tuple[str, str]], n: int) -> bool:
     return len(items) >= n
+
+
+async def test_a_filter_update_the_server_refuses_leaves_the_consumer_as_it_was(
+        multi_bus: str, db: asyncpg.Pool, caplog: pytest.LogCaptureFixture) -> None:
+    """NATS refuses filters that overlap (error 10136; the runtime never asks for such, so the test does): the
+    consumer keeps its filter and its position, and the refusal is logged."""
+    rec = Recorder()
+    runtime = rec.runtime(multi_bus, db)
+    nc = await nats.connect(multi_bus)
+    js = nc.jetstream()
+    try:
+        await runtime.start()
+        await publish_job_events(js, "a")
+        await wait_for(lambda: _at_least(rec.seen, 2))
+        await runtime.stop()
+        before = await js.consumer_info(jobs_stream(), DURABLE)
+        plan, durable, _ = runtime.consumers[0]
+        overlapping = (ns_subject("job.completed"), ns_subject("job.*"))
+        with caplog.at_level("WARNING", logger="gpuq.service"):
+            await runtime._ensure_consumer(js, plan, durable, overlapping)
+        after = await js.consumer_info(jobs_stream(), DURABLE)
+        assert consumer_filters(after.config) == HANDLED
+        assert (after.delivered.stream_seq, after.ack_floor.stream_seq) == \
+            (before.delivered.stream_seq, before.ack_floor.stream_seq)
+        assert any("keeps its filter" in r.getMessage() for r in caplog.records)
+    finally:
+        await runtime.stop()
+        await nc.close()
