@@ -2,7 +2,9 @@
 
 Streams are created or updated only here (`ensure_streams`), never by subscribers: FastStream's
 `JStream(declare=True)` would overwrite a stream with a subscriber's partial view of it.
-Everything here works on NATS 2.9 (no per-message TTL, one filter subject per consumer).
+Everything here works on NATS 2.9 (no per-message TTL). A consumer that takes several subjects of a stream filters
+on exactly those where the server takes several filters (NATS >= 2.10's `filter_subjects`), else on the stream's
+pattern (`ConsumerPlan.filters`).
 Names depend on the platform namespace (`shared/namespace.py`): `gpuq.job.>` in `GPUQ_JOBS` by default.
 """
 
@@ -83,22 +85,48 @@ def stream_for_subject(subject: str) -> StreamDef:
     raise LookupError(f"no stream of namespace {namespaces.current()!r} captures subject {subject!r}")
 
 
-def consumer_plan(payload_types: Iterable[type[Payload]]) -> list[tuple[StreamDef, str, str]]:
-    """Durable consumers a service needs: (stream, filter subject, durable-name suffix).
+# The first NATS release whose consumers take several filter subjects (`filter_subjects`, ADR-34).
+MULTI_FILTER_SINCE = (2, 10)
 
-    One consumer per stream subject pattern the service reads from: the exact subject when it handles one
-    event type there, else the pattern itself (NATS 2.9 allows a single filter per consumer). Events in a
-    wider filter that the service does not handle are acked without work."""
+
+def takes_filter_subjects(major: int, minor: int) -> bool:
+    """Does a NATS server of this version take `filter_subjects` (several filters on one consumer)? (An unknown
+    version, 0.0, does not: the single filter works everywhere.)"""
+    return (major, minor) >= MULTI_FILTER_SINCE
+
+
+@dataclass(frozen=True)
+class ConsumerPlan:
+    """One durable consumer a service needs: on `stream`, for the service's subscriptions (`subjects`, sorted)
+    below one of the stream's subject patterns (`pattern`); its durable name ends in `suffix`."""
+
+    stream: StreamDef
+    pattern: str
+    subjects: tuple[str, ...]
+    suffix: str
+
+    def filters(self, multi_filter: bool) -> tuple[str, ...]:
+        """What the consumer filters on: its one subject; several: each of them where the server takes several
+        filters (`multi_filter`, NATS >= 2.10), else the stream's pattern, whose other subjects the service then
+        acks unread. (The subscriptions never overlap: one per event type, a scoped type's ends in its own `*`.)"""
+        if len(self.subjects) == 1 or multi_filter:
+            return self.subjects
+        return (self.pattern,)
+
+
+def consumer_plan(payload_types: Iterable[type[Payload]]) -> list[ConsumerPlan]:
+    """Durable consumers a service needs: one per stream subject pattern it reads from, taking the subscriptions
+    (`Payload.subscription`) of the event types it handles there."""
     wanted = sorted({cls.subscription() for cls in payload_types})
-    plan: list[tuple[StreamDef, str, str]] = []
+    plan: list[ConsumerPlan] = []
     ns = namespaces.current()
     for stream in streams():
         for pattern in stream.subjects:
-            subjects = [s for s in wanted if matches(pattern, s)]
+            subjects = tuple(s for s in wanted if matches(pattern, s))
             if not subjects:
                 continue
             name = pattern.removeprefix(f"{ns}.").removesuffix(".>").replace(".", "-")
-            plan.append((stream, subjects[0] if len(subjects) == 1 else pattern, name))
+            plan.append(ConsumerPlan(stream, pattern, subjects, name))
     return plan
 
 

@@ -33,12 +33,21 @@ from typing import Any
 import asyncpg
 from faststream.nats import NatsBroker
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 from nats.js.api import AckPolicy as NatsAckPolicy
 from nats.js.api import ConsumerConfig as NatsConsumerConfig
 from nats.js.api import DeliverPolicy
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, ServerError, ServiceUnavailableError
 
-from shared.bus import StreamDef, consumer_plan, dlq_subject, ensure_streams, matches, stream_for_subject
+from shared.bus import (
+    ConsumerPlan,
+    consumer_plan,
+    dlq_subject,
+    ensure_streams,
+    matches,
+    stream_for_subject,
+    takes_filter_subjects,
+)
 from shared.clock import Clock, SystemClock
 from shared.db import apply_migrations
 from shared.events import (
@@ -407,6 +416,22 @@ class Counters:
     batch_retries: int = 0  # batches handled without savepoints that rolled back and were handled again with them
 
 
+def _filters_of(config: NatsConsumerConfig) -> tuple[str, ...]:
+    """A consumer's filter subjects, however given: `filter_subjects` (NATS >= 2.10) or `filter_subject`; empty:
+    the whole stream."""
+    if config.filter_subjects:
+        return tuple(sorted(config.filter_subjects))
+    return (config.filter_subject,) if config.filter_subject else ()
+
+
+def _with_filters(config: NatsConsumerConfig, filters: tuple[str, ...]) -> NatsConsumerConfig:
+    """`config` filtering on `filters`: one as `filter_subject` (every NATS version), several as `filter_subjects`
+    (NATS >= 2.10). The server refuses both at once, so the other field is cleared (None: not sent)."""
+    if len(filters) == 1:
+        return replace(config, filter_subject=filters[0], filter_subjects=None)
+    return replace(config, filter_subject=None, filter_subjects=list(filters))
+
+
 class ServiceRuntime:
     def __init__(self, spec: ServiceSpec, *, nats_url: str, pool: asyncpg.Pool, clock: Clock | None = None,
                  instance: str = "0", database_url: str | None = None):
@@ -447,11 +472,13 @@ class ServiceRuntime:
         self._stale = False  # in-memory state may be ahead of Postgres (a unit of work failed)
         self._savepoint_batches = 0  # batches left to handle with savepoints after an optimistic one failed
         batch_subjects = {cls.subject(): fn for cls, fn in spec.batch_handlers.items()}
-        # (stream, filter subject, durable name, batch handler): one durable pull consumer each, pulled by this
-        # runtime's own loop (`_consume`), which settles each message itself in stream order.
-        self.consumers: list[tuple[StreamDef, str, str, BatchHandler | None]] = [
-            (stream, subject, f"{spec.name}{spec.consumer_suffix}-{suffix}", batch_subjects.get(subject))
-            for stream, subject, suffix in consumer_plan([*spec.handlers, *spec.batch_handlers])]
+        # (plan, durable name, batch handler): one durable pull consumer each, pulled by this runtime's own loop
+        # (`_consume`), which settles each message itself in stream order. A batch handler takes a consumer whose
+        # one subject is its event type's. What a consumer filters on depends on the server (`_start_consumers`).
+        self.consumers: list[tuple[ConsumerPlan, str, BatchHandler | None]] = [
+            (plan, f"{spec.name}{spec.consumer_suffix}-{plan.suffix}",
+             batch_subjects.get(plan.subjects[0]) if len(plan.subjects) == 1 else None)
+            for plan in consumer_plan([*spec.handlers, *spec.batch_handlers])]
         # The subscriptions of the handled types: a message on any other subject of a consumer's filter is acked
         # unread (routing on the subject, before any parsing).
         self.routes = tuple(sorted({cls.subscription() for cls in spec.handlers}))
@@ -813,31 +840,57 @@ class ServiceRuntime:
         """Create the durable pull consumers that do not exist yet (an existing one is kept: its pending messages
         are the service's), then pull each in a task of its own.
 
+        A consumer filters on exactly the subjects the service's handlers take of its stream pattern: one subject,
+        or several where the server takes several filters (NATS >= 2.10, read from the connection's server info),
+        else the pattern itself (NATS 2.9: the subjects no handler takes are acked unread, `routed`).
+
         An existing consumer whose filter is not the one the handlers call for now (the service handles more or
-        fewer event types of that stream than when the consumer was made, e.g. one subject instead of the pattern)
-        has its filter updated in place: JetStream keeps its position, so it goes on from where it was, receiving
-        what the handlers take. A server that refuses the update leaves the consumer as it was (a wider filter only
-        costs deliveries acked unread)."""
+        fewer event types of that stream than when the consumer was made, or the server was upgraded to take
+        several filters) has its filter updated in place, between `filter_subject` and `filter_subjects` either
+        way: JetStream keeps its position, so it goes on from where it was, receiving what the handlers take. A
+        server that refuses the update leaves the consumer as it was (a wider filter only costs deliveries acked
+        unread)."""
         js = self.broker.config.connection_state.stream
-        for stream, subject, durable, _ in self.consumers:
-            try:
-                info = await js.consumer_info(stream.name, durable)
-            except NotFoundError:
-                await js.add_consumer(stream.name, NatsConsumerConfig(
-                    durable_name=durable, filter_subject=subject, ack_policy=NatsAckPolicy.EXPLICIT,
-                    deliver_policy=DeliverPolicy.ALL, max_deliver=MAX_DELIVER, ack_wait=ACK_WAIT_S))
-                continue
-            if info.config.filter_subject != subject:
-                try:
-                    await js.add_consumer(stream.name, replace(info.config, filter_subject=subject))
-                    log.info("%s: consumer %s now filters %s (was %s)", self.spec.name, durable, subject,
-                             info.config.filter_subject)
-                except APIError as exc:
-                    log.warning("%s: consumer %s keeps its filter %s (%s wanted): %s", self.spec.name, durable,
-                                info.config.filter_subject, subject, exc)
-        for stream, subject, durable, batch_fn in self.consumers:
+        version = self.broker.config.connection_state.connection.connected_server_version
+        multi_filter = takes_filter_subjects(version.major, version.minor)
+        for plan, durable, _ in self.consumers:
+            await self._ensure_consumer(js, plan, durable, plan.filters(multi_filter))
+        for plan, durable, batch_fn in self.consumers:
             self._consumer_tasks.append(asyncio.create_task(
-                self._consume(stream.name, subject, durable, batch_fn), name=f"{self.spec.name}-consume-{durable}"))
+                self._consume(plan.stream.name, " ".join(plan.filters(multi_filter)), durable, batch_fn),
+                name=f"{self.spec.name}-consume-{durable}"))
+
+    async def _ensure_consumer(self, js: JetStreamContext, plan: ConsumerPlan, durable: str,
+                               wanted: tuple[str, ...]) -> None:
+        """Create consumer `durable` filtering on `wanted`, or bring an existing one's filter to it in place."""
+        stream = plan.stream.name
+        try:
+            info = await js.consumer_info(stream, durable)
+        except NotFoundError:
+            info = await js.add_consumer(stream, _with_filters(NatsConsumerConfig(
+                durable_name=durable, ack_policy=NatsAckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL,
+                max_deliver=MAX_DELIVER, ack_wait=ACK_WAIT_S), wanted))
+            self._check_filters(durable, _filters_of(info.config), wanted)
+            return
+        had = _filters_of(info.config)
+        if had == wanted:
+            return
+        try:
+            info = await js.add_consumer(stream, _with_filters(info.config, wanted))
+        except APIError as exc:
+            log.warning("%s: consumer %s keeps its filter %s (%s wanted): %s", self.spec.name, durable, list(had),
+                        list(wanted), exc)
+            return
+        log.info("%s: consumer %s now filters %s (was %s)", self.spec.name, durable, list(wanted), list(had))
+        self._check_filters(durable, _filters_of(info.config), wanted)
+
+    def _check_filters(self, durable: str, got: tuple[str, ...], wanted: tuple[str, ...]) -> None:
+        """Warn when the server's answer shows other filters than were asked for: a server that reports a version
+        taking several filters but dropped them (a cluster mid-upgrade whose consumer leader is older; ADR-34 has
+        clients check the answer). Nothing is lost: a message no handler takes is acked unread (`routed`)."""
+        if got != wanted:
+            log.warning("%s: consumer %s filters %s, not the %s asked for", self.spec.name, durable, list(got),
+                        list(wanted))
 
     async def _consume(self, stream: str, subject: str, durable: str, batch_fn: BatchHandler | None) -> None:
         """Pull batches from one durable consumer and settle every message, until the connection is closed (the

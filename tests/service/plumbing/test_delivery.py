@@ -6,13 +6,14 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 import asyncpg
 import nats
 import pytest
 import pytest_asyncio
 
-from shared.bus import streams
+from shared.bus import streams, takes_filter_subjects
 from shared.clock import ManualClock
 from shared.db import create_pool
 from shared.domain import JobSpec, PodSet
@@ -237,10 +238,26 @@ async def test_memory_is_rebuilt_after_a_failed_unit_of_work(fresh: tuple[str, s
 
 async def test_a_consumer_follows_the_handlers_filter_in_place_keeping_its_position(
         fresh: tuple[str, str], pool: asyncpg.Pool) -> None:
-    """A service that handles fewer event types of a stream than when its consumer was made (several: the stream's
-    pattern; one: its subject) has the consumer's filter narrowed at start, so the others are no longer delivered,
-    and widened again when it handles more; the consumer keeps its position, so nothing is handled twice or lost."""
+    """A service that handles fewer event types of a stream than when its consumer was made (several: their
+    subjects on NATS >= 2.10, the stream's pattern on 2.9; one: its subject) has the consumer's filter narrowed at
+    start, so the others are no longer delivered, and widened again when it handles more; the consumer keeps its
+    position, so nothing is handled twice or lost. (`tests/service/plumbing/test_consumer_filters.py` runs the same
+    on a NATS >= 2.10 of its own.)"""
     nats_url, _ = fresh
+    await check_the_filter_follows_the_handlers(nats_url, pool)
+
+
+def consumer_filters(config: Any) -> tuple[str, ...]:
+    """A consumer's filters as the server reports them, `filter_subjects` (NATS >= 2.10) or `filter_subject`."""
+    if config.filter_subjects:
+        assert not config.filter_subject, "NATS takes filter_subject or filter_subjects, never both"
+        return tuple(sorted(config.filter_subjects))
+    return (config.filter_subject,) if config.filter_subject else ()
+
+
+async def check_the_filter_follows_the_handlers(nats_url: str, pool: asyncpg.Pool) -> None:
+    """The body of the test above, on the server of `nats_url` (2.9: one filter or the pattern; >= 2.10: one
+    filter or `filter_subjects`, moving between the two both ways)."""
     svc = CountingService()
     ignored: list[str] = []
 
@@ -255,10 +272,13 @@ async def test_a_consumer_follows_the_handlers_filter_in_place_keeping_its_posit
     nc = await nats.connect(nats_url)
     js = nc.jetstream()
     stream = next(s.name for s in streams() if s.name.endswith("_JOBS"))
+    version = nc.connected_server_version
+    wide_filters = tuple(sorted((JobCompleted.subscription(), JobSubmitted.subscription()))) \
+        if takes_filter_subjects(version.major, version.minor) else (ns_subject("job.>"),)
 
-    async def consumer() -> tuple[str, int, int]:
+    async def consumer() -> tuple[tuple[str, ...], int, int]:
         info = await js.consumer_info(stream, "plumbingfilter-job")
-        return info.config.filter_subject, info.delivered.consumer_seq, info.num_pending
+        return consumer_filters(info.config), info.delivered.consumer_seq, info.num_pending
 
     async def settled() -> bool:
         return (await consumer())[2] == 0 and svc.calls >= 1
@@ -269,12 +289,12 @@ async def test_a_consumer_follows_the_handlers_filter_in_place_keeping_its_posit
         await publish_event(js, submitted("j1"), ns_subject("job.submitted.team-a"))  # emits JobCompleted(j1)
         await wait_for(lambda: _eq(lambda: ignored, ["j1"]))
         await wide.stop()
-        assert (await consumer())[0] == ns_subject("job.>")
+        assert (await consumer())[0] == wide_filters
 
         narrow = runtime(completed=False)
         await narrow.start()
         try:
-            assert (await consumer())[0] == JobSubmitted.subscription()
+            assert (await consumer())[0] == (JobSubmitted.subscription(),)
             await wait_for(settled)
             before = (await consumer())[1]
             for job_id in ("x1", "x2", "x3"):
@@ -291,7 +311,7 @@ async def test_a_consumer_follows_the_handlers_filter_in_place_keeping_its_posit
         wide = runtime(completed=True)
         await wide.start()
         try:
-            assert (await consumer())[0] == ns_subject("job.>")
+            assert (await consumer())[0] == wide_filters
             await publish_event(js, make_event(JobCompleted(job_id="x4", finished_at=T0), source="test", time=T0),
                                 ns_subject("job.completed"))
             await wait_for(lambda: _eq(lambda: ignored[-1:], ["x4"]))

@@ -111,5 +111,6 @@ def test_preemption_consumes_no_placement_and_no_job_event_but_the_checkpoint() 
     spec = PreemptionService(QUEUES).spec()
     assert JobPlaced not in spec.handlers
     assert {cls for cls in spec.handlers if cls.aggregate == "job"} == {JobCheckpointed}
-    jobs = [subject for stream, subject, _ in consumer_plan(spec.handlers) if stream.name.endswith("_JOBS")]
-    assert jobs == [JobCheckpointed.subscription()]
+    jobs = [plan for plan in consumer_plan(spec.handlers) if plan.stream.name.endswith("_JOBS")]
+    assert [plan.filters(multi_filter) for plan in jobs for multi_filter in (False, True)] == \
+        [(JobCheckpointed.subscription(),)] * 2
