@@ -1,5 +1,6 @@
-"""Rows of queued submissions held for the end of a batch (docs/admission.md, "Batch-end writes"): a batch of
-submissions writes its `admission.jobs` and `admission.submissions` rows in two statements instead of two per job.
+"""Rows of queued submissions held for the end of a batch (docs/admission.md, "Batch-end writes of queued
+submissions"): a batch of submissions writes its `admission.jobs` and `admission.submissions` rows in two
+statements instead of two per job.
 
 A handler holds them in the unit of work's scratch (`Tx.scratch`) only where any failure rolls the whole transaction
 back (`Tx.own_savepoint` false); whatever reads or writes those tables next in the same transaction (another
