@@ -255,6 +255,12 @@ class Tx:
     # once in its `after_events` work. A message whose savepoint rolls back must have added nothing that its
     # failure undoes, so a handler adds to it last; a batch attempt that rolls back as a whole drops all of it.
     scratch: dict[str, Any] = field(default_factory=dict)
+    # The handled message runs in a savepoint of its own (a batch handled with savepoints): a later message's
+    # failure rolls back only that message, so rows this one leaves in `scratch` for a later reader (or for the
+    # batch's end) to write could be lost with it. A handler writes at once then. False: any failure of the unit's
+    # handlers rolls its whole transaction back (a unit of one event, a batch handled without savepoints), so rows
+    # held for the batch's end are safe as long as whoever reads the table first writes them.
+    own_savepoint: bool = False
 
     async def flush(self) -> None:
         """Write the buffered outbox rows (in emission order, so the relay publishes them in that order)."""
@@ -779,7 +785,7 @@ class ServiceRuntime:
                     deferred: dict[str, Callable[[Tx], Awaitable[None]]] | None,
                     traces: list[tuple[str, str]], batch: _BatchWork | None = None,
                     prepared: _Prepared | _DeadLetter | None = _NOT_PREPARED,
-                    scratch: dict[str, Any] | None = None) -> tuple[str, bool]:
+                    scratch: dict[str, Any] | None = None, own_savepoint: bool = False) -> tuple[str, bool]:
         """One event's work inside the caller's transaction: parse, check the subject, claim, the inbox row, the
         handler. Returns (outcome, whether it emitted events); raises _DeadLetter for a verdict, anything else
         for a failure worth retrying. Appends to `traces` the job trace rows it wrote (for the cache, after
@@ -809,7 +815,7 @@ class ServiceRuntime:
                     traceparent=current_traceparent() or event.traceparent, subject=p.subject,
                     job=event.subject, job_traces=self.job_traces, deferred=deferred, buffered=batch is not None,
                     staged_traces=None if batch is None else batch.traces,
-                    scratch={} if scratch is None else scratch)
+                    scratch={} if scratch is None else scratch, own_savepoint=own_savepoint)
             if event.subject and tx.traceparent:
                 if batch is not None:
                     if self.job_traces.stage(event.subject, tx.traceparent, batch.traces):
@@ -1024,7 +1030,7 @@ class ServiceRuntime:
             unit_traces: list[tuple[str, str]] = []
             try:
                 outcome, wrote = await self._unit(conn, m.data, m.subject, deferred, unit_traces, batch, p,
-                                                  scratch=result.scratch)
+                                                  scratch=result.scratch, own_savepoint=True)
                 result.emitted = result.emitted or wrote
                 result.outcomes.append((m, outcome, None))
             except _DeadLetter as verdict:

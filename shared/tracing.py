@@ -38,6 +38,9 @@ EXPORTER_ENV = "GPUQ_TRACE_EXPORTER"
 _PROPAGATOR = TraceContextTextMapPropagator()
 _IDS = RandomIdGenerator()
 _provider: TracerProvider | None = None
+# Whether an exporter was installed (setup_tracing): until one is, a handled event's span is not recorded (see
+# start_span_from_event), as no one would ever read it.
+_recording = False
 _service_name = "gpuq"
 
 
@@ -47,7 +50,7 @@ def setup_tracing(service_name: str, exporter: str | SpanExporter = "none") -> T
     opentelemetry-exporter-otlp package; endpoint from OTEL_EXPORTER_OTLP_ENDPOINT), or a SpanExporter
     instance (tests pass an InMemorySpanExporter). OpenTelemetry allows one global provider per process:
     a second call adds its exporter to the first provider."""
-    global _provider, _service_name
+    global _provider, _service_name, _recording
     _service_name = service_name
     if _provider is None:
         _provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
@@ -66,6 +69,7 @@ def setup_tracing(service_name: str, exporter: str | SpanExporter = "none") -> T
         _provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     elif exporter != "none":
         raise ValueError(f"unknown trace exporter {exporter!r}: use none, console or otlp")
+    _recording = _recording or exporter != "none"
     return _provider
 
 
@@ -88,7 +92,14 @@ def context_from_traceparent(traceparent: str | None) -> otel_context.Context:
 @contextlib.contextmanager
 def start_span_from_event(event: CloudEvent, name: str | None = None,
                           attributes: dict[str, Any] | None = None) -> Iterator[Span]:
-    """A CONSUMER span for handling `event`, child of its traceparent (a new trace when it has none)."""
+    """A CONSUMER span for handling `event`, child of its traceparent (a new trace when it has none). Without an
+    exporter (`setup_tracing(..., exporter="none")`) the span is a non-recording one with ids of its own, as the
+    SDK makes for a span it does not sample: its context propagates exactly as a recorded span's would (same trace,
+    a new span id, the parent's flags and trace state), without the cost of recording what nothing exports."""
+    if not _recording:
+        with trace.use_span(_unrecorded_child(event.traceparent), end_on_exit=False) as span:
+            yield span
+        return
     attrs: dict[str, Any] = {"cloudevents.event_id": event.id, "cloudevents.event_type": event.type,
                              "cloudevents.event_source": event.source, "service.name": _service_name}
     if event.subject:
@@ -98,6 +109,19 @@ def start_span_from_event(event: CloudEvent, name: str | None = None,
     with _tracer().start_as_current_span(name or f"handle {event.type}", context=parent, kind=SpanKind.CONSUMER,
                                          attributes=attrs) as span:
         yield span
+
+
+def _unrecorded_child(traceparent: str | None) -> Span:
+    """A non-recording span child of `traceparent`: its trace, flags and state, a new span id; a new sampled trace
+    (as the SDK's default sampler starts one) when `traceparent` is missing or invalid."""
+    parent = trace.get_current_span(context_from_traceparent(traceparent)).get_span_context()
+    if parent.is_valid:
+        child = SpanContext(trace_id=parent.trace_id, span_id=_IDS.generate_span_id(), is_remote=False,
+                            trace_flags=parent.trace_flags, trace_state=parent.trace_state)
+    else:
+        child = SpanContext(trace_id=_IDS.generate_trace_id(), span_id=_IDS.generate_span_id(), is_remote=False,
+                            trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    return trace.NonRecordingSpan(child)
 
 
 @contextlib.contextmanager

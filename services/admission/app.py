@@ -27,13 +27,14 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from operator import itemgetter
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import asyncpg
 from pydantic import ValidationError
 
 from services.admission.core import AdmissionState, AdmittedWorkload, Reason, Workload, governance
 from services.admission.core.statuses import PendingStatuses, message_text
+from services.admission.held import held_rows, hold_rows, write_held
 from services.admission.publish import MESSAGE_EVERY_S, Published, worth_publishing
 from services.admission.sharding import Shard
 from services.pipeline.core import admit
@@ -70,7 +71,7 @@ from shared.events import (
     utcnow_from,
 )
 from shared.leader import lock_key
-from shared.service import ServiceRuntime, ServiceSpec, Tx
+from shared.service import Handler, ServiceRuntime, ServiceSpec, Tx
 
 log = logging.getLogger("gpuq.admission")
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -146,12 +147,14 @@ class AdmissionService:
         sharded = not self.shard.serves_all
         return ServiceSpec(
             name="admission", schema="admission", migrations=MIGRATIONS, singleton=True,
-            handlers={JobSubmitted: self.on_submitted, JobCompleted: self.on_finished, JobFailed: self.on_finished,
-                      JobCancelRequested: self.on_cancel_requested, JobApproved: self.on_approved,
-                      JobCancelled: self.on_cancelled,
-                      JobPreempted: self.on_preempted, JobAttemptFailed: self.on_attempt_failed,
-                      QueueConfigChanged: self.on_config_changed, JobPlaced: self.on_placed,
-                      JobStarted: self.on_started, QueueUsageReported: self.on_usage_reported},
+            handlers={JobSubmitted: self.on_submitted,
+                      **{kind: _writing_held_first(handler) for kind, handler in (
+                          (JobCompleted, self.on_finished), (JobFailed, self.on_finished),
+                          (JobCancelRequested, self.on_cancel_requested), (JobApproved, self.on_approved),
+                          (JobCancelled, self.on_cancelled), (JobPreempted, self.on_preempted),
+                          (JobAttemptFailed, self.on_attempt_failed), (QueueConfigChanged, self.on_config_changed),
+                          (JobPlaced, self.on_placed), (JobStarted, self.on_started),
+                          (QueueUsageReported, self.on_usage_reported))}},
             on_start=self.load, reload=self._rebuild, optimistic_batches=True,
             background=(self.backoff_loop, self.eta_loop) if self.eta is not None else (self.backoff_loop,),
             consumer_suffix=self.shard.consumer_suffix, lease_scopes=self.shard.lease_scopes,
@@ -291,6 +294,7 @@ class AdmissionService:
         await tx.after_events("admission-cycle", self._cycle_and_count)
 
     async def _cycle_and_count(self, tx: Tx) -> None:
+        await write_held(tx)  # the cycle updates the rows of the jobs it admits
         await self.cycle(tx)
         self._version += 1
 
@@ -336,6 +340,8 @@ class AdmissionService:
                 "SELECT (SELECT status FROM admission.jobs WHERE job_id = $1) AS existing, EXISTS (SELECT 1 FROM "
                 "admission.tombstones WHERE job_id = $1 AND team = $2) AS tombstoned", spec.job_id, team)
             existing = known["existing"]
+            if existing is None and (earlier := held_rows(tx)) is not None and spec.job_id in earlier.jobs:
+                existing = "pending"  # queued earlier in this batch, its row not written yet
             if existing is not None:
                 await reject("DuplicateJobId", f"job id {spec.job_id} was already submitted ({existing})", False)
                 return
@@ -382,12 +388,23 @@ class AdmissionService:
                                          message=message))
                 await verdict("awaiting_approval", governance.AWAITING_APPROVAL, message)
                 return
-            await tx.conn.execute(
-                "INSERT INTO admission.jobs(job_id, team, queue, spec, status, submitted_at, predicted_gpu_s) "
-                "VALUES ($1, $2, $3, $4, 'pending', $5, $6)",
-                spec.job_id, team, spec.queue, spec.model_dump_json(), received_at, predicted)
             await tx.emit(JobQueued(job_id=spec.job_id, queue=spec.queue, team=team))
-            await verdict("queued")
+            row = (team, spec.queue, spec.model_dump_json(), received_at, predicted)
+            if tx.own_savepoint or not self.shard.serves_all:
+                # written at once: in a savepoint of its own (see Tx.own_savepoint), or where `claim` reads the
+                # table before a later message's handler runs
+                await tx.conn.execute(
+                    "INSERT INTO admission.jobs(job_id, team, queue, spec, status, submitted_at, predicted_gpu_s) "
+                    "VALUES ($1, $2, $3, $4, 'pending', $5, $6)", spec.job_id, *row)
+                await verdict("queued")
+                return
+            # Held for the batch's end (services/admission/held.py): two statements for the batch's submissions.
+            await audit.record(tx, "submit", actor, job_id=spec.job_id, team=team, queue=spec.queue, verdict="queued",
+                               claimed_by=payload.submitted_by or spec.user, event_id=event.id, gpus=spec.total_gpus,
+                               priority_class=spec.priority_class)
+            rows = hold_rows(tx)  # last: nothing after it can fail
+            rows.jobs[spec.job_id] = row
+            rows.verdicts.append((event.id, spec.job_id, team, tx.now))
 
         await self._then_cycle(tx, body)
 
@@ -835,6 +852,17 @@ class AdmissionService:
                 message=f"queue {name} is held and drained (stop_policy: HoldAndDrain): its preemptible running "
                         "jobs are checkpointed and evicted; jobs of classes never preempted keep running"))
             await audit.record(tx, "drain", service_actor("admission"), queue=name, jobs=sorted(jobs))
+
+
+def _writing_held_first(handler: Handler) -> Handler:
+    """`handler`, after writing the submissions held for the batch's end (services/admission/held.py): it reads and
+    writes the jobs' rows, which must hold every job queued before its event."""
+
+    async def run(tx: Tx, event: CloudEvent, payload: Any) -> None:
+        await write_held(tx)
+        await handler(tx, event, payload)
+
+    return run
 
 
 async def _nothing() -> None:

@@ -15,7 +15,15 @@ from shared.clock import ManualClock
 from shared.config import parse_queues
 from shared.db import create_pool
 from shared.domain import JobSpec, PodSet
-from shared.events import JobCompleted, JobPending, JobSubmitted, QueueConfigChanged, encode_event, make_event
+from shared.events import (
+    JobCancelRequested,
+    JobCompleted,
+    JobPending,
+    JobSubmitted,
+    QueueConfigChanged,
+    encode_event,
+    make_event,
+)
 from shared.namespace import subject as ns_subject
 from shared.service import ServiceRuntime
 
@@ -192,6 +200,50 @@ async def test_a_cohort_tree_applied_at_runtime_lets_a_queue_borrow_from_a_sibli
         await until(lambda: _eq(status("j2"), "admitted"))  # 8 of its own, 8 lent by speech through org
         refused = await conn.fetchval("SELECT detail->>'error' FROM admission.audit WHERE action = 'config_refused'")
         assert "cohort parents form a cycle" in refused
+    finally:
+        await svc.stop()
+        await nc.close()
+        await conn.close()
+        await pool.close()
+
+
+async def test_one_batch_of_submissions_a_duplicate_and_a_cancel_keeps_every_verdict(fresh: tuple[str, str]) -> None:
+    """Queued submissions' rows are written at the batch's end (services/admission/held.py): a duplicate later in
+    the same pull is still refused, and a cancel later in it still finds the job."""
+    nats_url, database_url = fresh
+    pool = await create_pool(database_url)
+    conn = await asyncpg.connect(database_url)
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+
+    def runtime() -> ServiceRuntime:
+        return ServiceRuntime(AdmissionService(parse_queues(queues(8))).spec(), nats_url=nats_url, pool=pool,
+                              clock=ManualClock(), database_url=database_url)
+
+    svc = runtime()
+    await svc.start()  # streams and consumers exist; stopped, so that everything below arrives in one pull
+    await svc.stop()
+    cancel = encode_event(make_event(JobCancelRequested(job_id="b2", requested_by="bob"), source="test", time=T0))
+    for subject, body in (("job.submitted.team-a", submitted("b1", 4)), ("job.submitted.team-a", submitted("b2", 8)),
+                          ("job.submitted.team-a", submitted("b1", 2)), ("job.cancel_requested.team-a", cancel),
+                          ("job.submitted.team-a", submitted("b3", 4))):
+        await js.publish(ns_subject(subject), body)
+    svc = runtime()
+    await svc.start()
+    try:
+        async def settled() -> bool:
+            return await conn.fetchval("SELECT count(*) FROM admission.submissions") == 4 and \
+                await conn.fetchval("SELECT status FROM admission.jobs WHERE job_id = 'b3'") == "admitted"
+
+        await until(settled)
+        jobs = {r["job_id"]: (r["status"], r["outcome"]) for r in
+                await conn.fetch("SELECT job_id, status, outcome FROM admission.jobs")}
+        assert jobs == {"b1": ("admitted", None), "b2": ("finished", "Cancelled"), "b3": ("admitted", None)}
+        verdicts = sorted((r["job_id"], r["verdict"], r["reason"]) for r in
+                          await conn.fetch("SELECT job_id, verdict, reason FROM admission.submissions"))
+        assert verdicts == [("b1", "queued", None), ("b1", "rejected", "DuplicateJobId"), ("b2", "queued", None),
+                            ("b3", "queued", None)]
+        assert svc.counters.batches >= 1 and svc.counters.batch_retries == 0
     finally:
         await svc.stop()
         await nc.close()

@@ -53,3 +53,28 @@ def test_event_without_traceparent_starts_a_new_trace_and_bad_exporter_is_refuse
     assert finished.parent is None
     with pytest.raises(ValueError):
         setup_tracing("test", exporter="zipkin")
+
+
+def test_without_an_exporter_spans_are_not_recorded_but_context_propagates(monkeypatch: pytest.MonkeyPatch) -> None:
+    import shared.tracing
+
+    exporter = InMemorySpanExporter()
+    setup_tracing("test", exporter=exporter)
+    monkeypatch.setattr(shared.tracing, "_recording", False)  # as in a process set up with exporter="none"
+    exporter.clear()
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    handled = make_event(JobCompleted(job_id="x", finished_at=at(0)), source="t", time=at(0), traceparent=parent)
+    with start_span_from_event(handled):
+        child = current_traceparent()
+    assert child is not None and TRACEPARENT.match(child)
+    _, trace_id, span_id, flags = child.split("-")
+    assert (trace_id, flags) == ("0af7651916cd43dd8448eb211c80319c", "01") and span_id != "b7ad6b7169203331"
+    unsampled = make_event(JobCompleted(job_id="x", finished_at=at(0)), source="t", time=at(0),
+                           traceparent=parent[:-2] + "00")
+    with start_span_from_event(unsampled):
+        assert (current_traceparent() or "").endswith("-00")  # the parent's flags, as the SDK's sampler keeps them
+    with start_span_from_event(make_event(JobCompleted(job_id="x", finished_at=at(0)), source="t", time=at(0))):
+        fresh = current_traceparent()
+    assert fresh is not None and TRACEPARENT.match(fresh) and fresh.endswith("-01")  # a new trace of its own
+    assert current_traceparent() is None  # the span's context ends with it
+    assert exporter.get_finished_spans() == ()
