@@ -84,8 +84,13 @@ def quantile(sorted_values: Sequence[float], q: float) -> float:
     pos = q * (len(sorted_values) - 1)
     lo = math.floor(pos)
     hi = min(lo + 1, len(sorted_values) - 1)
-    frac = pos - lo
-    return sorted_values[lo] * (1 - frac) + sorted_values[hi] * frac
+    return _between(sorted_values[lo], sorted_values[hi], pos - lo)
+
+
+def _between(a: float, b: float, frac: float) -> float:
+    """a + (b - a)·frac for a <= b, never outside [a, b]: `a·(1 − frac) + b·frac` can land an ulp above b
+    (a p10 above its median when the two fall between equal values), this form is monotone in frac."""
+    return min(b, max(a, a + (b - a) * frac))
 
 
 class BiasRecord:
@@ -224,7 +229,7 @@ class DurationPredictor:
             pos = q * (n - 1)
             lo = math.floor(pos)
             hi = min(lo + 1, n - 1)
-            return total(values[first + lo]) * (1 - (pos - lo)) + total(values[first + hi]) * (pos - lo)
+            return _between(total(values[first + lo]), total(values[first + hi]), pos - lo)
 
         return alive_q, samples, basis
 
