@@ -35,9 +35,10 @@ def build_spec(settings: Any) -> ServiceSpec:
             await store.set_rates(tx.conn, rates or {}, utcnow_from(tx.now))
             await store.set_usage_half_life(tx.conn, float(half_life) if half_life else None, utcnow_from(tx.now))
 
-    # Samples arrive in pulled batches recorded in one transaction each (services/metering/batch.py).
-    handlers = {k: v for k, v in HANDLERS.items() if k is not UtilizationSampled}
-    return ServiceSpec(name="metering", schema=SCHEMA, migrations=MIGRATIONS, handlers=handlers,
+    # Samples arrive in pulled batches recorded in one transaction each (services/metering/batch.py). Their
+    # per-message handler stays registered: a batch that fails as a whole falls back to one message at a time,
+    # and a sample with no handler there would be acked as ignored, i.e. lost.
+    return ServiceSpec(name="metering", schema=SCHEMA, migrations=MIGRATIONS, handlers=dict(HANDLERS),
                        batch_handlers={UtilizationSampled: handle_sample_batch}, on_start=seed_prices,
                        background=(report_usage,), optimistic_batches=True)  # no memory: its facts are tables
 
