@@ -309,15 +309,18 @@ class AdmissionService:
         actor = team_actor(team)
         received_at = tx.now
 
+        async def audited(kind: str, reason: str | None = None, message: str | None = None) -> None:
+            await audit.record(tx, "submit" if kind != "rejected" else "submit_refused", actor, job_id=spec.job_id,
+                               team=team, queue=spec.queue, verdict=kind, reason=reason, message=message,
+                               claimed_by=payload.submitted_by or spec.user, event_id=event.id, gpus=spec.total_gpus,
+                               priority_class=spec.priority_class)
+
         async def verdict(kind: str, reason: str | None = None, message: str | None = None) -> None:
             await tx.conn.execute(
                 "INSERT INTO admission.submissions(event_id, job_id, team, verdict, reason, message, at) "
                 "VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (event_id) DO NOTHING",
                 event.id, spec.job_id, team, kind, reason, message, tx.now)
-            await audit.record(tx, "submit" if kind != "rejected" else "submit_refused", actor, job_id=spec.job_id,
-                               team=team, queue=spec.queue, verdict=kind, reason=reason, message=message,
-                               claimed_by=payload.submitted_by or spec.user, event_id=event.id, gpus=spec.total_gpus,
-                               priority_class=spec.priority_class)
+            await audited(kind, reason, message)
 
         async def reject(reason: str, message: str, record_job: bool) -> None:
             if record_job:
@@ -399,9 +402,7 @@ class AdmissionService:
                 await verdict("queued")
                 return
             # Held for the batch's end (services/admission/held.py): two statements for the batch's submissions.
-            await audit.record(tx, "submit", actor, job_id=spec.job_id, team=team, queue=spec.queue, verdict="queued",
-                               claimed_by=payload.submitted_by or spec.user, event_id=event.id, gpus=spec.total_gpus,
-                               priority_class=spec.priority_class)
+            await audited("queued")  # its submissions row is held with the job's
             rows = hold_rows(tx)  # last: nothing after it can fail
             rows.jobs[spec.job_id] = row
             rows.verdicts.append((event.id, spec.job_id, team, tx.now))

@@ -15,6 +15,7 @@ import asyncpg
 import nats
 import pytest
 import pytest_asyncio
+from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from shared.bus import ensure_streams, streams, takes_filter_subjects
@@ -166,11 +167,7 @@ async def test_on_nats_2_10_a_wildcard_consumer_is_narrowed_in_place_keeping_its
         await wait_for(lambda: _at_least(rec.seen, 2))
         await publish_job_events(js, "new")
 
-        async def done() -> bool:
-            info = await js.consumer_info(jobs_stream(), DURABLE)
-            return len(rec.seen) >= 4 and info.num_pending == 0 and info.num_ack_pending == 0
-
-        await wait_for(done)
+        await wait_for(lambda: _settled(js, rec.seen, 4))
         after = await js.consumer_info(jobs_stream(), DURABLE)
         assert consumer_filters(after.config) == HANDLED
         assert rec.seen == [("submitted", "pending"), ("completed", "pending"), ("submitted", "new"),
@@ -206,11 +203,7 @@ async def test_on_nats_2_9_a_consumer_filters_on_the_pattern_and_acks_the_rest_u
         await runtime.start()
         await publish_job_events(js, "a")
 
-        async def done() -> bool:
-            info = await js.consumer_info(jobs_stream(), DURABLE)
-            return len(rec.seen) >= 2 and info.num_pending == 0 and info.num_ack_pending == 0
-
-        await wait_for(done)
+        await wait_for(lambda: _settled(js, rec.seen, 2))
         info = await js.consumer_info(jobs_stream(), DURABLE)
         assert consumer_filters(info.config) == (ns_subject("job.>"),)
         assert rec.seen == [("submitted", "a"), ("completed", "a")]
@@ -222,6 +215,12 @@ async def test_on_nats_2_9_a_consumer_filters_on_the_pattern_and_acks_the_rest_u
 
 async def _at_least(items: list[tuple[str, str]], n: int) -> bool:
     return len(items) >= n
+
+
+async def _settled(js: JetStreamContext, seen: list[tuple[str, str]], n: int) -> bool:
+    """At least `n` events handled, and the consumer has nothing pending or unacknowledged."""
+    info = await js.consumer_info(jobs_stream(), DURABLE)
+    return len(seen) >= n and info.num_pending == 0 and info.num_ack_pending == 0
 
 
 async def test_a_filter_update_the_server_refuses_leaves_the_consumer_as_it_was(
