@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
@@ -42,7 +43,6 @@ from shared.events import (
     CheckpointRequested,
     CloudEvent,
     ExitReason,
-    GpuSample,
     JobCancelled,
     JobCheckpointed,
     JobCompleted,
@@ -137,6 +137,7 @@ class SimExecutor:
         self.scheduler_tables = SchedulerTables()  # placements are checked against the scheduler's table
         self.settings = settings
         self.nodes = {n.name: n for n in settings.cluster.nodes(settings.cluster_dir)}
+        self._models = {name: n.gpu_model for name, n in self.nodes.items()}  # what each node's samples name
         self._last_sample: float | None = None
         self._last_sample_at: float | None = None
         self._sampled_specs: dict[tuple[str, int], tuple[float, int]] = {}  # (job, attempt) -> (util %, GPUs)
@@ -335,20 +336,29 @@ class SimExecutor:
                 self._sampled_specs[(row["job_id"], row["attempt"])] = (mean_utilization(spec), spec.total_gpus)
         for key in self._sampled_specs.keys() - runs:
             del self._sampled_specs[key]
-        per_node: dict[str, list[GpuSample]] = {}
-        for row in sorted(rows, key=lambda r: r["job_id"]):
-            known = self._sampled_specs.get((row["job_id"], row["attempt"]))
-            if known is None:  # placed again between the two reads: sampled from the next round on
-                continue
-            util, total_gpus = known
-            job_id = row["job_id"]
-            for node in row["nodes"]:
-                samples = per_node.setdefault(node, [])
-                for gpu in range(max(1, total_gpus // max(1, len(row["nodes"])))):
-                    value = min(100.0, max(0.0, util + jitter(job_id, gpu, tx.now)))
-                    samples.append(GpuSample(job_id=job_id, gpu_index=len(samples), utilization_pct=value,
-                                             memory_used_mib=int(value * 600), power_w=round(80 + 6 * value, 1)))
-        for node in sorted(per_node):
-            await tx.emit(UtilizationSampled(node=node, gpu_model=self.nodes[node].gpu_model,
-                                             sampled_at=utcnow_from(tx.now), interval_s=interval,
-                                             samples=tuple(per_node[node]), source="sim"), subject_suffix=None)
+        for payload in sample_payloads([(r["job_id"], r["attempt"], r["nodes"]) for r in rows], self._sampled_specs,
+                                       self._models, tx.now, interval):
+            await tx.emit(payload, subject_suffix=None)
+
+
+def sample_payloads(runs: list[tuple[str, int, list[str]]], specs: Mapping[tuple[str, int], tuple[float, int]],
+                    models: Mapping[str, str], now: float, interval: float) -> list[UtilizationSampled]:
+    """One UtilizationSampled per busy node, in node order, for runs (job, attempt, nodes) whose (utilisation %,
+    GPUs) `specs` knows. Each node's samples are plain dicts validated once with the node's payload (one call into
+    pydantic per node, not one per GPU)."""
+    per_node: dict[str, list[dict[str, Any]]] = {}
+    for job_id, attempt, nodes in sorted(runs, key=lambda r: r[0]):
+        known = specs.get((job_id, attempt))
+        if known is None:  # placed again between the two reads: sampled from the next round on
+            continue
+        util, total_gpus = known
+        for node in nodes:
+            samples = per_node.setdefault(node, [])
+            for gpu in range(max(1, total_gpus // max(1, len(nodes)))):
+                value = min(100.0, max(0.0, util + jitter(job_id, gpu, now)))
+                samples.append({"job_id": job_id, "gpu_index": len(samples), "utilization_pct": value,
+                                "memory_used_mib": int(value * 600), "power_w": round(80 + 6 * value, 1)})
+    sampled_at = utcnow_from(now)
+    return [UtilizationSampled.model_validate({"node": node, "gpu_model": models[node], "sampled_at": sampled_at,
+                                               "interval_s": interval, "samples": per_node[node], "source": "sim"})
+            for node in sorted(per_node)]
