@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import re
 import uuid
 from collections.abc import Mapping
@@ -73,10 +74,28 @@ class SimExecutorSettings:
     cluster: ClusterConfig
     cluster_dir: Path | None = None
     tick_s: float = 0.1  # wall seconds between completion checks
-    sample_every_s: float = 1.0  # wall seconds between utilisation batches
+    # Wall seconds between utilisation batches (None: GPUQ_SIM_SAMPLE_INTERVAL_S, else 1). Real samples come
+    # from DCGM every several seconds (dcgm-exporter collects every 30 s by default); `gpuq bench e2e` runs with that.
+    sample_every_s: float | None = None
     checkpoint_delay_s: float = 30.0  # virtual seconds a job takes to write a checkpoint
     dcgm: DcgmSettings | None = None  # real samples from dcgm-exporter via Prometheus instead of synthetic ones
     heartbeat_every_s: float | None = None  # wall seconds between heartbeats (None: GPUQ_HEARTBEAT_INTERVAL_S, 10)
+
+
+SAMPLE_INTERVAL_ENV = "GPUQ_SIM_SAMPLE_INTERVAL_S"
+DEFAULT_SAMPLE_INTERVAL_S = 1.0
+
+
+def sample_interval_from_env() -> float:
+    """The simulated executor's sampling interval in seconds: GPUQ_SIM_SAMPLE_INTERVAL_S, else 1."""
+    raw = os.environ.get(SAMPLE_INTERVAL_ENV, "")
+    try:
+        value = float(raw) if raw else DEFAULT_SAMPLE_INTERVAL_S
+    except ValueError:
+        raise ValueError(f"{SAMPLE_INTERVAL_ENV} must be a number of seconds, not {raw!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"{SAMPLE_INTERVAL_ENV} must be a positive number of seconds, not {raw!r}")
+    return value
 
 
 def true_duration(spec: JobSpec) -> float:
@@ -138,6 +157,8 @@ class SimExecutor:
         self.settings = settings
         self.nodes = {n.name: n for n in settings.cluster.nodes(settings.cluster_dir)}
         self._models = {name: n.gpu_model for name, n in self.nodes.items()}  # what each node's samples name
+        self.sample_every_s = (settings.sample_every_s if settings.sample_every_s is not None
+                               else sample_interval_from_env())
         self._last_sample: float | None = None
         self._last_sample_at: float | None = None
         self._sampled_specs: dict[tuple[str, int], tuple[float, int]] = {}  # (job, attempt) -> (util %, GPUs)
@@ -261,7 +282,7 @@ class SimExecutor:
             await self._finish_due(tx)
             await self._checkpoint_due(tx)
             wall = asyncio.get_running_loop().time()
-            due = self._last_sample is None or wall - self._last_sample >= self.settings.sample_every_s
+            due = self._last_sample is None or wall - self._last_sample >= self.sample_every_s
             if due and self.dcgm is None:  # with DCGM, real samples replace the synthetic ones
                 await self._sample(tx, wall)
             if self.heartbeat.due(wall):
@@ -321,8 +342,10 @@ class SimExecutor:
                 traceparent=row["traceparent"])
 
     async def _sample(self, tx: Tx, wall: float) -> None:
-        # The interval is in the services' (possibly accelerated) time, which metering integrates over.
-        interval = max(1.0, tx.now - self._last_sample_at) if self._last_sample_at is not None else 1.0
+        # The interval is in the services' (possibly accelerated) time, which metering integrates over: the time
+        # since the last batch, at least the nominal interval (the first batch covers one nominal interval).
+        every = self.sample_every_s
+        interval = max(every, tx.now - self._last_sample_at) if self._last_sample_at is not None else every
         self._last_sample, self._last_sample_at = wall, tx.now
         rows = await tx.conn.fetch("SELECT job_id, attempt, nodes FROM executor.runs WHERE status = 'running'")
         # What a sample needs of a run's spec (its mean utilisation, its GPUs), read once per run: a placement

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from services.executor.sim import jitter, sample_payloads
+import pytest
+
+from services.executor.sim import (
+    SAMPLE_INTERVAL_ENV,
+    SimExecutor,
+    SimExecutorSettings,
+    jitter,
+    sample_interval_from_env,
+    sample_payloads,
+)
+from shared.config import parse_cluster
+from shared.domain import JobSpec, PodSet
 from shared.events import GpuSample, UtilizationSampled, utcnow_from
 
 NOW = 1_767_225_600.0
@@ -27,3 +38,62 @@ def test_one_payload_per_busy_node_with_each_gpu_of_each_run() -> None:
     ]
     assert all(0.0 <= s.utilization_pct <= 100.0 for p in got for s in p.samples)
     assert sample_payloads([], specs, {}, NOW, 5.0) == []
+
+
+class _Conn:
+    """The two reads `_sample` makes: the running runs, then the specs of those it has not seen."""
+
+    def __init__(self, spec_json: str):
+        self.spec_json = spec_json
+
+    async def fetch(self, query: str, *args: object) -> list[dict[str, object]]:
+        if "spec" in query:
+            return [{"job_id": "a", "attempt": 1, "spec": self.spec_json}]
+        return [{"job_id": "a", "attempt": 1, "nodes": ["n-0"]}]
+
+
+class _Tx:
+    def __init__(self, conn: _Conn, now: float):
+        self.conn, self.now = conn, now
+        self.emitted: list[UtilizationSampled] = []
+
+    async def emit(self, payload: UtilizationSampled, subject_suffix: str | None = None) -> None:
+        self.emitted.append(payload)
+
+
+CLUSTER = parse_cluster({"node_groups": [{"name": "n", "count": 2, "gpus_per_node": 2, "gpu_model": "H100-80GB",
+                                          "cpu_milli": 1000, "memory_mib": 1024}]})
+
+
+@pytest.mark.parametrize("env, every", [(None, 1.0), ("30", 30.0), ("0.5", 0.5)])
+def test_the_sampling_interval_comes_from_the_settings_or_the_environment(
+        monkeypatch: pytest.MonkeyPatch, env: str | None, every: float) -> None:
+    if env is None:
+        monkeypatch.delenv(SAMPLE_INTERVAL_ENV, raising=False)
+    else:
+        monkeypatch.setenv(SAMPLE_INTERVAL_ENV, env)
+    assert SimExecutor(SimExecutorSettings(cluster=CLUSTER)).sample_every_s == every
+    assert SimExecutor(SimExecutorSettings(cluster=CLUSTER, sample_every_s=7.0)).sample_every_s == 7.0
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "soon", "inf", "nan"])
+def test_a_sampling_interval_that_is_no_positive_number_is_refused(monkeypatch: pytest.MonkeyPatch,
+                                                                  raw: str) -> None:
+    monkeypatch.setenv(SAMPLE_INTERVAL_ENV, raw)
+    with pytest.raises(ValueError, match=SAMPLE_INTERVAL_ENV):
+        sample_interval_from_env()
+
+
+async def test_each_batch_covers_the_time_since_the_last_whatever_the_interval() -> None:
+    """Metering integrates `interval_s`: the first batch covers one nominal interval, each later one the time
+    since the one before it (the services' time), so GPU-seconds add up to the time sampled at any cadence."""
+    executor = SimExecutor(SimExecutorSettings(cluster=CLUSTER, sample_every_s=30.0))
+    spec = JobSpec(job_id="a", team="t", queue="t", pod_sets=(PodSet(count=1, gpus_per_pod=2),))
+    conn = _Conn(spec.model_dump_json())
+    intervals = []
+    for now in (NOW, NOW + 30.0, NOW + 75.0):
+        tx = _Tx(conn, now)
+        await executor._sample(tx, wall=now)  # type: ignore[arg-type]  # the two calls it makes of a Tx
+        assert [p.node for p in tx.emitted] == ["n-0"] and len(tx.emitted[0].samples) == 2
+        intervals.append(tx.emitted[0].interval_s)
+    assert intervals == [30.0, 30.0, 45.0]
