@@ -40,6 +40,10 @@ from rich.progress import Progress
 from shared import namespace as namespaces
 
 SERVICES = "admission,scheduler,executor,preemption,metering,telemetry"
+# The simulated executor's sampling interval the benchmark runs with by default: dcgm-exporter's default
+# collection interval (its --collect-interval flag, 30000 ms), the cadence of real utilisation samples. Earlier
+# benchmarks ran with a sample per node a second (`--sample-interval 1`).
+DCGM_EXPORTER_INTERVAL_S = 30.0
 LONG_S = 86_400  # a burst's jobs run this long: they hold their GPUs for the whole measurement
 
 
@@ -240,9 +244,10 @@ async def _start_processes(names: list[str], *, nats_url: str, database_url: str
 
 async def _run(scenario: str, *, nodes: int, queues: int, jobs: int, rate: float, seconds: float, waiting: int,
                duration: float, services: str, attach: bool, timeout: float, progress: Progress,
-               layout: str = "one-process") -> dict[str, Any]:
+               layout: str = "one-process", sample_interval: float = DCGM_EXPORTER_INTERVAL_S) -> dict[str, Any]:
     import nats
 
+    from services.executor.sim import SAMPLE_INTERVAL_ENV
     from services.stack import Stack, StackSettings
     from shared.bus import delete_streams, ensure_streams
     from shared.config import parse_cluster, parse_queues
@@ -252,12 +257,16 @@ async def _run(scenario: str, *, nodes: int, queues: int, jobs: int, rate: float
     own_ns = not attach
     ns = namespaces.current() if attach else namespaces.fresh("bench")
     os.environ[namespaces.ENV] = ns
+    if own_ns:  # the simulated executor of the stack started here (in this process or its children) reads it
+        os.environ[SAMPLE_INTERVAL_ENV] = repr(sample_interval)
     servers = None if attach else resolve_servers(Path(tempfile.mkdtemp(prefix="gpuq-bench-e2e-")))
     nats_url = os.environ["NATS_URL"] if attach else servers.nats_url  # type: ignore[union-attr]  # set when not attached
     base_db = os.environ["DATABASE_URL"] if attach else servers.database_url  # type: ignore[union-attr]  # as above
     db_url, db_name = (base_db, "") if attach else await scratch_database(base_db, "gpuq_bench_e2e")
     out: dict[str, Any] = {"scenario": scenario, "nodes": nodes, "queues": queues, "services": services,
-                           "layout": "attached" if attach else layout}
+                           "layout": "attached" if attach else layout,
+                           # the background load's cadence (None: an attached stack's own, unknown here)
+                           "sample_interval_s": None if attach else sample_interval}
     nc = await nats.connect(nats_url)
     js = nc.jetstream()
     stack = None
@@ -416,6 +425,10 @@ def bench_e2e(
     attach: bool = typer.Option(False, "--attach", help="Drive the stack already running on NATS_URL / "
                                 "DATABASE_URL in GPUQ_NAMESPACE instead of starting one."),
     timeout: float = typer.Option(600.0, help="Seconds to wait for the placements before reporting what came."),
+    sample_interval: float = typer.Option(DCGM_EXPORTER_INTERVAL_S, help="Seconds between the simulated "
+                                          "executor's utilisation samples of each busy node (the background "
+                                          "load; default: dcgm-exporter's default collection interval; 1 gives "
+                                          "the figures of earlier benchmarks). Ignored with --attach.", min=0.001),
 ) -> None:
     """The running platform end to end: placements/s, admissions/s, submit→admitted and submit→placed p50/p99,
     events and deliveries per job, CPU and RSS, Postgres CPU. Prints one JSON object."""
@@ -431,5 +444,6 @@ def bench_e2e(
     with Progress(transient=True, console=Console(file=sys.stderr)) as progress:
         result = asyncio.run(_run(scenario, nodes=nodes, queues=queues, jobs=jobs, rate=rate, seconds=seconds,
                                   waiting=waiting, duration=duration, services=services, attach=attach,
-                                  timeout=timeout, progress=progress, layout=layout))
+                                  timeout=timeout, progress=progress, layout=layout,
+                                  sample_interval=sample_interval))
     typer.echo(json.dumps(result))

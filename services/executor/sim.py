@@ -22,11 +22,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
@@ -42,7 +44,6 @@ from shared.events import (
     CheckpointRequested,
     CloudEvent,
     ExitReason,
-    GpuSample,
     JobCancelled,
     JobCheckpointed,
     JobCompleted,
@@ -73,10 +74,28 @@ class SimExecutorSettings:
     cluster: ClusterConfig
     cluster_dir: Path | None = None
     tick_s: float = 0.1  # wall seconds between completion checks
-    sample_every_s: float = 1.0  # wall seconds between utilisation batches
+    # Wall seconds between utilisation batches (None: GPUQ_SIM_SAMPLE_INTERVAL_S, else 1). Real samples come
+    # from DCGM every several seconds (dcgm-exporter collects every 30 s by default); `gpuq bench e2e` runs with that.
+    sample_every_s: float | None = None
     checkpoint_delay_s: float = 30.0  # virtual seconds a job takes to write a checkpoint
     dcgm: DcgmSettings | None = None  # real samples from dcgm-exporter via Prometheus instead of synthetic ones
     heartbeat_every_s: float | None = None  # wall seconds between heartbeats (None: GPUQ_HEARTBEAT_INTERVAL_S, 10)
+
+
+SAMPLE_INTERVAL_ENV = "GPUQ_SIM_SAMPLE_INTERVAL_S"
+DEFAULT_SAMPLE_INTERVAL_S = 1.0
+
+
+def sample_interval_from_env() -> float:
+    """The simulated executor's sampling interval in seconds: GPUQ_SIM_SAMPLE_INTERVAL_S, else 1."""
+    raw = os.environ.get(SAMPLE_INTERVAL_ENV, "")
+    try:
+        value = float(raw) if raw else DEFAULT_SAMPLE_INTERVAL_S
+    except ValueError:
+        raise ValueError(f"{SAMPLE_INTERVAL_ENV} must be a number of seconds, not {raw!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"{SAMPLE_INTERVAL_ENV} must be a positive number of seconds, not {raw!r}")
+    return value
 
 
 def true_duration(spec: JobSpec) -> float:
@@ -137,6 +156,9 @@ class SimExecutor:
         self.scheduler_tables = SchedulerTables()  # placements are checked against the scheduler's table
         self.settings = settings
         self.nodes = {n.name: n for n in settings.cluster.nodes(settings.cluster_dir)}
+        self._models = {name: n.gpu_model for name, n in self.nodes.items()}  # what each node's samples name
+        self.sample_every_s = (settings.sample_every_s if settings.sample_every_s is not None
+                               else sample_interval_from_env())
         self._last_sample: float | None = None
         self._last_sample_at: float | None = None
         self._sampled_specs: dict[tuple[str, int], tuple[float, int]] = {}  # (job, attempt) -> (util %, GPUs)
@@ -260,7 +282,7 @@ class SimExecutor:
             await self._finish_due(tx)
             await self._checkpoint_due(tx)
             wall = asyncio.get_running_loop().time()
-            due = self._last_sample is None or wall - self._last_sample >= self.settings.sample_every_s
+            due = self._last_sample is None or wall - self._last_sample >= self.sample_every_s
             if due and self.dcgm is None:  # with DCGM, real samples replace the synthetic ones
                 await self._sample(tx, wall)
             if self.heartbeat.due(wall):
@@ -320,8 +342,10 @@ class SimExecutor:
                 traceparent=row["traceparent"])
 
     async def _sample(self, tx: Tx, wall: float) -> None:
-        # The interval is in the services' (possibly accelerated) time, which metering integrates over.
-        interval = max(1.0, tx.now - self._last_sample_at) if self._last_sample_at is not None else 1.0
+        # The interval is in the services' (possibly accelerated) time, which metering integrates over: the time
+        # since the last batch, at least the nominal interval (the first batch covers one nominal interval).
+        every = self.sample_every_s
+        interval = max(every, tx.now - self._last_sample_at) if self._last_sample_at is not None else every
         self._last_sample, self._last_sample_at = wall, tx.now
         rows = await tx.conn.fetch("SELECT job_id, attempt, nodes FROM executor.runs WHERE status = 'running'")
         # What a sample needs of a run's spec (its mean utilisation, its GPUs), read once per run: a placement
@@ -335,20 +359,29 @@ class SimExecutor:
                 self._sampled_specs[(row["job_id"], row["attempt"])] = (mean_utilization(spec), spec.total_gpus)
         for key in self._sampled_specs.keys() - runs:
             del self._sampled_specs[key]
-        per_node: dict[str, list[GpuSample]] = {}
-        for row in sorted(rows, key=lambda r: r["job_id"]):
-            known = self._sampled_specs.get((row["job_id"], row["attempt"]))
-            if known is None:  # placed again between the two reads: sampled from the next round on
-                continue
-            util, total_gpus = known
-            job_id = row["job_id"]
-            for node in row["nodes"]:
-                samples = per_node.setdefault(node, [])
-                for gpu in range(max(1, total_gpus // max(1, len(row["nodes"])))):
-                    value = min(100.0, max(0.0, util + jitter(job_id, gpu, tx.now)))
-                    samples.append(GpuSample(job_id=job_id, gpu_index=len(samples), utilization_pct=value,
-                                             memory_used_mib=int(value * 600), power_w=round(80 + 6 * value, 1)))
-        for node in sorted(per_node):
-            await tx.emit(UtilizationSampled(node=node, gpu_model=self.nodes[node].gpu_model,
-                                             sampled_at=utcnow_from(tx.now), interval_s=interval,
-                                             samples=tuple(per_node[node]), source="sim"), subject_suffix=None)
+        for payload in sample_payloads([(r["job_id"], r["attempt"], r["nodes"]) for r in rows], self._sampled_specs,
+                                       self._models, tx.now, interval):
+            await tx.emit(payload, subject_suffix=None)
+
+
+def sample_payloads(runs: list[tuple[str, int, list[str]]], specs: Mapping[tuple[str, int], tuple[float, int]],
+                    models: Mapping[str, str], now: float, interval: float) -> list[UtilizationSampled]:
+    """One UtilizationSampled per busy node, in node order, for runs (job, attempt, nodes) whose (utilisation %,
+    GPUs) `specs` knows. Each node's samples are plain dicts validated once with the node's payload (one call into
+    pydantic per node, not one per GPU)."""
+    per_node: dict[str, list[dict[str, Any]]] = {}
+    for job_id, attempt, nodes in sorted(runs, key=lambda r: r[0]):
+        known = specs.get((job_id, attempt))
+        if known is None:  # placed again between the two reads: sampled from the next round on
+            continue
+        util, total_gpus = known
+        for node in nodes:
+            samples = per_node.setdefault(node, [])
+            for gpu in range(max(1, total_gpus // max(1, len(nodes)))):
+                value = min(100.0, max(0.0, util + jitter(job_id, gpu, now)))
+                samples.append({"job_id": job_id, "gpu_index": len(samples), "utilization_pct": value,
+                                "memory_used_mib": int(value * 600), "power_w": round(80 + 6 * value, 1)})
+    sampled_at = utcnow_from(now)
+    return [UtilizationSampled.model_validate({"node": node, "gpu_model": models[node], "sampled_at": sampled_at,
+                                               "interval_s": interval, "samples": per_node[node], "source": "sim"})
+            for node in sorted(per_node)]

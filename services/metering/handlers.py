@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -39,11 +40,37 @@ class TxLike(Protocol):
 
 
 _REBUILD = "metering-allocations"  # Tx.scratch and after_events key: the jobs whose allocations are to be rebuilt
+_HELD = "metering-held-facts"  # Tx.scratch key: facts held for the batch's end (_Held)
+
+
+@dataclass
+class _Held:
+    """Facts and job dimensions a batch's messages hold for its end, written there in three statements."""
+
+    facts: list[store.FactRow] = field(default_factory=list)
+    dims: list[store.DimsRow] = field(default_factory=list)
+
+
+def _held(tx: TxLike) -> _Held | None:
+    """Where to hold this message's writes for the batch's end, or None to write them at once. Held only where any
+    failure rolls the whole transaction back (a batch handled without savepoints: `Tx.own_savepoint` false) and
+    there is a batch end to write them at (`Tx.deferred`): a message in a savepoint of its own could be rolled back
+    while its held rows were written at the end anyway (a charge for an event that will come again). Nothing reads
+    the facts before the batch's end but the rebuild that runs there, after writing them."""
+    scratch: dict[str, Any] | None = getattr(tx, "scratch", None)
+    if scratch is None or getattr(tx, "deferred", None) is None or getattr(tx, "own_savepoint", True):
+        return None
+    held: _Held = scratch.setdefault(_HELD, _Held())
+    return held
 
 
 async def _record(tx: TxLike, job_id: str, kind: FactKind, at: datetime,
                   detail: Mapping[str, Any] | None = None) -> None:
-    await store.record_fact(tx.conn, job_id, kind, at, detail, rebuild=_rebuild_set(tx))
+    held = _held(tx)
+    if held is not None:
+        held.facts.append(store.fact_row(job_id, kind, at, detail))  # added last: nothing after it can fail
+    else:
+        await store.record_fact(tx.conn, job_id, kind, at, detail, rebuild=_rebuild_set(tx))
     await _rebuild_after_events(tx)
 
 
@@ -58,20 +85,32 @@ def _rebuild_set(tx: TxLike) -> set[str] | None:
 
 
 async def _rebuild_after_events(tx: TxLike) -> None:
-    """After the fact is written: the rebuild runs now in a unit of one event, at the batch's end in a batch."""
+    """After the fact is written (or held): the rebuild runs now in a unit of one event, at the batch's end in a
+    batch."""
     after_events = getattr(tx, "after_events", None)
     if after_events is not None and getattr(tx, "scratch", None) is not None:
         await after_events(_REBUILD, _rebuild_pending)
 
 
 async def _rebuild_pending(tx: Any) -> None:
+    # The held facts first (each job locked before its facts are written), then the rebuild, which must see them.
     # Rebuilding a job whose fact was rolled back with its message's savepoint is harmless: a rebuild is a pure
     # function of the job's facts as the transaction sees them.
-    await store.rebuild_allocations_many(tx.conn, tx.scratch.pop(_REBUILD, ()))
+    jobs: set[str] = tx.scratch.pop(_REBUILD, set())
+    held: _Held | None = tx.scratch.pop(_HELD, None)
+    if held is not None:
+        jobs |= await store.record_facts_many(tx.conn, held.facts, held.dims)
+    await store.rebuild_allocations_many(tx.conn, jobs)
 
 
 async def on_placed(tx: TxLike, event: CloudEvent, p: JobPlaced) -> None:
-    await store.record_placed(tx.conn, p, rebuild=_rebuild_set(tx))
+    held = _held(tx)
+    if held is not None:
+        dims, fact = store.placed_rows(p)
+        held.dims.append(dims)
+        held.facts.append(fact)  # added last: nothing after it can fail
+    else:
+        await store.record_placed(tx.conn, p, rebuild=_rebuild_set(tx))
     await _rebuild_after_events(tx)
 
 

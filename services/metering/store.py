@@ -44,40 +44,82 @@ async def _lock_job(conn: Conn, job_id: str) -> None:
     await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", f"metering:{job_id}")
 
 
-async def record_placed(conn: Conn, p: JobPlaced, *, rebuild: set[str] | None = None) -> bool:
-    """Record a placement and the job's dimensions. Returns False when the fact was already known. With `rebuild`,
-    the job's allocations are not rebuilt here: its id is added to the set, for `rebuild_allocations_many` later
-    in the same transaction (the job's lock is held until its commit)."""
-    spec = p.spec
-    await _lock_job(conn, spec.job_id)
-    await conn.execute(
-        """INSERT INTO metering.jobs AS j (job_id, team, queue, priority_class, kind, user_name, labels, spec_at)
-           VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8)
+# The job's lock (the key `_lock_job` takes) in the statement that writes its fact: one round trip per fact. The
+# writes read their rows from this CTE, so the lock is held before either touches a row (and until the commit).
+_LOCK = "lock AS MATERIALIZED (SELECT pg_advisory_xact_lock(hashtextextended('metering:' || $1::text, 0)))"
+_UPSERT_DIMS = """INSERT INTO metering.jobs AS j (job_id, team, queue, priority_class, kind, user_name, labels, spec_at)
+           {values}
            ON CONFLICT (job_id) DO UPDATE SET team = EXCLUDED.team, queue = EXCLUDED.queue,
                priority_class = EXCLUDED.priority_class, kind = EXCLUDED.kind, user_name = EXCLUDED.user_name,
                labels = EXCLUDED.labels, spec_at = EXCLUDED.spec_at
-           WHERE EXCLUDED.spec_at < j.spec_at""",
-        spec.job_id, spec.team, spec.queue, spec.priority_class, spec.kind.value, spec.user,
-        json.dumps(dict(sorted(spec.labels.items()))), p.placed_at)
+           WHERE EXCLUDED.spec_at < j.spec_at"""
+_INSERT_FACT = """INSERT INTO metering.job_facts (job_id, kind, at, detail) {values}
+           ON CONFLICT DO NOTHING"""
+
+
+@dataclass(frozen=True)
+class FactRow:
+    """A fact as written: the job, its kind, when, and its detail as JSON (sorted keys: the same fact encodes the
+    same)."""
+
+    job_id: str
+    kind: FactKind
+    at: datetime
+    detail: str
+
+
+@dataclass(frozen=True)
+class DimsRow:
+    """A job's dimensions from a placement's spec; the earliest placement's win (`spec_at`)."""
+
+    job_id: str
+    team: str
+    queue: str
+    priority_class: str
+    kind: str
+    user_name: str | None
+    labels: str
+    spec_at: datetime
+
+
+def placed_rows(p: JobPlaced) -> tuple[DimsRow, FactRow]:
+    spec = p.spec
+    dims = DimsRow(spec.job_id, spec.team, spec.queue, spec.priority_class, spec.kind.value, spec.user,
+                   json.dumps(dict(sorted(spec.labels.items()))), p.placed_at)
     detail = {"shares": [list(s) for s in node_shares(p.bindings, spec)], "model_hint": model_hint(spec)}
-    return await _add_fact(conn, spec.job_id, FactKind.PLACED, p.placed_at, detail, locked=True, rebuild=rebuild)
+    return dims, fact_row(spec.job_id, FactKind.PLACED, p.placed_at, detail)
+
+
+def fact_row(job_id: str, kind: FactKind, at: datetime, detail: Mapping[str, Any] | None = None) -> FactRow:
+    return FactRow(job_id, kind, at, json.dumps(dict(detail or {}), sort_keys=True))
+
+
+async def record_placed(conn: Conn, p: JobPlaced, *, rebuild: set[str] | None = None) -> bool:
+    """Record a placement and the job's dimensions, in one statement with the job's lock. Returns False when the
+    fact was already known. With `rebuild`, the job's allocations are not rebuilt here: its id is added to the set,
+    for `rebuild_allocations_many` later in the same transaction (the job's lock is held until its commit)."""
+    dims, fact = placed_rows(p)
+    inserted = await conn.fetchval(
+        f"WITH {_LOCK}, dims AS ("
+        f"{_UPSERT_DIMS.format(values='SELECT $1, $2, $3, $4, $5, $6, $7::jsonb, $8 FROM lock')})"
+        f" {_INSERT_FACT.format(values='SELECT $1, $9, $8, $10::jsonb FROM lock')} RETURNING true",
+        dims.job_id, dims.team, dims.queue, dims.priority_class, dims.kind, dims.user_name, dims.labels,
+        dims.spec_at, fact.kind.value, fact.detail)
+    return await _after_insert(conn, fact.job_id, bool(inserted), rebuild)
 
 
 async def record_fact(conn: Conn, job_id: str, kind: FactKind, at: datetime,
                       detail: Mapping[str, Any] | None = None, *, rebuild: set[str] | None = None) -> bool:
-    """Record a start, end or preemption fact (`detail` of a preemption carries `lost_ms`); `rebuild` as for
-    `record_placed`."""
-    return await _add_fact(conn, job_id, kind, at, dict(detail or {}), locked=False, rebuild=rebuild)
-
-
-async def _add_fact(conn: Conn, job_id: str, kind: FactKind, at: datetime, detail: dict[str, Any],
-                    *, locked: bool, rebuild: set[str] | None = None) -> bool:
-    if not locked:
-        await _lock_job(conn, job_id)
+    """Record a start, end or preemption fact (`detail` of a preemption carries `lost_ms`), in one statement with
+    the job's lock; `rebuild` as for `record_placed`."""
+    fact = fact_row(job_id, kind, at, detail)
     inserted = await conn.fetchval(
-        """INSERT INTO metering.job_facts (job_id, kind, at, detail) VALUES ($1, $2, $3, $4::jsonb)
-           ON CONFLICT DO NOTHING RETURNING true""",
-        job_id, kind.value, at, json.dumps(detail, sort_keys=True))
+        f"WITH {_LOCK} {_INSERT_FACT.format(values='SELECT $1, $2, $3, $4::jsonb FROM lock')} RETURNING true",
+        fact.job_id, fact.kind.value, fact.at, fact.detail)
+    return await _after_insert(conn, job_id, bool(inserted), rebuild)
+
+
+async def _after_insert(conn: Conn, job_id: str, inserted: bool, rebuild: set[str] | None) -> bool:
     if not inserted:
         return False
     if rebuild is not None:
@@ -85,6 +127,39 @@ async def _add_fact(conn: Conn, job_id: str, kind: FactKind, at: datetime, detai
     else:
         await rebuild_allocations(conn, job_id)
     return True
+
+
+async def record_facts_many(conn: Conn, facts: Sequence[FactRow], dims: Sequence[DimsRow]) -> set[str]:
+    """Write many jobs' facts and dimensions at once (a batch's, at its end): three statements whatever their
+    number. Every job's lock is taken first, in job id order (two writers of overlapping jobs lock them in the same
+    order: no deadlock). A fact already known changes nothing; returns the jobs that got a new fact, whose
+    allocations the caller rebuilds (`rebuild_allocations_many`) in the same transaction."""
+    jobs = sorted({f.job_id for f in facts} | {d.job_id for d in dims})
+    if not jobs:
+        return set()
+    await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('metering:' || j, 0)) "
+                       "FROM (SELECT j FROM unnest($1::text[]) AS t(j) ORDER BY j) AS s", jobs)
+    earliest: dict[str, DimsRow] = {}  # one row per job (an upsert may touch a row once): the earliest placement
+    for d in dims:
+        if d.job_id not in earliest or d.spec_at < earliest[d.job_id].spec_at:
+            earliest[d.job_id] = d
+    if earliest:
+        rows = [earliest[j] for j in sorted(earliest)]
+        await conn.execute(
+            _UPSERT_DIMS.format(values="SELECT j, t, q, p, k, u, l::jsonb, s FROM unnest($1::text[], $2::text[], "
+                                       "$3::text[], $4::text[], $5::text[], $6::text[], $7::text[], "
+                                       "$8::timestamptz[]) AS x(j, t, q, p, k, u, l, s)"),
+            [d.job_id for d in rows], [d.team for d in rows], [d.queue for d in rows],
+            [d.priority_class for d in rows], [d.kind for d in rows], [d.user_name for d in rows],
+            [d.labels for d in rows], [d.spec_at for d in rows])
+    if not facts:
+        return set()
+    inserted = await conn.fetch(
+        _INSERT_FACT.format(values="SELECT j, k, a, d::jsonb FROM unnest($1::text[], $2::text[], $3::timestamptz[], "
+                                   "$4::text[]) AS x(j, k, a, d)")
+        + " RETURNING job_id",
+        [f.job_id for f in facts], [f.kind.value for f in facts], [f.at for f in facts], [f.detail for f in facts])
+    return {r["job_id"] for r in inserted}
 
 
 def _fact_from_row(row: asyncpg.Record) -> Fact:
@@ -353,6 +428,7 @@ async def team_summary(conn_or_pool: Conn | asyncpg.Pool, *, rates: Mapping[str,
 
 __all__ = [
     "HOUR_MS", "MIGRATIONS", "SCHEMA", "LedgerSlice", "load_ledger", "load_rates", "migrate", "prune_samples",
-    "rebuild_allocations", "rebuild_allocations_many", "record_fact", "record_placed", "record_samples", "set_rates",
+    "rebuild_allocations", "rebuild_allocations_many", "record_fact", "record_facts_many", "record_placed",
+    "record_samples", "set_rates",
     "team_summary",
 ]

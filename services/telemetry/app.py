@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import json
 import threading
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 
 from services.scheduler import readmodel
-from services.telemetry.core.state import Effects, Gauges, Labels, Observation, TelemetryState
+from services.telemetry.core.state import Effects, Gauges, TelemetryState
 from services.telemetry.metrics import DEFAULT_PORT, TelemetryMetrics
 from services.telemetry.webhooks import store
 from services.telemetry.webhooks.backoff import RetryPolicy
@@ -74,27 +73,6 @@ class _Pending:
         self.fx.jobs |= fx.jobs
         self.fx.samples |= fx.samples
         self.fx.sources |= fx.sources
-
-
-def summed(observations: Sequence[Observation]) -> list[Observation]:
-    """The same observations with each counter series' positive increments added up (in the order each series
-    first appears; histogram observations kept one by one, in order): a counter reads the same afterwards (up to
-    floating-point rounding)."""
-    out: list[Observation] = []
-    counters: dict[tuple[str, Labels], int] = {}
-    for o in observations:
-        if o.kind != "counter":
-            out.append(o)
-            continue
-        if o.value <= 0:  # never added (metrics.record skips them too)
-            continue
-        at = counters.get((o.name, o.labels))
-        if at is None:
-            counters[(o.name, o.labels)] = len(out)
-            out.append(o)
-        else:
-            out[at] = Observation("counter", o.name, out[at].value + o.value, o.labels)
-    return out
 
 
 class TelemetryService:
@@ -165,8 +143,8 @@ class TelemetryService:
         pending: _Pending | None = tx.scratch.pop(_PENDING, None)
         if pending is None:
             return
-        # The unit of work's counter increments summed per series (one add each), its histogram observations each.
-        self.metrics.record(summed(pending.fx.observations))
+        # The unit of work's counter increments (summed per series by the metrics layer) and histogram observations.
+        self.metrics.record(pending.fx.observations)
         await self.persist(tx.conn, pending.fx)
         if pending.queues is not None:
             await self.persist_queues(tx.conn, pending.queues)
@@ -177,20 +155,20 @@ class TelemetryService:
         """Write the records `fx` names as the core holds them now: one statement per table and kind, whatever
         the number of records (a record the core no longer holds is deleted)."""
         with self.lock:
-            jobs = [(j, self.state.job_doc(j)) for j in sorted(fx.jobs)]
-            samples = [(n, self.state.sample_doc(n)) for n in sorted(fx.samples)]
-            sources = [(n, self.state.source_doc(n)) for n in sorted(fx.sources)]
+            jobs = [(j, self.state.job_json(j)) for j in sorted(fx.jobs)]
+            samples = [(n, self.state.sample_json(n)) for n in sorted(fx.samples)]
+            sources = [(n, self.state.source_json(n)) for n in sorted(fx.sources)]
         kept = [(_SOURCE_KEY + name, doc) for name, doc in sources if doc is not None]
         if kept:
             await conn.execute("INSERT INTO telemetry.settings(key, doc) SELECT k, d::jsonb FROM "
                                "unnest($1::text[], $2::text[]) AS t(k, d) ON CONFLICT (key) DO UPDATE SET doc = "
-                               "excluded.doc", [k for k, _ in kept], [json.dumps(doc) for _, doc in kept])
+                               "excluded.doc", [k for k, _ in kept], [doc for _, doc in kept])
         # (Nodes are not persisted here: they are the scheduler's fact, reloaded from its read model at start.)
         for table, key, rows in (("jobs", "job_id", jobs), ("samples", "node", samples)):
             gone = [k for k, doc in rows if doc is None]
             if gone:
                 await conn.execute(f"DELETE FROM telemetry.{table} WHERE {key} = ANY($1::text[])", gone)
-            upserts = [(k, json.dumps(doc)) for k, doc in rows if doc is not None]
+            upserts = [(k, doc) for k, doc in rows if doc is not None]
             if upserts:
                 await conn.execute(
                     f"INSERT INTO telemetry.{table}({key}, doc) SELECT k, d::jsonb FROM "

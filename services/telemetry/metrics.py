@@ -1,10 +1,12 @@
 """Prometheus metrics through the OpenTelemetry SDK and its Prometheus exporter.
 
-Counters and histograms are fed with the core's `Observation`s as events arrive; gauges are observable
-instruments whose callbacks read one snapshot of the core (`TelemetryState.gauges(now)`), taken once per
-scrape. The exporter writes into a registry of our own (not prometheus_client's global one) so several
-instances can live in one process (tests) and `/metrics` shows only gpuq's series.
-"""
+Histograms are fed with the core's `Observation`s as events arrive. Counters are summed here, per series, as
+they arrive (a dict add) and exposed as observable counters whose callbacks read those totals at scrape time:
+an SDK counter's `add` (attribute cleaning and hashing per call) was most of a utilisation sample's CPU, and
+samples add two per series and node every interval. Gauges are observable instruments whose callbacks read one
+snapshot of the core (`TelemetryState.gauges(now)`), taken once per scrape. The exporter writes into a registry
+of our own (not prometheus_client's global one) so several instances can live in one process (tests) and
+`/metrics` shows only gpuq's series."""
 
 from __future__ import annotations
 
@@ -14,20 +16,22 @@ from typing import Any
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.sdk.metrics import Counter, Histogram, MeterProvider, ObservableGauge
+from opentelemetry.sdk.metrics import Counter, Histogram, MeterProvider, ObservableCounter, ObservableGauge
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 
 from services.telemetry.core.names import COUNTER, GAUGE, HISTOGRAM, JCT_BUCKETS_S, METRICS, WAIT_BUCKETS_S
 from services.telemetry.core.state import Gauges
+from services.telemetry.core.state import Labels as CoreLabels
 from services.telemetry.core.state import Observation as CoreObservation
 
 DEFAULT_PORT = 9464
 _BUCKETS = {"gpuq_admission_wait_seconds": WAIT_BUCKETS_S, "gpuq_job_completion_seconds": JCT_BUCKETS_S}
 # Per-GPU series of a large cluster exceed the SDK's default of 2000 points per instrument.
 # Keys are instrument classes; the SDK's own alias for this mapping is internal, hence Any.
-_CARDINALITY: dict[Any, int] = {Counter: 50_000, Histogram: 20_000, ObservableGauge: 200_000}
+_CARDINALITY: dict[Any, int] = {Counter: 50_000, ObservableCounter: 50_000, Histogram: 20_000,
+                                ObservableGauge: 200_000}
 
 
 class _SnapshotRefresher:
@@ -56,11 +60,14 @@ class TelemetryMetrics:
         self.provider = MeterProvider(metric_readers=[self.reader], views=views,
                                       resource=Resource.create({"service.name": service_name}))
         meter = self.provider.get_meter("gpuq.telemetry")
-        self._counters: dict[str, Any] = {}
+        # counter -> series -> total since start (what a scrape reports; restarts from zero like an SDK counter)
+        self._totals: dict[str, dict[CoreLabels, float]] = {}
         self._histograms: dict[str, Any] = {}
         for name, d in sorted(METRICS.items()):
             if d.kind == COUNTER:
-                self._counters[name] = meter.create_counter(name, unit=d.unit, description=d.help)
+                self._totals[name] = {}
+                meter.create_observable_counter(name, callbacks=[self._counter_callback(name)], unit=d.unit,
+                                                description=d.help)
             elif d.kind == HISTOGRAM:
                 self._histograms[name] = meter.create_histogram(name, unit=d.unit, description=d.help)
             elif d.kind == GAUGE:
@@ -82,14 +89,29 @@ class TelemetryMetrics:
 
         return callback
 
+    def _counter_callback(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        totals = self._totals[name]
+
+        def callback(options: CallbackOptions) -> Iterable[Observation]:
+            with self._lock:
+                series = sorted(totals.items())
+            return [Observation(value, dict(lbls)) for lbls, value in series]
+
+        return callback
+
     def record(self, observations: Iterable[CoreObservation]) -> None:
-        for o in observations:
-            attrs = dict(o.labels)
-            if o.kind == "counter":
-                if o.value > 0:
-                    self._counters[o.name].add(o.value, attrs)
-            else:
-                self._histograms[o.name].record(o.value, attrs)
+        histograms = []
+        with self._lock:  # a scrape's callbacks read the totals from the HTTP thread
+            for o in observations:
+                if o.kind == "counter":
+                    if o.value > 0:  # a counter only grows (the SDK's counter refused negative adds too)
+                        totals = self._totals[o.name]
+                        totals[o.labels] = totals.get(o.labels, 0.0) + o.value
+                else:
+                    histograms.append(o)
+        # Outside the lock: the SDK takes its own locks, and a scrape holds those while calling our callbacks.
+        for o in histograms:
+            self._histograms[o.name].record(o.value, dict(o.labels))
 
     def render(self) -> bytes:
         """The /metrics body (what a scrape returns)."""

@@ -111,6 +111,17 @@ def sample_share(s: GpuSample) -> float:
     return mig_milli_gpus(s.mig_profile) / MILLI_GPU if s.gpu_instance is not None else 1.0
 
 
+_TEAM_FIELDS: dict[type[Payload], frozenset[str]] = {}
+
+
+def _team_fields(cls: type[Payload]) -> frozenset[str]:
+    """Which of the fields `team_of` reads an event type has (looked up once per type, not per event)."""
+    found = _TEAM_FIELDS.get(cls)
+    if found is None:
+        found = _TEAM_FIELDS[cls] = frozenset({"spec", "team", "job_id"} & set(cls.model_fields))
+    return found
+
+
 class TelemetryState:
     def __init__(self, job_series_cap: int = JOB_SERIES_CAP):
         self.jobs: dict[str, JobRecord] = {}
@@ -155,6 +166,22 @@ class TelemetryState:
         rec = self.sources.get(name)
         return rec.model_dump(mode="json") if rec is not None else None
 
+    # The records as JSON text, encoded by pydantic's serializer in one step (what the shell persists).
+    def job_json(self, job_id: str) -> str | None:
+        """A job's record without the fields at their defaults (the spec's included): a quarter of the full
+        document's size for a typical job, which is what Postgres parses and writes again at each of the job's
+        events; `load_job` gives the same record back (the defaults fill in)."""
+        rec = self.jobs.get(job_id)
+        return rec.model_dump_json(exclude_defaults=True) if rec is not None else None
+
+    def sample_json(self, name: str) -> str | None:
+        rec = self.samples.get(name)
+        return rec.model_dump_json() if rec is not None else None
+
+    def source_json(self, name: str) -> str | None:
+        rec = self.sources.get(name)
+        return rec.model_dump_json() if rec is not None else None
+
     def job_doc(self, job_id: str) -> dict[str, Any] | None:
         rec = self.jobs.get(job_id)
         return rec.model_dump(mode="json") if rec is not None else None
@@ -171,6 +198,9 @@ class TelemetryState:
 
     def team_of(self, payload: Payload) -> str | None:
         """The team an event concerns (for webhook routing), from the payload or the job's record."""
+        fields = _team_fields(type(payload))
+        if not fields:  # an event of no job and no team (a utilisation sample): nothing to look up
+            return None
         spec = getattr(payload, "spec", None)
         if isinstance(spec, JobSpec):
             return spec.team
@@ -358,15 +388,25 @@ class TelemetryState:
         self.samples[p.node] = NodeSample(node=p.node, gpu_model=model, sampled_at=_ts(p.sampled_at) or now,
                                           interval_s=p.interval_s, samples=p.samples)
         fx.samples.add(p.node)
+        # One increment per series and counter for the whole node (its GPUs summed in index order), not two per
+        # GPU: the metrics layer's cost is per increment, and a node's GPUs mostly share a queue and team.
+        per_series: dict[Labels, list[float]] = {}
         for s in sorted(p.samples, key=lambda s: (s.gpu_index, s.gpu_instance or -1)):
             if s.job_id is None:
                 continue
             rec = self.jobs.get(s.job_id)
-            kv = {"queue": rec.queue if rec else UNKNOWN, "team": rec.team if rec else UNKNOWN,
-                  "gpu_model": model, "feature": rec.feature if rec else ""}
+            # labels(feature=…, gpu_model=…, queue=…, team=…), built in that (sorted) order directly
+            key: Labels = (("feature", rec.feature if rec else ""), ("gpu_model", model),
+                   ("queue", rec.queue if rec else UNKNOWN), ("team", rec.team if rec else UNKNOWN))
             gpu_seconds = p.interval_s * sample_share(s)  # a MIG instance's sample covers its slice
-            fx.count("gpuq_gpu_allocated_seconds", gpu_seconds, **kv)
-            fx.count("gpuq_gpu_used_seconds", gpu_seconds * s.utilization_pct / 100.0, **kv)
+            acc = per_series.get(key)
+            if acc is None:
+                acc = per_series[key] = [0.0, 0.0]
+            acc[0] += gpu_seconds
+            acc[1] += gpu_seconds * s.utilization_pct / 100.0
+        for key, (allocated, used) in per_series.items():  # in the order each series first appears
+            fx.observations.append(Observation("counter", "gpuq_gpu_allocated_seconds", allocated, key))
+            fx.observations.append(Observation("counter", "gpuq_gpu_used_seconds", used, key))
 
     def _on_UtilizationSourceChecked(self, p: UtilizationSourceChecked, now: float, fx: Effects) -> None:
         checked = _ts(p.checked_at) or now

@@ -213,3 +213,55 @@ async def test_one_batch_of_every_event_gives_the_ledger_of_one_transaction_each
         for work in deferred.values():
             await work(end)
     assert await snapshot(pool) == first
+
+
+async def test_held_facts_are_written_at_the_batch_end_and_lost_with_its_rollback_only(pool):
+    """A batch handled without savepoints holds its facts for its end (a few statements for all); one handled with
+    a savepoint per message writes each at once (its savepoint could roll back alone). A crash before the commit of
+    a batch that held facts leaves none of them, and the batch handled again gives the ledger of one delivery."""
+    events = scenario()
+    await deliver(pool, events)
+    once = await snapshot(pool)
+    tables = ("TRUNCATE metering.jobs, metering.job_facts, metering.allocations, metering.gpu_samples, "
+              "metering.usage_hourly, metering.rates")
+    async with pool.acquire() as conn:
+        await conn.execute(tables)
+
+    async def batch(conn: asyncpg.Connection, *, own_savepoint: bool) -> int:
+        """Handle every event as one batch; returns the facts written before the batch's end."""
+        deferred: dict[str, Any] = {}
+        scratch: dict[str, Any] = {}
+        for ev in events:
+            payload = ev.payload()
+            tx = Tx(conn=conn, now=0.0, source="test", schema="metering", deferred=deferred, scratch=scratch,
+                    own_savepoint=own_savepoint)
+            await HANDLERS[type(payload)](tx, ev, payload)
+        before_end = int(await conn.fetchval("SELECT count(*) FROM metering.job_facts"))
+        end = Tx(conn=conn, now=0.0, source="test", schema="metering", scratch=scratch)
+        for work in deferred.values():
+            await work(end)
+        assert not scratch.get("metering-held-facts")
+        return before_end
+
+    class Crash(Exception):
+        pass
+
+    with pytest.raises(Crash):
+        async with pool.acquire() as conn, conn.transaction():
+            assert await batch(conn, own_savepoint=False) == 0  # held for the end
+            assert await conn.fetchval("SELECT count(*) FROM metering.job_facts") > 0
+            raise Crash  # before the commit
+    async with pool.acquire() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM metering.job_facts") == 0  # nothing charged
+    async with pool.acquire() as conn, conn.transaction():
+        await batch(conn, own_savepoint=False)
+    assert await snapshot(pool) == once
+    async with pool.acquire() as conn, conn.transaction():  # delivered again: no fact twice
+        await batch(conn, own_savepoint=False)
+    assert await snapshot(pool) == once
+
+    async with pool.acquire() as conn:
+        await conn.execute(tables)
+    async with pool.acquire() as conn, conn.transaction():
+        assert await batch(conn, own_savepoint=True) == 8  # all 8 facts, each at once
+    assert await snapshot(pool) == once
