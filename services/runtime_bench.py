@@ -20,7 +20,15 @@ import typer
 
 from shared.bus import stream_for_subject
 from shared.domain import GpuBinding, JobSpec, PodSet
-from shared.events import JobPlaced, JobStarted, JobSubmitted, encode_event, new_event_id, parse_event
+from shared.events import (
+    JobPlaced,
+    JobStarted,
+    JobSubmitted,
+    _decode_json,
+    encode_event,
+    new_event_id,
+    parse_event,
+)
 from shared.service import ServiceRuntime, ServiceSpec, Tx, _BatchWork
 from shared.tracing import (
     current_traceparent,
@@ -96,6 +104,7 @@ def measure(iterations: int) -> dict[str, float]:
             lambda: traced_event(placed, source="gpuq/scheduler/0", time=_T), iterations)
     figures["encode_event_placed"] = _per_op_us(lambda: encode_event(placed_event), iterations)
     figures["json_loads_placed"] = _per_op_us(lambda: json.loads(placed_raw), iterations)
+    figures["decode_json_placed"] = _per_op_us(lambda: _decode_json(placed_raw), iterations)
     figures["parse_event_placed"] = _per_op_us(lambda: parse_event(placed_raw), iterations)
     figures["parse_event_submitted"] = _per_op_us(lambda: parse_event(submitted_raw), iterations)
     figures.update(_whole_message(placed_raw, iterations))
