@@ -607,10 +607,12 @@ class CloudEvent(BaseModel):
     @classmethod
     def _uri_and_media_type(cls, value: Any, info: ValidationInfo) -> Any:
         # A few values recur in every event (the services' sources, one schema per type): each is checked once.
+        if not isinstance(value, str):  # a list or an object (unhashable) is refused by the field's type
+            return value
         if (info.field_name, value) in _GOOD_ATTRIBUTE_VALUES:
             return value
         rule, what = _ATTRIBUTE_RULES[info.field_name or ""]
-        if isinstance(value, str) and value:
+        if value:
             if not rule.match(value):
                 raise ValueError(f"{info.field_name} must be {what}; got {value!r}")
             if len(_GOOD_ATTRIBUTE_VALUES) >= _GOOD_ATTRIBUTE_VALUES_MAX:  # bounded: sources come from publishers

@@ -237,6 +237,15 @@ def test_a_cached_attribute_value_passes_only_for_the_attribute_it_was_checked_f
         parse_event(json.dumps({**good, "source": "gpuq relative"}).encode())
 
 
+@pytest.mark.parametrize("attribute", ["source", "datacontenttype", "dataschema"])
+@pytest.mark.parametrize("value", [{"a": 1}, ["gpuq/test/0"], 7, True])
+def test_an_attribute_of_the_wrong_type_is_refused_as_malformed(attribute: str, value: Any) -> None:
+    doc = json.loads(encode_event(make_event(PAYLOADS[2], source="gpuq/test/0", time=T)))
+    with pytest.raises(InvalidEvent) as refused:  # never a TypeError from the cache of checked values
+        parse_event(json.dumps({**doc, attribute: value}).encode())
+    assert refused.value.reason == "MalformedEnvelope" and attribute in refused.value.message
+
+
 def test_a_null_attribute_is_still_absent() -> None:
     doc = json.loads(encode_event(make_event(PAYLOADS[2], source="gpuq/test/0", time=T)))
     event, _ = parse_event(json.dumps({**doc, "traceparent": None, "dataschema": None}).encode())
