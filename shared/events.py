@@ -731,9 +731,9 @@ def parse_event(raw: bytes | str | dict[str, Any]) -> tuple[CloudEvent, Payload]
 
 def _decode_json(raw: bytes | str) -> Any:
     """`json.loads(raw)`, by pydantic-core's parser (about half the CPU) where that one takes the body. It refuses
-    some bodies `json.loads` takes (a UTF-16 or BOM-prefixed body, a lone surrogate escape) and takes none that
-    `json.loads` refuses, with the same values for what both take; `json.loads` decides the rest, so what is JSON,
-    and the error a malformed body is dead-lettered with, are as before."""
+    some bodies `json.loads` takes (a UTF-16 or BOM-prefixed body, a lone surrogate escape); of the bodies the tests
+    try, it takes none that `json.loads` refuses and gives the same values for those both take. `json.loads` decides
+    whatever it refuses, so what is JSON, and the error a malformed body is dead-lettered with, are as before."""
     try:
         return from_json(raw)
     except ValueError:
