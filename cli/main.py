@@ -23,6 +23,7 @@ from services.chaos.cli import chaos
 from services.executor.bench import bench_dcgm
 from services.metering.bench import bench_metering
 from services.preemption.cli import preemptible
+from services.runtime_bench import bench_runtime
 from services.scheduler.bench import bench_placement
 from services.telemetry.bench import bench_telemetry
 from sim.cli import simulate
@@ -63,6 +64,7 @@ BENCHMARKS: dict[str, Callable[..., Any]] = {
     "dcgm": bench_dcgm,  # executor
     "metering": bench_metering,
     "placement": bench_placement,
+    "runtime": bench_runtime,  # shared runtime, per message
     "telemetry": bench_telemetry,
 }
 

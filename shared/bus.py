@@ -79,10 +79,26 @@ def matches(pattern: str, subject: str) -> bool:
 
 
 def stream_for_subject(subject: str) -> StreamDef:
-    for stream in streams():
+    """The stream of this process's namespace that captures `subject` (LookupError: none does)."""
+    ns = namespaces.current()
+    found = _STREAM_OF.get((ns, subject))
+    if found is None:  # subjects repeat (one per event type and team), and the relay asks twice per row: once each
+        found = _stream_of(ns, subject)
+        if len(_STREAM_OF) >= _STREAM_OF_MAX:  # bounded (team names come from publishers)
+            _STREAM_OF.clear()
+        _STREAM_OF[(ns, subject)] = found
+    return found
+
+
+_STREAM_OF: dict[tuple[str, str], StreamDef] = {}
+_STREAM_OF_MAX = 10_000
+
+
+def _stream_of(ns: str, subject: str) -> StreamDef:
+    for stream in _streams(ns):
         if any(matches(p, subject) for p in stream.subjects):
             return stream
-    raise LookupError(f"no stream of namespace {namespaces.current()!r} captures subject {subject!r}")
+    raise LookupError(f"no stream of namespace {ns!r} captures subject {subject!r}")
 
 
 # The first NATS release whose consumers take several filter subjects (`filter_subjects`, ADR-34).

@@ -90,6 +90,9 @@ SAVEPOINT_BATCHES_AFTER_FAILURE = 8
 # The outbox relay: rows per pipelined batch, and how long the batch's PubAcks may take all together.
 RELAY_BATCH = 512
 PUBLISH_TIMEOUT_S = 10.0
+# How long the relay waits for a wake-up (a unit of work committed outbox rows) before it looks at the table anyway:
+# a backstop for rows committed by another process or instance, not the path of this one's rows.
+RELAY_POLL_S = 0.5
 HEADER_ROOM = 4096  # bytes kept free below max_payload for the message's headers (Nats-Msg-Id, trace context)
 # An event body's own limit (the server's max_payload, 1 MiB by default, minus HEADER_ROOM applies as well).
 EVENT_BYTES_LIMIT = 1024 * 1024
@@ -461,6 +464,7 @@ class ServiceRuntime:
         self.broker = NatsBroker(nats_url, logger=None, connect_timeout=5, inbox_prefix=inbox_prefix_for(nats_url))
         self.state: dict[str, Any] = {}  # service-specific in-memory state (rebuilt by on_start)
         self._outbox_wakeup = asyncio.Event()
+        self.relay_poll_s = RELAY_POLL_S
         self.retention_s = retention_from_env()
         self.event_bytes_limit = EVENT_BYTES_LIMIT
         self._tasks: list[asyncio.Task[None]] = []
@@ -1177,6 +1181,10 @@ class ServiceRuntime:
     async def _relay_loop(self) -> None:
         next_prune = 0.0
         while True:
+            # Cleared before the query, never after it: a unit of work that commits while the query runs sets the
+            # wake-up again, so the wait below returns at once and the next query sees its rows. Cleared after the
+            # query, that commit's wake-up would be lost and its rows would wait for the poll (a steady tail).
+            self._outbox_wakeup.clear()
             try:
                 published = await self.relay_once()
                 if asyncio.get_running_loop().time() >= next_prune:
@@ -1189,9 +1197,8 @@ class ServiceRuntime:
                 published = 0
                 await asyncio.sleep(1.0)
             if published == 0:
-                self._outbox_wakeup.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._outbox_wakeup.wait(), timeout=0.5)
+                    await asyncio.wait_for(self._outbox_wakeup.wait(), timeout=self.relay_poll_s)
 
     async def relay_once(self, limit: int = RELAY_BATCH) -> int:
         """Publish the oldest unpublished outbox rows as one pipelined batch (JetStream async publish, the acks

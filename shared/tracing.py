@@ -89,6 +89,33 @@ def context_from_traceparent(traceparent: str | None) -> otel_context.Context:
     return _PROPAGATOR.extract({"traceparent": traceparent} if traceparent else {})
 
 
+# The propagator's own pattern and limit (Trace Context Level 1): `parse_traceparent` must accept exactly what
+# `_PROPAGATOR.extract` accepts, so that the fast path and the SDK's never disagree on a traceparent.
+_TRACEPARENT_RE = TraceContextTextMapPropagator._TRACEPARENT_HEADER_FORMAT_RE
+_TRACEPARENT_MAX = TraceContextTextMapPropagator._TRACEPARENT_MAXIMUM_LENGTH
+_ZERO_TRACE_ID, _ZERO_SPAN_ID = "0" * 32, "0" * 16
+
+
+def parse_traceparent(traceparent: str | None) -> tuple[int, int, int] | None:
+    """(trace id, span id, flags) of a W3C traceparent a receiver can continue, else None: the propagator's checks
+    (`extract`) without the Context, getter and span objects it builds, which a handler's unrecorded span and the
+    validity check of every published event would otherwise pay for."""
+    if not traceparent or len(traceparent) > _TRACEPARENT_MAX:
+        return None
+    match = _TRACEPARENT_RE.search(traceparent)
+    if match is None:
+        return None
+    version, trace_id, span_id, flags, rest = match.groups()
+    if trace_id == _ZERO_TRACE_ID or span_id == _ZERO_SPAN_ID or version == "ff" or (version == "00" and rest):
+        return None
+    return int(trace_id, 16), int(span_id, 16), int(flags, 16)
+
+
+def format_traceparent(trace_id: int, span_id: int, flags: int) -> str:
+    """The traceparent the propagator's `inject` writes for these ids (version 00, lower-case hex)."""
+    return f"00-{trace_id:032x}-{span_id:016x}-{flags:02x}"
+
+
 @contextlib.contextmanager
 def start_span_from_event(event: CloudEvent, name: str | None = None,
                           attributes: dict[str, Any] | None = None) -> Iterator[Span]:
@@ -97,8 +124,14 @@ def start_span_from_event(event: CloudEvent, name: str | None = None,
     SDK makes for a span it does not sample: its context propagates exactly as a recorded span's would (same trace,
     a new span id, the parent's flags and trace state), without the cost of recording what nothing exports."""
     if not _recording:
-        with trace.use_span(_unrecorded_child(event.traceparent), end_on_exit=False) as span:
+        # Made current by hand: `trace.use_span` would add only the recording of an exception on the span, which a
+        # non-recording span ignores.
+        span = _unrecorded_child(event.traceparent)
+        token = otel_context.attach(trace.set_span_in_context(span))
+        try:
             yield span
+        finally:
+            otel_context.detach(token)
         return
     attrs: dict[str, Any] = {"cloudevents.event_id": event.id, "cloudevents.event_type": event.type,
                              "cloudevents.event_source": event.source, "service.name": _service_name}
@@ -114,10 +147,11 @@ def start_span_from_event(event: CloudEvent, name: str | None = None,
 def _unrecorded_child(traceparent: str | None) -> Span:
     """A non-recording span child of `traceparent`: its trace, flags and state, a new span id; a new sampled trace
     (as the SDK's default sampler starts one) when `traceparent` is missing or invalid."""
-    parent = trace.get_current_span(context_from_traceparent(traceparent)).get_span_context()
-    if parent.is_valid:
-        child = SpanContext(trace_id=parent.trace_id, span_id=_IDS.generate_span_id(), is_remote=False,
-                            trace_flags=parent.trace_flags, trace_state=parent.trace_state)
+    # The parent as the propagator extracts it: its trace state is always empty, as gpuq carries no `tracestate`.
+    parent = parse_traceparent(traceparent)
+    if parent is not None:
+        child = SpanContext(trace_id=parent[0], span_id=_IDS.generate_span_id(), is_remote=False,
+                            trace_flags=TraceFlags(parent[2]))
     else:
         child = SpanContext(trace_id=_IDS.generate_trace_id(), span_id=_IDS.generate_span_id(), is_remote=False,
                             trace_flags=TraceFlags(TraceFlags.SAMPLED))
@@ -145,17 +179,16 @@ def start_span(name: str, traceparent: str | None = None) -> Iterator[Span]:
 
 def current_traceparent() -> str | None:
     """The W3C `traceparent` of the current span, for events emitted now (None outside any span)."""
-    carrier: dict[str, str] = {}
-    _PROPAGATOR.inject(carrier)
-    return carrier.get("traceparent")
+    # What `_PROPAGATOR.inject` writes, without its carrier and setter.
+    context = trace.get_current_span().get_span_context()
+    if context == trace.INVALID_SPAN_CONTEXT:
+        return None
+    return format_traceparent(context.trace_id, context.span_id, context.trace_flags)
 
 
 def valid_traceparent(traceparent: str | None) -> bool:
     """Whether `traceparent` is a W3C traceparent a receiver can continue (right shape, non-zero ids)."""
-    if not traceparent:
-        return False
-    span = trace.get_current_span(context_from_traceparent(traceparent))
-    return span.get_span_context().is_valid
+    return parse_traceparent(traceparent) is not None
 
 
 def outgoing_traceparent(traceparent: str | None = None) -> str:
@@ -167,11 +200,7 @@ def outgoing_traceparent(traceparent: str | None = None) -> str:
     current = current_traceparent()
     if current is not None:
         return current
-    root = SpanContext(trace_id=_IDS.generate_trace_id(), span_id=_IDS.generate_span_id(), is_remote=False,
-                       trace_flags=TraceFlags(TraceFlags.SAMPLED))
-    carrier: dict[str, str] = {}
-    _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(trace.NonRecordingSpan(root)))
-    return carrier["traceparent"]
+    return format_traceparent(_IDS.generate_trace_id(), _IDS.generate_span_id(), TraceFlags.SAMPLED)
 
 
 def traced_event(payload: Payload, *, source: str, time: datetime, traceparent: str | None = None,

@@ -3,6 +3,8 @@ never be published is dead-lettered with its reason instead of wedging the rows 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
@@ -15,7 +17,7 @@ from shared.db import create_pool
 from shared.domain import NodeSpec
 from shared.events import JobCompleted, NodeInventory
 from shared.namespace import subject as ns_subject
-from shared.service import ServiceRuntime, ServiceSpec, Tx, retention_from_env
+from shared.service import RELAY_BATCH, ServiceRuntime, ServiceSpec, Tx, retention_from_env
 from tests.service.plumbing.test_delivery import stream_messages
 
 SCHEMA = "relay_test"
@@ -63,6 +65,42 @@ async def test_relay_publishes_a_batch_in_order(fresh: tuple[str, str], runtime:
     messages = await stream_messages(fresh[0], ns_subject("job.completed"))
     assert [m["body"]["id"] for m in messages] == ids
     assert [m["headers"]["Nats-Msg-Id"] for m in messages] == ids
+
+
+async def test_a_row_committed_while_the_relay_queries_is_published_without_waiting_for_the_poll(
+        fresh: tuple[str, str], runtime: ServiceRuntime) -> None:
+    """A unit of work that commits after the relay's query found nothing, but before the relay waits, must wake it:
+    its wake-up may not be cleared after the query (a lost wake-up: the row would wait for the poll interval)."""
+    runtime.relay_poll_s = 3600.0  # a lost wake-up waits this long: the bounded wait below fails instead
+    real_relay_once = runtime.relay_once
+    calls: list[int] = []
+    emitted: list[str] = []
+
+    async def relay_once_with_a_commit_after_the_query(limit: int = RELAY_BATCH) -> int:
+        settled = await real_relay_once(limit)
+        calls.append(settled)
+        if len(calls) == 1:
+            assert settled == 0  # nothing to publish yet; the commit lands just after the query
+            async with runtime.transaction() as tx:
+                emitted.append((await tx.emit(JobCompleted(job_id="job-raced", finished_at=T0))).id)
+        return settled
+
+    runtime.relay_once = relay_once_with_a_commit_after_the_query  # type: ignore[method-assign]
+    relay = asyncio.create_task(runtime._relay_loop())
+    try:
+        async def published() -> None:
+            # The second query returned (its commit alone could be seen before relay_once has returned).
+            while len(calls) < 2 or await runtime.pool.fetchval(
+                    f"SELECT count(*) FROM {SCHEMA}.outbox WHERE published_at IS NULL"):
+                await asyncio.sleep(0.05)
+
+        await asyncio.wait_for(published(), timeout=30)  # far below the poll interval, far above any real delay
+    finally:
+        relay.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await relay
+    assert calls[:2] == [0, 1]  # the second query, woken at once, published the row
+    assert [m["body"]["id"] for m in await stream_messages(fresh[0], ns_subject("job.completed"))] == emitted
 
 
 async def test_relay_dead_letters_an_oversize_row_and_publishes_the_rows_behind_it(
