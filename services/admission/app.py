@@ -18,7 +18,6 @@ copy of it: each ETA refresh reads the scheduler's read model (services/schedule
 from __future__ import annotations
 
 import asyncio
-import copy
 import gc
 import json
 import logging
@@ -701,7 +700,9 @@ class AdmissionService:
                 async with runtime.pool.acquire() as conn:
                     rows = await readmodel.cluster_rows(conn)
                 # parsed in the worker thread too: a large cluster's specs take a while, and handlers go on meanwhile
-                etas = await asyncio.to_thread(self._estimate_rows, rows, copy.deepcopy(self.state), now)
+                # A structural copy, taken in one go on the event loop (no handler runs meanwhile;
+                # AdmissionState.copy shares nothing they change); a deep copy took ~13x its CPU at 10,000 pending.
+                etas = await asyncio.to_thread(self._estimate_rows, rows, self.state.copy(), now)
             async with runtime.transaction() as tx:
                 await self.publish_etas(tx, etas)
             pause = max(self.eta_interval_s, ETA_DUTY_FACTOR * (time.perf_counter() - started))
