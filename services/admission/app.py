@@ -841,11 +841,19 @@ class AdmissionService:
         # in a cohort with thousands waiting does not rewrite thousands of rows; reasons and positions always.
         pending = decision.pending
         assert isinstance(pending, PendingStatuses)  # what admission_cycle always returns
-        for job_id, queue, reason, raw_message, qpos, cpos in sorted(pending.judged_rows(), key=itemgetter(0)):
-            old = self._published.get(job_id)
-            if (old is not None and old[0] == reason and old[2] == qpos and old[3] == cpos
+        # First the cheap test on every judged row (a cohort with thousands waiting, most unchanged), in the view's
+        # order; then, in job id order as before, the few left (sorting only those, not every waiting row).
+        published = self._published
+        candidates = []
+        for row in pending.judged_rows():
+            old = published.get(row[0])
+            if (old is not None and old[0] == row[2] and old[2] == row[4] and old[3] == row[5]
                     and now - old[4] < MESSAGE_EVERY_S):
                 continue
+            candidates.append(row)
+        candidates.sort(key=itemgetter(0))
+        for job_id, queue, reason, raw_message, qpos, cpos in candidates:
+            old = published.get(job_id)
             key = (reason, message_text(raw_message), qpos, cpos)
             if old is not None and old[:4] == key:
                 continue
