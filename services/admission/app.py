@@ -788,8 +788,10 @@ class AdmissionService:
                 changed.append((job_id, *eta))
         if not changed:
             return
-        await tx.conn.executemany("UPDATE admission.jobs SET eta = $2, eta_low = $3, eta_high = $4 WHERE job_id = $1",
-                                  changed)
+        await tx.conn.execute(
+            "UPDATE admission.jobs AS j SET eta = u.e, eta_low = u.l, eta_high = u.h FROM unnest($1::text[], "
+            "$2::float8[], $3::float8[], $4::float8[]) AS u(id, e, l, h) WHERE j.job_id = u.id",
+            *(list(c) for c in zip(*changed, strict=True)))
         rows = await tx.conn.fetch(
             "SELECT job_id, queue, status, reason, message, position_in_queue, position_in_cohort FROM admission.jobs "
             "WHERE job_id = ANY($1::text[]) ORDER BY job_id", [c[0] for c in changed])
@@ -866,9 +868,11 @@ class AdmissionService:
                                      message=key[1], position_in_queue=qpos, position_in_cohort=cpos,
                                      **self._eta_fields(job_id)))
         if changed:
-            await tx.conn.executemany(
-                "UPDATE admission.jobs SET reason = $2, message = $3, position_in_queue = $4, "
-                "position_in_cohort = $5 WHERE job_id = $1", changed)
+            # one statement for all (a cohort's thousands of waiting rows when their reasons move together)
+            await tx.conn.execute(
+                "UPDATE admission.jobs AS j SET reason = u.r, message = u.m, position_in_queue = u.q, "
+                "position_in_cohort = u.c FROM unnest($1::text[], $2::text[], $3::text[], $4::int4[], $5::int4[]) "
+                "AS u(id, r, m, q, c) WHERE j.job_id = u.id", *(list(c) for c in zip(*changed, strict=True)))
         for r in decision.reclaims:
             if r.preemptor in self._reclaims_sent:
                 continue
