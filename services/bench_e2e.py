@@ -96,7 +96,10 @@ def _queues(queues: int, nodes: int, waiting: int) -> dict[str, Any]:
         "cohorts": [{"name": "bench"}],
         "queues": [{"name": f"team-{i:02d}", "cohort": "bench", "quotas": {"H100-80GB": {"nominal": per_queue}}}
                    for i in range(queues)]
-        + ([{"name": "waiting", "cohort": "bench", "quotas": {"H100-80GB": {"nominal": 0, "borrowing_limit": 0}}}]
+        # Room for one job and no borrowing: the first waiting job holds it, the others wait for quota in the cohort
+        # (every cycle there judges them). With no quota at all they could never be admitted and were rejected at
+        # submission (InadmissibleExceedsLimits), so nothing waited: the steady figures before 2026-12 had none.
+        + ([{"name": "waiting", "cohort": "bench", "quotas": {"H100-80GB": {"nominal": 1, "borrowing_limit": 0}}}]
            if waiting else []),
     }
 
@@ -320,6 +323,8 @@ async def _run(scenario: str, *, nodes: int, queues: int, jobs: int, rate: float
                 while (await pool.fetchval("SELECT count(*) FROM admission.jobs WHERE queue = 'waiting'")
                        or 0) < waiting:
                     await asyncio.sleep(0.5)
+                out["waiting_pending"] = await pool.fetchval(
+                    "SELECT count(*) FROM admission.jobs WHERE queue = 'waiting' AND status = 'pending'")
             before_msgs, before_deliveries = await _bus_totals(js, ns)
             meter = Meter(pids, pid_names)
             task = progress.add_task(f"{scenario}: submitting", total=jobs)

@@ -138,21 +138,30 @@ class AdmissionState:
         return Rejection(job_id, *e.verdict)
 
     def copy(self) -> AdmissionState:
-        """An independent copy (for what-if runs such as the ETA forward simulation). Workloads, specs and the
-        config are immutable and shared; the mutable bookkeeping is copied."""
+        """An independent copy (for what-if runs such as the ETA forward simulation, which takes it in the service's
+        handler thread and reads it in a worker thread while the handlers go on changing this state): nothing a
+        command or a cycle on either changes is shared. Workloads, admitted workloads, specs, the config and the
+        quota book's static part (queues, cohort tree, lendable pools) are immutable and shared; every mutable
+        container and entry is copied. An entry's message may be a lazy text that reads the numbers of the
+        quota book of the cycle that wrote it (this state's): what-if runs overwrite messages, never read them.
+        O(jobs) shallow copies, no spec copied: a fraction of a deep copy (docs/admission.md, "Performance")."""
         other = copy.copy(self)
         other._book = copy.copy(self._book)
         other._book.usage = {q: dict(u) for q, u in self._book.usage.items()}
         other._book.running = dict(self._book.running)
         other._book.cohort_used = {c: dict(u) for c, u in self._book.cohort_used.items()}
-        entries = {}
-        for j, e in self._entries.items():
-            n = copy.copy(e)
-            entries[j] = n
+        other._book.options_cache = dict(self._book.options_cache)  # a memo both sides add to
+        other._sig_ids = dict(self._sig_ids)  # interned as new shapes arrive, on either side
+        other._history_share = dict(self._history_share)
+        copy_entry = copy.copy
+        entries = {j: copy_entry(e) for j, e in self._entries.items()}
         other._entries = entries
         other._pending = dict(self._pending)
         other._admitted = dict(self._admitted)
-        other._pending_by_queue = {q: [entries[e.job_id] for e in lst if e.job_id in entries]
+        # A list may still hold a finished or replaced (requeued) job's old entry until its queue is re-filtered
+        # (it is dirty then): only current entries are mapped, or a requeued job would appear twice in the copy.
+        current = self._entries.get
+        other._pending_by_queue = {q: [entries[e.job_id] for e in lst if current(e.job_id) is e]
                                    for q, lst in self._pending_by_queue.items()}
         other._admitted_by_queue = {q: {j: entries[j] for j in m} for q, m in self._admitted_by_queue.items()}
         other._dirty = set(self._dirty)

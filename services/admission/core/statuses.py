@@ -130,12 +130,18 @@ class PendingStatuses(Mapping[str, PendingStatus]):
         self._check()
         for sc in scopes:
             lists = self._scopes[sc]
-            qpos: dict[int, int] = {}
-            for lst in lists:
-                for pos, e in enumerate(lst, 1):
-                    qpos[id(e)] = pos
+            if len(lists) == 1:  # one queue with pending jobs in its scope: its order is the cohort's
+                for pos, e in enumerate(lists[0], 1):
+                    yield e, pos, pos
+                continue
+            # Each list is one queue's, sorted, and order keys are unique (they end with the job id): the merge
+            # meets a queue's jobs in its own order, so a count per queue is each job's position in its queue.
+            qpos = dict.fromkeys((lst[0].queue for lst in lists), 0)
             for cpos, e in enumerate(self._merged(lists), 1):
-                yield e, qpos[id(e)], cpos
+                q = e.queue
+                n = qpos[q] + 1
+                qpos[q] = n
+                yield e, n, cpos
 
     def judged_items(self) -> Iterator[tuple[str, PendingStatus]]:
         """`items()` of the cohorts this cycle judged again. The other cohorts' statuses are exactly those of

@@ -14,11 +14,13 @@ from services.admission.app import AdmissionService
 from shared.clock import ManualClock
 from shared.config import parse_queues
 from shared.db import create_pool
-from shared.domain import JobSpec, PodSet
+from shared.domain import GpuBinding, JobSpec, PodSet
 from shared.events import (
     JobCancelRequested,
     JobCompleted,
     JobPending,
+    JobPlaced,
+    JobStarted,
     JobSubmitted,
     QueueConfigChanged,
     encode_event,
@@ -246,6 +248,140 @@ async def test_one_batch_of_submissions_a_duplicate_and_a_cancel_keeps_every_ver
         assert svc.counters.batches >= 1 and svc.counters.batch_retries == 0
     finally:
         await svc.stop()
+        await nc.close()
+        await conn.close()
+        await pool.close()
+
+
+def _spec(job_id: str, gpus: int) -> JobSpec:
+    return JobSpec(job_id=job_id, team="team-a", queue="team-a", pod_sets=(PodSet(count=1, gpus_per_pod=gpus),))
+
+
+def _placed(job_id: str, gpus: int, node: str) -> bytes:
+    return encode_event(make_event(JobPlaced(
+        job_id=job_id, spec=_spec(job_id, gpus), placed_at=T0,
+        bindings=(GpuBinding(pod="main-0", node=node, gpu_indices=tuple(range(gpus))),)), source="test", time=T0))
+
+
+def _started(job_id: str, at: float) -> bytes:
+    return encode_event(make_event(JobStarted(job_id=job_id, started_at=datetime.fromtimestamp(at, UTC)),
+                                   source="test", time=T0))
+
+
+def _completed(job_id: str) -> bytes:
+    return encode_event(make_event(JobCompleted(job_id=job_id, finished_at=T0), source="test", time=T0))
+
+
+async def _one_pull(js: object, messages: list[tuple[str, bytes]]) -> None:
+    for subject, body in messages:
+        await js.publish(ns_subject(subject), body)  # type: ignore[attr-defined]
+
+
+async def _admitted_pair(nats_url: str, database_url: str, pool: asyncpg.Pool, conn: asyncpg.Connection,
+                         js: object) -> AdmissionService:
+    """j1 and j2 admitted (4 GPUs each), then the service stopped so that what follows arrives in one pull."""
+    service = AdmissionService(parse_queues(queues(8)))
+    svc = ServiceRuntime(service.spec(), nats_url=nats_url, pool=pool, clock=ManualClock(), database_url=database_url)
+    await svc.start()
+    try:
+        await _one_pull(js, [("job.submitted.team-a", submitted(job_id, 4)) for job_id in ("j1", "j2")])
+        await until(lambda: _eq(conn.fetchval("SELECT count(*) FROM admission.jobs WHERE status = 'admitted'"), 2))
+    finally:
+        await svc.stop()
+    return service
+
+
+async def test_one_batch_of_placements_starts_and_ends_writes_every_row_as_one_by_one(fresh: tuple[str, str]) -> None:
+    """A batch's JobPlaced/JobStarted/JobCompleted updates are held for its end (services/admission/held.py): each row
+    ends as if each message had written it at once, a placement of a job admission does not hold changes nothing,
+    and a duplicate submission of a job that ended earlier in the same pull is refused with its ended status."""
+    nats_url, database_url = fresh
+    pool = await create_pool(database_url)
+    conn = await asyncpg.connect(database_url)
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    try:
+        await _admitted_pair(nats_url, database_url, pool, conn, js)
+        start = T0.timestamp() + 5
+        await _one_pull(js, [("job.placed", _placed("j1", 4, "n1")), ("job.placed", _placed("j2", 4, "n2")),
+                             ("job.placed", _placed("ghost", 1, "n3")), ("job.started", _started("j1", start)),
+                             ("job.started", _started("j2", start + 1)), ("job.completed", _completed("j2")),
+                             ("job.submitted.team-a", submitted("j2", 4)),
+                             ("job.submitted.team-a", submitted("j3", 4))])
+        service = AdmissionService(parse_queues(queues(8)))
+        svc = ServiceRuntime(service.spec(), nats_url=nats_url, pool=pool, clock=ManualClock(),
+                             database_url=database_url)
+        await svc.start()
+        try:
+            await until(lambda: _eq(conn.fetchval("SELECT status FROM admission.jobs WHERE job_id = 'j3'"),
+                                    "admitted"))
+            rows = {r["job_id"]: r for r in await conn.fetch(
+                "SELECT job_id, status, outcome, bindings->0->>'node' AS node, started_at, expected_end "
+                "FROM admission.jobs")}
+            assert set(rows) == {"j1", "j2", "j3"}  # no row for the placement of a job admission never held
+            assert (rows["j1"]["status"], rows["j1"]["node"], rows["j1"]["started_at"]) == ("admitted", "n1", start)
+            assert rows["j1"]["expected_end"] == start + _spec("j1", 4).max_runtime_s
+            assert service.expected_end["j1"] == rows["j1"]["expected_end"]  # memory and row agree
+            # placed, started and finished in one pull: finished, its placement and start kept
+            assert (rows["j2"]["status"], rows["j2"]["outcome"], rows["j2"]["node"], rows["j2"]["started_at"]) == (
+                "finished", "Succeeded", "n2", start + 1)
+            assert "j2" not in service.expected_end
+            refused = await conn.fetchval(
+                "SELECT message FROM admission.submissions WHERE job_id = 'j2' AND verdict = 'rejected'")
+            assert refused == "job id j2 was already submitted (finished)"
+            assert svc.counters.batches >= 1 and svc.counters.batch_retries == 0
+        finally:
+            await svc.stop()
+    finally:
+        await nc.close()
+        await conn.close()
+        await pool.close()
+
+
+async def test_a_batch_failing_at_its_end_loses_and_duplicates_no_held_update(fresh: tuple[str, str]) -> None:
+    """The batch's end fails after its held updates were written (as a crash before the commit would): the
+    transaction rolls back with them, the messages are handled again one by one, and every row and event comes out
+    once, as without the failure."""
+    nats_url, database_url = fresh
+    pool = await create_pool(database_url)
+    conn = await asyncpg.connect(database_url)
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    try:
+        await _admitted_pair(nats_url, database_url, pool, conn, js)
+        start = T0.timestamp() + 5
+        await _one_pull(js, [("job.placed", _placed("j1", 4, "n1")), ("job.started", _started("j1", start)),
+                             ("job.completed", _completed("j2")), ("job.submitted.team-a", submitted("j3", 4))])
+        service = AdmissionService(parse_queues(queues(8)))
+        cycle = service.cycle
+        failed: list[object] = []
+
+        async def failing_once(tx):  # type: ignore[no-untyped-def]
+            if not failed:
+                bindings = await tx.conn.fetchval("SELECT bindings FROM admission.jobs WHERE job_id = 'j1'")
+                failed.append(bindings)  # the held update was written before the cycle ran
+                raise RuntimeError("the batch's end fails")
+            await cycle(tx)
+
+        service.cycle = failing_once  # type: ignore[method-assign]
+        svc = ServiceRuntime(service.spec(), nats_url=nats_url, pool=pool, clock=ManualClock(),
+                             database_url=database_url)
+        await svc.start()
+        try:
+            await until(lambda: _eq(conn.fetchval("SELECT status FROM admission.jobs WHERE job_id = 'j3'"),
+                                    "admitted"))
+            assert failed and failed[0] is not None
+            rows = {r["job_id"]: (r["status"], r["outcome"], r["node"], r["started_at"]) for r in await conn.fetch(
+                "SELECT job_id, status, outcome, bindings->0->>'node' AS node, started_at FROM admission.jobs")}
+            assert rows == {"j1": ("admitted", None, "n1", start), "j2": ("finished", "Succeeded", None, None),
+                            "j3": ("admitted", None, None, None)}
+            assert service.expected_end == {"j1": start + _spec("j1", 4).max_runtime_s}
+            admitted = await conn.fetchval("SELECT count(*) FROM admission.outbox WHERE subject LIKE '%job.admitted%'")
+            assert admitted == 3  # j1, j2 before the pull, j3 once
+            assert await conn.fetchval("SELECT count(*) FROM admission.inbox") == 6
+        finally:
+            await svc.stop()
+    finally:
         await nc.close()
         await conn.close()
         await pool.close()
