@@ -18,6 +18,7 @@ and the ETA do; the services run its two halves on their own events (admission's
 core, those of placement (gang, topology, backfill) in the scheduler core, and they plug in here unchanged.
 """
 
+from .book import BookView, PlacementBook
 from .pipeline import (
     CycleOutcome,
     PlacementOutcome,
@@ -26,6 +27,7 @@ from .pipeline import (
     asks_for_preemption,
     cycle,
     place,
+    place_ordered,
     placement_key,
     priority_value,
     waiting_job,
@@ -33,7 +35,9 @@ from .pipeline import (
 from .retry import RetryDecision, decide_retry, retry_delay_s
 
 __all__ = [
+    "BookView",
     "CycleOutcome",
+    "PlacementBook",
     "PlacementOutcome",
     "RetryDecision",
     "WaitingJob",
@@ -42,6 +46,7 @@ __all__ = [
     "cycle",
     "decide_retry",
     "place",
+    "place_ordered",
     "placement_key",
     "priority_value",
     "retry_delay_s",
