@@ -14,8 +14,9 @@ forward simulation):
 
 `cycle` runs the whole pipeline once on one snapshot (admit, then place in order), which is what the simulator
 and the ETA do; the services run its two halves on their own events (admission's `admit`, the scheduler's
-`place`). Pure: no I/O, no clock; the rules of admission (quota, borrowing, fair share) stay in the admission
-core, those of placement (gang, topology, backfill) in the scheduler core, and they plug in here unchanged.
+`place_ordered` over a `PlacementBook`, which keeps the order and the running timeline event by event). Pure: no
+I/O, no clock; the rules of admission (quota, borrowing, fair share) stay in the admission core, those of
+placement (gang, topology, backfill) in the scheduler core, and they plug in here unchanged.
 """
 
 from .book import BookView, PlacementBook
