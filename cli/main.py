@@ -19,6 +19,7 @@ from cli.remote import report, webhooks_app
 from services.admission.bench import bench_admission
 from services.admission.bench_e2e import bench_admission_e2e
 from services.bench_e2e import bench_e2e
+from services.bench_jobpath import bench_jobpath
 from services.chaos.cli import chaos
 from services.executor.bench import bench_dcgm
 from services.metering.bench import bench_metering
@@ -61,6 +62,7 @@ BENCHMARKS: dict[str, Callable[..., Any]] = {
     "admission": bench_admission,
     "admission-e2e": bench_admission_e2e,
     "e2e": bench_e2e,
+    "jobpath": bench_jobpath,  # scheduler and executor handlers
     "dcgm": bench_dcgm,  # executor
     "metering": bench_metering,
     "placement": bench_placement,

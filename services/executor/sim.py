@@ -211,7 +211,9 @@ class SimExecutor:
     # ------------------------------------------------------------------ handlers
 
     async def on_placed(self, tx: Tx, event: CloudEvent, placed: JobPlaced) -> None:
-        await verify_placement(tx.conn, placed, cancelled_table="executor.cancelled", tables=self.scheduler_tables)
+        # The check and this executor's earlier run of the job in one read (a redelivered placement finds its run).
+        run = await verify_placement(tx.conn, placed, cancelled_table="executor.cancelled",
+                                     tables=self.scheduler_tables, runs_table="executor.runs")
         spec = placed.spec
         nodes = sorted({b.node for b in placed.bindings})
         unknown = [n for n in nodes if n not in self.nodes]
@@ -221,11 +223,9 @@ class SimExecutor:
                                     finished_at=utcnow_from(tx.now)))
             return
         gpus = sum(max(1, len(b.gpu_indices)) for b in placed.bindings)
-        row = await tx.conn.fetchrow("SELECT status, done_s, attempt FROM executor.runs WHERE job_id = $1",
-                                     spec.job_id)
-        if row is not None and row["status"] == "running":
+        if run is not None and run.status == "running":
             return  # the same placement seen twice: nothing to start again
-        done_s = float(row["done_s"]) if row is not None and placed.resume_from else 0.0
+        done_s = run.done_s if run is not None and placed.resume_from else 0.0
         remaining = max(0.0, true_duration(spec) - done_s)
         ends_at = tx.now + min(remaining, float(spec.max_runtime_s))
         bindings = json.dumps([b.model_dump(mode="json") for b in placed.bindings])
@@ -292,6 +292,9 @@ class SimExecutor:
                 await self.heartbeat.emit(tx, wall, [r["job_id"] for r in rows])
 
     async def _finish_due(self, tx: Tx) -> None:
+        """End the runs due by now: their events, then every run's new row in one statement (the rows are locked
+        by the read, and the events and rows commit together: a crash before the commit ends none of them)."""
+        ended: list[tuple[str, str, str | None, int]] = []
         rows = await tx.conn.fetch(
             "SELECT job_id, spec, gpus, started_at, done_s, failures, traceparent FROM executor.runs "
             "WHERE status = 'running' AND ends_at <= $1 "
@@ -319,8 +322,13 @@ class SimExecutor:
             else:
                 await tx.emit(JobCompleted(job_id=spec.job_id, finished_at=finished), traceparent=row["traceparent"])
                 status, outcome = "completed", ExitReason.SUCCEEDED.value
-            await tx.conn.execute("UPDATE executor.runs SET status = $2, outcome = $3, failures = $4 WHERE job_id = $1",
-                                  spec.job_id, status, outcome, failures)
+            ended.append((spec.job_id, status, outcome, failures))
+        if ended:
+            await tx.conn.execute(
+                "UPDATE executor.runs AS r SET status = e.status, outcome = e.outcome, failures = e.failures "
+                "FROM unnest($1::text[], $2::text[], $3::text[], $4::integer[]) "
+                "AS e(job_id, status, outcome, failures) WHERE r.job_id = e.job_id",
+                *(list(column) for column in zip(*ended, strict=True)))
 
     async def _checkpoint_due(self, tx: Tx) -> None:
         rows = await tx.conn.fetch(

@@ -13,6 +13,7 @@ placements, and the check needs no event that could itself be forged.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import asyncpg
 
@@ -39,10 +40,20 @@ def _bindings_key(bindings: list[dict[str, object]]) -> list[tuple[str, str, tup
                    tuple(b["mig_slice"]) if b.get("mig_slice") else None) for b in bindings)  # type: ignore[arg-type]  # JSON pair
 
 
+@dataclass(frozen=True)
+class RunRow:
+    """What an executor's own table says of the job's latest run, read with the check (`runs_table`)."""
+
+    status: str
+    done_s: float
+
+
 async def verify_placement(conn: asyncpg.Connection, placed: JobPlaced, *, cancelled_table: str,
-                           tables: SchedulerTables | None = None) -> None:
+                           tables: SchedulerTables | None = None, runs_table: str | None = None) -> RunRow | None:
     """Raise Refused unless `placed` is the scheduler's current placement of a job still to run.
-    `cancelled_table`: the executor's own record of jobs it heard were cancelled.
+    `cancelled_table`: the executor's own record of jobs it heard were cancelled. `runs_table`: the executor's
+    table of runs (columns job_id, status, done_s), whose row of the job the same read returns (None: no run yet,
+    or no `runs_table`), so that checking a placement and finding its earlier run cost one round trip, not two.
 
     One round trip once the scheduler's tables exist (an executor runs before the scheduler ever did, e.g. on
     its own in tests: then the tables are looked up first, and refusals name what is missing)."""
@@ -62,11 +73,13 @@ async def verify_placement(conn: asyncpg.Connection, placed: JobPlaced, *, cance
                                         "the scheduler's lease has granted no term")
         if tables is not None:
             tables.seen = True
+    run_columns, run_join = (", r.status AS run_status, r.done_s AS run_done_s",
+                             f" LEFT JOIN {runs_table} r ON r.job_id = $1") if runs_table else ("", "")
     row = await conn.fetchrow(
         f"SELECT EXISTS (SELECT 1 FROM {cancelled_table} WHERE job_id = $1) AS cancelled, "
         "(SELECT max(term) FROM scheduler.leader_terms) AS current, j.status, j.fencing_token, j.bindings, "
-        "j.job_id IS NOT NULL AS known "
-        "FROM (SELECT 1) AS one LEFT JOIN scheduler.jobs j ON j.job_id = $1", job)
+        f"j.job_id IS NOT NULL AS known{run_columns} "
+        f"FROM (SELECT 1) AS one LEFT JOIN scheduler.jobs j ON j.job_id = $1{run_join}", job)
     if row["cancelled"]:
         raise Refused(CANCELLED, f"job {job} was cancelled; its placement is not run")
     if not row["known"]:
@@ -80,3 +93,6 @@ async def verify_placement(conn: asyncpg.Connection, placed: JobPlaced, *, cance
     if row["status"] != "placed" or row["fencing_token"] != placed.fencing_token or recorded != offered:
         raise Refused(STALE, f"JobPlaced for {job} (token {placed.fencing_token}) is not the scheduler's current "
                              f"placement of it (status {row['status']}, token {row['fencing_token']})")
+    if runs_table is None or row["run_status"] is None:
+        return None
+    return RunRow(status=row["run_status"], done_s=float(row["run_done_s"]))

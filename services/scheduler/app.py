@@ -17,9 +17,9 @@ from collections.abc import Awaitable, Callable
 
 import asyncpg
 
-from services.pipeline.core import WaitingJob, place, priority_value
+from services.pipeline.core import PlacementBook, WaitingJob, place_ordered, priority_value
 from services.preemption.core import priority_of
-from services.scheduler.core import ClusterState, RunningJob
+from services.scheduler.core import ClusterState
 from services.scheduler.liveness import LivenessWatch
 from services.scheduler.nodes import MIGRATIONS, record_node
 from shared import audit
@@ -60,13 +60,13 @@ class SchedulerService:
         self.runtime: ServiceRuntime | None = None
         self._published: dict[str, tuple[str, str]] = {}
         self.liveness = liveness or LivenessWatch.from_env()  # placed jobs no executor reports fail as Lost
-        # The service's state in memory, so that a cycle reads no table: the jobs waiting for placement (and where
-        # a requeued one resumes from), the placed ones (expected end, and (priority, preemptible) for preemption
-        # asks), and what the table says of each waiting job's reason (rows are written only when it changes).
-        # Rebuilt from the tables at start and after a failed unit of work (`_rebuild`).
-        self.waiting: dict[str, WaitingJob] = {}
+        # The service's state in memory, so that a cycle reads no table: the jobs waiting for placement in the
+        # pipeline's order and the placed ones on their timeline of expected ends (`book`, kept up to date by each
+        # event: a cycle sorts neither again), where a requeued job resumes from, and what the table says of each
+        # waiting job's reason (rows are written only when it changes). Rebuilt from the tables at start and after a
+        # failed unit of work (`_rebuild`).
+        self.book = PlacementBook()
         self.resume: dict[str, str | None] = {}
-        self.placed: dict[str, tuple[float, int | None]] = {}  # job -> (expected end, priority if preemptible)
         self.reasons: dict[str, tuple[str | None, str | None, float | None]] = {}
 
     def spec(self) -> ServiceSpec:
@@ -101,22 +101,21 @@ class SchedulerService:
                 log.warning("could not restore placement of %s: %s", spec.job_id, exc)
         self.cluster = cluster
         self._published.clear()
-        self.waiting.clear()
+        self.book.clear()
         self.resume.clear()
-        self.placed.clear()
         self.reasons.clear()
         for r in await conn.fetch(
                 "SELECT job_id, spec, flavors, resume_from, admitted_at, reason, message, planned_start "
                 "FROM scheduler.jobs WHERE status = 'waiting'"):
-            self.waiting[r["job_id"]] = self._waiting_job(JobSpec.model_validate_json(r["spec"]),
-                                                          json.loads(r["flavors"]), float(r["admitted_at"]))
+            self.book.wait(self._waiting_job(JobSpec.model_validate_json(r["spec"]), json.loads(r["flavors"]),
+                                             float(r["admitted_at"])))
             self.resume[r["job_id"]] = r["resume_from"]
             self.reasons[r["job_id"]] = (r["reason"], r["message"], r["planned_start"])
         for r in await conn.fetch(
                 "SELECT job_id, spec, coalesce(expected_end, placed_at + (spec->>'max_runtime_s')::double precision)"
                 " AS expected_end FROM scheduler.jobs WHERE status = 'placed'"):
-            self.placed[r["job_id"]] = (float(r["expected_end"]),
-                                        self._preemptible_priority(JobSpec.model_validate_json(r["spec"])))
+            self.book.add_placed(r["job_id"], float(r["expected_end"]),
+                                 self._preemptible_priority(JobSpec.model_validate_json(r["spec"])))
 
     async def _then_cycle(self, tx: Tx, body: Callable[[], Awaitable[None]]) -> None:
         """Apply an event's change, then run one scheduling cycle in the same transaction: after this event, or
@@ -173,8 +172,7 @@ class SchedulerService:
                          payload.job_id)
                 return
             if row["waiting"]:  # waiting now (a placed job's late re-admission changes nothing)
-                self.waiting[payload.job_id] = self._waiting_job(payload.spec, payload.flavors,
-                                                                 payload.admitted_at.timestamp())
+                self.book.wait(self._waiting_job(payload.spec, payload.flavors, payload.admitted_at.timestamp()))
                 self.resume[payload.job_id] = row["resume_from"]
                 self.reasons[payload.job_id] = (row["reason"], row["message"], row["planned_start"])
 
@@ -184,7 +182,7 @@ class SchedulerService:
         # Remember where a preempted job resumes from; it is placed again once admission re-admits it.
         await tx.conn.execute("UPDATE scheduler.jobs SET resume_from = $2 WHERE job_id = $1",
                               payload.job_id, payload.resume_from)
-        if payload.job_id in self.waiting:
+        if payload.job_id in self.book.waiting:
             self.resume[payload.job_id] = payload.resume_from
 
     async def on_started(self, tx: Tx, event: CloudEvent, payload: JobStarted) -> None:
@@ -194,16 +192,17 @@ class SchedulerService:
             "UPDATE scheduler.jobs SET started_at = $2, expected_end = $2 + (spec->>'max_runtime_s')::double precision "
             "WHERE job_id = $1 AND status = 'placed' RETURNING expected_end", payload.job_id,
             payload.started_at.timestamp())
-        if expected_end is not None and payload.job_id in self.placed:
-            self.placed[payload.job_id] = (float(expected_end), self.placed[payload.job_id][1])
+        if expected_end is not None:
+            self.book.move_end(payload.job_id, float(expected_end))
 
     async def on_finished(self, tx: Tx, event: CloudEvent,
                           payload: JobCompleted | JobFailed | JobCancelled | JobPreempted | JobAttemptFailed) -> None:
         async def body() -> None:
             self.cluster.release(payload.job_id)
             self._published.pop(payload.job_id, None)
-            for state in (self.waiting, self.resume, self.placed, self.reasons):
-                state.pop(payload.job_id, None)
+            self.book.forget(payload.job_id)
+            self.resume.pop(payload.job_id, None)
+            self.reasons.pop(payload.job_id, None)
             await tx.conn.execute("UPDATE scheduler.jobs SET status = 'finished' WHERE job_id = $1",
                                   payload.job_id)
             if isinstance(payload, JobCancelled):  # terminal, even for a job whose admission is still on its way
@@ -215,35 +214,40 @@ class SchedulerService:
     # ------------------------------------------------------------------ the cycle
 
     async def cycle(self, tx: Tx) -> None:
-        """One scheduling cycle over the in-memory state: no table is read; the rows written are the placements and
+        """One scheduling cycle over the in-memory state: no table is read, and nothing is sorted again (the book
+        keeps the order and the timeline); the rows written are the placements (one statement for all of them) and
         the waiting jobs whose reason, message or planned start changed."""
-        if not self.waiting:
+        book = self.book
+        if not book.waiting:
             return
-        pending = sorted(self.waiting.values(), key=lambda w: (w.admitted_at, w.job_id))
-        running = [RunningJob(job_id=job_id, expected_end=end) for job_id, (end, _) in sorted(self.placed.items())]
-        lowest = min((p for _, p in self.placed.values() if p is not None), default=None) \
-            if self.queues is not None else None
-        # The pipeline orders the admitted jobs, places them and says which ask for preemption.
-        outcome = place(self.cluster, pending, running, tx.now, backfill=self.backfill,
-                        lowest_preemptible_running=lowest)
+        # The pipeline places the waiting jobs in its order and says which ask for preemption.
+        outcome = place_ordered(self.cluster, book.pending, book.priority, book.timeline, tx.now,
+                                backfill=self.backfill,
+                                lowest_preemptible_running=book.lowest_preemptible if self.queues is not None else None)
         result = outcome.result
         asks = set(outcome.preemption_asks)
         if result.placed and self.runtime is not None and self.runtime.lease is not None:
             await self.runtime.lease.check_fence(tx.conn)
         term = self.runtime.lease.term if self.runtime is not None and self.runtime.lease is not None else None
-        for placement in result.placed:
-            spec = self.waiting[placement.job_id].spec
-            expected_end = tx.now + float(spec.max_runtime_s)
+        if result.placed:
+            specs = [book.waiting[p.job_id].spec for p in result.placed]
             await tx.conn.execute(
-                "UPDATE scheduler.jobs SET status = 'placed', placed_at = $2, bindings = $3, racks_spanned = $4, "
-                "blocks_spanned = $5, fencing_token = $6, reason = NULL, message = NULL, planned_start = NULL, "
-                "started_at = NULL, expected_end = $2::double precision + $7::double precision WHERE job_id = $1",
-                placement.job_id, tx.now, json.dumps([b.model_dump(mode="json") for b in placement.bindings]),
-                placement.racks_spanned, placement.blocks_spanned, term, float(spec.max_runtime_s))
+                "UPDATE scheduler.jobs AS j SET status = 'placed', placed_at = $1, bindings = p.bindings::jsonb, "
+                "racks_spanned = p.racks, blocks_spanned = p.blocks, fencing_token = $2, reason = NULL, "
+                "message = NULL, planned_start = NULL, started_at = NULL, "
+                "expected_end = $1::double precision + p.max_runtime_s "
+                "FROM unnest($3::text[], $4::text[], $5::integer[], $6::integer[], $7::double precision[]) "
+                "AS p(job_id, bindings, racks, blocks, max_runtime_s) WHERE j.job_id = p.job_id",
+                tx.now, term, [p.job_id for p in result.placed],
+                [json.dumps([b.model_dump(mode="json") for b in p.bindings]) for p in result.placed],
+                [p.racks_spanned for p in result.placed], [p.blocks_spanned for p in result.placed],
+                [float(spec.max_runtime_s) for spec in specs])
+        for placement in result.placed:
+            spec = book.waiting[placement.job_id].spec
             resume_from = self.resume.pop(placement.job_id, None)
-            del self.waiting[placement.job_id]
+            book.unwait(placement.job_id)
             self.reasons.pop(placement.job_id, None)
-            self.placed[placement.job_id] = (expected_end, self._preemptible_priority(spec))
+            book.add_placed(placement.job_id, tx.now + float(spec.max_runtime_s), self._preemptible_priority(spec))
             self._published.pop(placement.job_id, None)
             await audit.record(tx, "place", service_actor("scheduler"), job_id=placement.job_id, team=spec.team,
                                nodes=sorted({b.node for b in placement.bindings}), gpus=spec.total_gpus,
@@ -260,7 +264,7 @@ class SchedulerService:
             if self._published.get(u.job_id) == (u.reason, u.message):
                 continue
             self._published[u.job_id] = (u.reason, u.message)
-            spec = self.waiting[u.job_id].spec
+            spec = book.waiting[u.job_id].spec
             await tx.emit(JobPending(job_id=u.job_id, queue=spec.queue, stage="placement",
                                      reason=u.reason, message=u.message,
                                      eta=utcnow_from(planned) if planned is not None else None))

@@ -14,10 +14,12 @@ forward simulation):
 
 `cycle` runs the whole pipeline once on one snapshot (admit, then place in order), which is what the simulator
 and the ETA do; the services run its two halves on their own events (admission's `admit`, the scheduler's
-`place`). Pure: no I/O, no clock; the rules of admission (quota, borrowing, fair share) stay in the admission
-core, those of placement (gang, topology, backfill) in the scheduler core, and they plug in here unchanged.
+`place_ordered` over a `PlacementBook`, which keeps the order and the running timeline event by event). Pure: no
+I/O, no clock; the rules of admission (quota, borrowing, fair share) stay in the admission core, those of
+placement (gang, topology, backfill) in the scheduler core, and they plug in here unchanged.
 """
 
+from .book import BookView, PlacementBook
 from .pipeline import (
     CycleOutcome,
     PlacementOutcome,
@@ -26,6 +28,7 @@ from .pipeline import (
     asks_for_preemption,
     cycle,
     place,
+    place_ordered,
     placement_key,
     priority_value,
     waiting_job,
@@ -33,7 +36,9 @@ from .pipeline import (
 from .retry import RetryDecision, decide_retry, retry_delay_s
 
 __all__ = [
+    "BookView",
     "CycleOutcome",
+    "PlacementBook",
     "PlacementOutcome",
     "RetryDecision",
     "WaitingJob",
@@ -42,6 +47,7 @@ __all__ = [
     "cycle",
     "decide_retry",
     "place",
+    "place_ordered",
     "placement_key",
     "priority_value",
     "retry_delay_s",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from services.admission.core import AdmissionDecision, AdmissionState, AdmittedWorkload, admission_cycle
@@ -75,10 +75,27 @@ def place(cluster: ClusterIndex, waiting: Iterable[WaitingJob], running: Sequenc
     running jobs' sorted (expected end, job id) when the caller keeps it (`schedule_cycle`)."""
     order = sorted(waiting, key=placement_key)
     pending = [PendingJob(spec=w.spec, allowed_models=w.allowed_models) for w in order]
-    result = schedule_cycle(cluster, pending, running, now, backfill=backfill, timeline=timeline)
     priority = {w.spec.job_id: w.priority for w in order}
-    asks = [u.job_id for u in result.unplaceable
-            if asks_for_preemption(u.reason, priority[u.job_id], lowest_preemptible_running)]
+    return _place(cluster, pending, priority.__getitem__, running, now, lowest_preemptible_running, backfill,
+                  timeline)
+
+
+def place_ordered(cluster: ClusterIndex, pending: Sequence[PendingJob], priority: Callable[[str], int],
+                  timeline: Sequence[tuple[float, str]], now: float, *, lowest_preemptible_running: int | None = None,
+                  backfill: bool = True) -> PlacementOutcome:
+    """`place` for a caller that keeps its waiting jobs in the pipeline's order (`placement_key`) and the running
+    timeline up to date itself (`PlacementBook`): the same decisions, without sorting either again.
+    `priority(job_id)`: a waiting job's priority."""
+    return _place(cluster, pending, priority, (), now, lowest_preemptible_running, backfill, timeline)
+
+
+def _place(cluster: ClusterIndex, pending: Sequence[PendingJob], priority: Callable[[str], int],
+           running: Sequence[RunningJob], now: float, lowest: int | None, backfill: bool,
+           timeline: Sequence[tuple[float, str]] | None) -> PlacementOutcome:
+    result = schedule_cycle(cluster, pending, running, now, backfill=backfill, timeline=timeline)
+    # With no preemptible job running nobody asks (`asks_for_preemption`): skip the priorities then.
+    asks = [] if lowest is None else [u.job_id for u in result.unplaceable
+                                      if asks_for_preemption(u.reason, priority(u.job_id), lowest)]
     return PlacementOutcome(result, asks)
 
 
