@@ -163,11 +163,13 @@ def test_tracked_replay_reports_accuracy_and_never_shows_the_ETA_a_true_duration
     tr = _busy_trace()
     tracked = EtaTracked(make_policy("gpuq"))
     seen: list[float] = []
+    ended: dict[str, float] = {}
     original = tracked.model.job_finished
 
-    def spy(spec, ran_s):  # every duration the model learns is one of a job that has ended
+    def spy(spec, ran_s, ended_at=None):  # every duration the model learns is one of a job that has ended
         seen.append(ran_s)
-        original(spec, ran_s)
+        ended[spec.job_id] = ended_at
+        original(spec, ran_s, ended_at)
 
     tracked.model.job_finished = spy  # type: ignore[method-assign]  # observe what the model is fed
     result = Engine(tr, tracked).run()
@@ -177,6 +179,8 @@ def test_tracked_replay_reports_accuracy_and_never_shows_the_ETA_a_true_duration
         assert 0.0 <= m[k] <= 1.0 and 0.0 <= m[k + "_mid"] <= 1.0
     durations = {j.job_id: j.duration for j in tr.jobs}
     assert len(seen) == len(durations) and sorted(seen) == pytest.approx(sorted(durations.values()))
+    # cohort evidence (a job's start and run time) arrives when the job has ended, at its end, never before
+    assert ended == {j: result.records[j].end for j in durations}
     # the ETAs were given before the job ended: the log holds only jobs' waits
     assert all(given_at < (result.records[j].start or 0)
                for j, log in tracked.logs.items() for given_at, _ in log.given)
