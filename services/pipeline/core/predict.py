@@ -411,12 +411,15 @@ def cohort_quantiles(near: Sequence[tuple[float, float]], prior: Sequence[float]
     first_alive = bisect.bisect_right(prior, elapsed_s)
     prior_alive = prior_weight * (n_prior - first_alive) / n_prior
 
+    # each component's CDF at the elapsed time, once (the bisection below evaluates the mixture ~100 times)
+    at_elapsed = [(w, mu, _phi((le - mu) / bw)) for w, mu in near]
+
     def mass_above_elapsed_below(lx: float) -> float:  # unnormalised P(elapsed < D <= e^lx)
         x = math.exp(lx)
-        m = sum(w * (_phi((lx - mu) / bw) - _phi((le - mu) / bw)) for w, mu in near)
+        m = sum(w * (_phi((lx - mu) / bw) - c) for w, mu, c in at_elapsed)
         return m + prior_weight * max(0, bisect.bisect_right(prior, x) - first_alive) / n_prior
 
-    z = sum(w * (1.0 - _phi((le - mu) / bw)) for w, mu in near) + prior_alive
+    z = sum(w * (1.0 - c) for w, _, c in at_elapsed) + prior_alive
     if z <= 1e-12:
         return None
     hi0 = max([le + 1e-6] + [mu + 8.0 * bw for _, mu in near] + [math.log(max(prior[-1], 1.0)) + 1e-6])
