@@ -26,7 +26,7 @@ import heapq
 import math
 import threading
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -382,9 +382,12 @@ class EtaModel:
             self.arrivals.observe(spec.queue, Arrival(submitted_at, job_id, priority,
                                                       spec.total_gpus * self.duration(spec)), now)
 
-    def job_finished(self, spec: JobSpec, ran_s: float) -> None:
-        """A job ended after running `ran_s` seconds in all: history for the predictor."""
-        self.predictor.observe(JobKey.of(spec), float(spec.max_runtime_s), max(0.0, ran_s))
+    def job_finished(self, spec: JobSpec, ran_s: float, ended_at: float | None = None) -> None:
+        """A job ended after running `ran_s` seconds in all (at `ended_at`, when known: its start, the end less
+        the run time, makes it cohort evidence for the running jobs of its group): history for the predictor."""
+        ran = max(0.0, ran_s)
+        self.predictor.observe(JobKey.of(spec), float(spec.max_runtime_s), ran,
+                               started_at=None if ended_at is None else ended_at - ran)
 
     def job_started(self, queue: str, given_at: float, eta: EtaRange, started_at: float,
                     submitted_at: float) -> None:
@@ -400,13 +403,28 @@ class EtaModel:
     def expected_end(self, job: RunningView, now: float, which: str = "median") -> float:
         return self.expected_ends(job, now)[{"low": 0, "high": 2}.get(which, 1)]
 
-    def expected_ends(self, job: RunningView, now: float) -> tuple[float, float, float]:
-        """When a job holding GPUs is expected to end: (p10, median, p90)."""
+    def expected_ends(self, job: RunningView, now: float, peers: Sequence[float] = ()
+                      ) -> tuple[float, float, float]:
+        """When a job holding GPUs is expected to end: (p10, median, p90). `peers`: the starts of the other
+        running jobs of its history group (`all_expected_ends` finds them)."""
         limit = float(job.spec.max_runtime_s)
         if not self.predict:
             return (job.started_at + limit,) * 3
-        p = self.predictor.remaining(JobKey.of(job.spec), limit, now - job.started_at, job.progress)
+        p = self.predictor.remaining(JobKey.of(job.spec), limit, now - job.started_at, job.progress,
+                                     started_at=job.started_at, peers=peers)
         return now + p.low_s, now + p.median_s, now + p.high_s
+
+    def all_expected_ends(self, running: Mapping[str, RunningView], now: float
+                          ) -> dict[str, tuple[float, float, float]]:
+        """`expected_ends` of every running job, each with the other running jobs of its group as peers."""
+        groups: dict[str, list[tuple[str, float]]] = {}
+        for job_id, r in sorted(running.items()):
+            groups.setdefault(self.predictor.group_name(JobKey.of(r.spec)), []).append((job_id, r.started_at))
+        out: dict[str, tuple[float, float, float]] = {}
+        for job_id, r in sorted(running.items()):
+            group = groups[self.predictor.group_name(JobKey.of(r.spec))]
+            out[job_id] = self.expected_ends(r, now, [s for j, s in group if j != job_id])
+        return out
 
 
 def estimate_ranges(cluster: Any, admission: Any, running: Mapping[str, RunningView], now: float,
@@ -418,7 +436,7 @@ def estimate_ranges(cluster: Any, admission: Any, running: Mapping[str, RunningV
     fixed = dict(fixed_ends or {})
     believed = {**fixed, **{j: r.started_at + r.spec.max_runtime_s for j, r in running.items()}}
 
-    expected = {j: model.expected_ends(r, now) for j, r in sorted(running.items())}  # once for all replays
+    expected = model.all_expected_ends(running, now)  # once for all replays
 
     def replay(which: str) -> dict[str, float]:
         pick = {"low": 0, "high": 2}.get(which, 1)
@@ -561,13 +579,14 @@ class PlatformEta:
             for given_at, eta in ([given[0]] if in_force[-1] is given[0] else [given[0], in_force[-1]]):
                 self.model.job_started(queue, given_at, eta, started_at, submitted_at)
 
-    def job_finished(self, spec: JobSpec, ran_s: float | None) -> None:
-        """The job ended (`ran_s` seconds of run time, None if it never ran): history for the predictor."""
+    def job_finished(self, spec: JobSpec, ran_s: float | None, ended_at: float | None = None) -> None:
+        """The job ended (`ran_s` seconds of run time, None if it never ran; at `ended_at` when known): history
+        for the predictor."""
         with self._lock:
             self._given.pop(spec.job_id, None)
             self._queued.pop(spec.job_id, None)
             if ran_s is not None:
-                self.model.job_finished(spec, ran_s)
+                self.model.job_finished(spec, ran_s, ended_at)
 
     def predicted_s(self, spec: JobSpec) -> float:
         """A job's predicted run time (median) from the history this ETA learned: admission's duration-aware

@@ -67,7 +67,7 @@ class EtaTracked:
         self.inner.on_completion(job_id, now)
         start = self._started.pop(job_id, None)
         if spec is not None and start is not None:
-            self.model.job_finished(spec, self._run_s.pop(job_id, 0.0) + now - start)
+            self.model.job_finished(spec, self._run_s.pop(job_id, 0.0) + now - start, ended_at=now)
         self._changed = True
 
     def on_node_down(self, node: str, now: float) -> list[str]:

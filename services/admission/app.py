@@ -95,7 +95,7 @@ class EtaFn(Protocol):
     def __call__(self, cluster: ClusterState, state: AdmissionState, reserved_ends: Mapping[str, float],
                  now: float) -> Mapping[str, EtaRange]: ...
     def job_started(self, job_id: str, started_at: float) -> None: ...
-    def job_finished(self, spec: JobSpec, ran_s: float | None) -> None: ...
+    def job_finished(self, spec: JobSpec, ran_s: float | None, ended_at: float | None = None) -> None: ...
     def predicted_s(self, spec: JobSpec) -> float: ...
     def refresh_due(self, last_refresh: float | None, now: float, changed: bool) -> bool: ...
 
@@ -216,10 +216,11 @@ class AdmissionService:
         if rows:
             log.info("admission: run-time history rebuilt from %d finished jobs", len(rows))
 
-    def _observe(self, spec: JobSpec, ran_s: float | None) -> None:
-        """A job ended (`ran_s`: its run time, None if it never ran or ended early): history for predictions."""
+    def _observe(self, spec: JobSpec, ran_s: float | None, ended_at: float | None = None) -> None:
+        """A job ended (`ran_s`: its run time, None if it never ran or ended early; at `ended_at` when known, which
+        makes it cohort evidence for the running jobs of its group): history for predictions."""
         if self.eta is not None:
-            self.eta.job_finished(spec, ran_s)
+            self.eta.job_finished(spec, ran_s, ended_at)
         elif self._predictor is not None and ran_s is not None:
             self._predictor.observe(JobKey.of(spec), float(spec.max_runtime_s), max(0.0, ran_s))
 
@@ -495,7 +496,7 @@ class AdmissionService:
         if held is not None:  # history for the predicted durations: how long it ran (None: it never ran)
             ran = None if end is None else tx.now - (end - held.spec.max_runtime_s)
             # a job that succeeded or was stopped at its limit ran as long as it needed (or its limit)
-            self._observe(held.spec, ran if outcome in RAN_TO_THE_END else None)
+            self._observe(held.spec, ran if outcome in RAN_TO_THE_END else None, ended_at=tx.now)
         self.state.finish(job_id)
         self.backoff.pop(job_id, None)  # cancelled while waiting out a retry backoff
         self.expected_end.pop(job_id, None)

@@ -13,7 +13,11 @@ Users' limits (`max_runtime_s`) are typically several times the true duration, s
   than that are ruled out) and, if it reports checkpoint progress, `elapsed / progress` is its total;
 - the predictor records each prediction it would have made against the actual duration when a job ends
   (`BiasRecord`) and multiplies its predictions by the median error: a systematic bias (a group whose jobs got
-  longer, a level fallback that is off) is corrected from the record.
+  longer, a level fallback that is off) is corrected from the record;
+- a running job whose start is known (`remaining(..., started_at=)`) also listens to its cohort: the jobs of
+  its group that started near it and have since ended (`CohortEvidence`, a Bayesian mixture: each such job a
+  component weighted by start proximity, the group's window the prior; conditioning on the elapsed time
+  reweights them). With no such job it is the prediction above, unchanged.
 
 Pure: no I/O and no clock; all times are seconds handed in. It never sees a job's true duration except through
 `observe`, which callers invoke only when the job has ended. Deterministic: same observations in the same order,
@@ -37,6 +41,15 @@ DEFAULT_WINDOW = 200
 DEFAULT_MIN_SAMPLES = 5
 LOW_Q, HIGH_Q = 0.1, 0.9
 MIN_REMAINING_S = 60.0  # a job past everything history allows is assumed to end this soon
+# Cohort evidence (CohortEvidence): an ended job of the group counts with weight exp(-|start gap| / elapsed),
+# dropped below this weight (a numerical cut: jobs that far apart add under 1% each).
+COHORT_MIN_WEIGHT = 0.01
+# At most this many ended jobs and this many running peers per prediction, the nearest by start (the heaviest
+# weights): the peers' responsibilities cost their product, and the rest weigh less than the nearest ones.
+COHORT_MAX = 32
+# The narrowest spread a cohort's durations are given (log scale, ±5%): alike jobs' run times still differ by
+# their start-up and checkpoint writes; numerical floor, so that a kernel never degenerates to a point.
+COHORT_MIN_BANDWIDTH = 0.05
 _STEM_TAIL = re.compile(r"([-_.:]?([0-9]+|[0-9a-f]{6,}))+$")
 
 
@@ -151,7 +164,8 @@ class DurationPredictor:
     """
 
     def __init__(self, *, window: int = DEFAULT_WINDOW, min_samples: int = DEFAULT_MIN_SAMPLES,
-                 low_q: float = LOW_Q, high_q: float = HIGH_Q, correct_bias: bool = True):
+                 low_q: float = LOW_Q, high_q: float = HIGH_Q, correct_bias: bool = True,
+                 use_cohort: bool = True):
         if not 0.0 < low_q < 0.5 < high_q < 1.0:
             raise ValueError(f"need 0 < low_q < 0.5 < high_q < 1, got {low_q}, {high_q}")
         if window < 1 or min_samples < 1:
@@ -166,12 +180,15 @@ class DurationPredictor:
         # the ratios themselves have caught up (the same window would over-correct for a whole window).
         self.bias = BiasRecord(window=max(min_samples, window // 4), min_samples=min_samples)
         self.observed = 0
+        self._runs: dict[str, CohortEvidence] = {}  # group name -> its ended jobs' (start, duration)
+        self.use_cohort = use_cohort
 
     # ------------------------------------------------------------------ learning
 
-    def observe(self, key: JobKey, limit_s: float, duration_s: float) -> None:
+    def observe(self, key: JobKey, limit_s: float, duration_s: float, started_at: float | None = None) -> None:
         """A job of `key` with this limit ran `duration_s` in all (it has ended). Its error against what would
-        have been predicted is recorded first, then its ratio joins every group it belongs to."""
+        have been predicted is recorded first, then its ratio joins every group it belongs to; with its start
+        (`started_at`, the end minus the run time) it also becomes cohort evidence for the group's running jobs."""
         if limit_s <= 0 or duration_s < 0:
             raise ValueError(f"limit_s must be > 0 and duration_s >= 0, got {limit_s}, {duration_s}")
         ratios, _, used = self._group(key)
@@ -181,6 +198,9 @@ class DurationPredictor:
         for level in key.levels():
             self._ratios.setdefault(level, deque(maxlen=self.window)).append(ratio)
             self._sorted.pop(level, None)
+            if started_at is not None:
+                self._runs.setdefault("\x1f".join(level), CohortEvidence(self.window)).add(
+                    started_at, max(duration_s, 1.0))
         self.observed += 1
 
     # ------------------------------------------------------------------ predicting
@@ -191,14 +211,21 @@ class DurationPredictor:
         f = self._factor(self._group(key)[2])
         return Prediction(raw.median_s * f, raw.low_s * f, raw.high_s * f, raw.samples, raw.basis)
 
-    def remaining(self, key: JobKey, limit_s: float, elapsed_s: float, progress: float | None = None) -> Prediction:
+    def remaining(self, key: JobKey, limit_s: float, elapsed_s: float, progress: float | None = None,
+                  started_at: float | None = None, peers: Sequence[float] = ()) -> Prediction:
         """Seconds left for a job of `key` that has run `elapsed_s`. `progress` (0-1], the fraction of its work
-        its last checkpoint reports done, gives the total as elapsed / progress when it is known."""
+        its last checkpoint reports done, gives the total as elapsed / progress when it is known. `started_at`
+        (same clock as the observed starts) lets the ended jobs of its cohort speak (module doc); `peers`, the
+        starts of the other running jobs of its group (`group_name`), say how many of the cohort outlast them."""
         elapsed_s = max(0.0, elapsed_s)
         if progress is not None and 0.0 < progress <= 1.0 and elapsed_s > 0:
             left = elapsed_s * (1.0 - progress) / progress
             left = max(MIN_REMAINING_S, left) if progress < 1.0 else MIN_REMAINING_S
             return Prediction(left, left, left, 0, "progress")
+        if started_at is not None and self.use_cohort:
+            cohort = self._cohort(key, limit_s, elapsed_s, started_at, peers)
+            if cohort is not None:
+                return cohort
         alive_q, samples, basis = self._alive(key, limit_s, elapsed_s)
         if alive_q is None:
             return Prediction(MIN_REMAINING_S, MIN_REMAINING_S, MIN_REMAINING_S, samples, basis)
@@ -233,6 +260,41 @@ class DurationPredictor:
 
         return alive_q, samples, basis
 
+    def group_name(self, key: JobKey) -> str:
+        """The history group a prediction for `key` rests on ("" when none has enough): running jobs of the same
+        group are each other's peers (`remaining(..., peers=)`)."""
+        return self._group(key)[2]
+
+    def _cohort(self, key: JobKey, limit_s: float, elapsed_s: float, started_at: float,
+                peers: Sequence[float] = ()) -> Prediction | None:
+        """The remaining time from the cohort mixture (CohortEvidence), None when no ended job of the group
+        started near this one (the caller then predicts from the group's window alone)."""
+        ratios, samples, group = self._group(key)
+        evidence = self._runs.get(group) if group else None
+        if evidence is None:
+            return None
+        scale = max(elapsed_s, MIN_REMAINING_S)
+        near = evidence.near(started_at, scale)
+        if not near:
+            return None
+        now = started_at + elapsed_s
+        # the running peers started near it: (weight, log of how long each has run so far), censored durations
+        censored = sorted(((w, math.log(max(now - s, 1.0))) for s in peers
+                           if (w := math.exp(-abs(s - started_at) / scale)) >= COHORT_MIN_WEIGHT),
+                          reverse=True)[:COHORT_MAX]
+        f = self._factor(group)
+        # The prior: the durations the group's window allows (ratio × limit, bias-corrected, capped as in
+        # `_alive`), as `min_samples` pseudo-jobs: the window is trusted once it holds that many.
+        cap = limit_s * ratios[-1] if ratios else float(limit_s)
+        prior = sorted(min(cap, limit_s * r * f) for r in ratios) if ratios else [float(limit_s)]
+        qs = cohort_quantiles(near, prior, float(self.min_samples), elapsed_s, (self.low_q, 0.5, self.high_q),
+                              censored)
+        if qs is None:
+            return None
+        low, med, high = (min(q, max(cap, elapsed_s + MIN_REMAINING_S)) - elapsed_s for q in qs)
+        return Prediction(max(1.0, med), max(1.0, low), max(1.0, high), samples + len(near),
+                          _basis(group) + "+cohort")
+
     def ratios(self, key: JobKey) -> list[float]:
         """The sorted duration/limit ratios of the group a prediction for `key` rests on (empty: none yet)."""
         return list(self._group(key)[0])
@@ -265,6 +327,113 @@ class DurationPredictor:
         if not self.correct_bias or not group:
             return 1.0
         return self.bias.factor(group)
+
+
+class CohortEvidence:
+    """A group's ended jobs as (start, log duration), the last `window` by end, kept sorted by start so that the
+    ones started near a running job are found by bisection."""
+
+    def __init__(self, window: int):
+        self._order: deque[tuple[float, float]] = deque()
+        self._by_start: list[tuple[float, float]] = []
+        self.window = window
+
+    def add(self, started_at: float, duration_s: float) -> None:
+        entry = (started_at, math.log(duration_s))
+        self._order.append(entry)
+        bisect.insort(self._by_start, entry)
+        if len(self._order) > self.window:
+            old = self._order.popleft()
+            del self._by_start[bisect.bisect_left(self._by_start, old)]
+
+    def near(self, started_at: float, scale_s: float) -> list[tuple[float, float]]:
+        """(weight, log duration) of the ended jobs started within the distance where exp(-|gap| / scale_s)
+        stays above COHORT_MIN_WEIGHT."""
+        reach = -math.log(COHORT_MIN_WEIGHT) * scale_s
+        lo = bisect.bisect_left(self._by_start, (started_at - reach, -math.inf))
+        hi = bisect.bisect_right(self._by_start, (started_at + reach, math.inf))
+        found = [(math.exp(-abs(s - started_at) / scale_s), d) for s, d in self._by_start[lo:hi]]
+        return sorted(found, reverse=True)[:COHORT_MAX] if len(found) > COHORT_MAX else found
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+
+def _phi(z: float) -> float:
+    return 0.5 * math.erfc(-z / math.sqrt(2.0))
+
+
+def cohort_quantiles(near: Sequence[tuple[float, float]], prior: Sequence[float], prior_weight: float,
+                     elapsed_s: float, qs: Sequence[float],
+                     censored: Sequence[tuple[float, float]] = ()) -> list[float] | None:
+    """Quantiles of a running job's total duration given that it has run `elapsed_s`, under a mixture prior:
+    each ended cohort job (weight w, log duration mu) is a lognormal component (the job runs about as long as
+    it did), the group's window (`prior`, sorted durations) one more component of weight `prior_weight`.
+    Having survived to `elapsed_s` reweights every component by its chance of lasting that long (Bayes' rule):
+    a cohort job that ran far shorter drops out, one that ended at about this job's elapsed time says it ends
+    soon. The kernels' width is Silverman's rule on the cohort's weighted log durations (floored at
+    COHORT_MIN_BANDWIDTH; with under two effective jobs, the prior's own log spread). The cohort's jobs still
+    running (`censored`: weight, log of the time each has run) are observations too, "it lasts past c": the
+    first to end are the short ones, and the ones still running say how much of the cohort outlasts them. Each
+    adds its weight to the components by its posterior responsibility (a component's weight times its chance
+    of lasting past c: one EM step of the mixture's weights), so peers outlasting every ended one move weight
+    to the window. None when no component allows a run this long."""
+    total_w = sum(w for w, _ in near)
+    if total_w <= 0:
+        return None
+    mean = sum(w * mu for w, mu in near) / total_w
+    var = sum(w * (mu - mean) ** 2 for w, mu in near) / total_w
+    n_eff = total_w ** 2 / sum(w * w for w, _ in near)
+    if n_eff < 2.0:
+        logs = [math.log(max(v, 1.0)) for v in prior]
+        pm = sum(logs) / len(logs)
+        var = sum((x - pm) ** 2 for x in logs) / len(logs)
+        n_eff = max(n_eff, 1.0)
+    bw = max(COHORT_MIN_BANDWIDTH, 1.06 * math.sqrt(var) * n_eff ** -0.2)
+    le = math.log(max(elapsed_s, 1.0))
+    n_prior = len(prior)
+    if censored:
+        weights = [w for w, _ in near]
+        extra_prior = 0.0
+        for v, c in censored:
+            lasting = [w * (1.0 - _phi((c - mu) / bw)) for w, mu in near]
+            prior_lasting = prior_weight * (n_prior - bisect.bisect_right(prior, math.exp(c))) / n_prior
+            zc = sum(lasting) + prior_lasting
+            if zc <= 1e-12:
+                continue  # nothing known lasts that long: the peer says nothing about the components
+            for i, m in enumerate(lasting):
+                weights[i] += v * m / zc
+            extra_prior += v * prior_lasting / zc
+        near = [(w, mu) for w, (_, mu) in zip(weights, near, strict=True)]
+        prior_weight += extra_prior
+    # Components that ran so much shorter that lasting this long is beyond 8 kernel widths weigh nothing now.
+    near = [(w, mu) for w, mu in near if (le - mu) / bw < 8.0]
+    first_alive = bisect.bisect_right(prior, elapsed_s)
+    prior_alive = prior_weight * (n_prior - first_alive) / n_prior
+
+    # each component's CDF at the elapsed time, once (the bisection below evaluates the mixture ~100 times)
+    at_elapsed = [(w, mu, _phi((le - mu) / bw)) for w, mu in near]
+
+    def mass_above_elapsed_below(lx: float) -> float:  # unnormalised P(elapsed < D <= e^lx)
+        x = math.exp(lx)
+        m = sum(w * (_phi((lx - mu) / bw) - c) for w, mu, c in at_elapsed)
+        return m + prior_weight * max(0, bisect.bisect_right(prior, x) - first_alive) / n_prior
+
+    z = sum(w * (1.0 - c) for w, _, c in at_elapsed) + prior_alive
+    if z <= 1e-12:
+        return None
+    hi0 = max([le + 1e-6] + [mu + 8.0 * bw for _, mu in near] + [math.log(max(prior[-1], 1.0)) + 1e-6])
+    out: list[float] = []
+    for q in qs:
+        lo, hi = le, hi0
+        for _ in range(36):  # bisection in log seconds: 2^-36 of the span, far below a second
+            mid = 0.5 * (lo + hi)
+            if mass_above_elapsed_below(mid) < q * z:
+                lo = mid
+            else:
+                hi = mid
+        out.append(math.exp(hi))
+    return out
 
 
 def _basis(group: str) -> str:

@@ -151,3 +151,113 @@ def test_a_quantile_between_equal_values_is_that_value_exactly() -> None:
     assert quantile(values, 0.01007012080683658) == v  # between the first two (equal) values at f ≈ 0.1
     assert quantile(values, 0.071) == v  # (the old form: an ulp below)
     assert quantile(values, 0.5) == v <= quantile(values, 0.95) <= 2 * v
+
+
+# ---------------------------------------------------------------- cohort evidence (jobs of the group started near)
+
+SWEEP = JobKey(team="nlp", user=None, stem="sweep")
+
+
+def _spread_history(pred: DurationPredictor, rng: random.Random, n: int = 100) -> None:
+    """A group whose past jobs ran anywhere from 10 minutes to their 8 h limit, all ended long ago."""
+    for i in range(n):
+        pred.observe(SWEEP, 8 * 3600, rng.uniform(600, 8 * 3600), started_at=-2e6 + i * 1000)
+
+
+def test_a_sweep_started_together_is_predicted_to_end_together_once_its_first_jobs_end() -> None:
+    """Fifty alike ~4,000 s jobs start within five minutes; the group's window says anything up to 8 h. Before
+    any of them ends a running one is predicted from the window (hours); once the first twenty end, the others,
+    still running at ~4,000 s, are predicted to end within minutes, as they do."""
+    rng = random.Random(7)
+    pred = DurationPredictor()
+    _spread_history(pred, rng)
+    starts = sorted(rng.uniform(0, 300) for _ in range(50))
+    durations = [rng.gauss(4000, 40) for _ in starts]
+    ends = sorted(range(50), key=lambda i: starts[i] + durations[i])
+    running = ends[20:]
+    now = starts[ends[19]] + durations[ends[19]]
+    before = [pred.remaining(SWEEP, 8 * 3600, now - starts[i], started_at=starts[i]) for i in running]
+    assert all(p.basis == "team/user/name" for p in before)  # no cohort yet: the window's prediction
+    assert min(p.median_s for p in before) > 3600
+    for i in ends[:20]:
+        pred.observe(SWEEP, 8 * 3600, durations[i], started_at=starts[i])
+    after = [pred.remaining(SWEEP, 8 * 3600, now - starts[i], started_at=starts[i],
+                            peers=[starts[j] for j in running if j != i]) for i in running]
+    assert all(p.basis == "team/user/name+cohort" for p in after)
+    true_left = [starts[i] + durations[i] - now for i in running]
+    assert max(true_left) < 300  # (the sweep's rest does end within minutes)
+    # most of the rest predicted within 10 minutes of their true end, where the window said hours
+    close = sum(abs(p.median_s - t) < 600 for p, t in zip(after, true_left, strict=True))
+    assert close >= 0.8 * len(running)
+    assert all(p.low_s <= p.median_s <= p.high_s for p in after)
+
+
+def test_running_peers_that_outlast_every_ended_job_move_the_prediction_later() -> None:
+    """The first of a cohort to end are its short ones: ten started ~500 s before this job and ended after
+    ~2,000 s, but thirty peers started with them are still running at 2,500 s. A job of the cohort at 1,900 s is
+    then not about to end: the peers (censored durations) move weight from the ended jobs to the window."""
+    pred = DurationPredictor()
+    _spread_history(pred, random.Random(9))
+    for i in range(10):
+        pred.observe(SWEEP, 8 * 3600, 2000.0 + 10 * i, started_at=-500.0 + i)
+    alone = pred.remaining(SWEEP, 8 * 3600, 1900.0, started_at=0.0)
+    peers = [-600.0 - i for i in range(30)]  # running 2,500 s and more at this job's 1,900 s
+    with_peers = pred.remaining(SWEEP, 8 * 3600, 1900.0, started_at=0.0, peers=peers)
+    assert alone.basis == with_peers.basis == "team/user/name+cohort"
+    assert alone.median_s < 600  # the ended ones alone: it ends within minutes
+    assert with_peers.median_s > 2 * alone.median_s
+
+
+def test_without_a_cohort_the_prediction_is_the_windows_exactly() -> None:
+    """No ended job of the group started near the running one (or no start known): the current predictor."""
+    rng = random.Random(3)
+    with_starts, without = DurationPredictor(), DurationPredictor()
+    for i in range(60):
+        d = rng.uniform(600, 8 * 3600)
+        with_starts.observe(SWEEP, 8 * 3600, d, started_at=-1e7 + i * 600)
+        without.observe(SWEEP, 8 * 3600, d)
+    for elapsed in (0.0, 900.0, 5000.0, 20000.0):
+        expected = without.remaining(SWEEP, 8 * 3600, elapsed)
+        assert with_starts.remaining(SWEEP, 8 * 3600, elapsed, started_at=0.0) == expected
+        assert with_starts.remaining(SWEEP, 8 * 3600, elapsed) == expected
+        assert without.remaining(SWEEP, 8 * 3600, elapsed, started_at=0.0) == expected
+    off = DurationPredictor(use_cohort=False)
+    for i in range(60):
+        off.observe(SWEEP, 8 * 3600, 4000.0, started_at=float(i))
+    plain = DurationPredictor()
+    for _ in range(60):
+        plain.observe(SWEEP, 8 * 3600, 4000.0)
+    assert off.remaining(SWEEP, 8 * 3600, 3000.0, started_at=0.0) == plain.remaining(SWEEP, 8 * 3600, 3000.0)
+    # a job not started yet is never predicted from a cohort (ordering reads predict(), unchanged)
+    assert off.predict(SWEEP, 8 * 3600) == plain.predict(SWEEP, 8 * 3600)
+
+
+def test_cohort_jobs_that_ran_far_shorter_than_the_elapsed_time_drop_out() -> None:
+    """Jobs of the group started together that all ended after ~10 minutes say nothing about one still running
+    after two hours: conditioning on its elapsed time leaves the window's prediction in charge."""
+    # (bias correction off in both: 30 short jobs would otherwise pull the window's own prediction to minutes)
+    pred, twin = DurationPredictor(correct_bias=False), DurationPredictor(correct_bias=False)
+    _spread_history(pred, random.Random(5))
+    _spread_history(twin, random.Random(5))
+    for i in range(30):
+        pred.observe(SWEEP, 8 * 3600, 600.0 + i, started_at=float(i))
+        twin.observe(SWEEP, 8 * 3600, 600.0 + i)
+    window_only = twin.remaining(SWEEP, 8 * 3600, 7200.0)
+    assert window_only.median_s > 600
+    p = pred.remaining(SWEEP, 8 * 3600, 7200.0, started_at=10.0)
+    assert p.median_s == pytest.approx(window_only.median_s, rel=0.05)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 20000), st.floats(1, 30000)), min_size=1, max_size=40),
+       st.floats(0, 40000), st.floats(-5000, 25000))
+def test_cohort_ranges_are_ordered_and_positive(cohort: list[tuple[float, float]], elapsed: float,
+                                                start: float) -> None:
+    pred = DurationPredictor()
+    for i in range(10):
+        pred.observe(SWEEP, 28800, 1000.0 * (i + 1))
+    for s, d in cohort:
+        pred.observe(SWEEP, 28800, d, started_at=s)
+    p = pred.remaining(SWEEP, 28800, elapsed, started_at=start)
+    assert 1.0 <= p.low_s <= p.median_s <= p.high_s
+    assert all(math.isfinite(x) for x in (p.low_s, p.median_s, p.high_s))

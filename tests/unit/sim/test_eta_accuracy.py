@@ -86,6 +86,39 @@ def test_a_model_without_history_gives_the_limit_eta_and_learns_from_ended_jobs(
     assert eta.low <= eta.start <= eta.high
 
 
+def test_a_running_sweep_is_expected_to_end_with_its_ended_cohort_and_its_peers_are_its_groups_only():
+    """Thirty jobs of team a started within 30 s; twenty ended after 1,000 s (limits 8 h). The ETA expects the
+    ten still running at 1,030 s to end within minutes, where the window alone (team a's long history) says hours; the
+    peers each is predicted with are the running jobs of its own group, never another team's."""
+    model = EtaModel()
+    for i in range(40):  # team a's window: jobs that ran 1 h to 8 h, long ago
+        model.job_finished(job(f"old-{i}", 0, 10, estimate=28800).spec(), 3600.0 + 600.0 * i, ended_at=-1e6 + i)
+        model.job_finished(job(f"old-b-{i}", 0, 10, estimate=28800, team="b").spec(), 7200.0, ended_at=-1e6 + i)
+    sweep = [RunningView(job(f"s-{i}", 0, 10, estimate=28800).spec(), started_at=float(i)) for i in range(30)]
+    other = RunningView(job("b-1", 0, 10, estimate=28800, team="b").spec(), started_at=0.0)
+    running = {v.spec.job_id: v for v in sweep[20:]} | {"b-1": other}
+    now = 1030.0
+    before = model.all_expected_ends(running, now)
+    for v in sweep[:20]:
+        model.job_finished(v.spec, 1000.0, ended_at=v.started_at + 1000.0)
+    after = model.all_expected_ends(running, now)
+    for v in sweep[20:]:
+        assert before[v.spec.job_id][1] - now > 3600  # the window: hours
+        assert after[v.spec.job_id][1] - now < 600  # the cohort: minutes
+    assert after["b-1"] == before["b-1"]  # team b (its own window) has no cohort; team a's are not its peers
+    peers_seen: list[tuple[str, tuple[float, ...]]] = []
+    original = model.expected_ends
+
+    def spy(job_view, at, peers=()):
+        peers_seen.append((job_view.spec.job_id, tuple(peers)))
+        return original(job_view, at, peers)
+
+    model.expected_ends = spy  # type: ignore[method-assign]
+    model.all_expected_ends(running, now)
+    seen = dict(peers_seen)
+    assert seen["s-20"] == tuple(float(i) for i in range(21, 30)) and seen["b-1"] == ()
+
+
 def _calibrated_coverage(cal: EtaCalibration, rng: random.Random, steps: int, spread_of) -> dict[str, float]:
     """Feed `cal` ETAs whose replayed range is `spread_of(kind)` wide (log, each side) while the actual wait is
     lognormal around the planned one with the kind's true sigma; the coverage per kind after a warm-up."""
@@ -163,11 +196,13 @@ def test_tracked_replay_reports_accuracy_and_never_shows_the_ETA_a_true_duration
     tr = _busy_trace()
     tracked = EtaTracked(make_policy("gpuq"))
     seen: list[float] = []
+    ended: dict[str, float] = {}
     original = tracked.model.job_finished
 
-    def spy(spec, ran_s):  # every duration the model learns is one of a job that has ended
+    def spy(spec, ran_s, ended_at=None):  # every duration the model learns is one of a job that has ended
         seen.append(ran_s)
-        original(spec, ran_s)
+        ended[spec.job_id] = ended_at
+        original(spec, ran_s, ended_at)
 
     tracked.model.job_finished = spy  # type: ignore[method-assign]  # observe what the model is fed
     result = Engine(tr, tracked).run()
@@ -177,6 +212,8 @@ def test_tracked_replay_reports_accuracy_and_never_shows_the_ETA_a_true_duration
         assert 0.0 <= m[k] <= 1.0 and 0.0 <= m[k + "_mid"] <= 1.0
     durations = {j.job_id: j.duration for j in tr.jobs}
     assert len(seen) == len(durations) and sorted(seen) == pytest.approx(sorted(durations.values()))
+    # cohort evidence (a job's start and run time) arrives when the job has ended, at its end, never before
+    assert ended == {j: result.records[j].end for j in durations}
     # the ETAs were given before the job ended: the log holds only jobs' waits
     assert all(given_at < (result.records[j].start or 0)
                for j, log in tracked.logs.items() for given_at, _ in log.given)
