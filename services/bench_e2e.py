@@ -150,7 +150,8 @@ class Meter:
         for proc in self.procs:
             with contextlib.suppress(self.psutil.Error):
                 t = proc.cpu_times()
-                out[str(proc.pid)] = t.user + t.system
+                # with the children it reaped: admission's ETA replays run in forked children (shared/forked.py)
+                out[str(proc.pid)] = t.user + t.system + t.children_user + t.children_system
         out["postgres"] = self._postgres()
         return out
 

@@ -518,6 +518,21 @@ def refresh_due(last_refresh: float | None, now: float, changed: bool, interval_
     return elapsed >= interval_s or (changed and elapsed >= min_interval_s)
 
 
+
+def _replay(model: EtaModel, cluster: Any, admission: Any, reserved_ends: Mapping[str, float], now: float,
+            ) -> dict[str, EtaRange]:
+    """The forward simulation of a refresh (it may change `model` and `admission`: callers pass copies)."""
+    running: dict[str, RunningView] = {}
+    fixed: dict[str, float] = {}
+    for job_id, end in sorted(reserved_ends.items()):
+        held = admission.admitted.get(job_id)
+        if held is None:
+            fixed[job_id] = end
+        else:
+            running[job_id] = RunningView(held.spec, started_at=end - held.spec.max_runtime_s)
+    return estimate_ranges(cluster, admission, running, now, model, fixed_ends=fixed)
+
+
 class PlatformEta:
     """The admission service's ETA (injected by the stack): `estimate_ranges` with an `EtaModel` that keeps
     learning from the jobs the service sees start and end, and the memory of what it told each job.
@@ -538,24 +553,33 @@ class PlatformEta:
 
     def __call__(self, cluster: Any, state: Any, reserved_ends: Mapping[str, float], now: float,
                  ) -> dict[str, EtaRange]:
-        admission = state
+        """A refresh in one call (the three steps below; the replay on a copy of the model, so a worker thread
+        may run it while the handlers report starts and ends)."""
+        queued = self.prepare(state, now)
         with self._lock:
-            self.model.observe_arrivals(admission, now)
             model = copy.deepcopy(self.model)
-        running: dict[str, RunningView] = {}
-        fixed: dict[str, float] = {}
-        for job_id, end in sorted(reserved_ends.items()):
-            held = admission.admitted.get(job_id)
-            if held is None:
-                fixed[job_id] = end
-            else:
-                running[job_id] = RunningView(held.spec, started_at=end - held.spec.max_runtime_s)
-        etas = estimate_ranges(cluster, admission, running, now, model, fixed_ends=fixed)
-        queued = _queued(admission)
+        etas = _replay(model, cluster, state, reserved_ends, now)
+        self.remember(etas, queued, now)
+        return etas
+
+    def prepare(self, state: Any, now: float) -> dict[str, tuple[str, float]]:
+        """A refresh's first step, in the caller's thread: the arrivals seen so far go into the model; returns
+        what `remember` needs of the waiting jobs as they are now."""
+        with self._lock:
+            self.model.observe_arrivals(state, now)
+        return _queued(state)
+
+    def replay_in_place(self, cluster: Any, state: Any, reserved_ends: Mapping[str, float], now: float,
+                        ) -> dict[str, EtaRange]:
+        """The replay on this object's own model and the given state, which it may change: only where both are
+        a snapshot nobody else uses (a forked child of the service, shared/forked.py)."""
+        return _replay(self.model, cluster, state, reserved_ends, now)
+
+    def remember(self, etas: Mapping[str, EtaRange], queued: Mapping[str, tuple[str, float]], now: float) -> None:
+        """A refresh's last step: what each waiting job was told, for calibration against its start."""
         with self._lock:
             self._all_beyond = not etas
             self._remember(etas, queued, now)
-        return etas
 
     def _remember(self, etas: Mapping[str, EtaRange], queued: Mapping[str, tuple[str, float]], now: float) -> None:
         for job_id, eta in etas.items():

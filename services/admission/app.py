@@ -42,7 +42,7 @@ from services.pipeline.core.predict import DurationPredictor, JobKey
 from services.preemption.core import priority_of
 from services.scheduler import readmodel
 from services.scheduler.core import ClusterState
-from shared import audit
+from shared import audit, forked
 from shared.audit import service_actor, team_actor
 from shared.config import ConfigError, QueuesConfig, StopPolicy, parse_queues
 from shared.domain import JobSpec
@@ -98,10 +98,19 @@ class EtaFn(Protocol):
     def job_finished(self, spec: JobSpec, ran_s: float | None, ended_at: float | None = None) -> None: ...
     def predicted_s(self, spec: JobSpec) -> float: ...
     def refresh_due(self, last_refresh: float | None, now: float, changed: bool) -> bool: ...
+    # __call__ in three steps, for a replay in a forked child (prepare and remember in the service's process):
+    def prepare(self, state: AdmissionState, now: float) -> Mapping[str, tuple[str, float]]: ...
+    def replay_in_place(self, cluster: ClusterState, state: AdmissionState, reserved_ends: Mapping[str, float],
+                        now: float) -> Mapping[str, EtaRange]: ...
+    def remember(self, etas: Mapping[str, Any], queued: Mapping[str, tuple[str, float]], now: float
+                 ) -> None: ...  # etas: what replay_in_place returned (the implementation's own range type)
 
 
 ETA_INTERVAL_S = 0.5  # wall seconds between looks at whether an ETA refresh is due (refresh_due: platform time)
 ETA_DUTY_FACTOR = 5.0  # the pause after an ETA simulation is at least this many times its duration
+# Replay ETAs in a forked child (shared/forked.py) rather than a worker thread, which shares the handlers' GIL: with
+# 10,000 jobs waiting, the thread made the steady scenario's p99 submit->placed seconds long.
+ETA_IN_FORK = True
 # Held shared by a per-cohort instance's units of work and exclusively while a configuration is recorded.
 CONFIG_LOCK = lock_key("admission-config")
 BACKOFF_REASON = "BackoffAfterFailure"  # a failed attempt waits out its retry backoff (JobAttemptFailed)
@@ -742,13 +751,35 @@ class AdmissionService:
             if self.shard.serves_all:  # (a per-cohort instance first enters the config epoch, in the transaction)
                 async with runtime.pool.acquire() as conn:
                     rows = await readmodel.cluster_rows(conn)
-                # parsed in the worker thread too: a large cluster's specs take a while, and handlers go on meanwhile
-                # A structural copy, taken in one go on the event loop (no handler runs meanwhile;
-                # AdmissionState.copy shares nothing they change); a deep copy took ~13x its CPU at 10,000 pending.
-                etas = await asyncio.to_thread(self._estimate_rows, rows, self.state.copy(), now)
+                etas = await self._replay_off_process(rows, now)
             async with runtime.transaction() as tx:
                 await self.publish_etas(tx, etas)
             pause = max(self.eta_interval_s, ETA_DUTY_FACTOR * (time.perf_counter() - started))
+
+    async def _replay_off_process(self, rows: readmodel.ClusterRows, now: float) -> Mapping[str, EtaRange]:
+        """A refresh's replay off the handlers' interpreter lock: in a forked child, which reads the state as it is
+        at the fork (copy-on-write: nothing copied, nothing pickled but the ETAs coming back) while the handlers go
+        on changing the parent's. Where the platform cannot fork, or ETA_IN_FORK is off, in a worker thread on a
+        structural copy (AdmissionState.copy, taken in one go on the event loop: no handler runs meanwhile; a deep
+        copy took ~13x its CPU at 10,000 pending), which shares the GIL with the handlers (shared/forked.py)."""
+        assert self.eta is not None
+        if not (ETA_IN_FORK and forked.available()):
+            # parsed in the worker thread too: a large cluster's specs take a while, and handlers go on meanwhile
+            return await asyncio.to_thread(self._estimate_rows, rows, self.state.copy(), now)
+        eta, state = self.eta, self.state
+        queued = eta.prepare(state, now)  # the model learns the arrivals here, in the parent, before the fork
+
+        def replay() -> dict[str, EtaRange]:  # in the child: its own copy of everything, changed or not
+            cluster, ends = cluster_view(rows)
+            return dict(eta.replay_in_place(cluster, state, ends, now))
+
+        try:
+            etas = await forked.call(replay)
+        except OSError as exc:  # no fork now (out of processes or memory): this refresh in the thread instead
+            log.warning("admission: ETA replay could not fork (%s); replaying in a worker thread", exc)
+            return await asyncio.to_thread(self._estimate_rows, rows, self.state.copy(), now)
+        eta.remember(etas, queued, now)
+        return etas
 
     def _estimate_rows(self, rows: readmodel.ClusterRows, state: AdmissionState, now: float
                        ) -> Mapping[str, EtaRange]:

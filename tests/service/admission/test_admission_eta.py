@@ -7,7 +7,9 @@ import json
 
 import asyncpg
 import nats
+import pytest
 
+from services.admission import app as admission_app
 from services.admission.app import AdmissionService
 from shared.clock import ManualClock
 from shared.config import parse_queues
@@ -21,7 +23,11 @@ from tests.support.cluster import record_nodes
 from tests.unit.telemetry.telemetry_builders import node
 
 
-async def test_waiting_job_gets_an_eta_range_stored_and_published_on_platform_time(fresh: tuple[str, str]) -> None:
+# The replay in a forked child (the default where the platform forks) and in a worker thread give the same ETAs.
+@pytest.mark.parametrize("in_fork", [True, False], ids=["forked-replay", "thread-replay"])
+async def test_waiting_job_gets_an_eta_range_stored_and_published_on_platform_time(
+        fresh: tuple[str, str], in_fork: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(admission_app, "ETA_IN_FORK", in_fork)
     nats_url, database_url = fresh
     pool = await create_pool(database_url)
     conn = await asyncpg.connect(database_url)
@@ -30,10 +36,11 @@ async def test_waiting_job_gets_an_eta_range_stored_and_published_on_platform_ti
     clock = ManualClock()
     eta = PlatformEta()
     refreshes: list[float] = []
-    original = eta.__call__
+    original = eta.prepare
 
     class Counting(PlatformEta):
-        def __call__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        # every refresh starts with prepare, whether its replay runs in a forked child or in a worker thread
+        def prepare(self, *args, **kwargs):  # type: ignore[no-untyped-def]
             refreshes.append(clock.now())
             return original(*args, **kwargs)
 
