@@ -10,7 +10,9 @@ without copying or pickling it, runs on another core when one is free, and sends
 The child must only compute: it inherits the parent's sockets and must never use them, so the function given must
 do no I/O (a pure core, sim/ or services/*/core). It resets the signal handlers the parent installed, never runs
 the parent's event loop, and leaves with os._exit (no atexit hooks, no buffered writes of the parent's, no clean-up
-of sockets it shares with the parent).
+of sockets it shares with the parent). Python 3.12 and later warn (DeprecationWarning) on a fork of a process with
+threads: a lock another thread held at the fork stays held in the child. The child here takes none of the parent's
+locks (the function is pure; CPython re-initialises the import, logging and allocator locks after a fork).
 """
 
 from __future__ import annotations
