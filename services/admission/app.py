@@ -763,23 +763,23 @@ class AdmissionService:
         structural copy (AdmissionState.copy, taken in one go on the event loop: no handler runs meanwhile; a deep
         copy took ~13x its CPU at 10,000 pending), which shares the GIL with the handlers (shared/forked.py)."""
         assert self.eta is not None
-        if not (ETA_IN_FORK and forked.available()):
-            # parsed in the worker thread too: a large cluster's specs take a while, and handlers go on meanwhile
-            return await asyncio.to_thread(self._estimate_rows, rows, self.state.copy(), now)
-        eta, state = self.eta, self.state
-        queued = eta.prepare(state, now)  # the model learns the arrivals here, in the parent, before the fork
+        if ETA_IN_FORK and forked.available():
+            eta, state = self.eta, self.state
+            queued = eta.prepare(state, now)  # the model learns the arrivals here, in the parent, before the fork
 
-        def replay() -> dict[str, EtaRange]:  # in the child: its own copy of everything, changed or not
-            cluster, ends = cluster_view(rows)
-            return dict(eta.replay_in_place(cluster, state, ends, now))
+            def replay() -> dict[str, EtaRange]:  # in the child: its own copy of everything, changed or not
+                cluster, ends = cluster_view(rows)
+                return dict(eta.replay_in_place(cluster, state, ends, now))
 
-        try:
-            etas = await forked.call(replay)
-        except OSError as exc:  # no fork now (out of processes or memory): this refresh in the thread instead
-            log.warning("admission: ETA replay could not fork (%s); replaying in a worker thread", exc)
-            return await asyncio.to_thread(self._estimate_rows, rows, self.state.copy(), now)
-        eta.remember(etas, queued, now)
-        return etas
+            try:
+                etas = await forked.call(replay)
+            except OSError as exc:  # no fork now (out of processes or memory): this refresh in the thread instead
+                log.warning("admission: ETA replay could not fork (%s); replaying in a worker thread", exc)
+            else:
+                eta.remember(etas, queued, now)
+                return etas
+        # parsed in the worker thread too: a large cluster's specs take a while, and handlers go on meanwhile
+        return await asyncio.to_thread(self._estimate_rows, rows, self.state.copy(), now)
 
     def _estimate_rows(self, rows: readmodel.ClusterRows, state: AdmissionState, now: float
                        ) -> Mapping[str, EtaRange]:
