@@ -411,6 +411,14 @@ class ServiceSpec:
     # next SAVEPOINT_BATCHES_AFTER_FAILURE batches). Only for a service whose memory `reload` rebuilds, or that
     # keeps none a second application of an event would change (its earlier messages are applied again).
     optimistic_batches: bool = False
+    # Called once per attempt at a consumed batch, after its inbox rows are claimed and before its first handler,
+    # with the messages whose handlers will run (event, payload, subject; in handling order) and the batch's
+    # scratch (Tx.scratch): a service may read in one statement what its handlers would otherwise read one round
+    # trip each. What it leaves there must stay true for each message it serves while the batch's earlier messages
+    # are handled (the service's to ensure, e.g. by serving only a job's first message of the batch). Messages
+    # handled one by one (a single delivery, or a batch that failed as a whole) come without it.
+    prefetch: Callable[[asyncpg.Connection, Sequence[tuple[CloudEvent, Any, str]], dict[str, Any]],
+                       Awaitable[None]] | None = None
 
 
 @dataclass
@@ -1006,6 +1014,10 @@ class ServiceRuntime:
         raises _Optimism (the caller rolls the transaction back and tries again with savepoints)."""
         result = _BatchResult()
         batch = _BatchWork(claimed=await self._claim_inbox(conn, prepared))
+        if self.spec.prefetch is not None:
+            await self.spec.prefetch(conn, [
+                (p.event, p.payload, p.subject) for p in prepared if isinstance(p, _Prepared)
+                and (batch.claimed is None or p.inbox_id in batch.claimed)], result.scratch)
         deferred: dict[str, Callable[[Tx], Awaitable[None]]] = {}
         for m, p in zip(work, prepared, strict=True):
             if p is None or (isinstance(p, _Prepared) and batch.claimed is not None

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import asyncpg
 from pydantic import ValidationError
 
+from services.admission import prefetch
 from services.admission.core import AdmissionState, AdmittedWorkload, Reason, Workload, governance
 from services.admission.core.statuses import PendingStatuses, message_text
 from services.admission.held import AFTER_EVENTS_KEY as HELD_KEY
@@ -166,6 +167,8 @@ class AdmissionService:
                           (JobAttemptFailed, self.on_attempt_failed), (QueueConfigChanged, self.on_config_changed),
                           (QueueUsageReported, self.on_usage_reported))}},
             on_start=self.load, reload=self._rebuild, optimistic_batches=True,
+            # (per-cohort instances write the same tables: a batch-start read could miss another's row)
+            prefetch=None if sharded else prefetch.prefetch_submissions,
             background=(self.backoff_loop, self.eta_loop) if self.eta is not None else (self.backoff_loop,),
             consumer_suffix=self.shard.consumer_suffix, lease_scopes=self.shard.lease_scopes,
             shared_lease_scopes=self.shard.shared_lease_scopes, claim=self.claim if sharded else None,
@@ -356,10 +359,14 @@ class AdmissionService:
         async def body() -> None:
             # Whether the job id is taken and whether a cancel for it came first, in one round trip (a tombstone is
             # rare: it is taken below only when there is one).
-            known = await tx.conn.fetchrow(
-                "SELECT (SELECT status FROM admission.jobs WHERE job_id = $1) AS existing, EXISTS (SELECT 1 FROM "
-                "admission.tombstones WHERE job_id = $1 AND team = $2) AS tombstoned", spec.job_id, team)
-            existing = known["existing"]
+            # (in a consumed batch, read for all its submissions at once: services/admission/prefetch.py)
+            known = prefetch.take(tx.scratch, spec.job_id, team)
+            if known is None:
+                row = await tx.conn.fetchrow(
+                    "SELECT (SELECT status FROM admission.jobs WHERE job_id = $1) AS existing, EXISTS (SELECT 1 FROM "
+                    "admission.tombstones WHERE job_id = $1 AND team = $2) AS tombstoned", spec.job_id, team)
+                known = (row["existing"], row["tombstoned"])
+            existing, tombstoned = known
             earlier = held_rows(tx)
             if existing is None and earlier is not None and spec.job_id in earlier.jobs:
                 existing = "pending"  # queued earlier in this batch, its row not written yet
@@ -386,7 +393,7 @@ class AdmissionService:
                 return
             tombstone = await tx.conn.fetchrow(
                 "DELETE FROM admission.tombstones WHERE job_id = $1 AND team = $2 RETURNING requested_at, event_id",
-                spec.job_id, team) if known["tombstoned"] else None
+                spec.job_id, team) if tombstoned else None
             if tombstone is not None:
                 # Cancelled before it arrived: it never waits, and everyone hears it is cancelled.
                 self.state.finish(spec.job_id)
