@@ -27,6 +27,7 @@ from cli.runtime import STATE_DIR, active_instance, forget_servers, record_serve
 from services.admission.sharding import parse_cohorts
 from services.api.readmodel import fetch_status
 from services.stack import ALL_SERVICES, Stack, StackSettings
+from shared import gcpolicy
 from shared import namespace as namespaces
 from shared.bus import NamespaceInUse, delete_streams, ensure_streams, namespace_purposes
 from shared.clock import ScaledClock, SystemClock
@@ -129,6 +130,11 @@ def up(
             where = str(kubeconfig) if kubeconfig else "the in-cluster service account"
             console.print(f"[red]cannot use {where} to reach Kubernetes: {escape(str(exc))}[/]")
             raise typer.Exit(2) from None
+    try:
+        gcpolicy.thaw_setting()
+    except ValueError as exc:
+        console.print(f"[red]{escape(str(exc))}[/]")
+        raise typer.Exit(2) from None
     active = active_instance()
     if active is not None and not os.environ.get("NATS_URL") and not os.environ.get("DATABASE_URL"):
         # Another `gpuq up` runs with this state directory: share its servers (starting embedded ones on the same
@@ -170,6 +176,7 @@ def up(
                 await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
                 if starting.done():
                     starting.result()  # start-up errors end the command here
+                    gcpolicy.install()  # services started: their long-lived heap is loaded (shared/gcpolicy.py)
                     names = ", ".join(r.spec.name for r in stack.runtimes)
                     console.print(f"gpuq up: {names} in namespace {namespaces.current()} "
                                   f"(NATS {servers.origin['nats']}, Postgres {servers.origin['postgres']})")
@@ -182,6 +189,7 @@ def up(
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await starting  # its error, if any, was raised above
                 await stack.stop()
+                gcpolicy.uninstall()
         console.print("stopped")
 
     try:

@@ -37,6 +37,7 @@ import typer
 from rich.console import Console
 from rich.progress import Progress
 
+from shared import gcpolicy
 from shared import namespace as namespaces
 
 SERVICES = "admission,scheduler,executor,preemption,metering,telemetry"
@@ -293,6 +294,7 @@ async def _run(scenario: str, *, nodes: int, queues: int, jobs: int, rate: float
                                          cluster=parse_cluster(_cluster(nodes)), services=names)
                 stack = Stack(settings)
                 await stack.start()
+                gcpolicy.install()  # as `gpuq up` does once its services started (shared/gcpolicy.py)
         pool = await create_pool(db_url, max_size=2)
         try:
             if own_ns:
@@ -401,6 +403,7 @@ async def _run(scenario: str, *, nodes: int, queues: int, jobs: int, rate: float
     finally:
         if stack is not None:
             await stack.stop()
+            gcpolicy.uninstall()
         for proc in procs:
             await asyncio.to_thread(proc.stop)
         if own_ns:

@@ -18,7 +18,6 @@ copy of it: each ETA refresh reads the scheduler's read model (services/schedule
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import logging
 import time
@@ -199,10 +198,6 @@ class AdmissionService:
                             ", ".join(unknown))
             log.info("admission serves %s: queues %s", self.shard.describe(),
                      ", ".join(self.shard.queues(self.state.config)) or "none")
-        # A long-lived service with a large, stable heap of specs: collect once what loading left behind, then
-        # keep the collector off what was just loaded (later full collections never re-scan it).
-        gc.collect()
-        gc.freeze()
 
     async def _rebuild(self, conn: asyncpg.Connection) -> None:
         self._config_version, config = await latest_config(conn, self.initial_config)
