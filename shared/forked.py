@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import pickle
 import signal
@@ -75,6 +76,9 @@ def _child(fn: Callable[[], object], fd: int) -> None:
             signal.set_wakeup_fd(-1)
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
+        # The parent's collector callbacks are not the child's: shared/gcpolicy.py's would wake the parent's loop
+        # (its wake-up socket is shared) to freeze a heap in the parent that this collection did not touch.
+        gc.callbacks.clear()
         try:
             payload = pickle.dumps((True, fn()), protocol=pickle.HIGHEST_PROTOCOL)
         except BaseException as exc:  # reported to the parent, whatever it was
