@@ -118,8 +118,9 @@ def install(loop: asyncio.AbstractEventLoop | None = None, *, environ: dict[str,
     if thaw_every_s is None:
         return None
     if _installed is None:
-        _installed = SurvivorFreezing(loop or asyncio.get_running_loop(), thaw_every_s)
-        _installed.start()
+        policy = SurvivorFreezing(loop or asyncio.get_running_loop(), thaw_every_s)
+        policy.start()
+        _installed = policy
     return _installed
 
 

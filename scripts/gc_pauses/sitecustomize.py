@@ -5,8 +5,8 @@
 
 Each process writes `<pid>.json` into GPUQ_GC_PAUSES_DIR (at most every 2 s, and after each full collection):
 per generation, the count, the CPU seconds of the collecting thread, and the largest CPU and wall time of one
-collection; "after" once the process froze its heap (shared/gcpolicy.py installed, or frozen objects seen at a
-full collection), "before" until then (start-up, or a process that never freezes).
+collection; "after": while shared/gcpolicy.py is installed (or, in a process without it, once a full collection
+saw frozen objects), "before": start-up, shut-down, or a process that never freezes.
 Without GPUQ_GC_PAUSES_DIR it does nothing."""
 
 import gc
@@ -24,7 +24,7 @@ def _service() -> str:
 
 
 if _DIR:
-    _start = [0.0, 0.0, False]
+    _start = [0.0, 0.0, False, False]
     _stats: dict[str, list[float]] = {}
     _written = [0.0]
     _pid = os.getpid()
@@ -34,14 +34,15 @@ if _DIR:
             # (gc.get_freeze_count walks the frozen list: asked only after full collections, which walk as much)
             _start[0], _start[1] = time.perf_counter(), time.thread_time()
             policy = sys.modules.get("shared.gcpolicy")
-            if policy is not None and getattr(policy, "_installed", None) is not None:
-                _start[2] = True
+            if policy is not None:  # while the policy is installed (not after `uninstall` at shutdown)
+                _start[3] = getattr(policy, "_installed", None) is not None
             return
         if os.getpid() != _pid:  # a forked child: its own file, its own figures
             return
         wall, cpu = time.perf_counter() - _start[0], time.thread_time() - _start[1]
-        key = f"gen{info['generation']}_{'after' if _start[2] else 'before'}"
-        if info["generation"] == 2:
+        frozen = _start[3] if "shared.gcpolicy" in sys.modules else _start[2]
+        key = f"gen{info['generation']}_{'after' if frozen else 'before'}"
+        if info["generation"] == 2 and "shared.gcpolicy" not in sys.modules:
             _start[2] = gc.get_freeze_count() > 0  # for the collections after this one
         s = _stats.setdefault(key, [0, 0.0, 0.0, 0.0])
         s[0] += 1
