@@ -50,6 +50,9 @@ COHORT_MAX = 32
 # The narrowest spread a cohort's durations are given (log scale, ±5%): alike jobs' run times still differ by
 # their start-up and checkpoint writes; numerical floor, so that a kernel never degenerates to a point.
 COHORT_MIN_BANDWIDTH = 0.05
+# The cohort mixture's quantiles are found by bisection down to this bracket (seconds of run time): far below
+# what any end time is known to, so a quantile costs ~20 evaluations of the mixture instead of a fixed 36.
+BISECT_TOLERANCE_S = 0.5
 _STEM_TAIL = re.compile(r"([-_.:]?([0-9]+|[0-9a-f]{6,}))+$")
 
 
@@ -222,17 +225,24 @@ class DurationPredictor:
             left = elapsed_s * (1.0 - progress) / progress
             left = max(MIN_REMAINING_S, left) if progress < 1.0 else MIN_REMAINING_S
             return Prediction(left, left, left, 0, "progress")
+        at, samples, basis = self.remaining_quantiles(key, limit_s, elapsed_s, started_at, peers)
+        return Prediction(at(0.5), at(self.low_q), at(self.high_q), samples, basis)
+
+    def remaining_quantiles(self, key: JobKey, limit_s: float, elapsed_s: float, started_at: float | None = None,
+                            peers: Sequence[float] = ()) -> tuple[Callable[[float], float], int, str]:
+        """What `remaining` predicts (without checkpoint progress), at any quantile: a function q -> seconds
+        left (at least 1, nondecreasing in q), the samples and the basis. `remaining` reads it at the median, p10
+        and p90; the ETA also reads each running job at its rank among the queue's (sim/eta.py)."""
+        elapsed_s = max(0.0, elapsed_s)
         if started_at is not None and self.use_cohort:
             cohort = self._cohort(key, limit_s, elapsed_s, started_at, peers)
             if cohort is not None:
                 return cohort
         alive_q, samples, basis = self._alive(key, limit_s, elapsed_s)
         if alive_q is None:
-            return Prediction(MIN_REMAINING_S, MIN_REMAINING_S, MIN_REMAINING_S, samples, basis)
-        med = alive_q(0.5) - elapsed_s
-        low = alive_q(self.low_q) - elapsed_s
-        high = alive_q(self.high_q) - elapsed_s
-        return Prediction(max(1.0, med), max(1.0, low), max(1.0, high), samples, basis)
+            return (lambda q: MIN_REMAINING_S), samples, basis
+        aq = alive_q
+        return (lambda q: max(1.0, aq(q) - elapsed_s)), samples, basis
 
     def _alive(self, key: JobKey, limit_s: float, elapsed_s: float,
                ) -> tuple[Callable[[float], float] | None, int, str]:
@@ -266,9 +276,9 @@ class DurationPredictor:
         return self._group(key)[2]
 
     def _cohort(self, key: JobKey, limit_s: float, elapsed_s: float, started_at: float,
-                peers: Sequence[float] = ()) -> Prediction | None:
-        """The remaining time from the cohort mixture (CohortEvidence), None when no ended job of the group
-        started near this one (the caller then predicts from the group's window alone)."""
+                peers: Sequence[float] = ()) -> tuple[Callable[[float], float], int, str] | None:
+        """The remaining time from the cohort mixture (CohortEvidence) as `remaining_quantiles` returns it, None
+        when no ended job of the group started near this one (the caller then predicts from the window alone)."""
         ratios, samples, group = self._group(key)
         evidence = self._runs.get(group) if group else None
         if evidence is None:
@@ -287,13 +297,15 @@ class DurationPredictor:
         # `_alive`), as `min_samples` pseudo-jobs: the window is trusted once it holds that many.
         cap = limit_s * ratios[-1] if ratios else float(limit_s)
         prior = sorted(min(cap, limit_s * r * f) for r in ratios) if ratios else [float(limit_s)]
-        qs = cohort_quantiles(near, prior, float(self.min_samples), elapsed_s, (self.low_q, 0.5, self.high_q),
-                              censored)
-        if qs is None:
+        total = cohort_quantile_fn(near, prior, float(self.min_samples), elapsed_s, censored)
+        if total is None:
             return None
-        low, med, high = (min(q, max(cap, elapsed_s + MIN_REMAINING_S)) - elapsed_s for q in qs)
-        return Prediction(max(1.0, med), max(1.0, low), max(1.0, high), samples + len(near),
-                          _basis(group) + "+cohort")
+        top = max(cap, elapsed_s + MIN_REMAINING_S)
+
+        def left(q: float) -> float:
+            return max(1.0, min(total(q), top) - elapsed_s)
+
+        return left, samples + len(near), _basis(group) + "+cohort"
 
     def ratios(self, key: JobKey) -> list[float]:
         """The sorted duration/limit ratios of the group a prediction for `key` rests on (empty: none yet)."""
@@ -366,6 +378,14 @@ def _phi(z: float) -> float:
 def cohort_quantiles(near: Sequence[tuple[float, float]], prior: Sequence[float], prior_weight: float,
                      elapsed_s: float, qs: Sequence[float],
                      censored: Sequence[tuple[float, float]] = ()) -> list[float] | None:
+    """The quantiles `qs` of `cohort_quantile_fn` (None where it is None)."""
+    total = cohort_quantile_fn(near, prior, prior_weight, elapsed_s, censored)
+    return None if total is None else [total(q) for q in qs]
+
+
+def cohort_quantile_fn(near: Sequence[tuple[float, float]], prior: Sequence[float], prior_weight: float,
+                       elapsed_s: float, censored: Sequence[tuple[float, float]] = ()
+                       ) -> Callable[[float], float] | None:
     """Quantiles of a running job's total duration given that it has run `elapsed_s`, under a mixture prior:
     each ended cohort job (weight w, log duration mu) is a lognormal component (the job runs about as long as
     it did), the group's window (`prior`, sorted durations) one more component of weight `prior_weight`.
@@ -377,7 +397,7 @@ def cohort_quantiles(near: Sequence[tuple[float, float]], prior: Sequence[float]
     first to end are the short ones, and the ones still running say how much of the cohort outlasts them. Each
     adds its weight to the components by its posterior responsibility (a component's weight times its chance
     of lasting past c: one EM step of the mixture's weights), so peers outlasting every ended one move weight
-    to the window. None when no component allows a run this long."""
+    to the window. Returns q -> that quantile (seconds); None when no component allows a run this long."""
     total_w = sum(w for w, _ in near)
     if total_w <= 0:
         return None
@@ -423,17 +443,21 @@ def cohort_quantiles(near: Sequence[tuple[float, float]], prior: Sequence[float]
     if z <= 1e-12:
         return None
     hi0 = max([le + 1e-6] + [mu + 8.0 * bw for _, mu in near] + [math.log(max(prior[-1], 1.0)) + 1e-6])
-    out: list[float] = []
-    for q in qs:
+
+    def total(q: float) -> float:
         lo, hi = le, hi0
-        for _ in range(36):  # bisection in log seconds: 2^-36 of the span, far below a second
+        # bisection in log seconds until the bracket is under BISECT_TOLERANCE_S of run time (or 36 halvings)
+        for _ in range(36):
+            if math.exp(hi) - math.exp(lo) < BISECT_TOLERANCE_S:
+                break
             mid = 0.5 * (lo + hi)
             if mass_above_elapsed_below(mid) < q * z:
                 lo = mid
             else:
                 hi = mid
-        out.append(math.exp(hi))
-    return out
+        return math.exp(hi)
+
+    return total
 
 
 def _basis(group: str) -> str:

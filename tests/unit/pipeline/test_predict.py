@@ -9,7 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.pipeline.core.predict import BiasRecord, DurationPredictor, JobKey, name_stem, observe_all
+from services.pipeline.core.predict import (
+    BISECT_TOLERANCE_S,
+    BiasRecord,
+    DurationPredictor,
+    JobKey,
+    cohort_quantile_fn,
+    name_stem,
+    observe_all,
+)
 from shared.domain import JobSpec, PodSet
 
 KEY = JobKey(team="vision", user="ana", stem="resnet")
@@ -261,3 +269,67 @@ def test_cohort_ranges_are_ordered_and_positive(cohort: list[tuple[float, float]
     p = pred.remaining(SWEEP, 28800, elapsed, started_at=start)
     assert 1.0 <= p.low_s <= p.median_s <= p.high_s
     assert all(math.isfinite(x) for x in (p.low_s, p.median_s, p.high_s))
+
+
+def _mixture_cdf_reference(near: list[tuple[float, float]], prior: list[float], prior_weight: float,
+                           elapsed: float, x: float, bw: float) -> float:
+    """P(D <= x | D > elapsed) of the mixture, written out directly (no censored peers)."""
+    def phi(z: float) -> float:
+        return 0.5 * math.erfc(-z / math.sqrt(2.0))
+    le, lx = math.log(elapsed), math.log(x)
+    num = sum(w * (phi((lx - mu) / bw) - phi((le - mu) / bw)) for w, mu in near)
+    den = sum(w * (1.0 - phi((le - mu) / bw)) for w, mu in near)
+    num += prior_weight * sum(elapsed < v <= x for v in prior) / len(prior)
+    den += prior_weight * sum(v > elapsed for v in prior) / len(prior)
+    return num / den
+
+
+def test_cohort_quantiles_are_found_to_within_the_bisection_tolerance() -> None:
+    """The bisection stops once its bracket is under BISECT_TOLERANCE_S of run time: each quantile it returns
+    has the mixture's CDF at least q there and below q BISECT_TOLERANCE_S earlier, and the quantiles are ordered."""
+    rng = random.Random(11)
+    for _ in range(40):
+        near = [(rng.uniform(0.05, 1.0), math.log(rng.uniform(1000, 6000))) for _ in range(rng.randint(3, 30))]
+        prior = sorted(rng.uniform(600, 28800) for _ in range(50))
+        elapsed = rng.uniform(100, 4000)
+        total = cohort_quantile_fn(near, prior, 5.0, elapsed)
+        assert total is not None
+        # the bandwidth the function uses (Silverman on the weighted log durations, floored)
+        tw = sum(w for w, _ in near)
+        mean = sum(w * mu for w, mu in near) / tw
+        var = sum(w * (mu - mean) ** 2 for w, mu in near) / tw
+        n_eff = tw ** 2 / sum(w * w for w, _ in near)
+        if n_eff < 2.0:
+            logs = [math.log(v) for v in prior]
+            pm = sum(logs) / len(logs)
+            var = sum((x - pm) ** 2 for x in logs) / len(logs)
+            n_eff = max(n_eff, 1.0)
+        bw = max(0.05, 1.06 * math.sqrt(var) * n_eff ** -0.2)
+        last = elapsed
+        for q in (0.1, 0.3, 0.5, 0.7, 0.9):
+            x = total(q)
+            assert x >= last
+            last = x
+            assert _mixture_cdf_reference(near, prior, 5.0, elapsed, x, bw) >= q - 1e-9
+            below = x - BISECT_TOLERANCE_S
+            if below > elapsed:
+                assert _mixture_cdf_reference(near, prior, 5.0, elapsed, below, bw) < q + 1e-9
+
+
+def test_remaining_quantiles_is_what_remaining_reads() -> None:
+    """`remaining` is `remaining_quantiles` read at p10, median and p90, with or without a cohort, and the
+    quantile function is nondecreasing and at least a second."""
+    rng = random.Random(4)
+    pred = DurationPredictor()
+    _spread_history(pred, rng)
+    for i in range(15):
+        pred.observe(SWEEP, 8 * 3600, rng.gauss(4000, 100), started_at=float(i * 20))
+    for started_at in (None, 0.0, 150.0):
+        for elapsed in (100.0, 3000.0, 4100.0, 30000.0):
+            p = pred.remaining(SWEEP, 8 * 3600, elapsed, started_at=started_at, peers=[10.0, 30.0])
+            left, samples, basis = pred.remaining_quantiles(SWEEP, 8 * 3600, elapsed, started_at=started_at,
+                                                            peers=[10.0, 30.0])
+            assert (p.low_s, p.median_s, p.high_s, p.samples, p.basis) == (left(0.1), left(0.5), left(0.9),
+                                                                        samples, basis)
+            values = [left(q / 20) for q in range(1, 20)]
+            assert values == sorted(values) and values[0] >= 1.0
