@@ -4,8 +4,11 @@ job; an invalid change is refused, audited, and the old configuration keeps runn
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from typing import Any
 
 import asyncpg
 import nats
@@ -42,6 +45,12 @@ def submitted(job_id: str, gpus: int) -> bytes:
     return encode_event(make_event(JobSubmitted(spec=spec, submitted_at=T0), source="test", time=T0))
 
 
+def _runtime(nats_url: str, database_url: str, pool: asyncpg.Pool) -> ServiceRuntime:
+    """A fresh admission runtime on team-a's 8 GPUs, with a manual clock."""
+    return ServiceRuntime(AdmissionService(parse_queues(queues(8))).spec(), nats_url=nats_url, pool=pool,
+                          clock=ManualClock(), database_url=database_url)
+
+
 async def until(check, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
     deadline = asyncio.get_running_loop().time() + timeout
     while not await check():
@@ -57,8 +66,7 @@ async def test_runtime_config_change_and_refusal_survive_restart(fresh: tuple[st
     js = nc.jetstream()
 
     def runtime() -> ServiceRuntime:
-        return ServiceRuntime(AdmissionService(parse_queues(queues(8))).spec(), nats_url=nats_url, pool=pool,
-                              clock=ManualClock(), database_url=database_url)
+        return _runtime(nats_url, database_url, pool)
 
     async def status(job_id: str) -> str | None:
         return await conn.fetchval("SELECT status FROM admission.jobs WHERE job_id = $1", job_id)
@@ -219,8 +227,7 @@ async def test_one_batch_of_submissions_a_duplicate_and_a_cancel_keeps_every_ver
     js = nc.jetstream()
 
     def runtime() -> ServiceRuntime:
-        return ServiceRuntime(AdmissionService(parse_queues(queues(8))).spec(), nats_url=nats_url, pool=pool,
-                              clock=ManualClock(), database_url=database_url)
+        return _runtime(nats_url, database_url, pool)
 
     svc = runtime()
     await svc.start()  # streams and consumers exist; stopped, so that everything below arrives in one pull
@@ -259,50 +266,55 @@ async def test_a_batchs_submissions_read_in_one_statement_give_the_verdicts_read
     tombstones from earlier batches count; a cancel earlier in the same batch, and a second submission of an id,
     are still seen (those jobs ask Postgres themselves); the verdicts are those of one-by-one handling."""
     nats_url, database_url = fresh
-    pool = await create_pool(database_url)
-    conn = await asyncpg.connect(database_url)
-    nc = await nats.connect(nats_url)
-    js = nc.jetstream()
-
-    def runtime() -> ServiceRuntime:
-        return ServiceRuntime(AdmissionService(parse_queues(queues(8))).spec(), nats_url=nats_url, pool=pool,
-                              clock=ManualClock(), database_url=database_url)
 
     def cancel(job_id: str) -> bytes:
         return encode_event(make_event(JobCancelRequested(job_id=job_id, requested_by="bob"), source="test", time=T0))
 
-    svc = runtime()
-    await svc.start()
-    try:  # an earlier batch: e1 admitted, a cancel for t1 before t1 exists (a tombstone)
-        await _one_pull(js, [("job.submitted.team-a", submitted("e1", 2)),
-                             ("job.cancel_requested.team-a", cancel("t1"))])
-        await until(lambda: _eq(conn.fetchval("SELECT count(*) FROM admission.tombstones"), 1))
-        await until(lambda: _eq(conn.fetchval("SELECT status FROM admission.jobs WHERE job_id = 'e1'"), "admitted"))
-    finally:
-        await svc.stop()
-    await _one_pull(js, [("job.submitted.team-a", submitted("e1", 2)),  # taken in an earlier batch
-                         ("job.submitted.team-a", submitted("t1", 2)),  # its tombstone came in an earlier batch
-                         ("job.cancel_requested.team-a", cancel("n2")),  # a tombstone in this batch ...
-                         ("job.submitted.team-a", submitted("n2", 2)),  # ... that this one must still find
-                         ("job.submitted.team-a", submitted("n3", 2)),
-                         ("job.submitted.team-a", submitted("n3", 2))])  # taken earlier in this batch
-    svc = runtime()
-    await svc.start()
+    async with _connected(nats_url, database_url) as (pool, conn, js):
+        svc = _runtime(nats_url, database_url, pool)
+        await svc.start()
+        try:  # an earlier batch: e1 admitted, a cancel for t1 before t1 exists (a tombstone)
+            await _one_pull(js, [("job.submitted.team-a", submitted("e1", 2)),
+                                 ("job.cancel_requested.team-a", cancel("t1"))])
+            await until(lambda: _eq(conn.fetchval("SELECT count(*) FROM admission.tombstones"), 1))
+            await until(lambda: _eq(conn.fetchval("SELECT status FROM admission.jobs WHERE job_id = 'e1'"),
+                                    "admitted"))
+        finally:
+            await svc.stop()
+        await _one_pull(js, [("job.submitted.team-a", submitted("e1", 2)),  # taken in an earlier batch
+                             ("job.submitted.team-a", submitted("t1", 2)),  # its tombstone came in an earlier batch
+                             ("job.cancel_requested.team-a", cancel("n2")),  # a tombstone in this batch ...
+                             ("job.submitted.team-a", submitted("n2", 2)),  # ... that this one must still find
+                             ("job.submitted.team-a", submitted("n3", 2)),
+                             ("job.submitted.team-a", submitted("n3", 2))])  # taken earlier in this batch
+        svc = _runtime(nats_url, database_url, pool)
+        await svc.start()
+        try:
+            await until(lambda: _eq(conn.fetchval("SELECT count(*) FROM admission.submissions"), 6))
+            jobs = {r["job_id"]: (r["status"], r["outcome"]) for r in
+                    await conn.fetch("SELECT job_id, status, outcome FROM admission.jobs")}
+            assert jobs == {"e1": ("admitted", None), "t1": ("finished", "Cancelled"),
+                            "n2": ("finished", "Cancelled"), "n3": ("admitted", None)}
+            verdicts = sorted((r["job_id"], r["verdict"], r["reason"]) for r in
+                              await conn.fetch("SELECT job_id, verdict, reason FROM admission.submissions"))
+            assert verdicts == [("e1", "queued", None), ("e1", "rejected", "DuplicateJobId"),
+                                ("n2", "cancelled", "Cancelled"), ("n3", "queued", None),
+                                ("n3", "rejected", "DuplicateJobId"), ("t1", "cancelled", "Cancelled")]
+            assert await conn.fetchval("SELECT count(*) FROM admission.tombstones") == 0
+            assert svc.counters.batches >= 1 and svc.counters.batch_retries == 0
+        finally:
+            await svc.stop()
+
+
+@contextlib.asynccontextmanager
+async def _connected(nats_url: str, database_url: str) -> AsyncIterator[tuple[asyncpg.Pool, asyncpg.Connection, Any]]:
+    """A pool and a connection to Postgres and a JetStream context, closed afterwards."""
+    pool = await create_pool(database_url)
+    conn = await asyncpg.connect(database_url)
+    nc = await nats.connect(nats_url)
     try:
-        await until(lambda: _eq(conn.fetchval("SELECT count(*) FROM admission.submissions"), 6))
-        jobs = {r["job_id"]: (r["status"], r["outcome"]) for r in
-                await conn.fetch("SELECT job_id, status, outcome FROM admission.jobs")}
-        assert jobs == {"e1": ("admitted", None), "t1": ("finished", "Cancelled"), "n2": ("finished", "Cancelled"),
-                        "n3": ("admitted", None)}
-        verdicts = sorted((r["job_id"], r["verdict"], r["reason"]) for r in
-                          await conn.fetch("SELECT job_id, verdict, reason FROM admission.submissions"))
-        assert verdicts == [("e1", "queued", None), ("e1", "rejected", "DuplicateJobId"),
-                            ("n2", "cancelled", "Cancelled"), ("n3", "queued", None),
-                            ("n3", "rejected", "DuplicateJobId"), ("t1", "cancelled", "Cancelled")]
-        assert await conn.fetchval("SELECT count(*) FROM admission.tombstones") == 0
-        assert svc.counters.batches >= 1 and svc.counters.batch_retries == 0
+        yield pool, conn, nc.jetstream()
     finally:
-        await svc.stop()
         await nc.close()
         await conn.close()
         await pool.close()
