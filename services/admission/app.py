@@ -356,12 +356,7 @@ class AdmissionService:
             # rare: it is taken below only when there is one).
             # (in a consumed batch, read for all its submissions at once: services/admission/prefetch.py)
             known = prefetch.take(tx.scratch, spec.job_id, team)
-            if known is None:
-                row = await tx.conn.fetchrow(
-                    "SELECT (SELECT status FROM admission.jobs WHERE job_id = $1) AS existing, EXISTS (SELECT 1 FROM "
-                    "admission.tombstones WHERE job_id = $1 AND team = $2) AS tombstoned", spec.job_id, team)
-                known = (row["existing"], row["tombstoned"])
-            existing, tombstoned = known
+            existing, tombstoned = known if known is not None else await prefetch.lookup(tx.conn, spec.job_id, team)
             earlier = held_rows(tx)
             if existing is None and earlier is not None and spec.job_id in earlier.jobs:
                 existing = "pending"  # queued earlier in this batch, its row not written yet

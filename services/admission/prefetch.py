@@ -47,14 +47,23 @@ async def prefetch_submissions(conn: asyncpg.Connection, messages: Sequence[tupl
     """`ServiceSpec.prefetch` for admission: every served submission's (status of a row with its id, whether a
     tombstone for it and its team waits) in one statement, left in `scratch` for `take`."""
     served = served_submissions(messages)
-    if not served:
-        return
+    if served:
+        scratch[SCRATCH_KEY] = await _read(conn, served)
+
+
+async def lookup(conn: asyncpg.Connection, job_id: str, team: str) -> tuple[str | None, bool]:
+    """One submission's (existing status, tombstoned): the prefetched answer (`take`) when it has none."""
+    return (await _read(conn, [(job_id, team)]))[(job_id, team)]
+
+
+async def _read(conn: asyncpg.Connection, wanted: Sequence[tuple[str, str]]
+                ) -> dict[tuple[str, str], tuple[str | None, bool]]:
     rows = await conn.fetch(
         "SELECT u.id, u.team, (SELECT status FROM admission.jobs WHERE job_id = u.id) AS existing, "
         "EXISTS (SELECT 1 FROM admission.tombstones t WHERE t.job_id = u.id AND t.team = u.team) AS tombstoned "
         "FROM unnest($1::text[], $2::text[]) AS u(id, team)",
-        [job for job, _ in served], [team for _, team in served])
-    scratch[SCRATCH_KEY] = {(r["id"], r["team"]): (r["existing"], r["tombstoned"]) for r in rows}
+        [job for job, _ in wanted], [team for _, team in wanted])
+    return {(r["id"], r["team"]): (r["existing"], r["tombstoned"]) for r in rows}
 
 
 def take(scratch: dict[str, Any], job_id: str, team: str) -> tuple[str | None, bool] | None:

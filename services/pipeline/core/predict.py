@@ -232,7 +232,7 @@ class DurationPredictor:
                             peers: Sequence[float] = ()) -> tuple[Callable[[float], float], int, str]:
         """What `remaining` predicts (without checkpoint progress), at any quantile: a function q -> seconds
         left (at least 1, nondecreasing in q), the samples and the basis. `remaining` reads it at the median, p10
-        and p90; the ETA also reads each running job at its rank among the queue's (sim/eta.py)."""
+        and p90."""
         elapsed_s = max(0.0, elapsed_s)
         if started_at is not None and self.use_cohort:
             cohort = self._cohort(key, limit_s, elapsed_s, started_at, peers)
@@ -373,14 +373,6 @@ class CohortEvidence:
 
 def _phi(z: float) -> float:
     return 0.5 * math.erfc(-z / math.sqrt(2.0))
-
-
-def cohort_quantiles(near: Sequence[tuple[float, float]], prior: Sequence[float], prior_weight: float,
-                     elapsed_s: float, qs: Sequence[float],
-                     censored: Sequence[tuple[float, float]] = ()) -> list[float] | None:
-    """The quantiles `qs` of `cohort_quantile_fn` (None where it is None)."""
-    total = cohort_quantile_fn(near, prior, prior_weight, elapsed_s, censored)
-    return None if total is None else [total(q) for q in qs]
 
 
 def cohort_quantile_fn(near: Sequence[tuple[float, float]], prior: Sequence[float], prior_weight: float,
