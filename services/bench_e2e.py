@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import csv
 import json
 import os
 import statistics
@@ -249,7 +250,8 @@ async def _start_processes(names: list[str], *, nats_url: str, database_url: str
 
 async def _run(scenario: str, *, nodes: int, queues: int, jobs: int, rate: float, seconds: float, waiting: int,
                duration: float, services: str, attach: bool, timeout: float, progress: Progress,
-               layout: str = "one-process", sample_interval: float = DCGM_EXPORTER_INTERVAL_S) -> dict[str, Any]:
+               layout: str = "one-process", sample_interval: float = DCGM_EXPORTER_INTERVAL_S,
+               timeline: Path | None = None) -> dict[str, Any]:
     import nats
 
     from services.executor.sim import SAMPLE_INTERVAL_ENV
@@ -363,6 +365,8 @@ async def _run(scenario: str, *, nodes: int, queues: int, jobs: int, rate: float
             for sub in subs:
                 await sub.unsubscribe()
             jobs_seen = [j for j in watch.submitted if j in watch.placed]
+            if timeline is not None:
+                _write_timeline(timeline, watch, t0)
             to_admit = [watch.admitted[j] - watch.submitted[j] for j in watch.submitted if j in watch.admitted]
             to_place = [watch.placed[j] - watch.submitted[j] for j in jobs_seen]
             last_admit = max((watch.admitted[j] for j in watch.submitted if j in watch.admitted), default=t0)
@@ -417,6 +421,19 @@ async def _run(scenario: str, *, nodes: int, queues: int, jobs: int, rate: float
     return out
 
 
+def _write_timeline(path: Path, watch: Watch, t0: float) -> None:
+    """One row per submitted job: seconds from the first submission to its submission, admission and placement
+    (empty when it did not happen in time), to see where in a run a tail comes from."""
+    def at(times: dict[str, float], job: str) -> str:
+        return f"{times[job] - t0:.4f}" if job in times else ""
+
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["job_id", "submitted_s", "admitted_s", "placed_s"])
+        for job in sorted(watch.submitted, key=lambda j: (watch.submitted[j], j)):
+            writer.writerow([job, at(watch.submitted, job), at(watch.admitted, job), at(watch.placed, job)])
+
+
 def bench_e2e(
     scenario: str = typer.Argument("burst", help="burst | steady | scale (see the command's description)"),
     nodes: int = typer.Option(1000, help="Simulated nodes (8 H100 each)."),
@@ -438,6 +455,9 @@ def bench_e2e(
                                           "executor's utilisation samples of each busy node (the background "
                                           "load; default: dcgm-exporter's default collection interval; 1 gives "
                                           "the figures of earlier benchmarks). Ignored with --attach.", min=0.001),
+    timeline: Path | None = typer.Option(None, help="Also write one CSV row per submitted job (seconds from the "
+                                         "first submission to its submission, admission and placement) to this "
+                                         "file.", dir_okay=False, writable=True),
 ) -> None:
     """The running platform end to end: placements/s, admissions/s, submit→admitted and submit→placed p50/p99,
     events and deliveries per job, CPU and RSS, Postgres CPU. Prints one JSON object."""
@@ -454,5 +474,5 @@ def bench_e2e(
         result = asyncio.run(_run(scenario, nodes=nodes, queues=queues, jobs=jobs, rate=rate, seconds=seconds,
                                   waiting=waiting, duration=duration, services=services, attach=attach,
                                   timeout=timeout, progress=progress, layout=layout,
-                                  sample_interval=sample_interval))
+                                  sample_interval=sample_interval, timeline=timeline))
     typer.echo(json.dumps(result))

@@ -23,9 +23,34 @@ class MigrationError(RuntimeError):
     pass
 
 
+# Statements that leave state in a Postgres session (it would outlive the unit of work and reach the next user of a
+# pooled connection). tests/unit/contracts/test_pooled_sessions.py keeps them out of pooled code.
+SESSION_STATE_RE = re.compile(
+    r"pg_(?:try_)?advisory_lock(?:_shared)?\s*\(|(?-i:\b(?:UN)?LISTEN\s+[a-z_*\"])"
+    r"|\bDECLARE\s+\w+\s+[A-Z ]*CURSOR\s+WITH\s+HOLD|\bPREPARE\s+\w+\s+AS\b|\bset_config\s*\([^)]*,\s*false\s*\)"
+    r"|\bSET\s+(?:SESSION\s+)?(?:search_path|statement_timeout|lock_timeout|idle_in_transaction_session_timeout|role"
+    r"|session_authorization|time\s*zone|timezone|application_name|work_mem|synchronous_commit"
+    r"|default_transaction_\w+|jit)\b", re.I)
+
+
+async def keep_session(conn: asyncpg.Connection) -> None:
+    """What a pooled connection is reset with when it goes back to the pool: nothing beyond what asyncpg always
+    does first (roll back a transaction left open, drop listeners).
+
+    asyncpg's default reset query (unlock every advisory lock, close every cursor, stop listening, reset every
+    setting) runs on every release: one more round trip to Postgres, and four statements for it to run, after every
+    unit of work (each consumed batch, each relay pass). gpuq's pooled connections keep no session state to undo:
+    locks are transaction-level (`pg_advisory_xact_lock`), settings are `SET LOCAL`, nothing listens; the one
+    session lock (migrations, apply_migrations) is released before its connection goes back, or the connection is
+    closed. tests/unit/contracts/test_pooled_sessions.py checks the code for statements that would leave state
+    behind."""
+    del conn
+
+
 async def create_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
     try:
-        pool = await asyncpg.create_pool(url, min_size=min_size, max_size=max_size, command_timeout=60)
+        pool = await asyncpg.create_pool(url, min_size=min_size, max_size=max_size, command_timeout=60,
+                                         reset=keep_session)
     except (OSError, asyncpg.PostgresError) as exc:
         raise ConnectionError(f"cannot connect to Postgres at {redact(url)}: {exc}") from exc
     assert pool is not None
@@ -87,7 +112,13 @@ async def apply_migrations(pool: asyncpg.Pool, schema: str, directory: Path) -> 
                         version, path.name, checksum)
                 applied_now.append(path.name)
         finally:
-            await conn.execute("SELECT pg_advisory_unlock($1)", lock_key)
+            try:
+                await conn.execute("SELECT pg_advisory_unlock($1)", lock_key)
+            except BaseException:
+                # The session lock must not go back to the pool with the connection (its reset keeps sessions,
+                # keep_session): closing the connection ends the session, and the lock with it.
+                conn.terminate()
+                raise
     return applied_now
 
 

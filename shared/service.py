@@ -1198,7 +1198,7 @@ class ServiceRuntime:
             # query, that commit's wake-up would be lost and its rows would wait for the poll (a steady tail).
             self._outbox_wakeup.clear()
             try:
-                published = await self.relay_once()
+                settled = await self.relay_once()
                 if asyncio.get_running_loop().time() >= next_prune:
                     next_prune = asyncio.get_running_loop().time() + PRUNE_EVERY_S
                     await self.prune_once()
@@ -1206,9 +1206,13 @@ class ServiceRuntime:
                 raise
             except Exception:
                 log.exception("%s: outbox relay failed; retrying", self.spec.name)
-                published = 0
+                settled = 0
                 await asyncio.sleep(1.0)
-            if published == 0:
+            # A pass that found fewer rows than it may take saw every row committed before its query: the rows
+            # committed since set the wake-up (cleared before the query), so the next pass waits for it instead of
+            # asking again at once. Asking at once cost an empty pass (a transaction and a query) after every
+            # publishing pass, that is after nearly every committed batch.
+            if settled < RELAY_BATCH:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._outbox_wakeup.wait(), timeout=self.relay_poll_s)
 

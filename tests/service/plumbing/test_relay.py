@@ -157,3 +157,41 @@ def test_retention_setting_is_checked() -> None:
         retention_from_env({"GPUQ_PLUMBING_RETENTION_S": "60"})
     with pytest.raises(ValueError, match="not a number"):
         retention_from_env({"GPUQ_PLUMBING_RETENTION_S": "a week"})
+
+
+@pytest.mark.parametrize("rows", [2, RELAY_BATCH + 1])
+async def test_the_relay_asks_again_at_once_only_after_a_full_batch(runtime: ServiceRuntime, rows: int) -> None:
+    """A pass that took fewer rows than it may saw everything committed before its query (later commits wake the
+    loop), so the loop waits instead of running an empty pass after every publishing one; a full pass may have left
+    rows behind and is followed by another at once."""
+    runtime.relay_poll_s = 3600.0  # an extra pass can only come from the loop itself, not from the poll
+    async with runtime.transaction() as tx:
+        for i in range(rows):
+            await tx.emit(JobCompleted(job_id=f"job-{i}", finished_at=T0))
+    real_relay_once = runtime.relay_once
+    calls: list[int] = []
+
+    async def counted(limit: int = RELAY_BATCH) -> int:
+        calls.append(await real_relay_once(limit))
+        return calls[-1]
+
+    runtime.relay_once = counted  # type: ignore[method-assign]
+    relay = asyncio.create_task(runtime._relay_loop())
+    try:
+        async def published() -> None:
+            while sum(calls) < rows:
+                await asyncio.sleep(0.05)
+
+        await asyncio.wait_for(published(), timeout=30)
+        await asyncio.sleep(0.5)  # an extra pass, if the loop ran one, has happened by now
+        expected = [rows] if rows < RELAY_BATCH else [RELAY_BATCH, rows - RELAY_BATCH]
+        assert calls == expected
+        async with runtime.transaction() as tx:  # a later commit wakes the loop: published without the poll
+            await tx.emit(JobCompleted(job_id="job-later", finished_at=T0))
+        while len(calls) <= len(expected):
+            await asyncio.sleep(0.05)
+        assert calls == [*expected, 1]
+    finally:
+        relay.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await relay
