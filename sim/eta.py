@@ -26,7 +26,7 @@ import heapq
 import math
 import threading
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -316,11 +316,22 @@ class ArrivalHistory:
     def observe(self, queue: str, arrival: Arrival, now: float) -> None:
         """A job of `queue` seen waiting or holding quota at `now` (again: ignored); forgets arrivals older than
         `max_age_s`."""
-        if arrival.job_id in self._seen or arrival.at < now - self.max_age_s:
-            return  # (a job older than the history, still waiting or running, is never counted)
-        self._seen[arrival.job_id] = arrival.at
-        bisect.insort(self._queues.setdefault(queue, []), (arrival.at, arrival.job_id, arrival))
-        self._forget(now)
+        self.observe_many([(queue, arrival)], now)
+
+    def observe_many(self, arrivals: Iterable[tuple[str, Arrival]], now: float) -> None:
+        """`observe` for many (queue, arrival) at once: what is too old or too many is forgotten once, after all
+        (a refresh sees thousands of new jobs; forgetting after each one was most of the refresh's work in the
+        service's event loop)."""
+        cutoff = now - self.max_age_s
+        added = False
+        for queue, arrival in arrivals:
+            if arrival.job_id in self._seen or arrival.at < cutoff:
+                continue  # (a job older than the history, still waiting or running, is never counted)
+            self._seen[arrival.job_id] = arrival.at
+            bisect.insort(self._queues.setdefault(queue, []), (arrival.at, arrival.job_id, arrival))
+            added = True
+        if added:
+            self._forget(now)
 
     def _forget(self, now: float) -> None:
         cutoff = now - self.max_age_s
@@ -371,16 +382,18 @@ class EtaModel:
         """Every job waiting or holding quota in `admission` goes to the arrival history (once per job), with its
         predicted work as of now. Called before each refresh: a job is seen unless it arrived, ran and ended
         between two refreshes (minutes of platform time)."""
-        for job_id, (spec, submitted_at) in sorted(_known(admission).items()):
-            if job_id in self.arrivals or submitted_at < now - self.arrivals.max_age_s:
-                continue
+        cutoff = now - self.arrivals.max_age_s
+        seen = self.arrivals
+        new = sorted((j, v) for j, v in _known(admission).items() if j not in seen and v[1] >= cutoff)
+        found: list[tuple[str, Arrival]] = []
+        for job_id, (spec, submitted_at) in new:
             priority = admission.priority(job_id)
             if priority is None:
                 from services.pipeline.core import priority_value
 
                 priority = priority_value(admission.config, spec)
-            self.arrivals.observe(spec.queue, Arrival(submitted_at, job_id, priority,
-                                                      spec.total_gpus * self.duration(spec)), now)
+            found.append((spec.queue, Arrival(submitted_at, job_id, priority, spec.total_gpus * self.duration(spec))))
+        self.arrivals.observe_many(found, now)
 
     def job_finished(self, spec: JobSpec, ran_s: float, ended_at: float | None = None) -> None:
         """A job ended after running `ran_s` seconds in all (at `ended_at`, when known: its start, the end less

@@ -146,6 +146,8 @@ class AdmissionService:
         # the status last written to the table, and when (reason, message, positions, service clock)
         self._published: dict[str, tuple[str, str, int, int, float]] = {}
         self._announced: dict[str, Published] = {}  # the status last sent as JobPending (publish.py)
+        # When the last cycle walked the settled queues' rows too (see `cycle`), service clock
+        self._settled_walked_at = float("-inf")
         self._etas: dict[str, tuple[float, float, float]] = {}  # job -> (start, p10, p90) last published
         self._reclaims_sent: set[str] = set()
         # Jobs waiting out a retry backoff (pending, held outside the queue) -> when they may be admitted again.
@@ -876,7 +878,13 @@ class AdmissionService:
         # order; then, in job id order as before, the few left (sorting only those, not every waiting row).
         published = self._published
         candidates = []
-        for row in pending.judged_rows():
+        # Queues whose jobs kept their reasons and positions (sealed at their hard cap; core/cycle.py) are left
+        # out of the walk, a deep backlog's thousands of rows, except once per MESSAGE_EVERY_S: only the cohort's
+        # numbers in their messages moved, and those are rewritten at most that often anyway.
+        walk_settled = now - self._settled_walked_at >= MESSAGE_EVERY_S
+        if walk_settled:
+            self._settled_walked_at = now
+        for row in pending.judged_rows(settled=walk_settled):
             old = published.get(row[0])
             if (old is not None and old[0] == row[2] and old[2] == row[4] and old[3] == row[5]
                     and now - old[4] < MESSAGE_EVERY_S):

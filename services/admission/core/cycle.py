@@ -102,6 +102,14 @@ class _LazyText:
         raise NotImplementedError
 
 
+def _rewrite_when_read(message: object) -> None:
+    """Forget a lazy message's text (and its base's), so that it is written again, from the numbers as they are
+    then, when next read."""
+    while isinstance(message, _LazyText):
+        message.text = None
+        message = message.base if isinstance(message, _Then) else None
+
+
 class _Why(_LazyText):
     """Why a job does not fit, with the numbers of every option. The numbers are those of the cycle's end
     (the book and free capacity as the cycle left them; the statuses view that reads them is valid only
@@ -214,6 +222,7 @@ class _Cycle:
         self.scopes: dict[str, str] = {}  # queue -> scope (its cohort, or itself)
         self.reuse = capacity is None and max_admissions is None  # scopes are independent: reuse caches
         self.clean: set[str] = set()  # scopes unchanged since their cached result
+        self.sealed: set[str] = set()  # queues whose reasons stand (AdmissionState._sealed): not judged again
         self.scope_admitted: set[str] = set()
         self.scope_reclaims: dict[str, list[ReclaimRequest]] = {}
         # reclaim candidates only change when a job is admitted in the cohort
@@ -257,13 +266,16 @@ class _Cycle:
         if self.reuse:
             self.clean = {sc for sc in set(self.scopes.values())
                           if sc in state._scope_cache and sc not in state._stale}
+            self.sealed = self._still_sealed()
+        else:
+            state._sealed.clear()  # this cycle's reasons are capped or cut short: the next one judges them again
         # 2 snapshot: the QuotaBook is the live snapshot; capacity was copied in __init__
         # 3a/5a within nominal first (Kueue's entry ordering puts entries that fit without borrowing before
         # those that borrow): every job that fits its queue's nominal quota, in the usual order, before any job
         # borrows. A reclaim frees nominal quota for its job; without this, its victim (requeued, and first in
         # the order by share, priority or submit time) borrowed it back and the same reclaim repeated each cycle.
         # (an unchanged scope admitted nothing last time and would decide the same again)
-        live = [q for q in sorted(self.lists) if self.scopes[q] not in self.clean]
+        live = [q for q in sorted(self.lists) if self.scopes[q] not in self.clean and q not in self.sealed]
         for q in live:
             self.idx[q] = 0
             self._nominate_within_nominal(q)
@@ -272,7 +284,7 @@ class _Cycle:
         # 3 nominate, from each queue's first job again (the jobs just admitted are passed over)
         for q in sorted(self.lists):
             self.idx[q] = 0
-            if self.scopes[q] in self.clean:
+            if self.scopes[q] in self.clean or q in self.sealed:
                 self.idx[q] = len(self.lists[q])
                 continue
             self._nominate(q)
@@ -705,6 +717,88 @@ class _Cycle:
         self.lender_usage[cohort] = tuple(tuple(sorted(self.book.usage[m].items())) for m, _p, _r in found)
         return found
 
+    # ------------------------------------------------------------------ sealed queues
+
+    def _queue_alone(self, q: str, lst: list[Entry], sigs: tuple[Signature, ...]) -> bool:
+        """Whether the reasons of `q`'s pending jobs (`lst`, whose distinct requests are `sigs`) depend on the
+        queue alone, whatever the rest of its cohort does: it is held, or runs its max_running_jobs, or none of
+        its jobs' first pod set fits any option even if the cohort lent everything (its usage plus the option
+        passes nominal + borrowing limit: no admission, no reclaim, which needs room within nominal, no borrowing)
+        and no job could ask the queue's own jobs to make room (within-queue preemption takes only strictly lower
+        priorities; the list is in order, so its head has the highest)."""
+        qq = self.book.queues.get(q)
+        if qq is None or qq.cohort is None:
+            return False
+        if qq.held or (qq.max_running is not None and self.book.running.get(q, 0) >= qq.max_running):
+            return True
+        used = self.book.usage[q]
+        for sig in sigs:
+            if not sig:
+                return False  # asks for no GPU: it fits
+            for _m, r, amount in self.state.options(qq, sig[0]):
+                limit = qq.borrowing_limit.get(r)
+                if limit is None or used.get(r, 0) + amount <= qq.nominal[r] + limit:
+                    return False
+        return not qq.can_preempt_within or not lst or lst[0].priority <= self._lowest_preemptible(q)
+
+    def _still_sealed(self) -> set[str]:
+        """The sealed queues whose reasons stand this cycle. Their jobs' reasons depend on the queue alone, so
+        while nothing of the queue changed (AdmissionState._touch unseals it) a cycle would give each job the
+        same reason again; only the cohort's numbers in their messages move, and those messages are written
+        again when next read. Checked again here (cheap: per distinct request), not trusted from the last cycle."""
+        state = self.state
+        found: set[str] = set()
+        for q in sorted(state._sealed):
+            lst = self.lists.get(q)
+            messages, sigs = state._sealed[q]
+            if lst is not None and self.scopes[q] in self.clean:
+                found.add(q)  # its whole scope is reused anyway
+            elif lst is not None and self._queue_alone(q, lst, sigs):
+                found.add(q)
+                for message in messages:
+                    _rewrite_when_read(message)
+            else:
+                del state._sealed[q]
+        return found
+
+    def _seal(self) -> None:
+        """After the cycle: seal the queues judged now whose reasons depend on the queue alone and that admitted
+        nothing this cycle (a job judged before the queue's last admission may carry a reason of the queue as it
+        was then)."""
+        state = self.state
+        for q in sorted(self.lists):
+            if q in self.sealed or self.scopes[q] in self.clean:
+                continue
+            lst = state._pending_by_queue.get(q)
+            if lst is None or q in self.admitted_queues or self.book.queues.get(q) is None:
+                state._sealed.pop(q, None)
+                continue
+            sigs = tuple({e.sid: e.sig for e in lst if e.verdict is None}.values())
+            if not self._queue_alone(q, lst, sigs):
+                state._sealed.pop(q, None)
+                continue
+            messages = {id(e.message): e.message for e in lst if isinstance(e.message, _LazyText)}
+            state._sealed[q] = (tuple(messages.values()), sigs)
+
+    def _settled(self, by_scope: dict[str, list[list[Entry]]]) -> frozenset[str]:
+        """The sealed queues whose statuses equal the last explaining cycle's but for the numbers in their
+        messages: their positions in the cohort moved only if another queue's pending jobs (or their order)
+        did. Records this cycle's lists for the next."""
+        state = self.state
+        settled: set[str] = set()
+        for sc in sorted(by_scope):
+            if sc in self.clean:
+                continue
+            lists = by_scope[sc]
+            ends = {lst[0].queue: [e.order for e in lst] for lst in lists if lst[0].queue not in self.sealed}
+            here = [lst[0].queue for lst in lists if lst[0].queue in self.sealed]
+            before = state._scope_ends.get(sc)
+            if here and before is not None and all(before.get(q) == ends.get(q) for q in sorted(set(before)
+                                                                                                 | set(ends))):
+                settled.update(here)
+            state._scope_ends[sc] = ends
+        return frozenset(settled)
+
     def _version(self, qq: QueueQuota) -> int:
         return self.version if self.cap_left is not None else self.scope_version.get(qq.scope, 0)
 
@@ -743,8 +837,15 @@ class _Cycle:
                 else:
                     cache[sc] = self.scope_reclaims.get(sc, [])
                     state._stale.discard(sc)
+        settled: frozenset[str] = frozenset()
+        if self.reuse:
+            self._seal()
+            if self.explain:
+                settled = self._settled(by_scope)
+        else:
+            state._scope_ends.clear()
         state._generation += 1
-        self.decision.pending = (PendingStatuses(state, by_scope, frozenset(by_scope) - self.clean)
+        self.decision.pending = (PendingStatuses(state, by_scope, frozenset(by_scope) - self.clean, settled)
                                  if self.explain else PendingStatuses.empty())
 
     # ------------------------------------------------------------------ fit

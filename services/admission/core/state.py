@@ -83,6 +83,15 @@ class AdmissionState:
         # cycles cost O(changed cohorts).
         self._scope_cache: dict[str, list[ReclaimRequest]] = {}  # scope -> reclaims
         self._stale: set[str] = set()
+        # Queues whose pending jobs no change elsewhere in their cohort can affect: at their hard cap (every
+        # resource used up to nominal + borrowing limit) with no job that could preempt within the queue, as a
+        # cycle that admitted nothing there left them, unchanged since (`_touch`). A cycle keeps their reasons
+        # instead of judging them again (cycle.py, "sealed"); the value holds their lazily written messages, whose
+        # numbers (the cohort's) are written again when next read.
+        self._sealed: dict[str, tuple[tuple[object, ...], tuple[Signature, ...]]] = {}  # and their distinct requests
+        # scope -> per queue not sealed, its pending jobs' order keys as the last explaining cycle left them (which
+        # positions in the cohort moved)
+        self._scope_ends: dict[str, dict[str, list[Order]]] = {}
         # Bumped by every change of jobs or config: a cycle's PendingStatuses view reads the entries lazily and
         # is valid only while this has not moved.
         self._generation = 0
@@ -169,6 +178,8 @@ class AdmissionState:
         # no cached cohorts: the entries' messages may still be written lazily from *this* state's numbers
         other._scope_cache = {}
         other._stale = set()
+        other._sealed = {}
+        other._scope_ends = {}
         return other
 
     # ------------------------------------------------------------------ commands
@@ -189,7 +200,7 @@ class AdmissionState:
             # the cross-queue order changed: no cohort may reuse a cycle decided under the old one
             for q in sorted(set(shares) | set(self._history_share)):
                 if shares.get(q) != self._history_share.get(q):
-                    self._stale.add(self._scope_of(q))
+                    self._touch(q)
             self._history_share = shares
 
     def history_share(self, queue: str) -> float:
@@ -237,7 +248,7 @@ class AdmissionState:
         else:
             self._pending.pop(job_id, None)
             self._dirty.add(e.queue)
-            self._stale.add(self._scope_of(e.queue))
+            self._touch(e.queue)
 
     def requeue(self, w: Workload) -> None:
         """Back to pending (after preemption or a failed placement) with its original submit time."""
@@ -292,6 +303,8 @@ class AdmissionState:
                        if e.admitted is None and e.base_at > e.workload.submitted_at}
         self._dirty.update(self._pending_by_queue)
         self._scope_cache.clear()
+        self._sealed.clear()
+        self._scope_ends.clear()
         return sorted(messages)
 
     # ------------------------------------------------------------------ internals used by the cycle
@@ -330,7 +343,7 @@ class AdmissionState:
             if at != e.order[1]:
                 e.order = (e.order[0], at, e.job_id)
                 self._dirty.add(e.queue)
-                self._stale.add(self._scope_of(e.queue))
+                self._touch(e.queue)
                 self._generation += 1
 
     def _admit(self, e: Entry, a: AdmittedWorkload) -> None:
@@ -370,7 +383,7 @@ class AdmissionState:
         if e.base_at > w.submitted_at:
             self._aging.add(e.job_id)
         self._pending[e.job_id] = w
-        self._stale.add(self._scope_of(e.queue))
+        self._touch(e.queue)
         self._generation += 1
         lst = self._pending_by_queue.setdefault(e.queue, [])
         if lst and _order_of(lst[-1]) > e.order:
@@ -384,7 +397,7 @@ class AdmissionState:
         self._admitted[e.job_id] = a
         self._admitted_by_queue.setdefault(e.queue, {})[e.job_id] = e
         self._book.add(e.queue, a.usage)
-        self._stale.add(self._scope_of(e.queue))
+        self._touch(e.queue)
 
     def _release(self, e: Entry) -> None:
         assert e.admitted is not None
@@ -395,7 +408,14 @@ class AdmissionState:
         if by_queue is not None:
             by_queue.pop(e.job_id, None)
         e.admitted = None
-        self._stale.add(self._scope_of(e.queue))
+        self._touch(e.queue)
+
+    def _touch(self, queue: str) -> None:
+        """Something of `queue` changed (a job came, went, was admitted or re-keyed): its scope's cached cycle and
+        its sealed reasons no longer hold."""
+        self._stale.add(self._scope_of(queue))
+        if self._sealed:
+            self._sealed.pop(queue, None)
 
     def _scope_of(self, queue: str) -> str:
         qq = self._book.queues.get(queue)

@@ -43,13 +43,15 @@ class StalePendingStatuses(RuntimeError):
 class PendingStatuses(Mapping[str, PendingStatus]):
     """job_id -> PendingStatus for the jobs pending after a cycle, in scope order then cohort order."""
 
-    __slots__ = ("_by_queue", "_generation", "_judged", "_scopes", "_state")
+    __slots__ = ("_by_queue", "_generation", "_judged", "_scopes", "_settled", "_state")
 
     def __init__(self, state: AdmissionState | None, scopes: dict[str, list[list[Entry]]],
-                 judged: frozenset[str] | None = None):
+                 judged: frozenset[str] | None = None, settled: frozenset[str] = frozenset()):
         self._state = state
         # scopes this cycle judged again; the others were reused unchanged from an earlier cycle
         self._judged = frozenset(scopes) if judged is None else judged
+        # queues (in judged scopes) whose statuses are the last cycle's but for the numbers in their messages
+        self._settled = settled
         self._generation = state._generation if state is not None else 0
         self._scopes = scopes  # scope -> its queues' pending lists (sorted, copies)
         self._by_queue: dict[str, tuple[list[Entry], list[list[Entry]]]] = {
@@ -153,13 +155,31 @@ class PendingStatuses(Mapping[str, PendingStatus]):
     def _judged_scopes(self) -> list[str]:
         return sorted(sc for sc in self._scopes if sc in self._judged)
 
-    def judged_rows(self) -> Iterator[tuple[str, str, str, object, int, int]]:
+    def judged_rows(self, *, settled: bool = False) -> Iterator[tuple[str, str, str, object, int, int]]:
         """(job_id, queue, reason, message, position in queue, position in cohort) of the cohorts this cycle
         judged again, without building PendingStatus objects and without writing the messages: `message` may
         be an object whose `str()` writes the text (`message_text`). For a caller that looks at reasons and
-        positions first and reads a message only when it needs it."""
-        for e, qpos, cpos in self._ranked(self._judged_scopes()):
-            yield e.job_id, e.queue, e.reason, e.message, qpos, cpos
+        positions first and reads a message only when it needs it.
+
+        Left out unless `settled`: the queues whose jobs kept their reasons and positions since the last cycle
+        (a queue at its hard cap that nothing changed; cycle.py, "sealed queues"), where only the cohort's
+        numbers in the messages moved. A caller that rewrites such numbers now and then asks for them then.
+        Rows come in scope order, then cohort order (queue by queue in a scope where some are left out)."""
+        skip = frozenset() if settled else self._settled
+        for sc in self._judged_scopes():
+            lists = self._scopes[sc]
+            if not skip or not any(lst[0].queue in skip for lst in lists):
+                for e, qpos, cpos in self._ranked([sc]):
+                    yield e.job_id, e.queue, e.reason, e.message, qpos, cpos
+                continue
+            self._check()
+            for lst in lists:
+                if lst[0].queue in skip:
+                    continue
+                others = [other for other in lists if other is not lst]
+                for qpos, e in enumerate(lst, 1):
+                    cpos = qpos + sum(bisect_left(other, e.order, key=_order) for other in others)
+                    yield e.job_id, e.queue, e.reason, e.message, qpos, cpos
 
     def values(self) -> Iterator[PendingStatus]:  # type: ignore[override]  # lazy: an iterator, not a view
         return (st for _, st in self.items())

@@ -452,3 +452,70 @@ async def test_a_batch_failing_at_its_end_loses_and_duplicates_no_held_update(fr
         await nc.close()
         await conn.close()
         await pool.close()
+
+
+def capped_queues() -> dict:
+    """`capped` (2 GPUs, may not borrow) and `open` (8 GPUs) in one cohort."""
+    return {"priority_classes": [{"name": "normal", "value": 100}], "cohorts": [{"name": "c"}],
+            "queues": [{"name": "capped", "teams": ["capped"], "cohort": "c",
+                        "quotas": {"H100": {"nominal": 2, "borrowing_limit": 0}}},
+                       {"name": "open", "teams": ["open"], "cohort": "c", "quotas": {"H100": {"nominal": 8}}}]}
+
+
+def submitted_to(queue: str, job_id: str) -> bytes:
+    spec = JobSpec(job_id=job_id, team=queue, queue=queue, pod_sets=(PodSet(count=1, gpus_per_pod=1),))
+    return encode_event(make_event(JobSubmitted(spec=spec, submitted_at=T0), source="test", time=T0))
+
+
+async def test_a_capped_queues_backlog_keeps_its_rows_and_gets_the_cohorts_numbers_once_a_minute(
+        fresh: tuple[str, str]) -> None:
+    """A queue at its hard cap is not judged again while the rest of its cohort changes (core/cycle.py, sealed
+    queues): its waiting jobs' rows keep their reasons and positions, and the cohort's lendable count in their
+    messages is rewritten once MESSAGE_EVERY_S has passed, as for any message whose only news is its numbers."""
+    nats_url, database_url = fresh
+    pool = await create_pool(database_url)
+    conn = await asyncpg.connect(database_url)
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    clock = ManualClock()
+    svc = ServiceRuntime(AdmissionService(parse_queues(capped_queues())).spec(), nats_url=nats_url, pool=pool,
+                         clock=clock, database_url=database_url)
+
+    async def rows() -> dict[str, tuple[str, str, int]]:
+        got = await conn.fetch("SELECT job_id, reason, message, position_in_queue FROM admission.jobs "
+                               "WHERE queue = 'capped' AND status = 'pending' ORDER BY job_id")
+        return {r["job_id"]: (r["reason"], r["message"], r["position_in_queue"]) for r in got}
+
+    async def admitted(job_id: str) -> bool:
+        return await status_of(conn, job_id) == "admitted"
+
+    await svc.start()
+    try:
+        for i in range(6):
+            await js.publish(ns_subject("job.submitted.capped"), submitted_to("capped", f"c{i}"))
+        await until(lambda: _eq(_count(rows()), 4))
+        first = await rows()
+        assert [p for _, _, p in first.values()] == [1, 2, 3, 4]
+        assert all(m.endswith("cohort c has 8 lendable") for _, m, _ in first.values()), first
+        for i in range(3):  # the cohort changes around the capped queue, one event (one cycle) at a time
+            await js.publish(ns_subject("job.submitted.open"), submitted_to("open", f"o{i}"))
+            await until(lambda i=i: admitted(f"o{i}"))  # type: ignore[misc]
+        assert await rows() == first  # within the minute: reasons, positions and the old numbers stay
+        clock.advance(61)
+        await js.publish(ns_subject("job.submitted.open"), submitted_to("open", "o3"))
+        await until(lambda: admitted("o3"))
+
+        async def renumbered() -> bool:
+            return all(m.endswith("cohort c has 4 lendable") for _, m, _ in (await rows()).values())
+
+        await until(renumbered)
+        assert {j: (r, p) for j, (r, _, p) in (await rows()).items()} == {j: (r, p) for j, (r, _, p) in first.items()}
+    finally:
+        await svc.stop()
+        await nc.close()
+        await conn.close()
+        await pool.close()
+
+
+async def _count(rows: Any) -> int:  # type: ignore[no-untyped-def]
+    return len(await rows)

@@ -216,3 +216,73 @@ def test_reusing_unchanged_cohorts_decides_like_a_cycle_from_scratch(cfg: Queues
                     if job_id not in judged:
                         assert said_before.get(job_id) == st, job_id
                 said_before = dict(got.pending)
+
+
+@st.composite
+def capped_configs(draw: st.DrawFn) -> QueuesConfig:
+    """Cohorts of small queues with borrowing limits (so they reach their hard cap and are sealed), beside one
+    queue that may borrow without limit (so the cohort's numbers keep moving around them)."""
+    queues = []
+    for i in range(draw(st.integers(2, 3))):
+        quotas: dict[str, Any] = {}
+        for m in MODELS:
+            if draw(st.booleans()) or (m == H100 and not quotas):
+                quotas[m] = quota(draw(st.integers(0, 4)), draw(st.integers(0, 2)))
+        queues.append({"name": f"q{i}", "cohort": draw(st.sampled_from(["c1", "c1", "c2"])), "quotas": quotas,
+                       "queueing_strategy": draw(st.sampled_from(["StrictFIFO", "BestEffortFIFO"])),
+                       "max_running_jobs": draw(st.one_of(st.none(), st.integers(1, 4))),
+                       "preemption": {"within_queue": draw(st.sampled_from(["LowerPriority", "Never"])),
+                                      "reclaim_within_cohort": draw(st.sampled_from(["Never", "LowerPriority"]))}})
+    queues.append({"name": "open", "cohort": "c1", "quotas": {H100: quota(4), A100: quota(2)}})
+    return config(*queues, cohorts=("c1", "c2"))
+
+
+capped_op = st.one_of(
+    st.tuples(st.just("submit"), st.integers(0, 3), st.integers(1, 2), st.integers(1, 2),
+              st.sampled_from([(H100,), (A100,), (H100, A100)]), st.sampled_from(["normal", "normal", "low", "high"])),
+    st.tuples(st.just("finish"), st.integers(0, 10_000)),
+    st.tuples(st.just("cycle")),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(capped_configs(), st.lists(capped_op, min_size=10, max_size=60))
+def test_sealed_queues_keep_the_reasons_a_cycle_from_scratch_gives(cfg: QueuesConfig, ops: list[tuple]) -> None:
+    """A queue at its hard cap that nothing changed keeps its jobs' reasons instead of being judged again (its
+    cohort changing around it): every decision must equal one made with every cache dropped, messages (with the
+    cohort's numbers of now) included; and the rows `judged_rows` leaves out are the earlier cycle's, but for
+    the numbers in their messages."""
+    s = AdmissionState(cfg)
+    queues = [q.name for q in cfg.queues]
+    before: dict = {}
+    for i, o in enumerate(ops):
+        if o[0] == "submit":
+            s.submit(Workload(job(f"j{i}", queues[o[1] % len(queues)], o[2], count=o[3], models=o[4],
+                                  priority=o[5]), float(i)))
+        elif o[0] == "finish" and s.admitted:
+            s.finish(sorted(s.admitted)[o[1] % len(s.admitted)])
+        elif o[0] == "cycle":
+            # the second cycle follows a change elsewhere in cohort c1 (a job for the unlimited queue), the
+            # third a change in no queue of it
+            for k in range(3):
+                if k == 1:
+                    s.submit(Workload(job(f"open-{i}", "open", models=(H100, A100)), float(i)))
+                scratch = s.copy()
+                got, want = admission_cycle(s, float(i)), admission_cycle(scratch, float(i))
+                assert got.admitted == want.admitted
+                assert got.reclaims == want.reclaims
+                assert got.pending == want.pending
+                rows = {r[0]: r for r in got.pending.judged_rows()}
+                every = {r[0]: r for r in got.pending.judged_rows(settled=True)}
+                judged = dict(got.pending.judged_items())
+                assert set(rows) <= set(every) == set(judged)
+                for job_id, st_ in judged.items():
+                    if job_id in rows:
+                        _, q, reason, message, qpos, cpos = rows[job_id]
+                        assert (q, reason, str(message), qpos, cpos) == (
+                            st_.queue, st_.reason, st_.message, st_.position_in_queue, st_.position_in_cohort)
+                    else:  # left out: settled, as the earlier cycle said but for the cohort's numbers
+                        old = before[job_id]
+                        assert (old.reason, old.position_in_queue, old.position_in_cohort) == (
+                            st_.reason, st_.position_in_queue, st_.position_in_cohort), job_id
+                before = dict(got.pending)
