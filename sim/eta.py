@@ -382,6 +382,11 @@ class EtaModel:
         """Every job waiting or holding quota in `admission` goes to the arrival history (once per job), with its
         predicted work as of now. Called before each refresh: a job is seen unless it arrived, ran and ended
         between two refreshes (minutes of platform time)."""
+        self.arrivals.observe_many(self.new_arrivals(admission, now), now)
+
+    def new_arrivals(self, admission: Any, now: float) -> list[tuple[str, Arrival]]:
+        """What `observe_arrivals` would add: (queue, arrival) of the jobs in `admission` the history has not seen.
+        Changes nothing (a forked child finds them, the service's process only adds them)."""
         cutoff = now - self.arrivals.max_age_s
         seen = self.arrivals
         new = sorted((j, v) for j, v in _known(admission).items() if j not in seen and v[1] >= cutoff)
@@ -393,7 +398,7 @@ class EtaModel:
 
                 priority = priority_value(admission.config, spec)
             found.append((spec.queue, Arrival(submitted_at, job_id, priority, spec.total_gpus * self.duration(spec))))
-        self.arrivals.observe_many(found, now)
+        return found
 
     def job_finished(self, spec: JobSpec, ran_s: float, ended_at: float | None = None) -> None:
         """A job ended after running `ran_s` seconds in all (at `ended_at`, when known: its start, the end less
@@ -582,11 +587,22 @@ class PlatformEta:
             self.model.observe_arrivals(state, now)
         return _queued(state)
 
-    def replay_in_place(self, cluster: Any, state: Any, reserved_ends: Mapping[str, float], now: float,
-                        ) -> dict[str, EtaRange]:
-        """The replay on this object's own model and the given state, which it may change: only where both are
-        a snapshot nobody else uses (a forked child of the service, shared/forked.py)."""
-        return _replay(self.model, cluster, state, reserved_ends, now)
+    def replay_forked(self, cluster: Any, state: Any, reserved_ends: Mapping[str, float], now: float,
+                      ) -> tuple[dict[str, EtaRange], list[tuple[str, Arrival]], dict[str, tuple[str, float]]]:
+        """A whole refresh in a forked child of the service (shared/forked.py), on its copy-on-write snapshot of
+        this object and of the state: the arrivals are found and learnt, the replay run; returns (ETAs, the
+        arrivals learnt, what `remember` needs), for the service's process to `learn` and `remember`. Finding the
+        arrivals walks every job held and predicts each new one's work: in the service's process it held its
+        event loop for a third of a second per refresh with 10,000 waiting."""
+        arrivals = self.model.new_arrivals(state, now)
+        self.model.arrivals.observe_many(arrivals, now)
+        queued = _queued(state)
+        return _replay(self.model, cluster, state, reserved_ends, now), arrivals, queued
+
+    def learn(self, arrivals: Iterable[tuple[str, Arrival]], now: float) -> None:
+        """Add the arrivals a forked refresh found (`replay_forked`) to the history."""
+        with self._lock:
+            self.model.arrivals.observe_many(arrivals, now)
 
     def remember(self, etas: Mapping[str, EtaRange], queued: Mapping[str, tuple[str, float]], now: float) -> None:
         """A refresh's last step: what each waiting job was told, for calibration against its start."""

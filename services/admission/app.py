@@ -98,12 +98,13 @@ class EtaFn(Protocol):
     def job_finished(self, spec: JobSpec, ran_s: float | None, ended_at: float | None = None) -> None: ...
     def predicted_s(self, spec: JobSpec) -> float: ...
     def refresh_due(self, last_refresh: float | None, now: float, changed: bool) -> bool: ...
-    # __call__ in three steps, for a replay in a forked child (prepare and remember in the service's process):
-    def prepare(self, state: AdmissionState, now: float) -> Mapping[str, tuple[str, float]]: ...
-    def replay_in_place(self, cluster: ClusterState, state: AdmissionState, reserved_ends: Mapping[str, float],
-                        now: float) -> Mapping[str, EtaRange]: ...
+    # __call__ in steps, for a replay in a forked child (replay_forked there; learn and remember in the service's
+    # process with what it returned):
+    def replay_forked(self, cluster: ClusterState, state: AdmissionState, reserved_ends: Mapping[str, float],
+                      now: float) -> tuple[Mapping[str, EtaRange], Any, Mapping[str, tuple[str, float]]]: ...
+    def learn(self, arrivals: Any, now: float) -> None: ...  # arrivals: what replay_forked returned
     def remember(self, etas: Mapping[str, Any], queued: Mapping[str, tuple[str, float]], now: float
-                 ) -> None: ...  # etas: what replay_in_place returned (the implementation's own range type)
+                 ) -> None: ...  # etas: what replay_forked returned (the implementation's own range type)
 
 
 ETA_INTERVAL_S = 0.5  # wall seconds between looks at whether an ETA refresh is due (refresh_due: platform time)
@@ -764,17 +765,19 @@ class AdmissionService:
         assert self.eta is not None
         if ETA_IN_FORK and forked.available():
             eta, state = self.eta, self.state
-            queued = eta.prepare(state, now)  # the model learns the arrivals here, in the parent, before the fork
 
-            def replay() -> dict[str, EtaRange]:  # in the child: its own copy of everything, changed or not
+            def replay() -> tuple[Mapping[str, EtaRange], Any, Mapping[str, tuple[str, float]]]:
+                # in the child: its own copy of everything, changed or not; it finds the arrivals too (walking
+                # every job held), and this process only adds the ones it found
                 cluster, ends = cluster_view(rows)
-                return dict(eta.replay_in_place(cluster, state, ends, now))
+                return eta.replay_forked(cluster, state, ends, now)
 
             try:
-                etas = await forked.call(replay)
+                etas, arrivals, queued = await forked.call(replay)
             except OSError as exc:  # no fork now (out of processes or memory): this refresh in the thread instead
                 log.warning("admission: ETA replay could not fork (%s); replaying in a worker thread", exc)
             else:
+                eta.learn(arrivals, now)
                 eta.remember(etas, queued, now)
                 return etas
         # parsed in the worker thread too: a large cluster's specs take a while, and handlers go on meanwhile

@@ -36,13 +36,13 @@ async def test_waiting_job_gets_an_eta_range_stored_and_published_on_platform_ti
     clock = ManualClock()
     eta = PlatformEta()
     refreshes: list[float] = []
-    original = eta.prepare
 
     class Counting(PlatformEta):
-        # every refresh starts with prepare, whether its replay runs in a forked child or in a worker thread
-        def prepare(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        # every refresh ends with remember in the service's process, whether its replay ran in a forked child or
+        # in a worker thread (the platform clock does not move meanwhile: the test moves it)
+        def remember(self, *args, **kwargs):  # type: ignore[no-untyped-def]
             refreshes.append(clock.now())
-            return original(*args, **kwargs)
+            return super().remember(*args, **kwargs)
 
     counting = Counting(eta.model)
     svc = ServiceRuntime(AdmissionService(parse_queues(queues(8)), eta=counting, eta_interval_s=0.05).spec(),

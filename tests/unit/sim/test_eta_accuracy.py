@@ -277,6 +277,33 @@ def test_platform_eta_learns_from_the_starts_and_ends_admission_reports():
     assert not eta.refresh_due(5.0, 405.0, False) and eta.refresh_due(5.0, 35.0, True)
 
 
+def test_a_refresh_forked_in_steps_learns_and_answers_as_one_in_a_single_call():
+    """The service's forked refresh (replay_forked in the child, on its copies; learn and remember in the
+    service's process) must leave the same arrival history and memory, and give the same ETAs, as a refresh in
+    one call; the child's copies change nothing of the parent's on their own."""
+    import copy
+
+    from sim.eta import PlatformEta
+
+    running = [job("r1", 0, 10, gpus_per_pod=6, estimate=3600)]
+    cluster, adm = _state_with(running, [job("p1", 5, 10, gpus_per_pod=8, estimate=600),
+                                         job("p2", 6, 10, gpus_per_pod=2, estimate=600, priority="high")], now=6.0)
+    whole, forked = PlatformEta(), PlatformEta()
+    for eta in (whole, forked):
+        for i in range(5):
+            eta.job_finished(job(f"old-{i}", 0, 10, estimate=3600).spec(), 1200.0)
+    want = whole(cluster, adm, {"r1": 3600.0}, 6.0)
+    # what a fork gives the child: copies of the model, the cluster and the state
+    child, child_cluster, child_adm = PlatformEta(copy.deepcopy(forked.model)), copy.deepcopy(cluster), adm.copy()
+    got, arrivals, queued = child.replay_forked(child_cluster, child_adm, {"r1": 3600.0}, 6.0)
+    assert len(forked.model.arrivals) == 0  # the child's learning stayed in the child
+    forked.learn(arrivals, 6.0)
+    forked.remember(got, queued, 6.0)
+    assert got == want and want
+    assert forked.model.arrivals._seen == whole.model.arrivals._seen and len(forked.model.arrivals) == 3
+    assert forked._given == whole._given and forked._queued == whole._queued
+
+
 def _stream(model: EtaModel, queue: str, priority: int, every_s: float, until: float, span_s: float,
             gpu_s: float) -> float:
     """Arrivals of `queue` every `every_s` over (until - span_s, until]; returns their GPU-seconds in all."""
