@@ -194,12 +194,14 @@ async def _bus_totals(js: Any, ns: str) -> tuple[int, dict[str, int]]:
     return messages, deliveries
 
 
-async def _job_consumers_settled(js: Any, ns: str) -> bool:
-    """Has every consumer of the streams job events travel on nothing pending and nothing awaiting its ack?"""
+async def _job_consumers_settled(js: Any, ns: str,
+                                 skip: tuple[str, ...] = ("_UTILIZATION", "_DLQ", "_AUDIT", "_STATUS")) -> bool:
+    """Has every consumer of the streams job events travel on (or of every stream but those named `skip`)
+    nothing pending and nothing awaiting its ack?"""
     from shared.bus import streams
 
     for stream in streams(ns):
-        if stream.name.endswith(("_UTILIZATION", "_DLQ", "_AUDIT", "_STATUS")):
+        if stream.name.endswith(skip):
             continue
         for consumer in await js.consumers_info(stream.name):
             if consumer.num_pending or consumer.num_ack_pending:
@@ -210,17 +212,9 @@ async def _job_consumers_settled(js: Any, ns: str) -> bool:
 async def _setup_settled(js: Any, ns: str, pool: Any) -> bool:
     """Has the set-up's work left the pipeline: admission's outbox published and every consumer (status and audit
     included) given and acked everything? Until then the timed part would measure the set-up's spill-over."""
-    from shared.bus import streams
-
     if await pool.fetchval("SELECT count(*) FROM admission.outbox WHERE published_at IS NULL"):
         return False
-    for stream in streams(ns):
-        if stream.name.endswith(("_UTILIZATION", "_DLQ")):
-            continue
-        for consumer in await js.consumers_info(stream.name):
-            if consumer.num_pending or consumer.num_ack_pending:
-                return False
-    return True
+    return await _job_consumers_settled(js, ns, skip=("_UTILIZATION", "_DLQ"))
 
 
 async def _wait(predicate: Any, timeout: float, what: str, progress: Progress | None = None,

@@ -770,7 +770,7 @@ class _Cycle:
             if q in self.sealed or self.scopes[q] in self.clean:
                 continue
             lst = state._pending_by_queue.get(q)
-            if lst is None or q in self.admitted_queues or self.book.queues.get(q) is None:
+            if lst is None or q in self.admitted_queues:
                 state._sealed.pop(q, None)
                 continue
             sigs = tuple({e.sid: e.sig for e in lst if e.verdict is None}.values())

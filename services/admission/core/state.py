@@ -83,11 +83,11 @@ class AdmissionState:
         # cycles cost O(changed cohorts).
         self._scope_cache: dict[str, list[ReclaimRequest]] = {}  # scope -> reclaims
         self._stale: set[str] = set()
-        # Queues whose pending jobs no change elsewhere in their cohort can affect: at their hard cap (every
-        # resource used up to nominal + borrowing limit) with no job that could preempt within the queue, as a
-        # cycle that admitted nothing there left them, unchanged since (`_touch`). A cycle keeps their reasons
-        # instead of judging them again (cycle.py, "sealed"); the value holds their lazily written messages, whose
-        # numbers (the cohort's) are written again when next read.
+        # Queues whose pending jobs no change elsewhere in their cohort can affect (held, at max_running_jobs, or
+        # no job's request fits within nominal + borrowing limit, and no job could preempt within the queue:
+        # cycle.py `_queue_alone`), as a cycle that admitted nothing there left them, unchanged since (`_touch`).
+        # A cycle keeps their reasons instead of judging them again (cycle.py, "sealed queues"); the value holds
+        # their lazily written messages, whose numbers (the cohort's) are written again when next read.
         self._sealed: dict[str, tuple[tuple[object, ...], tuple[Signature, ...]]] = {}  # and their distinct requests
         # scope -> per queue not sealed, its pending jobs' order keys as the last explaining cycle left them (which
         # positions in the cohort moved)

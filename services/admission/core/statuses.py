@@ -89,8 +89,7 @@ class PendingStatuses(Mapping[str, PendingStatus]):
         if found is None:
             raise KeyError(job_id)
         e, _lst, lists, i = found
-        cpos = 1 + sum(bisect_left(other, e.order, key=_order) for other in lists)
-        return PendingStatus(e.job_id, e.queue, e.reason, _text(e.message), i + 1, cpos)
+        return PendingStatus(e.job_id, e.queue, e.reason, _text(e.message), i + 1, _cohort_position(e, lists))
 
     def __contains__(self, job_id: object) -> bool:
         self._check()
@@ -176,10 +175,8 @@ class PendingStatuses(Mapping[str, PendingStatus]):
             for lst in lists:
                 if lst[0].queue in skip:
                     continue
-                others = [other for other in lists if other is not lst]
                 for qpos, e in enumerate(lst, 1):
-                    cpos = qpos + sum(bisect_left(other, e.order, key=_order) for other in others)
-                    yield e.job_id, e.queue, e.reason, e.message, qpos, cpos
+                    yield e.job_id, e.queue, e.reason, e.message, qpos, _cohort_position(e, lists)
 
     def values(self) -> Iterator[PendingStatus]:  # type: ignore[override]  # lazy: an iterator, not a view
         return (st for _, st in self.items())
@@ -199,6 +196,11 @@ class PendingStatuses(Mapping[str, PendingStatus]):
         if len(lists) == 1:
             return lists[0]
         return sorted(chain.from_iterable(lists), key=_order)
+
+
+def _cohort_position(e: Entry, lists: list[list[Entry]]) -> int:
+    """1 + the number of jobs of its cohort's pending lists (its own included) ordered before `e`."""
+    return 1 + sum(bisect_left(other, e.order, key=_order) for other in lists)
 
 
 _STATUS_SETTERS = tuple(getattr(PendingStatus, f).__set__ for f in (
