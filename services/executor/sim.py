@@ -37,7 +37,7 @@ from services.executor.core.attribution import Placements, units_by_node
 from services.executor.core.dcgm_series import Device
 from services.executor.dcgm import DcgmSource, degraded_nodes, ensure_health_table, with_health
 from services.executor.heartbeat import Heartbeat
-from services.executor.verify import SchedulerTables, verify_placement
+from services.executor.verify import SchedulerTables, placement_prefetch, placement_prefetched, verify_placement
 from shared.config import ClusterConfig, DcgmSettings
 from shared.domain import GpuBinding, JobSpec, NodeSpec
 from shared.events import (
@@ -67,6 +67,24 @@ SILENT_LABEL = "sim.gpuq.io/silent"
 # that a job can fail, be retried by its retry policy, and then succeed.
 FAILED_ATTEMPTS_LABEL = "sim.gpuq.io/failed-attempts"
 MIGRATIONS = Path(__file__).parent / "migrations"
+
+# A consumed batch's new runs, held in its scratch (job id -> row) and written in one round trip at its end, or first
+# by any handler of the batch that reads or writes executor.runs: only where any failure rolls the whole batch back,
+# so that a crash before the commit loses them with the batch's inbox rows (docs/executor.md, "Batch-end writes").
+RUNS_KEY = "executor-held-runs"
+_RUN_UPSERT = """INSERT INTO executor.runs(job_id, spec, nodes, gpus, status, started_at, ends_at, done_s, traceparent,
+                                       bindings)
+    VALUES ($1, $2, $3, $4, 'running', $5, $6, $7, $8, $9::jsonb)
+    ON CONFLICT (job_id) DO UPDATE SET spec = excluded.spec, nodes = excluded.nodes, gpus = excluded.gpus,
+      status = 'running', outcome = NULL, started_at = excluded.started_at, ends_at = excluded.ends_at,
+      done_s = excluded.done_s, attempt = executor.runs.attempt + 1, traceparent = excluded.traceparent,
+      bindings = excluded.bindings"""
+
+
+async def _write_runs(tx: Tx) -> None:
+    held = tx.scratch.pop(RUNS_KEY, None)
+    if held:
+        await tx.conn.executemany(_RUN_UPSERT, list(held.values()))
 
 
 @dataclass
@@ -173,6 +191,8 @@ class SimExecutor:
                       JobPreempted: self.on_stopped, JobCancelled: self.on_stopped, JobFailed: self.on_failed},
             on_start=self.announce_inventory, background=background, singleton=False,
             optimistic_batches=True,  # its runs are rows; memory holds only settings and sampling times
+            prefetch=placement_prefetch(self.scheduler_tables, cancelled_table="executor.cancelled",
+                                        runs_table="executor.runs"),
         )
 
     # ------------------------------------------------------------------ what the DCGM source needs (ExecutorView)
@@ -211,9 +231,13 @@ class SimExecutor:
     # ------------------------------------------------------------------ handlers
 
     async def on_placed(self, tx: Tx, event: CloudEvent, placed: JobPlaced) -> None:
-        # The check and this executor's earlier run of the job in one read (a redelivered placement finds its run).
+        # The check and this executor's earlier run of the job in one read (a redelivered placement finds its run);
+        # in a consumed batch, one read for all its placements, and the runs written at its end (`_write_runs`).
+        lookup = tx.scratch if tx.deferred is not None else None
+        if lookup is None or not placement_prefetched(lookup, placed.job_id):
+            await _write_runs(tx)
         run = await verify_placement(tx.conn, placed, cancelled_table="executor.cancelled",
-                                     tables=self.scheduler_tables, runs_table="executor.runs")
+                                     tables=self.scheduler_tables, runs_table="executor.runs", scratch=lookup)
         spec = placed.spec
         nodes = sorted({b.node for b in placed.bindings})
         unknown = [n for n in nodes if n not in self.nodes]
@@ -229,18 +253,17 @@ class SimExecutor:
         remaining = max(0.0, true_duration(spec) - done_s)
         ends_at = tx.now + min(remaining, float(spec.max_runtime_s))
         bindings = json.dumps([b.model_dump(mode="json") for b in placed.bindings])
-        await tx.conn.execute(
-            """INSERT INTO executor.runs(job_id, spec, nodes, gpus, status, started_at, ends_at, done_s, traceparent,
-                                         bindings)
-               VALUES ($1, $2, $3, $4, 'running', $5, $6, $7, $8, $9::jsonb)
-               ON CONFLICT (job_id) DO UPDATE SET spec = excluded.spec, nodes = excluded.nodes, gpus = excluded.gpus,
-                 status = 'running', outcome = NULL, started_at = excluded.started_at, ends_at = excluded.ends_at,
-                 done_s = excluded.done_s, attempt = executor.runs.attempt + 1, traceparent = excluded.traceparent,
-                 bindings = excluded.bindings""",
-            spec.job_id, spec.model_dump_json(), nodes, gpus, tx.now, ends_at, done_s, tx.traceparent, bindings)
+        row = (spec.job_id, spec.model_dump_json(), nodes, gpus, tx.now, ends_at, done_s, tx.traceparent, bindings)
+        if tx.deferred is not None and not tx.own_savepoint:  # any failure rolls the whole batch back
+            held: dict[str, tuple[Any, ...]] = tx.scratch.setdefault(RUNS_KEY, {})
+            held[spec.job_id] = row
+            await tx.after_events(RUNS_KEY, _write_runs)
+        else:
+            await tx.conn.executemany(_RUN_UPSERT, [row])
         await tx.emit(JobStarted(job_id=spec.job_id, nodes=tuple(nodes), started_at=utcnow_from(tx.now)))
 
     async def on_checkpoint_requested(self, tx: Tx, event: CloudEvent, req: CheckpointRequested) -> None:
+        await _write_runs(tx)
         row = await tx.conn.fetchrow("SELECT spec FROM executor.runs WHERE job_id = $1 AND status = 'running'",
                                      req.job_id)
         if row is None:
@@ -254,6 +277,7 @@ class SimExecutor:
 
     async def on_stopped(self, tx: Tx, event: CloudEvent, payload: JobPreempted | JobCancelled) -> None:
         status = "preempted" if isinstance(payload, JobPreempted) else "cancelled"
+        await _write_runs(tx)
         if isinstance(payload, JobCancelled):  # remembered even before the job's placement arrives
             await tx.conn.execute("INSERT INTO executor.cancelled(job_id, at) VALUES ($1, $2) ON CONFLICT DO NOTHING",
                                   payload.job_id, tx.now)
@@ -266,6 +290,7 @@ class SimExecutor:
         (Other JobFailed events are this executor's own, coming back: nothing to do.)"""
         if payload.exit_reason is not ExitReason.LOST:
             return
+        await _write_runs(tx)
         await tx.conn.execute(
             "UPDATE executor.runs SET status = 'failed', outcome = $2, ends_at = $3 WHERE job_id = $1 "
             "AND status = 'running'", payload.job_id, ExitReason.LOST.value, tx.now)

@@ -19,6 +19,7 @@ import asyncpg
 
 from services.pipeline.core import PlacementBook, WaitingJob, place_ordered, priority_value
 from services.preemption.core import priority_of
+from services.scheduler import held
 from services.scheduler.core import ClusterState
 from services.scheduler.liveness import LivenessWatch
 from services.scheduler.nodes import MIGRATIONS, record_node
@@ -68,6 +69,7 @@ class SchedulerService:
         self.book = PlacementBook()
         self.resume: dict[str, str | None] = {}
         self.reasons: dict[str, tuple[str | None, str | None, float | None]] = {}
+        self.limits: dict[str, float] = {}  # placed job -> its spec's max_runtime_s (its expected end after a start)
 
     def spec(self) -> ServiceSpec:
         return ServiceSpec(
@@ -78,6 +80,7 @@ class SchedulerService:
                       JobPreempted: self.on_finished,
                       JobRequeued: self.on_requeued, ExecutorHeartbeat: self.liveness.on_heartbeat},
             on_start=self.load, reload=self._rebuild, background=(self.liveness.loop,), optimistic_batches=True,
+            prefetch=held.prefetch_admissions,
         )
 
     # ------------------------------------------------------------------ state
@@ -104,6 +107,7 @@ class SchedulerService:
         self.book.clear()
         self.resume.clear()
         self.reasons.clear()
+        self.limits.clear()
         for r in await conn.fetch(
                 "SELECT job_id, spec, flavors, resume_from, admitted_at, reason, message, planned_start "
                 "FROM scheduler.jobs WHERE status = 'waiting'"):
@@ -114,8 +118,9 @@ class SchedulerService:
         for r in await conn.fetch(
                 "SELECT job_id, spec, coalesce(expected_end, placed_at + (spec->>'max_runtime_s')::double precision)"
                 " AS expected_end FROM scheduler.jobs WHERE status = 'placed'"):
-            self.book.add_placed(r["job_id"], float(r["expected_end"]),
-                                 self._preemptible_priority(JobSpec.model_validate_json(r["spec"])))
+            spec = JobSpec.model_validate_json(r["spec"])
+            self.book.add_placed(r["job_id"], float(r["expected_end"]), self._preemptible_priority(spec))
+            self.limits[r["job_id"]] = float(spec.max_runtime_s)
 
     async def _then_cycle(self, tx: Tx, body: Callable[[], Awaitable[None]]) -> None:
         """Apply an event's change, then run one scheduling cycle in the same transaction: after this event, or
@@ -152,34 +157,39 @@ class SchedulerService:
 
     async def on_admitted(self, tx: Tx, event: CloudEvent, payload: JobAdmitted) -> None:
         async def body() -> None:
-            # One round trip: the job waits unless it was cancelled first (a tombstone) or is placed already.
-            row = await tx.conn.fetchrow(
-                """WITH cancelled AS (SELECT true AS yes FROM scheduler.cancelled WHERE job_id = $1),
-                   waiting AS (
-                     INSERT INTO scheduler.jobs(job_id, spec, flavors, status, admitted_at)
-                     SELECT $1::text, $2::jsonb, $3::jsonb, 'waiting', $4::double precision
-                     WHERE NOT EXISTS (SELECT 1 FROM cancelled)
-                     ON CONFLICT (job_id) DO UPDATE SET spec = excluded.spec, flavors = excluded.flavors,
-                       status = 'waiting', admitted_at = excluded.admitted_at, bindings = NULL, placed_at = NULL
-                     WHERE scheduler.jobs.status <> 'placed'
-                     RETURNING true AS waiting, resume_from, reason, message, planned_start)
-                   SELECT (SELECT yes FROM cancelled) AS cancelled, w.* FROM (SELECT 1) AS one
-                   LEFT JOIN waiting AS w ON true""",
-                payload.job_id, payload.spec.model_dump_json(), json.dumps(payload.flavors),
-                payload.admitted_at.timestamp())
-            if row["cancelled"]:
+            # The job waits unless it was cancelled first (a tombstone) or is placed already. In a consumed batch the
+            # tombstone and row were read for all its admissions at once, and the row is written at its end
+            # (services/scheduler/held.py).
+            found = held.take(tx.scratch, payload.job_id)
+            if found is None:
+                await held.write_held(tx)
+                found = (await held.read_admissions(tx.conn, [payload.job_id]))[payload.job_id]
+            if found.cancelled:
                 log.info("not placing %s: it was cancelled before its admission reached the scheduler",
                          payload.job_id)
                 return
-            if row["waiting"]:  # waiting now (a placed job's late re-admission changes nothing)
-                self.book.wait(self._waiting_job(payload.spec, payload.flavors, payload.admitted_at.timestamp()))
-                self.resume[payload.job_id] = row["resume_from"]
-                self.reasons[payload.job_id] = (row["reason"], row["message"], row["planned_start"])
+            if found.status == "placed":
+                return  # a placed job's late re-admission changes nothing
+            row = held.admitted_row(payload)
+            if held.may_hold(tx):
+                (await held.hold(tx)).admitted[payload.job_id] = row
+            else:
+                await held.write_held(tx)
+                await tx.conn.execute(
+                    "INSERT INTO scheduler.jobs(job_id, spec, flavors, status, admitted_at) "
+                    "VALUES ($1, $2::jsonb, $3::jsonb, 'waiting', $4) "
+                    "ON CONFLICT (job_id) DO UPDATE SET spec = excluded.spec, flavors = excluded.flavors, "
+                    "status = 'waiting', admitted_at = excluded.admitted_at, bindings = NULL, placed_at = NULL",
+                    payload.job_id, *row)
+            self.book.wait(self._waiting_job(payload.spec, payload.flavors, payload.admitted_at.timestamp()))
+            self.resume[payload.job_id] = found.resume_from
+            self.reasons[payload.job_id] = (found.reason, found.message, found.planned_start)
 
         await self._then_cycle(tx, body)
 
     async def on_requeued(self, tx: Tx, event: CloudEvent, payload: JobRequeued) -> None:
         # Remember where a preempted job resumes from; it is placed again once admission re-admits it.
+        await held.write_held(tx)
         await tx.conn.execute("UPDATE scheduler.jobs SET resume_from = $2 WHERE job_id = $1",
                               payload.job_id, payload.resume_from)
         if payload.job_id in self.book.waiting:
@@ -188,12 +198,19 @@ class SchedulerService:
     async def on_started(self, tx: Tx, event: CloudEvent, payload: JobStarted) -> None:
         # Expected end from the real start and the user's limit (never the true duration); the start itself is
         # part of the placement fact (read model `started_at`: preemption's protection window counts from it).
-        expected_end = await tx.conn.fetchval(
-            "UPDATE scheduler.jobs SET started_at = $2, expected_end = $2 + (spec->>'max_runtime_s')::double precision "
-            "WHERE job_id = $1 AND status = 'placed' RETURNING expected_end", payload.job_id,
-            payload.started_at.timestamp())
-        if expected_end is not None:
-            self.book.move_end(payload.job_id, float(expected_end))
+        # Only a placed job's row changes, and memory knows which are placed (the table's rows are memory's).
+        limit = self.limits.get(payload.job_id)
+        if payload.job_id not in self.book.placed or limit is None:
+            return
+        started_at = payload.started_at.timestamp()
+        if held.may_hold(tx):
+            (await held.hold(tx)).started[payload.job_id] = started_at
+        else:
+            await held.write_held(tx)
+            await tx.conn.execute(
+                "UPDATE scheduler.jobs SET started_at = $2, expected_end = $2 + (spec->>'max_runtime_s')::double "
+                "precision WHERE job_id = $1 AND status = 'placed'", payload.job_id, started_at)
+        self.book.move_end(payload.job_id, started_at + limit)
 
     async def on_finished(self, tx: Tx, event: CloudEvent,
                           payload: JobCompleted | JobFailed | JobCancelled | JobPreempted | JobAttemptFailed) -> None:
@@ -203,11 +220,20 @@ class SchedulerService:
             self.book.forget(payload.job_id)
             self.resume.pop(payload.job_id, None)
             self.reasons.pop(payload.job_id, None)
+            self.limits.pop(payload.job_id, None)
+            # terminal, even for a job whose admission is still on its way: a tombstone
+            cancelled_at = tx.now if isinstance(payload, JobCancelled) else None
+            if held.may_hold(tx):
+                rows = await held.hold(tx)
+                if rows.finished.get(payload.job_id) is None:
+                    rows.finished[payload.job_id] = cancelled_at
+                return
+            await held.write_held(tx)
             await tx.conn.execute("UPDATE scheduler.jobs SET status = 'finished' WHERE job_id = $1",
                                   payload.job_id)
-            if isinstance(payload, JobCancelled):  # terminal, even for a job whose admission is still on its way
+            if cancelled_at is not None:
                 await tx.conn.execute("INSERT INTO scheduler.cancelled(job_id, at) VALUES ($1, $2) "
-                                      "ON CONFLICT DO NOTHING", payload.job_id, tx.now)
+                                      "ON CONFLICT DO NOTHING", payload.job_id, cancelled_at)
 
         await self._then_cycle(tx, body)
 
@@ -218,6 +244,9 @@ class SchedulerService:
         keeps the order and the timeline); the rows written are the placements (one statement for all of them) and
         the waiting jobs whose reason, message or planned start changed."""
         book = self.book
+        # The batch's admissions, starts and ends first: the placements update their rows (the batch's own writer,
+        # held.AFTER_EVENTS_KEY, runs before the cycle anyway; a cycle run from elsewhere must not depend on that).
+        await held.write_held(tx)
         if not book.waiting:
             return
         # The pipeline places the waiting jobs in its order and says which ask for preemption.
@@ -248,6 +277,7 @@ class SchedulerService:
             book.unwait(placement.job_id)
             self.reasons.pop(placement.job_id, None)
             book.add_placed(placement.job_id, tx.now + float(spec.max_runtime_s), self._preemptible_priority(spec))
+            self.limits[placement.job_id] = float(spec.max_runtime_s)
             self._published.pop(placement.job_id, None)
             await audit.record(tx, "place", service_actor("scheduler"), job_id=placement.job_id, team=spec.team,
                                nodes=sorted({b.node for b in placement.bindings}), gpus=spec.total_gpus,
