@@ -265,6 +265,12 @@ class Tx:
     # held for the batch's end are safe as long as whoever reads the table first writes them.
     own_savepoint: bool = False
 
+    @property
+    def may_hold_rows(self) -> bool:
+        """May a handler leave rows in `scratch` for the batch's end? Only where there is a batch end to write them at
+        and any failure rolls the whole transaction back (not `own_savepoint`)."""
+        return self.deferred is not None and not self.own_savepoint
+
     async def flush(self) -> None:
         """Write the buffered outbox rows (in emission order, so the relay publishes them in that order)."""
         if self._rows:
@@ -431,6 +437,26 @@ class Counters:
     published: int = 0
     batches: int = 0  # pulled batches committed as one unit of work
     batch_retries: int = 0  # batches handled without savepoints that rolled back and were handled again with them
+
+
+def first_messages_of_jobs(messages: Sequence[tuple[CloudEvent, Any, str]], kind: type[Payload], *,
+                           touching_no_job: tuple[type[Payload], ...] = ()) -> list[str]:
+    """For a `ServiceSpec.prefetch` hook: the jobs whose `kind` message a read made at the batch's start answers
+    truly, in batch order. That is each job's first message of the batch, up to the first event that names no job
+    (what it changes is not known); events of the types `touching_no_job` are passed over, since they touch no job's
+    rows."""
+    mentioned: set[str] = set()
+    served: list[str] = []
+    for event, payload, _subject in messages:
+        if isinstance(payload, touching_no_job):
+            continue
+        about = getattr(payload, "job_id", None) or event.subject
+        if not isinstance(about, str) or not about:
+            break
+        if isinstance(payload, kind) and about not in mentioned:
+            served.append(about)
+        mentioned.add(about)
+    return served
 
 
 def _filters_of(config: NatsConsumerConfig) -> tuple[str, ...]:

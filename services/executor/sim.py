@@ -233,11 +233,10 @@ class SimExecutor:
     async def on_placed(self, tx: Tx, event: CloudEvent, placed: JobPlaced) -> None:
         # The check and this executor's earlier run of the job in one read (a redelivered placement finds its run);
         # in a consumed batch, one read for all its placements, and the runs written at its end (`_write_runs`).
-        lookup = tx.scratch if tx.deferred is not None else None
-        if lookup is None or not placement_prefetched(lookup, placed.job_id):
-            await _write_runs(tx)
+        if not placement_prefetched(tx.scratch, placed.job_id):
+            await _write_runs(tx)  # the check reads this job's run: an earlier message of the batch may hold it
         run = await verify_placement(tx.conn, placed, cancelled_table="executor.cancelled",
-                                     tables=self.scheduler_tables, runs_table="executor.runs", scratch=lookup)
+                                     tables=self.scheduler_tables, runs_table="executor.runs", scratch=tx.scratch)
         spec = placed.spec
         nodes = sorted({b.node for b in placed.bindings})
         unknown = [n for n in nodes if n not in self.nodes]
@@ -254,7 +253,7 @@ class SimExecutor:
         ends_at = tx.now + min(remaining, float(spec.max_runtime_s))
         bindings = json.dumps([b.model_dump(mode="json") for b in placed.bindings])
         row = (spec.job_id, spec.model_dump_json(), nodes, gpus, tx.now, ends_at, done_s, tx.traceparent, bindings)
-        if tx.deferred is not None and not tx.own_savepoint:  # any failure rolls the whole batch back
+        if tx.may_hold_rows:
             held: dict[str, tuple[Any, ...]] = tx.scratch.setdefault(RUNS_KEY, {})
             held[spec.job_id] = row
             await tx.after_events(RUNS_KEY, _write_runs)

@@ -24,7 +24,7 @@ from typing import Any
 import asyncpg
 
 from shared.events import CloudEvent, JobPlaced
-from shared.service import Refused
+from shared.service import Refused, first_messages_of_jobs
 
 UNFENCED = "UnfencedPlacement"
 UNKNOWN_JOB = "PlacementForUnknownJob"
@@ -72,27 +72,12 @@ async def read_placements(conn: asyncpg.Connection, job_ids: Sequence[str], *, c
     return {r["id"]: r for r in rows}
 
 
-def served_placements(messages: Sequence[tuple[CloudEvent, Any, str]]) -> list[str]:
-    """The placed jobs a read made at the batch's start answers truly, in batch order: each job's first message of
-    the batch, up to the first event that names no job."""
-    mentioned: set[str] = set()
-    served: list[str] = []
-    for event, payload, _subject in messages:
-        about = getattr(payload, "job_id", None) or event.subject
-        if not isinstance(about, str) or not about:
-            break
-        if isinstance(payload, JobPlaced) and about not in mentioned:
-            served.append(about)
-        mentioned.add(about)
-    return served
-
-
 def placement_prefetch(tables: SchedulerTables, *, cancelled_table: str, runs_table: str | None = None) -> Prefetch:
     """`ServiceSpec.prefetch` for an executor: the check's read for every served placement of the batch, left in the
     batch's scratch for `verify_placement(..., scratch=)` (none while the scheduler's tables do not exist)."""
     async def prefetch(conn: asyncpg.Connection, messages: Sequence[tuple[CloudEvent, Any, str]],
                        scratch: dict[str, Any]) -> None:
-        served = served_placements(messages)
+        served = first_messages_of_jobs(messages, JobPlaced)
         if served and not tables.seen:  # the first batch after start: are the scheduler's tables there yet?
             tables.seen = all(await _scheduler_tables(conn))
         if served and tables.seen:

@@ -170,17 +170,7 @@ class SchedulerService:
                 return
             if found.status == "placed":
                 return  # a placed job's late re-admission changes nothing
-            row = held.admitted_row(payload)
-            if held.may_hold(tx):
-                (await held.hold(tx)).admitted[payload.job_id] = row
-            else:
-                await held.write_held(tx)
-                await tx.conn.execute(
-                    "INSERT INTO scheduler.jobs(job_id, spec, flavors, status, admitted_at) "
-                    "VALUES ($1, $2::jsonb, $3::jsonb, 'waiting', $4) "
-                    "ON CONFLICT (job_id) DO UPDATE SET spec = excluded.spec, flavors = excluded.flavors, "
-                    "status = 'waiting', admitted_at = excluded.admitted_at, bindings = NULL, placed_at = NULL",
-                    payload.job_id, *row)
+            await held.record(tx, lambda rows: rows.admit(payload))
             self.book.wait(self._waiting_job(payload.spec, payload.flavors, payload.admitted_at.timestamp()))
             self.resume[payload.job_id] = found.resume_from
             self.reasons[payload.job_id] = (found.reason, found.message, found.planned_start)
@@ -203,13 +193,7 @@ class SchedulerService:
         if payload.job_id not in self.book.placed or limit is None:
             return
         started_at = payload.started_at.timestamp()
-        if held.may_hold(tx):
-            (await held.hold(tx)).started[payload.job_id] = started_at
-        else:
-            await held.write_held(tx)
-            await tx.conn.execute(
-                "UPDATE scheduler.jobs SET started_at = $2, expected_end = $2 + (spec->>'max_runtime_s')::double "
-                "precision WHERE job_id = $1 AND status = 'placed'", payload.job_id, started_at)
+        await held.record(tx, lambda rows: rows.start(payload.job_id, started_at))
         self.book.move_end(payload.job_id, started_at + limit)
 
     async def on_finished(self, tx: Tx, event: CloudEvent,
@@ -223,17 +207,7 @@ class SchedulerService:
             self.limits.pop(payload.job_id, None)
             # terminal, even for a job whose admission is still on its way: a tombstone
             cancelled_at = tx.now if isinstance(payload, JobCancelled) else None
-            if held.may_hold(tx):
-                rows = await held.hold(tx)
-                if rows.finished.get(payload.job_id) is None:
-                    rows.finished[payload.job_id] = cancelled_at
-                return
-            await held.write_held(tx)
-            await tx.conn.execute("UPDATE scheduler.jobs SET status = 'finished' WHERE job_id = $1",
-                                  payload.job_id)
-            if cancelled_at is not None:
-                await tx.conn.execute("INSERT INTO scheduler.cancelled(job_id, at) VALUES ($1, $2) "
-                                      "ON CONFLICT DO NOTHING", payload.job_id, cancelled_at)
+            await held.record(tx, lambda rows: rows.finish(payload.job_id, cancelled_at))
 
         await self._then_cycle(tx, body)
 

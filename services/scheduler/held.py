@@ -8,32 +8,34 @@ admissions waited for 100 answers in turn before its scheduling cycle could plac
 Now:
 - **Reads.** The runtime's `ServiceSpec.prefetch` hook calls `prefetch_admissions` once per attempt at a batch,
   before its first handler: one statement reads the tombstone and row of every admitted job the batch's start can
-  answer truly, each job's first message of the batch (`served_admissions`). Any other admission reads its own.
-- **Writes.** A handler holds its row changes in the unit of work's scratch (`HeldRows`) only where any failure rolls
-  the whole transaction back (`Tx.own_savepoint` false, in a consumed batch); `write_held` writes each kind in one
-  `unnest` statement: at the start of the scheduling cycle (whose placement update needs the rows), before any
-  handler's own statement on the tables, and after the batch's events for a batch without a cycle. A crash or a
-  failure before the commit loses the held rows with everything else of the batch, its inbox rows included, so the
-  redelivered messages are handled again, once; the runtime rebuilds memory from the tables (`reload`).
+  answer truly, each job's first message of the batch (`shared.service.first_messages_of_jobs`; node and
+  heartbeat events touch no job's row). Any other admission reads its own.
+- **Writes.** A handler makes its row changes through `record`, which holds them in the unit of work's scratch
+  (`HeldRows`) only where any failure rolls the whole transaction back (`Tx.may_hold_rows`) and elsewhere writes them
+  at once with the same statements; `write_held` writes each kind in one `unnest` statement: at the start of the
+  scheduling cycle (whose placement update needs the rows), before any handler's own statement on the tables, and
+  after the batch's events for a batch without a cycle. A crash or a failure before the commit loses the held rows
+  with everything else of the batch, its inbox rows included, so the redelivered messages are handled again, once; the
+  runtime rebuilds memory from the tables (`reload`).
 
-Each statement keeps the condition the per-message one had (no waiting row for a cancelled job or over a placed one;
-a start only of a placed job), so it changes exactly the rows those would have. The kinds are written in the order
-a job's life takes them (admitted, started, finished); the one change that could come before one already held, an
-admission after the job's start or end in the same batch, is not served by the batch's read and reads its row
+Each statement keeps the condition the per-message one had before (no waiting row for a cancelled job or over a placed
+one; a start only of a placed job), so it changes exactly the rows those would have. The kinds are written in the
+order a job's life takes them (admitted, started, finished); the one change that could come before one already held,
+an admission after the job's start or end in the same batch, is not served by the batch's read and reads its row
 itself, which writes the held rows first. A start after an end is no change (the job is no longer placed).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
 
 from shared.events import CloudEvent, ExecutorHeartbeat, JobAdmitted, NodeChanged, NodeInventory
-from shared.service import Tx
+from shared.service import Tx, first_messages_of_jobs
 
 SCRATCH_KEY = "scheduler-held-rows"
 LOOKUP_KEY = "scheduler-admission-lookup"
@@ -64,29 +66,23 @@ class HeldRows:
     # job id -> when it was cancelled (a tombstone besides the end), or None: an end
     finished: dict[str, float | None] = field(default_factory=dict)
 
+    def admit(self, payload: JobAdmitted) -> None:
+        self.admitted[payload.job_id] = (payload.spec.model_dump_json(), json.dumps(payload.flavors),
+                                         payload.admitted_at.timestamp())
 
-def served_admissions(messages: Sequence[tuple[CloudEvent, Any, str]]) -> list[str]:
-    """The admitted jobs a lookup made at the batch's start answers truly, in batch order: each job's first message
-    of the batch, up to the first event that could touch rows of jobs it does not name."""
-    mentioned: set[str] = set()
-    served: list[str] = []
-    for event, payload, _subject in messages:
-        if isinstance(payload, _NO_JOB_ROW):
-            continue
-        about = getattr(payload, "job_id", None) or event.subject
-        if not isinstance(about, str) or not about:
-            break  # about no one job: what it changes is not known here
-        if isinstance(payload, JobAdmitted) and about not in mentioned:
-            served.append(about)
-        mentioned.add(about)
-    return served
+    def start(self, job_id: str, started_at: float) -> None:
+        self.started[job_id] = started_at
+
+    def finish(self, job_id: str, cancelled_at: float | None) -> None:
+        if self.finished.get(job_id) is None:  # a cancel's tombstone stays, whatever end came after it
+            self.finished[job_id] = cancelled_at
 
 
 async def prefetch_admissions(conn: asyncpg.Connection, messages: Sequence[tuple[CloudEvent, Any, str]],
                               scratch: dict[str, Any]) -> None:
     """`ServiceSpec.prefetch` for the scheduler: every served admission's tombstone and row in one statement, left
     in `scratch` for `take`."""
-    served = served_admissions(messages)
+    served = first_messages_of_jobs(messages, JobAdmitted, touching_no_job=_NO_JOB_ROW)
     if served:
         scratch[LOOKUP_KEY] = await read_admissions(conn, served)
 
@@ -107,23 +103,27 @@ def take(scratch: dict[str, Any], job_id: str) -> AdmissionLookup | None:
     return None if lookup is None else lookup.pop(job_id, None)
 
 
-def may_hold(tx: Tx) -> bool:
-    """Rows may wait for the batch's end only where any failure rolls the whole transaction back."""
-    return tx.deferred is not None and not tx.own_savepoint
-
-
-async def hold(tx: Tx) -> HeldRows:
-    """The batch's held rows, written after its events if nothing writes them before."""
-    rows: HeldRows = tx.scratch.setdefault(SCRATCH_KEY, HeldRows())
-    await tx.after_events(AFTER_EVENTS_KEY, write_held)
-    return rows
+async def record(tx: Tx, change: Callable[[HeldRows], None]) -> None:
+    """Make a change to job rows: held for the batch's end where rows may wait for it (`Tx.may_hold_rows`), else
+    written at once, after whatever the batch held."""
+    if tx.may_hold_rows:
+        change(tx.scratch.setdefault(SCRATCH_KEY, HeldRows()))
+        await tx.after_events(AFTER_EVENTS_KEY, write_held)
+        return
+    await write_held(tx)
+    rows = HeldRows()
+    change(rows)
+    await _write(tx, rows)
 
 
 async def write_held(tx: Tx) -> None:
     """Write the held rows (if any) and forget them."""
     rows = tx.scratch.pop(SCRATCH_KEY, None)
-    if not isinstance(rows, HeldRows):
-        return
+    if isinstance(rows, HeldRows):
+        await _write(tx, rows)
+
+
+async def _write(tx: Tx, rows: HeldRows) -> None:
     if rows.admitted:
         specs, flavors, at = (list(c) for c in zip(*rows.admitted.values(), strict=True))
         await tx.conn.execute(
@@ -149,6 +149,3 @@ async def write_held(tx: Tx) -> None:
                 "INSERT INTO scheduler.cancelled(job_id, at) SELECT * FROM unnest($1::text[], $2::float8[]) "
                 "ON CONFLICT DO NOTHING", [j for j, _ in cancelled], [a for _, a in cancelled])
 
-
-def admitted_row(payload: JobAdmitted) -> tuple[str, str, float]:
-    return payload.spec.model_dump_json(), json.dumps(payload.flavors), payload.admitted_at.timestamp()
