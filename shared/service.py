@@ -62,6 +62,7 @@ from shared.events import (
     utcnow_from,
 )
 from shared.health import CHECK_TIMEOUT_S, Check, ServiceHealth, service_health, timed_check
+from shared.jetstream import BatchPublisher, Puller
 from shared.leader import LeaderLease, LostLeadership, lock_key
 from shared.natsauth import inbox_prefix_for
 from shared.tracing import current_traceparent, start_span_from_event, traced_event, with_trace_context
@@ -527,7 +528,9 @@ class ServiceRuntime:
         # unread (routing on the subject, before any parsing).
         self.routes = tuple(sorted({cls.subscription() for cls in spec.handlers}))
         self._routed: dict[str, bool] = {}
-        self._inbox_prefix = f"{inbox_prefix_for(nats_url)}.".encode()  # the pull requests' replies
+        self._inbox_prefix = inbox_prefix_for(nats_url)  # the pull requests' and publishes' replies
+        self._publisher: BatchPublisher | None = None
+        self._publisher_of: object = None  # the connection it subscribed on
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -941,12 +944,12 @@ class ServiceRuntime:
         broker stopped: shutdown, or a lost lease) or the task is cancelled. A failed pull (a timeout, a status
         the server answers a pull with, a reconnection) is followed by the next one: it never ends consumption."""
         nc = self.broker.config.connection_state.connection
-        js = self.broker.config.connection_state.stream
-        psub = await js.pull_subscribe_bind(durable=durable, stream=stream, inbox_prefix=self._inbox_prefix)
+        puller = Puller(nc, stream, durable, self._inbox_prefix)
+        await puller.start()
         try:
             while True:
                 try:
-                    msgs = await psub.fetch(FETCH_BATCH, timeout=FETCH_WAIT_S)
+                    msgs = await puller.fetch(FETCH_BATCH, timeout=FETCH_WAIT_S)
                 except TimeoutError:
                     continue
                 except Exception as exc:
@@ -963,7 +966,7 @@ class ServiceRuntime:
                     await self._process_batch(msgs)
         finally:
             with contextlib.suppress(Exception):
-                await psub.unsubscribe()
+                await puller.close()
 
     async def _process_batch(self, msgs: Sequence[Msg]) -> None:
         """Handle a pulled batch in stream order in one transaction, each message with its inbox row; then settle
@@ -1299,20 +1302,24 @@ class ServiceRuntime:
 
     async def publish_batch(self, messages: Sequence[tuple[str, bytes, str]]) -> dict[str, str]:
         """Publish (subject, body, event id) messages in order without waiting for each PubAck, then await the
-        acks together. Returns {event id: reason} of those JetStream refused (a verdict on the message, not the
-        link); raises on a transient failure (timeout, connection), so that the whole batch is retried."""
-        js = self.broker.config.connection_state.stream
-        futures = [await js.publish_async(subject, body, stream=stream_for_subject(subject).name,
-                                          headers={"Nats-Msg-Id": event_id})
-                   for subject, body, event_id in messages]
-        results = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), timeout=PUBLISH_TIMEOUT_S)
+        acks together (shared/jetstream.py `BatchPublisher`). Returns {event id: reason} of those JetStream refused
+        (a verdict on the message, not the link); raises on a transient failure (timeout, connection), so that the
+        whole batch is retried."""
+        nc = self.broker.config.connection_state.connection
+        if self._publisher is None or self._publisher_of is not nc:  # first use, or a new connection (restart)
+            self._publisher = BatchPublisher(nc, self._inbox_prefix)
+            await self._publisher.start()
+            self._publisher_of = nc
+        results = await self._publisher.publish(
+            [(subject, body, {"Nats-Msg-Id": event_id, "Nats-Expected-Stream": stream_for_subject(subject).name})
+             for subject, body, event_id in messages], timeout=PUBLISH_TIMEOUT_S)
         refused: dict[str, str] = {}
         for (_, _, event_id), result in zip(messages, results, strict=True):
             if isinstance(result, NoStreamResponseError | ServiceUnavailableError | ServerError):
                 raise result  # the server or the stream is not there or not well: a condition, retried later
             if isinstance(result, APIError):  # a 4xx answer about this message: it would fail the same way again
                 refused[event_id] = f"JetStream refused the publish: {result}"
-            elif isinstance(result, BaseException):
+            elif result is not None:
                 raise result
         return refused
 
