@@ -123,9 +123,10 @@ class Puller:
             request["expires"] = max(1, int(expires_s * 1e9) - EXPIRY_MARGIN_NS)
         await self._nc.publish(self._next_subject, json.dumps(request).encode(), reply=self._inbox)
 
-    async def fetch(self, batch: int, timeout: float) -> list[Msg]:
+    async def fetch(self, batch: int, timeout: float, *, wait: bool = True) -> list[Msg]:
         """Up to `batch` messages in stream order: those already here, topped up with what the consumer has now;
-        when it has none, the first to arrive within `timeout` seconds. Raises TimeoutError when none arrives."""
+        when it has none, the first to arrive within `timeout` seconds (raises TimeoutError when none arrives), or
+        with `wait=False` none."""
         if self._sub is None:
             raise RuntimeError("Puller.fetch before start")
         loop = asyncio.get_running_loop()
@@ -138,7 +139,7 @@ class Puller:
             while len(msgs) < batch and await self._wait(deadline):
                 if self._take(batch - len(msgs), msgs) is not None:
                     break
-        if msgs:
+        if msgs or not wait:
             return msgs
         await self._request(batch, expires_s=max(0.0, deadline - loop.time()))
         while not msgs:

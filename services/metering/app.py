@@ -12,7 +12,7 @@ from services.metering.batch import handle_sample_batch
 from services.metering.handlers import HANDLERS
 from services.metering.store import MIGRATIONS, SCHEMA
 from shared.events import QueueUsageReported, UtilizationSampled, utcnow_from
-from shared.service import ServiceRuntime, ServiceSpec
+from shared.service import READER_LINGER_S, ServiceRuntime, ServiceSpec
 
 if TYPE_CHECKING:
     from shared.config import QueuesConfig
@@ -40,7 +40,8 @@ def build_spec(settings: Any) -> ServiceSpec:
     # and a sample with no handler there would be acked as ignored, i.e. lost.
     return ServiceSpec(name="metering", schema=SCHEMA, migrations=MIGRATIONS, handlers=dict(HANDLERS),
                        batch_handlers={UtilizationSampled: handle_sample_batch}, on_start=seed_prices,
-                       background=(report_usage,), optimistic_batches=True)  # no memory: its facts are tables
+                       background=(report_usage,), optimistic_batches=True,  # no memory: its facts are tables
+                       batch_linger_s=READER_LINGER_S)
 
 
 # Fair share over time: how often the decayed usage per queue is published, in platform time (Slurm recomputes

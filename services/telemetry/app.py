@@ -42,7 +42,7 @@ from shared.events import (
     UtilizationSampled,
     UtilizationSourceChecked,
 )
-from shared.service import ServiceRuntime, ServiceSpec, Tx
+from shared.service import READER_LINGER_S, ServiceRuntime, ServiceSpec, Tx
 
 if TYPE_CHECKING:
     from services.stack import StackSettings
@@ -104,7 +104,7 @@ class TelemetryService:
                            background=background,
                            # Applying an event again leaves the core as it was, and counters are recorded with
                            # the batch-end writes: a batch may be handled again after one of its messages failed.
-                           optimistic_batches=True)
+                           optimistic_batches=True, batch_linger_s=READER_LINGER_S)
 
     def snapshot(self) -> Gauges:
         with self.lock:

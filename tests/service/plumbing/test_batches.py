@@ -222,3 +222,31 @@ async def test_a_cancel_that_arrives_before_the_admission_still_cancels(fresh: t
     finally:
         await runtime.stop()
         await pool.close()
+
+
+@pytest.mark.parametrize("linger_s", [0.0, 1.0], ids=["no-linger", "linger"])
+async def test_a_lingering_consumer_takes_what_came_soon_after_the_first_message_in_the_same_batch(
+        fresh: tuple[str, str], pool: asyncpg.Pool, linger_s: float) -> None:
+    """`ServiceSpec.batch_linger_s`: one submission reaches an idle consumer, four more follow 0.2 s later. A
+    lingering consumer handles the five as one batch; one that does not linger handles the first alone."""
+    nats_url, _ = fresh
+    svc = CountingService()
+    spec = svc.spec()
+    spec.batch_linger_s = linger_s
+    runtime = ServiceRuntime(spec, nats_url=nats_url, pool=pool, clock=ManualClock())
+    subject = ns_subject("job.submitted.team-a")
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    await runtime.start()
+    try:
+        await asyncio.sleep(0.3)  # the consumer is idle: its pull waits on the server
+        await publish_event(js, submitted("first"), subject)
+        await asyncio.sleep(0.2)
+        for i in range(4):
+            await publish_event(js, submitted(f"soon-{i}"), subject)
+        await wait_for(lambda: _all_counted(pool, 5))
+        batches = runtime.counters.batches
+        assert batches == 1 if linger_s else batches >= 2
+    finally:
+        await runtime.stop()
+        await nc.close()
