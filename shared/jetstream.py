@@ -41,11 +41,25 @@ CONFLICT = "409"  # e.g. "Exceeded MaxWaiting" or "Leadership Change": the reque
 HEARTBEAT = "100"
 ENDS_A_REQUEST = frozenset({NO_MESSAGES, REQUEST_TIMEOUT, CONFLICT})
 EXPIRY_MARGIN_NS = 100_000  # a waiting request expires just before the fetch gives up, so its 408 is not left over
+NO_RESPONDERS = "503"  # a publish no stream captures
+ACK_START = b'{"stream"'
+
+
+def unique_inbox(nc: Client, inbox_prefix: str) -> str:
+    """A new inbox subject under the connection's permitted reply prefix, as nats-py's pull subscriptions make
+    theirs."""
+    return f"{inbox_prefix.rstrip('.')}.{nc.new_inbox().rsplit('.', 1)[-1]}"
+
+
+def status_of(msg: Msg) -> str | None:
+    """The status code of a server's status message (no body, a `Status` header), None for any other message."""
+    return msg.headers.get(STATUS_HEADER) if msg.headers else None
 
 
 class PullError(Exception):
-    """The server answered a pull with a status that is not part of a normal exchange (for example 503, no
-    responders: the consumer or stream does not exist). The message names the status and its description."""
+    """The server answered a pull with a status that is not part of a normal exchange (for example 400 Bad
+    Request). The message names the status and its description. (A pull of a consumer that does not exist gets no
+    answer at all on NATS 2.9: it times out.)"""
 
 
 class Puller:
@@ -55,7 +69,7 @@ class Puller:
     def __init__(self, nc: Client, stream: str, consumer: str, inbox_prefix: str) -> None:
         self._nc = nc
         self._next_subject = f"{JS_API_PREFIX}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
-        self._inbox_prefix = inbox_prefix.rstrip(".")
+        self._inbox_prefix = inbox_prefix
         self._inbox = ""
         self._sub: Subscription | None = None
         self._box: deque[Msg] = deque()
@@ -66,8 +80,7 @@ class Puller:
         return self._inbox
 
     async def start(self) -> None:
-        # A unique inbox under the connection's permitted prefix, as nats-py's pull subscriptions make theirs.
-        self._inbox = f"{self._inbox_prefix}.{self._nc.new_inbox().rsplit('.', 1)[-1]}"
+        self._inbox = unique_inbox(self._nc, self._inbox_prefix)
         self._sub = await self._nc.subscribe(self._inbox, cb=self._deliver)
 
     async def close(self) -> None:
@@ -86,7 +99,7 @@ class Puller:
         box = self._box
         while box and limit > 0:
             msg = box.popleft()
-            status = msg.headers.get(STATUS_HEADER) if msg.headers else None
+            status = status_of(msg)
             if status is None:
                 into.append(msg)
                 limit -= 1
@@ -150,10 +163,6 @@ class Puller:
         return msgs
 
 
-NO_RESPONDERS = "503"  # a publish no stream captures
-ACK_START = b'{"stream"'
-
-
 class BatchPublisher:
     """Publishes batches of messages to JetStream and waits for their acknowledgements together. `start`
     subscribes the reply inbox, `publish` sends one batch (concurrent batches are kept apart by their number),
@@ -161,14 +170,18 @@ class BatchPublisher:
 
     def __init__(self, nc: Client, inbox_prefix: str) -> None:
         self._nc = nc
-        self._inbox_prefix = inbox_prefix.rstrip(".")
+        self._inbox_prefix = inbox_prefix
         self._replies = ""
         self._sub: Subscription | None = None
         self._batches: dict[str, _Batch] = {}
         self._next_batch = 0
 
+    @property
+    def connection(self) -> Client:
+        return self._nc
+
     async def start(self) -> None:
-        self._replies = f"{self._inbox_prefix}.{self._nc.new_inbox().rsplit('.', 1)[-1]}"
+        self._replies = unique_inbox(self._nc, self._inbox_prefix)
         self._sub = await self._nc.subscribe(f"{self._replies}.>", cb=self._reply)
 
     async def close(self) -> None:
@@ -229,7 +242,7 @@ def _outcome(msg: Msg) -> Exception | None:
     data = msg.data
     if data.startswith(ACK_START) and b'"error"' not in data:
         return None
-    status = msg.headers.get(STATUS_HEADER) if msg.headers else None
+    status = status_of(msg)
     if status == NO_RESPONDERS:
         return NoStreamResponseError()
     try:

@@ -539,7 +539,6 @@ class ServiceRuntime:
         self._routed: dict[str, bool] = {}
         self._inbox_prefix = inbox_prefix_for(nats_url)  # the pull requests' and publishes' replies
         self._publisher: BatchPublisher | None = None
-        self._publisher_of: object = None  # the connection it subscribed on
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -1318,10 +1317,9 @@ class ServiceRuntime:
         (a verdict on the message, not the link); raises on a transient failure (timeout, connection), so that the
         whole batch is retried."""
         nc = self.broker.config.connection_state.connection
-        if self._publisher is None or self._publisher_of is not nc:  # first use, or a new connection (restart)
+        if self._publisher is None or self._publisher.connection is not nc:  # first use, or a new connection
             self._publisher = BatchPublisher(nc, self._inbox_prefix)
             await self._publisher.start()
-            self._publisher_of = nc
         results = await self._publisher.publish(
             [(subject, body, {"Nats-Msg-Id": event_id, "Nats-Expected-Stream": stream_for_subject(subject).name})
              for subject, body, event_id in messages], timeout=PUBLISH_TIMEOUT_S)

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 
 import asyncpg
 import nats
+import pytest_asyncio
 
 from services.scheduler.app import SchedulerService
 from shared.clock import ManualClock
@@ -64,11 +65,12 @@ class Batches:
     and waits until it handled them all."""
 
     def __init__(self, nats_url: str, database_url: str, pool: asyncpg.Pool, service: SchedulerService,
-                 clock: ManualClock):
+                 clock: ManualClock, statements: list[str]):
         self.nats_url, self.database_url, self.pool, self.service, self.clock = (nats_url, database_url, pool,
                                                                                  service, clock)
         self.runtime: ServiceRuntime | None = None
         self.sent = 0
+        self.statements = statements  # what `pool` logs
 
     async def one_pull(self, events: list[Payload]) -> ServiceRuntime:
         if self.runtime is not None:
@@ -100,6 +102,20 @@ class Batches:
             await self.runtime.stop()
 
 
+@pytest_asyncio.fixture
+async def batches(fresh: tuple[str, str]) -> AsyncIterator[Batches]:
+    """A stopped scheduler on a fresh bus and database whose pool logs every statement (`batches.statements`)."""
+    nats_url, database_url = fresh
+    statements: list[str] = []
+    pool = await logged_pool(database_url, statements)
+    b = Batches(nats_url, database_url, pool, SchedulerService(queues=QUEUES), ManualClock(T0.timestamp()), statements)
+    try:
+        yield b
+    finally:
+        await b.stop()
+        await pool.close()
+
+
 async def memory_matches_the_tables(service: SchedulerService, pool: asyncpg.Pool) -> None:
     again = SchedulerService(queues=service.queues)
     async with pool.acquire() as conn:
@@ -111,107 +127,85 @@ async def memory_matches_the_tables(service: SchedulerService, pool: asyncpg.Poo
     assert sorted(again.cluster.allocations()) == sorted(service.cluster.allocations())
 
 
-async def test_one_batch_reads_its_admissions_once_and_writes_each_kind_of_row_once(fresh: tuple[str, str]) -> None:
-    nats_url, database_url = fresh
-    statements: list[str] = []
-    pool = await logged_pool(database_url, statements)
-    clock = ManualClock(T0.timestamp())
-    service = SchedulerService(queues=QUEUES)
-    batches = Batches(nats_url, database_url, pool, service, clock)
-    try:
-        # 4 nodes of 8 GPUs; then one pull: a cancel that overtakes its job's admission, six 8-GPU jobs.
-        await batches.one_pull([NodeInventory(nodes=NODES)])  # the nodes' stream is consumed on its own
-        await batches.one_pull([JobCancelled(job_id="gone", by="test"),
-                                admitted("gone"), *(admitted(f"j{i}", at=i) for i in range(6))])
-        assert batches.runtime is not None and batches.runtime.counters.batches == 1
-        placed = sorted(service.book.placed)
-        assert placed == ["j0", "j1", "j2", "j3"] and sorted(service.book.waiting) == ["j4", "j5"]
-        job_writes = [q for q in statements if q.lstrip().startswith(("INSERT INTO scheduler.jobs",
-                                                                      "UPDATE scheduler.jobs"))]
-        assert len([q for q in job_writes if q.lstrip().startswith("INSERT")]) == 1, job_writes
-        # the batch's read, and the one of "gone", whose cancel earlier in the pull the batch's read cannot answer
-        assert len([q for q in statements if "LEFT JOIN scheduler.jobs j ON j.job_id = u.id" in q]) == 2
-        await memory_matches_the_tables(service, pool)
+async def test_one_batch_reads_its_admissions_once_and_writes_each_kind_of_row_once(batches: Batches) -> None:
+    service, pool, statements = batches.service, batches.pool, batches.statements
+    # 4 nodes of 8 GPUs; then one pull: a cancel that overtakes its job's admission, six 8-GPU jobs.
+    await batches.one_pull([NodeInventory(nodes=NODES)])  # the nodes' stream is consumed on its own
+    await batches.one_pull([JobCancelled(job_id="gone", by="test"),
+                            admitted("gone"), *(admitted(f"j{i}", at=i) for i in range(6))])
+    assert batches.runtime is not None and batches.runtime.counters.batches == 1
+    placed = sorted(service.book.placed)
+    assert placed == ["j0", "j1", "j2", "j3"] and sorted(service.book.waiting) == ["j4", "j5"]
+    job_writes = [q for q in statements if q.lstrip().startswith(("INSERT INTO scheduler.jobs",
+                                                                  "UPDATE scheduler.jobs"))]
+    assert len([q for q in job_writes if q.lstrip().startswith("INSERT")]) == 1, job_writes
+    # the batch's read, and the one of "gone", whose cancel earlier in the pull the batch's read cannot answer
+    assert len([q for q in statements if "LEFT JOIN scheduler.jobs j ON j.job_id = u.id" in q]) == 2
+    await memory_matches_the_tables(service, pool)
 
-        # The next pull: starts (one of a waiting job: nothing to start), a re-admission of a placed job (changes
-        # nothing), a job that ends and is admitted again in the same pull (it waits again, behind j4), a cancel.
-        statements.clear()
-        start = T0 + timedelta(seconds=30)
-        await batches.one_pull([JobStarted(job_id="j0", started_at=start), JobStarted(job_id="j1", started_at=start),
-                                JobStarted(job_id="j4", started_at=start), admitted("j3", at=50),
-                                JobCompleted(job_id="j1", finished_at=T0), admitted("j1", at=60),
-                                JobCancelled(job_id="j5", by="test")])
-        async with pool.acquire() as conn:
-            rows = {r["job_id"]: (r["status"], r["started_at"], r["expected_end"], r["admitted_at"])
-                    for r in await conn.fetch("SELECT job_id, status, started_at, expected_end, admitted_at "
-                                              "FROM scheduler.jobs")}
-            tombstones = {r["job_id"] for r in await conn.fetch("SELECT job_id FROM scheduler.cancelled")}
-        assert rows["j0"][:3] == ("placed", start.timestamp(), start.timestamp() + 3600)
-        assert rows["j3"][0] == "placed" and rows["j3"][3] == (T0 + timedelta(seconds=3)).timestamp()
-        assert rows["j4"][0] == "placed" and rows["j4"][1] is None  # j1's node went to j4, admitted before it
-        assert rows["j1"][0] == "waiting" and rows["j1"][3] == (T0 + timedelta(seconds=60)).timestamp()
-        assert rows["j5"][0] == "finished" and rows["j2"][0] == "placed"
-        assert "gone" not in rows and tombstones == {"gone", "j5"}
-        assert sorted(service.book.waiting) == ["j1"]
-        assert service.book.placed["j0"][0] == start.timestamp() + 3600
-        await memory_matches_the_tables(service, pool)
-    finally:
-        await batches.stop()
-        await pool.close()
+    # The next pull: starts (one of a waiting job: nothing to start), a re-admission of a placed job (changes
+    # nothing), a job that ends and is admitted again in the same pull (it waits again, behind j4), a cancel.
+    statements.clear()
+    start = T0 + timedelta(seconds=30)
+    await batches.one_pull([JobStarted(job_id="j0", started_at=start), JobStarted(job_id="j1", started_at=start),
+                            JobStarted(job_id="j4", started_at=start), admitted("j3", at=50),
+                            JobCompleted(job_id="j1", finished_at=T0), admitted("j1", at=60),
+                            JobCancelled(job_id="j5", by="test")])
+    async with pool.acquire() as conn:
+        rows = {r["job_id"]: (r["status"], r["started_at"], r["expected_end"], r["admitted_at"])
+                for r in await conn.fetch("SELECT job_id, status, started_at, expected_end, admitted_at "
+                                          "FROM scheduler.jobs")}
+        tombstones = {r["job_id"] for r in await conn.fetch("SELECT job_id FROM scheduler.cancelled")}
+    assert rows["j0"][:3] == ("placed", start.timestamp(), start.timestamp() + 3600)
+    assert rows["j3"][0] == "placed" and rows["j3"][3] == (T0 + timedelta(seconds=3)).timestamp()
+    assert rows["j4"][0] == "placed" and rows["j4"][1] is None  # j1's node went to j4, admitted before it
+    assert rows["j1"][0] == "waiting" and rows["j1"][3] == (T0 + timedelta(seconds=60)).timestamp()
+    assert rows["j5"][0] == "finished" and rows["j2"][0] == "placed"
+    assert "gone" not in rows and tombstones == {"gone", "j5"}
+    assert sorted(service.book.waiting) == ["j1"]
+    assert service.book.placed["j0"][0] == start.timestamp() + 3600
+    await memory_matches_the_tables(service, pool)
 
 
-async def test_random_batches_keep_memory_equal_to_the_tables(fresh: tuple[str, str]) -> None:
+async def test_random_batches_keep_memory_equal_to_the_tables(batches: Batches) -> None:
     """Random pulls of admissions, re-admissions, starts, requeues, ends and cancellations: after every pull what the
     scheduler holds is what a scheduler rebuilding from the tables holds."""
-    nats_url, database_url = fresh
-    statements: list[str] = []
-    pool = await logged_pool(database_url, statements)
-    clock = ManualClock(T0.timestamp())
-    service = SchedulerService(queues=QUEUES)
-    batches = Batches(nats_url, database_url, pool, service, clock)
+    service, pool, clock = batches.service, batches.pool, batches.clock
     rng = random.Random(20)
     jobs = [f"job-{i:02d}" for i in range(40)]
-    try:
-        await batches.one_pull([NodeInventory(nodes=NODES)])
-        for _ in range(6):
-            known = sorted(service.book.placed) or jobs
-            pull: list[Payload] = []
-            for _ in range(40):
-                job_id = rng.choice(jobs)
-                roll = rng.random()
-                at = T0 + timedelta(seconds=rng.randrange(0, 400))
-                if roll < 0.4:
-                    pull.append(admitted(job_id, at=rng.randrange(0, 400, 7), gpus=rng.choice([1, 4, 8]),
-                                         max_runtime_s=rng.choice([600, 3600]),
-                                         priority=rng.choice(["low", "normal", "high"])))
-                elif roll < 0.6:
-                    pull.append(JobStarted(job_id=rng.choice(known), started_at=at))
-                elif roll < 0.8:
-                    pull.append(JobCompleted(job_id=rng.choice(known), finished_at=T0))
-                elif roll < 0.9:
-                    pull.append(JobRequeued(job_id=job_id, spec=spec_of(job_id), resume_from=f"ckpt://{job_id}",
-                                            submitted_at=T0))
-                else:
-                    pull.append(JobCancelled(job_id=job_id, by="test"))
-            clock.advance(10)
-            await batches.one_pull(pull)
-            assert service.book.view() == service.book.rebuilt()
-            await memory_matches_the_tables(service, pool)
-        assert service.book.placed and service.book.waiting, "the run should end with jobs both placed and waiting"
-    finally:
-        await batches.stop()
-        await pool.close()
+    await batches.one_pull([NodeInventory(nodes=NODES)])
+    for _ in range(6):
+        known = sorted(service.book.placed) or jobs
+        pull: list[Payload] = []
+        for _ in range(40):
+            job_id = rng.choice(jobs)
+            roll = rng.random()
+            at = T0 + timedelta(seconds=rng.randrange(0, 400))
+            if roll < 0.4:
+                pull.append(admitted(job_id, at=rng.randrange(0, 400, 7), gpus=rng.choice([1, 4, 8]),
+                                     max_runtime_s=rng.choice([600, 3600]),
+                                     priority=rng.choice(["low", "normal", "high"])))
+            elif roll < 0.6:
+                pull.append(JobStarted(job_id=rng.choice(known), started_at=at))
+            elif roll < 0.8:
+                pull.append(JobCompleted(job_id=rng.choice(known), finished_at=T0))
+            elif roll < 0.9:
+                pull.append(JobRequeued(job_id=job_id, spec=spec_of(job_id), resume_from=f"ckpt://{job_id}",
+                                        submitted_at=T0))
+            else:
+                pull.append(JobCancelled(job_id=job_id, by="test"))
+        clock.advance(10)
+        await batches.one_pull(pull)
+        assert service.book.view() == service.book.rebuilt()
+        await memory_matches_the_tables(service, pool)
+    assert service.book.placed and service.book.waiting, "the run should end with jobs both placed and waiting"
 
 
-async def test_a_batch_failing_at_its_end_loses_and_duplicates_no_held_row(fresh: tuple[str, str]) -> None:
+async def test_a_batch_failing_at_its_end_loses_and_duplicates_no_held_row(batches: Batches) -> None:
     """The batch's cycle fails after the held rows were written (as a crash before the commit would): the
     transaction rolls back with them, memory is rebuilt, the batch is handled again message by message, and every row
     and placement comes out once."""
-    nats_url, database_url = fresh
-    statements: list[str] = []
-    pool = await logged_pool(database_url, statements)
-    clock = ManualClock(T0.timestamp())
-    service = SchedulerService(queues=QUEUES)
+    service, pool = batches.service, batches.pool
     cycle = service.cycle
     seen: list[int] = []
 
@@ -222,18 +216,13 @@ async def test_a_batch_failing_at_its_end_loses_and_duplicates_no_held_row(fresh
             raise RuntimeError("the batch's end fails")
 
     service.cycle = failing_once  # type: ignore[method-assign]
-    batches = Batches(nats_url, database_url, pool, service, clock)
-    try:
-        seen.append(-1)  # the inventory's cycle passes
-        await batches.one_pull([NodeInventory(nodes=NODES)])
-        seen.clear()
-        runtime = await batches.one_pull([admitted(f"j{i}", at=i) for i in range(3)])
-        assert seen == [3]  # the three admissions' rows were written and placed before the failure
-        assert runtime.counters.handled == 3
-        async with pool.acquire() as conn:
-            assert await conn.fetchval("SELECT count(*) FROM scheduler.jobs WHERE status = 'placed'") == 3
-            assert await conn.fetchval("SELECT count(*) FROM scheduler.outbox WHERE subject LIKE '%.job.placed'") == 3
-        await memory_matches_the_tables(service, pool)
-    finally:
-        await batches.stop()
-        await pool.close()
+    seen.append(-1)  # the inventory's cycle passes
+    await batches.one_pull([NodeInventory(nodes=NODES)])
+    seen.clear()
+    runtime = await batches.one_pull([admitted(f"j{i}", at=i) for i in range(3)])
+    assert seen == [3]  # the three admissions' rows were written and placed before the failure
+    assert runtime.counters.handled == 3
+    async with pool.acquire() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM scheduler.jobs WHERE status = 'placed'") == 3
+        assert await conn.fetchval("SELECT count(*) FROM scheduler.outbox WHERE subject LIKE '%.job.placed'") == 3
+    await memory_matches_the_tables(service, pool)
