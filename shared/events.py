@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, ClassVar
@@ -20,12 +21,13 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    TypeAdapter,
     ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
-from pydantic_core import from_json
+from pydantic_core import from_json, to_json
 
 from shared import namespace
 from shared.domain import GpuBinding, JobSpec, NodeSpec, Precision
@@ -699,6 +701,69 @@ def make_event(payload: Payload, *, source: str, time: datetime, subject: str | 
 
 def encode_event(event: CloudEvent) -> bytes:
     return event.model_dump_json(exclude_none=True).encode()
+
+
+# The envelope attributes of one (type, source) around an event's own (id, time, subject, traceparent, data), as
+# `encode_event` writes them: `"source"` and `"type"` after the id, `"datacontenttype"` and `"dataschema"` after the
+# time (the model's field order; absent attributes are left out as `exclude_none` leaves them out).
+_FRAMES: dict[tuple[str, str], tuple[bytes, bytes]] = {}
+_TIME_JSON = TypeAdapter(datetime)
+_OPEN = b'{"specversion":' + to_json(SPEC_VERSION) + b',"id":"'
+_last_time: list[Any] = [None, b""]  # the last time encoded and its JSON: a unit of work's events share their time
+
+
+@dataclass(frozen=True, slots=True)
+class EmittedEvent:
+    """An event as a publisher wrote it to its outbox: its id and body (what the relay publishes), and the payload it
+    was built from. `event()` is the envelope a consumer receives (the body parsed)."""
+
+    id: str
+    body: bytes
+    payload: Payload
+
+    @property
+    def type(self) -> str:
+        return self.payload.event_type()
+
+    def event(self) -> CloudEvent:
+        return parse_event(self.body)[0]
+
+
+def encode_new_event(payload: Payload, *, source: str, time: datetime, traceparent: str,
+                     subject: str | None = None) -> tuple[str, bytes]:
+    """(id, body) of a new event: the bytes `encode_event(make_event(...))` gives for it, written without building
+    the envelope object and serialising it again (the path of every event a service emits: about a third of what
+    `make_event` and `encode_event` cost together). The (type, source) attributes are validated once, by the same
+    template `make_event` validates; `traceparent` must be one `outgoing_traceparent` returned. An uncommon shape
+    (an empty subject) takes `make_event`, which refuses it with validation's precise error."""
+    if time.tzinfo is None or time.utcoffset() is None:
+        make_event(payload, source=source, time=time, subject=subject, traceparent=traceparent)  # raises
+    subject = subject if subject is not None else payload.job_key()
+    if subject == "" or not traceparent:
+        event = make_event(payload, source=source, time=time, subject=subject, traceparent=traceparent)
+        return event.id, encode_event(event)
+    event_type = payload.event_type()
+    frame = _FRAMES.get((event_type, source))
+    if frame is None:
+        template = _TEMPLATES.get((event_type, source))
+        if template is None:  # validates source and type as make_event does, and keeps the template
+            template = make_event(payload, source=source, time=time, subject=subject, traceparent=traceparent)
+            template = _TEMPLATES[(event_type, source)]
+        frame = (b',"source":' + to_json(template.source) + b',"type":' + to_json(template.type),
+                 b',"datacontenttype":' + to_json(template.datacontenttype)
+                 + (b',"dataschema":' + to_json(template.dataschema) if template.dataschema is not None else b""))
+        if len(_FRAMES) >= _TEMPLATES_MAX:
+            _FRAMES.clear()
+        _FRAMES[(event_type, source)] = frame
+    if _last_time[0] is not time:
+        _last_time[0], _last_time[1] = time, _TIME_JSON.dump_json(time)
+    event_id = new_event_id()
+    body = b"".join((
+        _OPEN, event_id.encode(), b'"', frame[0], b',"time":', _last_time[1],
+        b',"subject":' + to_json(subject) if subject is not None else b"", frame[1],
+        b',"traceparent":', to_json(traceparent), b',"data":', payload.__pydantic_serializer__.to_json(payload),
+        b"}"))
+    return event_id, body
 
 
 def parse_event(raw: bytes | str | dict[str, Any]) -> tuple[CloudEvent, Payload]:

@@ -54,10 +54,12 @@ from shared.events import (
     BY_TYPE,
     SCOPE_TOKEN_RE,
     CloudEvent,
+    EmittedEvent,
     InvalidEvent,
     JobSubmitted,
     Payload,
     encode_event,
+    encode_new_event,
     parse_event,
     utcnow_from,
 )
@@ -65,7 +67,12 @@ from shared.health import CHECK_TIMEOUT_S, Check, ServiceHealth, service_health,
 from shared.jetstream import BatchPublisher, Puller
 from shared.leader import LeaderLease, LostLeadership, lock_key
 from shared.natsauth import inbox_prefix_for
-from shared.tracing import current_traceparent, start_span_from_event, traced_event, with_trace_context
+from shared.tracing import (
+    current_traceparent,
+    outgoing_traceparent,
+    start_span_from_event,
+    with_trace_context,
+)
 
 log = logging.getLogger("gpuq.service")
 
@@ -242,7 +249,7 @@ class Tx:
     source: str
     schema: str
     traceparent: str | None = None
-    emitted: list[CloudEvent] = field(default_factory=list)
+    emitted: list[EmittedEvent] = field(default_factory=list)
     subject: str = ""  # the NATS subject the handled event arrived on (its scope token names the team)
     job: str | None = None  # the job the handled event is about (its CloudEvents `subject`), if any
     job_traces: JobTraces | None = None
@@ -280,8 +287,7 @@ class Tx:
         """Write the buffered outbox rows (in emission order, so the relay publishes them in that order)."""
         if self._rows:
             rows, self._rows = self._rows, []
-            await self.conn.executemany(
-                f"INSERT INTO {self.schema}.outbox(event_id, subject, body) VALUES ($1, $2, $3)", rows)
+            await insert_outbox_rows(self.conn, self.schema, rows)
 
     async def after_events(self, key: str, work: Callable[[Tx], Awaitable[None]]) -> None:
         """Run `work` once after the events of this unit of work are applied, in its transaction: at once for a unit
@@ -293,7 +299,7 @@ class Tx:
             self.deferred.setdefault(key, work)
 
     async def emit(self, payload: Payload, subject_suffix: str | None = None,
-                   traceparent: str | None = None) -> CloudEvent:
+                   traceparent: str | None = None) -> EmittedEvent:
         """Write `payload` to the outbox, in trace context (shared/tracing.py): `traceparent` when given; for an
         event about the job being handled, the handling span's; for another job, that job's own trace (a cycle
         run for one job's event admits or places others); else the unit of work's, or a new trace. Scoped events
@@ -304,18 +310,29 @@ class Tx:
             if traceparent is None:
                 traceparent = await (self.job_traces or JobTraces()).get(self.conn, self.schema, job,
                                                                          self.staged_traces)
-        event = traced_event(payload, source=self.source, time=utcnow_from(self.now),
-                             traceparent=traceparent or self.traceparent)
+        event_id, body = encode_new_event(payload, source=self.source, time=utcnow_from(self.now),
+                                          traceparent=outgoing_traceparent(traceparent or self.traceparent))
         subject = (payload.scoped_subject(subject_suffix) if payload.scope and subject_suffix else
                    payload.subject() + (f".{subject_suffix}" if subject_suffix else ""))
-        row = (event.id, subject, encode_event(event))
+        row = (event_id, subject, body)
         if self.buffered:
             self._rows.append(row)
         else:
             await self.conn.execute(f"INSERT INTO {self.schema}.outbox(event_id, subject, body) VALUES ($1, $2, $3)",
                                     *row)
+        event = EmittedEvent(event_id, body, payload)
         self.emitted.append(event)
         return event
+
+
+async def insert_outbox_rows(conn: asyncpg.Connection, schema: str, rows: Sequence[tuple[str, str, bytes]]) -> None:
+    """Write (event id, subject, body) outbox rows in their order (their `seq`, the order the relay publishes them
+    in) with one statement: one row per array element, taken in the arrays' order. (`executemany` binds and
+    executes the statement once per row: about a third more Postgres CPU per row at a consumed batch's hundreds.)"""
+    await conn.execute(
+        f"INSERT INTO {schema}.outbox(event_id, subject, body) SELECT e, s, b FROM unnest($1::text[], $2::text[], "
+        "$3::bytea[]) WITH ORDINALITY AS u(e, s, b, n) ORDER BY n",
+        [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
 
 
 class JobTraces:
@@ -1102,8 +1119,7 @@ class ServiceRuntime:
                 result.outcomes.append((m, "failed", exc))
         # The messages' rows, in handling order, before the rows of the work deferred to the batch's end.
         if batch.rows:
-            await conn.executemany(f"INSERT INTO {self.spec.schema}.outbox(event_id, subject, body) "
-                                   "VALUES ($1, $2, $3)", batch.rows)
+            await insert_outbox_rows(conn, self.spec.schema, batch.rows)
         result.traces = await self.job_traces.write_staged(conn, self.spec.schema, batch.traces)
         if deferred:
             tx = Tx(conn=conn, now=self.clock.now(), source=self.source, schema=self.spec.schema,

@@ -2,8 +2,9 @@
 `gpuq submit` to JobCompleted, is one trace.
 
 Every event any gpuq component publishes carries a `traceparent` (the CloudEvents distributed tracing
-extension). Publishers build their events with `traced_event(...)` (the runtime's outbox does, and
-`publish_event` stamps an event that has none), whose context is, in order: the producer's own `traceparent`
+extension). Publishers build their events with `traced_event(...)` (the runtime's outbox writes the same bytes
+with `shared.events.encode_new_event` and `outgoing_traceparent`, and `publish_event` stamps an event that has
+none), whose context is, in order: the producer's own `traceparent`
 when it passed a valid one (continued as it is), else the current span's, else a new trace that starts at
 this event. The runtime wraps each handler in `start_span_from_event(event)` (a child of the event's
 `traceparent`), so the events a handler emits continue the trace of the event it handles.
@@ -191,11 +192,16 @@ def valid_traceparent(traceparent: str | None) -> bool:
     return parse_traceparent(traceparent) is not None
 
 
+_last_valid: list[str | None] = [None]
+
+
 def outgoing_traceparent(traceparent: str | None = None) -> str:
     """The `traceparent` of an event published now: the producer's own `traceparent` when it is valid (continued
     unchanged), else the current span's, else a new trace's root (random ids, sampled), so that no event leaves
     without trace context."""
-    if traceparent and valid_traceparent(traceparent):
+    if traceparent and (traceparent == _last_valid[0] or valid_traceparent(traceparent)):
+        # (the last one found valid is remembered: a unit of work's events continue the same trace)
+        _last_valid[0] = traceparent
         return traceparent
     current = current_traceparent()
     if current is not None:

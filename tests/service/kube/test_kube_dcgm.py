@@ -176,7 +176,7 @@ async def test_the_inventory_announces_verdicts_and_learns_what_the_source_annou
             # A Node update while the source holds a verdict: announced degraded, once.
             assert await inventory.publish_node(tx, ready, cfg, deleted=False, degraded=verdict) == []
             assert await inventory.publish_node(tx, ready, cfg, deleted=False, degraded=verdict) == []
-            assert [e.data["node"]["health"] for e in tx.emitted] == ["degraded"]
+            assert [e.event().data["node"]["health"] for e in tx.emitted] == ["degraded"]
             # The source announces n1 as the informer's cache has it, which already says NotReady (its watch event
             # is still queued): the executor learns the node became unusable here, and its jobs are dealt with.
             failed = inventory.specs([not_ready], cfg)["n1"]
@@ -188,6 +188,6 @@ async def test_the_inventory_announces_verdicts_and_learns_what_the_source_annou
             assert len(tx.emitted) == 1
             # Ready again in the cluster, still faulty for the source: degraded, not ready.
             assert await inventory.publish_node(tx, ready, cfg, deleted=False, degraded=verdict) == []
-            assert tx.emitted[-1].data["node"]["health"] == "degraded"
+            assert tx.emitted[-1].event().data["node"]["health"] == "degraded"
     finally:
         await conn.close()

@@ -19,7 +19,9 @@ from shared import bus, events, tracing
 from shared.domain import GpuBinding, JobSpec, NodeSpec, PodSet
 from shared.events import (
     SPEC_VERSION,
+    AuditRecorded,
     CloudEvent,
+    EmittedEvent,
     InvalidEvent,
     JobCompleted,
     JobPlaced,
@@ -28,6 +30,7 @@ from shared.events import (
     NodeChanged,
     Payload,
     encode_event,
+    encode_new_event,
     make_event,
     new_event_id,
     parse_event,
@@ -186,6 +189,35 @@ def test_events_built_from_one_template_share_no_state() -> None:
     a = make_event(PAYLOADS[1], source="gpuq/t/0", time=T)
     b = make_event(PAYLOADS[2], source="gpuq/t/0", time=T)
     assert a.id != b.id and a.data != b.data and a.type != b.type
+
+
+# A payload whose JSON needs escaping, with a null, nested values and a time (a payload's own serialisation is what
+# its body carries; it must be byte for byte what the envelope's `data` dict serialises to).
+AWKWARD = AuditRecorded(action="submit", actor="team:t\u00e9", at=T, job_id='job-"7"\n\u2603', team=None,
+                        detail={"b": 1.5, "a": [1, {"x": None}], "big": 1e300, "tiny": 5e-324, "neg": -0.0})
+
+
+@pytest.mark.parametrize("payload", [*PAYLOADS, AWKWARD], ids=lambda p: type(p).__name__)
+@pytest.mark.parametrize("at", [T, datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 1, 3, 4, 5, 6, tzinfo=UTC)])
+def test_a_new_event_is_encoded_as_the_envelope_would_encode_it(payload: Payload, at: datetime) -> None:
+    for source in ("gpuq/scheduler/0", "gpuq/admission"):
+        event_id, body = encode_new_event(payload, source=source, time=at, traceparent=TP)
+        assert body == encode_event(make_event(payload, source=source, time=at, event_id=event_id, traceparent=TP))
+        event, parsed = parse_event(body)
+        assert (event.id, event.source, event.time, event.traceparent, parsed) == (event_id, source, at, TP, payload)
+        emitted = EmittedEvent(event_id, body, payload)
+        assert (emitted.type, emitted.event()) == (payload.event_type(), event)
+    assert encode_new_event(payload, source="gpuq/t/0", time=at, traceparent=TP)[0] != event_id
+
+
+def test_a_new_event_is_refused_as_make_event_refuses_it() -> None:
+    payload = JobCompleted(job_id="job-1", finished_at=T)
+    with pytest.raises(ValidationError, match="URI-reference"):
+        encode_new_event(payload, source="gpuq bad source", time=T, traceparent=TP)
+    with pytest.raises(ValidationError, match="subject"):
+        encode_new_event(payload, source="gpuq/ok/0", time=T, subject="", traceparent=TP)
+    with pytest.raises(ValueError, match="no zone"):
+        encode_new_event(payload, source="gpuq/ok/0", time=datetime(2026, 1, 1), traceparent=TP)
 
 
 # --------------------------------------------------------------------------- decoding a body
