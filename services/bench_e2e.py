@@ -60,15 +60,22 @@ class Watch:
     # submitted jobs seen placed, counted as they arrive: the driver's wait must not cost O(jobs) per poll (in the
     # one-process layout it shares the CPU with the services it measures)
     placed_submitted: int = 0
+    # admission's first verdict on each job: admitted, pending (waits for quota) or rejected, whichever came first
+    decided: dict[str, float] = field(default_factory=dict)
 
-    def on(self, kind: dict[str, float]) -> Any:
+    def on(self, kind: dict[str, float] | None) -> Any:
+        """A callback recording each job's first event of one kind (None: a JobPending or JobRejected, admission's
+        verdict when it is not an admission; the scheduler's later JobPending about an admitted job comes after its
+        JobAdmitted, so the first verdict time stays admission's)."""
         async def cb(msg: Any) -> None:
             now = time.perf_counter()
             try:
                 job = json.loads(msg.data)["data"]["job_id"]
             except (ValueError, KeyError, TypeError):
                 return
-            if job not in kind:
+            if kind is None or kind is self.admitted:
+                self.decided.setdefault(job, now)
+            if kind is not None and job not in kind:
                 kind[job] = now
                 if kind is self.placed and job in self.submitted:
                     self.placed_submitted += 1
@@ -330,6 +337,8 @@ async def _run(scenario: str, *, nodes: int, queues: int, jobs: int, rate: float
             watch = Watch()
             subs = [await nc.subscribe(f"{ns}.job.admitted", cb=watch.on(watch.admitted)),
                     await nc.subscribe(f"{ns}.job.placed", cb=watch.on(watch.placed))]
+            verdict_subs = [await nc.subscribe(f"{ns}.status.job.pending", cb=watch.on(None)),
+                            await nc.subscribe(f"{ns}.job.rejected", cb=watch.on(None))]
             if waiting:
                 waiting_from = time.perf_counter()
                 task = progress.add_task(f"{waiting} jobs waiting for quota", total=waiting)
@@ -393,7 +402,7 @@ async def _run(scenario: str, *, nodes: int, queues: int, jobs: int, rate: float
             elapsed = max(time.perf_counter() - t0, 1e-9)
             await asyncio.sleep(1.0)  # the events after the placements (JobStarted, metering) settle
             after_msgs, after_deliveries = await _bus_totals(js, ns)
-            for sub in subs:
+            for sub in subs[1:]:
                 await sub.unsubscribe()
             jobs_seen = [j for j in watch.submitted if j in watch.placed]
             if timeline is not None:
@@ -427,6 +436,16 @@ async def _run(scenario: str, *, nodes: int, queues: int, jobs: int, rate: float
             drain_deadline = time.perf_counter() + max(60.0, timeout - elapsed)
             while not (drained := await _job_consumers_settled(js, ns)) and time.perf_counter() < drain_deadline:
                 await asyncio.sleep(0.25)
+            # Admission's verdict on every job (admitted, or pending for quota: a decision too), not only the
+            # admissions: once the consumers settled, its last verdicts may still be on their way from its outbox.
+            while (sum(1 for j in watch.submitted if j in watch.decided) < len(watch.submitted)
+                   and time.perf_counter() < drain_deadline):
+                await asyncio.sleep(0.25)
+            for sub in (subs[0], *verdict_subs):
+                await sub.unsubscribe()
+            decided = [watch.decided[j] for j in watch.submitted if j in watch.decided]
+            out.update({"decided": len(decided),
+                        "decisions_per_s": round(len(decided) / max(max(decided, default=t0) - t0, 1e-9), 1)})
             if drained:
                 again = meter.report(jobs)
                 out.update({"drained_s": round(time.perf_counter() - t0, 2),
