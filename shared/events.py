@@ -746,8 +746,8 @@ def encode_new_event(payload: Payload, *, source: str, time: datetime, tracepare
     frame = _FRAMES.get((event_type, source))
     if frame is None:
         template = _TEMPLATES.get((event_type, source))
-        if template is None:  # validates source and type as make_event does, and keeps the template
-            template = make_event(payload, source=source, time=time, subject=subject, traceparent=traceparent)
+        if template is None:  # make_event validates source and type, and keeps the template it validated
+            make_event(payload, source=source, time=time, subject=subject, traceparent=traceparent)
             template = _TEMPLATES[(event_type, source)]
         frame = (b',"source":' + to_json(template.source) + b',"type":' + to_json(template.type),
                  b',"datacontenttype":' + to_json(template.datacontenttype)
