@@ -335,9 +335,10 @@ async def _run(scenario: str, *, nodes: int, queues: int, jobs: int, rate: float
                 out["startup_s"] = round(time.perf_counter() - started, 2)
                 out["nodes_known"] = known
             watch = Watch()
-            subs = [await nc.subscribe(f"{ns}.job.admitted", cb=watch.on(watch.admitted)),
-                    await nc.subscribe(f"{ns}.job.placed", cb=watch.on(watch.placed))]
-            verdict_subs = [await nc.subscribe(f"{ns}.status.job.pending", cb=watch.on(None)),
+            placed_sub = await nc.subscribe(f"{ns}.job.placed", cb=watch.on(watch.placed))
+            # (read until every job has a verdict, after the placements' window)
+            verdict_subs = [await nc.subscribe(f"{ns}.job.admitted", cb=watch.on(watch.admitted)),
+                            await nc.subscribe(f"{ns}.status.job.pending", cb=watch.on(None)),
                             await nc.subscribe(f"{ns}.job.rejected", cb=watch.on(None))]
             if waiting:
                 waiting_from = time.perf_counter()
@@ -402,8 +403,7 @@ async def _run(scenario: str, *, nodes: int, queues: int, jobs: int, rate: float
             elapsed = max(time.perf_counter() - t0, 1e-9)
             await asyncio.sleep(1.0)  # the events after the placements (JobStarted, metering) settle
             after_msgs, after_deliveries = await _bus_totals(js, ns)
-            for sub in subs[1:]:
-                await sub.unsubscribe()
+            await placed_sub.unsubscribe()
             jobs_seen = [j for j in watch.submitted if j in watch.placed]
             if timeline is not None:
                 _write_timeline(timeline, watch, t0)
@@ -441,7 +441,7 @@ async def _run(scenario: str, *, nodes: int, queues: int, jobs: int, rate: float
             while (sum(1 for j in watch.submitted if j in watch.decided) < len(watch.submitted)
                    and time.perf_counter() < drain_deadline):
                 await asyncio.sleep(0.25)
-            for sub in (subs[0], *verdict_subs):
+            for sub in verdict_subs:
                 await sub.unsubscribe()
             decided = [watch.decided[j] for j in watch.submitted if j in watch.decided]
             out.update({"decided": len(decided),

@@ -318,8 +318,7 @@ class Tx:
         if self.buffered:
             self._rows.append(row)
         else:
-            await self.conn.execute(f"INSERT INTO {self.schema}.outbox(event_id, subject, body) VALUES ($1, $2, $3)",
-                                    *row)
+            await insert_outbox_rows(self.conn, self.schema, [row])
         event = EmittedEvent(event_id, body, payload)
         self.emitted.append(event)
         return event
