@@ -5,7 +5,10 @@ calibrated range. The admission service and the simulator run this same code.
 running jobs end at their predicted end, and after each end the pipeline's cycle
 (`services.pipeline.core.cycle`: admission, then placement in the pipeline's order) runs as in production. The
 scheduler inside the replay still believes what the real one believes (reservations from `max_runtime_s`), so
-it decides as the real one will; only time advances by the predictions. Nothing new arrives in the replay;
+it decides as the real one will; only time advances by the predictions. The replay also preempts as the platform
+does (`ReplayPreemption`: admission's reclaim and within-queue priority requests, the production preemption
+core's victims, protection windows and cool-downs), so a job waiting behind a lower-priority job's quota is shown
+the end of that job's protection, not of its run. Nothing new arrives in the replay;
 `estimate_ranges` then moves each start later by what the higher-priority arrivals expected from the queue's
 recent history would take (`ArrivalHistory`).
 
@@ -64,7 +67,9 @@ def estimate_starts(cluster: Any, admission: Any, running: Mapping[str, float], 
                     horizon_s: float = DEFAULT_HORIZON_S, max_cycles: int = 10_000,
                     backfill: bool = True, duration: Duration | None = None,
                     believed_ends: Mapping[str, float] | None = None,
-                    resolution: float = RESOLUTION) -> dict[str, float]:
+                    resolution: float = RESOLUTION,
+                    started: Mapping[str, float] | None = None,
+                    preempted_at: Mapping[str, float] | None = None) -> dict[str, float]:
     """{job_id: planned start (same clock as `now`, e.g. epoch seconds)} for every admitted-but-unplaced and
     pending job that would start within `horizon_s`; jobs that would not are left out (beyond the horizon).
 
@@ -74,9 +79,16 @@ def estimate_starts(cluster: Any, admission: Any, running: Mapping[str, float], 
     duration:  how long a job that starts in the replay runs (default: its `max_runtime_s`)
     believed_ends: job_id -> the end the scheduler reserves by (started_at + max_runtime_s; default `running`)
     resolution: ends within this fraction of the look-ahead of the first one are replayed together (0: each)
+    started:   job_id -> when each running job whose spec `admission` holds started: given, the replay also
+               preempts as the platform does (`ReplayPreemption`: admission's reclaims and within-queue priority
+               preemptions, decided by the production preemption core with its protection window and guard
+               rails); a victim waits again with the run time it had left. None: nothing is preempted.
+    preempted_at: job_id -> when each waiting job was last preempted (its cool-down as a preemptor runs from
+               then, as the preemption service's does)
     """
     if horizon_s <= 0 or not 0.0 <= resolution < 1.0:
         raise ValueError(f"need horizon_s > 0 and 0 <= resolution < 1, got {horizon_s}, {resolution}")
+    from services.admission.core import Workload
     from services.pipeline.core import cycle, waiting_job
     from services.scheduler.core import RunningJob
 
@@ -94,32 +106,135 @@ def estimate_starts(cluster: Any, admission: Any, running: Mapping[str, float], 
     waiting = {job_id: waiting_job(adm.config, a) for job_id, a in sorted(adm.admitted.items())
                if job_id not in placed_now and job_id not in running}
     starts: dict[str, float] = {}
+    current = {job_id: end for end, job_id in ends}  # each running job's end (a preempted one's entry goes stale)
+    preempt = ReplayPreemption(adm, started, preempted_at or {}) if started is not None else None
+    left_s: dict[str, float] = {}  # a job preempted in the replay -> the run time it had left
     t = now
     for _ in range(max_cycles):
         if waiting or adm.pending:
-            # (schedule_cycle orders the running list itself)
-            out = cycle(adm, cl, waiting, list(believed.values()), t, backfill=backfill,
-                        run_admission=bool(adm.pending))
-            for w in out.admitted:
-                waiting[w.job_id] = w
-            for p in out.placement.result.placed:
-                w = waiting.pop(p.job_id)
-                starts[p.job_id] = t
-                believed[p.job_id] = RunningJob(job_id=p.job_id, expected_end=t + w.spec.max_runtime_s)
-                heapq.heappush(ends, (t + max(1.0, run_for(w.spec)), p.job_id))
+            # A cycle, then the preemptions its requests allow and a cycle again in the same instant (the victims'
+            # GPUs are free at once, as in the simulator's policy), until a cycle preempts nothing. Each round
+            # takes a victim or stops, so there are at most as many rounds as jobs hold GPUs.
+            for _round in range(len(current) + 1):
+                # (schedule_cycle orders the running list itself)
+                out = cycle(adm, cl, waiting, list(believed.values()), t, backfill=backfill,
+                            run_admission=bool(adm.pending))
+                for w in out.admitted:
+                    waiting[w.job_id] = w
+                for p in out.placement.result.placed:
+                    w = waiting.pop(p.job_id)
+                    if p.job_id not in running:  # (a running job preempted in the replay and restarted: no ETA)
+                        starts.setdefault(p.job_id, t)  # a job preempted in the replay keeps its first start
+                    believed[p.job_id] = RunningJob(job_id=p.job_id, expected_end=t + w.spec.max_runtime_s)
+                    end = t + max(1.0, left_s.pop(p.job_id) if p.job_id in left_s else run_for(w.spec))
+                    current[p.job_id] = end
+                    heapq.heappush(ends, (end, p.job_id))
+                    if preempt is not None:
+                        preempt.started(p.job_id, w.spec, t)
+                if preempt is None:
+                    break
+                victims = preempt(cl, out.admission.reclaims, t)
+                for v in victims:  # back to admission; their GPUs are free now: admit and place again
+                    left_s[v] = max(1.0, current.pop(v) - t)
+                    believed.pop(v, None)
+                    cl.release(v)
+                    held = adm.admitted[v]
+                    adm.requeue(Workload(spec=held.spec, submitted_at=held.submitted_at))
+                if not victims:
+                    break
         if not waiting and not adm.pending:
             break
-        if not ends or ends[0][0] > now + horizon_s:
+        while ends and current.get(ends[0][1]) != ends[0][0]:
+            heapq.heappop(ends)  # a preempted job's old end
+        wake = preempt.wake_at(t) if preempt is not None else None
+        first = min(ends[0][0] if ends else math.inf, wake if wake is not None else math.inf)
+        if first > now + horizon_s:
             break
+        if wake is not None and wake < (ends[0][0] if ends else math.inf):
+            t = wake  # a protection window ends before any job: the preemptions it allows are decided then
+            continue
         # Every job ending at this instant or within `resolution` of the look-ahead after it, then one cycle at
         # the latest of those ends (never before a job's end: a start is planned late by at most that fraction).
         until = min(now + horizon_s, ends[0][0] + resolution * (ends[0][0] - now))
+        if wake is not None:
+            until = min(until, wake)
         while ends and ends[0][0] <= until:
             t, job_id = heapq.heappop(ends)
+            if current.get(job_id) != t:
+                continue
+            del current[job_id]
             believed.pop(job_id, None)
             cl.release(job_id)
             adm.finish(job_id)
+            if preempt is not None:
+                preempt.ended(job_id)
     return dict(sorted(starts.items()))
+
+
+class ReplayPreemption:
+    """Preemption inside a replay, as the platform would preempt: after each cycle, admission's reclaim and
+    within-queue priority requests go to the production preemption core through the simulator's driver
+    (`sim.preemption.SimPreemption`: victims chosen by `select_victims`, never a production or non-preemptible
+    job nor one inside its protection window, with the per-queue hourly limit and the cool-down), and the
+    replay wakes when a protection window that held a request back ends. A request is sent once, and again
+    only after such a wake-up, as the simulator's policy sends it (sim/policies/gpuq.py). Without it a job
+    that waits for a lower-priority job's quota is shown the end of that job, where the platform starts it when
+    the job's protection ends. Replay-only memory: what the real preemption service did before `now` (its
+    hourly counts, the requests it already refused) is not known here and starts empty; the waiting jobs'
+    last preemptions are (`preempted_at`: their cool-downs as preemptors)."""
+
+    def __init__(self, admission: Any, started: Mapping[str, float], preempted_at: Mapping[str, float]):
+        from sim.policies.gpuq import RunningInfo
+        from sim.preemption import SimPreemption
+
+        self._info = RunningInfo
+        self.config = admission.config
+        self.core = SimPreemption(admission.config, checkpointing=True)
+        self.core.last_preempted.update(preempted_at)  # the cool-downs running at the replay's start
+        self.admission = admission
+        self.running: dict[str, Any] = {}
+        for job_id, at in sorted(started.items()):
+            held = admission.admitted.get(job_id)
+            if held is not None:
+                self.running[job_id] = RunningInfo(held.spec, at, at + held.spec.max_runtime_s)
+        self.log: list[str] = list(self.running)
+        self.sent: set[str] = set()
+        self._wake: float | None = None
+
+    def started(self, job_id: str, spec: JobSpec, at: float) -> None:
+        self.running[job_id] = self._info(spec, at, at + spec.max_runtime_s)
+        self.log.append(job_id)
+
+    def ended(self, job_id: str) -> None:
+        if self.running.pop(job_id, None) is not None:
+            self.log.append(job_id)
+
+    def __call__(self, cluster: Any, reclaims: Sequence[Any], now: float) -> list[str]:
+        """The victims of this cycle's requests (their jobs left the running set)."""
+        from sim.policies.gpuq import PreemptionContext
+
+        if self._wake is not None and now >= self._wake:
+            self._wake = None
+            self.sent.clear()
+        new = [r for r in reclaims if r.preemptor not in self.sent]
+        if not new:
+            return []
+        self.sent.update(r.preemptor for r in new)
+        policy = self.config.policy
+        ctx = PreemptionContext(now=now, cluster=cluster, admission=self.admission, unplaceable=[], reclaims=new,
+                                running=self.running, protection_window_s=policy.protection_window_s,
+                                checkpoint_grace_s=policy.checkpoint_grace_s, running_log=self.log)
+        victims = sorted({v.job_id for v in self.core(ctx)})
+        wake = self.core.next_wake
+        if wake is not None and wake > now:
+            self._wake = wake if self._wake is None else min(self._wake, wake)
+        for v in victims:
+            self.ended(v)
+        return victims
+
+    def wake_at(self, now: float) -> float | None:
+        """When a request held back by a protection window is decided again (None: none is)."""
+        return self._wake if self._wake is not None and self._wake > now else None
 
 
 @dataclass(frozen=True)
@@ -377,6 +492,9 @@ class EtaModel:
     predict: bool = True
     calibrate: bool = True
     expect_arrivals: bool = True  # False: the replay alone ("nothing new arrives"), kept to measure against
+    # False: nothing is preempted in the replay (jobs wait for the ends of the lower-priority jobs holding their
+    # quota), kept to measure against
+    expect_preemption: bool = True
 
     def observe_arrivals(self, admission: Any, now: float) -> None:
         """Every job waiting or holding quota in `admission` goes to the arrival history (once per job), with its
@@ -447,14 +565,17 @@ class EtaModel:
 
 def estimate_ranges(cluster: Any, admission: Any, running: Mapping[str, RunningView], now: float,
                     model: EtaModel, *, horizon_s: float = DEFAULT_HORIZON_S, backfill: bool = True,
-                    fixed_ends: Mapping[str, float] | None = None) -> dict[str, EtaRange]:
+                    fixed_ends: Mapping[str, float] | None = None,
+                    preempted_at: Mapping[str, float] | None = None) -> dict[str, EtaRange]:
     """{job_id: EtaRange} for every waiting job that would start within `horizon_s` (see the module doc).
     `fixed_ends`: jobs holding GPUs whose spec is not known here (another admission instance's), by the end the
-    scheduler reserves for them (started_at + limit)."""
+    scheduler reserves for them (started_at + limit). `preempted_at`: when waiting jobs were last preempted
+    (`estimate_starts`; the replay preempts unless `model.expect_preemption` is off)."""
     fixed = dict(fixed_ends or {})
     believed = {**fixed, **{j: r.started_at + r.spec.max_runtime_s for j, r in running.items()}}
 
     expected = model.all_expected_ends(running, now)  # once for all replays
+    started = {j: r.started_at for j, r in running.items()} if model.expect_preemption else None
 
     def replay(which: str) -> dict[str, float]:
         pick = {"low": 0, "high": 2}.get(which, 1)
@@ -466,7 +587,8 @@ def estimate_ranges(cluster: Any, admission: Any, running: Mapping[str, RunningV
                 p = model.predictor.predict(JobKey.of(spec), float(spec.max_runtime_s))
                 return p.low_s if which == "low" else p.high_s
         return estimate_starts(cluster, admission, ends, now, horizon_s=horizon_s, backfill=backfill,
-                               duration=duration, believed_ends=believed)
+                               duration=duration, believed_ends=believed, started=started,
+                               preempted_at=preempted_at)
 
     starts = replay("median")
     # The range of the replays with every duration at its p10, then its p90: the base the record calibrates.
@@ -538,7 +660,7 @@ def refresh_due(last_refresh: float | None, now: float, changed: bool, interval_
 
 
 def _replay(model: EtaModel, cluster: Any, admission: Any, reserved_ends: Mapping[str, float], now: float,
-            ) -> dict[str, EtaRange]:
+            preempted_at: Mapping[str, float] | None = None) -> dict[str, EtaRange]:
     """The forward simulation of a refresh (it may change `model` and `admission`: callers pass copies)."""
     running: dict[str, RunningView] = {}
     fixed: dict[str, float] = {}
@@ -548,7 +670,7 @@ def _replay(model: EtaModel, cluster: Any, admission: Any, reserved_ends: Mappin
             fixed[job_id] = end
         else:
             running[job_id] = RunningView(held.spec, started_at=end - held.spec.max_runtime_s)
-    return estimate_ranges(cluster, admission, running, now, model, fixed_ends=fixed)
+    return estimate_ranges(cluster, admission, running, now, model, fixed_ends=fixed, preempted_at=preempted_at)
 
 
 class PlatformEta:
@@ -564,6 +686,7 @@ class PlatformEta:
         self.model = model or EtaModel()
         self._given: dict[str, list[tuple[float, EtaRange]]] = {}  # waiting job -> first ETA and the latest ones
         self._queued: dict[str, tuple[str, float]] = {}  # waiting job -> (queue, submitted at)
+        self._preempted: dict[str, float] = {}  # waiting job -> when it was last preempted (its cool-down)
         # The service replays in a worker thread while its handlers report starts and ends: the replay works on a
         # copy of the model taken under this lock, and every change to the memory holds it (never for a replay).
         self._lock = threading.Lock()
@@ -576,7 +699,8 @@ class PlatformEta:
         queued = self.prepare(state, now)
         with self._lock:
             model = copy.deepcopy(self.model)
-        etas = _replay(model, cluster, state, reserved_ends, now)
+            preempted = dict(self._preempted)
+        etas = _replay(model, cluster, state, reserved_ends, now, preempted)
         self.remember(etas, queued, now)
         return etas
 
@@ -597,7 +721,7 @@ class PlatformEta:
         arrivals = self.model.new_arrivals(state, now)
         self.model.arrivals.observe_many(arrivals, now)
         queued = _queued(state)
-        return _replay(self.model, cluster, state, reserved_ends, now), arrivals, queued
+        return _replay(self.model, cluster, state, reserved_ends, now, self._preempted), arrivals, queued
 
     def learn(self, arrivals: Iterable[tuple[str, Arrival]], now: float) -> None:
         """Add the arrivals a forked refresh found (`replay_forked`) to the history."""
@@ -619,9 +743,16 @@ class PlatformEta:
             if job_id in queued:
                 self._queued[job_id] = queued[job_id]
 
+    def job_preempted(self, job_id: str, at: float) -> None:
+        """The job was preempted at `at` and waits again: its replays give it the cool-down the preemption service
+        gives a preemptor that was itself preempted."""
+        with self._lock:
+            self._preempted[job_id] = at
+
     def job_started(self, job_id: str, started_at: float) -> None:
         """The job started: its first ETA and the one in force halfway through its wait go to calibration."""
         with self._lock:
+            self._preempted.pop(job_id, None)
             given = self._given.pop(job_id, None)
             queued = self._queued.pop(job_id, None)
             if not given or queued is None:
@@ -638,6 +769,7 @@ class PlatformEta:
         with self._lock:
             self._given.pop(spec.job_id, None)
             self._queued.pop(spec.job_id, None)
+            self._preempted.pop(spec.job_id, None)
             if ran_s is not None:
                 self.model.job_finished(spec, ran_s, ended_at)
 

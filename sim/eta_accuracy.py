@@ -46,6 +46,7 @@ class EtaTracked:
         self.logs: dict[str, EtaLog] = {}
         self._run_s: dict[str, float] = {}  # run time so far of jobs that were stopped and wait again
         self._started: dict[str, float] = {}  # running job -> its last start
+        self._preempted: dict[str, float] = {}  # job stopped and waiting again -> when (its cool-down)
         self._changed = False
         self._last_refresh: float | None = None
         self.refreshes = 0
@@ -73,7 +74,7 @@ class EtaTracked:
     def on_node_down(self, node: str, now: float) -> list[str]:
         killed: list[str] = self.inner.on_node_down(node, now)
         for job_id in killed:
-            self._stopped(job_id, now)
+            self._stopped(job_id, now, preempted=False)  # a node failure: no preemption cool-down
         self._changed = self._changed or bool(killed)
         return killed
 
@@ -91,6 +92,7 @@ class EtaTracked:
         out: CycleOutput = self.inner.cycle(now)
         for job_id in out.started:
             self._started[job_id] = now
+            self._preempted.pop(job_id, None)
             log = self.logs.get(job_id)
             if log is not None and log.started_at is None:
                 log.started_at = now
@@ -108,16 +110,19 @@ class EtaTracked:
             self._changed = False
         return out
 
-    def _stopped(self, job_id: str, now: float) -> None:
+    def _stopped(self, job_id: str, now: float, preempted: bool = True) -> None:
         start = self._started.pop(job_id, None)
         if start is not None:
             self._run_s[job_id] = self._run_s.get(job_id, 0.0) + now - start
+            if preempted:
+                self._preempted[job_id] = now
 
     def _refresh(self, now: float) -> None:
         inner = self.inner
         self.model.observe_arrivals(inner.adm, now)
         running = {j: RunningView(info.spec, info.started_at) for j, info in sorted(inner.running.items())}
-        etas = estimate_ranges(inner.cluster, inner.adm, running, now, self.model, backfill=inner.backfill)
+        etas = estimate_ranges(inner.cluster, inner.adm, running, now, self.model, backfill=inner.backfill,
+                               preempted_at=self._preempted)
         for job_id, eta in etas.items():
             log = self.logs.get(job_id)
             if log is not None and log.started_at is None:

@@ -99,3 +99,50 @@ async def test_waiting_job_gets_an_eta_range_stored_and_published_on_platform_ti
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_a_preempted_job_is_reported_to_the_eta_for_its_cool_down(fresh: tuple[str, str]) -> None:
+    """JobPreempted of an admitted job requeues it, and the ETA hears when (its replays give it the preemptor's
+    cool-down); a preemption of a job admission does not hold reports nothing."""
+    from datetime import UTC, datetime
+
+    from shared.events import JobPreempted, PreemptionReason, encode_event, make_event
+    from tests.service.admission.test_admission_service import _connected
+
+    nats_url, database_url = fresh
+    clock = ManualClock()
+    reported: list[tuple[str, float]] = []
+
+    class Recording(PlatformEta):
+        def job_preempted(self, job_id: str, at: float) -> None:
+            reported.append((job_id, at))
+            super().job_preempted(job_id, at)
+
+    def preempted(job_id: str) -> bytes:
+        now = datetime.fromtimestamp(clock.now(), UTC)
+        return encode_event(make_event(JobPreempted(
+            job_id=job_id, reason=PreemptionReason.PRIORITY, preemption_id=f"p-{job_id}",
+            checkpoint_uri=f"s3://ckpt/{job_id}/1", preempted_at=now), source="test", time=now))
+
+    async with _connected(nats_url, database_url) as (pool, conn, js):
+        svc = ServiceRuntime(AdmissionService(parse_queues(queues(8)), eta=Recording()).spec(), nats_url=nats_url,
+                             pool=pool, clock=clock, database_url=database_url)
+        await svc.start()
+        try:
+            await js.publish(ns_subject("job.submitted.team-a"), submitted("j1", 8))
+            await until(lambda: _status(conn, "j1", "admitted"))
+            await js.publish(ns_subject("job.preempted"), preempted("j1"))
+            await until(lambda: _true(bool(reported)))  # (requeued, then admitted again at once: the quota is free)
+            assert reported == [("j1", clock.now())]
+            assert await conn.fetchval("SELECT resume_from FROM admission.jobs WHERE job_id = 'j1'") == \
+                "s3://ckpt/j1/1"
+            await js.publish(ns_subject("job.preempted"), preempted("unknown"))
+            await js.publish(ns_subject("job.submitted.team-a"), submitted("j2", 8))
+            await until(lambda: _status(conn, "j2", "pending"))  # handled after the second preemption
+            assert reported == [("j1", clock.now())]
+        finally:
+            await svc.stop()
+
+
+async def _status(conn: asyncpg.Connection, job_id: str, expected: str) -> bool:
+    return await conn.fetchval("SELECT status FROM admission.jobs WHERE job_id = $1", job_id) == expected

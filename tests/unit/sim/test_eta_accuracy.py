@@ -30,6 +30,53 @@ def test_replay_uses_predicted_durations_but_the_schedulers_beliefs():
     assert etas == {"p1": 1000.0, "p2": 1200.0}
 
 
+def test_the_replay_preempts_as_the_platform_does_once_the_lower_priority_jobs_protection_ends():
+    """A low-priority job holds the queue's 8 GPUs until 3600 s; a normal job waits for them. The platform
+    preempts the low job when its protection window (600 s from its start) ends, so with the running jobs'
+    starts the replay starts the normal job then, and the low job, preempted, waits again and restarts after the
+    normal job's run with the run time it had left. Without the starts nothing is preempted (the old replay)."""
+    running = [job("low", 0, 10, gpus_per_pod=8, estimate=7200, priority="low")]
+    pending = [job("p1", 5, 10, gpus_per_pod=8, estimate=600)]
+    cluster, adm = _state_with(running, pending, now=5.0)
+    window = adm.config.policy.protection_window_s
+    assert window == 600
+    before = (dict(cluster.allocations()), dict(adm.pending), dict(adm.admitted))
+    assert estimate_starts(cluster, adm, {"low": 3600.0}, now=5.0) == {"p1": 3600.0}
+    etas = estimate_starts(cluster, adm, {"low": 3600.0}, now=5.0, started={"low": 0.0})
+    assert etas == {"p1": float(window)}
+    assert (dict(cluster.allocations()), dict(adm.pending), dict(adm.admitted)) == before  # pure
+    # a job behind the normal one: the low job restarts after p1's 600 s and runs its remaining 3000 s
+    pending2 = [job("p1", 5, 10, gpus_per_pod=8, estimate=600), job("p2", 6, 10, gpus_per_pod=8, estimate=600,
+                                                                     priority="low")]
+    cluster, adm = _state_with(running, pending2, now=6.0)
+    etas = estimate_starts(cluster, adm, {"low": 3600.0}, now=6.0, started={"low": 0.0})
+    assert etas["p1"] == float(window)
+    assert etas["p2"] == pytest.approx(window + 600.0 + 3000.0)  # after p1, then the restarted low job's rest
+
+
+def test_the_replay_never_preempts_a_job_inside_its_window_or_of_higher_priority():
+    """A low job started at 500 s is protected until 1100 s: the normal job's ETA is then, not at 600 s; a
+    normal job never preempts another normal one (it waits for its end)."""
+    running = [job("low", 0, 10, gpus_per_pod=8, estimate=7200, priority="low")]
+    cluster, adm = _state_with(running, [job("p1", 5, 10, gpus_per_pod=8, estimate=600)], now=5.0)
+    assert estimate_starts(cluster, adm, {"low": 3600.0}, now=5.0, started={"low": 500.0}) == {"p1": 1100.0}
+    running = [job("r1", 0, 10, gpus_per_pod=8, estimate=7200)]
+    cluster, adm = _state_with(running, [job("p1", 5, 10, gpus_per_pod=8, estimate=600)], now=5.0)
+    assert estimate_starts(cluster, adm, {"r1": 3600.0}, now=5.0, started={"r1": 0.0}) == {"p1": 3600.0}
+
+
+def test_a_waiting_job_preempted_recently_gets_the_preemptors_cool_down_in_the_replay():
+    """p1 was itself preempted 100 s ago: the preemption service refuses its request until the cool-down (the
+    protection window, 600 s) has passed, and admission does not ask again for the same job, so it waits for the
+    low job's end; a job never preempted takes the (unprotected) low job's GPUs at once."""
+    running = [job("low", 0, 10, gpus_per_pod=8, estimate=7200, priority="low")]
+    cluster, adm = _state_with(running, [job("p1", 5, 10, gpus_per_pod=8, estimate=600)], now=1000.0)
+    ends = {"low": 3600.0}
+    assert estimate_starts(cluster, adm, ends, now=1000.0, started={"low": 0.0}) == {"p1": 1000.0}
+    assert estimate_starts(cluster, adm, ends, now=1000.0, started={"low": 0.0},
+                           preempted_at={"p1": 900.0}) == {"p1": 3600.0}
+
+
 def _count_cycles(monkeypatch) -> list[int]:
     """Count the pipeline cycles a replay runs (estimate_starts imports `cycle` when called)."""
     import services.pipeline.core as pipeline
@@ -275,6 +322,26 @@ def test_platform_eta_learns_from_the_starts_and_ends_admission_reports():
                                [job("p1", 5, 10, gpus_per_pod=8, estimate=600)], now=5.0)
     assert eta(cluster, adm, {"r1": 10 * 86_400.0}, 5.0) == {}
     assert not eta.refresh_due(5.0, 405.0, False) and eta.refresh_due(5.0, 35.0, True)
+
+
+def test_platform_eta_preempts_in_its_replays_and_remembers_who_was_preempted():
+    """The admission service's ETA replays the platform's preemptions: a normal job waiting behind a low-priority
+    one past its protection window starts now; once admission reports the waiting job preempted (JobPreempted),
+    its cool-down keeps it from preempting and it waits for the low job's reserved end; a start forgets it."""
+    from sim.eta import PlatformEta
+
+    running = [job("low", 0, 10, gpus_per_pod=8, estimate=7200, priority="low")]
+    cluster, adm = _state_with(running, [job("p1", 5, 10, gpus_per_pod=8, estimate=600)], now=1000.0)
+    eta = PlatformEta()
+    assert eta(cluster, adm, {"low": 7200.0}, 1000.0)["p1"].start == 1000.0
+    eta.job_preempted("p1", 900.0)
+    assert eta(cluster, adm, {"low": 7200.0}, 1000.0)["p1"].start == 7200.0
+    forked, _, _ = eta.replay_forked(cluster, adm, {"low": 7200.0}, 1000.0)
+    assert forked["p1"].start == 7200.0  # the forked refresh reads the same memory
+    eta.job_started("p1", 7200.0)
+    assert eta(cluster, adm, {"low": 7200.0}, 1000.0)["p1"].start == 1000.0
+    off = PlatformEta(EtaModel(expect_preemption=False))  # the replay without preemption: the low job's end
+    assert off(cluster, adm, {"low": 7200.0}, 1000.0)["p1"].start == 7200.0
 
 
 def test_a_refresh_forked_in_steps_learns_and_answers_as_one_in_a_single_call():
