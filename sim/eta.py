@@ -40,7 +40,7 @@ from services.pipeline.core.predict import (
     DurationPredictor,
     JobKey,
 )
-from shared.domain import JobSpec
+from shared.domain import MILLI_GPU, JobSpec, mig_milli_gpus
 
 # How far ahead a replay looks. An ETA assumes nothing new arrives; a week ahead that assumption says nothing (a
 # week of arrivals reorders any queue), so a job the replay does not start within it is reported as beyond the
@@ -176,8 +176,9 @@ class ReplayPreemption:
     within-queue priority requests go to the production preemption core through the simulator's driver
     (`sim.preemption.SimPreemption`: victims chosen by `select_victims`, never a production or non-preemptible
     job nor one inside its protection window, with the per-queue hourly limit and the cool-down), and the
-    replay wakes when a protection window that held a request back ends. A request is sent once, and again
-    only after such a wake-up, as the simulator's policy sends it (sim/policies/gpuq.py). Without it a job
+    replay wakes when a protection window or a preemptor's cool-down that held a request back ends. A request
+    is sent once, and again only after such a wake-up, as the simulator's policy sends it
+    (sim/policies/gpuq.py). Without it a job
     that waits for a lower-priority job's quota is shown the end of that job, where the platform starts it when
     the job's protection ends. Replay-only memory: what the real preemption service did before `now` (its
     hourly counts, the requests it already refused) is not known here and starts empty; the waiting jobs'
@@ -233,7 +234,7 @@ class ReplayPreemption:
         return victims
 
     def wake_at(self, now: float) -> float | None:
-        """When a request held back by a protection window is decided again (None: none is)."""
+        """When a request held back by a protection window or a cool-down is decided again (None: none is)."""
         return self._wake if self._wake is not None and self._wake > now else None
 
 
@@ -378,13 +379,38 @@ class EtaCalibration:
 
 @dataclass(frozen=True)
 class Arrival:
-    """A job the ETA saw arrive: when it was submitted, its priority value and its expected work (GPUs x the
-    predicted median run time when it was seen)."""
+    """A job the ETA saw arrive: when it was submitted, its priority value, its expected work (its GPU share,
+    whole GPUs and MIG slices, x the predicted median run time when it was seen) and the GPU models it accepts
+    (empty: any)."""
 
     at: float
     job_id: str
     priority: int
     gpu_s: float
+    gpu_models: tuple[str, ...] = ()
+
+
+def gpu_share(spec: JobSpec) -> float:
+    """The GPUs a job holds while it runs: whole GPUs plus each MIG slice's share of a GPU."""
+    return spec.total_gpus + sum(p.mig_slices * mig_milli_gpus(p.mig_profile) / MILLI_GPU for p in spec.pod_sets)
+
+
+def _pool(pools: Mapping[str, int], models: Sequence[str]) -> int:
+    """GPUs of the models in `models` (empty: every model)."""
+    return sum(n for m, n in pools.items() if not models or m in models)
+
+
+def _overlap(pools: Mapping[str, int], theirs: Sequence[str], mine: Sequence[str]) -> float:
+    """The share of an arrival's work that lands on the GPUs of `mine`: an arrival accepting the models `theirs`
+    spreads over their GPUs in proportion to each model's count (the fluid view), so only the part on models
+    both accept competes (all of it when both accept any model)."""
+    if not theirs and not mine:
+        return 1.0
+    pool = _pool(pools, theirs)
+    if pool <= 0:
+        return 0.0
+    both = sum(n for m, n in pools.items() if (not theirs or m in theirs) and (not mine or m in mine))
+    return both / pool
 
 
 class ArrivalHistory:
@@ -395,8 +421,10 @@ class ArrivalHistory:
     waits, is admitted and placed before it (the pipeline orders by priority first) and takes GPU-seconds it
     would have had. The forecast is "the next `wait` looks like the last `wait`": for a job the replay starts in
     `wait` seconds, the higher-priority jobs its queue received over the last `wait` (n jobs, A GPU-seconds of
-    predicted work, the last one d seconds ago) are expected again, and take A / capacity seconds from it (the
-    fluid view: the GPUs of the models it can use drain A GPU-seconds that much later). Streams of submissions
+    predicted work on the GPUs of the models it can use, the last one d seconds ago) are expected again, and
+    take A / capacity seconds from it (the fluid view: those GPUs drain A GPU-seconds that much later). An
+    arrival that accepts other models too counts with the share of its work that falls on this job's models
+    (`_overlap`); one that accepts none of them does not count. Streams of submissions
     end (a sweep is submitted in minutes, then nothing): the forecast is weighted by exp(-n d / wait), the
     chance that a stream still arriving at its look-back rate n / wait leaves a silence as long as the one seen
     since its last job (Poisson), so a sweep that ended long before adds nothing. One step: arrivals during the
@@ -467,17 +495,25 @@ class ArrivalHistory:
         hi = bisect.bisect_right(entries, (now, "\uffff"))
         return [a for _, _, a in entries[lo:hi] if a.priority > priority]
 
-    def expected_delay(self, queue: str, priority: int, now: float, wait_s: float, capacity_gpus: int) -> float:
+    def expected_delay(self, queue: str, priority: int, now: float, wait_s: float, pools: Mapping[str, int],
+                       models: Sequence[str] = ()) -> float:
         """Seconds the arrivals still to come are expected to add to the start of a job of `queue` with
-        `priority` that the replay starts `wait_s` from `now`, on a pool of `capacity_gpus` GPUs (class doc)."""
+        `priority` that the replay starts `wait_s` from `now`, on the GPUs of `models` (empty: any), `pools`
+        giving each model's GPUs (class doc)."""
+        capacity = _pool(pools, models)
         lookback = max(MIN_WAIT_S, wait_s)
         ahead = self.overtaking(queue, priority, now - lookback, now)
-        if not ahead or capacity_gpus <= 0:
+        if not ahead or capacity <= 0:
             return 0.0
-        work = sum(a.gpu_s for a in ahead)
-        silence = max(0.0, now - max(a.at for a in ahead))
-        still_arriving = math.exp(-len(ahead) * silence / lookback)
-        return still_arriving * work / capacity_gpus
+        work, last, n = 0.0, -math.inf, 0
+        for a in ahead:
+            share = _overlap(pools, a.gpu_models, models)
+            if share > 0.0:
+                work, last, n = work + share * a.gpu_s, max(last, a.at), n + 1
+        if not n:
+            return 0.0
+        still_arriving = math.exp(-n * max(0.0, now - last) / lookback)
+        return still_arriving * work / capacity
 
 
 @dataclass
@@ -515,7 +551,8 @@ class EtaModel:
                 from services.pipeline.core import priority_value
 
                 priority = priority_value(admission.config, spec)
-            found.append((spec.queue, Arrival(submitted_at, job_id, priority, spec.total_gpus * self.duration(spec))))
+            found.append((spec.queue, Arrival(submitted_at, job_id, priority, gpu_share(spec) * self.duration(spec),
+                                              spec.gpu_models)))
         return found
 
     def job_finished(self, spec: JobSpec, ran_s: float, ended_at: float | None = None) -> None:
@@ -623,8 +660,8 @@ def _arrival_delays(cluster: Any, admission: Any, now: float, model: EtaModel
             if spec is None or priority is None:
                 out[job_id] = start
                 continue
-            capacity = sum(n for m, n in pools.items() if not spec.gpu_models or m in spec.gpu_models)
-            out[job_id] = start + model.arrivals.expected_delay(spec.queue, priority, now, start - now, capacity)
+            out[job_id] = start + model.arrivals.expected_delay(spec.queue, priority, now, start - now, pools,
+                                                                spec.gpu_models)
         return out
 
     return later

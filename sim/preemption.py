@@ -29,6 +29,7 @@ from services.preemption.core import (
     Preemptor,
     RunningJob,
     Why,
+    cooldown_ends,
     cooldown_verdict,
     priority_of,
     protection_ends,
@@ -78,7 +79,8 @@ class SimPreemption:
         self._jobs_of: dict[str, int] = {}  # queue -> its running jobs
         self._holders: dict[tuple[str, str], int] = {}  # (queue, resource) -> its running jobs holding some
         self.protected_violations = 0  # victims inside the window or of non-preemptible classes (must stay 0)
-        # after a call: when the first job that protected itself from a request (young) leaves its window
+        # after a call: when the first request held back is decided again (the first young job that protected
+        # itself from one leaves its window, or a preemptor's cool-down ends)
         self.next_wake: float | None = None
 
     def _running(self, ctx: Any) -> list[RunningJob]:
@@ -217,7 +219,11 @@ class SimPreemption:
         cap = self.max_preemptors_per_cycle
         for job_id, reason, need, own_need, max_victim in requests if cap is None else requests[:cap]:
             spec = self._spec(ctx, job_id)
-            if spec is None or cooldown_verdict(self.config, self.last_preempted.get(job_id), ctx.now):
+            if spec is None:
+                continue
+            if cooldown_verdict(self.config, self.last_preempted.get(job_id), ctx.now):
+                # the service defers it to the end of the cool-down (services/preemption/app.py)
+                self._wake_at(cooldown_ends(self.config, self.last_preempted.get(job_id)))
                 continue
             preemptor = Preemptor(job_id=job_id, queue=spec.queue, priority=priority_of(self.config, spec)[0],
                                   kind=spec.kind, spec=spec, reason=reason,
@@ -256,7 +262,10 @@ class SimPreemption:
         # the same rule as the service's deferred requests (services/preemption/app.py), asked of the jobs it can
         # find (rejected as just started; `rejected` judged exactly `alive`) instead of every running job
         young = [self._jobs[j] for j, why in rejected.items() if why == Why.JUST_STARTED]
-        until = protection_ends(young, rejected, now, self.config.policy.protection_window_s)
+        self._wake_at(protection_ends(young, rejected, now, self.config.policy.protection_window_s))
+
+    def _wake_at(self, until: float | None) -> None:
+        """A request held back until `until` is decided again then (`next_wake`: the earliest such time)."""
         if until is not None:
             self.next_wake = until if self.next_wake is None else min(self.next_wake, until)
 

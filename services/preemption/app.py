@@ -38,6 +38,7 @@ from services.preemption.core import (
     RECLAIM,
     Outcome,
     Preemptor,
+    cooldown_ends,
     cooldown_verdict,
     drain_plan,
     priority_of,
@@ -189,8 +190,13 @@ class PreemptionService:
             "SELECT max(preempted_at) FROM preemption.preemptions WHERE victim = $1 AND state = 'preempted'",
             payload.preemptor)
         why = cooldown_verdict(config, last_preempted, tx.now)
-        if why is not None:
-            await record(Outcome.COOLDOWN, why)
+        until = cooldown_ends(config, last_preempted)
+        if why is not None and until is not None:
+            # Admission sends a request once: run it again when the cool-down ends, as a request held back by a
+            # protection window is run again when that ends (else the job never preempts, and being at the head
+            # of its queue, holds back the queue's within-queue preemptions).
+            await record(Outcome.COOLDOWN, f"{why}; retry at {utcnow_from(until).isoformat()}")
+            await self._defer(tx, payload, origin, attempt, until)
             return
         spec = fact.spec
         allowed = fact.allowed_models

@@ -121,8 +121,9 @@ class GpuqPolicy:
         # preempted and requeued).
         self._published: dict[str, tuple[str, str]] = {}
         self._reclaims_sent: set[str] = set()
-        # ... except that a request that found only protected victims is sent again when the first protection
-        # ends (the hook's `next_wake`): reclaiming nominal quota must succeed within the protection window
+        # ... except that a request that found only protected victims, or whose preemptor was cooling down, is
+        # sent again when the first protection or cool-down ends (the hook's `next_wake`, as the preemption
+        # service defers it): reclaiming nominal quota must succeed within the protection window
         self._resend_at: float | None = None
         from services.pipeline.core.predict import DurationPredictor
 
@@ -254,7 +255,7 @@ class GpuqPolicy:
             resend = getattr(self.preemption_hook, "next_wake", None)
             if resend is not None and (self._resend_at is None or resend < self._resend_at):
                 self._resend_at = resend
-        # a request that found only protected borrowers is decided again when the first protection ends
+        # a request that found only protected borrowers (or a cooling-down preemptor) is decided again then
         wake = getattr(self.preemption_hook, "next_wake", None)
         if victims:
             # the victims' GPUs are free in this instant (the checkpoint is folded into it): admit and place

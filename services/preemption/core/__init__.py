@@ -5,7 +5,7 @@ and the simulator (sim/preemption.py) drive the same functions.
 """
 
 from .drain import DrainPlan, drain_plan
-from .guards import cooldown_s, cooldown_verdict, rate_limit_verdict
+from .guards import cooldown_ends, cooldown_s, cooldown_verdict, rate_limit_verdict
 from .hops import PreemptionChain, preemption_chains
 from .model import PRIORITY, RECLAIM, Outcome, Preemptor, RunningJob, Selection, Why, priority_of, usage_by_queue
 from .policy import class_verdict, is_borrowing, needed_resources, protection, protection_ends, victim_verdict
@@ -23,6 +23,7 @@ __all__ = [
     "Why",
     "candidate_key",
     "class_verdict",
+    "cooldown_ends",
     "cooldown_s",
     "cooldown_verdict",
     "drain_plan",

@@ -35,11 +35,14 @@ def cooldown_s(config: QueuesConfig) -> float:
     return float(max(config.policy.protection_window_s, 60))
 
 
+def cooldown_ends(config: QueuesConfig, last_preempted_at: float | None) -> float | None:
+    """When a job last preempted at `last_preempted_at` may be a preemptor again (None: it never was one)."""
+    return None if last_preempted_at is None else last_preempted_at + cooldown_s(config)
+
+
 def cooldown_verdict(config: QueuesConfig, last_preempted_at: float | None, now: float) -> str | None:
-    if last_preempted_at is None:
+    """Why a job last preempted at `last_preempted_at` may not preempt others at `now` (None: it may)."""
+    if last_preempted_at is None or now >= last_preempted_at + cooldown_s(config):
         return None
-    until = last_preempted_at + cooldown_s(config)
-    if now < until:
-        return (f"the job was itself preempted {now - last_preempted_at:.0f}s ago; it may preempt others only "
-                f"after a {cooldown_s(config):.0f}s cool-down (no cascades)")
-    return None
+    return (f"the job was itself preempted {now - last_preempted_at:.0f}s ago; it may preempt others only "
+            f"after a {cooldown_s(config):.0f}s cool-down (no cascades)")

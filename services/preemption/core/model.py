@@ -44,7 +44,7 @@ class Outcome:
     DEFERRED = "deferred"  # no victim yet, only because candidates are protected: retried when that ends
     FITS = "fits_without_preemption"
     RATE_LIMITED = "rate_limited"
-    COOLDOWN = "cooldown"
+    COOLDOWN = "cooldown"  # the preemptor was itself preempted recently: retried when its cool-down ends
     DUPLICATE = "duplicate"
     NOT_WAITING = "preemptor_not_waiting"
 

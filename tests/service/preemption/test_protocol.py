@@ -26,7 +26,7 @@ from services.preemption.visibility import preemptible_in_queue, preemption_stat
 from services.scheduler import readmodel
 from services.scheduler.app import SchedulerService
 from shared.clock import ManualClock
-from shared.config import parse_queues
+from shared.config import QueuesConfig, parse_queues
 from shared.db import apply_migrations, create_pool
 from shared.domain import CheckpointSpec, JobSpec, NodeSpec, PodSet
 from shared.events import (
@@ -64,8 +64,9 @@ def spec(job_id: str, queue: str, klass: str, gpus: int = 8, ckpt: bool = True, 
 
 
 class Harness:
-    def __init__(self, nats_url: str, database_url: str, clock: ManualClock):
+    def __init__(self, nats_url: str, database_url: str, clock: ManualClock, queues: QueuesConfig = QUEUES):
         self.nats_url, self.database_url, self.clock = nats_url, database_url, clock
+        self.queues = queues
         self.runtime: ServiceRuntime | None = None
 
     async def __aenter__(self) -> Harness:
@@ -91,7 +92,7 @@ class Harness:
         self.scheduler = None
 
     async def start(self) -> None:
-        service = PreemptionService(QUEUES, tick_s=0.05)
+        service = PreemptionService(self.queues, tick_s=0.05)
         self.runtime = ServiceRuntime(service.spec(), nats_url=self.nats_url, pool=self.pool, clock=self.clock,
                                       database_url=self.database_url)
         await self.runtime.start()
@@ -317,6 +318,52 @@ async def test_a_deferred_reclaim_is_dropped_once_the_preemptor_is_placed(fresh:
             outcomes = [r["outcome"] for r in await conn.fetch(
                 "SELECT outcome FROM preemption.requests WHERE preemptor = 'b-back' ORDER BY requested_at")]
         assert outcomes == ["deferred", "preemptor_not_waiting"]
+
+
+THREE_CLASSES = parse_queues({
+    "priority_classes": [{"name": "high", "value": 500, "preemptible": False},
+                         {"name": "mid", "value": 100, "preemptible": True},
+                         {"name": "low", "value": 0, "preemptible": True}],
+    "cohorts": [{"name": "research"}],
+    "queues": [{"name": "team-a", "cohort": "research", "quotas": {MODEL: {"nominal": 16}}}],
+    "policy": {"protection_window_s": 600, "checkpoint_grace_s": 300},
+})
+
+
+async def test_a_request_refused_for_the_cool_down_is_run_again_when_it_ends(fresh: tuple[str, str]) -> None:
+    """a-mid is preempted for a-high; waiting again, it asks for room, which only a-low (lower priority) can
+    make. It is refused while it cools down (no cascades: 600 s after its preemption) and, though admission
+    sends a request once, run again when the cool-down ends: then a-low, out of its protection window by then,
+    is preempted for it."""
+    clock = ManualClock(T0 + 5000)
+    async with Harness(*fresh, clock, queues=THREE_CLASSES) as h:
+        await h.send(NodeInventory(nodes=NODES))
+        await h.until("SELECT count(*) = 2 FROM scheduler.v1_nodes WHERE NOT removed")
+        # neither can checkpoint; both lose less than the 1,800 s loss bound when preempted
+        await h.run_job(spec("a-mid", "team-a", "mid", ckpt=False), clock.now() - 1000)
+        await h.run_job(spec("a-low", "team-a", "low", ckpt=False), clock.now() - 100)  # protected until +500
+        await h.admit(spec("a-high", "team-a", "high"))
+        await h.send(PreemptionRequested(preemptor="a-high", queue="team-a", reason=PreemptionReason.PRIORITY))
+        await h.until("SELECT 1 FROM preemption.preemptions WHERE victim = 'a-mid' AND state = 'preempted'")
+        await h.admission(spec("a-mid", "team-a", "mid", ckpt=False))  # requeued: waiting again
+        await h.until("SELECT NOT EXISTS (SELECT 1 FROM scheduler.v1_placements WHERE job_id = 'a-mid')")
+        await h.send(PreemptionRequested(preemptor="a-mid", queue="team-a", reason=PreemptionReason.PRIORITY))
+        outcome = await h.until("SELECT outcome FROM preemption.requests WHERE preemptor = 'a-mid'")
+        assert outcome == "cooldown"
+        retry_at = await h.until("SELECT retry_at FROM preemption.deferred WHERE preemptor = 'a-mid'")
+        assert retry_at == clock.now() + 600  # preempted at this instant (the manual clock has not moved)
+        clock.advance(550)  # a-low is out of its window, a-mid still cooling down: nothing happens
+        await asyncio.sleep(0.3)
+        assert [p["job_id"] for p in await h.outbox(ns_subject("job.preempted"))] == ["a-mid"]
+        clock.advance(51)
+        await h.until("SELECT 1 FROM preemption.preemptions WHERE victim = 'a-low' AND state = 'preempted'")
+        preempted = await h.outbox(ns_subject("job.preempted"))
+        assert [(p["job_id"], p["preemptor"]) for p in preempted] == [("a-mid", "a-high"), ("a-low", "a-mid")]
+        async with h.pool.acquire() as conn:
+            outcomes = [r["outcome"] for r in await conn.fetch(
+                "SELECT outcome FROM preemption.requests WHERE preemptor = 'a-mid' ORDER BY requested_at")]
+            assert await conn.fetchval("SELECT count(*) FROM preemption.deferred") == 0
+        assert outcomes == ["cooldown", "started"]
 
 
 # ---------------------------------------------------------------------- the owners' facts change mid-protocol

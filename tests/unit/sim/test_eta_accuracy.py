@@ -66,15 +66,15 @@ def test_the_replay_never_preempts_a_job_inside_its_window_or_of_higher_priority
 
 
 def test_a_waiting_job_preempted_recently_gets_the_preemptors_cool_down_in_the_replay():
-    """p1 was itself preempted 100 s ago: the preemption service refuses its request until the cool-down (the
-    protection window, 600 s) has passed, and admission does not ask again for the same job, so it waits for the
-    low job's end; a job never preempted takes the (unprotected) low job's GPUs at once."""
+    """p1 was itself preempted 100 s ago: the preemption service defers its request to the end of the cool-down
+    (the protection window, 600 s, after that preemption), so the replay starts it then, not at once as a job
+    never preempted, which takes the (unprotected) low job's GPUs now, nor at the low job's end."""
     running = [job("low", 0, 10, gpus_per_pod=8, estimate=7200, priority="low")]
     cluster, adm = _state_with(running, [job("p1", 5, 10, gpus_per_pod=8, estimate=600)], now=1000.0)
     ends = {"low": 3600.0}
     assert estimate_starts(cluster, adm, ends, now=1000.0, started={"low": 0.0}) == {"p1": 1000.0}
     assert estimate_starts(cluster, adm, ends, now=1000.0, started={"low": 0.0},
-                           preempted_at={"p1": 900.0}) == {"p1": 3600.0}
+                           preempted_at={"p1": 900.0}) == {"p1": 1500.0}
 
 
 def _count_cycles(monkeypatch) -> list[int]:
@@ -327,7 +327,7 @@ def test_platform_eta_learns_from_the_starts_and_ends_admission_reports():
 def test_platform_eta_preempts_in_its_replays_and_remembers_who_was_preempted():
     """The admission service's ETA replays the platform's preemptions: a normal job waiting behind a low-priority
     one past its protection window starts now; once admission reports the waiting job preempted (JobPreempted),
-    its cool-down keeps it from preempting and it waits for the low job's reserved end; a start forgets it."""
+    its cool-down keeps it from preempting until 600 s after that preemption; a start forgets it."""
     from sim.eta import PlatformEta
 
     running = [job("low", 0, 10, gpus_per_pod=8, estimate=7200, priority="low")]
@@ -335,9 +335,9 @@ def test_platform_eta_preempts_in_its_replays_and_remembers_who_was_preempted():
     eta = PlatformEta()
     assert eta(cluster, adm, {"low": 7200.0}, 1000.0)["p1"].start == 1000.0
     eta.job_preempted("p1", 900.0)
-    assert eta(cluster, adm, {"low": 7200.0}, 1000.0)["p1"].start == 7200.0
+    assert eta(cluster, adm, {"low": 7200.0}, 1000.0)["p1"].start == 1500.0
     forked, _, _ = eta.replay_forked(cluster, adm, {"low": 7200.0}, 1000.0)
-    assert forked["p1"].start == 7200.0  # the forked refresh reads the same memory
+    assert forked["p1"].start == 1500.0  # the forked refresh reads the same memory
     eta.job_started("p1", 7200.0)
     assert eta(cluster, adm, {"low": 7200.0}, 1000.0)["p1"].start == 1000.0
     off = PlatformEta(EtaModel(expect_preemption=False))  # the replay without preemption: the low job's end
@@ -416,6 +416,42 @@ def test_a_steady_stream_of_higher_priority_arrivals_delays_a_low_priority_eta_b
     ended = EtaModel()  # the same sweep, submitted in the first ten minutes of the hour, then silence
     _stream(ended, "a", 500, 10.0, now - 3000.0, 600.0, 480.0)
     assert estimate_ranges(cluster, adm, view, now, ended)["p1"].start == pytest.approx(3600.0, abs=1.0)
+
+
+def test_only_the_share_of_an_arrivals_work_on_a_jobs_gpu_models_delays_it():
+    """Pools of 8 A and 24 B GPUs. A high-priority arrival for B only never delays a job that runs on A only;
+    one that accepts any model spreads over the 32 GPUs, so a quarter of its work lands on A; one for A only
+    counts whole. A job that accepts any model meets all of them over the 32 GPUs. The silence weight counts
+    the arrivals that compete (two for the A job, three for the any-model one)."""
+    from sim.eta import Arrival, ArrivalHistory
+
+    pools, now, wait = {"A": 8, "B": 24}, 1000.0, 600.0
+    hist = ArrivalHistory()
+    for job_id, models, gpu_s in (("b-only", ("B",), 800.0), ("any", (), 3200.0), ("a-only", ("A",), 800.0)):
+        hist.observe("q", Arrival(now - 10.0, job_id, 500, gpu_s, models), now=now)
+    assert hist.expected_delay("q", 0, now, wait, pools, ("A",)) == pytest.approx(
+        (3200.0 / 4 + 800.0) / 8 * math.exp(-2 * 10.0 / wait))
+    assert hist.expected_delay("q", 0, now, wait, pools, ("B",)) == pytest.approx(
+        (800.0 + 3200.0 * 3 / 4) / 24 * math.exp(-2 * 10.0 / wait))
+    assert hist.expected_delay("q", 0, now, wait, pools, ()) == pytest.approx(
+        4800.0 / 32 * math.exp(-3 * 10.0 / wait))
+    only_b = ArrivalHistory()
+    only_b.observe("q", Arrival(now - 10.0, "b-only", 500, 800.0, ("B",)), now=now)
+    assert only_b.expected_delay("q", 0, now, wait, pools, ("A",)) == 0.0
+
+
+def test_an_arrivals_work_counts_its_mig_slices_as_their_share_of_a_gpu():
+    """A job of four 3g.40gb slices holds 4 x 3/7 of a GPU (the domain's share of a slice), not zero GPUs;
+    whole GPUs count as they are."""
+    from dataclasses import replace
+
+    from shared.domain import MIG_COMPUTE_SLICES
+    from sim.eta import gpu_share
+
+    sliced = replace(job("m", 0, 60, pods=4), mig_profile="3g.40gb").spec()
+    assert sliced.total_gpus == 0
+    assert gpu_share(sliced) == pytest.approx(4 * (1000 * 3 // MIG_COMPUTE_SLICES) / 1000)
+    assert gpu_share(job("w", 0, 60, pods=2, gpus_per_pod=4).spec()) == 8
 
 
 def test_the_arrival_history_learns_each_job_once_from_refreshes_and_stays_bounded():

@@ -61,3 +61,20 @@ def test_hook_takes_the_unprotected_low_job_and_checkpointing_cuts_lost_work() -
         assert hook.protected_violations == 0
         lost[checkpointing] = out[0].lost_gpu_s
     assert lost[True] == 4 * 30 and lost[False] == 4 * 5000
+
+
+def test_a_cooling_down_preemptor_is_decided_again_when_its_cool_down_ends() -> None:
+    """"boss" was itself preempted 100 s ago: the hook takes no victim for it now (no cascades) and reports
+    the end of its cool-down (the protection window, 600 s, after that preemption) as `next_wake`, when the
+    simulator's policy sends the request again, as the preemption service defers it; then "old" is taken."""
+    w = World(queues(), node_count=1)
+    old = spec("old", gpus=8, checkpoint=CheckpointSpec(supported=True))
+    w.run(old, NOW - 5000)
+    boss = spec("boss", klass="high", gpus=8)
+    hook = SimPreemption(w.config)
+    hook.last_preempted["boss"] = NOW - 100
+    assert hook(_ctx(w, [(old, 5000)], boss)) == []
+    assert hook.next_wake == NOW + 500
+    later = _ctx(w, [(old, 5000)], boss)
+    later.now = NOW + 500
+    assert [p.job_id for p in hook(later)] == ["old"] and hook.next_wake is None
