@@ -178,11 +178,11 @@ class ReplayPreemption:
     job nor one inside its protection window, with the per-queue hourly limit and the cool-down), and the
     replay wakes when a protection window or a preemptor's cool-down that held a request back ends. A request
     is sent once, and again only after such a wake-up, as the simulator's policy sends it
-    (sim/policies/gpuq.py). Without it a job
-    that waits for a lower-priority job's quota is shown the end of that job, where the platform starts it when
-    the job's protection ends. Replay-only memory: what the real preemption service did before `now` (its
-    hourly counts, the requests it already refused) is not known here and starts empty; the waiting jobs'
-    last preemptions are (`preempted_at`: their cool-downs as preemptors)."""
+    (sim/policies/gpuq.py). Without it a job that waits for a lower-priority job's quota is shown the end of
+    that job, where the platform starts it when the job's protection ends. Replay-only memory: what the real
+    preemption service did before `now` (its hourly counts, the requests it already refused) is not known here
+    and starts empty; the waiting jobs' last preemptions are (`preempted_at`: their cool-downs as
+    preemptors)."""
 
     def __init__(self, admission: Any, started: Mapping[str, float], preempted_at: Mapping[str, float]):
         from sim.policies.gpuq import RunningInfo
@@ -424,8 +424,8 @@ class ArrivalHistory:
     predicted work on the GPUs of the models it can use, the last one d seconds ago) are expected again, and
     take A / capacity seconds from it (the fluid view: those GPUs drain A GPU-seconds that much later). An
     arrival that accepts other models too counts with the share of its work that falls on this job's models
-    (`_overlap`); one that accepts none of them does not count. Streams of submissions
-    end (a sweep is submitted in minutes, then nothing): the forecast is weighted by exp(-n d / wait), the
+    (`_overlap`); one that accepts none of them does not count. Streams of submissions end (a sweep is
+    submitted in minutes, then nothing): the forecast is weighted by exp(-n d / wait), the
     chance that a stream still arriving at its look-back rate n / wait leaves a silence as long as the one seen
     since its last job (Poisson), so a sweep that ended long before adds nothing. One step: arrivals during the
     added delay itself are not counted again (the streams end). Lower- and equal-priority arrivals of the queue
@@ -506,8 +506,11 @@ class ArrivalHistory:
         if not ahead or capacity <= 0:
             return 0.0
         work, last, n = 0.0, -math.inf, 0
+        shares: dict[tuple[str, ...], float] = {}  # an arrival's models -> its share here (a few model sets)
         for a in ahead:
-            share = _overlap(pools, a.gpu_models, models)
+            share = shares.get(a.gpu_models)
+            if share is None:
+                share = shares[a.gpu_models] = _overlap(pools, a.gpu_models, models)
             if share > 0.0:
                 work, last, n = work + share * a.gpu_s, max(last, a.at), n + 1
         if not n:

@@ -221,9 +221,10 @@ class SimPreemption:
             spec = self._spec(ctx, job_id)
             if spec is None:
                 continue
-            if cooldown_verdict(self.config, self.last_preempted.get(job_id), ctx.now):
+            last = self.last_preempted.get(job_id)
+            if cooldown_verdict(self.config, last, ctx.now):
                 # the service defers it to the end of the cool-down (services/preemption/app.py)
-                self._wake_at(cooldown_ends(self.config, self.last_preempted.get(job_id)))
+                self._wake_at(cooldown_ends(self.config, last))
                 continue
             preemptor = Preemptor(job_id=job_id, queue=spec.queue, priority=priority_of(self.config, spec)[0],
                                   kind=spec.kind, spec=spec, reason=reason,

@@ -42,7 +42,9 @@ def cooldown_ends(config: QueuesConfig, last_preempted_at: float | None) -> floa
 
 def cooldown_verdict(config: QueuesConfig, last_preempted_at: float | None, now: float) -> str | None:
     """Why a job last preempted at `last_preempted_at` may not preempt others at `now` (None: it may)."""
-    if last_preempted_at is None or now >= last_preempted_at + cooldown_s(config):
+    until = cooldown_ends(config, last_preempted_at)
+    if until is None or now >= until:
         return None
-    return (f"the job was itself preempted {now - last_preempted_at:.0f}s ago; it may preempt others only "
-            f"after a {cooldown_s(config):.0f}s cool-down (no cascades)")
+    cooldown = cooldown_s(config)
+    return (f"the job was itself preempted {now - (until - cooldown):.0f}s ago; it may preempt others only "
+            f"after a {cooldown:.0f}s cool-down (no cascades)")
