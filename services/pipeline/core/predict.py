@@ -17,7 +17,10 @@ Users' limits (`max_runtime_s`) are typically several times the true duration, s
 - a running job whose start is known (`remaining(..., started_at=)`) also listens to its cohort: the jobs of
   its group that started near it and have since ended (`CohortEvidence`, a Bayesian mixture: each such job a
   component weighted by start proximity, the group's window the prior; conditioning on the elapsed time
-  reweights them). With no such job it is the prediction above, unchanged.
+  reweights them), and those still running (`running_now`): their limits are independent guesses at the
+  durations of alike jobs, so together they place the prior (`pooled_prior`, a random-effects model) better
+  than the job's own limit alone, the more so the less they scatter. With no such job it is the prediction
+  above, unchanged.
 
 Pure: no I/O and no clock; all times are seconds handed in. It never sees a job's true duration except through
 `observe`, which callers invoke only when the job has ended. Deterministic: same observations in the same order,
@@ -27,11 +30,13 @@ same predictions.
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import re
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 
 from shared.domain import JobSpec
 
@@ -53,6 +58,7 @@ COHORT_MIN_BANDWIDTH = 0.05
 # The cohort mixture's quantiles are found by bisection down to this bracket (seconds of run time): far below
 # what any end time is known to, so a quantile costs ~20 evaluations of the mixture instead of a fixed 36.
 BISECT_TOLERANCE_S = 0.5
+_STD_NORMAL = NormalDist()
 _STEM_TAIL = re.compile(r"([-_.:]?([0-9]+|[0-9a-f]{6,}))+$")
 
 
@@ -185,6 +191,9 @@ class DurationPredictor:
         self.observed = 0
         self._runs: dict[str, CohortEvidence] = {}  # group name -> its ended jobs' (start, duration)
         self.use_cohort = use_cohort
+        # The jobs running as of the last `running_now`: group name -> their (started_at, limit_s), sorted.
+        self._running: dict[str, list[tuple[float, float]]] = {}
+        self._log_stats: dict[str, tuple[float, float]] = {}  # group name -> `ratio_log_stats` of its window
 
     # ------------------------------------------------------------------ learning
 
@@ -201,10 +210,22 @@ class DurationPredictor:
         for level in key.levels():
             self._ratios.setdefault(level, deque(maxlen=self.window)).append(ratio)
             self._sorted.pop(level, None)
+            self._log_stats.pop("\x1f".join(level), None)
             if started_at is not None:
                 self._runs.setdefault("\x1f".join(level), CohortEvidence(self.window)).add(
                     started_at, max(duration_s, 1.0))
         self.observed += 1
+
+    def running_now(self, now: float, jobs: Iterable[tuple[JobKey, float, float]]) -> None:
+        """The jobs running as of `now`, as (key, limit_s, started_at), until the next call replaces them: a
+        running job's prediction (`remaining(..., started_at=)`) also hears the limits of the jobs of its group
+        started near it (`pooled_prior`). An empty call forgets them."""
+        running: dict[str, list[tuple[float, float]]] = {}
+        for key, limit_s, started_at in jobs:
+            group = self.group_name(key)
+            if group and limit_s > 0:
+                running.setdefault(group, []).append((started_at, limit_s))
+        self._running = {group: sorted(v) for group, v in running.items()}
 
     # ------------------------------------------------------------------ predicting
 
@@ -278,25 +299,35 @@ class DurationPredictor:
     def _cohort(self, key: JobKey, limit_s: float, elapsed_s: float, started_at: float,
                 peers: Sequence[float] = ()) -> tuple[Callable[[float], float], int, str] | None:
         """The remaining time from the cohort mixture (CohortEvidence) as `remaining_quantiles` returns it, None
-        when no ended job of the group started near this one (the caller then predicts from the window alone)."""
+        when no job of the group started near this one has ended or is running (`running_now`): the caller then
+        predicts from the window alone."""
         ratios, samples, group = self._group(key)
-        evidence = self._runs.get(group) if group else None
-        if evidence is None:
+        if not group:
             return None
+        evidence = self._runs.get(group)
         scale = max(elapsed_s, MIN_REMAINING_S)
-        near = evidence.near(started_at, scale)
-        if not near:
-            return None
         now = started_at + elapsed_s
+        near = evidence.near(started_at, scale) if evidence is not None else []
         # the running peers started near it: (weight, log of how long each has run so far), censored durations
         censored = sorted(((w, math.log(max(now - s, 1.0))) for s in peers
                            if (w := math.exp(-abs(s - started_at) / scale)) >= COHORT_MIN_WEIGHT),
                           reverse=True)[:COHORT_MAX]
         f = self._factor(group)
         # The prior: the durations the group's window allows (ratio × limit, bias-corrected, capped as in
-        # `_alive`), as `min_samples` pseudo-jobs: the window is trusted once it holds that many.
+        # `_alive`), as `min_samples` pseudo-jobs: the window is trusted once it holds that many. With running
+        # jobs of the group started near it (`running_now`), their limits say more (`pooled_prior`).
         cap = limit_s * ratios[-1] if ratios else float(limit_s)
         prior = sorted(min(cap, limit_s * r * f) for r in ratios) if ratios else [float(limit_s)]
+        kind = "+cohort"
+        others = self._running_peers(group, limit_s, started_at, scale)
+        if others and ratios:
+            stats = self._log_stats.get(group)
+            if stats is None:
+                stats = self._log_stats[group] = ratio_log_stats(ratios)
+            prior = [min(cap, d) for d in pooled_prior(ratios, f, limit_s, others, stats)]
+            kind = "+cohort+peers" if near else "+peers"
+        elif not near:
+            return None
         total = cohort_quantile_fn(near, prior, float(self.min_samples), elapsed_s, censored)
         if total is None:
             return None
@@ -305,7 +336,55 @@ class DurationPredictor:
         def left(q: float) -> float:
             return max(1.0, min(total(q), top) - elapsed_s)
 
-        return left, samples + len(near), _basis(group) + "+cohort"
+        return left, samples + len(near), _basis(group) + kind
+
+    def _running_peers(self, group: str, limit_s: float, started_at: float, scale: float
+                       ) -> list[tuple[float, float]]:
+        """(weight, limit) of the group's other running jobs (`running_now`) started near this one, weighted like
+        ended cohort jobs by start proximity: the COHORT_MAX heaviest (ties: the longer limit first), heaviest
+        first. Found by walking out from this job's start, one start value at a time, so that a refresh costs
+        O(running × COHORT_MAX), not O(running²), however many jobs started in the same burst."""
+        rows = self._running.get(group)
+        if not rows:
+            return []
+        found: list[tuple[float, float]] = []
+        me = (started_at, limit_s)
+
+        def take(block: list[tuple[float, float]], w: float) -> None:  # block: one weight, limits descending
+            nonlocal me
+            for s, lim in block:
+                if len(found) >= COHORT_MAX:
+                    return
+                if (s, lim) == me:
+                    me = (math.nan, math.nan)  # this job itself (once)
+                    continue
+                found.append((w, lim))
+
+        def tail(lo: int, hi: int) -> list[tuple[float, float]]:  # rows[lo:hi], limits descending, enough of them
+            return rows[max(lo, hi - COHORT_MAX - 1):hi][::-1]
+
+        left = bisect.bisect_left(rows, (started_at, -math.inf))
+        right = bisect.bisect_right(rows, (started_at, math.inf))
+        take(tail(left, right), 1.0)
+        while len(found) < COHORT_MAX and (left > 0 or right < len(rows)):
+            gap_left = started_at - rows[left - 1][0] if left > 0 else math.inf
+            gap_right = rows[right][0] - started_at if right < len(rows) else math.inf
+            gap = min(gap_left, gap_right)
+            if (w := math.exp(-gap / scale)) < COHORT_MIN_WEIGHT:
+                break
+            block: list[tuple[float, float]] = []
+            if gap_left == gap:
+                lo = bisect.bisect_left(rows, (rows[left - 1][0], -math.inf))
+                block += tail(lo, left)
+                left = lo
+            if gap_right == gap:
+                hi = bisect.bisect_right(rows, (rows[right][0], math.inf))
+                block += tail(right, hi)
+                right = hi
+            if gap_left == gap_right:  # the same distance on both sides: one weight, merged by limit
+                block.sort(key=lambda row: row[1], reverse=True)
+            take(block, w)
+        return found
 
     def ratios(self, key: JobKey) -> list[float]:
         """The sorted duration/limit ratios of the group a prediction for `key` rests on (empty: none yet)."""
@@ -389,13 +468,14 @@ def cohort_quantile_fn(near: Sequence[tuple[float, float]], prior: Sequence[floa
     first to end are the short ones, and the ones still running say how much of the cohort outlasts them. Each
     adds its weight to the components by its posterior responsibility (a component's weight times its chance
     of lasting past c: one EM step of the mixture's weights), so peers outlasting every ended one move weight
-    to the window. Returns q -> that quantile (seconds); None when no component allows a run this long."""
+    to the window. `near` may be empty: the prior alone, conditioned on the elapsed time. Returns q -> that
+    quantile (seconds); None when no component allows a run this long."""
     total_w = sum(w for w, _ in near)
-    if total_w <= 0:
+    if total_w <= 0 and not prior:
         return None
-    mean = sum(w * mu for w, mu in near) / total_w
-    var = sum(w * (mu - mean) ** 2 for w, mu in near) / total_w
-    n_eff = total_w ** 2 / sum(w * w for w, _ in near)
+    mean = sum(w * mu for w, mu in near) / total_w if total_w > 0 else 0.0
+    var = sum(w * (mu - mean) ** 2 for w, mu in near) / total_w if total_w > 0 else 0.0
+    n_eff = total_w ** 2 / sum(w * w for w, _ in near) if total_w > 0 else 0.0
     if n_eff < 2.0:
         logs = [math.log(max(v, 1.0)) for v in prior]
         pm = sum(logs) / len(logs)
@@ -450,6 +530,57 @@ def cohort_quantile_fn(near: Sequence[tuple[float, float]], prior: Sequence[floa
         return math.exp(hi)
 
     return total
+
+
+def pooled_prior(ratios: Sequence[float], factor: float, limit_s: float, others: Sequence[tuple[float, float]],
+                 log_stats: tuple[float, float] | None = None) -> list[float]:
+    """A job's duration, before its elapsed time is known, from its own limit and those of the jobs of its group
+    running beside it (`others`: (weight, limit)), as len(ratios) sorted quantiles.
+
+    A random-effects model in log seconds: the cohort's durations scatter by ω around a common m, and each limit
+    is its job's duration times the user's guess error, whose log is centred where the window's median is and
+    spreads as the window's logs do, σ (the ratios duration/limit of the group's ended jobs, `factor` their bias
+    correction). Each other limit is then a
+    guess at m with variance ω² + σ²; their (weighted) mean estimates m, and the limits' own scatter estimates ω²
+    (its variance less σ², method of moments, and no closer to zero than that estimate's standard error): a
+    sweep whose limits scatter no more than users' guesses do runs alike, a mix of unlike jobs started together
+    scatters more and leaves each job to its own limit. This job's duration is the cohort's (m, ω) combined with
+    its own limit's guess (precision-weighted): a normal in log, widened by what the window's own mean is
+    uncertain by. `log_stats`: `ratio_log_stats(ratios)`, when the caller keeps it."""
+    n = len(ratios)
+    centre_log, var_log = log_stats if log_stats is not None else ratio_log_stats(ratios)
+    # log(duration / limit) of a typical job: the window's median ratio, as every other prediction takes it (the
+    # bias correction `factor` is learnt against that median, so it corrects this centre and no other)
+    bias = centre_log + math.log(factor)
+    sigma2 = max(var_log, COHORT_MIN_BANDWIDTH ** 2)
+    total_w = sum(w for w, _ in others)
+    centre = sum(w * math.log(lim) for w, lim in others) / total_w
+    n_eff = total_w ** 2 / sum(w * w for w, _ in others)
+    mine = math.log(limit_s)
+    pw = total_w + 1.0
+    pm = (centre * total_w + mine) / pw
+    scatter = (sum(w * (math.log(lim) - pm) ** 2 for w, lim in others) + (mine - pm) ** 2) / pw
+    # ω² is told from zero no closer than its estimate's standard error (σ²·√(2/n) for n normal limits)
+    omega2 = max(COHORT_MIN_BANDWIDTH ** 2, scatter - sigma2, sigma2 * math.sqrt(2.0 / (n_eff + 1.0)))
+    cohort_var = omega2 + (omega2 + sigma2) / n_eff  # this job's log duration, from the others alone
+    var = 1.0 / (1.0 / cohort_var + 1.0 / sigma2)
+    mean = var * ((centre + bias) / cohort_var + (mine + bias) / sigma2)
+    sd = math.sqrt(var + sigma2 / n)  # and the window's mean error is itself known to ±σ/√n
+    return [math.exp(mean + sd * z) for z in _normal_scores(n)]
+
+
+def ratio_log_stats(ratios: Sequence[float]) -> tuple[float, float]:
+    """The log of the median of sorted `ratios` (non-empty, positive) and the (population) variance of their
+    logs."""
+    logs = [math.log(max(r, 1e-9)) for r in ratios]
+    mean = sum(logs) / len(logs)
+    return math.log(max(quantile(ratios, 0.5), 1e-9)), sum((x - mean) ** 2 for x in logs) / len(logs)
+
+
+@functools.lru_cache(maxsize=64)
+def _normal_scores(n: int) -> tuple[float, ...]:
+    """The standard normal's quantiles at (k + 0.5) / n, k = 0..n-1: n evenly weighted points of it."""
+    return tuple(_STD_NORMAL.inv_cdf((k + 0.5) / n) for k in range(n))
 
 
 def _basis(group: str) -> str:

@@ -11,12 +11,16 @@ from hypothesis import strategies as st
 
 from services.pipeline.core.predict import (
     BISECT_TOLERANCE_S,
+    COHORT_MAX,
+    COHORT_MIN_WEIGHT,
     BiasRecord,
     DurationPredictor,
     JobKey,
+    Prediction,
     cohort_quantile_fn,
     name_stem,
     observe_all,
+    pooled_prior,
 )
 from shared.domain import JobSpec, PodSet
 
@@ -333,3 +337,124 @@ def test_remaining_quantiles_is_what_remaining_reads() -> None:
                                                                         samples, basis)
             values = [left(q / 20) for q in range(1, 20)]
             assert values == sorted(values) and values[0] >= 1.0
+
+
+# ---------------------------------------------------------------- running peers (their limits, `running_now`)
+
+def _guessed_history(pred: DurationPredictor, rng: random.Random) -> None:
+    """A group whose past jobs ran 10 minutes to 5.5 h, their limits the users' noisy guesses of that (the
+    guess's log error: mean 0.4, spread 0.6), all ended long ago."""
+    for i in range(80):
+        d = rng.uniform(600, 20_000)
+        pred.observe(SWEEP, d * rng.lognormvariate(0.4, 0.6), d, started_at=-1e7 + i * 1000)
+
+
+def _sweep(rng: random.Random, n: int, centre_s: float, log_scatter: float) -> list[tuple[float, float]]:
+    """(start, limit) of `n` jobs started within five minutes, limits scattered around `centre_s`."""
+    return [(rng.uniform(0, 300), centre_s * math.exp(rng.gauss(0.4, log_scatter))) for _ in range(n)]
+
+
+def test_a_sweeps_running_jobs_limits_place_each_one_near_their_common_duration() -> None:
+    """Forty alike 3,600 s jobs started together, none ended; each user's limit guessed 3,600 s with the usual
+    error. Alone, a job's prediction scales with its own limit: the longest limit says it runs for hours. With
+    the others running (`running_now`) it is predicted near 3,600 s, the shortest limit's job closer to it too,
+    and the sweep's median error is under half of what it was. (No bias correction, so that the two priors alone
+    are compared.)"""
+    rng = random.Random(11)
+    pred = DurationPredictor(correct_bias=False)
+    _guessed_history(pred, rng)
+    jobs = _sweep(rng, 40, 3600.0, 0.6)
+    now = 1800.0
+    alone = [pred.remaining(SWEEP, lim, now - s, started_at=s) for s, lim in jobs]
+    pred.running_now(now, [(SWEEP, lim, s) for s, lim in jobs])
+    heard = [pred.remaining(SWEEP, lim, now - s, started_at=s) for s, lim in jobs]
+    assert {p.basis for p in alone} == {"team/user/name"}
+    assert {p.basis for p in heard} == {"team/user/name+peers"}
+
+    def error(p: Prediction, start: float) -> float:  # |log(predicted total / true total)|
+        return abs(math.log((now - start + p.median_s) / 3600.0))
+
+    short = min(range(len(jobs)), key=lambda i: jobs[i][1])
+    long = max(range(len(jobs)), key=lambda i: jobs[i][1])
+    assert error(alone[long], jobs[long][0]) > 0.9  # hours where it runs one
+    assert error(heard[long], jobs[long][0]) < 0.3
+    assert error(heard[short], jobs[short][0]) < error(alone[short], jobs[short][0])
+    median_error = [sorted(error(p, s) for p, (s, _) in zip(ps, jobs, strict=True))[len(jobs) // 2]
+                    for ps in (alone, heard)]
+    assert median_error[1] < median_error[0] / 2
+    assert all(p.low_s <= p.median_s <= p.high_s for p in heard)
+
+
+def test_running_jobs_whose_limits_scatter_widely_leave_a_job_mostly_to_its_own_limit() -> None:
+    """The same group and the same job (limit 7,200 s, 1,700 s in), once beside a sweep whose limits scatter as
+    users' guesses do, once beside unlike jobs whose limits scatter a hundredfold around the same centre. The
+    alike ones pull its prediction toward their common duration; the unlike ones, far less."""
+    def predicted(log_scatter: float) -> tuple[float, float]:
+        rng = random.Random(5)
+        pred = DurationPredictor()
+        _guessed_history(pred, rng)
+        alone = pred.remaining(SWEEP, 7200.0, 1700.0, started_at=100.0).median_s
+        pred.running_now(1800.0, [(SWEEP, lim, s) for s, lim in _sweep(rng, 30, 3600.0, log_scatter)]
+                         + [(SWEEP, 7200.0, 100.0)])
+        return alone, pred.remaining(SWEEP, 7200.0, 1700.0, started_at=100.0).median_s
+
+    alone, beside_alike = predicted(0.6)
+    same, beside_unlike = predicted(3.0)
+    assert alone == same
+    pull_alike = abs(math.log(beside_alike / alone))
+    pull_unlike = abs(math.log(beside_unlike / alone))
+    assert pull_alike > 0.25
+    assert pull_unlike < pull_alike / 4
+
+
+def test_an_empty_running_now_gives_the_windows_prediction_back() -> None:
+    rng = random.Random(2)
+    pred = DurationPredictor()
+    _guessed_history(pred, rng)
+    jobs = _sweep(rng, 10, 3600.0, 0.6)
+    before = pred.remaining(SWEEP, 7200.0, 900.0, started_at=50.0)
+    pred.running_now(950.0, [(SWEEP, lim, s) for s, lim in jobs])
+    assert pred.remaining(SWEEP, 7200.0, 900.0, started_at=50.0) != before
+    pred.running_now(950.0, [])
+    assert pred.remaining(SWEEP, 7200.0, 900.0, started_at=50.0) == before
+
+
+def test_pooled_prior_of_identical_limits_is_centred_on_limit_times_the_windows_median_ratio() -> None:
+    """Every limit the same: the cohort and the job's own guess agree, at limit × the window's median ratio (and
+    its bias correction), as a prediction from the window alone would be; the quantiles come one per window entry,
+    sorted, and more alike peers narrow them."""
+    ratios = sorted([0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0])
+    typical = 0.5
+    few = pooled_prior(ratios, 1.0, 3600.0, [(1.0, 3600.0)] * 2)
+    many = pooled_prior(ratios, 1.0, 3600.0, [(1.0, 3600.0)] * 30)
+    for q in (few, many):
+        assert len(q) == len(ratios) and q == sorted(q)
+        assert q[3] == pytest.approx(3600.0 * typical)
+    assert many[-1] / many[0] < few[-1] / few[0]
+    assert pooled_prior(ratios, 2.0, 3600.0, [(1.0, 3600.0)] * 2)[3] == pytest.approx(2 * 3600.0 * typical)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0.0, 10.0, 20.0, 30.0, -250.0, 400.0]),
+                          st.sampled_from([600.0, 3600.0, 7200.0, 28800.0])), max_size=80),
+       st.sampled_from([0.0, 10.0, 25.0, 400.0]), st.sampled_from([3600.0, 7200.0]),
+       st.sampled_from([1.0, 60.0, 1000.0]))
+def test_the_running_peers_are_the_heaviest_others_by_start_proximity(
+        rows: list[tuple[float, float]], start: float, limit: float, scale: float) -> None:
+    """The walk out from a job's start (made so a burst's refresh is not quadratic) finds exactly what sorting
+    every other running job of the group by weight would: the COHORT_MAX heaviest, ties by the longer limit,
+    the job itself left out once, nothing below COHORT_MIN_WEIGHT."""
+    pred = DurationPredictor()
+    for i in range(10):
+        pred.observe(SWEEP, 7200.0, 3600.0 + i)
+    pred.running_now(1e4, [(SWEEP, lim, s) for s, lim in rows] + [(SWEEP, limit, start)])
+    expected: list[tuple[float, float]] = []
+    me_seen = False
+    for s, lim in sorted([*rows, (start, limit)]):
+        if (s, lim) == (start, limit) and not me_seen:
+            me_seen = True
+            continue
+        if (w := math.exp(-abs(s - start) / scale)) >= COHORT_MIN_WEIGHT:
+            expected.append((w, lim))
+    expected = sorted(expected, reverse=True)[:COHORT_MAX]
+    assert pred._running_peers(pred.group_name(SWEEP), limit, start, scale) == expected

@@ -166,6 +166,28 @@ def test_a_running_sweep_is_expected_to_end_with_its_ended_cohort_and_its_peers_
     assert seen["s-20"] == tuple(float(i) for i in range(21, 30)) and seen["b-1"] == ()
 
 
+def test_a_running_sweep_none_of_which_has_ended_is_expected_to_end_together():
+    """Thirty jobs of team a started within 30 s, none ended; their users typed limits of 1 h to 4 h. Alone,
+    each is expected to end in proportion to its limit; the ETA's refresh hands the running jobs to the
+    predictor (`running_now`), and their limits together place every one near the same end."""
+    rng = random.Random(3)
+    model = EtaModel()
+    for i in range(60):  # team a's window: limits the users' noisy guesses of durations from 10 min to 5 h
+        d = rng.uniform(600, 18000)
+        limit = int(d * rng.lognormvariate(0.4, 0.6)) + 1
+        model.job_finished(job(f"old-{i}", 0, 10, estimate=limit).spec(), d, ended_at=-1e6 + i)
+    limits = [3600, 7200, 14400]
+    sweep = {f"s-{i}": RunningView(job(f"s-{i}", 0, 10, estimate=limits[i % 3]).spec(), started_at=float(i))
+             for i in range(30)}
+    now = 1800.0
+    alone = {j: model.expected_ends(v, now)[1] - v.started_at for j, v in sweep.items()}
+    together = {j: e[1] - sweep[j].started_at for j, e in model.all_expected_ends(sweep, now).items()}
+    assert max(alone.values()) / min(alone.values()) > 2.5
+    assert max(together.values()) / min(together.values()) < 1.5
+    model.predictor.running_now(now, [])
+    assert {j: model.expected_ends(v, now)[1] - v.started_at for j, v in sweep.items()} == alone
+
+
 def _calibrated_coverage(cal: EtaCalibration, rng: random.Random, steps: int, spread_of) -> dict[str, float]:
     """Feed `cal` ETAs whose replayed range is `spread_of(kind)` wide (log, each side) while the actual wait is
     lognormal around the planned one with the kind's true sigma; the coverage per kind after a warm-up."""
