@@ -593,7 +593,7 @@ class EtaModel:
     def all_expected_ends(self, running: Mapping[str, RunningView], now: float
                           ) -> dict[str, tuple[float, float, float]]:
         """`expected_ends` of every running job, each with the other running jobs of its group as peers. The
-        running jobs are also the predictor's censored observations until the next call (`running_now`)."""
+        running jobs' limits also go to the predictor until the next call (`running_now`, `pooled_prior`)."""
         if self.predict:
             self.predictor.running_now(now, [(JobKey.of(r.spec), float(r.spec.max_runtime_s), r.started_at)
                                              for _, r in sorted(running.items())])

@@ -540,9 +540,9 @@ def pooled_prior(ratios: Sequence[float], factor: float, limit_s: float, others:
     A random-effects model in log seconds: the cohort's durations scatter by ω around a common m, and each limit
     is its job's duration times the user's guess error, whose log is centred where the window's median is and
     spreads as the window's logs do, σ (the ratios duration/limit of the group's ended jobs, `factor` their bias
-    correction). Each other limit is then a
-    guess at m with variance ω² + σ²; their (weighted) mean estimates m, and the limits' own scatter estimates ω²
-    (its variance less σ², method of moments, and no closer to zero than that estimate's standard error): a
+    correction). Each other limit is then a guess at m with variance ω² + σ²; their (weighted) mean estimates m,
+    and the limits' own scatter estimates ω² (its variance less σ², method of moments, and no closer to zero
+    than that estimate's standard error): a
     sweep whose limits scatter no more than users' guesses do runs alike, a mix of unlike jobs started together
     scatters more and leaves each job to its own limit. This job's duration is the cohort's (m, ω) combined with
     its own limit's guess (precision-weighted): a normal in log, widened by what the window's own mean is
