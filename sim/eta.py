@@ -579,32 +579,25 @@ class EtaModel:
     def expected_end(self, job: RunningView, now: float, which: str = "median") -> float:
         return self.expected_ends(job, now)[{"low": 0, "high": 2}.get(which, 1)]
 
-    def expected_ends(self, job: RunningView, now: float, peers: Sequence[float] = ()
-                      ) -> tuple[float, float, float]:
-        """When a job holding GPUs is expected to end: (p10, median, p90). `peers`: the starts of the other
-        running jobs of its history group (`all_expected_ends` finds them)."""
+    def expected_ends(self, job: RunningView, now: float) -> tuple[float, float, float]:
+        """When a job holding GPUs is expected to end: (p10, median, p90). Its cohort's running jobs are the ones
+        the last `all_expected_ends` handed the predictor."""
         limit = float(job.spec.max_runtime_s)
         if not self.predict:
             return (job.started_at + limit,) * 3
         p = self.predictor.remaining(JobKey.of(job.spec), limit, now - job.started_at, job.progress,
-                                     started_at=job.started_at, peers=peers)
+                                     started_at=job.started_at)
         return now + p.low_s, now + p.median_s, now + p.high_s
 
     def all_expected_ends(self, running: Mapping[str, RunningView], now: float
                           ) -> dict[str, tuple[float, float, float]]:
-        """`expected_ends` of every running job, each with the other running jobs of its group as peers. The
-        running jobs' limits also go to the predictor until the next call (`running_now`, `pooled_prior`)."""
+        """`expected_ends` of every running job. The running jobs go to the predictor first (`running_now`), so
+        that each job hears the others of its group started near it: how long they have run, and their limits
+        (`pooled_prior`)."""
         if self.predict:
-            self.predictor.running_now(now, [(JobKey.of(r.spec), float(r.spec.max_runtime_s), r.started_at)
-                                             for _, r in sorted(running.items())])
-        groups: dict[str, list[tuple[str, float]]] = {}
-        for job_id, r in sorted(running.items()):
-            groups.setdefault(self.predictor.group_name(JobKey.of(r.spec)), []).append((job_id, r.started_at))
-        out: dict[str, tuple[float, float, float]] = {}
-        for job_id, r in sorted(running.items()):
-            group = groups[self.predictor.group_name(JobKey.of(r.spec))]
-            out[job_id] = self.expected_ends(r, now, [s for j, s in group if j != job_id])
-        return out
+            self.predictor.running_now([(JobKey.of(r.spec), float(r.spec.max_runtime_s), r.started_at)
+                                        for _, r in sorted(running.items())])
+        return {job_id: self.expected_ends(r, now) for job_id, r in sorted(running.items())}
 
 
 def estimate_ranges(cluster: Any, admission: Any, running: Mapping[str, RunningView], now: float,

@@ -17,10 +17,10 @@ Users' limits (`max_runtime_s`) are typically several times the true duration, s
 - a running job whose start is known (`remaining(..., started_at=)`) also listens to its cohort: the jobs of
   its group that started near it and have since ended (`CohortEvidence`, a Bayesian mixture: each such job a
   component weighted by start proximity, the group's window the prior; conditioning on the elapsed time
-  reweights them), and those still running (`running_now`): their limits are independent guesses at the
-  durations of alike jobs, so together they place the prior (`pooled_prior`, a random-effects model) better
-  than the job's own limit alone, the more so the less they scatter. With no such job it is the prediction
-  above, unchanged.
+  reweights them), and those still running (`running_now`): how long they have run so far says how much of
+  the cohort outlasts that (censored durations), and their limits are independent guesses at the durations of
+  alike jobs, so together they place the prior (`pooled_prior`, a random-effects model) better than the job's
+  own limit alone, the more so the less they scatter. With no such job it is the prediction above, unchanged.
 
 Pure: no I/O and no clock; all times are seconds handed in. It never sees a job's true duration except through
 `observe`, which callers invoke only when the job has ended. Deterministic: same observations in the same order,
@@ -216,10 +216,10 @@ class DurationPredictor:
                     started_at, max(duration_s, 1.0))
         self.observed += 1
 
-    def running_now(self, now: float, jobs: Iterable[tuple[JobKey, float, float]]) -> None:
-        """The jobs running as of `now`, as (key, limit_s, started_at), until the next call replaces them: a
-        running job's prediction (`remaining(..., started_at=)`) also hears the limits of the jobs of its group
-        started near it (`pooled_prior`). An empty call forgets them."""
+    def running_now(self, jobs: Iterable[tuple[JobKey, float, float]]) -> None:
+        """The jobs holding GPUs now, as (key, limit_s, started_at), until the next call replaces them: a running
+        job's prediction (`remaining(..., started_at=)`) also hears the jobs of its group started near it, how
+        long they have run (censored durations) and their limits (`pooled_prior`). An empty call forgets them."""
         running: dict[str, list[tuple[float, float]]] = {}
         for key, limit_s, started_at in jobs:
             group = self.group_name(key)
@@ -236,27 +236,27 @@ class DurationPredictor:
         return Prediction(raw.median_s * f, raw.low_s * f, raw.high_s * f, raw.samples, raw.basis)
 
     def remaining(self, key: JobKey, limit_s: float, elapsed_s: float, progress: float | None = None,
-                  started_at: float | None = None, peers: Sequence[float] = ()) -> Prediction:
+                  started_at: float | None = None) -> Prediction:
         """Seconds left for a job of `key` that has run `elapsed_s`. `progress` (0-1], the fraction of its work
         its last checkpoint reports done, gives the total as elapsed / progress when it is known. `started_at`
-        (same clock as the observed starts) lets the ended jobs of its cohort speak (module doc); `peers`, the
-        starts of the other running jobs of its group (`group_name`), say how many of the cohort outlast them."""
+        (same clock as the observed starts) lets its cohort speak (module doc): the ended jobs of its group
+        started near it, and the running ones `running_now` last handed in."""
         elapsed_s = max(0.0, elapsed_s)
         if progress is not None and 0.0 < progress <= 1.0 and elapsed_s > 0:
             left = elapsed_s * (1.0 - progress) / progress
             left = max(MIN_REMAINING_S, left) if progress < 1.0 else MIN_REMAINING_S
             return Prediction(left, left, left, 0, "progress")
-        at, samples, basis = self.remaining_quantiles(key, limit_s, elapsed_s, started_at, peers)
+        at, samples, basis = self.remaining_quantiles(key, limit_s, elapsed_s, started_at)
         return Prediction(at(0.5), at(self.low_q), at(self.high_q), samples, basis)
 
     def remaining_quantiles(self, key: JobKey, limit_s: float, elapsed_s: float, started_at: float | None = None,
-                            peers: Sequence[float] = ()) -> tuple[Callable[[float], float], int, str]:
+                            ) -> tuple[Callable[[float], float], int, str]:
         """What `remaining` predicts (without checkpoint progress), at any quantile: a function q -> seconds
         left (at least 1, nondecreasing in q), the samples and the basis. `remaining` reads it at the median, p10
         and p90."""
         elapsed_s = max(0.0, elapsed_s)
         if started_at is not None and self.use_cohort:
-            cohort = self._cohort(key, limit_s, elapsed_s, started_at, peers)
+            cohort = self._cohort(key, limit_s, elapsed_s, started_at)
             if cohort is not None:
                 return cohort
         alive_q, samples, basis = self._alive(key, limit_s, elapsed_s)
@@ -293,11 +293,11 @@ class DurationPredictor:
 
     def group_name(self, key: JobKey) -> str:
         """The history group a prediction for `key` rests on ("" when none has enough): running jobs of the same
-        group are each other's peers (`remaining(..., peers=)`)."""
+        group are each other's peers (`running_now`)."""
         return self._group(key)[2]
 
     def _cohort(self, key: JobKey, limit_s: float, elapsed_s: float, started_at: float,
-                peers: Sequence[float] = ()) -> tuple[Callable[[float], float], int, str] | None:
+                ) -> tuple[Callable[[float], float], int, str] | None:
         """The remaining time from the cohort mixture (CohortEvidence) as `remaining_quantiles` returns it, None
         when no job of the group started near this one has ended or is running (`running_now`): the caller then
         predicts from the window alone."""
@@ -308,10 +308,9 @@ class DurationPredictor:
         scale = max(elapsed_s, MIN_REMAINING_S)
         now = started_at + elapsed_s
         near = evidence.near(started_at, scale) if evidence is not None else []
-        # the running peers started near it: (weight, log of how long each has run so far), censored durations
-        censored = sorted(((w, math.log(max(now - s, 1.0))) for s in peers
-                           if (w := math.exp(-abs(s - started_at) / scale)) >= COHORT_MIN_WEIGHT),
-                          reverse=True)[:COHORT_MAX]
+        running = self._running_peers(group, limit_s, started_at, scale)
+        # the running peers: (weight, log of how long each has run so far), censored durations
+        censored = [(w, math.log(max(now - s, 1.0))) for w, s, _ in running]
         f = self._factor(group)
         # The prior: the durations the group's window allows (ratio × limit, bias-corrected, capped as in
         # `_alive`), as `min_samples` pseudo-jobs: the window is trusted once it holds that many. With running
@@ -319,7 +318,7 @@ class DurationPredictor:
         cap = limit_s * ratios[-1] if ratios else float(limit_s)
         prior = sorted(min(cap, limit_s * r * f) for r in ratios) if ratios else [float(limit_s)]
         kind = "+cohort"
-        others = self._running_peers(group, limit_s, started_at, scale)
+        others = [(w, lim) for w, _, lim in running]
         if others and ratios:
             stats = self._log_stats.get(group)
             if stats is None:
@@ -339,15 +338,15 @@ class DurationPredictor:
         return left, samples + len(near), _basis(group) + kind
 
     def _running_peers(self, group: str, limit_s: float, started_at: float, scale: float
-                       ) -> list[tuple[float, float]]:
-        """(weight, limit) of the group's other running jobs (`running_now`) started near this one, weighted like
+                       ) -> list[tuple[float, float, float]]:
+        """(weight, start, limit) of the group's other running jobs (`running_now`) started near this one, weighted like
         ended cohort jobs by start proximity: the COHORT_MAX heaviest (ties: the longer limit first), heaviest
         first. Found by walking out from this job's start, one start value at a time, so that a refresh costs
         O(running × COHORT_MAX), not O(running²), however many jobs started in the same burst."""
         rows = self._running.get(group)
         if not rows:
             return []
-        found: list[tuple[float, float]] = []
+        found: list[tuple[float, float, float]] = []
         me = (started_at, limit_s)
 
         def take(block: list[tuple[float, float]], w: float) -> None:  # block: one weight, limits descending
@@ -358,7 +357,7 @@ class DurationPredictor:
                 if (s, lim) == me:
                     me = (math.nan, math.nan)  # this job itself (once)
                     continue
-                found.append((w, lim))
+                found.append((w, s, lim))
 
         def tail(lo: int, hi: int) -> list[tuple[float, float]]:  # rows[lo:hi], limits descending, enough of them
             return rows[max(lo, hi - COHORT_MAX - 1):hi][::-1]

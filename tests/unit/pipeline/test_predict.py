@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import Counter
 
 import pytest
 from hypothesis import given, settings
@@ -193,9 +194,9 @@ def test_a_sweep_started_together_is_predicted_to_end_together_once_its_first_jo
     assert min(p.median_s for p in before) > 3600
     for i in ends[:20]:
         pred.observe(SWEEP, 8 * 3600, durations[i], started_at=starts[i])
-    after = [pred.remaining(SWEEP, 8 * 3600, now - starts[i], started_at=starts[i],
-                            peers=[starts[j] for j in running if j != i]) for i in running]
-    assert all(p.basis == "team/user/name+cohort" for p in after)
+    pred.running_now([(SWEEP, 8 * 3600, starts[j]) for j in running])
+    after = [pred.remaining(SWEEP, 8 * 3600, now - starts[i], started_at=starts[i]) for i in running]
+    assert all(p.basis == "team/user/name+cohort+peers" for p in after)
     true_left = [starts[i] + durations[i] - now for i in running]
     assert max(true_left) < 300  # (the sweep's rest does end within minutes)
     # most of the rest predicted within 10 minutes of their true end, where the window said hours
@@ -213,11 +214,17 @@ def test_running_peers_that_outlast_every_ended_job_move_the_prediction_later() 
     for i in range(10):
         pred.observe(SWEEP, 8 * 3600, 2000.0 + 10 * i, started_at=-500.0 + i)
     alone = pred.remaining(SWEEP, 8 * 3600, 1900.0, started_at=0.0)
-    peers = [-600.0 - i for i in range(30)]  # running 2,500 s and more at this job's 1,900 s
-    with_peers = pred.remaining(SWEEP, 8 * 3600, 1900.0, started_at=0.0, peers=peers)
-    assert alone.basis == with_peers.basis == "team/user/name+cohort"
+    # thirty peers as far from its start either way, so that their limits weigh the same: running 2,500 s and
+    # more at this job's 1,900 s, or only 1,300 s (which every ended job outlasted, so it says nothing)
+    pred.running_now([(SWEEP, 8 * 3600, -600.0 - i) for i in range(30)] + [(SWEEP, 8 * 3600, 0.0)])
+    long_peers = pred.remaining(SWEEP, 8 * 3600, 1900.0, started_at=0.0)
+    pred.running_now([(SWEEP, 8 * 3600, 600.0 + i) for i in range(30)] + [(SWEEP, 8 * 3600, 0.0)])
+    short_peers = pred.remaining(SWEEP, 8 * 3600, 1900.0, started_at=0.0)
+    assert alone.basis == "team/user/name+cohort"
+    assert long_peers.basis == short_peers.basis == "team/user/name+cohort+peers"
     assert alone.median_s < 600  # the ended ones alone: it ends within minutes
-    assert with_peers.median_s > 2 * alone.median_s
+    assert short_peers.median_s < 600  # peers that every ended job outlasted: still minutes
+    assert long_peers.median_s > 2 * short_peers.median_s
 
 
 def test_without_a_cohort_the_prediction_is_the_windows_exactly() -> None:
@@ -328,11 +335,11 @@ def test_remaining_quantiles_is_what_remaining_reads() -> None:
     _spread_history(pred, rng)
     for i in range(15):
         pred.observe(SWEEP, 8 * 3600, rng.gauss(4000, 100), started_at=float(i * 20))
+    pred.running_now([(SWEEP, 8 * 3600, 10.0), (SWEEP, 8 * 3600, 30.0)])
     for started_at in (None, 0.0, 150.0):
         for elapsed in (100.0, 3000.0, 4100.0, 30000.0):
-            p = pred.remaining(SWEEP, 8 * 3600, elapsed, started_at=started_at, peers=[10.0, 30.0])
-            left, samples, basis = pred.remaining_quantiles(SWEEP, 8 * 3600, elapsed, started_at=started_at,
-                                                            peers=[10.0, 30.0])
+            p = pred.remaining(SWEEP, 8 * 3600, elapsed, started_at=started_at)
+            left, samples, basis = pred.remaining_quantiles(SWEEP, 8 * 3600, elapsed, started_at=started_at)
             assert (p.low_s, p.median_s, p.high_s, p.samples, p.basis) == (left(0.1), left(0.5), left(0.9),
                                                                         samples, basis)
             values = [left(q / 20) for q in range(1, 20)]
@@ -366,7 +373,7 @@ def test_a_sweeps_running_jobs_limits_place_each_one_near_their_common_duration(
     jobs = _sweep(rng, 40, 3600.0, 0.6)
     now = 1800.0
     alone = [pred.remaining(SWEEP, lim, now - s, started_at=s) for s, lim in jobs]
-    pred.running_now(now, [(SWEEP, lim, s) for s, lim in jobs])
+    pred.running_now([(SWEEP, lim, s) for s, lim in jobs])
     heard = [pred.remaining(SWEEP, lim, now - s, started_at=s) for s, lim in jobs]
     assert {p.basis for p in alone} == {"team/user/name"}
     assert {p.basis for p in heard} == {"team/user/name+peers"}
@@ -394,7 +401,7 @@ def test_running_jobs_whose_limits_scatter_widely_leave_a_job_mostly_to_its_own_
         pred = DurationPredictor()
         _guessed_history(pred, rng)
         alone = pred.remaining(SWEEP, 7200.0, 1700.0, started_at=100.0).median_s
-        pred.running_now(1800.0, [(SWEEP, lim, s) for s, lim in _sweep(rng, 30, 3600.0, log_scatter)]
+        pred.running_now([(SWEEP, lim, s) for s, lim in _sweep(rng, 30, 3600.0, log_scatter)]
                          + [(SWEEP, 7200.0, 100.0)])
         return alone, pred.remaining(SWEEP, 7200.0, 1700.0, started_at=100.0).median_s
 
@@ -413,9 +420,9 @@ def test_an_empty_running_now_gives_the_windows_prediction_back() -> None:
     _guessed_history(pred, rng)
     jobs = _sweep(rng, 10, 3600.0, 0.6)
     before = pred.remaining(SWEEP, 7200.0, 900.0, started_at=50.0)
-    pred.running_now(950.0, [(SWEEP, lim, s) for s, lim in jobs])
+    pred.running_now([(SWEEP, lim, s) for s, lim in jobs])
     assert pred.remaining(SWEEP, 7200.0, 900.0, started_at=50.0) != before
-    pred.running_now(950.0, [])
+    pred.running_now([])
     assert pred.remaining(SWEEP, 7200.0, 900.0, started_at=50.0) == before
 
 
@@ -447,7 +454,7 @@ def test_the_running_peers_are_the_heaviest_others_by_start_proximity(
     pred = DurationPredictor()
     for i in range(10):
         pred.observe(SWEEP, 7200.0, 3600.0 + i)
-    pred.running_now(1e4, [(SWEEP, lim, s) for s, lim in rows] + [(SWEEP, limit, start)])
+    pred.running_now([(SWEEP, lim, s) for s, lim in rows] + [(SWEEP, limit, start)])
     expected: list[tuple[float, float]] = []
     me_seen = False
     for s, lim in sorted([*rows, (start, limit)]):
@@ -457,4 +464,8 @@ def test_the_running_peers_are_the_heaviest_others_by_start_proximity(
         if (w := math.exp(-abs(s - start) / scale)) >= COHORT_MIN_WEIGHT:
             expected.append((w, lim))
     expected = sorted(expected, reverse=True)[:COHORT_MAX]
-    assert pred._running_peers(pred.group_name(SWEEP), limit, start, scale) == expected
+    found = pred._running_peers(pred.group_name(SWEEP), limit, start, scale)
+    assert [(w, lim) for w, _, lim in found] == expected
+    assert all(w == math.exp(-abs(s - start) / scale) for w, s, _ in found)  # each row's own start
+    others = Counter(rows)
+    assert not Counter((s, lim) for _, s, lim in found) - others  # rows of the others, none twice

@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
+from services.pipeline.core.predict import JobKey
 from sim.engine import Engine
 from sim.eta import IDLE_REFRESH_S, EtaCalibration, EtaModel, RunningView, estimate_ranges, estimate_starts, refresh_due
 from sim.eta_accuracy import EtaTracked, eta_metrics
@@ -153,17 +154,16 @@ def test_a_running_sweep_is_expected_to_end_with_its_ended_cohort_and_its_peers_
         assert before[v.spec.job_id][1] - now > 3600  # the window: hours
         assert after[v.spec.job_id][1] - now < 600  # the cohort: minutes
     assert after["b-1"] == before["b-1"]  # team b (its own window) has no cohort; team a's are not its peers
-    peers_seen: list[tuple[str, tuple[float, ...]]] = []
-    original = model.expected_ends
-
-    def spy(job_view, at, peers=()):
-        peers_seen.append((job_view.spec.job_id, tuple(peers)))
-        return original(job_view, at, peers)
-
-    model.expected_ends = spy  # type: ignore[method-assign]
+    # another team's running job beside them changes none of team a's predictions; team a's own do
+    more_b = RunningView(job("b-2", 0, 10, estimate=3600, team="b").spec(), started_at=25.0)
+    with_b2 = model.all_expected_ends(running | {"b-2": more_b}, now)
+    assert all(with_b2[j] == after[j] for j in after if j.startswith("s-"))
+    assert with_b2["b-1"] != after["b-1"]  # (b-2 is b-1's peer)
+    # the refresh handed the predictor team a's running jobs as one group: s-20's peers are s-21 to s-29
     model.all_expected_ends(running, now)
-    seen = dict(peers_seen)
-    assert seen["s-20"] == tuple(float(i) for i in range(21, 30)) and seen["b-1"] == ()
+    group = model.predictor.group_name(JobKey.of(running["s-20"].spec))
+    peers = model.predictor._running_peers(group, 28800.0, 20.0, now - 20.0)
+    assert sorted(s for _, s, _ in peers) == [float(i) for i in range(21, 30)]
 
 
 def test_a_running_sweep_none_of_which_has_ended_is_expected_to_end_together():
@@ -184,7 +184,7 @@ def test_a_running_sweep_none_of_which_has_ended_is_expected_to_end_together():
     together = {j: e[1] - sweep[j].started_at for j, e in model.all_expected_ends(sweep, now).items()}
     assert max(alone.values()) / min(alone.values()) > 2.5
     assert max(together.values()) / min(together.values()) < 1.5
-    model.predictor.running_now(now, [])
+    model.predictor.running_now([])
     assert {j: model.expected_ends(v, now)[1] - v.started_at for j, v in sweep.items()} == alone
 
 
