@@ -315,17 +315,19 @@ class DurationPredictor:
         # The prior: the durations the group's window allows (ratio × limit, bias-corrected, capped as in
         # `_alive`), as `min_samples` pseudo-jobs: the window is trusted once it holds that many. With running
         # jobs of the group started near it (`running_now`), their limits say more (`pooled_prior`).
-        cap = limit_s * ratios[-1] if ratios else float(limit_s)
-        prior = sorted(min(cap, limit_s * r * f) for r in ratios) if ratios else [float(limit_s)]
-        kind = "+cohort"
+        # (a named group always has ratios: `_group` names one only once it holds `min_samples`)
+        cap = limit_s * ratios[-1]
         others = [(w, lim) for w, _, lim in running]
-        if others and ratios:
+        if others:
             stats = self._log_stats.get(group)
             if stats is None:
                 stats = self._log_stats[group] = ratio_log_stats(ratios)
             prior = [min(cap, d) for d in pooled_prior(ratios, f, limit_s, others, stats)]
             kind = "+cohort+peers" if near else "+peers"
-        elif not near:
+        elif near:
+            prior = [min(cap, limit_s * r * f) for r in ratios]  # sorted, as the ratios are
+            kind = "+cohort"
+        else:
             return None
         total = cohort_quantile_fn(near, prior, float(self.min_samples), elapsed_s, censored)
         if total is None:
@@ -339,10 +341,10 @@ class DurationPredictor:
 
     def _running_peers(self, group: str, limit_s: float, started_at: float, scale: float
                        ) -> list[tuple[float, float, float]]:
-        """(weight, start, limit) of the group's other running jobs (`running_now`) started near this one, weighted like
-        ended cohort jobs by start proximity: the COHORT_MAX heaviest (ties: the longer limit first), heaviest
-        first. Found by walking out from this job's start, one start value at a time, so that a refresh costs
-        O(running × COHORT_MAX), not O(running²), however many jobs started in the same burst."""
+        """(weight, start, limit) of the group's other running jobs (`running_now`) started near this one,
+        weighted like ended cohort jobs by start proximity: the COHORT_MAX heaviest (ties: the longer limit
+        first), heaviest first. Found by walking out from this job's start, one start value at a time, so that a
+        refresh costs O(running × COHORT_MAX), not O(running²), however many jobs started in the same burst."""
         rows = self._running.get(group)
         if not rows:
             return []
