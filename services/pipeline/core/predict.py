@@ -20,7 +20,9 @@ Users' limits (`max_runtime_s`) are typically several times the true duration, s
   reweights them), and those still running (`running_now`): how long they have run so far says how much of
   the cohort outlasts that (censored durations), and their limits are independent guesses at the durations of
   alike jobs, so together they place the prior (`pooled_prior`, a random-effects model) better than the job's
-  own limit alone, the more so the less they scatter. With no such job it is the prediction above, unchanged.
+  own limit alone, the more so the less they scatter. Each side keeps its COHORT_MAX nearest and, when cut, is
+  reweighted to stand for all of its kind within reach (`balance_truncated`). With no such job it is the
+  prediction above, unchanged.
 
 Pure: no I/O and no clock; all times are seconds handed in. It never sees a job's true duration except through
 `observe`, which callers invoke only when the job has ended. Deterministic: same observations in the same order,
@@ -50,7 +52,8 @@ MIN_REMAINING_S = 60.0  # a job past everything history allows is assumed to end
 # dropped below this weight (a numerical cut: jobs that far apart add under 1% each).
 COHORT_MIN_WEIGHT = 0.01
 # At most this many ended jobs and this many running peers per prediction, the nearest by start (the heaviest
-# weights): the peers' responsibilities cost their product, and the rest weigh less than the nearest ones.
+# weights): the peers' responsibilities cost their product, and the rest weigh less than the nearest ones (each
+# side then stands for the rest of its kind: `balance_truncated`).
 COHORT_MAX = 32
 # The narrowest spread a cohort's durations are given (log scale, ±5%): alike jobs' run times still differ by
 # their start-up and checkpoint writes; numerical floor, so that a kernel never degenerates to a point.
@@ -311,6 +314,10 @@ class DurationPredictor:
         running = self._running_peers(group, limit_s, started_at, scale)
         # the running peers: (weight, log of how long each has run so far), censored durations
         censored = [(w, math.log(max(now - s, 1.0))) for w, s, _ in running]
+        if len(near) == COHORT_MAX or len(censored) == COHORT_MAX:
+            near, censored = balance_truncated(
+                near, censored, evidence.count_near(started_at, scale) if evidence is not None else 0,
+                self._count_running(group, limit_s, started_at, scale))
         f = self._factor(group)
         # The prior: the durations the group's window allows (ratio × limit, bias-corrected, capped as in
         # `_alive`), as `min_samples` pseudo-jobs: the window is trusted once it holds that many. With running
@@ -338,6 +345,15 @@ class DurationPredictor:
             return max(1.0, min(total(q), top) - elapsed_s)
 
         return left, samples + len(near), _basis(group) + kind
+
+    def _count_running(self, group: str, limit_s: float, started_at: float, scale: float) -> int:
+        """How many of the group's other running jobs started within the cohort's reach (two bisections)."""
+        rows = self._running.get(group, [])
+        reach = -math.log(COHORT_MIN_WEIGHT) * scale
+        lo = bisect.bisect_left(rows, (started_at - reach, -math.inf))
+        hi = bisect.bisect_right(rows, (started_at + reach, math.inf))
+        me = bisect.bisect_left(rows, (started_at, limit_s))
+        return hi - lo - (1 if me < len(rows) and rows[me] == (started_at, limit_s) else 0)
 
     def _running_peers(self, group: str, limit_s: float, started_at: float, scale: float
                        ) -> list[tuple[float, float, float]]:
@@ -447,8 +463,34 @@ class CohortEvidence:
         found = [(math.exp(-abs(s - started_at) / scale_s), d) for s, d in self._by_start[lo:hi]]
         return sorted(found, reverse=True)[:COHORT_MAX] if len(found) > COHORT_MAX else found
 
+    def count_near(self, started_at: float, scale_s: float) -> int:
+        """How many ended jobs `near` would weigh before it keeps the COHORT_MAX heaviest."""
+        reach = -math.log(COHORT_MIN_WEIGHT) * scale_s
+        lo = bisect.bisect_left(self._by_start, (started_at - reach, -math.inf))
+        hi = bisect.bisect_right(self._by_start, (started_at + reach, math.inf))
+        return hi - lo
+
     def __len__(self) -> int:
         return len(self._order)
+
+
+def balance_truncated(near: Sequence[tuple[float, float]], censored: Sequence[tuple[float, float]],
+                      n_ended: int, n_running: int) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """The ended (`near`) and running (`censored`) cohort evidence, each kept to its COHORT_MAX heaviest out of
+    `n_ended` and `n_running` within reach, reweighted so that each side's share of their weight is its share of
+    the whole cohort. Why: a burst of 200 jobs of which 20 have ended would otherwise be heard as 20 ended
+    against 32 running, and the early ends (the short jobs, by selection) would speak for far more of the
+    cohort than they are. Each side's full weight is estimated as its kept weight times n / kept (its kept rows
+    stand for the rest); the total stays what was kept, so the window prior's say is unchanged. With neither
+    side truncated (n equal to what was kept) the weights come back unchanged."""
+    kept_e, kept_r = len(near), len(censored)
+    if not kept_e or not kept_r or (n_ended <= kept_e and n_running <= kept_r):
+        return list(near), list(censored)
+    we, wr = sum(w for w, _ in near), sum(w for w, _ in censored)
+    full_e, full_r = we * max(n_ended, kept_e) / kept_e, wr * max(n_running, kept_r) / kept_r
+    k = (we + wr) / (full_e + full_r)
+    ke, kr = k * full_e / we, k * full_r / wr
+    return [(w * ke, mu) for w, mu in near], [(w * kr, c) for w, c in censored]
 
 
 def _phi(z: float) -> float:

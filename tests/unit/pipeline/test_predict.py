@@ -18,6 +18,7 @@ from services.pipeline.core.predict import (
     DurationPredictor,
     JobKey,
     Prediction,
+    balance_truncated,
     cohort_quantile_fn,
     name_stem,
     observe_all,
@@ -225,6 +226,41 @@ def test_running_peers_that_outlast_every_ended_job_move_the_prediction_later() 
     assert alone.median_s < 600  # the ended ones alone: it ends within minutes
     assert short_peers.median_s < 600  # peers that every ended job outlasted: still minutes
     assert long_peers.median_s > 2 * short_peers.median_s
+
+
+def test_a_burst_whose_first_ends_are_few_is_not_pulled_early_by_them() -> None:
+    """Two hundred alike jobs (log-normal about 4,000 s) start within five minutes; when the twentieth ends, the
+    twenty ended (the shortest, by selection) are weighed against all 180 still running, not against the
+    COHORT_MAX kept of them: the running ones are predicted at least half their true remaining time (heard as
+    20 ended against 32 running, they were predicted about a third of it)."""
+    for seed in range(3):
+        rng = random.Random(seed)
+        pred = DurationPredictor()
+        _spread_history(pred, random.Random(3))
+        starts = sorted(rng.uniform(0, 300) for _ in range(200))
+        durations = [rng.lognormvariate(math.log(4000), 0.4) for _ in starts]
+        ends = sorted(range(200), key=lambda i: starts[i] + durations[i])
+        now = starts[ends[19]] + durations[ends[19]]
+        for i in ends[:20]:
+            pred.observe(SWEEP, 8 * 3600, durations[i], started_at=starts[i])
+        running = ends[20:]
+        pred.running_now([(SWEEP, 8 * 3600, starts[j]) for j in running])
+        predicted = sorted(pred.remaining(SWEEP, 8 * 3600, now - starts[i], started_at=starts[i]).median_s
+                           for i in running)
+        true_left = sorted(starts[i] + durations[i] - now for i in running)
+        assert predicted[90] >= 0.5 * true_left[90]
+
+
+def test_balancing_keeps_the_total_and_gives_each_side_its_share() -> None:
+    near, censored = [(1.0, 7.0), (0.5, 7.5)], [(1.0, 8.0), (1.0, 8.1), (0.5, 8.2)]
+    assert balance_truncated(near, censored, 2, 3) == (near, censored)  # nothing truncated: unchanged
+    bn, bc = balance_truncated(near, censored, 2, 30)  # the running side kept 3 of 30
+    assert sum(w for w, _ in bn) + sum(w for w, _ in bc) == pytest.approx(4.0)
+    # the running side's estimated full weight is 2.5 × 30 / 3 = 25 against the ended side's 1.5
+    assert sum(w for w, _ in bc) / sum(w for w, _ in bn) == pytest.approx(25 / 1.5)
+    assert [mu for _, mu in bn] == [7.0, 7.5] and [c for _, c in bc] == [8.0, 8.1, 8.2]
+    assert bn[0][0] / bn[1][0] == pytest.approx(2.0)  # within a side, the proximity weights keep their ratio
+    assert balance_truncated([], censored, 0, 30) == ([], censored)  # no ended side: nothing to balance against
 
 
 def test_without_a_cohort_the_prediction_is_the_windows_exactly() -> None:
