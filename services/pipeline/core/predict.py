@@ -349,9 +349,7 @@ class DurationPredictor:
     def _count_running(self, group: str, limit_s: float, started_at: float, scale: float) -> int:
         """How many of the group's other running jobs started within the cohort's reach (two bisections)."""
         rows = self._running.get(group, [])
-        reach = -math.log(COHORT_MIN_WEIGHT) * scale
-        lo = bisect.bisect_left(rows, (started_at - reach, -math.inf))
-        hi = bisect.bisect_right(rows, (started_at + reach, math.inf))
+        lo, hi = _within_reach(rows, started_at, scale)
         me = bisect.bisect_left(rows, (started_at, limit_s))
         return hi - lo - (1 if me < len(rows) and rows[me] == (started_at, limit_s) else 0)
 
@@ -457,21 +455,25 @@ class CohortEvidence:
     def near(self, started_at: float, scale_s: float) -> list[tuple[float, float]]:
         """(weight, log duration) of the ended jobs started within the distance where exp(-|gap| / scale_s)
         stays above COHORT_MIN_WEIGHT."""
-        reach = -math.log(COHORT_MIN_WEIGHT) * scale_s
-        lo = bisect.bisect_left(self._by_start, (started_at - reach, -math.inf))
-        hi = bisect.bisect_right(self._by_start, (started_at + reach, math.inf))
+        lo, hi = _within_reach(self._by_start, started_at, scale_s)
         found = [(math.exp(-abs(s - started_at) / scale_s), d) for s, d in self._by_start[lo:hi]]
         return sorted(found, reverse=True)[:COHORT_MAX] if len(found) > COHORT_MAX else found
 
     def count_near(self, started_at: float, scale_s: float) -> int:
         """How many ended jobs `near` would weigh before it keeps the COHORT_MAX heaviest."""
-        reach = -math.log(COHORT_MIN_WEIGHT) * scale_s
-        lo = bisect.bisect_left(self._by_start, (started_at - reach, -math.inf))
-        hi = bisect.bisect_right(self._by_start, (started_at + reach, math.inf))
+        lo, hi = _within_reach(self._by_start, started_at, scale_s)
         return hi - lo
 
     def __len__(self) -> int:
         return len(self._order)
+
+
+def _within_reach(rows: Sequence[tuple[float, float]], started_at: float, scale_s: float) -> tuple[int, int]:
+    """rows[lo:hi]: the (start, ...) rows, sorted by start, whose weight exp(-|gap| / scale_s) stays at or above
+    COHORT_MIN_WEIGHT (two bisections)."""
+    reach = -math.log(COHORT_MIN_WEIGHT) * scale_s
+    return (bisect.bisect_left(rows, (started_at - reach, -math.inf)),
+            bisect.bisect_right(rows, (started_at + reach, math.inf)))
 
 
 def balance_truncated(near: Sequence[tuple[float, float]], censored: Sequence[tuple[float, float]],
