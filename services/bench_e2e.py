@@ -245,13 +245,16 @@ async def _start_processes(names: list[str], *, nats_url: str, database_url: str
     import httpx
 
     from services.chaos.harness import ServiceProcess
+    from shared.servers import free_ports
 
     workdir = Path(tempfile.mkdtemp(prefix="gpuq-bench-e2e-procs-"))
     cluster_file, queues_file = workdir / "cluster.yaml", workdir / "queues.yaml"
     cluster_file.write_text(json.dumps(cluster))  # JSON is YAML
     queues_file.write_text(json.dumps(queues))
     env = {**os.environ, "NATS_URL": nats_url, "DATABASE_URL": database_url, namespaces.ENV: namespace}
-    procs = [ServiceProcess(name, name, workdir, env, cluster_file, queues_file) for name in names]
+    ports = free_ports(2 * len(names))
+    procs = [ServiceProcess(name, name, workdir, env, cluster_file, queues_file, (ports[2 * i], ports[2 * i + 1]))
+             for i, name in enumerate(names)]
     for proc in procs:
         proc.start()
     deadline = time.perf_counter() + timeout

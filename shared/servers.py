@@ -37,6 +37,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct free ports, all held at once while they are picked (picking one at a time, the kernel
+    may hand out the same port twice, since each is free again as soon as its probe socket closes)."""
+    with contextlib.ExitStack() as stack:
+        probes = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for probe in probes:
+            probe.bind((host, 0))
+        return [int(probe.getsockname()[1]) for probe in probes]
+
+
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)

@@ -43,7 +43,7 @@ from nats.js.errors import NotFoundError
 
 from shared.bus import ensure_streams, streams
 from shared.events import BY_TYPE, JobSubmitted, make_event
-from shared.servers import EmbeddedNats, ScratchPostgres, free_port
+from shared.servers import EmbeddedNats, ScratchPostgres, free_ports
 from shared.service import publish_event
 
 log = logging.getLogger("gpuq.chaos")
@@ -196,12 +196,14 @@ def executor_gpu_seconds(history: Iterable[Recorded], gpus: dict[str, int]) -> d
 
 
 class ServiceProcess:
-    """One `gpuq up --services NAME` process, restartable on the same health port."""
+    """One `gpuq up --services NAME` process, restarted on the same health and metrics ports (picked once for the
+    whole run with every other port of it: a port picked while a killed service is down could be that service's)."""
 
-    def __init__(self, name: str, service: str, workdir: Path, env: dict[str, str], cluster: Path, queues: Path):
+    def __init__(self, name: str, service: str, workdir: Path, env: dict[str, str], cluster: Path, queues: Path,
+                 ports: tuple[int, int]):
         self.name, self.service = name, service
         self.workdir, self.env, self.cluster, self.queues = workdir, env, cluster, queues
-        self.port = free_port()
+        self.port, self.metrics_port = ports
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
@@ -214,7 +216,7 @@ class ServiceProcess:
             [sys.executable, "-c", "from cli.main import app; app()", "up", "--services", self.service,
              "--cluster", str(self.cluster), "--queues", str(self.queues), "--health-port", str(self.port),
              "--health-addr", "127.0.0.1", "--instance", f"{self.name}-{self.starts}", "--log-level", "WARNING",
-             "--metrics-port", str(free_port())],
+             "--metrics-port", str(self.metrics_port)],
             cwd=home, env={**self.env, "GPUQ_HOME": str(home)}, stdout=log_file, stderr=subprocess.STDOUT,
             start_new_session=True)
         log_file.close()
@@ -283,8 +285,11 @@ class Harness:
     def __init__(self, settings: ChaosSettings, workdir: Path, namespace: str,
                  say: Callable[[str], None] = print):
         self.settings, self.workdir, self.namespace, self.say = settings, workdir, namespace, say
-        self.nats = EmbeddedNats(workdir / "nats", port=free_port())
-        self.pg = ScratchPostgres(workdir / "pg")
+        # Every port of the run, distinct, picked before anything listens: NATS, Postgres, then each service
+        # process's health and metrics ports (`_run`). Each keeps its port across its restarts.
+        nats_port, pg_port, *self._service_ports = free_ports(2 + 2 * (len(SERVICES) + 1))
+        self.nats = EmbeddedNats(workdir / "nats", port=nats_port)
+        self.pg = ScratchPostgres(workdir / "pg", port=pg_port)
         self.procs: dict[str, ServiceProcess] = {}
         self.report = ChaosReport()
         self.jobs_stream = next(s.name for s in streams(namespace) if any(".job." in p for p in s.subjects))
@@ -311,11 +316,12 @@ class Harness:
         cluster, queues, quotas = _files(self.workdir, s)
         env = {**os.environ, "NATS_URL": nats_url, "DATABASE_URL": database_url, "GPUQ_NAMESPACE": self.namespace,
                "GPUQ_LEASE_TTL_S": str(s.lease_ttl_s), "GPUQ_HEARTBEAT_INTERVAL_S": "1"}
+        ports = iter(zip(self._service_ports[::2], self._service_ports[1::2], strict=True))
         for service in SERVICES:
-            self.procs[service] = ServiceProcess(service, service, self.workdir, env, cluster, queues)
+            self.procs[service] = ServiceProcess(service, service, self.workdir, env, cluster, queues, next(ports))
         # A standby scheduler: the pause of the active one hands it the lease, and the fence must hold.
         self.procs["scheduler-standby"] = ServiceProcess("scheduler-standby", "scheduler", self.workdir, env,
-                                                         cluster, queues)
+                                                         cluster, queues, next(ports))
         async def quiet(exc: Exception) -> None:  # NATS restarts on purpose here: reconnecting is expected
             log.debug("NATS client: %s", exc)
 

@@ -20,7 +20,7 @@ from services.stack import Stack, StackSettings
 from shared.config import parse_queues
 from shared.db import migration_lock_key
 from shared.health import HealthServer
-from shared.servers import EmbeddedNats, free_port
+from shared.servers import EmbeddedNats, free_ports
 
 QUEUES = parse_queues({
     "priority_classes": [{"name": "normal", "value": 100, "preemptible": True}],
@@ -175,7 +175,7 @@ def test_gpuq_up_serves_health_and_stops_on_sigterm_even_as_a_standby(fresh_sync
         raise AssertionError(f"gpuq up on :{port} did not become ready ({phase})")
 
     try:
-        first_port, second_port = free_port(), free_port()
+        first_port, second_port = free_ports(2)
         first = up(first_port)
         wait_ready(first_port, first, "running")
         second = up(second_port)
@@ -191,3 +191,15 @@ def test_gpuq_up_serves_health_and_stops_on_sigterm_even_as_a_standby(fresh_sync
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def test_free_ports_are_distinct_and_each_can_be_bound() -> None:
+    """Picked together, no two ports are the same (one at a time, the kernel may hand the same one out twice), and
+    each is free for a listener."""
+    import socket
+
+    ports = free_ports(40)
+    assert len(set(ports)) == 40
+    for port in ports:
+        with socket.socket() as listener:
+            listener.bind(("127.0.0.1", port))
