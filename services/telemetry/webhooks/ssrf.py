@@ -1,7 +1,9 @@
 """Where webhooks may go. A target URL is resolved, and every address it resolves to must be public:
 loopback, private (RFC 1918), link-local, CGNAT (100.64/10), unique-local IPv6 (fc00::/7), cloud metadata
 endpoints, multicast, documentation and reserved ranges are refused unless an allow-list network contains
-the address. The check runs at subscription time and again before every attempt (DNS can change between
+the address. An IPv6 address that carries an IPv4 one (mapped, NAT64, 6to4, Teredo) is judged by that IPv4
+address too; the deprecated or local-only forms (IPv4-compatible, IPv4-translated, local-use NAT64) are
+refused whatever they carry. The check runs at subscription time and again before every attempt (DNS can change between
 retries: a rebinding attack points a public name at 169.254.169.254 after the first check), and the
 request then goes to the checked address itself, so no second resolution happens in the HTTP client.
 """
@@ -77,15 +79,34 @@ class AllowList:
         return any(ip.version == n.version and ip in n for n in self.networks)
 
 
-def _embedded_v4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
-    """IPv4 hidden in IPv6 forms that reach IPv4 hosts (mapped ::ffff:a.b.c.d, NAT64 64:ff9b::/96, 6to4)."""
+# IPv6 forms that reach an IPv4 host are judged by the IPv4 address inside them.
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")  # RFC 6052 well-known prefix: DNS64 networks use it for public hosts
+# Ranges no webhook receiver legitimately has, whatever IPv4 they carry: refused whole, under this reason
+# (after the embedded IPv4's own reason, which says more when there is one).
+_RETIRED: tuple[tuple[IPNetwork, str], ...] = (
+    (ipaddress.ip_network("::/96"), "ipv4-compatible"),  # ::a.b.c.d, deprecated by RFC 4291
+    (ipaddress.ip_network("::ffff:0:0:0/96"), "ipv4-translated"),  # ::ffff:0:a.b.c.d, SIIT-internal (RFC 2765)
+    # RFC 8215 local-use NAT64: the operator's own translator; the IPv4 may sit anywhere in the suffix
+    (ipaddress.ip_network("64:ff9b:1::/48"), "nat64-local"),
+)
+_SELF = (ipaddress.IPv6Address("::"), ipaddress.IPv6Address("::1"))  # in ::/96 but not IPv4-compatible forms
+
+
+def _embedded_v4(ip: ipaddress.IPv6Address) -> tuple[ipaddress.IPv4Address, ...]:
+    """IPv4 addresses hidden in an IPv6 one that can reach IPv4 hosts: mapped ::ffff:a.b.c.d, IPv4-compatible
+    ::a.b.c.d, IPv4-translated ::ffff:0:a.b.c.d, NAT64 64:ff9b::/96, 6to4 2002::/16, and Teredo 2001::/32
+    (its server and its de-obfuscated client). The local-use NAT64 prefix has no fixed place for it."""
     if ip.ipv4_mapped is not None:
-        return ip.ipv4_mapped
-    if ip in ipaddress.ip_network("64:ff9b::/96"):
-        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+        return (ip.ipv4_mapped,)
     if ip.sixtofour is not None:
-        return ip.sixtofour
-    return None
+        return (ip.sixtofour,)
+    if ip.teredo is not None:
+        return ip.teredo
+    if ip in _SELF:
+        return ()
+    if ip in _NAT64 or any(ip in net for net, _ in _RETIRED[:2]):
+        return (ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF),)
+    return ()
 
 
 def refusal(ip: IPAddress, allow: AllowList = AllowList()) -> str | None:
@@ -93,9 +114,13 @@ def refusal(ip: IPAddress, allow: AllowList = AllowList()) -> str | None:
     if allow.allows(ip):
         return None
     if isinstance(ip, ipaddress.IPv6Address):
-        inner = _embedded_v4(ip)
-        if inner is not None:
-            return refusal(inner, allow)
+        for inner in _embedded_v4(ip):
+            reason = refusal(inner, allow)
+            if reason is not None:
+                return reason
+        for net, reason in _RETIRED:
+            if ip in net and ip not in _SELF:
+                return reason
     for net, reason in BLOCKED:
         if ip.version == net.version and ip in net:
             return reason

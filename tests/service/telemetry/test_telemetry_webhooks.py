@@ -136,6 +136,31 @@ async def test_loopback_refused_without_allow_list_and_rechecked_on_every_retry(
     svc.metrics.shutdown()
 
 
+async def test_a_rebinding_name_answering_an_ipv6_form_of_loopback_is_refused_at_delivery(
+        pool: asyncpg.Pool) -> None:
+    """At delivery the target's name is resolved again; an answer that hides 127.0.0.1 in an IPv6 form
+    (IPv4-compatible, IPv4-translated, Teredo) is refused like 127.0.0.1 itself, and nothing is sent."""
+    svc = TelemetryService(metrics_port=None, webhook_worker=False)
+    async with pool.acquire() as conn:
+        await store.add_subscription(conn, "http://hooks.example.test:9/hook", "team-v6", ["job.completed"])
+    event = await completed_job(svc, pool, "job-v6", "team-v6", 0)
+    clock = ManualClock(T0 + 60)
+    w = worker(pool, clock, AllowList(), attempts=3)
+    answers = iter(["::7f00:1", "::ffff:0:7f00:1", "2001:0:4136:e378:8000:63bf:80ff:fffe"])
+
+    async def rebinding(host: str, port: int) -> list[str]:
+        return [next(answers)]
+
+    w.resolver = rebinding
+    for _ in range(3):
+        await w.run_once()
+        clock.advance(3600)
+    row = await delivery_row(pool, event.id)
+    assert (row["status"], row["attempts"]) == ("dead", 3)
+    assert row["last_error"].startswith("refused:") and "(loopback)" in row["last_error"]
+    svc.metrics.shutdown()
+
+
 async def test_redirects_are_not_followed(pool: asyncpg.Pool, receivers: list) -> None:
     svc = TelemetryService(metrics_port=None, webhook_worker=False)
     elsewhere = Receiver([])

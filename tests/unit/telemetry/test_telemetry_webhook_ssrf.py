@@ -21,6 +21,48 @@ def test_non_public_addresses_are_refused(address: str, reason: str) -> None:
     assert refusal(ipaddress.ip_address(address)) == reason
 
 
+# IPv6 forms that carry an IPv4 address (issue 43): each reaches the IPv4 host, so the IPv4 decides; the
+# deprecated or local-only forms are refused whatever they carry.
+@pytest.mark.parametrize(("address", "reason"), [
+    ("::127.0.0.1", "loopback"),  # IPv4-compatible
+    ("::10.0.0.1", "private"),
+    ("::8.8.8.8", "ipv4-compatible"),  # deprecated: refused even with a public IPv4 inside
+    ("::ffff:0:127.0.0.1", "loopback"),  # IPv4-translated (SIIT)
+    ("::ffff:0:169.254.169.254", "metadata"),
+    ("::ffff:0:8.8.8.8", "ipv4-translated"),
+    ("::ffff:192.168.0.1", "private"),  # mapped
+    ("64:ff9b::127.0.0.1", "loopback"),  # NAT64 well-known prefix
+    ("64:ff9b::169.254.169.254", "metadata"),
+    ("64:ff9b:1::10.0.0.1", "nat64-local"),  # NAT64 local-use prefix: refused whole
+    ("64:ff9b:1::8.8.8.8", "nat64-local"),
+    ("64:ff9b:1:a00:1::", "nat64-local"),  # local-use /64 form: IPv4 in the middle
+    ("2002:a9fe:a9fe::1", "metadata"),  # 6to4 of 169.254.169.254
+    ("2002:c0a8:101::", "private"),  # 6to4 of 192.168.1.1
+    ("2001:0:4136:e378:8000:63bf:80ff:fffe", "loopback"),  # Teredo, client 127.0.0.1 obfuscated
+    ("2001:0:a00:1::", "private"),  # Teredo server 10.0.0.1
+])
+def test_ipv6_forms_carrying_a_non_public_ipv4_are_refused(address: str, reason: str) -> None:
+    assert refusal(ipaddress.ip_address(address)) == reason
+
+
+@pytest.mark.parametrize("address", ["::ffff:8.8.8.8", "64:ff9b::8.8.8.8", "2002:808:808::1",
+                                     "2001:0:4136:e378:8000:63bf:f7f7:f7f7"])
+def test_ipv6_forms_carrying_a_public_ipv4_pass(address: str) -> None:
+    assert refusal(ipaddress.ip_address(address)) is None
+
+
+async def test_a_name_resolving_to_an_ipv6_form_of_a_private_ipv4_is_refused() -> None:
+    """The check at delivery time judges what DNS answers, which may be any of the forms above."""
+    for answer, reason in [("::7f00:1", "loopback"), ("::ffff:0:a9fe:a9fe", "metadata"),
+                           ("64:ff9b:1::a00:1", "nat64-local"), ("2001:0:4136:e378:8000:63bf:80ff:fffe", "loopback")]:
+        async def resolver(host: str, port: int, answer: str = answer) -> list[str]:
+            return ["93.184.216.34", answer]
+
+        with pytest.raises(TargetRefused) as err:
+            await resolve_target("https://hooks.example.com/x", resolver=resolver)
+        assert err.value.reason == reason, answer
+
+
 @pytest.mark.parametrize("address", ["8.8.8.8", "1.1.1.1", "2606:4700:4700::1111", "100.128.0.1"])
 def test_public_addresses_pass(address: str) -> None:
     assert refusal(ipaddress.ip_address(address)) is None
