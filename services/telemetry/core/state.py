@@ -243,7 +243,9 @@ class TelemetryState:
         rec, fresh = self._record(p.spec.job_id, fx)
         self._take_spec(rec, p.spec)
         if fresh:
-            rec.submitted_at = rec.queued_at = _ts(p.submitted_at) or now
+            # When the platform got it, not the body's submitted_at: that is the producer's claim, and a
+            # backdated one would stretch every wait measured from it (JobAdmitted brings admission's receipt).
+            rec.submitted_at = rec.queued_at = now
             fx.count("gpuq_jobs_submitted", queue=rec.queue, team=rec.team)
 
     def _on_JobQueued(self, p: JobQueued, now: float, fx: Effects) -> None:
@@ -277,9 +279,17 @@ class TelemetryState:
         rec, _ = self._record(p.job_id, fx)
         self._take_spec(rec, p.spec)
         admitted = _ts(p.admitted_at) or now
-        start = rec.queued_at if rec.queued_at is not None else (_ts(p.submitted_at) or admitted)
+        # JobAdmitted is admission's fact, and its submitted_at is when admission received the submission: the job's
+        # submit time, and the start of its first wait (a wait after a requeue starts at the requeue).
+        received = _ts(p.submitted_at)
+        first_wait = rec.queued_at is None or rec.queued_at == rec.submitted_at
+        if received is not None:
+            rec.submitted_at = received
+            if first_wait:
+                rec.queued_at = received
+        start = rec.queued_at if rec.queued_at is not None else admitted
         if rec.submitted_at is None:
-            rec.submitted_at = _ts(p.submitted_at) or start
+            rec.submitted_at = start
         fx.observe("gpuq_admission_wait_seconds", admitted - start,
                    queue=rec.queue, priority_class=rec.priority_class)
         fx.count("gpuq_jobs_admitted", queue=rec.queue, priority_class=rec.priority_class)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,7 +12,16 @@ from services.telemetry.core.names import METRICS
 from services.telemetry.core.state import Observation, TelemetryState, labels
 from shared.config import parse_queues
 from shared.domain import NodeHealth
-from shared.events import ExitReason, JobAdmitted, JobCancelled, JobQueued, JobRequeued, Payload
+from shared.events import (
+    ExitReason,
+    JobAdmitted,
+    JobCancelled,
+    JobCompleted,
+    JobQueued,
+    JobRequeued,
+    JobSubmitted,
+    Payload,
+)
 from tests.unit.telemetry.telemetry_builders import T0, at, checkpointed, inventory, life, node, preempted, sample, spec
 
 
@@ -75,6 +85,22 @@ def test_admission_wait_completion_time_and_outcomes_are_observed() -> None:
     g = s.gauges(T0 + 10_000)
     assert "gpuq_gpus_allocated" not in g and "gpuq_running_jobs" not in g
     assert g["gpuq_gpus_free"][labels(pool="training", gpu_model="H100")] == 8
+
+
+def test_a_backdated_submitted_at_moves_no_wait() -> None:
+    """The producer's submitted_at is a claim (issue 43: one 7.9 years old moved the wait metric by as much):
+    waits count from when the platform received the job, which JobAdmitted carries from admission."""
+    s = TelemetryState()
+    s.apply(inventory(node("n0")), T0)
+    job = spec("old", team="team-a")
+    claimed = datetime(2018, 2, 1, tzinfo=UTC)
+    s.apply(JobSubmitted(spec=job, submitted_at=claimed), T0)
+    assert s.gauges(T0 + 10)["gpuq_job_waiting_seconds"] == {labels(job_id="old", queue="team-a", team="team-a"): 10}
+    obs = run(s, [(2, JobQueued(job_id="old", queue="team-a", team="team-a")),
+                  (40, JobAdmitted(job_id="old", spec=job, submitted_at=at(1), admitted_at=at(40))),
+                  (100, JobCompleted(job_id="old", finished_at=at(100)))])
+    assert [o.value for o in find(obs, "gpuq_admission_wait_seconds")] == [39.0]  # from admission's receipt
+    assert [o.value for o in find(obs, "gpuq_job_completion_seconds")] == [99.0]
 
 
 def test_preemption_counts_frees_gpus_and_restarts_the_wait_clock() -> None:
