@@ -1,5 +1,9 @@
 """Where the CLI finds NATS and Postgres: the environment, else the servers `gpuq up` started and recorded
-in its state directory (`.gpuq/servers.json`), else a clear error saying what to do."""
+in its state directory, else a clear error saying what to do.
+
+`gpuq up` records the servers' URLs without their credentials in `servers.json`, and the credentials (each URL's
+user:password) in `credentials.json` beside it, readable by the owner only: a copied, shared or printed
+`servers.json` gives nobody the admin's bus password or the database's."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import json
 import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import typer
 
@@ -14,22 +19,45 @@ from shared.natsauth import write_private
 
 STATE_DIR = Path(os.environ.get("GPUQ_HOME", ".gpuq"))
 SERVERS_FILE = STATE_DIR / "servers.json"
+CREDENTIALS_FILE = STATE_DIR / "credentials.json"
+_URLS = ("nats_url", "database_url")
+
+
+def split_userinfo(url: str) -> tuple[str, str]:
+    """(`url` without its `user:password@`, that userinfo as written, percent-encoding kept; "" if none)."""
+    parts = urlsplit(url)
+    userinfo, at, host = parts.netloc.rpartition("@")
+    if not at:
+        return url, ""
+    return urlunsplit(parts._replace(netloc=host)), userinfo
+
+
+def join_userinfo(url: str, userinfo: str) -> str:
+    if not userinfo:
+        return url
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=f"{userinfo}@{parts.netloc}"))
 
 
 def record_servers(nats_url: str, database_url: str) -> bool:
     """Record this process's servers, unless another `gpuq up` that still runs recorded its own (a standby must not
-    take the file of the active instance). The URLs hold credentials (the database password, the admin's bus
-    password): readable by the owner only. Returns whether this process owns the file now."""
+    take the file of the active instance). The credentials in the URLs (the database password, the admin's bus
+    password) go to the credentials file only, first, so that a reader of the servers file finds them. Returns
+    whether this process owns the files now."""
     if active_instance() is not None:
         return False
-    write_private(SERVERS_FILE, json.dumps({"nats_url": nats_url, "database_url": database_url, "pid": os.getpid()}))
+    plain = {key: split_userinfo(url) for key, url in zip(_URLS, (nats_url, database_url), strict=True)}
+    pid = os.getpid()
+    write_private(CREDENTIALS_FILE, json.dumps({"pid": pid, **{k: info for k, (_, info) in plain.items()}}))
+    write_private(SERVERS_FILE, json.dumps({**{k: url for k, (url, _) in plain.items()}, "pid": pid}))
     return True
 
 
 def forget_servers() -> None:
-    """Remove the servers file if this process recorded it; another instance's file is left alone."""
+    """Remove the servers and credentials files if this process recorded them; another instance's are left alone."""
     if _recorded().get("pid") == os.getpid():
         SERVERS_FILE.unlink(missing_ok=True)
+        CREDENTIALS_FILE.unlink(missing_ok=True)
 
 
 def active_instance() -> dict[str, Any] | None:
@@ -48,13 +76,24 @@ def active_instance() -> dict[str, Any] | None:
     return recorded
 
 
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return {}
+
+
 def _recorded() -> dict[str, Any]:
-    if SERVERS_FILE.exists():
-        try:
-            return dict(json.loads(SERVERS_FILE.read_text()))
-        except ValueError:
-            return {}
-    return {}
+    """The servers file, its URLs with the credentials of the credentials file written with it (same pid)."""
+    recorded = _read(SERVERS_FILE)
+    if not recorded:
+        return {}
+    secrets = _read(CREDENTIALS_FILE)
+    if secrets.get("pid") == recorded.get("pid"):
+        for key in _URLS:
+            if isinstance(recorded.get(key), str) and isinstance(secrets.get(key), str):
+                recorded[key] = join_userinfo(recorded[key], secrets[key])
+    return recorded
 
 
 def database_url() -> str:
