@@ -487,11 +487,19 @@ class Policy(_Strict):
 class TeamPolicy(_Strict):
     """What a team's jobs may use (queues.yaml `governance`); each breach is refused at submit with its reason."""
 
-    # Image references must start with one of these (a registry host, or a registry path prefix such as
-    # `registry.example.com/team-a/`); null = any image.
+    # Image references must be under one of these: a registry host (`registry.example.com`, any port; never
+    # `registry.example.com.evil.io`), or a host and path prefix (`registry.example.com/team-a`: that path or below
+    # it at a '/'); null = any image.
     allowed_images: tuple[str, ...] | None = None
-    # Datasets (and volumes claimed by name) a job may mount: names or shell-style patterns; null = any.
+    # Datasets (and volumes claimed by name, NFS exports as `server:/path`) a job may mount: names or shell-style
+    # patterns, compared with normalised names (a `..` segment is refused outright); null = any.
     allowed_datasets: tuple[str, ...] | None = None
+    # Node paths a job may mount (hostPath volumes): shell-style patterns; none by default (a host path reaches the
+    # node's own files, past every dataset rule).
+    allowed_host_paths: tuple[str, ...] = ()
+    # Other volume sources a job may mount directly while its datasets are restricted (e.g. `csi`, `cephfs`);
+    # none by default: they reach storage past the dataset allow-list.
+    allowed_volume_sources: tuple[str, ...] = ()
     # Secrets only by reference (a Kubernetes Secret named in a volume or env reference), never a credential
     # written into the job's environment or labels.
     secrets_by_reference_only: bool = True

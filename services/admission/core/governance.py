@@ -58,6 +58,113 @@ def size_violation(spec: JobSpec) -> Violation | None:
     return None
 
 
+# ----------------------------------------------------------------------------- names and paths, normalised
+#
+# A policy compares names, so a name must have one spelling before it is compared: `team-a/../team-b/x` is team-b's
+# path, `registry.example.com.evil.io` is another host than `registry.example.com`. Names are parsed and compared
+# by their parts (host, then path segments); a name with a `.` / `..` segment, an empty segment, a control
+# character, a backslash or a percent-encoded separator is refused outright rather than guessed at.
+
+# An image reference as the container runtimes read it (distribution/reference): [host[:port]/]path[:tag][@digest].
+_HOST_RE = re.compile(r"^(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9])"
+                      r"(?:\.(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9]))*(?::[0-9]{1,5})?$")
+_IMAGE_SEGMENT_RE = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$")
+_TAG_RE = re.compile(r"^\w[\w.-]{0,127}$")
+_DIGEST_RE = re.compile(r"^[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}$")
+DEFAULT_REGISTRY = "docker.io"  # where a name without a registry host is pulled from
+_ODD_RE = re.compile(r"[\x00-\x20\x7f\\]|%(?:2e|2f|5c)", re.IGNORECASE)
+_SCHEME_RE = re.compile(r"^([a-z][a-z0-9+.-]*)://(.*)$", re.IGNORECASE | re.DOTALL)
+
+
+class NameRefused(ValueError):
+    """A name (image, dataset, path) in a form a policy cannot compare safely; the message says why."""
+
+
+@dataclass(frozen=True)
+class ImageName:
+    host: str  # lower-case, without its port
+    port: str | None
+    path: str  # the repository path below the host, without tag or digest: `team-a/train`
+
+
+def _segments_refusal(segments: list[str]) -> str | None:
+    for segment in segments:
+        if segment in (".", ".."):
+            return f"it has a {segment!r} path segment"
+        if segment == "":
+            return "it has an empty path segment ('//')"
+    return None
+
+
+def parse_image(image: str) -> ImageName:
+    """An image reference split into host, port and repository path (NameRefused: not a reference a runtime would
+    pull as written). A name without a registry host (`python:3`) is Docker Hub's (`docker.io/library/python`)."""
+    if _ODD_RE.search(image):
+        raise NameRefused(f"image {image!r} is not a valid image reference: it has whitespace, a control character, "
+                          "a backslash or a percent-encoded separator")
+    rest, _, digest = image.partition("@")
+    if digest and not _DIGEST_RE.match(digest):
+        raise NameRefused(f"image {image!r} is not a valid image reference: digest {digest!r} is not <algorithm>:<hex>")
+    head, slash, tail = rest.rpartition("/")
+    name, _, tag = tail.partition(":")
+    if tag and not _TAG_RE.match(tag):
+        raise NameRefused(f"image {image!r} is not a valid image reference: tag {tag!r} is not a valid tag")
+    segments = (head.split("/") if slash else []) + [name]
+    host = DEFAULT_REGISTRY
+    if len(segments) > 1 and ("." in segments[0] or ":" in segments[0] or segments[0] == "localhost"):
+        host = segments.pop(0)
+        if not _HOST_RE.match(host):
+            raise NameRefused(f"image {image!r} is not a valid image reference: {host!r} is not a registry host")
+    elif len(segments) == 1:
+        segments.insert(0, "library")  # Docker Hub's official images
+    why = _segments_refusal(segments)
+    if why is None:
+        bad = [s for s in segments if not _IMAGE_SEGMENT_RE.match(s)]
+        why = f"path segment {bad[0]!r} is not lower-case letters and digits joined by '.', '_' or '-'" if bad else None
+    if why is not None:
+        raise NameRefused(f"image {image!r} is not a valid image reference: {why}")
+    hostname, _, port = host.lower().partition(":")
+    return ImageName(hostname, port or None, "/".join(segments))
+
+
+def image_allowed(image: ImageName, prefix: str) -> bool:
+    """Whether `image` is under an allowed prefix: `registry.example.com` (that host, on any port; never
+    `registry.example.com.evil.io`), `registry.example.com:5000` (that host and port), or
+    `registry.example.com/team-a` (that host, and paths `team-a` or below `team-a/`; never `team-ab`)."""
+    host, _, path = prefix.strip().rstrip("/").partition("/")
+    hostname, _, port = host.lower().partition(":")
+    if hostname != image.host or (port and port != image.port):
+        return False
+    return not path or image.path == path or image.path.startswith(path + "/")
+
+
+def normalise_path(value: str, what: str = "dataset") -> str:
+    """A dataset, claim or host path in one spelling: the trailing '/' dropped, a URL's scheme kept
+    (`s3://bucket/x`); NameRefused for `.` / `..` or empty segments and odd characters (never resolved: a name
+    that needs resolving was written to get past a pattern)."""
+    if not value or _ODD_RE.search(value):
+        raise NameRefused(f"{what} {value!r} is refused: it is empty, or has whitespace, a control character, a "
+                          "backslash or a percent-encoded separator")
+    scheme = _SCHEME_RE.match(value)
+    prefix, rest = (scheme.group(1).lower() + "://", scheme.group(2)) if scheme else ("", value)
+    absolute = rest.startswith("/") and not prefix
+    segments = rest.strip("/").split("/") if rest.strip("/") else []
+    why = _segments_refusal(segments) if segments else "it names no path"
+    if why is not None:
+        raise NameRefused(f"{what} {value!r} is refused: {why}; name it without '.', '..' or empty segments")
+    return prefix + ("/" if absolute else "") + "/".join(segments)
+
+
+def name_matches(value: str, patterns: tuple[str, ...]) -> bool:
+    """A normalised name against shell-style patterns (normalised too, so `team-a/*/` is `team-a/*`)."""
+    return any(fnmatch.fnmatchcase(value, _pattern(p)) for p in patterns)
+
+
+def _pattern(pattern: str) -> str:
+    stripped = pattern.rstrip("/")
+    return stripped or pattern
+
+
 # ----------------------------------------------------------------------------- what a spec uses
 
 
@@ -73,14 +180,46 @@ def images(spec: JobSpec) -> list[str]:
     return sorted({str(t.image) for t in _templates(spec) if getattr(t, "image", None)})
 
 
-def datasets(spec: JobSpec) -> list[str]:
-    """Datasets named by the spec and volumes claimed by name (PersistentVolumeClaims)."""
-    found = set(spec.datasets)
+# Volume sources that bring no data from outside the pod (or only the cluster's own objects): nothing to check.
+_SELF_CONTAINED_VOLUMES = frozenset({"emptyDir", "configMap", "secret", "downwardAPI", "projected"})
+# Volume sources checked against a policy below; any other (iscsi, cephfs, glusterfs, rbd, csi, fc, cloud disks,
+# flexVolume, ...) mounts storage directly, past the dataset allow-list.
+_CHECKED_VOLUMES = frozenset({"persistentVolumeClaim", "ephemeral", "nfs", "hostPath", "image"})
+
+
+@dataclass(frozen=True)
+class Mount:
+    """One volume of a pod template: its kind (the volume source's key) and what it names."""
+
+    volume: str
+    kind: str
+    source: dict[str, Any]
+
+
+def volumes(spec: JobSpec) -> Iterator[Mount]:
+    """Every volume source of the job's pod templates (Kubernetes Volumes: a name and one source each)."""
     for t in _templates(spec):
-        for volume in getattr(t, "volumes", ()) or ():
-            claim = (volume.get("persistentVolumeClaim") or {}).get("claimName") if isinstance(volume, dict) else None
-            if claim:
-                found.add(str(claim))
+        for i, volume in enumerate(getattr(t, "volumes", ()) or ()):
+            name = str(volume.get("name", f"#{i}"))
+            for kind, source in sorted(volume.items()):
+                if kind != "name":
+                    yield Mount(name, kind, source if isinstance(source, dict) else {})
+
+
+def datasets(spec: JobSpec) -> list[str]:
+    """Datasets the job reaches, as written: those the spec names, volumes claimed by name (PersistentVolumeClaims),
+    claims an ephemeral volume is cloned from, and NFS exports (`server:path`)."""
+    found = set(spec.datasets)
+    for mount in volumes(spec):
+        if mount.kind == "persistentVolumeClaim" and mount.source.get("claimName"):
+            found.add(str(mount.source["claimName"]))
+        elif mount.kind == "ephemeral":
+            claim = (mount.source.get("volumeClaimTemplate") or {}).get("spec") or {}
+            for key in ("dataSource", "dataSourceRef"):
+                if isinstance(claim.get(key), dict) and claim[key].get("name"):
+                    found.add(str(claim[key]["name"]))
+        elif mount.kind == "nfs":
+            found.add(f"{mount.source.get('server', '')}:{mount.source.get('path', '')}")
     return sorted(found)
 
 
@@ -102,28 +241,64 @@ def inline_secrets(spec: JobSpec) -> list[str]:
 
 
 def policy_violation(spec: JobSpec, policy: TeamPolicy) -> Violation | None:
+    try:
+        return _policy_violation(spec, policy)
+    except NameRefused as exc:
+        return Violation(POLICY_VIOLATION, f"job {spec.job_id}: {exc}")
+
+
+def _policy_violation(spec: JobSpec, policy: TeamPolicy) -> Violation | None:
     team = spec.team
     if policy.max_gpus_per_job is not None and spec.total_gpus > policy.max_gpus_per_job:
         return Violation(POLICY_VIOLATION, f"job {spec.job_id} asks for {spec.total_gpus} GPUs; team {team} may use "
                                            f"at most {policy.max_gpus_per_job} per job")
-    if policy.allowed_images is not None:
-        for image in images(spec):
-            if not any(image.startswith(prefix) for prefix in policy.allowed_images):
-                allowed = ", ".join(policy.allowed_images) or "none"
-                return Violation(POLICY_VIOLATION, f"job {spec.job_id}: image {image!r} is not from a registry team "
-                                                   f"{team} may use (allowed prefixes: {allowed})")
-    if policy.allowed_datasets is not None:
-        for dataset in datasets(spec):
-            if not any(fnmatch.fnmatchcase(dataset, pattern) for pattern in policy.allowed_datasets):
-                allowed = ", ".join(policy.allowed_datasets) or "none"
-                return Violation(POLICY_VIOLATION, f"job {spec.job_id}: dataset {dataset!r} is not one team {team} "
-                                                   f"may use (allowed: {allowed})")
+    mounted_images = [str(m.source.get("reference", "")) for m in volumes(spec) if m.kind == "image"]
+    for image in sorted({*images(spec), *mounted_images}):
+        parsed = parse_image(image)  # a malformed reference is refused whatever the policy
+        if policy.allowed_images is not None and not any(image_allowed(parsed, p) for p in policy.allowed_images):
+            allowed = ", ".join(policy.allowed_images) or "none"
+            return Violation(POLICY_VIOLATION, f"job {spec.job_id}: image {image!r} is not from a registry team "
+                                               f"{team} may use (allowed: {allowed}; a host matches only itself, a "
+                                               "path only at '/')")
+    violation = _volume_violation(spec, policy)
+    if violation is not None:
+        return violation
+    for dataset in datasets(spec):
+        name = normalise_path(dataset)
+        if policy.allowed_datasets is not None and not name_matches(name, policy.allowed_datasets):
+            allowed = ", ".join(policy.allowed_datasets) or "none"
+            return Violation(POLICY_VIOLATION, f"job {spec.job_id}: dataset {dataset!r} is not one team {team} "
+                                               f"may use (allowed: {allowed})")
     if policy.secrets_by_reference_only:
         places = inline_secrets(spec)
         if places:
             return Violation(POLICY_VIOLATION, f"job {spec.job_id}: a credential is written inline in "
                                                f"{', '.join(places)}; pass secrets by reference (a Kubernetes "
                                                "Secret mounted or referenced), never by value")
+    return None
+
+
+def _volume_violation(spec: JobSpec, policy: TeamPolicy) -> Violation | None:
+    """Volumes that reach storage past the dataset allow-list: a node's own files (hostPath: refused unless the
+    policy lists the path), an NFS export without its server and path, and any other storage mounted directly
+    (iscsi, cephfs, csi ...), refused while the team's datasets are restricted unless the policy names the kind."""
+    team = spec.team
+    for mount in volumes(spec):
+        where = f"job {spec.job_id}: volume {mount.volume!r}"
+        if mount.kind == "hostPath":
+            path = normalise_path(str(mount.source.get("path", "")), "hostPath")
+            if not path.startswith("/") or not name_matches(path, policy.allowed_host_paths):
+                allowed = ", ".join(policy.allowed_host_paths) or "none"
+                return Violation(POLICY_VIOLATION, f"{where} mounts the node's path {path!r} (hostPath); team {team} "
+                                                   f"may mount host paths {allowed}")
+        elif mount.kind == "nfs" and not (mount.source.get("server") and mount.source.get("path")):
+            return Violation(POLICY_VIOLATION, f"{where}: an nfs volume names its server and path")
+        elif (mount.kind not in _SELF_CONTAINED_VOLUMES and mount.kind not in _CHECKED_VOLUMES
+              and policy.allowed_datasets is not None and mount.kind not in policy.allowed_volume_sources):
+            return Violation(POLICY_VIOLATION, f"{where} mounts {mount.kind} storage directly, past the datasets "
+                                               f"team {team} may use; mount a dataset through an allowed "
+                                               "PersistentVolumeClaim or nfs export (or an admin allows "
+                                               f"{mount.kind} in allowed_volume_sources)")
     return None
 
 
