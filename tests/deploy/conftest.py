@@ -1,11 +1,11 @@
 """The Helm chart rendered offline with the real tools (helm, kubernetes-validate, the prometheus-operator schemas,
 hadolint), fetched once into .tools/ by deploy/tools/fetch-chart-tools.sh; a missing prerequisite fails with the
-script's message saying what to install."""
+script's message saying what to install. helm runs on the chart's own directory, with no network and no state of
+its own, as on an air-gapped machine."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -44,27 +44,36 @@ def tools() -> ChartTools:
 
 
 @pytest.fixture(scope="session")
-def chart(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The chart with its optional subcharts switched off, as an install without `helm dependency build` is: helm
-    refuses a chart whose declared dependencies are missing from charts/ whatever their conditions, so this copy
-    drops the `dependencies` block (test_chart.py checks that block on the real Chart.yaml). The copy follows the
-    links to deploy/prometheus/rules and deploy/grafana/dashboards, as `helm package` does."""
-    copy = tmp_path_factory.mktemp("chart") / "gpuq"
-    shutil.copytree(CHART, copy, symlinks=False)
-    meta = yaml.safe_load((copy / "Chart.yaml").read_text())
-    meta.pop("dependencies", None)
-    (copy / "Chart.yaml").write_text(yaml.safe_dump(meta, sort_keys=False))
-    return copy
+def chart() -> Path:
+    """The chart's own directory, as an operator installs it: it declares no dependencies (NATS and Postgres come
+    from their own charts, docs/install.md), so helm needs nothing fetched to lint, render or package it. helm
+    follows its links to deploy/prometheus/rules and deploy/grafana/dashboards."""
+    return CHART
 
 
 Helm = Callable[..., subprocess.CompletedProcess[str]]
 
 
+# Where nothing listens: a proxy that makes any download helm tried fail at once.
+NO_NETWORK = "http://127.0.0.1:9"
+
+
 @pytest.fixture(scope="session")
-def helm(tools: ChartTools) -> Helm:
-    """Runs helm; its stderr comes back without the notes about following the chart's links."""
+def helm_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """helm's environment on an air-gapped machine that never ran helm: empty config, cache and data (no chart
+    repositories known, nothing cached) and every HTTP(S) request sent to a closed port."""
+    home = tmp_path_factory.mktemp("helm-home")
+    env = {k: v for k, v in os.environ.items() if not k.upper().endswith("_PROXY") and not k.startswith("HELM_")}
+    return {**env, "HELM_CONFIG_HOME": str(home / "config"), "HELM_CACHE_HOME": str(home / "cache"),
+            "HELM_DATA_HOME": str(home / "data"), "HTTP_PROXY": NO_NETWORK, "HTTPS_PROXY": NO_NETWORK,
+            "http_proxy": NO_NETWORK, "https_proxy": NO_NETWORK, "NO_PROXY": "", "no_proxy": ""}
+
+
+@pytest.fixture(scope="session")
+def helm(tools: ChartTools, helm_env: dict[str, str]) -> Helm:
+    """Runs helm offline (helm_env); its stderr comes back without the notes about following the chart's links."""
     def _helm(*args: str) -> subprocess.CompletedProcess[str]:
-        res = subprocess.run([str(tools.helm), *args], capture_output=True, text=True, timeout=120)
+        res = subprocess.run([str(tools.helm), *args], capture_output=True, text=True, timeout=120, env=helm_env)
         res.stderr = "\n".join(line for line in res.stderr.splitlines() if "symbolic link" not in line)
         return res
 

@@ -365,18 +365,19 @@ def test_simulated_executor_gets_no_kubernetes_permissions(render: Any) -> None:
     assert not of_kind(docs, "NetworkPolicy") and not of_kind(docs, "ServiceMonitor")
 
 
-def test_optional_subcharts_are_off_by_default_and_wired_when_on(render: Any) -> None:
+def test_nats_and_postgres_come_from_their_own_charts_not_subcharts(render: Any) -> None:
+    """No dependencies (an install, lint or package must not need a chart repository), and no values left over
+    from the subcharts: the services reach NATS and Postgres only through externalNats/natsAuth and
+    externalDatabase (docs/install.md installs NATS and CloudNativePG with their own charts)."""
     meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    deps = {d.get("alias", d["name"]): d for d in meta["dependencies"]}
-    assert {k: (d["name"], d["condition"]) for k, d in deps.items()} == {
-        "nats": ("nats", "nats.enabled"), "cnpg": ("cluster", "cnpg.enabled")}
+    assert "dependencies" not in meta
+    assert not (CHART / "Chart.lock").exists() and not (CHART / "charts").exists()
     values = yaml.safe_load((CHART / "values.yaml").read_text())
-    assert values["nats"]["enabled"] is False and values["cnpg"]["enabled"] is False
-    assert values["nats"]["config"]["jetstream"]["enabled"] is True
-    assert values["nats"]["config"]["cluster"]["replicas"] == 3
-    # With both on, the services reach the subcharts' own service and secret (the subcharts themselves need
-    # `helm dependency build`, so they are not rendered here).
-    docs = render(CI_VALUES, sets=["nats.enabled=true", "cnpg.enabled=true", "natsAuth.enabled=false"])
-    env = env_of(container(deployments(docs)["admission"]))
-    assert env["NATS_URL"]["value"] == "nats://gpuq-nats:4222"
-    assert env["DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {"name": "gpuq-cnpg-app", "key": "uri"}
+    assert "nats" not in values and "cnpg" not in values
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert "nats" not in schema["properties"] and "cnpg" not in schema["properties"]
+    assert schema["additionalProperties"] is False  # so `nats.enabled=true` is refused, not silently ignored
+    # A CloudNativePG Cluster's generated app Secret is named like any other.
+    env = env_of(container(deployments(render(CI_VALUES, sets=[
+        "externalDatabase.existingSecret.name=gpuq-db-app"]))["admission"]))
+    assert env["DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {"name": "gpuq-db-app", "key": "uri"}

@@ -1,13 +1,15 @@
-"""The chart and the image recipe pass the real linters and schemas offline: `helm lint --strict`, the rendered
-manifests against the Kubernetes JSON schemas (`kubernetes-validate --strict`), the ServiceMonitor and PrometheusRule
-against prometheus-operator's schemas, values.schema.json as helm enforces it, and hadolint on the Dockerfile. Each
-check is also shown to fail on a bad input, so that a green run means something."""
+"""The chart and the image recipe pass the real linters and schemas offline: `helm lint --strict`, `helm template` and
+`helm package` on the chart's own directory, the rendered manifests against the Kubernetes JSON schemas
+(`kubernetes-validate --strict`), the ServiceMonitor and PrometheusRule against prometheus-operator's schemas,
+values.schema.json as helm enforces it, and hadolint on the Dockerfile. Each check is also shown to fail on a bad
+input, so that a green run means something."""
 
 from __future__ import annotations
 
 import json
 import re
 import subprocess
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,29 @@ def test_helm_lint_strict(helm: Any, chart: Path) -> None:
         res = helm("lint", "--strict", str(chart), "-f", str(values))
         assert res.returncode == 0, res.stdout + res.stderr
         assert "1 chart(s) linted, 0 chart(s) failed" in res.stdout
+
+
+def test_the_chart_packages_offline_and_the_package_is_the_chart(helm: Any, chart: Path, tmp_path: Path) -> None:
+    """`helm package` on the chart's own directory, with no network and no helm state (the helm fixture), then the
+    package linted strictly and rendered: what an air-gapped install gets. The package holds the rules and
+    dashboards themselves (helm follows the links) and renders exactly what the directory renders."""
+    version = yaml.safe_load((chart / "Chart.yaml").read_text())["version"]
+    res = helm("package", str(chart), "--destination", str(tmp_path))
+    assert res.returncode == 0, res.stdout + res.stderr
+    package = tmp_path / f"gpuq-{version}.tgz"
+    with tarfile.open(package) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+    assert not [n for n in members if n.startswith("gpuq/charts/")]  # nothing vendored, nothing missing
+    for linked, source in (("prometheus-rules", ROOT / "deploy" / "prometheus" / "rules"),
+                           ("dashboards", ROOT / "deploy" / "grafana" / "dashboards")):
+        for path in source.iterdir():
+            assert members[f"gpuq/files/{linked}/{path.name}"].isfile(), path
+    res = helm("lint", "--strict", str(package), "-f", str(CI_VALUES))
+    assert res.returncode == 0 and "1 chart(s) linted, 0 chart(s) failed" in res.stdout, res.stdout + res.stderr
+    rendered = [helm("template", "gpuq", str(source), "--namespace", "gpuq-system", "-f", str(CI_VALUES))
+                for source in (package, chart)]
+    assert all(r.returncode == 0 for r in rendered), [r.stderr for r in rendered]
+    assert rendered[0].stdout == rendered[1].stdout
 
 
 @pytest.mark.parametrize("version", KUBE_VERSIONS)
@@ -94,6 +119,7 @@ def test_monitoring_resources_pass_the_prometheus_operator_schemas(render: Any, 
     ("services.api.ingress.host=", "at '/services/api/ingress/host': minLength"),  # an ingress needs its host
     ("services.api.service.type=ExternalName", "at '/services/api/service/type'"),
     ("natsAuth.secretPrefix=Gpuq_", "at '/natsAuth/secretPrefix'"),  # not a Secret name
+    ("nats.enabled=true", "additional properties 'nats' not allowed"),  # the subcharts are gone: no silent no-op
 ])
 def test_values_schema_rejects_bad_values(helm: Any, chart: Path, setting: str, complaint: str) -> None:
     res = helm("template", "gpuq", str(chart), "-f", str(CI_VALUES), "--set", setting)

@@ -65,7 +65,7 @@ is also the intake of workloads and connects as `kube`. (dict "root" $ "service"
 {{- end }}
 
 {{/* NATS_URL of one service: with natsAuth, its own bus user's Secret (`gpuq nats-auth --kube-secrets` writes
-them); else the subchart's client service, a Secret, or the plain external URL (in that order).
+them); else a Secret holding the URL, or the plain external URL (in that order).
 (dict "root" $ "service" "admission") */}}
 {{- define "gpuq.natsEnv" -}}
 {{- $v := .root.Values }}
@@ -75,9 +75,6 @@ them); else the subchart's client service, a Secret, or the plain external URL (
     secretKeyRef:
       name: {{ printf "%s%s" $v.natsAuth.secretPrefix (include "gpuq.busUser" .) }}
       key: {{ $v.natsAuth.key }}
-{{- else if $v.nats.enabled }}
-  {{- $nats := ternary .root.Release.Name (printf "%s-nats" .root.Release.Name) (contains "nats" .root.Release.Name) }}
-  value: {{ printf "nats://%s:4222" ($v.nats.fullnameOverride | default $nats) | quote }}
 {{- else if $v.externalNats.existingSecret.name }}
   valueFrom:
     secretKeyRef:
@@ -86,7 +83,7 @@ them); else the subchart's client service, a Secret, or the plain external URL (
 {{- else if $v.externalNats.url }}
   value: {{ $v.externalNats.url | quote }}
 {{- else }}
-  {{- fail "NATS: set natsAuth.enabled (a bus user per service, by Secret), externalNats.url, or externalNats.existingSecret.name (a Secret holding the URL with credentials), or nats.enabled=true" }}
+  {{- fail "NATS: set natsAuth.enabled (a bus user per service, by Secret), externalNats.url, or externalNats.existingSecret.name (a Secret holding the URL with credentials)" }}
 {{- end }}
 {{- end }}
 
@@ -95,19 +92,15 @@ them); else the subchart's client service, a Secret, or the plain external URL (
 {{- if or (eq . "api") (eq . "telemetry") }}true{{ end }}
 {{- end }}
 
-{{/* DATABASE_URL: the CloudNativePG cluster's app Secret (key uri), or the external Secret. */}}
+{{/* DATABASE_URL from the Secret externalDatabase names (with CloudNativePG: its Cluster's `<cluster>-app`). */}}
 {{- define "gpuq.databaseEnv" -}}
 - name: DATABASE_URL
   valueFrom:
     secretKeyRef:
-{{- if .Values.cnpg.enabled }}
-      {{- $cnpg := ternary .Release.Name (printf "%s-cnpg" .Release.Name) (contains "cnpg" .Release.Name) }}
-      name: {{ printf "%s-app" (.Values.cnpg.fullnameOverride | default $cnpg) }}
-      key: uri
-{{- else if .Values.externalDatabase.existingSecret.name }}
+{{- if .Values.externalDatabase.existingSecret.name }}
       name: {{ .Values.externalDatabase.existingSecret.name }}
       key: {{ .Values.externalDatabase.existingSecret.key }}
 {{- else }}
-  {{- fail "Postgres: set externalDatabase.existingSecret.name (a Secret holding DATABASE_URL), or cnpg.enabled=true" }}
+  {{- fail "Postgres: set externalDatabase.existingSecret.name (a Secret holding DATABASE_URL)" }}
 {{- end }}
 {{- end }}
