@@ -35,6 +35,7 @@ from services.admission.app import latest_config, load_state
 from services.admission.core import governance, queue_summaries
 from services.api import readmodel, tokens
 from services.api.kubeauth import NoTeam, ReviewUnavailable, TokenReviewer, TokenReviewSettings, principal_for
+from services.api.limits import BodyLimit, max_body_bytes_from_env
 from services.api.tokens import Principal
 from services.metering.core.rollup import Granularity
 from services.telemetry.webhooks import store as webhooks
@@ -140,6 +141,7 @@ Caller = Annotated[Principal, Depends(principal)]
 def create_app(ctx: ApiContext) -> FastAPI:
     app = FastAPI(title="gpuq API", version="1", description=__doc__)
     app.state.ctx = ctx
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes_from_env())  # 413 before any body is buffered
 
     def admin_only(who: Principal) -> None:
         if not who.admin:
