@@ -314,6 +314,11 @@ class PriorityClass(_Strict):
     name: str
     value: int
     preemptible: bool = True
+    # Whether a job of this (preemptible) class may opt out of preemption (`preemptible: false` in its spec) without
+    # a platform admin's approval. Default false: such a job waits, reason AwaitingApproval, until `gpuq approve`
+    # (a guarantee nobody can take back must not be free; docs/admission.md, "Non-preemptible jobs"). A class
+    # that is itself never preempted (`preemptible: false`, production) needs no opt-out.
+    allow_non_preemptible: bool = False
 
 
 class FlavorQuota(_Strict):

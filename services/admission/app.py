@@ -31,7 +31,7 @@ import asyncpg
 from pydantic import ValidationError
 
 from services.admission import prefetch
-from services.admission.core import AdmissionState, AdmittedWorkload, Reason, Workload, governance
+from services.admission.core import AdmissionState, AdmittedWorkload, Reason, Workload, approval, governance
 from services.admission.core.statuses import PendingStatuses, message_text
 from services.admission.held import AFTER_EVENTS_KEY as HELD_KEY
 from services.admission.held import held_rows, hold_rows, write_held
@@ -399,11 +399,10 @@ class AdmissionService:
                                            cancelled_at=utcnow_from(tx.now)))
                 await verdict("cancelled", "Cancelled", "a cancel for this job arrived before the job")
                 return
-            approval = governance.needs_approval(spec, policy)
-            if approval:
+            awaits = approval.approval_reason(spec, policy, self.state.config)
+            if awaits is not None:
                 self.state.finish(spec.job_id)  # held outside the queue until an admin approves it
-                message = (f"priority class {spec.priority_class} needs a platform admin's approval: "
-                           f"gpuq approve {spec.job_id}")
+                message = f"{awaits}: gpuq approve {spec.job_id}"
                 await tx.conn.execute(
                     "INSERT INTO admission.jobs(job_id, team, queue, spec, status, submitted_at, approval, reason, "
                     "message, predicted_gpu_s) VALUES ($1, $2, $3, $4, 'pending', $5, 'required', $6, $7, $8)",

@@ -41,6 +41,22 @@ from services.admission.core.state import AdmissionState, Entry
 from services.admission.core.statuses import PendingStatuses
 from shared.config import FairSharingStrategy, PreemptionPolicy, StopPolicy
 
+# Why a job may not borrow, and the fit memo's key for it (`_fit_key`): the memoised verdict's message says why.
+_NO_CHECKPOINT = "no-checkpoint"  # it cannot checkpoint and may run longer than the queue lets such jobs borrow
+_NOT_PREEMPTIBLE = "not-preemptible"  # nobody could take a loan back from it: it never borrows
+_KEY_SPAN = 1 << 40  # above any request id (`Entry.sid`): the key's quotient says why, its remainder which request
+_NO_LOAN = {-1: _NO_CHECKPOINT, -2: _NOT_PREEMPTIBLE}
+
+
+def _fit_key(e: Entry, limit: int | None) -> int:
+    """The fit memo's key of `e`: its request (`sid`) when it may borrow, else negative, one range per reason it
+    may not (`_NO_LOAN`), so that jobs of one request but different reasons never share a verdict."""
+    if not e.preemptible:
+        return -2 * _KEY_SPAN + e.sid
+    if limit is not None and e.unsaved_runtime_s > limit:
+        return -_KEY_SPAN + e.sid
+    return e.sid
+
 
 class _Fit:
     __slots__ = ("borrowing", "choice", "share", "usage", "usage_id", "version")
@@ -462,8 +478,9 @@ class _Cycle:
                 self._block_rest(q, Reason.WAITING_FOR_MAX_RUNNING_JOBS,
                                  f"queue {q} runs {running}/{qq.max_running} jobs (max_running_jobs)")
                 return
-            # memo key: the request, and whether the job may borrow (negative when it may not)
-            result = memo.get(e.sid if limit is None or e.unsaved_runtime_s <= limit else -1 - e.sid)
+            # memo key: the request, and whether the job may borrow (negative when it may not: `_fit_key`)
+            result = memo.get(e.sid if e.preemptible and (limit is None or e.unsaved_runtime_s <= limit)
+                              else _fit_key(e, limit))
             if result is None or result.version != version:
                 result = self._evaluate(qq, e)
             if type(result) is _Fit:
@@ -854,23 +871,22 @@ class _Cycle:
         memo = self.memo.get(qq.name)
         if memo is None:
             memo = self.memo[qq.name] = {}
-        limit = qq.unsafe_borrow_limit
-        may_borrow = limit is None or e.unsaved_runtime_s <= limit
-        key = e.sid if may_borrow else -1 - e.sid
+        key = _fit_key(e, qq.unsafe_borrow_limit)
         hit = memo.get(key)
         version = self._version(qq)
         if hit is not None and hit.version == version:
             return hit
-        result = self._assign(qq, e.sig, may_borrow)
+        result = self._assign(qq, e.sig, _NO_LOAN.get(key // _KEY_SPAN) if key < 0 else None)
         result.version = version
         memo[key] = result
         return result
 
-    def _assign(self, qq: QueueQuota, sig: Signature, may_borrow: bool = True) -> _Fit | _NoFit:
+    def _assign(self, qq: QueueQuota, sig: Signature, no_loan: str | None = None) -> _Fit | _NoFit:
         """Flavor assignment: per pod set, the first option that fits without borrowing, else the first that
         fits by borrowing (Kueue's 'prefer a fit without borrowing'), within the free capacity if given.
-        `may_borrow=False` (a job that cannot checkpoint, over its queue's runtime limit for such borrowing):
-        only fits within nominal quota count."""
+        `no_loan` set (why the job may not borrow: `_NOT_PREEMPTIBLE`, or `_NO_CHECKPOINT` for a job that cannot
+        checkpoint, over its queue's runtime limit for such borrowing): only fits within nominal quota count."""
+        may_borrow = no_loan is None
         book = self.book
         used = book.usage[qq.name]
         cap = self.cap_left
@@ -897,7 +913,7 @@ class _Cycle:
                 if best is None and may_borrow:
                     best, best_borrows = opt, True
             if best is None:
-                return self._explain(qq, sig, demand, options, taken, may_borrow)
+                return self._explain(qq, sig, demand, options, taken, no_loan)
             choice.append(best)
             taken[best[1]] = taken.get(best[1], 0) + best[2]
             borrowing = borrowing or best_borrows
@@ -914,7 +930,7 @@ class _Cycle:
     # ------------------------------------------------------------------ reasons
 
     def _explain(self, qq: QueueQuota, sig: Signature, demand: PodSetDemand, options: tuple[GpuOption, ...],
-                 taken: Mapping[str, int], may_borrow: bool = True) -> _NoFit:
+                 taken: Mapping[str, int], no_loan: str | None = None) -> _NoFit:
         """Why pod set `demand` fits none of its options: the reason now, the message (numbers from every
         option) only when someone reads it (`_Why`); reasons follow the first (preferred) option."""
         book = self.book
@@ -934,7 +950,12 @@ class _Cycle:
         own = self._nominal_request(qq, sig) if qq.can_preempt_within else None
         if qq.cohort is None:
             return _NoFit(Reason.WAITING_FOR_QUOTA, message, None, own)
-        if not may_borrow and any(taken.get(r2, 0) + n <= book.available(qq, r2) for _m2, r2, n in options):
+        if no_loan is not None and any(taken.get(r2, 0) + n <= book.available(qq, r2) for _m2, r2, n in options):
+            if no_loan == _NOT_PREEMPTIBLE:
+                # a loan nobody could take back would keep the lender from its own quota for as long as it runs
+                return _NoFit(Reason.WAITING_FOR_QUOTA, _Then(
+                    message, "it is not preemptible, so it never borrows: it waits for its queue's nominal "
+                    f"quota (queue {q})"), None, own)
             # it would fit by borrowing, but the risk of borrowing without a checkpoint is refused
             return _NoFit(Reason.WAITING_FOR_QUOTA, _Then(
                 message, f"it cannot checkpoint and may run longer than the "

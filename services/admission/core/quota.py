@@ -227,6 +227,10 @@ class QuotaBook:
             parent = min(parent, (n - g) + b)
         return g + parent
 
+    def nominal_of(self, qq: QueueQuota, r: str) -> int:
+        """The most a job that never borrows (one that is not preemptible) can ever hold: the nominal quota."""
+        return qq.nominal.get(r, 0)
+
     def borrowed(self, queue: str, r: str) -> int:
         return max(0, self.used(queue, r) - self.nominal(queue, r))
 

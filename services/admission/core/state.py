@@ -24,6 +24,7 @@ from services.admission.core.resources import (
     pod_set_options,
     request_signature,
 )
+from services.preemption.core.model import priority_of
 from shared.config import PriorityClass, QueuesConfig
 from shared.domain import JobSpec
 
@@ -44,6 +45,9 @@ class Entry:
         self.job_id = spec.job_id
         self.queue = spec.queue
         self.priority = priority
+        # as the preemption service judges it (services/preemption/core/model.py `priority_of`): a job it would never
+        # take is never a reclaim candidate here, and never borrows (cycle.py `_evaluate`: a loan nobody can take
+        # back would keep its lender from its own quota)
         self.preemptible = preemptible
         # (-priority, order time, id): the order time is the submit time, or later for longer predicted work
         self.order: Order = (-priority, workload.submitted_at if order_at is None else order_at, spec.job_id)
@@ -231,7 +235,7 @@ class AdmissionState:
             return Rejection(spec.job_id, Reason.UNKNOWN_PRIORITY_CLASS,
                              f"priority class {spec.priority_class!r} does not exist (classes: "
                              f"{', '.join(p.name for p in self._config.priority_classes)})")
-        verdict = self._fit_verdict(qq, request_signature(spec))
+        verdict = self._fit_verdict(qq, request_signature(spec), may_borrow=self._preemptible(spec))
         if verdict is not None:
             return Rejection(spec.job_id, *verdict)
         self._add_pending(w)
@@ -361,12 +365,14 @@ class AdmissionState:
             k = klasses.get(self._config.default_priority_class)
         return k
 
+    def _preemptible(self, spec: JobSpec) -> bool:
+        """Whether the preemption service could ever take this job (its class, its spec's override, production)."""
+        return priority_of(self._config, spec)[1]
+
     def _new_entry(self, w: Workload) -> Entry:
         k = self._priority_class(w.spec)
         value = k.value if k is not None else 0
-        preemptible = k.preemptible if k is not None else True
-        if w.spec.preemptible is not None:
-            preemptible = w.spec.preemptible
+        preemptible = self._preemptible(w.spec)
         order_at = None
         if w.predicted_gpu_s is not None:
             qq = self._book.queues.get(w.spec.queue)
@@ -437,10 +443,12 @@ class AdmissionState:
         if self._priority_class(spec) is None:
             return (Reason.INADMISSIBLE_UNKNOWN_PRIORITY_CLASS,
                     f"priority class {spec.priority_class!r} no longer exists")
-        return self._fit_verdict(qq, request_signature(spec))
+        return self._fit_verdict(qq, request_signature(spec), may_borrow=self._preemptible(spec))
 
-    def _fit_verdict(self, qq: QueueQuota, sig: Signature) -> tuple[str, str] | None:
-        """No acceptable flavor, or more than the queue could hold even with the whole cohort idle."""
+    def _fit_verdict(self, qq: QueueQuota, sig: Signature, *, may_borrow: bool = True) -> tuple[str, str] | None:
+        """No acceptable flavor, or more than the queue could hold even with the whole cohort idle (a job that is
+        not preemptible never borrows: more than the queue's nominal quota)."""
+        limit_of = self._book.max_available if may_borrow else self._book.nominal_of
         taken: dict[str, int] = {}
         for demand in sig:
             options = self.options(qq, demand)
@@ -452,11 +460,15 @@ class AdmissionState:
                         f"queue {qq.name} has no quota for {asked}{kind} "
                         f"(it has: {', '.join(qq.quotas) or 'nothing'})")
             for _model, r, amount in options:
-                if taken.get(r, 0) + amount <= self._book.max_available(qq, r):
+                if taken.get(r, 0) + amount <= limit_of(qq, r):
                     taken[r] = taken.get(r, 0) + amount
                     break
             else:
-                limits = ", ".join(f"{r} at most {self._book.max_available(qq, r)}" for _m, r, _a in options)
+                limits = ", ".join(f"{r} at most {limit_of(qq, r)}" for _m, r, _a in options)
+                if not may_borrow:
+                    return (Reason.EXCEEDS_LIMITS,
+                            f"asks {options[0][2]} but is not preemptible, so it never borrows, and queue {qq.name}'s "
+                            f"nominal quota is smaller ({limits})")
                 return (Reason.EXCEEDS_LIMITS,
                         f"asks {options[0][2]} but queue {qq.name} can never hold that much "
                         f"(nominal + borrowing, with its cohort idle: {limits})")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.admission.core import AdmissionState, Workload
+from services.admission.core import AdmissionState, AdmittedWorkload, Workload
 from shared.config import QueuesConfig, parse_queues
 from shared.domain import JobSpec, PodSet
 
@@ -65,3 +65,11 @@ def submit_many(state: AdmissionState, queue: str, n: int, gpus: int = 1, *, t0:
         submit(state, job(job_id, queue, gpus, **kw), t0 + i)
         ids.append(job_id)
     return ids
+
+
+def restore_borrower(state: AdmissionState, spec: JobSpec, t: float = 0.0) -> None:
+    """A job admitted on borrowed quota before a restart (or before non-preemptible jobs stopped borrowing): the
+    only way a non-preemptible borrower still exists."""
+    state.restore_admitted(AdmittedWorkload(spec=spec, submitted_at=t, admitted_at=t,
+                                            flavors={ps.name: H100 for ps in spec.pod_sets},
+                                            usage={H100: spec.total_gpus}, borrowing=True))

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from services.admission.core import AdmissionState, Reason, Workload, admission_cycle
 from services.admission.core.fair_sharing import share
 from shared.config import ConfigError, QueuesConfig, parse_queues
-from tests.unit.admission.admission_core_builders import CLASSES, H100, job, queue, submit_many
+from tests.unit.admission.admission_core_builders import CLASSES, H100, job, queue, restore_borrower, submit_many
 from tests.unit.admission.test_admission_invariants import configs, op, run
 
 BOTH = ["LessThanOrEqualToFinalShare", "LessThanInitialShare"]
@@ -120,10 +120,10 @@ def test_final_share_takes_a_small_job_where_initial_share_would_take_a_big_one(
 
 
 def test_production_and_nominal_quota_are_never_fair_sharing_victims() -> None:
-    # a's borrowed jobs are non-preemptible: nothing is asked
+    # a's borrowed jobs are non-preemptible (admitted before such jobs stopped borrowing): nothing is asked
     s = AdmissionState(fair_config(*three_queues()))
-    submit_many(s, "a", 6, priority="high")
-    admission_cycle(s, 1.0)
+    for i in range(6):
+        restore_borrower(s, job(f"a-{i}", "a", priority="high"), float(i))
     submit_many(s, "b", 6, t0=2.0)
     assert settle(s) == []
     # a queue within its nominal quota is not a victim, however far above the others it is

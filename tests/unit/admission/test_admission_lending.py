@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.admission.core import AdmissionState, Reason, admission_cycle
+from services.admission.core import AdmissionState, Reason, Workload, admission_cycle
 from tests.unit.admission.admission_core_builders import H100, config, job, queue, submit
 
 
@@ -43,10 +43,10 @@ def test_a_lender_that_can_reclaim_any_borrower_lends() -> None:
     s = _state(reclaim="Any")
     submit(s, job("b-peer", "team-b", 4), 10)
     assert [a.job_id for a in admission_cycle(s, 11.0).admitted] == ["b-peer"]
-    # but not to a job nobody may preempt
-    submit(s, job("b-pinned", "team-b", 2, preemptible=False), 12)
-    d = admission_cycle(s, 13.0)
-    assert not d.admitted and d.pending["b-pinned"].reason == Reason.WAITING_FOR_BORROWABLE_QUOTA
+    # but not to a job nobody may preempt: it never borrows, and team-b has no quota of its own
+    rejection = s.submit(Workload(job("b-pinned", "team-b", 2, preemptible=False), 12))
+    assert rejection is not None and rejection.reason == Reason.EXCEEDS_LIMITS
+    assert "not preemptible, so it never borrows" in rejection.message
 
 
 def test_other_lenders_still_lend() -> None:

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from services.admission.core import AdmissionState, Reason, admission_cycle
 from shared.domain import CheckpointSpec
-from tests.unit.admission.admission_core_builders import H100, config, job, queue, submit, submit_many
+from tests.unit.admission.admission_core_builders import (
+    H100,
+    config,
+    job,
+    queue,
+    restore_borrower,
+    submit,
+    submit_many,
+)
 
 
 def borrowed_by_b(reclaim: str = "LowerPriority", **jobs_kw) -> AdmissionState:  # type: ignore[no-untyped-def]
@@ -63,7 +71,12 @@ def test_never_policy_does_not_reclaim() -> None:
 
 
 def test_non_preemptible_borrowers_are_not_candidates() -> None:
-    s = borrowed_by_b(reclaim="Any", preemptible=False)
+    # A non-preemptible job never borrows now; one admitted on borrowed quota before that (restored from the store)
+    # is still nobody's victim.
+    s = AdmissionState(config(queue("team-a", {H100: 8}, reclaim="Any"), queue("team-b", {H100: 4})))
+    for i in range(6):
+        restore_borrower(s, job(f"b{i}", "team-b", 2, preemptible=False), float(i))
+    assert s.usage("team-b") == {H100: 12} and s.borrowed("team-b") == {H100: 8}
     submit(s, job("a0", "team-a", 2), 100)
     assert admission_cycle(s, 101.0).reclaims == []
 
