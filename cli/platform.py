@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import os
 import signal
@@ -73,7 +74,16 @@ def up(
     health_port: int = typer.Option(
         8080, envvar="GPUQ_HEALTH_PORT",
         help="Port of /healthz (liveness) and /readyz (readiness) for all the services run here; 0 = none"),
-    health_addr: str = typer.Option("0.0.0.0", envvar="GPUQ_HEALTH_ADDR", help="Address the health endpoints bind"),
+    bind: str = typer.Option(
+        "127.0.0.1", "--bind", envvar="GPUQ_BIND",
+        help="Address the API, telemetry's /metrics and the health endpoints listen on: 127.0.0.1 (default) is this "
+             "machine only; 0.0.0.0 is every interface (a container: the image and the Helm chart set it)"),
+    health_addr: str = typer.Option("", envvar="GPUQ_HEALTH_ADDR",
+                                    help="Address the health endpoints bind; default: --bind's"),
+    metrics_job_labels: bool = typer.Option(
+        False, "--metrics-job-labels", envvar="GPUQ_METRICS_JOB_LABELS",
+        help="Export telemetry's per-job gauges (gpuq_job_*, labelled with job ids; the ML engineers' dashboard "
+             "needs them): off by default, since whoever reaches /metrics reads every team's job ids there"),
     instance: str = typer.Option(
         "0", envvar="GPUQ_INSTANCE",
         help="This process's name in its events' source (gpuq/<service>/<instance>); the Helm chart sets the pod's"),
@@ -91,6 +101,11 @@ def up(
     if executor not in ("sim", "kube"):
         console.print(f"[red]--executor must be sim or kube, not {executor!r}[/]")
         raise typer.Exit(2)
+    for option, address in (("--bind", bind), ("--health-addr", health_addr)):
+        if address and not _is_ip(address):
+            console.print(f"[red]{option} must be an IP address (127.0.0.1, 0.0.0.0, ::1, ...), not {address!r}[/]")
+            raise typer.Exit(2)
+    health_addr = health_addr or bind
     wanted = [s.strip() for s in services.split(",") if s.strip()]
     runs_executor = "executor" in wanted
     if executor == "sim":
@@ -101,6 +116,10 @@ def up(
     elif runs_executor:
         console.print("gpuq up: Kubernetes executor, "
                       + (f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster service account"), soft_wrap=True)
+    if not ipaddress.ip_address(bind).is_loopback:
+        what = "the API, /metrics and the health endpoints" if health_addr == bind else "the API and /metrics"
+        console.print(f"gpuq up: {what} listen on {bind}, reachable from other machines (--bind 127.0.0.1 keeps "
+                      "them to this one)", soft_wrap=True)
     try:
         cluster_cfg = load_cluster(cluster) if cluster is not None else parse_cluster(
             {"source": "kubernetes"}, "built-in Kubernetes mapping")
@@ -154,7 +173,8 @@ def up(
         nats_url=servers.nats_url, database_url=servers.database_url, queues=queues_cfg, cluster=cluster_cfg,
         cluster_dir=cluster.parent if cluster is not None else None, executor=executor, kubeconfig=kubeconfig,
         services=wanted,
-        clock=ScaledClock(speedup) if speedup != 1.0 else SystemClock(), metrics_port=metrics_port,
+        clock=ScaledClock(speedup) if speedup != 1.0 else SystemClock(), metrics_port=metrics_port, bind=bind,
+        metrics_job_labels=metrics_job_labels,
         admission_cohorts=parse_cohorts(admission_cohorts), instance=instance, api_port=api_port,
         nats_urls=_service_urls(servers, executor), dcgm=dcgm)
 
@@ -214,6 +234,14 @@ async def _announce_standby(stack: Stack) -> None:
                 announced.discard(name)
                 console.print(f"gpuq up: {name} took over the lease: active now", soft_wrap=True)
         await asyncio.sleep(0.2)
+
+
+def _is_ip(address: str) -> bool:
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return True
 
 
 def _teams(config: Any) -> list[str]:

@@ -47,6 +47,11 @@ class StackSettings:
     services: Sequence[str] = ALL_SERVICES
     clock: Clock = field(default_factory=SystemClock)
     metrics_port: int | None = None  # telemetry's /metrics; None = no HTTP endpoint
+    # The address the API and /metrics listen on (`gpuq up --bind`, GPUQ_BIND): this machine only unless a
+    # container or the chart opens it to every interface (0.0.0.0).
+    bind: str = "127.0.0.1"
+    # Telemetry's per-job gauges (`gpuq_job_*`, labelled with job ids): off unless asked (GPUQ_METRICS_JOB_LABELS).
+    metrics_job_labels: bool = False
     instance: str = "0"
     api_port: int = 8000  # the API service's HTTP port (GPUQ_API_PORT)
     # Bus credentials per service (shared/natsauth.py): service -> NATS URL; a service not named uses nats_url.
@@ -76,8 +81,8 @@ def build_specs(settings: StackSettings) -> list[ServiceSpec]:
     if "api" in wanted:
         from services.api.app import ApiService
 
-        specs.append(ApiService(settings.database_url, port=settings.api_port, queues=settings.queues,
-                                kubeconfig=settings.kubeconfig).spec())
+        specs.append(ApiService(settings.database_url, port=settings.api_port, host=settings.bind,
+                                queues=settings.queues, kubeconfig=settings.kubeconfig).spec())
     for optional in ("preemption", "metering", "telemetry", "audit"):
         if optional in wanted:
             spec = _optional_spec(optional, settings)

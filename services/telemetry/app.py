@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 
 from services.scheduler import readmodel
+from services.telemetry.core.names import JOB_SERIES_CAP
 from services.telemetry.core.state import Effects, Gauges, TelemetryState
-from services.telemetry.metrics import DEFAULT_PORT, TelemetryMetrics
+from services.telemetry.metrics import DEFAULT_PORT, TelemetryMetrics, job_labels_from_env
 from services.telemetry.webhooks import store
 from services.telemetry.webhooks.backoff import RetryPolicy
 from services.telemetry.webhooks.delivery import DeliveryWorker
@@ -79,8 +80,11 @@ class TelemetryService:
     def __init__(self, *, metrics_port: int | None = DEFAULT_PORT, metrics_addr: str = "0.0.0.0",
                  queues: QueuesConfig | None = None, clock: Clock | None = None,
                  allow: AllowList | None = None, retry: RetryPolicy | None = None,
-                 webhook_worker: bool = True):
-        self.state = TelemetryState()
+                 webhook_worker: bool = True, job_labels: bool | None = None):
+        # Per-job gauges name job ids, which /metrics shows to whoever reaches it: only when asked for (None:
+        # GPUQ_METRICS_JOB_LABELS). Without them the capped per-job series are simply not exported.
+        wanted = job_labels if job_labels is not None else job_labels_from_env()
+        self.state = TelemetryState(JOB_SERIES_CAP if wanted else 0)
         if queues is not None:
             self.state.set_queues(queues)
         self.clock: Clock = clock or SystemClock()
@@ -230,4 +234,5 @@ def service_spec(**kwargs: Any) -> ServiceSpec:
 
 def build_spec(settings: StackSettings) -> ServiceSpec:
     """What `services.stack` calls: telemetry with the stack's queues, clock and metrics port."""
-    return TelemetryService(metrics_port=settings.metrics_port, queues=settings.queues, clock=settings.clock).spec()
+    return TelemetryService(metrics_port=settings.metrics_port, metrics_addr=settings.bind, queues=settings.queues,
+                            clock=settings.clock, job_labels=settings.metrics_job_labels).spec()

@@ -10,8 +10,9 @@ of our own (not prometheus_client's global one) so several instances can live in
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
@@ -27,11 +28,23 @@ from services.telemetry.core.state import Labels as CoreLabels
 from services.telemetry.core.state import Observation as CoreObservation
 
 DEFAULT_PORT = 9464
+# Whether the per-job gauges (`gpuq_job_*`, labelled with job ids) are exported: off by default, since whoever can
+# scrape /metrics would read every team's job ids from them (docs/observability.md).
+JOB_LABELS_ENV = "GPUQ_METRICS_JOB_LABELS"
 _BUCKETS = {"gpuq_admission_wait_seconds": WAIT_BUCKETS_S, "gpuq_job_completion_seconds": JCT_BUCKETS_S}
 # Per-GPU series of a large cluster exceed the SDK's default of 2000 points per instrument.
 # Keys are instrument classes; the SDK's own alias for this mapping is internal, hence Any.
 _CARDINALITY: dict[Any, int] = {Counter: 50_000, ObservableCounter: 50_000, Histogram: 20_000,
                                 ObservableGauge: 200_000}
+
+
+def job_labels_from_env(env: Mapping[str, str] = os.environ) -> bool:
+    raw = env.get(JOB_LABELS_ENV, "").strip().lower()
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"{JOB_LABELS_ENV} must be true or false, not {raw!r}")
 
 
 class _SnapshotRefresher:

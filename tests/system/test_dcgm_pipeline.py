@@ -155,8 +155,9 @@ async def test_dcgm_samples_reach_the_ledger_the_idle_alert_fires_and_an_xid_deg
             dcgm = DcgmSettings(prometheus_url=prom_url, interval_s=INTERVAL_S, lookback_s=2 * INTERVAL_S,
                                 timeout_s=INTERVAL_S, selector='job="dcgm-exporter"', missing_gpu_polls=2,
                                 recovery_polls=2)
+            # The per-job MFU gauges (job-id labels) are exported only when asked for.
             settings = StackSettings(nats_url=nats_url, database_url=database_url, queues=QUEUES, cluster=CLUSTER,
-                                     services=PIPELINE, metrics_port=metrics_port, dcgm=dcgm)
+                                     services=PIPELINE, metrics_port=metrics_port, dcgm=dcgm, metrics_job_labels=True)
             async with Stack(settings):
                 await scenario(nats_url, database_url, prom_url, exporter)
     finally:

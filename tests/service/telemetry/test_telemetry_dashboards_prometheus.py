@@ -118,7 +118,7 @@ def stream_phase2(now: float, i: int) -> list[Payload]:
 
 @pytest.fixture
 def telemetry() -> Iterator[tuple[TelemetryService, int]]:
-    svc = TelemetryService(metrics_port=None, webhook_worker=False)
+    svc = TelemetryService(metrics_port=None, webhook_worker=False, job_labels=True)  # the per-job panels need them
     svc.state.set_queues(parse_queues({
         "priority_classes": [{"name": "normal", "value": 100}],
         "queues": [{"name": "team-a", "quotas": {"H100": {"nominal": 16}}},

@@ -6,10 +6,11 @@ import functools
 import re
 
 import httpx
+import pytest
 
 from services.telemetry.core.names import COUNTER, METRICS
 from services.telemetry.core.state import TelemetryState
-from services.telemetry.metrics import TelemetryMetrics
+from services.telemetry.metrics import JOB_LABELS_ENV, TelemetryMetrics, job_labels_from_env
 from shared.events import ExitReason, JobCancelled
 from tests.unit.telemetry.telemetry_builders import T0, inventory, life, node, spec
 
@@ -98,3 +99,33 @@ def test_a_batch_recorded_summed_reads_as_the_events_recorded_one_by_one() -> No
             metrics.shutdown()
     assert texts[0] == texts[1]
     assert any(line.startswith("gpuq_jobs_finished_total") for line in texts[1])
+
+
+def test_job_ids_are_kept_out_of_metrics_unless_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """/metrics is open to whoever reaches it: the per-job gauges, labelled with every team's job ids, are exported
+    only with GPUQ_METRICS_JOB_LABELS (or job_labels=True); the per-queue series are there either way (issue 43)."""
+    from services.telemetry.app import TelemetryService
+
+    monkeypatch.delenv(JOB_LABELS_ENV, raising=False)
+    bodies = {}
+    for name, service in (("default", lambda: TelemetryService(metrics_port=None, webhook_worker=False)),
+                          ("asked", lambda: TelemetryService(metrics_port=None, webhook_worker=False,
+                                                             job_labels=True))):
+        svc = service()
+        try:
+            svc.apply(inventory(node("n0")), T0)
+            for t, p in life(spec("secret-project-7"), {"n0": [0]}, t_submit=0, wait=60, run=3600, end=None):
+                svc.apply(p, T0 + t)
+            svc.apply(life(spec("waiting-9"), {}, t_submit=0, wait=9000, run=1, end=None)[1][1], T0 + 1)
+            bodies[name] = svc.metrics.render().decode()
+        finally:
+            svc.metrics.shutdown()
+    assert "job_id" not in bodies["default"] and "secret-project-7" not in bodies["default"]
+    assert 'gpuq_running_jobs{queue="team-a",team="team-a"} 1.0' in bodies["default"]
+    assert 'job_id="secret-project-7"' in bodies["asked"] and 'job_id="waiting-9"' in bodies["asked"]
+
+
+def test_the_job_labels_setting_names_a_bad_value() -> None:
+    assert job_labels_from_env({}) is False and job_labels_from_env({JOB_LABELS_ENV: "true"}) is True
+    with pytest.raises(ValueError, match="GPUQ_METRICS_JOB_LABELS must be true or false, not 'maybe'"):
+        job_labels_from_env({JOB_LABELS_ENV: "maybe"})
