@@ -509,6 +509,14 @@ class TeamPolicy(_Strict):
     # written into the job's environment or labels.
     secrets_by_reference_only: bool = True
     max_gpus_per_job: int | None = Field(default=None, ge=1)
+    # How fast the team may submit: a token bucket of `submit_burst` submissions refilled at `submit_rate_per_s`
+    # (admission's clock); a submission without a token is rejected, reason RateLimited, saying when to retry.
+    # null = no limit. The defaults let a sweep of thousands through and stop a runaway producer.
+    submit_rate_per_s: float | None = Field(default=100.0, gt=0, allow_inf_nan=False)
+    submit_burst: int = Field(default=20_000, ge=1)
+    # How many of the team's jobs may wait at once (in its queues or for approval); one more is rejected, reason
+    # TooManyPending. null = no cap.
+    max_pending_jobs: int | None = Field(default=20_000, ge=1)
     # Priority classes whose jobs wait, reason AwaitingApproval, until an admin runs `gpuq approve JOB`.
     approval_required_classes: tuple[str, ...] = ()
 

@@ -32,6 +32,7 @@ from pydantic import ValidationError
 
 from services.admission import prefetch
 from services.admission.core import AdmissionState, AdmittedWorkload, Reason, Workload, approval, governance
+from services.admission.core.limits import Bucket, pending_refusal, rate_refusal
 from services.admission.core.statuses import PendingStatuses, message_text
 from services.admission.held import AFTER_EVENTS_KEY as HELD_KEY
 from services.admission.held import held_rows, hold_rows, write_held
@@ -44,7 +45,7 @@ from services.scheduler import readmodel
 from services.scheduler.core import ClusterState
 from shared import audit, forked
 from shared.audit import service_actor, team_actor
-from shared.config import ConfigError, QueuesConfig, StopPolicy, parse_queues
+from shared.config import ConfigError, QueuesConfig, StopPolicy, TeamPolicy, parse_queues
 from shared.domain import JobSpec
 from shared.events import (
     CloudEvent,
@@ -155,6 +156,8 @@ class AdmissionService:
         # Jobs waiting out a retry backoff (pending, held outside the queue) -> when they may be admitted again.
         self.backoff: dict[str, float] = {}
         self._drains_sent: dict[str, set[str]] = {}  # HoldAndDrain queue -> the running jobs last asked to drain
+        # team -> its submission tokens (core/limits.py). In memory: a restarted admission starts every team full.
+        self._buckets: dict[str, Bucket] = {}
 
     def spec(self) -> ServiceSpec:
         sharded = not self.shard.serves_all
@@ -356,6 +359,13 @@ class AdmissionService:
             await verdict("rejected", reason, message)
 
         async def body() -> None:
+            # Every submission on a team's subject costs it a token, whatever becomes of it: a flood is refused
+            # before anything is looked up, and the id stays free (no job row) for when the team submits it again.
+            limited = rate_refusal(self._buckets, team, spec.job_id, received_at,
+                                   self.state.config.governance.for_team(team))
+            if limited is not None:
+                await reject(limited.reason, limited.message, False)
+                return
             # Whether the job id is taken and whether a cancel for it came first, in one round trip (a tombstone is
             # rare: it is taken below only when there is one).
             # (in a consumed batch, read for all its submissions at once: services/admission/prefetch.py)
@@ -379,6 +389,10 @@ class AdmissionService:
             violation = governance.submission_violation(spec, policy)
             if violation is not None:
                 await reject(violation.reason, violation.message, True)
+                return
+            crowded = pending_refusal(team, spec.job_id, await self._waiting(tx, spec, team, policy), policy)
+            if crowded is not None:
+                await reject(crowded.reason, crowded.message, False)  # no row: the id stays free for later
                 return
             predicted = self.predicted_gpu_s(spec)
             rejection = self.state.submit(Workload(spec, received_at, predicted_gpu_s=predicted))
@@ -430,6 +444,16 @@ class AdmissionService:
             rows.verdicts.append((event.id, spec.job_id, team, tx.now))
 
         await self._then_cycle(tx, body)
+
+    async def _waiting(self, tx: Tx, spec: JobSpec, team: str, policy: TeamPolicy) -> int:
+        """The team's jobs waiting in its queues (the core's count), and for a job that would wait for an admin's
+        approval also those already waiting for one (held outside the queues, so counted in the table)."""
+        waiting = self.state.pending_of(team)
+        if policy.max_pending_jobs is not None and approval.approval_reason(spec, policy, self.state.config):
+            waiting += await tx.conn.fetchval(
+                "SELECT count(*) FROM admission.jobs WHERE team = $1 AND status = 'pending' AND approval = 'required'",
+                team)
+        return waiting
 
     async def on_cancel_requested(self, tx: Tx, event: CloudEvent, payload: JobCancelRequested) -> None:
         """Only the job's team (its credential, or a trusted producer acting for it) may cancel it. A request for a

@@ -76,6 +76,7 @@ class AdmissionState:
         self._book = QuotaBook(config)
         self._entries: dict[str, Entry] = {}
         self._pending: dict[str, Workload] = {}
+        self._pending_per_team: dict[str, int] = {}  # team -> its jobs in _pending (the per-team cap, limits.py)
         self._admitted: dict[str, AdmittedWorkload] = {}
         self._pending_by_queue: dict[str, list[Entry]] = {}
         self._admitted_by_queue: dict[str, dict[str, Entry]] = {}
@@ -114,6 +115,10 @@ class AdmissionState:
     def pending(self) -> Mapping[str, Workload]:
         """job_id -> Workload, every job waiting for admission (including inadmissible ones)."""
         return MappingProxyType(self._pending)
+
+    def pending_of(self, team: str) -> int:
+        """How many of `team`'s jobs wait for admission (in O(1): checked on every submission)."""
+        return self._pending_per_team.get(team, 0)
 
     @property
     def admitted(self) -> Mapping[str, AdmittedWorkload]:
@@ -170,6 +175,7 @@ class AdmissionState:
         entries = {j: copy_entry(e) for j, e in self._entries.items()}
         other._entries = entries
         other._pending = dict(self._pending)
+        other._pending_per_team = dict(self._pending_per_team)
         other._admitted = dict(self._admitted)
         # A list may still hold a finished or replaced (requeued) job's old entry until its queue is re-filtered
         # (it is dirty then): only current entries are mapped, or a requeued job would appear twice in the copy.
@@ -250,7 +256,7 @@ class AdmissionState:
         if e.admitted is not None:
             self._release(e)
         else:
-            self._pending.pop(job_id, None)
+            self._forget_pending(job_id)
             self._dirty.add(e.queue)
             self._touch(e.queue)
 
@@ -352,7 +358,7 @@ class AdmissionState:
 
     def _admit(self, e: Entry, a: AdmittedWorkload) -> None:
         """Move a pending entry to admitted. The caller rebuilds the queue's pending list afterwards."""
-        del self._pending[e.job_id]
+        self._forget_pending(e.job_id)
         self._mark_admitted(e, a)
 
     # ------------------------------------------------------------------ helpers
@@ -388,7 +394,11 @@ class AdmissionState:
         self._entries[e.job_id] = e
         if e.base_at > w.submitted_at:
             self._aging.add(e.job_id)
+        previous = self._pending.get(e.job_id)
+        if previous is not None:
+            self._count_pending(previous.spec.team, -1)
         self._pending[e.job_id] = w
+        self._count_pending(w.spec.team, 1)
         self._touch(e.queue)
         self._generation += 1
         lst = self._pending_by_queue.setdefault(e.queue, [])
@@ -396,6 +406,18 @@ class AdmissionState:
             insort(lst, e, key=_order_of)  # a binary search and a memmove, not a re-sort of the queue
         else:
             lst.append(e)
+
+    def _forget_pending(self, job_id: str) -> None:
+        w = self._pending.pop(job_id, None)
+        if w is not None:
+            self._count_pending(w.spec.team, -1)
+
+    def _count_pending(self, team: str, delta: int) -> None:
+        count = self._pending_per_team.get(team, 0) + delta
+        if count > 0:
+            self._pending_per_team[team] = count
+        else:
+            self._pending_per_team.pop(team, None)
 
     def _mark_admitted(self, e: Entry, a: AdmittedWorkload) -> None:
         self._generation += 1
