@@ -164,12 +164,15 @@ async def record_facts_many(conn: Conn, facts: Sequence[FactRow], dims: Sequence
 
 def _fact_from_row(row: asyncpg.Record) -> Fact:
     detail = json.loads(row["detail"])
+    kind = FactKind(row["kind"])
     return Fact(
-        kind=FactKind(row["kind"]),
+        kind=kind,
         at_ms=to_ms(row["at"]),
         shares=tuple((str(n), int(m)) for n, m in detail.get("shares", [])),
         model_hint=detail.get("model_hint"),
         lost_ms=int(detail.get("lost_ms", 0)),
+        # a failed attempt that is retried (handlers.on_attempt_failed records its number) does not end the job
+        retried=kind is FactKind.FAILED and "attempt" in detail,
     )
 
 

@@ -1,10 +1,13 @@
 """Allocation segments of one job, derived from the set of its lifecycle facts.
 
 A job is allocated GPUs from each placement until the first end fact at or after it (completed, failed,
-cancelled, preempted) — or until its next placement, if the end was never reported. The result depends
-only on the *set* of facts, never on the order they arrived in, so a redelivered, duplicated or shuffled
-event stream yields the same segments: the store keeps the facts and rebuilds a job's segments from all
-of them each time one is added.
+cancelled, preempted) — or until its next placement, if the end was never reported. A placement made after the
+job was already over (its cancel, completion or final failure stamped before the placement: a cancel that
+admission decided while the scheduler was placing the job) ends at its own instant: nothing later will ever end
+it, and the job was over before it got the GPUs, so it is charged nothing (the scheduler frees them when it hears
+the end; no fact says when). The result depends only on the *set* of facts, never on the order they arrived in, so
+a redelivered, duplicated or shuffled event stream yields the same segments: the store keeps the facts and
+rebuilds a job's segments from all of them each time one is added.
 """
 
 from __future__ import annotations
@@ -36,6 +39,14 @@ class Fact:
     shares: tuple[tuple[str, int], ...] = ()  # PLACED: (node, milli-GPUs) sorted by node
     model_hint: str | None = None  # PLACED: the only GPU model the spec allows, if any
     lost_ms: int = 0  # PREEMPTED: GPU-milliseconds of work lost since the last checkpoint
+    retried: bool = False  # FAILED: a failed attempt the job's retry policy retries (JobAttemptFailed), not its end
+
+    @property
+    def ends_job(self) -> bool:
+        """The job's own end (completed, cancelled, failed for good): no placement after it is ever ended by
+        another fact."""
+        return self.kind in (FactKind.COMPLETED, FactKind.CANCELLED) or (
+            self.kind is FactKind.FAILED and not self.retried)
 
 
 @dataclass(frozen=True)
@@ -57,12 +68,14 @@ def build_segments(facts: list[Fact] | tuple[Fact, ...]) -> list[AllocationPart]
     # One fact per (kind, instant), as the store's key has it; should two disagree, the first in a total
     # order wins, so the choice never depends on arrival order.
     by_key: dict[tuple[FactKind, int], Fact] = {}
-    for f in sorted(set(facts), key=lambda f: (f.at_ms, f.kind.value, f.shares, f.model_hint or "", f.lost_ms)):
+    for f in sorted(set(facts), key=lambda f: (f.at_ms, f.kind.value, f.shares, f.model_hint or "", f.lost_ms,
+                                               f.retried)):
         by_key.setdefault((f.kind, f.at_ms), f)
     unique = list(by_key.values())
     placements = {f.at_ms: f for f in unique if f.kind is FactKind.PLACED}
     starts = sorted(f.at_ms for f in unique if f.kind is FactKind.STARTED)
     ends = sorted((f for f in unique if f.kind in END_KINDS), key=lambda f: (f.at_ms, _END_RANK[f.kind]))
+    job_ends = [e for e in ends if e.ends_job]
     ordered = sorted(placements)
     parts: list[AllocationPart] = []
     used_preemptions: set[int] = set()
@@ -74,8 +87,11 @@ def build_segments(facts: list[Fact] | tuple[Fact, ...]) -> list[AllocationPart]
                     and e not in consumed), None)
         if end is not None:
             consumed.add(end)
+        over = next((e for e in reversed(job_ends) if e.at_ms <= placed_at), None) if end is None else None
         if end is not None:
             ended_at, end_kind = end.at_ms, end.kind.value
+        elif over is not None:  # placed after the job's end (a cancel that raced the placement): charged nothing
+            ended_at, end_kind = placed_at, over.kind.value
         elif next_at is not None:
             ended_at, end_kind = next_at, "replaced"
         else:

@@ -33,9 +33,17 @@ def test_preempted_then_resumed_elsewhere_then_completed():
         ("n3", ms(2400), ms(6000), "completed", 0)]
 
 
-def test_open_allocation_and_end_before_placement_is_ignored():
-    parts = build_segments([end(FactKind.CANCELLED, -60), placed(0)])
+def test_an_allocation_without_an_end_stays_open():
+    parts = build_segments([placed(0), Fact(FactKind.STARTED, ms(5))])
     assert [(p.ended_at_ms, p.end_kind) for p in parts] == [(None, None), (None, None)]
+
+
+def test_a_placement_after_the_jobs_cancel_ends_at_once():
+    """A cancel stamped before the placement (admission decided it while the scheduler placed the job) is the job's
+    end: the placement is closed at its own instant, never left open (tests/unit/metering/test_metering_orderings.py
+    has every ordering)."""
+    parts = build_segments([end(FactKind.CANCELLED, -60), placed(0)])
+    assert [(p.ended_at_ms, p.end_kind) for p in parts] == [(ms(0), "cancelled"), (ms(0), "cancelled")]
 
 
 def test_missing_end_is_closed_by_the_next_placement():
