@@ -26,8 +26,10 @@ RUN pip wheel --no-cache-dir --no-deps --wheel-dir /dist . \
 FROM base
 LABEL org.opencontainers.image.title="gpuq" \
       org.opencontainers.image.description="GPU training-job scheduling for shared Kubernetes clusters"
-# The root filesystem is read-only in the chart: state and caches go to /tmp (an emptyDir there).
+# The root filesystem is read-only in the chart: state and caches go to /tmp (an emptyDir there). In a container the
+# API, /metrics and the health endpoints listen on every interface (GPUQ_BIND; `gpuq up` elsewhere: 127.0.0.1).
 ENV PATH=/opt/gpuq/bin:$PATH \
+    GPUQ_BIND=0.0.0.0 \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     HOME=/tmp \

@@ -28,8 +28,10 @@ SINGLETONS = ("admission", "preemption", "scheduler")
 REPLICATED = (*SINGLETONS, "api")  # the API is stateless: two replicas serve
 SECRETS_KEY_USERS = ("api", "telemetry")  # they keep webhook signing secrets, encrypted at rest
 # The least values an install needs (what docs/install.md tells an operator to set), on the chart's defaults.
-MINIMAL = ("externalNats.url=nats://nats.messaging.svc:4222", "externalDatabase.existingSecret.name=gpuq-database",
-           "secretsKey.existingSecret.name=gpuq-secrets-key")
+# NATS needs nothing: natsAuth is on by default, each service's NATS_URL in the Secret named after its bus user.
+MINIMAL = ("externalDatabase.existingSecret.name=gpuq-database", "secretsKey.existingSecret.name=gpuq-secrets-key")
+# A server without per-service users: natsAuth turned off, one plain URL for all.
+SHARED_URL = (*MINIMAL, "natsAuth.enabled=false", "externalNats.url=nats://nats.messaging.svc:4222")
 CI_DIGEST = "4f5c2d8a7b1e9f3c6d0a2b4e8f1c3d5a7b9e0f2c4d6a8b0e1f3c5d7a9b2e4f6c"
 
 Doc = dict[str, Any]
@@ -155,7 +157,9 @@ def test_probes_use_the_health_endpoints_of_gpuq_up(docs: list[Doc]) -> None:
         assert c["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
         # The readiness checks wait 2 s each at most (shared/health.py): the probe must wait longer.
         assert c["readinessProbe"]["timeoutSeconds"] >= 4
+        assert "--bind=0.0.0.0" in c["args"]  # the pod's address, where probes and Services reach it
         assert ("--metrics-port=9464" in c["args"]) == (service == "telemetry")
+        assert "--metrics-job-labels" not in c["args"]  # job ids stay out of /metrics unless metrics.jobLabels
         assert ("--api-port=8000" in c["args"]) == (service == "api")
         assert ("http" in ports) == (service == "api")
     executor = container(deployments(docs)["executor"])
@@ -221,7 +225,7 @@ def test_secrets_are_only_referenced(render: Any, docs: list[Doc]) -> None:
     # Without natsAuth: one URL for all, from a Secret (sim values) or plain (no credentials in it).
     sim_env = env_of(container(deployments(render(SIM_VALUES))["scheduler"]))
     assert sim_env["NATS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "gpuq-nats", "key": "url"}
-    plain = env_of(container(deployments(render(sets=MINIMAL))["scheduler"]))
+    plain = env_of(container(deployments(render(sets=SHARED_URL))["scheduler"]))
     assert plain["NATS_URL"] == {"name": "NATS_URL", "value": "nats://nats.messaging.svc:4222"}
 
 
@@ -234,8 +238,12 @@ def test_each_service_connects_as_its_own_bus_user(render: Any, docs: list[Doc])
     # Its own user, which `gpuq nats-auth` knows; the Kubernetes executor is also the workloads' intake: `kube`.
     assert users == {s: (KUBE if s == "executor" else s) for s in SERVICES}
     assert set(users.values()) <= {*BUS_USERS, KUBE}
+    # On the chart's defaults too (issue 43: bus authentication is on unless turned off).
+    default = deployments(render(sets=MINIMAL))
+    assert {s: env_of(container(d))["NATS_URL"]["valueFrom"]["secretKeyRef"]["name"] for s, d in default.items()} \
+        == {s: f"gpuq-nats-{KUBE if s == 'executor' else s}" for s in SERVICES}
     # The simulated executor is only an executor.
-    sim = render(SIM_VALUES, sets=["natsAuth.enabled=true"])
+    sim = render(SIM_VALUES, sets=["natsAuth.enabled=true", "externalNats.existingSecret.name="])
     ref = env_of(container(deployments(sim)["executor"]))["NATS_URL"]["valueFrom"]["secretKeyRef"]
     assert ref == {"name": "gpuq-nats-executor", "key": "url"}
 
@@ -381,3 +389,8 @@ def test_nats_and_postgres_come_from_their_own_charts_not_subcharts(render: Any)
     env = env_of(container(deployments(render(CI_VALUES, sets=[
         "externalDatabase.existingSecret.name=gpuq-db-app"]))["admission"]))
     assert env["DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {"name": "gpuq-db-app", "key": "uri"}
+
+
+def test_job_id_labels_are_exported_only_when_asked_for(render: Any) -> None:
+    asked = deployments(render(sets=(*MINIMAL, "metrics.jobLabels=true")))
+    assert [s for s, d in asked.items() if "--metrics-job-labels" in container(d)["args"]] == ["telemetry"]

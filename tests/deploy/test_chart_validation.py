@@ -128,19 +128,22 @@ def test_values_schema_rejects_bad_values(helm: Any, chart: Path, setting: str, 
 
 
 def test_missing_nats_postgres_or_secrets_key_is_a_clear_error(helm: Any, chart: Path) -> None:
-    res = helm("template", "gpuq", str(chart))
+    # NATS: bus users by Secret are the default; turned off, a URL is needed.
+    res = helm("template", "gpuq", str(chart), "--set", "natsAuth.enabled=false")
     assert res.returncode != 0 and "NATS: set natsAuth.enabled (a bus user per service, by Secret), " \
         "externalNats.url, or externalNats.existingSecret.name" in res.stderr
+    # An externalNats left from before natsAuth was the default is refused, not silently ignored.
     res = helm("template", "gpuq", str(chart), "--set", "externalNats.url=nats://nats:4222")
+    assert res.returncode != 0 and "NATS: natsAuth.enabled is on (the default" in res.stderr \
+        and "set natsAuth.enabled=false" in res.stderr
+    res = helm("template", "gpuq", str(chart))
     assert res.returncode != 0 and "Postgres: set externalDatabase.existingSecret.name" in res.stderr
-    res = helm("template", "gpuq", str(chart), "--set", "externalNats.url=nats://nats:4222",
-               "--set", "externalDatabase.existingSecret.name=db")
+    res = helm("template", "gpuq", str(chart), "--set", "externalDatabase.existingSecret.name=db")
     assert res.returncode != 0 and "secretsKey.existingSecret.name: api keeps webhook signing secrets encrypted" \
         in res.stderr
     # Without the two services that keep webhook secrets, no key is needed.
-    res = helm("template", "gpuq", str(chart), "--set", "externalNats.url=nats://nats:4222",
-               "--set", "externalDatabase.existingSecret.name=db", "--set", "services.api.enabled=false",
-               "--set", "services.telemetry.enabled=false")
+    res = helm("template", "gpuq", str(chart), "--set", "externalDatabase.existingSecret.name=db",
+               "--set", "services.api.enabled=false", "--set", "services.telemetry.enabled=false")
     assert res.returncode == 0, res.stderr
 
 

@@ -64,13 +64,17 @@ is also the intake of workloads and connects as `kube`. (dict "root" $ "service"
 {{- if and (eq .service "executor") (include "gpuq.kubeExecutor" .root) }}kube{{ else }}{{ .service }}{{ end }}
 {{- end }}
 
-{{/* NATS_URL of one service: with natsAuth, its own bus user's Secret (`gpuq nats-auth --kube-secrets` writes
-them); else a Secret holding the URL, or the plain external URL (in that order).
+{{/* NATS_URL of one service: with natsAuth (the default), its own bus user's Secret (`gpuq nats-auth --kube-secrets`
+writes them); else a Secret holding the URL, or the plain external URL (in that order). Both at once is refused: an
+externalNats left from before natsAuth was the default would otherwise be silently ignored.
 (dict "root" $ "service" "admission") */}}
 {{- define "gpuq.natsEnv" -}}
 {{- $v := .root.Values }}
 - name: NATS_URL
 {{- if $v.natsAuth.enabled }}
+  {{- if or $v.externalNats.url $v.externalNats.existingSecret.name }}
+  {{- fail "NATS: natsAuth.enabled is on (the default: each service reads its own bus user's NATS_URL from the Secret <natsAuth.secretPrefix><user>, written by `gpuq nats-auth --kube-secrets`, docs/install.md) and externalNats is set too: drop externalNats, or set natsAuth.enabled=false for one URL for every service on a server without per-service users (docs/security.md says what that leaves open)" }}
+  {{- end }}
   valueFrom:
     secretKeyRef:
       name: {{ printf "%s%s" $v.natsAuth.secretPrefix (include "gpuq.busUser" .) }}
