@@ -10,10 +10,89 @@ import re
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import to_json
 
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,126}[a-z0-9])?$")
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._:-]{0,190}[A-Za-z0-9])?$")
+
+
+# What Postgres cannot store, refused when a job spec or an event is validated (docs/events.md, "Limits"), so that a
+# submission carrying it is a clear 422 or dead letter naming the field, never a handler failing in Postgres: a NUL
+# character (text and jsonb refuse \u0000), a lone surrogate (no UTF-8 encoding exists for it), a string (or a key)
+# longer than this (Postgres stores far more, but nothing gpuq keeps needs more).
+MAX_STRING_CHARS = 65_536
+# A validation context key: the caller (shared.events.parse_event) has already checked every string of the input.
+STRINGS_CHECKED = "gpuq_strings_checked"
+
+
+def string_problem(value: str, limit: int = MAX_STRING_CHARS) -> str | None:
+    """Why Postgres cannot store `value` (or why gpuq refuses it), or None."""
+    if len(value) > limit:
+        return f"{len(value)} characters, above the limit of {limit}"
+    if "\x00" in value:
+        return "contains a NUL character (\\u0000), which Postgres cannot store"
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return "contains a lone surrogate (an unpaired \\ud800-\\udfff), which is not Unicode text"
+    return None
+
+
+def shown(key: object, limit: int = 40) -> str:
+    """A key as an error message names it: escaped (a NUL or a lone surrogate must not reach the message, which is
+    stored in Postgres too) and cut short."""
+    text = str(key)
+    cut = text[:limit].encode("ascii", "backslashreplace").decode("ascii").replace("\x00", "\\x00")
+    return cut + ("..." if len(text) > limit else "")
+
+
+def _all_storable(value: Any) -> bool:
+    """True when `unstorable(value)` is surely None, told from its JSON text (written in Rust, several times faster
+    than walking it here): no longer than one string may be, without the escape of a NUL; and written at all (a lone
+    surrogate has no UTF-8, and the writer refuses it). False: the walk decides."""
+    try:
+        text = to_json(value)
+    except Exception:
+        return False
+    return len(text) <= MAX_STRING_CHARS and b"\\u0000" not in text
+
+
+def unstorable(value: Any, path: str = "") -> str | None:
+    """The first string of `value` (dict keys and values, lists and tuples, at any depth) that Postgres cannot
+    store, as "<path>: <why>"; None when every one can. Iterative: a deep document cannot exhaust the stack.
+    Validated models met inside `value` were checked when they were made, and are not entered."""
+    if _all_storable(value):
+        return None
+    stack: list[tuple[str, Any]] = [(path, value)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, str):
+            why = string_problem(item)
+            if why is not None:
+                return f"{where or 'value'}: {why}"
+        elif isinstance(item, dict):
+            entries = []
+            for key, sub in item.items():
+                if isinstance(key, str) and (why := string_problem(key)) is not None:
+                    return f"{where or 'value'}: key '{shown(key)}': {why}"
+                entries.append((f"{where}.{shown(key)}" if where else shown(key), sub))
+            stack.extend(reversed(entries))  # popped in document order: the first problem is the one named
+        elif isinstance(item, list | tuple):
+            stack.extend(reversed([(f"{where}[{i}]", sub) for i, sub in enumerate(item)]))
+    return None
+
+
+def refuse_unstorable(data: Any, info: ValidationInfo) -> Any:
+    """A `model_validator(mode="before")` body: raise naming the first string Postgres cannot store, unless the
+    caller checked the whole input already (context STRINGS_CHECKED)."""
+    if info.context and info.context.get(STRINGS_CHECKED):
+        return data
+    problem = unstorable(data) if isinstance(data, dict) else None
+    if problem is not None:
+        raise ValueError(problem)
+    return data
 
 
 class Frozen(BaseModel):
@@ -221,6 +300,11 @@ class JobSpec(Frozen):
     namespace: str | None = None
     # Retries of failed attempts (RetryPolicy). None: a failed attempt is final, as before retries existed.
     retry: RetryPolicy | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable(cls, data: Any, info: ValidationInfo) -> Any:
+        return refuse_unstorable(data, info)
 
     @field_validator("job_id")
     @classmethod

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
+from itertools import accumulate
 from typing import Any, ClassVar
 
 from pydantic import (
@@ -30,7 +31,17 @@ from pydantic import (
 from pydantic_core import from_json, to_json
 
 from shared import namespace
-from shared.domain import GpuBinding, JobSpec, NodeSpec, Precision
+from shared.domain import (
+    MAX_STRING_CHARS,
+    STRINGS_CHECKED,
+    GpuBinding,
+    JobSpec,
+    NodeSpec,
+    Precision,
+    refuse_unstorable,
+    shown,
+    unstorable,
+)
 
 SPEC_VERSION = "1.0"
 TYPE_PREFIX = "io.gpuq."
@@ -87,6 +98,13 @@ class Payload(BaseModel):
             return "" if subject == base else None
         token = subject.removeprefix(base + ".") if subject.startswith(base + ".") else ""
         return token if token and SCOPE_TOKEN_RE.match(token) else None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable(cls, data: Any, info: ValidationInfo) -> Any:
+        # Strings Postgres cannot store (shared.domain.unstorable) are refused in every payload made here;
+        # parse_event checks a received body as a whole first, and tells the models so.
+        return refuse_unstorable(data, info)
 
     def job_key(self) -> str | None:
         """The job this event is about (the CloudEvents `subject`), if any."""
@@ -766,32 +784,115 @@ def encode_new_event(payload: Payload, *, source: str, time: datetime, tracepare
     return event_id, body
 
 
+# Limits on a received body (docs/events.md, "Limits"), checked before it is parsed, so that no body can make the
+# parser or a validator exhaust the stack or the memory of a consumer: its size, and how deeply its arrays and
+# objects nest (gpuq's deepest events, a pod template's Kubernetes volumes, nest about 15 deep; Python's JSON parser
+# gives up with RecursionError near 1,000). The envelope's `id` and `subject` are primary keys of every service's
+# inbox and job traces: an index entry holds about 2.7 KB.
+MAX_EVENT_BYTES = 1024 * 1024
+MAX_DEPTH = 64
+MAX_ID_CHARS = 256
+# A JSON string, to the end of the text when it is not closed (possessive, and always matching once begun: linear
+# time whatever the body, where a backtracking pattern would be quadratic on a hostile one).
+_JSON_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+(?:"|\\?\Z)', re.DOTALL)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_DEPTH_STEP = [1 if b in b"[{" else -1 if b in b"]}" else 0 for b in range(256)]
+# What may hide a string Postgres cannot store in a JSON text: the escape of NUL, the escape of a surrogate (a pair is
+# fine, a lone one is not), or the UTF-8 bytes of a surrogate (Python's JSON parser takes them); and a body larger
+# than one string may be. Only a body with one of these is searched string by string.
+_SUSPECT = re.compile(rb"\\u0000|\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+
+
+def too_deep(raw: bytes, limit: int = MAX_DEPTH) -> bool:
+    """Do the arrays and objects of the JSON text `raw` nest deeper than `limit`? Read without parsing: brackets
+    inside strings do not count. Nearly every body has fewer brackets than the limit, and is answered by counting."""
+    if raw.count(b"{") + raw.count(b"[") <= limit:
+        return False
+    structure = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    return any(depth > limit for depth in accumulate(_DEPTH_STEP[b] for b in structure))
+
+
+def _doc_too_deep(doc: Any, limit: int = MAX_DEPTH) -> bool:
+    """`too_deep` for an already parsed document (an in-process dict): iterative."""
+    stack: list[tuple[int, Any]] = [(1, doc)]
+    while stack:
+        depth, item = stack.pop()
+        if isinstance(item, dict | list | tuple):
+            if depth > limit:
+                return True
+            stack.extend((depth + 1, sub) for sub in (item.values() if isinstance(item, dict) else item))
+    return False
+
+
 def parse_event(raw: bytes | str | dict[str, Any]) -> tuple[CloudEvent, Payload]:
-    """Decode and validate an event. Raises InvalidEvent with a precise reason; never anything else."""
+    """Decode and validate an event. Raises InvalidEvent with a precise reason; never anything else (whatever a
+    body holds, a consumer dead-letters it and goes on)."""
     try:
-        doc = raw if isinstance(raw, dict) else _decode_json(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidEvent("MalformedJson", f"body is not JSON: {exc}") from None
+        return _parse_event(raw)
+    except InvalidEvent:
+        raise
+    except RecursionError:
+        raise InvalidEvent("TooDeep", f"the body nests too deeply to be read (limit {MAX_DEPTH})") from None
+    except Exception as exc:  # a guarantee: any other failure to read a body is a verdict on it
+        raise InvalidEvent("Unreadable", f"{type(exc).__name__}: {exc}") from None
+
+
+def _parse_event(raw: bytes | str | dict[str, Any]) -> tuple[CloudEvent, Payload]:
+    if isinstance(raw, dict):
+        if _doc_too_deep(raw):
+            raise InvalidEvent("TooDeep", f"the event nests deeper than {MAX_DEPTH} levels of arrays and objects")
+        doc: Any = raw
+        suspect = True
+    else:
+        body = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+        if len(body) > MAX_EVENT_BYTES:
+            raise InvalidEvent("TooLarge", f"the body is {len(body)} bytes, above the limit of {MAX_EVENT_BYTES}")
+        if too_deep(body):
+            raise InvalidEvent("TooDeep", f"the body nests deeper than {MAX_DEPTH} levels of arrays and objects")
+        try:
+            doc = _decode_json(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise InvalidEvent("MalformedJson", f"body is not JSON: {exc}") from None
+        # (a backslash is rare in a body gpuq wrote, and single bytes are found fastest)
+        suspect = len(body) > MAX_STRING_CHARS or (((b"\\" in body and b"\\u" in body) or b"\xed" in body)
+                                                   and _SUSPECT.search(body) is not None)
     if not isinstance(doc, dict):
         raise InvalidEvent("MalformedEnvelope", "body is not a JSON object")
+    if suspect and (problem := unstorable(doc)) is not None:
+        # Refused before validation, naming where: a handler would fail on it in Postgres, every time.
+        raise InvalidEvent("InvalidPayload" if problem.startswith("data") else "MalformedEnvelope", problem)
     if doc.get("specversion") not in (None, SPEC_VERSION):
-        raise InvalidEvent("UnsupportedSpecVersion", f"specversion {doc['specversion']!r}, expected 1.0")
+        raise InvalidEvent("UnsupportedSpecVersion", f"specversion {_shown_value(doc['specversion'])}, expected 1.0")
     try:
         envelope = CloudEvent.model_validate(doc)
     except ValidationError as exc:
         raise InvalidEvent("MalformedEnvelope", _first_errors(exc)) from None
+    for name in ("id", "subject"):
+        value = getattr(envelope, name)
+        if value is not None and len(value) > MAX_ID_CHARS:
+            raise InvalidEvent("MalformedEnvelope", f"{name}: {len(value)} characters, above the limit of "
+                                                    f"{MAX_ID_CHARS}")
     cls = BY_TYPE.get(envelope.type)
     if cls is None:
-        raise InvalidEvent("UnknownEventType", f"unknown event type {envelope.type!r}")
+        raise InvalidEvent("UnknownEventType", f"unknown event type {_shown_value(envelope.type)}")
     if envelope.dataschema is not None and envelope.dataschema.startswith(SCHEMA_URI_BASE) \
             and envelope.dataschema != schema_uri(envelope.type):
-        raise InvalidEvent("MalformedEnvelope", f"dataschema {envelope.dataschema!r} is not the schema of "
-                                                f"{envelope.type} ({schema_uri(envelope.type)})")
+        raise InvalidEvent("MalformedEnvelope", f"dataschema {_shown_value(envelope.dataschema)} is not the schema "
+                                                f"of {envelope.type} ({schema_uri(envelope.type)})")
     try:
-        payload = cls.model_validate(envelope.data)
+        # Every string of the body was checked above: the models need not search them again.
+        payload = cls.model_validate(envelope.data, context={STRINGS_CHECKED: True})
     except ValidationError as exc:
         raise InvalidEvent("InvalidPayload", f"{envelope.type}: {_first_errors(exc)}") from None
+    except (TypeError, ArithmeticError, LookupError, AttributeError) as exc:
+        # A validator that met a shape it did not expect (an aware time against a naive one, say): the body's fault.
+        raise InvalidEvent("InvalidPayload", f"{envelope.type}: {type(exc).__name__}: {exc}") from None
     return envelope, payload
+
+
+def _shown_value(value: Any, limit: int = 80) -> str:
+    """A received value as an error message quotes it: escaped (the message is stored in Postgres) and cut short."""
+    return shown(repr(value), limit)
 
 
 def _decode_json(raw: bytes | str) -> Any:

@@ -52,6 +52,7 @@ from shared.clock import Clock, SystemClock
 from shared.db import apply_migrations
 from shared.events import (
     BY_TYPE,
+    MAX_EVENT_BYTES,
     SCOPE_TOKEN_RE,
     CloudEvent,
     EmittedEvent,
@@ -107,7 +108,7 @@ READER_LINGER_S = 0.2
 RELAY_POLL_S = 0.5
 HEADER_ROOM = 4096  # bytes kept free below max_payload for the message's headers (Nats-Msg-Id, trace context)
 # An event body's own limit (the server's max_payload, 1 MiB by default, minus HEADER_ROOM applies as well).
-EVENT_BYTES_LIMIT = 1024 * 1024
+EVENT_BYTES_LIMIT = MAX_EVENT_BYTES
 DLQ_BODY_BYTES = 64 * 1024  # the body a dead letter's bus notice carries (the table row keeps all of it)
 # Published outbox rows and inbox rows are kept this long, then pruned (GPUQ_PLUMBING_RETENTION_S). The inbox must
 # outlive every redelivery of an event (max_deliver x ack_wait plus backoff: minutes) and the publish duplicate
