@@ -287,6 +287,8 @@ class AdmissionState:
             k = klasses.get(e.workload.spec.priority_class)
             if k is not None and k.value != e.priority:
                 self._reprioritise(e, k.value)
+            # a class made (non-)preemptible changes whether the job may borrow and whether it may be reclaimed
+            e.preemptible = self._preemptible(e.workload.spec)
             if e.admitted is not None:
                 self._book.add(e.queue, e.admitted.usage)
                 if e.queue not in self._book.queues:

@@ -136,6 +136,22 @@ def test_a_non_preemptible_job_still_reclaims_its_own_nominal_quota() -> None:
     assert "a-pinned" in s.admitted and not s.admitted["a-pinned"].borrowing
 
 
+def test_a_class_made_non_preemptible_by_a_config_change_stops_its_waiting_jobs_borrowing() -> None:
+    def cfg(normal_preemptible: bool) -> QueuesConfig:
+        classes = [dict(c) for c in CLASSES]
+        classes[2]["preemptible"] = normal_preemptible  # "normal"
+        return parse_queues({"priority_classes": classes, "cohorts": [{"name": "research"}],
+                             "queues": [queue("team-a", {H100: 8}), queue("team-b", {H100: 2})]})
+
+    s = AdmissionState(cfg(True))
+    submit(s, job("b0", "team-b", 2), 0.0)
+    submit(s, job("b1", "team-b", 2), 1.0)
+    s.set_config(cfg(False))
+    d = admission_cycle(s, 2.0)
+    assert [a.job_id for a in d.admitted] == ["b0"] and s.preemptible("b1") is False
+    assert "never borrows" in d.pending["b1"].message
+
+
 # ----------------------------------------------------------------------------- governance: the opt-out's price
 
 

@@ -8,6 +8,7 @@ from the previous attempt's end to after the placement) delivered in any order, 
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 from hypothesis import given, settings
@@ -15,8 +16,6 @@ from hypothesis import strategies as st
 
 from services.metering.core.segments import Fact, FactKind, build_segments
 from services.metering.testing import ms
-
-SHARE = (("n1", 8000),)
 
 
 def placed(s: float, node: str = "n1") -> Fact:
@@ -139,7 +138,8 @@ def lifecycles(draw: st.DrawFn) -> Lifecycle:
 
 @settings(max_examples=400, deadline=None)
 @given(lifecycles(), st.randoms(use_true_random=False))
-def test_every_placement_is_charged_until_its_end_whatever_the_arrival_order(life: Lifecycle, rnd) -> None:  # type: ignore[no-untyped-def]
+def test_every_placement_is_charged_until_its_end_whatever_the_arrival_order(life: Lifecycle,
+                                                                            rnd: random.Random) -> None:
     delivered = [*life.facts, *rnd.sample(life.facts, k=len(life.facts) // 2)]  # some redelivered
     rnd.shuffle(delivered)
     parts = [p for p in build_segments(delivered) if p.node]
