@@ -1,10 +1,11 @@
-"""Platform admins' commands: API tokens, the bus users' configuration, and the audit trail."""
+"""Platform admins' commands: API tokens, the bus users' configuration, the audit trail, and retention."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from datetime import UTC, datetime
+import os
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -180,3 +181,54 @@ def audit(since: str | None = typer.Option(None, "--since", help="From (ISO date
         table.add_row(str(r["at"])[:19], r["recorder"], r["action"], r["actor"], r.get("team") or "",
                       r.get("job_id") or "", json.dumps(detail, default=str)[:80])
     console.print(table)
+
+
+def retention(
+    metering_raw_days: int | None = typer.Option(
+        None, "--metering-raw-days", help="Delete raw GPU samples older than this many days (0: keep; default: "
+                                          "GPUQ_METERING_RAW_RETENTION_DAYS, else 30; at least 3)"),
+    audit_days: int | None = typer.Option(
+        None, "--audit-days", help="Drop the audit trail's months past this many days (0: keep; default: "
+                                   "GPUQ_AUDIT_RETENTION_DAYS, else 400; at least 30)"),
+) -> None:
+    """Prune now what the metering and audit services prune every hour: raw GPU samples past their window (the hourly
+    usage the reports read stays) and the audit trail's months past theirs (dropped whole; no record is ever changed
+    or deleted). Also makes this month's and the next month's audit partitions. Needs DATABASE_URL."""
+    from services.audit import retention as audit_retention
+    from services.metering import store as metering
+    from shared.retention import AUDIT, METERING_RAW
+
+    env = dict(os.environ)
+    for window, days in ((METERING_RAW, metering_raw_days), (AUDIT, audit_days)):
+        if days is not None:
+            env[window.env] = str(days)
+    try:
+        raw_days, trail_days = METERING_RAW.days(env), AUDIT.days(env)
+    except ValueError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
+    now = datetime.now(UTC)
+
+    async def run() -> tuple[int | None, audit_retention.AuditRetention]:
+        conn = await asyncpg.connect(database_url())
+        try:
+            samples = (await metering.prune_samples(conn, now - timedelta(days=raw_days))
+                       if raw_days is not None else None)
+            return samples, await audit_retention.run_once(conn, now, trail_days)
+        finally:
+            await conn.close()
+
+    try:
+        samples, trail = asyncio.run(run())
+    except (asyncpg.UndefinedTableError, asyncpg.UndefinedFunctionError) as exc:
+        console.print(f"[red]this database lacks the metering or audit schema of this release ({exc}): start the "
+                      "metering and audit services of this release on it first (they apply their migrations)[/]")
+        raise typer.Exit(2) from None
+    except asyncpg.RaiseError as exc:  # the database's own floor under the audit window
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
+    console.print("raw GPU samples: " + ("kept (no window)" if samples is None
+                                         else f"{samples} deleted, older than {raw_days} days"))
+    console.print("audit partitions: " + (f"made {', '.join(trail.created)}; " if trail.created else "")
+                  + ("kept (no window)" if trail_days is None else
+                     f"dropped {', '.join(trail.dropped) or 'none'} (past {trail_days} days)"))

@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from cli.admin import audit, nats_auth, tokens_app
+from cli.admin import audit, nats_auth, retention, tokens_app
 from cli.jobs import apply_queues, approve, cancel, explain, queues, status, submit
 from cli.platform import demo, up
 from cli.remote import report, webhooks_app
@@ -50,6 +50,7 @@ COMMANDS: dict[str, Callable[..., Any]] = {
     "approve": approve,
     "audit": audit,
     "nats-auth": nats_auth,
+    "retention": retention,
     "apply-queues": apply_queues,
     "up": up,
     "demo": demo,

@@ -5,6 +5,9 @@ Wiring only: the handlers live in handlers.py, the SQL in store.py, the arithmet
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from services.metering import store
@@ -12,10 +15,13 @@ from services.metering.batch import handle_sample_batch
 from services.metering.handlers import HANDLERS
 from services.metering.store import MIGRATIONS, SCHEMA
 from shared.events import QueueUsageReported, UtilizationSampled, utcnow_from
+from shared.retention import DAY_S, METERING_RAW, periodically
 from shared.service import READER_LINGER_S, ServiceRuntime, ServiceSpec
 
 if TYPE_CHECKING:
     from shared.config import QueuesConfig
+
+log = logging.getLogger("gpuq.metering")
 
 SPEC = ServiceSpec(name="metering", schema=SCHEMA, migrations=MIGRATIONS, handlers=HANDLERS)
 
@@ -24,6 +30,7 @@ def build_spec(settings: Any) -> ServiceSpec:
     """The spec the stack runs: prices are seeded from the stack's queues.yaml at start (a later
     QueueConfigChanged replaces them)."""
     queues: QueuesConfig | None = getattr(settings, "queues", None)
+    raw_days = METERING_RAW.days(os.environ)  # refused here, at start, when below its floor
     rates = {m: f.cost_per_gpu_hour for m, f in queues.gpu_flavors.items()} if queues is not None else None
 
     half_life = queues.policy.usage_half_life_s if queues is not None else None
@@ -40,7 +47,8 @@ def build_spec(settings: Any) -> ServiceSpec:
     # and a sample with no handler there would be acked as ignored, i.e. lost.
     return ServiceSpec(name="metering", schema=SCHEMA, migrations=MIGRATIONS, handlers=dict(HANDLERS),
                        batch_handlers={UtilizationSampled: handle_sample_batch}, on_start=seed_prices,
-                       background=(report_usage,), optimistic_batches=True,  # no memory: its facts are tables
+                       background=(report_usage, *([] if raw_days is None else [sample_retention(raw_days)])),
+                       optimistic_batches=True,  # no memory: its facts are tables
                        batch_linger_s=READER_LINGER_S)
 
 
@@ -70,3 +78,18 @@ async def report_usage(runtime: ServiceRuntime, period_s: float = USAGE_REPORT_P
                 async with runtime.transaction() as tx:
                     await tx.emit(QueueUsageReported(at=at, half_life_s=half_life_s, usage=usage))
         await asyncio.sleep(poll_s)
+
+
+def sample_retention(days: int) -> Callable[[ServiceRuntime], Coroutine[Any, Any, None]]:
+    """The loop that deletes raw GPU samples older than `days` (GPUQ_METERING_RAW_RETENTION_DAYS), hourly: the hourly
+    rollups the reports read stay, so the reports do not change."""
+    async def prune(runtime: ServiceRuntime) -> None:
+        async def once(now: float) -> None:
+            async with runtime.pool.acquire() as conn:
+                deleted = await store.prune_samples(conn, utcnow_from(now - days * DAY_S))
+            if deleted:
+                log.info("metering: deleted %d raw GPU samples older than %d days", deleted, days)
+
+        await periodically(runtime, once)
+
+    return prune

@@ -266,11 +266,25 @@ async def record_samples(conn: Conn, events: Sequence[UtilizationSampled]) -> in
     return int(await conn.fetchval(_INSERT_SAMPLES, *cols.arrays()))
 
 
-async def prune_samples(conn: Conn, older_than: datetime) -> int:
-    """Drop raw samples older than `older_than` (the hourly rollups stay). Keep at least the utilisation
-    stream's max age (2 days): a sample redelivered after its raw row is gone would be counted twice."""
-    status = await conn.execute("DELETE FROM metering.gpu_samples WHERE sampled_at < $1", older_than)
-    return int(status.split()[-1])
+# Raw samples deleted per statement: each batch is a short transaction of its own, so pruning a backlog (the first
+# pass after an upgrade, or after a longer window was shortened) never holds a long one beside the sample inserts.
+PRUNE_SAMPLES_BATCH = 50_000
+
+
+async def prune_samples(conn: Conn, older_than: datetime, *, batch: int = PRUNE_SAMPLES_BATCH) -> int:
+    """Delete raw samples taken before `older_than`, `batch` rows per statement; returns how many. The reports read
+    only the hourly rollups (metering.usage_hourly, filled as each sample arrived), which stay. Keep at least the
+    utilisation stream's max age (shared.retention.METERING_RAW): a sample redelivered after its raw row is gone
+    would be counted twice. Outside a transaction each statement commits on its own."""
+    total = 0
+    while True:
+        status = await conn.execute(
+            "DELETE FROM metering.gpu_samples WHERE ctid = ANY(ARRAY(SELECT ctid FROM metering.gpu_samples "
+            "WHERE sampled_at < $1 LIMIT $2))", older_than, batch)
+        deleted = int(status.split()[-1])
+        total += deleted
+        if deleted < batch:
+            return total
 
 
 # --------------------------------------------------------------------------- rates

@@ -394,3 +394,17 @@ def test_nats_and_postgres_come_from_their_own_charts_not_subcharts(render: Any)
 def test_job_id_labels_are_exported_only_when_asked_for(render: Any) -> None:
     asked = deployments(render(sets=(*MINIMAL, "metrics.jobLabels=true")))
     assert [s for s, d in asked.items() if "--metrics-job-labels" in container(d)["args"]] == ["telemetry"]
+
+
+def test_retention_windows_reach_the_services_that_prune(render: Any, docs: list[Doc]) -> None:
+    """Metering prunes raw samples, audit drops past months: each gets its own window (shared/retention.py reads
+    them, with their floors) and no other service gets either."""
+    windows = {"metering": "GPUQ_METERING_RAW_RETENTION_DAYS", "audit": "GPUQ_AUDIT_RETENTION_DAYS"}
+    for rendered, expected in ((docs, {"metering": "30", "audit": "400"}),
+                               (render(CI_VALUES, sets=["retention.meteringRawDays=0", "retention.auditDays=2555"]),
+                                {"metering": "0", "audit": "2555"})):
+        for service, deployment in deployments(rendered).items():
+            env = env_of(container(deployment))
+            for owner, name in windows.items():
+                assert (env[name]["value"] if name in env else None) == (expected[owner] if owner == service
+                                                                         else None), (service, name)

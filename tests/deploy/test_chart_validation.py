@@ -120,6 +120,8 @@ def test_monitoring_resources_pass_the_prometheus_operator_schemas(render: Any, 
     ("services.api.service.type=ExternalName", "at '/services/api/service/type'"),
     ("natsAuth.secretPrefix=Gpuq_", "at '/natsAuth/secretPrefix'"),  # not a Secret name
     ("nats.enabled=true", "additional properties 'nats' not allowed"),  # the subcharts are gone: no silent no-op
+    ("retention.auditDays=10", "at '/retention/auditDays'"),  # below the floor the database enforces
+    ("retention.meteringRawDays=2", "at '/retention/meteringRawDays'"),  # a redelivered sample would count twice
 ])
 def test_values_schema_rejects_bad_values(helm: Any, chart: Path, setting: str, complaint: str) -> None:
     res = helm("template", "gpuq", str(chart), "-f", str(CI_VALUES), "--set", setting)
