@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 import asyncpg
 
 from services.admission.sharding import cohorts_from_env
+from shared import busauth
+from shared.busauth import BusAuth
 from shared.clock import Clock, SystemClock
 from shared.config import ClusterConfig, DcgmSettings, QueuesConfig, dcgm_settings
 from shared.db import create_pool
@@ -144,9 +146,12 @@ class Stack:
         self.pool: asyncpg.Pool | None = None
         self.runtimes: list[ServiceRuntime] = []
         self.starting: ServiceRuntime | None = None  # the runtime in start-up (a standby waits there)
+        self.bus_auth: BusAuth | None = None  # whether the bus takes clients without credentials (found at start)
 
     async def start(self) -> None:
         setup_tracing("gpuq", exporter=os.environ.get(EXPORTER_ENV, "none"))
+        # Said at every start, loudly, where an operator looks (the log, /readyz): not a reason to refuse to run.
+        self.bus_auth = await busauth.check_and_warn(self.settings.nats_url)
         self.pool = await create_pool(self.settings.database_url, max_size=20)
         try:
             for spec in build_specs(self.settings):
@@ -178,7 +183,9 @@ class Stack:
         services are checked concurrently, so one slow server costs one check timeout, not one per service."""
         runtimes = [*self.runtimes, *([self.starting] if self.starting is not None else [])]
         reports = await asyncio.gather(*(runtime.health(connections=connections) for runtime in runtimes))
-        return combine(reports, expected=self.settings.services)
+        warning = self.bus_auth.warning if self.bus_auth is not None else None
+        return combine(reports, expected=self.settings.services,
+                       warnings={busauth.WARNING_KEY: warning} if warning else None)
 
     async def stop(self) -> None:
         for runtime in reversed(self.runtimes):

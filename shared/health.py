@@ -34,6 +34,18 @@ class Check(BaseModel):
     detail: str
 
 
+class ConsumerState(BaseModel):
+    """One durable consumer of a service: how many messages wait for it (not yet delivered, plus delivered and not yet
+    acknowledged; None when the server did not answer), how long since its loop last settled a batch or found
+    nothing to take, and whether it counts as stalled (messages wait and it has not advanced for longer than the
+    service's stall threshold, or its loop has stopped, or it cannot take more)."""
+
+    consumer: str
+    waiting: int | None
+    since_progress_s: float
+    stalled: bool
+
+
 class ServiceHealth(BaseModel):
     service: str
     # created → migrating → connecting → standby (singletons waiting for the lease) → starting → running →
@@ -44,18 +56,59 @@ class ServiceHealth(BaseModel):
     ready: bool
     live: bool
     checks: dict[str, Check]
+    consumers: list[ConsumerState] = []
+    dead_letters: int = 0  # messages this process dead-lettered since it started
 
 
 class HealthReport(BaseModel):
     ready: bool
     live: bool
     services: dict[str, ServiceHealth]
+    # What an operator must hear about that does not make the process unready, e.g. `nats_auth`: the bus takes
+    # clients without credentials (shared/busauth.py).
+    warnings: dict[str, str] = {}
 
 
-def service_health(service: str, phase: str, checks: dict[str, Check], *, live: bool = True) -> ServiceHealth:
+def service_health(service: str, phase: str, checks: dict[str, Check], *, live: bool = True,
+                   consumers: Sequence[ConsumerState] = (), dead_letters: int = 0) -> ServiceHealth:
     """Ready = every check passes and the service is past its start-up (standing by counts as ready)."""
     ready = phase in ("standby", "running") and all(c.ok for c in checks.values())
-    return ServiceHealth(service=service, phase=phase, ready=ready, live=live, checks=checks)
+    return ServiceHealth(service=service, phase=phase, ready=ready, live=live, checks=checks,
+                         consumers=list(consumers), dead_letters=dead_letters)
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def exposition(report: HealthReport) -> str:
+    """The report as Prometheus metrics (text format 0.0.4), served on `/metrics` beside the probes: each service's
+    readiness and dead letters, and each consumer's waiting messages, time since it advanced, and whether it is
+    stalled (an alert on `gpuq_consumer_stalled == 1` names the consumer that /readyz reports)."""
+    lines = [
+        "# HELP gpuq_service_ready Whether the service is ready (1) or not (0), as /readyz reports it.",
+        "# TYPE gpuq_service_ready gauge",
+        *(f'gpuq_service_ready{{service="{_label(name)}"}} {int(s.ready)}' for name, s in report.services.items()),
+        "# HELP gpuq_dead_letters_total Messages the service dead-lettered since its process started.",
+        "# TYPE gpuq_dead_letters_total counter",
+        *(f'gpuq_dead_letters_total{{service="{_label(name)}"}} {s.dead_letters}'
+          for name, s in report.services.items()),
+    ]
+    consumers = [(name, c) for name, s in report.services.items() for c in s.consumers]
+    for metric, kind, what, value in (
+            ("gpuq_consumer_waiting_messages", "gauge",
+             "Messages waiting for the consumer: not yet delivered, or delivered and not yet acknowledged.",
+             lambda c: c.waiting),
+            ("gpuq_consumer_seconds_since_progress", "gauge",
+             "Seconds since the consumer last settled a batch or found nothing to take.",
+             lambda c: round(c.since_progress_s, 3)),
+            ("gpuq_consumer_stalled", "gauge",
+             "1 when messages wait and the consumer has not advanced for longer than its threshold, or it stopped.",
+             lambda c: int(c.stalled))):
+        lines += [f"# HELP {metric} {what}", f"# TYPE {metric} {kind}"]
+        lines += [f'{metric}{{service="{_label(name)}",consumer="{_label(c.consumer)}"}} {value(c)}'
+                  for name, c in consumers if value(c) is not None]
+    return "\n".join(lines) + "\n"
 
 
 def not_started(service: str) -> ServiceHealth:
@@ -63,14 +116,16 @@ def not_started(service: str) -> ServiceHealth:
                          checks={"runtime": Check(ok=False, detail="not started yet")})
 
 
-def combine(reports: Sequence[ServiceHealth], expected: Sequence[str] = ()) -> HealthReport:
-    """One process's report: ready when every service it runs (`expected`, started or not) is ready."""
+def combine(reports: Sequence[ServiceHealth], expected: Sequence[str] = (),
+            warnings: dict[str, str] | None = None) -> HealthReport:
+    """One process's report: ready when every service it runs (`expected`, started or not) is ready; `warnings`
+    are reported as they are and change neither."""
     services = {r.service: r for r in reports}
     for name in expected:
         services.setdefault(name, not_started(name))
     ordered = {name: services[name] for name in sorted(services)}
     return HealthReport(ready=bool(ordered) and all(s.ready for s in ordered.values()),
-                        live=all(s.live for s in ordered.values()), services=ordered)
+                        live=all(s.live for s in ordered.values()), services=ordered, warnings=dict(warnings or {}))
 
 
 async def timed_check(probe: Awaitable[Any], ok_detail: str, what: str) -> Check:
@@ -121,7 +176,7 @@ class HealthServer:
     def app(self) -> Any:
         # Imported here: only processes that serve the endpoints pay for FastAPI's import.
         from fastapi import FastAPI
-        from fastapi.responses import JSONResponse
+        from fastapi.responses import JSONResponse, PlainTextResponse
 
         app = FastAPI(title="gpuq health", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -136,6 +191,11 @@ class HealthServer:
         async def readyz() -> JSONResponse:
             report = await self.report(connections=True)
             return JSONResponse(report.model_dump(), status_code=200 if report.ready else 503)
+
+        @app.get("/metrics")
+        async def metrics() -> PlainTextResponse:
+            report = await self.report(connections=True)
+            return PlainTextResponse(exposition(report), media_type="text/plain; version=0.0.4; charset=utf-8")
 
         return app
 
