@@ -28,7 +28,7 @@ from cli.runtime import STATE_DIR, active_instance, forget_servers, record_serve
 from services.admission.sharding import parse_cohorts
 from services.api.readmodel import fetch_status
 from services.stack import ALL_SERVICES, Stack, StackSettings
-from shared import gcpolicy
+from shared import gcpolicy, retention
 from shared import namespace as namespaces
 from shared.bus import NamespaceInUse, delete_streams, ensure_streams, namespace_purposes
 from shared.clock import ScaledClock, SystemClock
@@ -151,6 +151,8 @@ def up(
             raise typer.Exit(2) from None
     try:
         gcpolicy.thaw_setting()
+        for window in (retention.METERING_RAW, retention.AUDIT):  # GPUQ_*_RETENTION_DAYS, with their floors
+            window.days(os.environ)
     except ValueError as exc:
         console.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(2) from None

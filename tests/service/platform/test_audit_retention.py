@@ -195,3 +195,11 @@ def test_the_audit_window_is_read_from_the_environment_with_its_floor() -> None:
         AUDIT.days({"GPUQ_AUDIT_RETENTION_DAYS": "7"})
     with pytest.raises(ValueError, match="not a whole number of days"):
         AUDIT.days({"GPUQ_AUDIT_RETENTION_DAYS": "1y"})
+
+
+@pytest.mark.parametrize(("env", "named"), [("GPUQ_AUDIT_RETENTION_DAYS", "floor of 30 days"),
+                                            ("GPUQ_METERING_RAW_RETENTION_DAYS", "floor of 3 days")])
+def test_gpuq_up_refuses_a_window_below_its_floor_before_starting_anything(env: str, named: str) -> None:
+    queues = Path(__file__).resolve().parents[3] / "deploy" / "examples" / "queues.yaml"
+    res = CliRunner().invoke(app, ["up", "--services", "audit,metering", "--queues", str(queues)], env={env: "2"})
+    assert res.exit_code == 2 and f"{env}='2' is below its {named}" in " ".join(res.output.split())
