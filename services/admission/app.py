@@ -31,7 +31,7 @@ import asyncpg
 from pydantic import ValidationError
 
 from services.admission import prefetch
-from services.admission.core import AdmissionState, AdmittedWorkload, Reason, Workload, approval, governance
+from services.admission.core import AdmissionState, AdmittedWorkload, Reason, Workload, approval, governance, identity
 from services.admission.core.limits import Bucket, pending_refusal, rate_refusal
 from services.admission.core.statuses import PendingStatuses, message_text
 from services.admission.held import AFTER_EVENTS_KEY as HELD_KEY
@@ -366,24 +366,34 @@ class AdmissionService:
             if limited is not None:
                 await reject(limited.reason, limited.message, False)
                 return
-            # Whether the job id is taken and whether a cancel for it came first, in one round trip (a tombstone is
-            # rare: it is taken below only when there is one).
+            # Whether the job id is taken (by which team) and whether a cancel for it came first, in one round trip (a
+            # tombstone is rare: it is taken below only when there is one).
             # (in a consumed batch, read for all its submissions at once: services/admission/prefetch.py)
             known = prefetch.take(tx.scratch, spec.job_id, team)
-            existing, tombstoned = known if known is not None else await prefetch.lookup(tx.conn, spec.job_id, team)
+            existing, holder, tombstoned = known if known is not None else await prefetch.lookup(
+                tx.conn, spec.job_id, team)
             earlier = held_rows(tx)
             if existing is None and earlier is not None and spec.job_id in earlier.jobs:
-                existing = "pending"  # queued earlier in this batch, its row not written yet
+                # queued earlier in this batch, its row not written yet
+                existing, holder = "pending", earlier.jobs[spec.job_id][0]
             elif existing is not None and earlier is not None and earlier.updates(spec.job_id):
                 # its row changed earlier in this batch (an end, say), not written yet: the refusal says its status
                 await write_held(tx)
                 existing = await tx.conn.fetchval("SELECT status FROM admission.jobs WHERE job_id = $1", spec.job_id)
-            if existing is not None:
-                await reject("DuplicateJobId", f"job id {spec.job_id} was already submitted ({existing})", False)
+            # An id another team holds, or one reserved for another team (`<team>::<name>`): refused without a row,
+            # and in words that say nothing of that team's job (core/identity.py).
+            taken = identity.unavailable(spec.job_id, team, holder)
+            if taken is not None:
+                await reject(*taken, False)
+                return
+            if existing is not None:  # the submitting team's own job: it may hear its status
+                await reject(identity.DUPLICATE_JOB_ID, f"job id {spec.job_id} was already submitted ({existing})",
+                             False)
                 return
             if spec.team != team:
+                # No row either: a row in the named team's view would be a ghost there, and would take the id from it.
                 await reject("Unauthorized", f"job {spec.job_id} names team {spec.team!r} but was submitted with "
-                                             f"team {team!r}'s credential (subject {tx.subject})", True)
+                                             f"team {team!r}'s credential (subject {tx.subject})", False)
                 return
             policy = self.state.config.governance.for_team(team)
             violation = governance.submission_violation(spec, policy)
@@ -475,8 +485,9 @@ class AdmissionService:
             if row["team"] != team:
                 log.warning("refused a cancel of %s (team %s) requested with team %s's credential", job_id,
                             row["team"], team)
-                await audit.record(tx, "cancel_refused", actor, job_id=job_id, team=team, job_team=row["team"],
-                                   outcome="Forbidden", **claimed)
+                # (The record is the requesting team's to read: it does not name the job's team.)
+                await audit.record(tx, "cancel_refused", actor, job_id=job_id, team=team, outcome="Forbidden",
+                                   **claimed)
                 return
             if row["status"] not in ("pending", "admitted"):
                 await audit.record(tx, "cancel", actor, job_id=job_id, team=team, outcome=f"already {row['status']}",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field, ValidationError
 
 from services.admission.app import latest_config, load_state
-from services.admission.core import governance, queue_summaries
+from services.admission.core import governance, identity, queue_summaries
 from services.api import readmodel, tokens
 from services.api.kubeauth import NoTeam, ReviewUnavailable, TokenReviewer, TokenReviewSettings, principal_for
 from services.api.limits import BodyLimit, max_body_bytes_from_env
@@ -162,7 +163,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
               summary="Submit jobs (one JobSpec or {jobs: [...]}) as the token's team")
     async def submit(who: Caller, request: Request,
                      wait: Annotated[float, Query(ge=0, le=30)] = VERDICT_WAIT_S) -> list[SubmitResult]:
-        specs = _specs_from_body(await request.json())
+        specs = _specs_from_body(await request.json(), who.team)
         config = await _current_config(ctx)
         for spec in specs:
             if not who.admin and spec.team != who.team:
@@ -175,9 +176,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
                 raise HTTPException(422, f"{violation.reason}: {violation.message}")
         async with ctx.rt().pool.acquire() as conn:
             known = await _known_jobs(conn, [s.job_id for s in specs])
-        if known:
-            raise HTTPException(409, "DuplicateJobId: " + "; ".join(
-                f"job id {j} was already submitted ({status})" for j, status in sorted(known.items())))
+        _refuse_taken_ids(specs, known)
         events = []
         async with ctx.rt().transaction() as tx:
             for spec in specs:
@@ -210,12 +209,13 @@ def create_app(ctx: ApiContext) -> FastAPI:
     @app.post("/v1/jobs/{job_id}/cancel", status_code=202, summary="Cancel a job of the token's team (any: admin)")
     async def cancel(who: Caller, job_id: str, body: CancelBody | None = None) -> dict[str, str]:
         rows = await readmodel.fetch_status(ctx.database_url, job_id)
-        if rows and not who.may_see(rows[0]["team"]):
-            raise HTTPException(404, f"no job {job_id!r}")
         if not rows and who.admin:
             raise HTTPException(404, f"no job {job_id!r}")
         # A job not known yet is cancelled for the caller's team: a tombstone that only that team's job meets.
-        team = rows[0]["team"] if rows else who.team
+        # Another team's job is answered the same way, as its status and explanation are (not found to the caller),
+        # so that nothing here tells an unknown id from another team's job: the request goes on the caller's team's
+        # subject, where admission refuses it for that job (audited) and the job runs on.
+        team = rows[0]["team"] if rows and who.may_see(rows[0]["team"]) else who.team
         assert team is not None
         async with ctx.rt().transaction() as tx:
             event = await tx.emit(JobCancelRequested(job_id=job_id, requested_by=who.actor,
@@ -366,24 +366,52 @@ def _report_errors() -> Iterator[None]:
         raise HTTPException(503, "no metering ledger here yet") from None
 
 
-def _specs_from_body(doc: Any) -> list[JobSpec]:
+def _specs_from_body(doc: Any, caller_team: str | None) -> list[JobSpec]:
     items = doc.get("jobs") if isinstance(doc, dict) and "jobs" in doc else doc
     if isinstance(items, dict):
         items = [items]
     if not isinstance(items, list) or not items:
         raise HTTPException(422, "the body is a job spec, a list of them, or {jobs: [...]}")
     try:
-        return Submission(jobs=items).jobs
+        return Submission(jobs=[_with_id(item, caller_team) for item in items]).jobs
     except ValidationError as exc:
         first = exc.errors()[0]
         raise HTTPException(422, f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
 
 
-async def _known_jobs(conn: asyncpg.Connection, job_ids: list[str]) -> dict[str, str]:
+def _with_id(item: Any, caller_team: str | None) -> Any:
+    """A spec without a job_id is given one: qualified with its team (reserved for it) and random (nobody can guess it
+    to take it first). Core/identity.py says why."""
+    if not isinstance(item, dict) or item.get("job_id") not in (None, ""):
+        return item
+    team = item.get("team") if isinstance(item.get("team"), str) else caller_team
+    if not team:
+        return item  # no team to qualify it with: validation says what is missing
+    return {**item, "job_id": identity.assigned_id(team, secrets.token_hex(10))}
+
+
+async def _known_jobs(conn: asyncpg.Connection, job_ids: list[str]) -> dict[str, tuple[str, str]]:
+    """Job id -> (team, status) of the jobs that hold these ids."""
     if not await conn.fetchval("SELECT to_regclass('admission.jobs') IS NOT NULL"):
         return {}
-    rows = await conn.fetch("SELECT job_id, status FROM admission.jobs WHERE job_id = ANY($1::text[])", job_ids)
-    return {r["job_id"]: r["status"] for r in rows}
+    rows = await conn.fetch("SELECT job_id, team, status FROM admission.jobs WHERE job_id = ANY($1::text[])", job_ids)
+    return {r["job_id"]: (r["team"], r["status"]) for r in rows}
+
+
+def _refuse_taken_ids(specs: list[JobSpec], known: dict[str, tuple[str, str]]) -> None:
+    """409 for ids the submitting team may not use, in admission's words: another team's id (taken or reserved) is
+    refused the same way whatever that team's job is doing, and says nothing of it; the team's own job says its
+    status."""
+    refusals = []
+    for spec in sorted(specs, key=lambda s: s.job_id):
+        holder, status = known.get(spec.job_id, (None, None))
+        taken = identity.unavailable(spec.job_id, spec.team, holder)
+        if taken is not None:
+            refusals.append(f"{taken[0]}: {taken[1]}")
+        elif status is not None:
+            refusals.append(f"{identity.DUPLICATE_JOB_ID}: job id {spec.job_id} was already submitted ({status})")
+    if refusals:
+        raise HTTPException(409, "; ".join(refusals))
 
 
 async def _verdicts(ctx: ApiContext, events: list[tuple[str, str]], wait_s: float) -> list[SubmitResult]:

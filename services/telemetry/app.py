@@ -121,11 +121,12 @@ class TelemetryService:
         """Fold one event into the core (no I/O) and record its counters (unless `record` is false: the caller
         records `fx.observations` itself); returns the effects and the team the event concerns (looked up before
         a finishing job's record is dropped). `subject` is the one the event arrived on (its scope token names the
-        publishing team of a team-scoped event)."""
-        scope = type(payload).scope_of(subject) if payload.scope and subject else None
+        publishing team of a team-scoped event, and a submission is believed for that team only; an in-process call
+        names none, and vouches for the payload as the runtime's own calls do)."""
+        scope = (type(payload).scope_of(subject) or "") if payload.scope and subject else None
         with self.lock:
-            team = self.state.team_of(payload)
-            fx = self.state.apply(payload, now, scope or None)
+            team = self.state.team_of(payload, scope)
+            fx = self.state.apply(payload, now, scope)
         if record:
             self.metrics.record(fx.observations)
         return fx, team

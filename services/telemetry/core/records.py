@@ -42,6 +42,10 @@ class JobRecord(BaseModel):
     priority_class: str = UNKNOWN
     feature: str = ""
     spec: JobSpec | None = None
+    # Started from a producer's submission (its publisher's team, its spec) that admission has not decided on yet;
+    # any fact about the job (JobQueued, JobPending, JobAdmitted ...) makes it admission's job, a refusal of that
+    # submission ends it (TelemetryState.submitted).
+    claimed: bool = False
     phase: JobPhase = JobPhase.PENDING
     stage: str = "admission"  # admission | placement, while pending
     reason: str = "Queued"

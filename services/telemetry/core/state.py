@@ -196,8 +196,12 @@ class TelemetryState:
 
     # ------------------------------------------------------------------ lookups the shell needs
 
-    def team_of(self, payload: Payload) -> str | None:
-        """The team an event concerns (for webhook routing), from the payload or the job's record."""
+    def team_of(self, payload: Payload, scope: str | None = None) -> str | None:
+        """The team an event concerns (for webhook routing). A submission's is its publisher's (`scope`, the team of the
+        subject it came on; None: an in-process caller vouching for the spec), never the team its body names. The other
+        job events are the platform's facts (admission's, the scheduler's, the executors'), or the job's record says."""
+        if isinstance(payload, JobSubmitted):
+            return payload.spec.team if scope is None else (scope or None)
         fields = _team_fields(type(payload))
         if not fields:  # an event of no job and no team (a utilisation sample): nothing to look up
             return None
@@ -220,18 +224,31 @@ class TelemetryState:
         if isinstance(payload, JobFlopsReported):
             self.flops_reported(payload, now, fx, team=scope)
             return fx
+        if isinstance(payload, JobSubmitted):
+            self.submitted(payload, now, fx, team=scope)
+            return fx
         handler = getattr(self, f"_on_{type(payload).__name__}", None)
         if handler is not None:
             handler(payload, now, fx)
         return fx
 
     def _record(self, job_id: str, fx: Effects) -> tuple[JobRecord, bool]:
+        """The job's record, for a fact about it (a job event other than a submission or a refusal): a record that was
+        only a producer's claim so far is admission's job now."""
         rec = self.jobs.get(job_id)
         fresh = rec is None
         if rec is None:
             rec = self.jobs[job_id] = JobRecord(job_id=job_id)
+        elif rec.claimed:
+            self._confirm(rec, fx)
         fx.jobs.add(job_id)
         return rec, fresh
+
+    @staticmethod
+    def _confirm(rec: JobRecord, fx: Effects) -> None:
+        """Admission took the submission the record was started from: the job entered its queue (counted once)."""
+        rec.claimed = False
+        fx.count("gpuq_jobs_submitted", queue=rec.queue, team=rec.team)
 
     @staticmethod
     def _take_spec(rec: JobRecord, spec: JobSpec) -> None:
@@ -239,22 +256,37 @@ class TelemetryState:
         rec.queue, rec.team, rec.priority_class = spec.queue, spec.team, spec.priority_class
         rec.feature = spec.labels.get("feature", "")
 
-    def _on_JobSubmitted(self, p: JobSubmitted, now: float, fx: Effects) -> None:
-        rec, fresh = self._record(p.spec.job_id, fx)
+    def submitted(self, p: JobSubmitted, now: float, fx: Effects, *, team: str | None) -> None:
+        """A producer's submission, from `team`'s subject (None: an in-process caller vouching for the spec's team).
+
+        A claim until admission decides: it starts a record (`claimed`) only for a job id this core does not know and
+        only when it names its publisher's team, and it changes nothing of a job the core knows. Admission refuses
+        every second submission of an id (the same team's, or another team's: docs/security.md, "Job identity"), so
+        another team resubmitting a job's id neither takes its record (the team its webhooks go to, its metrics'
+        labels) nor, through the refusal that follows, erases it (`_on_JobRejected`)."""
+        if team is not None and team != p.spec.team:
+            return  # names another team than the credential that published it: admission refuses it (Unauthorized)
+        if p.spec.job_id in self.jobs:
+            return
+        rec, _ = self._record(p.spec.job_id, fx)
         self._take_spec(rec, p.spec)
-        if fresh:
-            # When the platform got it, not the body's submitted_at: that is the producer's claim, and a
-            # backdated one would stretch every wait measured from it (JobAdmitted brings admission's receipt).
-            rec.submitted_at = rec.queued_at = now
-            fx.count("gpuq_jobs_submitted", queue=rec.queue, team=rec.team)
+        rec.claimed = True  # counted as submitted when admission takes it (`_confirm`)
+        # When the platform got it, not the body's submitted_at: that is the producer's claim, and a
+        # backdated one would stretch every wait measured from it (JobAdmitted brings admission's receipt).
+        rec.submitted_at = rec.queued_at = now
 
     def _on_JobQueued(self, p: JobQueued, now: float, fx: Effects) -> None:
-        rec, fresh = self._record(p.job_id, fx)
-        rec.queue, rec.team = p.queue, p.team
+        rec = self.jobs.get(p.job_id)
+        fresh = rec is None
+        if rec is None:
+            rec = self.jobs[p.job_id] = JobRecord(job_id=p.job_id, submitted_at=now, queued_at=now)
+        if rec.spec is not None and rec.spec.team != p.team:
+            rec.spec = None  # not the submission admission queued: its spec says nothing of this job
+        rec.queue, rec.team = p.queue, p.team  # admission's facts, whatever the submission said
         rec.position = p.position
-        if fresh:
-            rec.submitted_at = rec.queued_at = now
-            fx.count("gpuq_jobs_submitted", queue=rec.queue, team=rec.team)
+        fx.jobs.add(p.job_id)
+        if fresh or rec.claimed:
+            self._confirm(rec, fx)  # counted under admission's queue and team
 
     def _on_JobPending(self, p: JobPending, now: float, fx: Effects) -> None:
         rec, fresh = self._record(p.job_id, fx)
@@ -270,9 +302,15 @@ class TelemetryState:
             rec.first_eta = (now, rec.eta, low if low is not None else rec.eta, high if high is not None else rec.eta)
 
     def _on_JobRejected(self, p: JobRejected, now: float, fx: Effects) -> None:
-        rec = self.jobs.pop(p.job_id, None)
-        fx.jobs.add(p.job_id)
-        queue = p.queue or (rec.queue if rec is not None else UNKNOWN)
+        """Admission refused a submission of `p.team`'s. That ends the job's record only while the record is that
+        submission's claim: a refused second submission of a job's id (a duplicate, or another team's try at it) leaves
+        the job as it is."""
+        rec = self.jobs.get(p.job_id)
+        ends = rec is not None and rec.claimed and (p.team is None or p.team == rec.team)
+        if ends:
+            del self.jobs[p.job_id]
+            fx.jobs.add(p.job_id)
+        queue = p.queue or (rec.queue if rec is not None and ends else UNKNOWN)
         fx.count("gpuq_jobs_rejected", queue=queue, reason=p.reason)
 
     def _on_JobAdmitted(self, p: JobAdmitted, now: float, fx: Effects) -> None:

@@ -31,10 +31,16 @@ def receivers() -> Iterator[list[Receiver]]:
         r.close()
 
 
-async def handle(svc: TelemetryService, pool: asyncpg.Pool, payload: Payload, t: float, event=None):  # type: ignore[no-untyped-def]
+async def handle(svc: TelemetryService, pool: asyncpg.Pool, payload: Payload, t: float, event=None,  # type: ignore[no-untyped-def]
+                 subject: str | None = None):
+    """Hand the event over as the runtime does: with the subject it came on (a submission: its spec's team's, unless
+    `subject` says otherwise)."""
     event = event or make_event(payload, source="test", time=utcnow_from(T0 + t))
+    if subject is None:
+        subject = payload.scoped_subject(payload.spec.team) if isinstance(payload, JobSubmitted) else ""
     async with pool.acquire() as conn, conn.transaction():
-        await svc.on_event(Tx(conn=conn, now=T0 + t, source="test", schema="telemetry"), event, payload)
+        await svc.on_event(Tx(conn=conn, now=T0 + t, source="test", schema="telemetry", subject=subject), event,
+                           payload)
     return event
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from services.admission.prefetch import served_submissions, take
+from services.admission.prefetch import Known, served_submissions, take
 from shared.domain import JobSpec, PodSet
 from shared.events import CloudEvent, JobCancelRequested, JobCompleted, JobSubmitted, QueueConfigChanged, make_event
 
@@ -41,8 +41,8 @@ def test_nothing_after_an_event_about_no_single_job_is_served() -> None:
 
 
 def test_an_answer_is_taken_once_and_only_for_its_team() -> None:
-    scratch: dict[str, Any] = {"admission-submission-lookup": {("a", "team-a"): ("admitted", False)}}
+    scratch: dict[str, Any] = {"admission-submission-lookup": {("a", "team-a"): Known("admitted", "team-a", False)}}
     assert take(scratch, "a", "team-b") is None
-    assert take(scratch, "a", "team-a") == ("admitted", False)
+    assert take(scratch, "a", "team-a") == Known("admitted", "team-a", False)
     assert take(scratch, "a", "team-a") is None
     assert take({}, "a", "team-a") is None
