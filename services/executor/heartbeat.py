@@ -4,6 +4,12 @@ One event per executor per interval, whatever the number of jobs, rather than on
 the bus a constant rate (issue budget: about 10 events per job in all), and a heartbeat proves what it should,
 that the process that runs the jobs is alive and still has them. A long list is split into parts so that no
 event nears NATS's payload limit.
+
+A heartbeat is the executor's word that it runs these jobs and no others, and the scheduler fails a placed job that
+heartbeats leave out for long enough (services/scheduler/core/liveness.py). So the executor speaks only when it is
+connected and current (shared/catchup.py): not while its bus connection is down (a heartbeat written then would be
+published late, listing what it ran long ago), and after each (re)connection, not before it has consumed the
+placements that waited for it (a job placed during the outage is not in its tables yet).
 """
 
 from __future__ import annotations
@@ -11,8 +17,9 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
+from shared.catchup import BusCatchUp
 from shared.events import ExecutorHeartbeat, utcnow_from
-from shared.service import Tx
+from shared.service import ServiceRuntime, Tx
 
 MAX_JOBS_PER_EVENT = 4000  # ~40 bytes per id: well under NATS's 1 MiB default payload limit
 DEFAULT_INTERVAL_S = 10.0
@@ -36,9 +43,21 @@ class Heartbeat:
         self.executor = executor
         self.interval_s = interval_s if interval_s is not None else interval_from_env()
         self._last: float | None = None
+        self.bus = BusCatchUp(f"{executor} heartbeat")
+        self.withheld = 0  # heartbeats due but not sent: the executor was not connected and current
 
     def due(self, wall: float) -> bool:
         return self._last is None or wall - self._last >= self.interval_s
+
+    async def may_send(self, runtime: ServiceRuntime, wall: float) -> bool:
+        """Due, and the executor is connected and caught up with the bus (asked before the unit of work: it may
+        ask the server about the consumers)."""
+        if not self.due(wall):
+            return False
+        if await self.bus.current(runtime):
+            return True
+        self.withheld += 1
+        return False
 
     async def emit(self, tx: Tx, wall: float, running: Iterable[str],
                    chunk: int = MAX_JOBS_PER_EVENT) -> int:

@@ -297,19 +297,21 @@ class SimExecutor:
     # ------------------------------------------------------------------ the running cluster
 
     async def run_loop(self, runtime: ServiceRuntime) -> None:
+        self.heartbeat.bus.forget()  # (re)started: heartbeats wait until the executor is caught up with the bus
         while True:
             await self.step(runtime)
             await asyncio.sleep(self.settings.tick_s)
 
     async def step(self, runtime: ServiceRuntime) -> None:
+        wall = asyncio.get_running_loop().time()
+        beat = await self.heartbeat.may_send(runtime, wall)  # only while connected and current
         async with runtime.transaction() as tx:
             await self._finish_due(tx)
             await self._checkpoint_due(tx)
-            wall = asyncio.get_running_loop().time()
             due = self._last_sample is None or wall - self._last_sample >= self.sample_every_s
             if due and self.dcgm is None:  # with DCGM, real samples replace the synthetic ones
                 await self._sample(tx, wall)
-            if self.heartbeat.due(wall):
+            if beat:
                 rows = await tx.conn.fetch(
                     "SELECT job_id FROM executor.runs WHERE status = 'running' AND NOT coalesce("
                     f"(spec->'labels'->>'{SILENT_LABEL}')::boolean, false)")

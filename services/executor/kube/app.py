@@ -709,20 +709,23 @@ class KubeExecutor:
     # ------------------------------------------------------------------ timers
 
     async def timer_loop(self, runtime: ServiceRuntime) -> None:
+        self.heartbeat.bus.forget()  # (re)started: heartbeats wait until the executor is caught up with the bus
         while True:
             await self.tick()
             await asyncio.sleep(self.settings.tick_s)
 
     async def tick(self) -> None:
         """PodsReady timeout, runtime limit, image pull deadline, end of backoff."""
+        wall = asyncio.get_running_loop().time()
+        # Only while connected and current with the bus, and with Kubernetes: the pods listed once at least.
+        beat = self.pod_informer.synced.is_set() and await self.heartbeat.may_send(self._rt(), wall)
         async with self._rt().transaction() as tx:
             rows = await tx.conn.fetch(
                 "SELECT * FROM executor.kube_jobs WHERE state IN ('deferred', 'placed', 'running') "
                 "ORDER BY job_id FOR UPDATE")
             for row in rows:
                 await self._check(tx, row)
-            wall = asyncio.get_running_loop().time()
-            if self.heartbeat.due(wall):  # what this executor runs, or has placed and is starting
+            if beat:  # what this executor runs, or has placed and is starting
                 await self.heartbeat.emit(tx, wall, [r["job_id"] for r in rows if r["state"] in ACTIVE])
 
     async def _check(self, tx: Tx, row: asyncpg.Record) -> None:
