@@ -81,6 +81,10 @@ class KubernetesSource(_Strict):
     topology_levels: tuple[str, ...] = ("network.topology.nvidia.com/spine", "network.topology.nvidia.com/block")
     datasets_key: str = "gpuq.io/datasets"  # label or annotation: comma-separated datasets cached on the node
     node_selector: dict[str, str] = Field(default_factory=dict)  # only nodes with these labels are gpuq's
+    # Node labels left out of what gpuq announces (jobs' nodeSelector and node affinity are matched against the
+    # others): labels that change on their own every few minutes, which would announce the node again each time.
+    # An entry ending in `*` is a prefix.
+    ignored_labels: tuple[str, ...] = ("nvidia.com/gfd.timestamp",)
     resync_s: float = Field(default=300.0, gt=0)  # full relist of nodes and workloads this often
     # Gang readiness (Kueue's waitForPodsReady): a placed gang not all Ready in time is suspended and requeued
     # after a backoff of base * 2^(attempt-1), at most requeue_limit times; then it fails.

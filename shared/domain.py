@@ -7,6 +7,7 @@ uses floats. Models are frozen so a pure core can hold them in snapshots without
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
@@ -148,6 +149,117 @@ class Toleration(Frozen):
         return self.key == taint.key and self.value == taint.value
 
 
+class SelectorOperator(StrEnum):
+    """Operators of a node selector requirement (Kubernetes' NodeSelectorOperator)."""
+
+    IN = "In"
+    NOT_IN = "NotIn"
+    EXISTS = "Exists"
+    DOES_NOT_EXIST = "DoesNotExist"
+    GT = "Gt"
+    LT = "Lt"
+
+
+NODE_NAME_FIELD = "metadata.name"  # the one field a `match_fields` requirement may name (as in Kubernetes)
+
+
+class NodeSelectorRequirement(Frozen):
+    """One expression of a node selector term, with Kubernetes' semantics: `In`/`NotIn` compare the label's value
+    with `values` (`NotIn` also matches a node without the label), `Exists`/`DoesNotExist` test the key, `Gt`/`Lt`
+    compare the label's value as an integer with the one value (a node whose value is not an integer does not
+    match)."""
+
+    key: str = Field(min_length=1)
+    operator: SelectorOperator
+    values: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _values_fit_operator(self) -> NodeSelectorRequirement:
+        op = self.operator
+        if op in (SelectorOperator.IN, SelectorOperator.NOT_IN) and not self.values:
+            raise ValueError(f"{self.key} {op.value} needs at least one value")
+        if op in (SelectorOperator.EXISTS, SelectorOperator.DOES_NOT_EXIST) and self.values:
+            raise ValueError(f"{self.key} {op.value} takes no values")
+        integer = len(self.values) == 1 and re.fullmatch(r"-?\d+", self.values[0]) is not None
+        if op in (SelectorOperator.GT, SelectorOperator.LT) and not integer:
+            raise ValueError(f"{self.key} {op.value} needs exactly one integer value")
+        return self
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        value = labels.get(self.key)
+        op = self.operator
+        if op is SelectorOperator.IN:
+            return value is not None and value in self.values
+        if op is SelectorOperator.NOT_IN:
+            return value is None or value not in self.values
+        if op is SelectorOperator.EXISTS:
+            return value is not None
+        if op is SelectorOperator.DOES_NOT_EXIST:
+            return value is None
+        if value is None or not re.fullmatch(r"-?\d+", value):
+            return False
+        bound = int(self.values[0])
+        return int(value) > bound if op is SelectorOperator.GT else int(value) < bound
+
+    def describe(self) -> str:
+        if self.operator in (SelectorOperator.EXISTS, SelectorOperator.DOES_NOT_EXIST):
+            return f"{self.key} {self.operator.value}"
+        if self.operator in (SelectorOperator.GT, SelectorOperator.LT):
+            return f"{self.key} {self.operator.value} {self.values[0]}"
+        return f"{self.key} {self.operator.value} [{', '.join(self.values)}]"
+
+
+class NodeSelectorTerm(Frozen):
+    """Requirements that must all hold (ANDed). As in Kubernetes, a term without any requirement matches no node.
+    `match_fields` may only name `metadata.name` (the node's name)."""
+
+    match_expressions: tuple[NodeSelectorRequirement, ...] = ()
+    match_fields: tuple[NodeSelectorRequirement, ...] = ()
+
+    @field_validator("match_fields")
+    @classmethod
+    def _node_name_only(cls, v: tuple[NodeSelectorRequirement, ...]) -> tuple[NodeSelectorRequirement, ...]:
+        bad = sorted({r.key for r in v if r.key != NODE_NAME_FIELD})
+        if bad:
+            raise ValueError(f"match_fields may only name {NODE_NAME_FIELD}, not {', '.join(bad)}")
+        return v
+
+    def matches(self, labels: Mapping[str, str], node_name: str) -> bool:
+        if not self.match_expressions and not self.match_fields:
+            return False
+        fields = {NODE_NAME_FIELD: node_name}
+        return (all(r.matches(labels) for r in self.match_expressions)
+                and all(r.matches(fields) for r in self.match_fields))
+
+    def describe(self) -> str:
+        parts = [r.describe() for r in (*self.match_expressions, *self.match_fields)]
+        return " and ".join(parts) if parts else "(empty term: matches no node)"
+
+
+class PreferredSchedulingTerm(Frozen):
+    weight: int = Field(ge=1, le=100)
+    preference: NodeSelectorTerm
+
+
+class NodeAffinity(Frozen):
+    """A pod set's node affinity. `required`: terms ORed (Kubernetes' requiredDuringSchedulingIgnoredDuringExecution;
+    empty = no requirement); `preferred`: weighted terms, a node's score is the sum of the weights of the terms it
+    matches (preferredDuringSchedulingIgnoredDuringExecution)."""
+
+    required: tuple[NodeSelectorTerm, ...] = ()
+    preferred: tuple[PreferredSchedulingTerm, ...] = ()
+
+    def required_matches(self, labels: Mapping[str, str], node_name: str) -> bool:
+        return not self.required or any(t.matches(labels, node_name) for t in self.required)
+
+    def score(self, labels: Mapping[str, str], node_name: str) -> int:
+        return sum(p.weight for p in self.preferred if p.preference.matches(labels, node_name))
+
+    def describe_required(self) -> str:
+        terms = [t.describe() for t in self.required]
+        return terms[0] if len(terms) == 1 else " or ".join(f"({t})" for t in terms)
+
+
 class WorkloadRef(Frozen):
     """The Kubernetes object a job came from (a suspended Job, JobSet, PyTorchJob or RayJob)."""
 
@@ -194,12 +306,40 @@ class PodSet(Frozen):
     cpu_milli: int = Field(default=1000, ge=0)
     memory_mib: int = Field(default=4096, ge=0)
     template: PodTemplate | None = None  # how to run it, for a job submitted as an event (Kubernetes executor)
+    # Where its pods may run (Kubernetes' nodeSelector, node affinity and tolerations of the pod template): the
+    # scheduler places them only on nodes whose labels match and whose taints they (or the job) tolerate.
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    affinity: NodeAffinity | None = None
+    tolerations: tuple[Toleration, ...] = ()
 
     @model_validator(mode="after")
     def _mig_pods_take_one_slice(self) -> PodSet:
         if self.mig_profile is not None and self.gpus_per_pod not in (0, 1):
             raise ValueError("a pod with mig_profile takes exactly one slice: set gpus_per_pod to 1")
         return self
+
+    @model_validator(mode="after")
+    def _selectors_agree(self) -> PodSet:
+        if self.template is not None:
+            clash = sorted(k for k, v in self.template.node_selector.items() if self.node_selector.get(k, v) != v)
+            if clash:
+                raise ValueError(f"pod set {self.name}: node_selector and template.node_selector disagree on "
+                                 f"{', '.join(clash)}")
+        return self
+
+    @property
+    def selector(self) -> dict[str, str]:
+        """The labels every node of this pod set must carry: its node_selector and its template's."""
+        if self.template is None or not self.template.node_selector:
+            return self.node_selector
+        return {**self.template.node_selector, **self.node_selector}
+
+    @property
+    def own_tolerations(self) -> tuple[Toleration, ...]:
+        """Tolerations of this pod set alone (its own and its template's), on top of the job's."""
+        if self.template is None or not self.template.tolerations:
+            return self.tolerations
+        return self.tolerations + tuple(t for t in self.template.tolerations if t not in self.tolerations)
 
     @property
     def gpus(self) -> int:

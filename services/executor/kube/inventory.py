@@ -20,7 +20,7 @@ from services.executor.dcgm import with_health
 from services.executor.kube.core.nodes import node_spec, selected
 from shared.config import KubernetesSource
 from shared.domain import NodeHealth, NodeSpec
-from shared.events import NodeChanged, NodeInventory
+from shared.events import INVENTORY_CHUNK, NodeChanged, NodeInventory
 from shared.service import Tx
 
 log = logging.getLogger("gpuq.executor.kube")
@@ -28,6 +28,17 @@ SOURCE = "kubernetes"
 
 Verdicts = Mapping[str, tuple[str, str]]  # node -> (reason, message) of the DCGM source's degraded nodes
 NO_VERDICTS: Verdicts = {}
+
+
+# What the nodes of one NodeInventory part may weigh: half of NATS's default max_payload (1 MiB), so the envelope
+# fits beside them. A node carries all its labels (jobs select on them): tens of them on a real node.
+MAX_PART_BYTES = 512 * 1024
+
+
+def _chunk(texts: list[str]) -> int:
+    """Nodes per part: INVENTORY_CHUNK, fewer when the largest node's JSON would take a part past MAX_PART_BYTES."""
+    largest = max((len(t) for t in texts), default=1)
+    return max(1, min(INVENTORY_CHUNK, MAX_PART_BYTES // largest))
 
 
 def _map(obj: dict[str, Any], cfg: KubernetesSource, degraded: Verdicts = NO_VERDICTS, *,
@@ -82,8 +93,10 @@ async def publish_all(tx: Tx, objects: Iterable[dict[str, Any]], cfg: Kubernetes
     removed = sorted(known.keys() - current.keys())
     if first and (changed or not known):
         ordered = [current[k] for k in sorted(current)]
-        digest = hashlib.sha256("".join(n.model_dump_json() for n in ordered).encode()).hexdigest()[:16]
-        for part in NodeInventory.chunked(ordered, source=SOURCE, announcement=f"{SOURCE}-{digest}"):
+        texts = [n.model_dump_json() for n in ordered]
+        digest = hashlib.sha256("".join(texts).encode()).hexdigest()[:16]
+        for part in NodeInventory.chunked(ordered, source=SOURCE, announcement=f"{SOURCE}-{digest}",
+                                          chunk=_chunk(texts)):
             await tx.emit(part)
     else:
         for name in changed:

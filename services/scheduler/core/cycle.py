@@ -35,7 +35,7 @@ from .staging import exclusions_for, placement_shape
 from .types import CycleResult, PendingJob, Placement, Reason, RunningJob, Unplaceable
 
 # Reasons that releasing running jobs cannot cure: no reservation is searched for them.
-_STATIC = {Reason.NO_GPU_MODEL, Reason.UNTOLERATED, Reason.NO_READY_NODES}
+_STATIC = {Reason.NO_GPU_MODEL, Reason.UNTOLERATED, Reason.NO_MATCHING_NODE, Reason.NO_READY_NODES}
 
 
 def schedule_cycle(state: ClusterIndex, pending: Sequence[PendingJob], running: Sequence[RunningJob], now: float,

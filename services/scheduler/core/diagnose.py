@@ -1,18 +1,19 @@
 """Why a gang cannot be placed: a machine reason and a human message that names the numbers.
 
 Only runs on the failure path, checking from the most fundamental cause to the most circumstantial:
-model/profile exists -> taints tolerated -> nodes ready -> enough free units -> pod shapes fit on nodes
--> CPU/memory -> topology -> fragmentation. The first failing check is the reason.
+model/profile exists -> taints tolerated -> node labels match (nodeSelector, required node affinity) -> nodes
+ready -> enough free units -> pod shapes fit on nodes -> CPU/memory -> topology -> fragmentation. The first
+failing check is the reason. Past the label check, only the nodes whose labels match are counted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from shared.domain import JobSpec, Taint, TopologyLevel
 
-from .index import ClusterIndex, NodeClass
-from .staging import Eligibility, Exclusion, GangRequest, PodReq, Stage, domain_free
+from .index import ClusterIndex, IndexedNode, NodeClass
+from .staging import Eligibility, Exclusion, GangRequest, PodReq, Stage, domain_free, excluded
 from .types import Reason, Unplaceable
 
 
@@ -79,11 +80,15 @@ def _check_pod_set(state: ClusterIndex, spec: JobSpec, req: PodReq, elig: Eligib
     keys = {k for _, k in elig}
     tolerated = [c for c in shaped if c.key in keys]
     if not tolerated:
+        tolerations = spec.tolerations + req.tolerations
         taints = sorted({_taint(t) for c in shaped for t in c.hard
-                         if not any(tol.tolerates(t) for tol in spec.tolerations)})
+                         if not any(tol.tolerates(t) for tol in tolerations)})
         return Unplaceable(jid, Reason.UNTOLERATED,
                            f"every node with {_models(req.models)} carries a taint the job does not tolerate "
                            f"({', '.join(taints)})")
+    barred = excluded(state, req)
+    if barred:
+        return _check_selected(state, spec, req, shaped, tolerated, barred, exclude)
     if sum(c.ready_nodes for c in tolerated) == 0:
         total = sum(c.total_nodes for c in tolerated)
         by_health: dict[str, int] = {}
@@ -109,23 +114,91 @@ def _check_pod_set(state: ClusterIndex, spec: JobSpec, req: PodReq, elig: Eligib
             return Unplaceable(jid, Reason.INSUFFICIENT_GPUS,
                                f"needs {req.count} pod(s) × {req.gpus} {kind}, each pod on one node; free GPUs "
                                f"({free}) allow only {pods} such pod(s), largest free on a node is {largest}")
-    # CPU and memory (and exclusions): count the pods that really fit, node by node.
-    stage = Stage(state, exclude)
     order = state.rank_order
+    return _check_cpu_memory(state, spec, req, (order[r] for c in tolerated for b, ranks in c.buckets.items()
+                                                if b >= req.unit for r in ranks), exclude)
+
+
+def _check_cpu_memory(state: ClusterIndex, spec: JobSpec, req: PodReq, names: Iterable[str],
+                      exclude: Mapping[str, Exclusion] | None) -> Unplaceable | None:
+    """CPU and memory (and exclusions): count the pods that really fit on `names` (the ready nodes with room for
+    one pod's units), node by node."""
+    stage = Stage(state, exclude)
     fit = 0
-    for c in tolerated:
-        for b, ranks in c.buckets.items():
-            if b < req.unit:
-                continue
-            for r in ranks:
-                fit += stage.fits(order[r], req)
-                if fit >= req.count:
-                    return None
+    for name in names:
+        fit += stage.fits(name, req)
+        if fit >= req.count:
+            return None
     if exclude:
         return None  # the reserved capacity is the obstacle: the caller names the reservation
-    return Unplaceable(jid, Reason.INSUFFICIENT_CPU_MEMORY,
+    return Unplaceable(spec.job_id, Reason.INSUFFICIENT_CPU_MEMORY,
                        f"needs {req.count} pod(s) of {req.cpu}m CPU and {req.mem} MiB memory with "
                        f"{_what(req)}; the nodes with free GPUs have CPU/memory for only {fit} pod(s)")
+
+
+def _check_selected(state: ClusterIndex, spec: JobSpec, req: PodReq, shaped: list[NodeClass],
+                    tolerated: list[NodeClass], barred: frozenset[str], exclude: Mapping[str, Exclusion] | None
+                    ) -> Unplaceable | None:
+    """The checks past the taints for a pod set that selects nodes by label, counted on the nodes it matches
+    (the class aggregates count every node of a class)."""
+    jid = spec.job_id
+    nodes = state.indexed_nodes
+    names = sorted((name for c in tolerated for name in _class_nodes(state, c)), key=lambda n: nodes[n].rank)
+    matching = [nodes[name] for name in names if name not in barred]
+    assert req.select is not None  # `barred` is empty without a selection
+    wanted = req.select.describe()
+    if not matching:
+        tolerations = spec.tolerations + req.tolerations
+        taints = sorted({_taint(t) for c in shaped if c not in tolerated
+                         for name in _class_nodes(state, c) if name not in barred
+                         for t in c.hard if not any(tol.tolerates(t) for tol in tolerations)})
+        if taints:  # the nodes it selects exist, but their taints keep it off
+            return Unplaceable(jid, Reason.UNTOLERATED,
+                               f"pod set {req.pod_set}: the nodes matching {wanted} carry a taint the job does not "
+                               f"tolerate ({', '.join(taints)})")
+        return Unplaceable(jid, Reason.NO_MATCHING_NODE,
+                           f"pod set {req.pod_set} asks {wanted}: none of the {len(names)} node(s) with "
+                           f"{_models(req.models)} it may use matches{_seen(state, names, req.select.keys())}")
+    ready = [n for n in matching if n.ready]
+    if not ready:
+        by_health: dict[str, int] = {}
+        for n in matching:
+            by_health[n.spec.health.value] = by_health.get(n.spec.health.value, 0) + 1
+        states = ", ".join(f"{k} {h}" for h, k in sorted(by_health.items()))
+        return Unplaceable(jid, Reason.NO_READY_NODES,
+                           f"none of the {len(matching)} node(s) matching {wanted} is ready: {states}")
+    free = sum(n.units for n in ready)
+    cap = sum(n.cap_units for n in ready)
+    where = f"on the {len(ready)} ready node(s) matching {wanted}"
+    if req.unit and free < req.need:
+        reason = Reason.NO_MIG_SLICES if req.mig else Reason.INSUFFICIENT_GPUS
+        return Unplaceable(jid, reason, f"needs {_what(req)}; {free} free of {cap} {where}")
+    if req.gpus > 1:
+        pods = sum(n.units // req.gpus for n in ready)
+        if pods < req.count:
+            largest = max(n.units for n in ready)
+            return Unplaceable(jid, Reason.INSUFFICIENT_GPUS,
+                               f"needs {req.count} pod(s) × {req.gpus} GPUs, each pod on one node; free GPUs "
+                               f"({free}) {where} allow only {pods} such pod(s), largest free on a node is "
+                               f"{largest}")
+    return _check_cpu_memory(state, spec, req, _roomy(ready, req), exclude)
+
+
+def _seen(state: ClusterIndex, names: list[str], keys: tuple[str, ...], limit: int = 8) -> str:
+    """What those nodes carry of the selected keys: "; their labels: pool=a100, pool=h100, zone absent"."""
+    nodes = state.indexed_nodes
+    parts = []
+    for key in keys:
+        values = sorted({nodes[n].spec.labels[key] for n in names if key in nodes[n].spec.labels})
+        shown = [f"{key}={v}" for v in values[:limit]] + (["…"] if len(values) > limit else [])
+        if any(key not in nodes[n].spec.labels for n in names):
+            shown.append(f"{key} absent")
+        parts.extend(shown)
+    return f"; their labels: {', '.join(parts)}" if parts and names else ""
+
+
+def _roomy(ready: Iterable[IndexedNode], req: PodReq) -> Iterator[str]:
+    return (n.name for n in ready if n.units >= req.unit)
 
 
 def diagnose(state: ClusterIndex, spec: JobSpec, job: GangRequest, exclude: Mapping[str, Exclusion] | None

@@ -4,6 +4,8 @@ Like Volcano's Statement, nothing is written to the index while staging: `place_
 `ClusterIndex.commit` applies the result later (or raises if the snapshot moved on meanwhile).
 
 Score, lexicographic (documented in docs/scheduler.md):
+0. a pod set with preferred node affinity: the nodes its terms weigh most first (nodes its nodeSelector or
+   required node affinity does not match are never used: `Stage.fits` holds no pod there);
 1. fewest untolerated PreferNoSchedule taints (the taint only lowers the score);
 2. binpack: fewest free units on the node first (spread: most free first) -- keeps whole nodes free;
 3. nodes caching one of the job's datasets first;
@@ -32,6 +34,7 @@ from .staging import (
     Stage,
     domain_free,
     exclusions_for,
+    preference,
     prepare,
     resolve,
     trim,
@@ -101,6 +104,17 @@ def iter_index(state: ClusterIndex, elig: Eligibility, unit_min: int,
                 ranks = heapq.merge(*(reversed(x) for x in lists), reverse=True)
             for r in ranks:
                 yield order[r]
+
+
+def _preferred_first(state: ClusterIndex, req: PodReq, elig: Eligibility, datasets: tuple[str, ...]
+                     ) -> Iterator[str]:
+    """`iter_index` with the nodes its preferred node affinity scores highest first: a pass over the index per
+    distinct score (few: sums of a handful of weights), lazily, so a fit among the preferred nodes reads no more."""
+    scores = preference(state, req)
+    for level in (*sorted(set(scores.values()), reverse=True), 0):
+        for name in iter_index(state, elig, req.unit, datasets):
+            if scores.get(name, 0) == level:
+                yield name
 
 
 def _with_cached_first(order: Sequence[str], lists: list[list[int]], cached: list[list[int]], binpack: bool
@@ -183,11 +197,16 @@ def _fill_all(state: ClusterIndex, job: GangRequest, names: Sequence[str] | None
     for req, elig in zip(job.reqs, job.eligs, strict=True):
         if not elig:
             return None
+        prefers = req.select is not None and req.select.prefers
         if names is None:
-            it: Iterable[str] = iter_index(state, elig, req.unit, job.spec.datasets)
+            it: Iterable[str] = (_preferred_first(state, req, elig, job.spec.datasets) if prefers
+                                 else iter_index(state, elig, req.unit, job.spec.datasets))
         else:
             keys = {k for _, k in elig}
             it = (n for n in names if nodes[n].cls in keys)
+            if prefers:  # stable: the topology order within equal scores
+                scores = preference(state, req)
+                it = sorted(it, key=lambda n: -scores.get(n, 0))
         if not _fill(stage, req, it, out, reqs_out):
             return None
     return out, reqs_out

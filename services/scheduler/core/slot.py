@@ -40,7 +40,7 @@ from shared.domain import JobSpec, TopologyLevel
 
 from .index import ClassKey, ClusterIndex
 from .placer import try_place
-from .staging import BIG, Exclusion, Free, PodReq, Stage, eligible, exclusions_for, resolve, trim
+from .staging import BIG, Exclusion, Free, PodReq, Stage, eligible, excluded, exclusions_for, resolve, trim
 from .types import PendingJob, Placement, Unplaceable
 
 
@@ -150,11 +150,14 @@ def _fits_empty(state: ClusterIndex, spec: JobSpec, starting: list[PodReq], leve
     order, nodes, classes = state.rank_order, state.indexed_nodes, state.classes
     for req in starting:
         keys = [k for _, k in eligible(state, req, spec.tolerations)]
+        barred = excluded(state, req)
         sums: dict[str, int] = {}
         for key_ in keys:
             for ranks in classes[key_].buckets.values():
                 for r in ranks:
                     n = nodes[order[r]]
+                    if barred and n.name in barred:
+                        continue
                     k = BIG
                     if req.gpus:
                         k = n.cap_units // req.gpus

@@ -2,6 +2,8 @@
 
 - `resolve`/`trim`: the job's pod sets against admission's flavors (`PodReq`), and the first `min_members` pods;
 - `eligible`: the node classes a pod set may use (model, MIG profile, taints), memoised per index;
+- `Selection`/`excluded`: the nodes a pod set may not use by their labels (nodeSelector, required node affinity),
+  and `preference`: the score preferred node affinity gives each node, memoised per index;
 - `Stage`: a scratch copy of the free resources of the nodes a placement touches, minus `Exclusion`s
   (reservations); like Volcano's Statement, nothing is written to the index while staging;
 - `GangRequest`/`prepare`: a job resolved against one index, what the placer and the diagnosis share.
@@ -10,10 +12,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
-from shared.domain import GpuBinding, JobSpec, Toleration, TopologyLevel
+from shared.domain import GpuBinding, JobSpec, NodeAffinity, NodeSpec, PodSet, Toleration, TopologyLevel
 
 from .index import ClassKey, ClusterIndex
 from .types import Placement, Reason, Unplaceable
@@ -21,6 +23,56 @@ from .types import Placement, Reason, Unplaceable
 BIG = 1 << 62  # "no limit" for a pod that asks for none of a resource
 
 Eligibility = tuple[tuple[int, ClassKey], ...]  # (penalty, class key), best penalty first
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """Where a pod set's pods may go by node labels, as kube-scheduler decides it: every `labels` pair
+    (nodeSelector) and the required node affinity must match; preferred terms only score the nodes that do."""
+
+    labels: tuple[tuple[str, str], ...]  # nodeSelector, sorted
+    affinity: NodeAffinity | None
+
+    def matches(self, node: NodeSpec) -> bool:
+        have = node.labels
+        return (all(have.get(k) == v for k, v in self.labels)
+                and (self.affinity is None or self.affinity.required_matches(have, node.name)))
+
+    def score(self, node: NodeSpec) -> int:
+        return self.affinity.score(node.labels, node.name) if self.affinity is not None else 0
+
+    @property
+    def restricts(self) -> bool:
+        return bool(self.labels) or (self.affinity is not None and bool(self.affinity.required))
+
+    @property
+    def prefers(self) -> bool:
+        return self.affinity is not None and bool(self.affinity.preferred)
+
+    def keys(self) -> tuple[str, ...]:
+        """The label keys the selection reads (to say which values the nodes have)."""
+        keys = {k for k, _ in self.labels}
+        if self.affinity is not None:
+            keys.update(r.key for t in self.affinity.required for r in t.match_expressions)
+        return tuple(sorted(keys))
+
+    def describe(self) -> str:
+        """The selector as a message names it: `nodeSelector {pool=a100}` and `node affinity zone In [z1]`."""
+        parts = []
+        if self.labels:
+            parts.append("nodeSelector {" + ", ".join(f"{k}={v}" for k, v in self.labels) + "}")
+        if self.affinity is not None and self.affinity.required:
+            parts.append(f"node affinity {self.affinity.describe_required()}")
+        return " and ".join(parts)
+
+
+def selection_of(ps: PodSet) -> Selection | None:
+    """The pod set's Selection, None when it asks nothing of node labels (the common case: no filter at all)."""
+    labels = tuple(sorted(ps.selector.items()))
+    affinity = ps.affinity if ps.affinity is not None and (ps.affinity.required or ps.affinity.preferred) else None
+    if not labels and affinity is None:
+        return None
+    return Selection(labels, affinity)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +86,8 @@ class PodReq:
     cpu: int
     mem: int
     models: tuple[str, ...]  # empty = any model
+    tolerations: tuple[Toleration, ...] = ()  # the pod set's own, on top of the job's
+    select: Selection | None = None  # None: any node of an eligible class
 
     @property
     def unit(self) -> int:
@@ -91,15 +145,17 @@ def resolve(job: JobSpec, allowed: tuple[str, ...]) -> list[PodReq] | Unplaceabl
                                    f"pod set {ps.name} accepts {models_text(ps.gpu_models)} but admission allowed "
                                    f"{models_text(allowed)}")
         gpus = 0 if ps.mig_profile else ps.gpus_per_pod
-        reqs.append(PodReq(ps.name, ps.count, gpus, ps.mig_profile, ps.cpu_milli, ps.memory_mib, tuple(models)))
+        reqs.append(PodReq(ps.name, ps.count, gpus, ps.mig_profile, ps.cpu_milli, ps.memory_mib, tuple(models),
+                           ps.own_tolerations, selection_of(ps)))
     return reqs
 
 
 def placement_shape(spec: JobSpec) -> tuple[object, ...]:
     """Everything of a spec that placing it reads but its id (which placement only writes into its answer): the
-    pod sets as `resolve` reads them, `min_members` (the gang size), topology, tolerations and datasets. Two
-    specs of one shape get the same answer on the same state, but for the job id in it."""
-    return (tuple((ps.name, ps.count, ps.gpus_per_pod, ps.gpu_models, ps.mig_profile, ps.cpu_milli, ps.memory_mib)
+    pod sets as `resolve` reads them (with their node selection), `min_members` (the gang size), topology,
+    tolerations and datasets. Two specs of one shape get the same answer on the same state, but for the job id in it."""
+    return (tuple((ps.name, ps.count, ps.gpus_per_pod, ps.gpu_models, ps.mig_profile, ps.cpu_milli, ps.memory_mib,
+                   ps.own_tolerations, selection_of(ps))
                   for ps in spec.pod_sets), spec.min_members, spec.topology.required_level,
             spec.topology.preferred_level, spec.tolerations, spec.datasets)
 
@@ -111,13 +167,16 @@ def trim(reqs: list[PodReq], pods: int) -> list[PodReq]:
         if pods <= 0:
             break
         take = min(r.count, pods)
-        out.append(PodReq(r.pod_set, take, r.gpus, r.mig, r.cpu, r.mem, r.models))
+        out.append(replace(r, count=take))
         pods -= take
     return out
 
 
 def eligible(state: ClusterIndex, req: PodReq, tolerations: tuple[Toleration, ...]) -> Eligibility:
-    """(penalty, class key) of the classes a pod of `req` may use, best penalty first (memoised per index)."""
+    """(penalty, class key) of the classes a pod of `req` may use, best penalty first (memoised per index).
+    `tolerations`: the job's; the pod set's own (`req.tolerations`) count too."""
+    if req.tolerations:
+        tolerations = tolerations + req.tolerations
 
     def compute() -> Eligibility:
         out = []
@@ -136,6 +195,34 @@ def eligible(state: ClusterIndex, req: PodReq, tolerations: tuple[Toleration, ..
         return tuple(sorted(out, key=lambda pk: (pk[0], repr(pk[1]))))
 
     return state.spec_memo(("eligible", req.models, req.mig, req.gpus > 0, tolerations), compute)
+
+
+NO_NODES: frozenset[str] = frozenset()
+
+
+def excluded(state: ClusterIndex, req: PodReq) -> frozenset[str]:
+    """The nodes a pod of `req` may not use whatever is free on them: those whose labels its selection does not
+    match. Depends on the node specs only (memoised per index); empty for a pod set that selects nothing."""
+    select = req.select
+    if select is None or not select.restricts:
+        return NO_NODES
+
+    def compute() -> frozenset[str]:
+        return frozenset(name for name, n in state.indexed_nodes.items() if not select.matches(n.spec))
+
+    return state.spec_memo(("excluded", select), compute)
+
+
+def preference(state: ClusterIndex, req: PodReq) -> Mapping[str, int]:
+    """Node -> the score its preferred node affinity gives it (only nodes scoring above 0; memoised per index)."""
+    select = req.select
+    if select is None or not select.prefers:
+        return {}
+
+    def compute() -> Mapping[str, int]:
+        return {name: score for name, n in state.indexed_nodes.items() if (score := select.score(n.spec)) > 0}
+
+    return state.spec_memo(("preference", select), compute)
 
 
 # ---------------------------------------------------------------------------------- staging overlay
@@ -167,13 +254,23 @@ class Stage:
     """Scratch copy of the free resources of the nodes a placement touches; the index is never written.
     `nodes` defaults to the index's own records; the reservation search passes its private view of them."""
 
-    __slots__ = ("exclude", "nodes", "slots")
+    __slots__ = ("barred", "exclude", "nodes", "slots", "state")
 
     def __init__(self, state: ClusterIndex, exclude: Mapping[str, Exclusion] | None,
                  nodes: Mapping[str, FreeResources] | None = None):
+        self.state = state
         self.exclude = exclude
         self.slots: dict[str, Free] = {}
         self.nodes: Mapping[str, FreeResources] = state.indexed_nodes if nodes is None else nodes
+        self.barred: dict[int, frozenset[str]] = {}  # id(req) -> `excluded(state, req)`, for the reqs staged here
+
+    def barred_for(self, req: PodReq) -> frozenset[str]:
+        """`excluded(state, req)`, looked up once per req on this stage (a req outlives the stage that reads it)."""
+        key = id(req)
+        got = self.barred.get(key)
+        if got is None:
+            got = self.barred[key] = excluded(self.state, req)
+        return got
 
     def avail(self, name: str) -> Free:
         s = self.slots.get(name)
@@ -193,7 +290,9 @@ class Stage:
         return s
 
     def fits(self, name: str, req: PodReq) -> int:
-        """How many pods of `req` the node still holds."""
+        """How many pods of `req` the node still holds (none on a node its selection excludes)."""
+        if req.select is not None and name in self.barred_for(req):
+            return 0
         s = self.avail(name)
         k = BIG
         if req.gpus:
@@ -280,13 +379,17 @@ __all__ = [
     "FreeResources",
     "GangRequest",
     "PodReq",
+    "Selection",
     "Stage",
     "domain_free",
     "eligible",
+    "excluded",
     "exclusions_for",
     "models_text",
     "placement_shape",
+    "preference",
     "prepare",
     "resolve",
+    "selection_of",
     "trim",
 ]

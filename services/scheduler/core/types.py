@@ -13,6 +13,7 @@ class Reason:
     NO_GPU_MODEL = "NoGpuModel"
     NO_MIG_SLICES = "NoMigSlices"
     UNTOLERATED = "Untolerated"
+    NO_MATCHING_NODE = "NoMatchingNode"  # no node's labels match a pod set's nodeSelector / required node affinity
     NO_READY_NODES = "NoReadyNodes"
     INSUFFICIENT_GPUS = "InsufficientGpus"
     INSUFFICIENT_CPU_MEMORY = "InsufficientCpuMemory"

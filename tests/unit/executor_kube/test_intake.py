@@ -70,3 +70,38 @@ def test_retry_annotations_become_the_jobs_retry_policy(queues: QueuesConfig, ku
                               ({"gpuq.io/retry-backoff-limit": "two"}, "gpuq.io/retry-backoff-limit")):
         bad = job_spec(JOB, job(annotations=given), queues, kube_cfg)
         assert isinstance(bad, Refusal) and bad.reason == "InvalidWorkload" and says in bad.message, bad
+
+
+def test_each_pod_sets_node_selector_affinity_and_tolerations_reach_the_spec(queues: QueuesConfig,
+                                                                            kube_cfg: KubernetesSource) -> None:
+    affinity = {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z1", "z2"]},
+                                  {"key": "spot", "operator": "DoesNotExist"}]},
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-9"]}]}]},
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 20, "preference": {"matchExpressions": [{"key": "gen", "operator": "Gt", "values": ["3"]}]}}]},
+        "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": []}}
+    obj = job()
+    obj["spec"]["template"] = pod_template(nodeSelector={"pool": "a100"}, affinity=affinity, tolerations=[
+        {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}])
+    spec = job_spec(JOB, obj, queues, kube_cfg)
+    assert not isinstance(spec, Refusal)
+    (ps,) = spec.pod_sets
+    assert ps.node_selector == {"pool": "a100"}
+    assert ps.affinity is not None
+    (first, by_name) = ps.affinity.required
+    assert [r.describe() for r in first.match_expressions] == ["zone In [z1, z2]", "spot DoesNotExist"]
+    assert by_name.matches({}, "gpu-9") and not by_name.matches({}, "gpu-1")
+    assert [(p.weight, p.preference.describe()) for p in ps.affinity.preferred] == [(20, "gen Gt 3")]
+    assert [t.key for t in ps.tolerations] == ["dedicated"] and spec.tolerations == ps.tolerations
+
+
+def test_malformed_node_affinity_is_refused_naming_it(queues: QueuesConfig, kube_cfg: KubernetesSource) -> None:
+    obj = job()
+    obj["spec"]["template"] = pod_template(affinity={"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "gen", "operator": "Gt", "values": ["new"]}]}]}}})
+    refused = job_spec(JOB, obj, queues, kube_cfg)
+    assert isinstance(refused, Refusal) and refused.reason == "InvalidWorkload"
+    assert "gen Gt needs exactly one integer value" in refused.message

@@ -13,13 +13,18 @@ TOPO = {"network.topology.nvidia.com/block": "b1", "network.topology.nvidia.com/
 
 
 def test_gfd_labels_map_to_flavor_count_memory_pool_topology(kube_cfg: KubernetesSource) -> None:
-    spec = node_spec(node("gpu-1", labels={**TOPO, "gpuq.io/pool": "training", "noise/feature": "x"},
+    spec = node_spec(node("gpu-1", labels={**TOPO, "gpuq.io/pool": "training", "example.com/zone": "z1",
+                                           "nvidia.com/gfd.timestamp": "1760000000"},
                           annotations={"gpuq.io/datasets": "imagenet, c4"}), kube_cfg)
     assert (spec.name, spec.gpus, spec.gpu_model) == ("gpu-1", 8, "H100-80GB")
     assert (spec.cpu_milli, spec.memory_mib) == (95500, 1056000)
     assert spec.rack == "b1/r2" and spec.block == "b1"
     assert spec.labels["pool"] == "training" and spec.labels["nvidia.com/gpu.memory"] == "81559"
-    assert "noise/feature" not in spec.labels  # only the labels gpuq reasons about
+    # every label jobs may select on, but those that change on every feature-discovery pass
+    assert spec.labels["example.com/zone"] == "z1" and spec.labels["gpuq.io/pool"] == "training"
+    assert "nvidia.com/gfd.timestamp" not in spec.labels
+    prefixed = kube_cfg.model_copy(update={"ignored_labels": ("example.com/*",)})
+    assert "example.com/zone" not in node_spec(node("gpu-1", labels={"example.com/zone": "z1"}), prefixed).labels
     assert spec.datasets == ("c4", "imagenet")
     assert spec.health is NodeHealth.READY and spec.mig is None
 

@@ -10,7 +10,17 @@ from services.executor.kube.core.placement import (
     ungate_patch,
 )
 from services.executor.kube.core.workload import kind_of
-from shared.domain import EnvVar, GpuBinding, JobSpec, PodSet, PodTemplate, Toleration
+from shared.domain import (
+    EnvVar,
+    GpuBinding,
+    JobSpec,
+    NodeAffinity,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    PodSet,
+    PodTemplate,
+    Toleration,
+)
 from tests.unit.executor_kube.conftest import job, pod_template
 
 JOB = kind_of("batch/v1", "Job")
@@ -91,3 +101,18 @@ def test_suspending_restores_the_templates_as_written() -> None:
     assert tmpl["spec"]["schedulingGates"] == [] and tmpl["spec"]["affinity"] is None  # null deletes it
     assert tmpl["metadata"]["labels"][n.JOB_LABEL] is None and tmpl["metadata"]["labels"]["app"] == "train"
     assert tmpl["metadata"]["annotations"][n.RESUME_FROM_ANNOTATION] is None
+
+
+def test_event_submitted_templates_carry_what_the_scheduler_honoured() -> None:
+    affinity = NodeAffinity(required=(NodeSelectorTerm(match_expressions=(
+        NodeSelectorRequirement(key="zone", operator="NotIn", values=("z9",)),)),))
+    tolerate = Toleration(key="dedicated", operator="Exists")
+    spec = JobSpec(job_id="ev-1", team="team-a", queue="team-a", pod_sets=(PodSet(
+        gpus_per_pod=1, node_selector={"pool": "a100"}, affinity=affinity, tolerations=(tolerate,),
+        template=PodTemplate(image="img", node_selector={"gen": "h"})),))
+    (ps,) = event_pod_sets(spec)
+    pod = ps.template["spec"]
+    assert pod["nodeSelector"] == {"gen": "h", "pool": "a100"}
+    assert pod["affinity"] == {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["z9"]}]}]}}}
+    assert pod["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]

@@ -5,6 +5,8 @@ Priority: the `gpuq.io/priority-class` label, else the pod templates' `priorityC
 `kubernetes_priority_classes`, else the configuration's default. Runtime limit: `activeDeadlineSeconds`, else the
 `gpuq.io/max-runtime-s` annotation. Checkpoint support: the `gpuq.io/checkpoint` annotation. Retries:
 `gpuq.io/retry-backoff-limit` (with `gpuq.io/retry-backoff-s` and `gpuq.io/retry-reasons`), the spec's `retry`.
+Where each pod set may run: its template's nodeSelector, node affinity and tolerations, which the scheduler
+honours (the job's own tolerations are those every pod set shares).
 """
 
 from __future__ import annotations
@@ -23,7 +25,11 @@ from shared.domain import (
     CheckpointSpec,
     JobKind,
     JobSpec,
+    NodeAffinity,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
     PodSet,
+    PreferredSchedulingTerm,
     RetryPolicy,
     Toleration,
     TopologyLevel,
@@ -60,6 +66,34 @@ def _resources(template: Mapping[str, Any]) -> tuple[int, str | None, int, int]:
         cpu += milli(requests.get("cpu", limits.get("cpu", 0)))
         mem += mebibytes(requests.get("memory", limits.get("memory", 0)))
     return gpus, mig, cpu, mem
+
+
+def _requirement(expr: Mapping[str, Any]) -> NodeSelectorRequirement:
+    return NodeSelectorRequirement(key=expr.get("key") or "", operator=expr.get("operator") or "",
+                                   values=tuple(str(v) for v in expr.get("values") or ()))
+
+
+def _term(term: Mapping[str, Any]) -> NodeSelectorTerm:
+    return NodeSelectorTerm(match_expressions=tuple(_requirement(e) for e in term.get("matchExpressions") or ()),
+                            match_fields=tuple(_requirement(e) for e in term.get("matchFields") or ()))
+
+
+def _affinity(template: Mapping[str, Any]) -> NodeAffinity | None:
+    """The template's node affinity (required terms, preferred terms); pod (anti-)affinity is kube-scheduler's
+    alone. Raises ValidationError naming a malformed expression."""
+    node = (((template.get("spec") or {}).get("affinity") or {}).get("nodeAffinity")) or {}
+    required = (node.get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or ()
+    preferred = node.get("preferredDuringSchedulingIgnoredDuringExecution") or ()
+    if not required and not preferred:
+        return None
+    return NodeAffinity(required=tuple(_term(t) for t in required),
+                        preferred=tuple(PreferredSchedulingTerm(weight=p.get("weight") or 0,
+                                                                preference=_term(p.get("preference") or {}))
+                                        for p in preferred))
+
+
+def _node_selector(template: Mapping[str, Any]) -> dict[str, str]:
+    return {str(k): str(v) for k, v in ((template.get("spec") or {}).get("nodeSelector") or {}).items()}
 
 
 def _tolerations(template: Mapping[str, Any]) -> set[Toleration]:
@@ -119,7 +153,8 @@ def job_spec(kind: WorkloadKind, obj: Obj, queues: QueuesConfig, cfg: Kubernetes
             gpus, mig, cpu, mem = _resources(ps.template)
             sets.append(PodSet(name=ps.name, count=ps.count, gpus_per_pod=1 if mig else gpus,
                                gpu_models=_models(ps.template, models_annotation, cfg), mig_profile=mig,
-                               cpu_milli=cpu, memory_mib=mem))
+                               cpu_milli=cpu, memory_mib=mem, node_selector=_node_selector(ps.template),
+                               affinity=_affinity(ps.template), tolerations=_sorted(_tolerations(ps.template))))
         common = set.intersection(*(_tolerations(ps.template) for ps in pod_sets))
         deadline = kind.active_deadline_s(obj) or _int_annotation(annotations, n.MAX_RUNTIME_ANNOTATION)
         interval = _int_annotation(annotations, n.CHECKPOINT_INTERVAL_ANNOTATION)
@@ -133,7 +168,7 @@ def job_spec(kind: WorkloadKind, obj: Obj, queues: QueuesConfig, cfg: Kubernetes
             min_members=_int_annotation(annotations, n.MIN_MEMBERS_ANNOTATION),
             topology=TopologyRequest(required_level=TopologyLevel(required) if required else None,
                                      preferred_level=TopologyLevel(preferred) if preferred else None),
-            tolerations=tuple(sorted(common, key=lambda t: (t.key, t.operator, t.value, str(t.effect)))),
+            tolerations=_sorted(common),
             datasets=tuple(sorted({d.strip() for d in annotations.get(n.DATASETS_ANNOTATION, "").split(",")
                                    if d.strip()})),
             checkpoint=CheckpointSpec(supported=annotations.get(n.CHECKPOINT_ANNOTATION, "").lower() == "true",
@@ -148,6 +183,10 @@ def job_spec(kind: WorkloadKind, obj: Obj, queues: QueuesConfig, cfg: Kubernetes
     except (ValidationError, ValueError) as exc:
         return Refusal("InvalidWorkload", _short(exc))
     return spec
+
+
+def _sorted(tolerations: set[Toleration]) -> tuple[Toleration, ...]:
+    return tuple(sorted(tolerations, key=lambda t: (t.key, t.operator, t.value, str(t.effect))))
 
 
 def _retry_policy(annotations: Mapping[str, str]) -> RetryPolicy | None:

@@ -1,7 +1,8 @@
 """Node objects -> NodeSpec, following NVIDIA GPU Feature Discovery and the device plugin's mixed MIG strategy.
 
-Only the labels gpuq reasons about are kept on the NodeSpec (pool, GPU product and memory, topology, hostname):
-a real node carries dozens that change on every feature-discovery pass, and each change would be a NodeChanged.
+The node's labels are kept on the NodeSpec (jobs' nodeSelector and node affinity are matched against them), but
+for those `ignored_labels` names: labels that change on every feature-discovery pass (GFD's timestamp) would make
+each pass a NodeChanged. The pool label is also copied to `pool`.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from services.executor.kube.core.names import GPU_RESOURCE, HOSTNAME_LABEL, MIG_RESOURCE_PREFIX
+from services.executor.kube.core.names import GPU_RESOURCE, MIG_RESOURCE_PREFIX
 from services.executor.kube.core.quantity import count, mebibytes, milli
 from shared.config import KubernetesSource
 from shared.domain import MigLayout, NodeHealth, NodeSpec, Taint, TaintEffect
@@ -50,6 +51,10 @@ def _domain(labels: Mapping[str, str], keys: tuple[str, ...], name: str) -> str:
     return "/".join(v for v in values if v is not None)
 
 
+def _ignored(key: str, ignored: tuple[str, ...]) -> bool:
+    return any(key.startswith(i[:-1]) if i.endswith("*") else key == i for i in ignored)
+
+
 def node_spec(node: Mapping[str, Any], cfg: KubernetesSource) -> NodeSpec:
     """The NodeSpec of one Node object. Raises ValueError naming the field when a quantity is malformed."""
     meta = node.get("metadata") or {}
@@ -79,8 +84,7 @@ def node_spec(node: Mapping[str, Any], cfg: KubernetesSource) -> NodeSpec:
     raw_taints = sorted((node.get("spec") or {}).get("taints") or [], key=lambda t: (t["key"], t.get("effect", "")))
     taints = tuple(Taint(key=t["key"], value=t.get("value") or "", effect=TaintEffect(t.get("effect", "NoSchedule")))
                    for t in raw_taints if t["key"] not in FAILURE_TAINTS and t["key"] != UNSCHEDULABLE_TAINT)
-    kept = {k: labels[k] for k in (cfg.gpu_product_label, cfg.gpu_memory_label, HOSTNAME_LABEL, *cfg.topology_levels)
-            if k in labels}
+    kept = {k: v for k, v in labels.items() if not _ignored(k, cfg.ignored_labels)}
     if cfg.pool_label and cfg.pool_label in labels:
         kept["pool"] = labels[cfg.pool_label]
     raw_datasets = labels.get(cfg.datasets_key) or annotations.get(cfg.datasets_key) or ""

@@ -17,7 +17,16 @@ from typing import Any
 
 from services.executor.kube.core import names as n
 from services.executor.kube.core.workload import PodSetTemplate
-from shared.domain import GpuBinding, JobSpec, PodSet, PodTemplate, Toleration
+from shared.domain import (
+    GpuBinding,
+    JobSpec,
+    NodeAffinity,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    PodSet,
+    PodTemplate,
+    Toleration,
+)
 
 
 def pod_set_of(binding: GpuBinding) -> str:
@@ -62,6 +71,34 @@ def toleration_dicts(tolerations: Iterable[Toleration]) -> list[dict[str, Any]]:
         if t.effect is not None:
             d["effect"] = t.effect.value
         out.append(d)
+    return out
+
+
+def _requirement_dict(r: NodeSelectorRequirement) -> dict[str, Any]:
+    out: dict[str, Any] = {"key": r.key, "operator": r.operator.value}
+    if r.values:
+        out["values"] = list(r.values)
+    return out
+
+
+def _term_dict(t: NodeSelectorTerm) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if t.match_expressions:
+        out["matchExpressions"] = [_requirement_dict(r) for r in t.match_expressions]
+    if t.match_fields:
+        out["matchFields"] = [_requirement_dict(r) for r in t.match_fields]
+    return out
+
+
+def affinity_dict(affinity: NodeAffinity) -> dict[str, Any]:
+    """A pod set's NodeAffinity as Kubernetes' `nodeAffinity` (what the scheduler honoured, kube-scheduler enforces)."""
+    out: dict[str, Any] = {}
+    if affinity.required:
+        out["requiredDuringSchedulingIgnoredDuringExecution"] = {
+            "nodeSelectorTerms": [_term_dict(t) for t in affinity.required]}
+    if affinity.preferred:
+        out["preferredDuringSchedulingIgnoredDuringExecution"] = [
+            {"weight": p.weight, "preference": _term_dict(p.preference)} for p in affinity.preferred]
     return out
 
 
@@ -194,10 +231,12 @@ def pod_template(ps: PodSet, tmpl: PodTemplate, *, restart_policy: str = "Never"
     spec: dict[str, Any] = {"restartPolicy": restart_policy, "containers": [container]}
     if tmpl.volumes:
         spec["volumes"] = [dict(v) for v in tmpl.volumes]
-    if tmpl.node_selector:
-        spec["nodeSelector"] = dict(tmpl.node_selector)
-    if tmpl.tolerations:
-        spec["tolerations"] = toleration_dicts(tmpl.tolerations)
+    if ps.selector:
+        spec["nodeSelector"] = dict(ps.selector)
+    if ps.affinity is not None and (ps.affinity.required or ps.affinity.preferred):
+        spec["affinity"] = {"nodeAffinity": affinity_dict(ps.affinity)}
+    if ps.own_tolerations:
+        spec["tolerations"] = toleration_dicts(ps.own_tolerations)
     if tmpl.service_account_name:
         spec["serviceAccountName"] = tmpl.service_account_name
     if tmpl.termination_grace_period_s is not None:
