@@ -16,6 +16,7 @@ from rich.table import Table
 
 from cli.api_client import api
 from cli.runtime import database_url
+from services.admission.sharding import Shard, parse_cohorts
 from services.api import tokens as api_tokens
 from services.api.app import MIGRATIONS as API_MIGRATIONS
 from shared import namespace as namespaces
@@ -93,6 +94,10 @@ def nats_auth(
                                               "default gpuq)"),
     kube_team: list[str] = typer.Option([], "--kube-team", help="Teams the Kubernetes intake may submit for "
                                                                    "(repeat; default: every team)"),
+    admission_cohorts: list[str] = typer.Option(
+        [], "--admission-cohorts", help="The cohorts of one admission instance that serves some cohorts only "
+                                        "(GPUQ_ADMISSION_COHORTS, comma-separated; repeat per instance): admission "
+                                        "may use that instance's consumers too"),
     rotate: list[str] = typer.Option([], "--rotate", help="With an existing credentials.json: new passwords for "
                                                          "these users only (repeat), the others kept"),
     kube_secrets_file: Path | None = typer.Option(
@@ -121,7 +126,9 @@ def nats_auth(
             raise NatsAuthError(f"--rotate needs the existing {cred_file}: without it every password would change")
         if cred_file.exists():
             kept = {u: p for u, p in read_credentials(cred_file).items() if u not in rotate}
-        bundle = generate(ns, teams, kube_teams=kube_team or None, bcrypt_cost=bcrypt_cost, passwords=kept)
+        suffixes = [Shard.of(cohorts).consumer_suffix for cohorts in admission_cohorts if parse_cohorts(cohorts)]
+        bundle = generate(ns, teams, kube_teams=kube_team or None, bcrypt_cost=bcrypt_cost, passwords=kept,
+                          admission_suffixes=suffixes)
         paths = write_bundle(bundle, out, base_url)
         if kube_secrets_file is not None:
             assert base_url is not None

@@ -6,25 +6,40 @@ Everything here works on NATS 2.9 (no per-message TTL). A consumer that takes se
 on exactly those where the server takes several filters (NATS >= 2.10's `filter_subjects`), else on the stream's
 pattern (`ConsumerPlan.filters`).
 Names depend on the platform namespace (`shared/namespace.py`): `gpuq.job.>` in `GPUQ_JOBS` by default.
+
+Every stream is bounded (docs/events.md, "Streams and their limits"): by age and by bytes. A stream of facts (jobs,
+preemptions, the cluster's nodes and configuration) refuses a publish when full (discard new: the publisher is
+told, `maximum bytes exceeded`, and an outbox relay retries it later) rather than silently dropping old facts that
+a consumer may not have read yet; streams whose old messages are superseded or kept elsewhere (utilisation
+samples, status news, dead letters and audit records, which their services store in Postgres) drop their oldest.
+Each service declares and may create the streams it uses; only a stream's owner (and admins) may update one
+(shared/natsauth.py grants exactly that).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
+from urllib.parse import unquote
 
 import nats
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import APIError, BadRequestError, NotFoundError
 
 from shared import namespace as namespaces
 from shared.events import Payload
 
+log = logging.getLogger("gpuq.bus")
 DUPLICATE_WINDOW_S = 120.0  # Nats-Msg-Id dedup window; the outbox relay republishes well within it
 DAY_S = 86_400
+
+
+GIB = 1024**3
 
 
 @dataclass(frozen=True)
@@ -33,34 +48,86 @@ class StreamDef:
     subjects: tuple[str, ...]
     max_age_s: float
     max_bytes: int = -1
+    # NEW: a full stream refuses the publish (the publisher hears why); OLD: it drops its oldest messages.
+    discard: DiscardPolicy = DiscardPolicy.NEW
+    owner: str = ""  # the one service that may update the stream's configuration (besides admins)
 
 
-# (name suffix, subject patterns below the namespace, retention): every namespace gets the same streams.
-_STREAM_SHAPES: tuple[tuple[str, tuple[str, ...], float, int], ...] = (
-    ("JOBS", ("job.>",), 30 * DAY_S, -1),
-    ("PREEMPTION", ("preemption.>",), 30 * DAY_S, -1),
-    ("CLUSTER", ("node.>", "queue.>"), 30 * DAY_S, -1),
-    # Samples are high-rate and only needed until metering and telemetry have consumed them.
-    ("UTILIZATION", ("utilization.>",), 2 * DAY_S, 8 * 1024**3),
-    ("DLQ", ("dlq.>",), 90 * DAY_S, -1),
-    # Audit records (AuditRecorded), kept a year on the bus for SIEMs; the audit service stores them for good.
-    ("AUDIT", ("audit.>",), 365 * DAY_S, -1),
+@dataclass(frozen=True)
+class _Shape:
+    suffix: str
+    patterns: tuple[str, ...]  # subject patterns below the namespace
+    max_age_s: float
+    max_bytes: int
+    discard: DiscardPolicy
+    owner: str
+
+
+MIB = 1024**2
+
+# Every namespace gets the same streams. JetStream reserves each stream's byte limit on the server's store when the
+# stream is created or updated, so the defaults (12 GiB in all, as much as before every stream was bounded) fit the
+# 20 GiB store docs/install.md sizes; a platform with more jobs gives its streams more with GPUQ_STREAM_MAX_BYTES
+# (`byte_limits`), e.g. JOBS=64Gi, and its JetStream the storage for them.
+_STREAM_SHAPES: tuple[_Shape, ...] = (
+    # Facts: refused when full, never dropped unread (a consumer that was down still gets every one). The outbox
+    # relay retries a refused fact until the oldest age out: the platform stalls rather than forgets. About 10 KB
+    # per job: 3 GiB keeps 30 days of some 300,000 jobs.
+    _Shape("JOBS", ("job.>",), 30 * DAY_S, 3 * GIB, DiscardPolicy.NEW, "admission"),
+    _Shape("PREEMPTION", ("preemption.>",), 30 * DAY_S, 256 * MIB, DiscardPolicy.NEW, "preemption"),
+    _Shape("CLUSTER", ("node.>", "queue.>"), 30 * DAY_S, GIB, DiscardPolicy.NEW, "scheduler"),
+    # Samples are high-rate and only needed until metering and telemetry have consumed them (metering's ledger is
+    # the record); refusing them when full would stall the executors' outboxes, job facts included.
+    _Shape("UTILIZATION", ("utilization.>",), 2 * DAY_S, 6 * GIB, DiscardPolicy.OLD, "metering"),
+    # Dead letters are also kept in each service's `dead_letters` table: the stream is their notice.
+    _Shape("DLQ", ("dlq.>",), 90 * DAY_S, 256 * MIB, DiscardPolicy.OLD, "audit"),
+    # Audit records (AuditRecorded), kept up to a year on the bus for SIEMs; the audit service stores them for good,
+    # so a full stream drops the oldest rather than stopping every service's outbox behind a year of records.
+    _Shape("AUDIT", ("audit.>",), 365 * DAY_S, 512 * MIB, DiscardPolicy.OLD, "audit"),
     # Status news about waiting jobs (JobPending: reasons, positions, ETAs): frequent, superseded by the next one,
     # read by telemetry, the API and webhooks only, so that no decision service wades through it.
-    ("STATUS", ("status.>",), 7 * DAY_S, 4 * 1024**3),
+    _Shape("STATUS", ("status.>",), 7 * DAY_S, GIB, DiscardPolicy.OLD, "admission"),
 )
+LIMITS_ENV = "GPUQ_STREAM_MAX_BYTES"
+_UNITS = {"": 1, "k": 1000, "ki": 1024, "m": 1000**2, "mi": MIB, "g": 1000**3, "gi": GIB, "t": 1000**4, "ti": 1024**4}
+
+
+def byte_limits(text: str) -> dict[str, int]:
+    """Per-stream byte limits from `GPUQ_STREAM_MAX_BYTES`: `JOBS=64Gi,AUDIT=8Gi` (stream name suffixes; sizes in
+    bytes or with k, Ki, M, Mi, G, Gi, T, Ti). ValueError names what is wrong."""
+    out: dict[str, int] = {}
+    known = {s.suffix for s in _STREAM_SHAPES}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, _, size = part.partition("=")
+        name = name.strip().upper()
+        digits = size.strip().rstrip("BbIiKkMmGgTt")
+        unit = size.strip()[len(digits):].lower().removesuffix("b")
+        if name not in known or not digits.isdigit() or unit not in _UNITS or int(digits) < 1:
+            raise ValueError(f"{LIMITS_ENV}: {part!r} is not <stream>=<size>, a stream of "
+                             f"{', '.join(sorted(known))} and a size such as 8Gi")
+        out[name] = int(digits) * _UNITS[unit]
+    return out
 
 
 def streams(namespace: str | None = None) -> tuple[StreamDef, ...]:
-    """The streams of a platform namespace (default: this process's, `GPUQ_NAMESPACE`)."""
-    return _streams(namespaces.validate(namespace) if namespace is not None else namespaces.current())
+    """The streams of a platform namespace (default: this process's, `GPUQ_NAMESPACE`), with their byte limits as
+    `GPUQ_STREAM_MAX_BYTES` sets them."""
+    ns = namespaces.validate(namespace) if namespace is not None else namespaces.current()
+    return _streams(ns, os.environ.get(LIMITS_ENV, ""))
 
 
 @lru_cache(maxsize=16)
-def _streams(ns: str) -> tuple[StreamDef, ...]:
+def _streams(ns: str, limits: str) -> tuple[StreamDef, ...]:
     prefix = namespaces.stream_prefix(ns)
-    return tuple(StreamDef(f"{prefix}_{suffix}", tuple(f"{ns}.{p}" for p in patterns), max_age_s, max_bytes)
-                 for suffix, patterns, max_age_s, max_bytes in _STREAM_SHAPES)
+    sizes = byte_limits(limits)
+    return tuple(StreamDef(f"{prefix}_{s.suffix}", tuple(f"{ns}.{p}" for p in s.patterns), s.max_age_s,
+                           sizes.get(s.suffix, s.max_bytes), s.discard, s.owner)
+                 for s in _STREAM_SHAPES)
+
+
+def pattern_name(pattern: str) -> str:
+    """A stream subject pattern's name in durable consumer names: `job.>` -> `job` (below the namespace)."""
+    return pattern.removesuffix(".>").replace(".", "-")
 
 
 def dlq_subject(service: str) -> str:
@@ -95,7 +162,7 @@ _STREAM_OF_MAX = 10_000
 
 
 def _stream_of(ns: str, subject: str) -> StreamDef:
-    for stream in _streams(ns):
+    for stream in streams(ns):
         if any(matches(p, subject) for p in stream.subjects):
             return stream
     raise LookupError(f"no stream of namespace {ns!r} captures subject {subject!r}")
@@ -141,7 +208,7 @@ def consumer_plan(payload_types: Iterable[type[Payload]]) -> list[ConsumerPlan]:
             subjects = tuple(s for s in wanted if matches(pattern, s))
             if not subjects:
                 continue
-            name = pattern.removeprefix(f"{ns}.").removesuffix(".>").replace(".", "-")
+            name = pattern_name(pattern.removeprefix(f"{ns}."))
             plan.append(ConsumerPlan(stream, pattern, subjects, name))
     return plan
 
@@ -162,17 +229,43 @@ def _config(stream: StreamDef, description: str) -> StreamConfig:
         storage=StorageType.FILE,
         max_age=stream.max_age_s,
         max_bytes=stream.max_bytes,
-        discard=DiscardPolicy.OLD,
+        discard=stream.discard,
         duplicate_window=DUPLICATE_WINDOW_S,
     )
 
 
+def differences(have: StreamConfig, want: StreamConfig) -> list[str]:
+    """What an existing stream's configuration has other than declared (the description, its purpose, aside)."""
+    out: list[str] = []
+    for name in ("retention", "storage", "discard", "max_bytes", "max_age", "duplicate_window"):
+        got, wanted = getattr(have, name), getattr(want, name)
+        same = abs(float(got or 0) - float(wanted or 0)) < 1e-3 if name in ("max_age", "duplicate_window") \
+            else got == wanted
+        if not same:
+            out.append(f"{name} {got} (declared {wanted})")
+    if sorted(have.subjects or ()) != sorted(want.subjects or ()):
+        out.append(f"subjects {have.subjects} (declared {want.subjects})")
+    return out
+
+
 async def ensure_streams(js: JetStreamContext, namespace: str | None = None, purpose: str = "platform") -> None:
     """Create the namespace's streams, or bring existing ones to the declared config (keeping the purpose they
-    were created with). Idempotent."""
+    were created with). Idempotent.
+
+    On an authenticated server a service's bus user declares only the streams it uses and updates only those it
+    owns (shared/natsauth.py): it creates one that is missing, leaves one that matches its declaration alone, and
+    logs, without failing, one that differs and is another service's to update (its owner brings it up to date
+    when it starts)."""
     if purpose not in PURPOSES:
         raise ValueError(f"unknown stream purpose {purpose!r}; one of {PURPOSES}")
-    for stream in streams(namespace):
+    from shared.natsauth import stream_rights  # (natsauth builds its permissions from these streams)
+
+    ns = namespaces.validate(namespace) if namespace is not None else namespaces.current()
+    user = connection_user(js)
+    for stream in streams(ns):
+        rights = stream_rights(user, ns, stream)
+        if rights is None:
+            continue  # a stream this user does not use: another service declares it
         try:
             info = await js.stream_info(stream.name)
         except NotFoundError:
@@ -181,8 +274,44 @@ async def ensure_streams(js: JetStreamContext, namespace: str | None = None, pur
             except BadRequestError as exc:  # a concurrent starter created it first
                 if "already in use" not in str(exc):
                     raise
+            except APIError as exc:
+                if exc.err_code != NO_STORAGE:
+                    raise
+                raise RuntimeError(f"cannot create stream {stream.name}: {_no_storage(stream)}") from exc
             continue
-        await js.update_stream(_config(stream, info.config.description or MARKER_PREFIX + purpose))
+        wanted = _config(stream, info.config.description or MARKER_PREFIX + purpose)
+        changed = differences(info.config, wanted)
+        if not changed:
+            continue
+        if rights == "update":
+            log.info("stream %s brought to its declaration: %s", stream.name, "; ".join(changed))
+            try:
+                await js.update_stream(wanted)
+            except APIError as exc:
+                if exc.err_code != NO_STORAGE:
+                    raise
+                # It keeps working as it was: not a reason to stop the service, but said where operators look.
+                log.error("stream %s keeps its old limits: %s", stream.name, _no_storage(stream))
+        else:
+            log.warning("stream %s differs from its declaration (%s); the %s service (its owner) or an admin updates "
+                        "it", stream.name, "; ".join(changed), stream.owner)
+
+
+NO_STORAGE = 10047  # JetStream: "insufficient storage resources available" (limits are reserved on the store)
+
+
+def _no_storage(stream: StreamDef) -> str:
+    return (f"the server's JetStream store cannot reserve its {stream.max_bytes} bytes besides the other streams'; "
+            f"give JetStream more storage (max_file_store), or the streams less with {LIMITS_ENV} "
+            "(docs/install.md, Sizing)")
+
+
+def connection_user(js: JetStreamContext) -> str | None:
+    """The bus user a JetStream context's connection authenticated as (None: none, or not known)."""
+    nc = getattr(js, "_nc", None)  # nats-py keeps its connection there and offers no public accessor
+    url = getattr(nc, "connected_url", None)
+    username = getattr(url, "username", None)
+    return unquote(username) if username else None
 
 
 async def namespace_purposes(js: JetStreamContext, namespace: str) -> dict[str, str | None]:

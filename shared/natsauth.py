@@ -5,6 +5,10 @@ subscribe to. Each internal subject is granted to the one service that owns it (
 JobCompleted to the executors, QueueConfigChanged to admins and the API, ...); a team's producer credential may
 publish only `<ns>.job.submitted.<team>` and `<ns>.job.cancel_requested.<team>`, and subscribe only to its own
 reply inbox (`_INBOX_<user>.>`: a shared `_INBOX.>` would let it read what other clients are delivered).
+Of the JetStream API, each service gets exactly what it uses: its own durable consumers (create, inspect, pull, ack;
+named `<service>-<stream pattern>`, shared/bus.py), the streams it publishes to or consumes from (inspect, create
+when missing), and updates only of the streams it owns; so a leaked credential, even telemetry's, can neither drain
+another service's consumer nor change (shrink) a stream.
 
 Why users in the server configuration rather than accounts with nkeys/JWT: it works unchanged on NATS 2.9 and
 newer, needs no operator, resolver or account server, and one platform is one trust domain (platforms that share a
@@ -31,7 +35,7 @@ import bcrypt
 import yaml
 
 from shared import namespace as namespaces
-from shared.bus import streams
+from shared.bus import StreamDef, matches, pattern_name, streams
 
 USER_RE = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,62}[a-z0-9])?$")
 TEAM_PREFIX = "producer-"
@@ -57,6 +61,22 @@ SERVICE_PUBLISHES: dict[str, tuple[str, ...]] = {
     # The API publishes what authenticated people ask for: submissions and cancels of any team (it checked the
     # caller's team), approvals and configuration changes (it checked the caller is an admin).
     "api": ("job.submitted.*", "job.cancel_requested.*", "job.approved", "queue.config_changed"),
+}
+# What each service consumes: the stream subject patterns (below the namespace) of its durable consumers, one each,
+# named `<service>-<pattern's name>` (shared/bus.py `consumer_plan`; tests/unit/contracts/test_bus_permissions.py
+# checks this against the services' handlers). Admission instances serving some cohorts add their suffix.
+SERVICE_CONSUMES: dict[str, tuple[str, ...]] = {
+    "admission": ("job.>", "queue.>"),
+    "scheduler": ("job.>", "node.>", "utilization.>"),
+    "preemption": ("job.>", "preemption.>", "queue.>"),
+    "metering": ("job.>", "queue.>", "utilization.>"),
+    "telemetry": ("job.>", "node.>", "queue.>", "utilization.>", "status.>"),
+    "executor": ("job.>",),
+    "audit": ("audit.>",),
+    "api": (),
+    # The Kubernetes executor also follows waiting jobs' status (its workloads' conditions); its durables are named
+    # as the executor's.
+    "kube": ("job.>", "status.>"),
 }
 # The Kubernetes executor is an executor and also a trusted producer: workloads created in a namespace become that
 # namespace's team's submissions (queues.yaml `namespaces`), deleted ones cancel requests.
@@ -86,21 +106,82 @@ def team_user(team: str) -> str:
     return user
 
 
-def _jetstream_client(ns: str) -> list[str]:
-    """What a service needs of the JetStream API for its own namespace's streams: declare and inspect them, create
-    and read its durable pull consumers, ack. (No purge, no delete, no message get/delete.)"""
+def _role(user: str) -> str | None:
+    """The service whose facts, consumers and streams a bus user has (the Kubernetes executor's: the executor's);
+    None for admins, teams and users gpuq does not know."""
+    if user == KUBE:
+        return KUBE_RECORDS_AS
+    return user if user in SERVICE_PUBLISHES else None
+
+
+def _published(user: str, ns: str, kube_teams: Iterable[str] | None = None) -> list[str]:
+    """The subjects a service's bus user publishes: its facts, its dead letters and its audit records."""
+    role = _role(user)
+    if role is None:
+        return []
+    own = list(SERVICE_PUBLISHES[role])
+    if user == KUBE:
+        teams = sorted(kube_teams) if kube_teams is not None else ["*"]
+        own += [*(f"job.submitted.{t}" for t in teams), *(f"job.cancel_requested.{t}" for t in teams),
+                *(f"utilization.flops_reported.{t}" for t in teams)]
+    return [f"{ns}.{tail}" for tail in own] + [f"{ns}.dlq.{role}", f"{ns}.audit.recorded.{role}"]
+
+
+def stream_rights(user: str | None, ns: str, stream: StreamDef) -> str | None:
+    """What a bus user may do to a stream's configuration: "update" (admins, the stream's owner, and connections
+    without a gpuq user: an unauthenticated server), "create" (a service that uses it: creating a missing stream
+    with its declaration cannot change one that exists), or None (a stream it neither publishes to nor consumes)."""
+    role = _role(user) if user is not None and user != ADMIN else None
+    if role is None:
+        return None if user is not None and user.startswith(TEAM_PREFIX) else "update"
+    if stream.owner == role:
+        return "update"
+    used = [*_published(user or "", ns), *(f"{ns}.{p}" for p in _consumed(user or ""))]
+    return "create" if any(matches(p, subject) for p in stream.subjects for subject in used) else None
+
+
+def durables(user: str, ns: str, stream: StreamDef, admission_suffixes: Iterable[str] = ()) -> list[str]:
+    """The durable consumers a service's bus user reads on `stream` (admission: also per cohort set served)."""
+    role = _role(user)
+    if role is None:
+        return []
+    suffixes = ["", *sorted(set(admission_suffixes))] if role == "admission" else [""]
+    return [f"{role}{suffix}-{pattern_name(p)}" for p in _consumed(user)
+            for suffix in suffixes if f"{ns}.{p}" in stream.subjects]
+
+
+def _consumed(user: str) -> tuple[str, ...]:
+    role = _role(user)
+    return SERVICE_CONSUMES.get(user, SERVICE_CONSUMES[role]) if role is not None else ()
+
+
+def _jetstream_client(user: str, ns: str, admission_suffixes: Iterable[str] = ()) -> list[str]:
+    """What a service needs of the JetStream API, and nothing more: inspect and create the streams it uses, update
+    those it owns; create, inspect and pull its own durable consumers, and ack their messages. (No purge, no delete,
+    no message get; no other service's consumer, no ephemeral consumer.)"""
     subjects = ["$JS.API.INFO"]
     for stream in streams(ns):
+        rights = stream_rights(user, ns, stream)
+        if rights is None:
+            continue
         s = stream.name
-        subjects += [f"$JS.API.STREAM.INFO.{s}", f"$JS.API.STREAM.CREATE.{s}", f"$JS.API.STREAM.UPDATE.{s}",
-                     f"$JS.API.CONSUMER.CREATE.{s}", f"$JS.API.CONSUMER.CREATE.{s}.>",
-                     f"$JS.API.CONSUMER.DURABLE.CREATE.{s}.>", f"$JS.API.CONSUMER.INFO.{s}.>",
-                     f"$JS.API.CONSUMER.MSG.NEXT.{s}.>", f"$JS.ACK.{s}.>"]
+        subjects += [f"$JS.API.STREAM.INFO.{s}", f"$JS.API.STREAM.CREATE.{s}"]
+        if rights == "update":
+            subjects.append(f"$JS.API.STREAM.UPDATE.{s}")
+        for d in durables(user, ns, stream, admission_suffixes):
+            # CREATE.<stream>.<durable>[.<filter>] (NATS >= 2.9, a consumer's filter updated in place) and the older
+            # DURABLE.CREATE form nats-py uses for a new durable.
+            subjects += [f"$JS.API.CONSUMER.CREATE.{s}.{d}", f"$JS.API.CONSUMER.CREATE.{s}.{d}.>",
+                         f"$JS.API.CONSUMER.DURABLE.CREATE.{s}.{d}", f"$JS.API.CONSUMER.INFO.{s}.{d}",
+                         f"$JS.API.CONSUMER.MSG.NEXT.{s}.{d}", f"$JS.ACK.{s}.{d}.>"]
     return subjects
 
 
-def permissions(user: str, ns: str, *, kube_teams: Iterable[str] | None = None) -> Permissions:
-    """The permissions of one bus user in platform namespace `ns`."""
+def permissions(user: str, ns: str, *, kube_teams: Iterable[str] | None = None,
+                admission_suffixes: Iterable[str] = ()) -> Permissions:
+    """The permissions of one bus user in platform namespace `ns`. `admission_suffixes`: the consumer suffixes of
+    admission instances that serve some cohorts (services/admission/sharding.py), whose durables admission may use
+    besides its own."""
     ns = namespaces.validate(ns)
     inbox = (f"{inbox_prefix(user)}.>",)
     if user == ADMIN:
@@ -110,19 +191,11 @@ def permissions(user: str, ns: str, *, kube_teams: Iterable[str] | None = None) 
         # A team's jobs also report their own throughput (MFU), on their team's subject.
         return Permissions(publish=(f"{ns}.job.submitted.{team}", f"{ns}.job.cancel_requested.{team}",
                                     f"{ns}.utilization.flops_reported.{team}"), subscribe=inbox)
-    if user == KUBE:
-        teams = sorted(kube_teams) if kube_teams is not None else ["*"]
-        own = [*SERVICE_PUBLISHES[KUBE_RECORDS_AS],
-               *(f"job.submitted.{t}" for t in teams), *(f"job.cancel_requested.{t}" for t in teams),
-               *(f"utilization.flops_reported.{t}" for t in teams)]
-        recorder = KUBE_RECORDS_AS
-    elif user in SERVICE_PUBLISHES:
-        own, recorder = list(SERVICE_PUBLISHES[user]), user
-    else:
+    if _role(user) is None:
         raise NatsAuthError(f"unknown bus user {user!r}: one of {', '.join((*SERVICES, KUBE, ADMIN))} or "
                             f"{TEAM_PREFIX}<team>")
-    publish = [f"{ns}.{tail}" for tail in own] + [f"{ns}.dlq.{recorder}", f"{ns}.audit.recorded.{recorder}"]
-    return Permissions(publish=tuple(publish + _jetstream_client(ns)), subscribe=inbox)
+    publish = _published(user, ns, kube_teams)
+    return Permissions(publish=tuple(publish + _jetstream_client(user, ns, admission_suffixes)), subscribe=inbox)
 
 
 @dataclass
@@ -144,16 +217,18 @@ def users_for(teams: Iterable[str]) -> list[str]:
 
 
 def generate(ns: str, teams: Iterable[str], *, kube_teams: Iterable[str] | None = None, bcrypt_cost: int = 11,
-             passwords: Mapping[str, str] | None = None) -> AuthBundle:
+             passwords: Mapping[str, str] | None = None, admission_suffixes: Iterable[str] = ()) -> AuthBundle:
     """New credentials for every service, the Kubernetes executor, admins and each team; `passwords` keeps the
     ones given (a rotation changes only the users left out). `bcrypt_cost` 11 for servers that live; the embedded
-    servers of tests use a low cost so that hundreds of connections stay cheap."""
+    servers of tests use a low cost so that hundreds of connections stay cheap. `admission_suffixes`: the consumer
+    suffixes of per-cohort admission instances (`gpuq nats-auth --admission-cohorts`)."""
     users = users_for(teams)
     chosen = {u: (passwords or {}).get(u) or secrets.token_urlsafe(24) for u in users}
     kube = tuple(sorted(kube_teams)) if kube_teams is not None else None
+    suffixes = tuple(sorted(set(admission_suffixes)))
     users_conf = []
     for user in users:
-        perms = permissions(user, ns, kube_teams=kube)
+        perms = permissions(user, ns, kube_teams=kube, admission_suffixes=suffixes)
         hashed = bcrypt.hashpw(chosen[user].encode(), bcrypt.gensalt(rounds=bcrypt_cost, prefix=b"2a")).decode()
         users_conf.append({"user": user, "password": hashed,
                            "permissions": {"publish": {"allow": list(perms.publish)},

@@ -34,6 +34,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 # Set before any test imports code that reads it; subprocesses (`gpuq` commands) inherit it.
 SESSION_NAMESPACE = namespace.fresh("test")
 os.environ[namespace.ENV] = SESSION_NAMESPACE
+# JetStream reserves each stream's byte limit on the server's store: a session's streams hold little, so they ask
+# for little, and several sessions fit on one shared server (shared/bus.py, GPUQ_STREAM_MAX_BYTES).
+os.environ.setdefault("GPUQ_STREAM_MAX_BYTES", "JOBS=256Mi,PREEMPTION=64Mi,CLUSTER=128Mi,UTILIZATION=512Mi,DLQ=64Mi,"
+                                               "AUDIT=128Mi,STATUS=128Mi")
 # The session's key for secrets at rest (webhook signing secrets), shared with the `gpuq` subprocesses.
 os.environ.setdefault("GPUQ_SECRETS_KEY", Fernet.generate_key().decode())
 
