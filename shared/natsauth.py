@@ -140,14 +140,20 @@ def stream_rights(user: str | None, ns: str, stream: StreamDef) -> str | None:
     return "create" if any(matches(p, subject) for p in stream.subjects for subject in used) else None
 
 
+# `admission_suffixes` entry for a development server: admission may use any consumer of the streams it reads, so
+# that per-cohort instances started later (`gpuq up --admission-cohorts`, sharing the first one's embedded server)
+# find theirs. Never in what `gpuq nats-auth` writes.
+ANY_ADMISSION_SHARD = "*"
+
+
 def durables(user: str, ns: str, stream: StreamDef, admission_suffixes: Iterable[str] = ()) -> list[str]:
     """The durable consumers a service's bus user reads on `stream` (admission: also per cohort set served)."""
     role = _role(user)
     if role is None:
         return []
     suffixes = ["", *sorted(set(admission_suffixes))] if role == "admission" else [""]
-    return [f"{role}{suffix}-{pattern_name(p)}" for p in _consumed(user)
-            for suffix in suffixes if f"{ns}.{p}" in stream.subjects]
+    return [ANY_ADMISSION_SHARD if suffix == ANY_ADMISSION_SHARD else f"{role}{suffix}-{pattern_name(p)}"
+            for p in _consumed(user) for suffix in suffixes if f"{ns}.{p}" in stream.subjects]
 
 
 def _consumed(user: str) -> tuple[str, ...]:

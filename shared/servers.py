@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shared import namespace as namespaces
-from shared.natsauth import ADMIN, AuthBundle, generate, write_private
+from shared.natsauth import ADMIN, ANY_ADMISSION_SHARD, AuthBundle, generate, write_private
 
 log = logging.getLogger("gpuq.servers")
 
@@ -304,8 +304,10 @@ def resolve_servers(data_dir: Path, *, allow_containers: bool = False, teams: It
             servers.started.append(container)
             servers.nats_url, servers.origin["nats"] = container.nats_uri(), "testcontainers"
         else:
+            # (admission instances of some cohorts only may join later, sharing this server: ANY_ADMISSION_SHARD)
             nats = EmbeddedNats(data_dir / "nats", auth=generate(namespaces.current(), teams,
-                                                                 bcrypt_cost=EMBEDDED_BCRYPT_COST))
+                                                                 bcrypt_cost=EMBEDDED_BCRYPT_COST,
+                                                                 admission_suffixes=(ANY_ADMISSION_SHARD,)))
             servers.nats_url = nats.start()
             servers.started.append(nats)
             servers.nats_auth, servers.nats_plain_url = nats.auth, nats.plain_url

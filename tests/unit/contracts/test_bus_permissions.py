@@ -15,7 +15,7 @@ from services.stack import ALL_SERVICES, StackSettings, build_specs
 from shared import namespace
 from shared.bus import consumer_plan, streams
 from shared.config import ClusterConfig, ClusterSource, parse_cluster, parse_queues
-from shared.natsauth import ADMIN, KUBE, SERVICES, durables, permissions, stream_rights
+from shared.natsauth import ADMIN, ANY_ADMISSION_SHARD, KUBE, SERVICES, durables, permissions, stream_rights
 from shared.service import ServiceSpec
 
 NS = namespace.current()  # the consumer plans are this process's namespace's
@@ -60,6 +60,10 @@ def test_a_per_cohort_admission_instance_needs_its_suffix_granted() -> None:
     suffix = Shard.of(("research", "-")).consumer_suffix
     assert not plan_durables(spec) <= granted_durables("admission")
     assert plan_durables(spec) <= granted_durables("admission", (suffix,))
+    # A development server (`gpuq up`'s embedded one) lets admission use any consumer of its streams, for instances
+    # of some cohorts that join it later; no other user gets a wildcard there.
+    wild = [s for s in permissions("admission", NS, admission_suffixes=(ANY_ADMISSION_SHARD,)).publish if "*" in s]
+    assert wild and all(s.split(".")[-1] in ("*", ">") for s in wild)
 
 
 def _js_api(user: str) -> list[str]:
