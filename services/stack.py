@@ -112,8 +112,9 @@ def _executor_spec(settings: StackSettings) -> ServiceSpec:
         raise ValueError("the simulated executor needs a cluster.yaml (--cluster)")
     from services.executor.sim import SimExecutor, SimExecutorSettings
 
+    # Behind the executor's lease, as the Kubernetes executor: a second instance is a hot standby.
     return SimExecutor(SimExecutorSettings(cluster=settings.cluster, cluster_dir=settings.cluster_dir,
-                                           dcgm=dcgm)).spec()
+                                           dcgm=dcgm, lease=True)).spec()
 
 
 def _eta_function() -> EtaFn:

@@ -32,6 +32,7 @@ from typing import Any
 
 import asyncpg
 
+from services.executor import fence
 from services.executor.attempts import report_failure
 from services.executor.core.attribution import Placements, units_by_node
 from services.executor.core.dcgm_series import Device
@@ -52,10 +53,11 @@ from shared.events import (
     JobPreempted,
     JobStarted,
     NodeInventory,
+    Payload,
     UtilizationSampled,
     utcnow_from,
 )
-from shared.service import ServiceRuntime, ServiceSpec, Tx
+from shared.service import Handler, ServiceRuntime, ServiceSpec, Tx
 
 DURATION_LABEL = "sim.gpuq.io/duration-s"
 UTILIZATION_LABEL = "sim.gpuq.io/utilization"
@@ -98,6 +100,9 @@ class SimExecutorSettings:
     checkpoint_delay_s: float = 30.0  # virtual seconds a job takes to write a checkpoint
     dcgm: DcgmSettings | None = None  # real samples from dcgm-exporter via Prometheus instead of synthetic ones
     heartbeat_every_s: float | None = None  # wall seconds between heartbeats (None: GPUQ_HEARTBEAT_INTERVAL_S, 10)
+    # One acting instance behind the executor's lease, a second one a hot standby (services/executor/fence.py): what
+    # `gpuq up` runs. Off for a runtime driven alone (benchmarks, tests of the executor's handlers).
+    lease: bool = False
 
 
 SAMPLE_INTERVAL_ENV = "GPUQ_SIM_SAMPLE_INTERVAL_S"
@@ -182,14 +187,17 @@ class SimExecutor:
         self._sampled_specs: dict[tuple[str, int], tuple[float, int]] = {}  # (job, attempt) -> (util %, GPUs)
         self.dcgm = DcgmSource(settings.dcgm, self) if settings.dcgm is not None else None
         self.heartbeat = Heartbeat("executor/sim", settings.heartbeat_every_s)
+        self.runtime: ServiceRuntime | None = None
 
     def spec(self) -> ServiceSpec:
         background = (self.run_loop,) if self.dcgm is None else (self.run_loop, self.dcgm.run)
+        handlers: dict[type[Payload], Handler] = {
+            JobPlaced: self.on_placed, CheckpointRequested: self.on_checkpoint_requested,
+            JobPreempted: self.on_stopped, JobCancelled: self.on_stopped, JobFailed: self.on_failed}
         return ServiceSpec(
             name="executor", schema="executor", migrations=MIGRATIONS,
-            handlers={JobPlaced: self.on_placed, CheckpointRequested: self.on_checkpoint_requested,
-                      JobPreempted: self.on_stopped, JobCancelled: self.on_stopped, JobFailed: self.on_failed},
-            on_start=self.announce_inventory, background=background, singleton=False,
+            handlers=fence.fenced(handlers, lambda: self.runtime) if self.settings.lease else handlers,
+            on_start=self.announce_inventory, background=background, singleton=self.settings.lease,
             optimistic_batches=True,  # its runs are rows; memory holds only settings and sampling times
             prefetch=placement_prefetch(self.scheduler_tables, cancelled_table="executor.cancelled",
                                         runs_table="executor.runs"),
@@ -212,6 +220,7 @@ class SimExecutor:
     # ------------------------------------------------------------------ inventory
 
     async def announce_inventory(self, runtime: ServiceRuntime) -> None:
+        self.runtime = runtime
         nodes = tuple(sorted(self.nodes.values(), key=lambda n: n.name))
         if self.dcgm is not None:  # nodes the DCGM source degraded stay degraded in a new announcement
             async with runtime.pool.acquire() as conn:
@@ -306,6 +315,7 @@ class SimExecutor:
         wall = asyncio.get_running_loop().time()
         beat = await self.heartbeat.may_send(runtime, wall)  # only while connected and current
         async with runtime.transaction() as tx:
+            await fence.check(tx, runtime)  # a leader replaced while it was not looking ends no run
             await self._finish_due(tx)
             await self._checkpoint_due(tx)
             due = self._last_sample is None or wall - self._last_sample >= self.sample_every_s

@@ -26,6 +26,7 @@ from typing import Any
 import asyncpg
 from lightkube import operators
 
+from services.executor import fence
 from services.executor.attempts import report_failure
 from services.executor.core.attribution import Placements
 from services.executor.dcgm import DcgmSource, degraded_nodes, ensure_health_table
@@ -153,11 +154,13 @@ class KubeExecutor:
     def spec(self) -> ServiceSpec:
         background = (self.watch_cluster, self.timer_loop) + ((self.poll_gpus,) if self.dcgm is not None else ())
         return ServiceSpec(
-            name="executor", schema="executor", migrations=MIGRATIONS, singleton=True,
-            handlers={JobPlaced: self.on_placed, CheckpointRequested: self.on_checkpoint_requested,
-                      JobPreempted: self.on_stopped, JobCancelled: self.on_stopped, JobQueued: self.on_status,
-                      JobPending: self.on_status, JobAdmitted: self.on_status, JobRejected: self.on_status,
-                      JobRequeued: self.on_status, JobCheckpointed: self.on_checkpointed, JobFailed: self.on_lost},
+            name="executor", schema="executor", migrations=MIGRATIONS, singleton=True,  # leader + hot standby
+            handlers=fence.fenced({
+                JobPlaced: self.on_placed, CheckpointRequested: self.on_checkpoint_requested,
+                JobPreempted: self.on_stopped, JobCancelled: self.on_stopped, JobQueued: self.on_status,
+                JobPending: self.on_status, JobAdmitted: self.on_status, JobRejected: self.on_status,
+                JobRequeued: self.on_status, JobCheckpointed: self.on_checkpointed, JobFailed: self.on_lost},
+                lambda: self.runtime),
             on_start=self.start, background=background,
         )
 
@@ -209,7 +212,7 @@ class KubeExecutor:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            await self.api.close()
+            await self.api.close()  # its connections; a leader that takes the lease again watches on new ones
 
     def _rt(self) -> ServiceRuntime:
         assert self.runtime is not None, "the executor has not started"
@@ -221,6 +224,7 @@ class KubeExecutor:
         if not self._nodes_announced:
             return  # the first list is announced whole by on_nodes_synced
         async with self._rt().transaction() as tx:
+            await fence.check(tx, self.runtime)
             changed = await inventory.publish_node(tx, obj, self.cfg, deleted=kind == "DELETED",
                                                    degraded=await self._verdicts(tx))
             for name in changed:
@@ -228,6 +232,7 @@ class KubeExecutor:
 
     async def on_nodes_synced(self, cache: dict[str, dict[str, Any]]) -> None:
         async with self._rt().transaction() as tx:
+            await fence.check(tx, self.runtime)
             failed = await inventory.publish_all(tx, list(cache.values()), self.cfg, first=not self._nodes_announced,
                                                  degraded=await self._verdicts(tx))
             for name in failed:
@@ -260,6 +265,7 @@ class KubeExecutor:
         meta = obj.get("metadata") or {}
         uid = meta.get("uid")
         async with self._rt().transaction() as tx:
+            await fence.check(tx, self.runtime)
             row = await tx.conn.fetchrow("SELECT * FROM executor.kube_jobs WHERE uid = $1 FOR UPDATE", uid)
             if row is None and (job_id := (meta.get("annotations") or {}).get(n.JOB_ID_ANNOTATION)):
                 row = await tx.conn.fetchrow(
@@ -486,6 +492,7 @@ class KubeExecutor:
         if label is None or event == "DELETED":
             return
         async with self._rt().transaction() as tx:
+            await fence.check(tx, self.runtime)
             row = await tx.conn.fetchrow("SELECT * FROM executor.kube_jobs WHERE job_label = $1 FOR UPDATE", label)
             if row is None or row["state"] not in ACTIVE:
                 return
@@ -720,6 +727,7 @@ class KubeExecutor:
         # Only while connected and current with the bus, and with Kubernetes: the pods listed once at least.
         beat = self.pod_informer.synced.is_set() and await self.heartbeat.may_send(self._rt(), wall)
         async with self._rt().transaction() as tx:
+            await fence.check(tx, self.runtime)
             rows = await tx.conn.fetch(
                 "SELECT * FROM executor.kube_jobs WHERE state IN ('deferred', 'placed', 'running') "
                 "ORDER BY job_id FOR UPDATE")

@@ -71,13 +71,20 @@ class KubeApi:
     """The calls the executor makes, and nothing else (docs/kubernetes.md lists the RBAC they need)."""
 
     def __init__(self, config: KubeConfig, *, namespace: str | None = None):
-        # Resource classes are built at run time (generic dicts), which lightkube's overloads cannot type: Any.
-        self.client: Any = AsyncClient(config=config, field_manager=FIELD_MANAGER)  # lightkube's 10 s timeout
+        self.config = config
+        self.client: Any = self._open()
         self.namespace = namespace  # None = all namespaces
 
+    def _open(self) -> Any:
+        # Resource classes are built at run time (generic dicts), which lightkube's overloads cannot type: Any.
+        return AsyncClient(config=self.config, field_manager=FIELD_MANAGER)  # lightkube's 10 s timeout
+
     async def close(self) -> None:
+        """Close the client's connections. The API stays usable: the next call opens new ones (an executor that
+        lost its lease stops watching, and watches again when it leads again)."""
+        client, self.client = self.client, self._open()
         with contextlib.suppress(Exception):
-            await self.client.close()
+            await client.close()
 
     def _ns(self, res: type) -> dict[str, Any]:
         if issubclass(res, GenericNamespacedResource):
