@@ -64,7 +64,7 @@ from shared.events import (
     parse_event,
     utcnow_from,
 )
-from shared.health import CHECK_TIMEOUT_S, Check, ServiceHealth, service_health, timed_check
+from shared.health import CHECK_TIMEOUT_S, Check, ConsumerState, ServiceHealth, service_health, timed_check
 from shared.jetstream import BatchPublisher, Puller
 from shared.leader import LeaderLease, LostLeadership, lock_key
 from shared.natsauth import inbox_prefix_for
@@ -87,6 +87,16 @@ BatchHandler = Callable[[asyncpg.Connection, Sequence[bytes]], Awaitable[Any]]
 MAX_DELIVER = 8
 ACK_WAIT_S = 30.0
 NAK_DELAYS_S = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0)
+# How many delivered messages a consumer may hold unacknowledged, those waiting for their redelivery (nak with
+# delay) included. JetStream's default, 1,000, let a flood of failing messages (issue 43: 1,500 submissions
+# Postgres refused) fill it for their whole backoff, so that nothing behind them was delivered for a minute.
+MAX_ACK_PENDING = 20_000
+# A consumer that has not settled a batch (nor found nothing to take) for this long while messages wait for it is
+# reported not ready by /readyz (GPUQ_CONSUMER_STALL_S): a wedged or blocked consumer must not look healthy.
+STALL_ENV = "GPUQ_CONSUMER_STALL_S"
+DEFAULT_STALL_S = 60.0
+# A dead letter's reason as stored (its `message` column) is cut to this many characters.
+DEAD_LETTER_MESSAGE_CHARS = 4096
 # Consumption: messages per pull, and how long a pull waits for the first one. A pulled batch is handled in one
 # transaction (one savepoint per message) and settled after its commit.
 FETCH_BATCH = 256
@@ -96,6 +106,9 @@ _MESSAGE_SAVEPOINT = "gpuq_message"
 # A service with optimistic batches (ServiceSpec.optimistic_batches) handles this many batches with a savepoint per
 # message after one of its batches had to be handled again (failures come in runs: a dependency not there yet).
 SAVEPOINT_BATCHES_AFTER_FAILURE = 8
+# A consumed batch that fails as a whole is bisected (`_bisect`) down to parts of this many messages, then handled
+# one by one: halving a part of all-bad messages further would cost more transactions than it saves.
+BISECT_PART = 8
 # The outbox relay: rows per pipelined batch, and how long the batch's PubAcks may take all together.
 RELAY_BATCH = 512
 PUBLISH_TIMEOUT_S = 10.0
@@ -118,6 +131,41 @@ DEFAULT_RETENTION_S = 7 * 86_400.0
 MIN_RETENTION_S = 3_600.0
 PRUNE_EVERY_S = 300.0
 PRUNE_BATCH = 10_000
+
+
+def stall_after_from_env(env: Mapping[str, str] = os.environ) -> float:
+    """GPUQ_CONSUMER_STALL_S: seconds without progress, messages waiting, before a consumer counts as stalled."""
+    raw = env.get(STALL_ENV)
+    if raw is None or raw == "":
+        return DEFAULT_STALL_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{STALL_ENV}={raw!r} is not a number of seconds") from None
+    if value <= 0:
+        raise ValueError(f"{STALL_ENV}={raw!r} must be positive")
+    return value
+
+
+def refused_data(exc: BaseException) -> bool:
+    """Did Postgres refuse the data itself (SQLSTATE class 22, a data exception: a NUL, an invalid byte sequence, a
+    number out of range; class 54, a limit exceeded: an index entry too large), or the driver find no encoding for it
+    (a lone surrogate, an integer wider than its column)? The same message then fails the same way on every
+    delivery: retrying it only holds up what comes after it."""
+    return isinstance(exc, asyncpg.DataError | asyncpg.ProgramLimitExceededError | UnicodeEncodeError) or (
+        isinstance(exc, asyncpg.InterfaceError) and isinstance(exc, ValueError))  # an argument it cannot encode
+
+
+def _storable_text(text: str, limit: int | None = None) -> str:
+    """`text` as a text column takes it: NULs and lone surrogates escaped (a dead letter's reason may quote what it
+    refuses), cut to `limit` characters."""
+    if limit is not None and len(text) > limit:
+        text = text[:limit] + f"... ({len(text) - limit} more characters)"
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    if not text.isascii():
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def retention_from_env(env: Mapping[str, str] = os.environ) -> float:
@@ -486,6 +534,23 @@ def first_messages_of_jobs(messages: Sequence[tuple[CloudEvent, Any, str]], kind
     return served
 
 
+@dataclass
+class _ConsumerWatch:
+    """One consumer's pull loop as health() judges it: whether it still runs, and when it last settled a batch or
+    found nothing to take (monotonic seconds)."""
+
+    stream: str
+    durable: str
+    progress_at: float
+    task: asyncio.Task[None]
+    blocked_since: float | None = None  # first seen unable to take more (its unacknowledged messages at the limit)
+
+
+def _settled(m: Msg) -> bool:
+    """Was `m` acked, nak'd or terminated? (nats-py marks it so, and refuses to settle it twice.)"""
+    return bool(getattr(m, "_ackd", False))
+
+
 def _filters_of(config: NatsConsumerConfig) -> tuple[str, ...]:
     """A consumer's filter subjects, however given: `filter_subjects` (NATS >= 2.10) or `filter_subject`; empty:
     the whole stream."""
@@ -522,7 +587,10 @@ class ServiceRuntime:
         self.counters = Counters()
         self.job_traces = JobTraces()
         # As the URL's bus user (if any), with replies on that user's own inbox prefix (shared/natsauth.py).
-        self.broker = NatsBroker(nats_url, logger=None, connect_timeout=5, inbox_prefix=inbox_prefix_for(nats_url))
+        # Reconnecting for as long as NATS is away (the client's default gives up after 60 tries, about two minutes,
+        # and leaves a live process that never hears the bus again): an outage costs its length, not the service.
+        self.broker = NatsBroker(nats_url, logger=None, connect_timeout=5, inbox_prefix=inbox_prefix_for(nats_url),
+                                 max_reconnect_attempts=-1)
         self.state: dict[str, Any] = {}  # service-specific in-memory state (rebuilt by on_start)
         self._outbox_wakeup = asyncio.Event()
         self.relay_poll_s = RELAY_POLL_S
@@ -531,6 +599,8 @@ class ServiceRuntime:
         self._tasks: list[asyncio.Task[None]] = []
         self._bg_tasks: list[asyncio.Task[None]] = []  # the spec's background loops (paused with consumption)
         self._consumer_tasks: list[asyncio.Task[None]] = []  # one pull loop per durable consumer (paused too)
+        self._watches: dict[str, _ConsumerWatch] = {}  # durable name -> its loop's progress, for health()
+        self.stall_after_s = stall_after_from_env()
         self._unreachable_since: float | None = None  # monotonic time since when the leases' Postgres is unreachable
         self.recovery_bound_s = LEASE_RECOVERY_BOUND_S
         self.recoveries = 0  # times the leases were lost and taken again
@@ -668,7 +738,54 @@ class ServiceRuntime:
                                         f"held (term {self.lease.term if self.lease else '-'})")
             else:
                 checks["lease"] = Check(ok=False, detail="not held")
-        return service_health(self.spec.name, self.phase, checks, live=live)
+        consumers: list[ConsumerState] = []
+        if connections and self.phase == "running" and self._watches:
+            checks["consumers"], consumers = await self._consumers_health()
+        return service_health(self.spec.name, self.phase, checks, live=live, consumers=consumers,
+                              dead_letters=self.counters.dead_lettered)
+
+    async def _consumers_health(self) -> tuple[Check, list[ConsumerState]]:
+        """Is every consumer advancing? Not when its loop has stopped; nor when messages wait for it (the server's
+        count: not yet delivered, or delivered and unacknowledged) and it has neither settled a batch nor found
+        nothing to take for `stall_after_s` (a handler stuck, a loop wedged); nor when it has been unable to take
+        more for that long (as many delivered messages unacknowledged as the consumer allows, others behind them:
+        a flood of failing messages waiting out their backoff). One consumer-info request per consumer."""
+        js = self.broker.config.connection_state.stream
+        watches = list(self._watches.values())
+        infos = await asyncio.gather(*(asyncio.wait_for(js.consumer_info(w.stream, w.durable), CHECK_TIMEOUT_S)
+                                       for w in watches), return_exceptions=True)
+        now = time.monotonic()
+        states: list[ConsumerState] = []
+        problems: list[str] = []
+        for watch, info in zip(watches, infos, strict=True):
+            idle = now - watch.progress_at
+            waiting: int | None = None
+            problem: str | None = None
+            if watch.task.done():
+                error = None if watch.task.cancelled() else watch.task.exception()
+                problem = f"{watch.durable}: its loop has stopped" + (
+                    f" ({type(error).__name__}: {error})" if error is not None else "")
+            if isinstance(info, BaseException):
+                info = None  # no answer: the NATS check says why; judged on what the loop knows
+            if info is not None:
+                pending, unacked = info.num_pending or 0, info.num_ack_pending or 0
+                waiting = pending + unacked
+                limit = info.config.max_ack_pending
+                full = pending > 0 and limit is not None and 0 < limit <= unacked
+                watch.blocked_since = (watch.blocked_since or now) if full else None
+                if problem is None and waiting > 0 and idle > self.stall_after_s:
+                    problem = f"{watch.durable}: no progress for {idle:.0f} s with {waiting} messages waiting"
+                elif problem is None and watch.blocked_since is not None \
+                        and now - watch.blocked_since > self.stall_after_s:
+                    problem = (f"{watch.durable}: takes nothing new for {now - watch.blocked_since:.0f} s: {unacked} "
+                               f"delivered messages unacknowledged (its limit), {pending} waiting behind them")
+            if problem is not None:
+                problems.append(problem)
+            states.append(ConsumerState(consumer=watch.durable, waiting=waiting, since_progress_s=idle,
+                                        stalled=problem is not None))
+        if problems:
+            return Check(ok=False, detail="; ".join(problems)), states
+        return Check(ok=True, detail=f"{len(watches)} advancing"), states
 
     async def _watch_lease(self) -> None:
         """Stop consuming the moment a lease connection is gone (another instance may lead now), then campaign
@@ -826,6 +943,16 @@ class ServiceRuntime:
         elif outcome == "ignored":
             self.counters.ignored += 1
 
+    def _prepare_or_verdict(self, m: Msg) -> _Prepared | _DeadLetter | None:
+        """`_prepare` for a consumed message, its verdict returned rather than raised. Nothing that reading a message
+        raises escapes: parsing is pure, so any failure is a verdict on the message (dead-lettered at once)."""
+        try:
+            return self._prepare(m.data, m.subject)
+        except _DeadLetter as verdict:
+            return verdict
+        except Exception as exc:
+            return _DeadLetter("Unreadable", f"{type(exc).__name__}: {exc}", handler_ran=False)
+
     def _prepare(self, raw: bytes, subject: str) -> _Prepared | None:
         """Parse an event and check it may travel on its subject. None: no handler of this service takes its type
         (ignored); raises _DeadLetter for a poison message."""
@@ -839,8 +966,12 @@ class ServiceRuntime:
         # The subject, not the body, says what an event may be: NATS permissions grant subjects to credentials,
         # so a body whose type does not belong on its subject (a JobPlaced sent on a team's submission subject)
         # is forged. In-process calls without a subject (benchmarks, tests) stand for the event's own subject.
-        subject = subject or default_subject(payload)
-        if type(payload).scope_of(subject) is None:
+        try:
+            subject = subject or default_subject(payload)
+            fits = type(payload).scope_of(subject) is not None
+        except Exception as exc:  # reading the message, not handling it: it would fail the same way again
+            raise _DeadLetter("Unreadable", f"{type(exc).__name__}: {exc}", handler_ran=False) from exc
+        if not fits:
             raise _DeadLetter("SubjectMismatch", f"a {event.type} event may not travel on {subject!r} (expected "
                                                  f"{type(payload).subscription()})", handler_ran=False,
                               subject=subject)
@@ -928,9 +1059,11 @@ class ServiceRuntime:
         for plan, durable, _ in self.consumers:
             await self._ensure_consumer(js, plan, durable, plan.filters(multi_filter))
         for plan, durable, batch_fn in self.consumers:
-            self._consumer_tasks.append(asyncio.create_task(
+            task = asyncio.create_task(
                 self._consume(plan.stream.name, " ".join(plan.filters(multi_filter)), durable, batch_fn),
-                name=f"{self.spec.name}-consume-{durable}"))
+                name=f"{self.spec.name}-consume-{durable}")
+            self._watches[durable] = _ConsumerWatch(plan.stream.name, durable, time.monotonic(), task)
+            self._consumer_tasks.append(task)
 
     async def _ensure_consumer(self, js: JetStreamContext, plan: ConsumerPlan, durable: str,
                                wanted: tuple[str, ...]) -> None:
@@ -941,14 +1074,19 @@ class ServiceRuntime:
         except NotFoundError:
             info = await js.add_consumer(stream, _with_filters(NatsConsumerConfig(
                 durable_name=durable, ack_policy=NatsAckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL,
-                max_deliver=MAX_DELIVER, ack_wait=ACK_WAIT_S), wanted))
+                max_deliver=MAX_DELIVER, ack_wait=ACK_WAIT_S, max_ack_pending=MAX_ACK_PENDING), wanted))
             self._check_filters(durable, _filters_of(info.config), wanted)
             return
         had = _filters_of(info.config)
-        if had == wanted:
+        limit = info.config.max_ack_pending
+        roomy = limit is not None and (limit < 0 or limit >= MAX_ACK_PENDING)  # -1: no limit
+        if had == wanted and roomy:
             return
+        # A consumer made before MAX_ACK_PENDING gets it in place too (JetStream updates it, keeping its position).
+        config = _with_filters(info.config, wanted) if roomy else \
+            replace(_with_filters(info.config, wanted), max_ack_pending=MAX_ACK_PENDING)
         try:
-            info = await js.add_consumer(stream, _with_filters(info.config, wanted))
+            info = await js.add_consumer(stream, config)
         except APIError as exc:
             log.warning("%s: consumer %s keeps its filter %s (%s wanted): %s", self.spec.name, durable, list(had),
                         list(wanted), exc)
@@ -969,6 +1107,7 @@ class ServiceRuntime:
         broker stopped: shutdown, or a lost lease) or the task is cancelled. A failed pull (a timeout, a status
         the server answers a pull with, a reconnection) is followed by the next one: it never ends consumption."""
         nc = self.broker.config.connection_state.connection
+        watch = self._watches[durable]
         puller = Puller(nc, stream, durable, self._inbox_prefix)
         await puller.start()
         try:
@@ -979,6 +1118,7 @@ class ServiceRuntime:
                         await asyncio.sleep(self.spec.batch_linger_s)
                         msgs += await puller.fetch(FETCH_BATCH - len(msgs), timeout=FETCH_WAIT_S, wait=False)
                 except TimeoutError:
+                    watch.progress_at = time.monotonic()  # nothing to take: as far along as it can be
                     continue
                 except Exception as exc:
                     if nc.is_closed:
@@ -988,22 +1128,46 @@ class ServiceRuntime:
                                 type(exc).__name__, exc)
                     await asyncio.sleep(0.5)
                     continue
-                if batch_fn is not None:
-                    await self._on_batch(batch_fn, msgs)
-                else:
-                    await self._process_batch(msgs)
+                try:
+                    if batch_fn is not None:
+                        await self._on_batch(batch_fn, msgs)
+                    else:
+                        await self._process_batch(msgs)
+                except Exception:
+                    # Nothing a batch holds may end consumption (issue 43: one body stopped a consumer for good):
+                    # what the batch path left unsettled takes the per-message path.
+                    log.exception("%s: a batch of %d from %s failed; settling its messages one by one",
+                                  self.spec.name, len(msgs), durable)
+                    await self._settle_each(msgs)
+                watch.progress_at = time.monotonic()
         finally:
             with contextlib.suppress(Exception):
                 await puller.close()
+
+    async def _settle_each(self, msgs: Sequence[Msg]) -> None:
+        """Settle each message not yet settled on the per-message path (handled, or nak'd and dead-lettered at
+        MAX_DELIVER). A message even that cannot settle (Postgres or NATS gone) is left to JetStream, which delivers it
+        again after the ack wait, at most MAX_DELIVER times."""
+        for m in msgs:
+            if _settled(m):
+                continue
+            try:
+                if self.routed(m.subject):
+                    await self._process(m)
+                else:
+                    await m.ack()
+            except Exception as exc:
+                log.error("%s: could not settle the message on %s (seq %s), JetStream delivers it again: %s: %s",
+                          self.spec.name, m.subject, m.metadata.sequence.stream, type(exc).__name__, exc)
 
     async def _process_batch(self, msgs: Sequence[Msg]) -> None:
         """Handle a pulled batch in stream order in one transaction, each message with its inbox row; then settle
         each: ack (handled, duplicate, ignored, dead-lettered) or nak with delay (failed). A message that fails or
         is poison costs only itself: it is handled in a savepoint of its own, which its failure rolls back. A
         service with `optimistic_batches` handles a batch without savepoints first; if one of its handlers fails
-        (or refuses), the whole transaction rolls back, memory is rebuilt, and the batch is handled again with a
-        savepoint per message (and so are the next few batches). If the batch as a whole fails (the commit, or
-        the work deferred to its end), each message is handled again on its own."""
+        (or refuses), or the batch fails as a whole, the whole transaction rolls back, memory is rebuilt, and the
+        batch is handled again with a savepoint per message (and so are the next few batches). If the batch fails as
+        a whole even so (the commit, or the work deferred to its end), it is bisected (`_bisect`)."""
         work = []
         for m in msgs:
             if self.routed(m.subject):
@@ -1015,14 +1179,13 @@ class ServiceRuntime:
             return
         # Parse and check every message first (no Postgres), so that the batch's inbox rows are claimed in one
         # statement; a service that claims events per message (sharding) writes its inbox rows one by one.
-        prepared: list[_Prepared | _DeadLetter | None] = []
-        for m in work:
-            try:
-                prepared.append(self._prepare(m.data, m.subject))
-            except _DeadLetter as verdict:
-                prepared.append(verdict)
-        savepoints = not self.spec.optimistic_batches or self._savepoint_batches > 0
-        if self._savepoint_batches > 0:
+        await self._handle_batch(work, [self._prepare_or_verdict(m) for m in work])
+
+    async def _handle_batch(self, work: Sequence[Msg], prepared: Sequence[_Prepared | _DeadLetter | None], *,
+                            part: bool = False) -> None:
+        """One batch (or, `part`, a part of one being bisected: always with savepoints) handled and settled."""
+        savepoints = part or not self.spec.optimistic_batches or self._savepoint_batches > 0
+        if self._savepoint_batches > 0 and not part:
             self._savepoint_batches -= 1
         result: _BatchResult | None = None
         async with self._handle_lock:
@@ -1031,23 +1194,23 @@ class ServiceRuntime:
                     async with self.pool.acquire() as conn, conn.transaction():
                         await self._reload_if_stale(conn)
                         result = await self._run_batch(conn, work, prepared, savepoints=attempt_savepoints)
-                except _Optimism as failure:
+                except Exception as exc:
                     # Rolled back as a whole: memory may be ahead of the tables (rebuilt by the next attempt).
                     self._stale = True
-                    self.counters.batch_retries += 1
-                    self._savepoint_batches = SAVEPOINT_BATCHES_AFTER_FAILURE
-                    log.info("%s: a message of a batch of %d failed (%s); handling the batch again with a savepoint "
-                             "per message", self.spec.name, len(work), failure)
-                    continue
-                except Exception as exc:
-                    self._stale = True
-                    log.warning("%s: a batch of %d failed as a whole, handling its messages one by one: %s: %s",
-                                self.spec.name, len(work), type(exc).__name__, exc)
                     result = None
+                    if not attempt_savepoints:
+                        # A handler failed, or the batch's end did (the rows held for it: one that Postgres refuses
+                        # fails them all). With a savepoint per message each writes its own rows and fails alone.
+                        self.counters.batch_retries += 1
+                        self._savepoint_batches = SAVEPOINT_BATCHES_AFTER_FAILURE
+                        log.info("%s: a batch of %d failed (%s: %s); handling it again with a savepoint per message",
+                                 self.spec.name, len(work), type(exc).__name__, exc)
+                        continue
+                    log.warning("%s: a batch of %d failed as a whole, bisecting it: %s: %s",
+                                self.spec.name, len(work), type(exc).__name__, exc)
                 break
         if result is None:
-            for m in work:
-                await self._process(m)
+            await self._bisect(work, prepared)
             return
         self.counters.batches += 1
         self.job_traces.committed(result.traces)
@@ -1063,6 +1226,22 @@ class ServiceRuntime:
                 await m.ack()
             else:
                 await self._retry_or_give_up(m, error)
+
+    async def _bisect(self, work: Sequence[Msg], prepared: Sequence[_Prepared | _DeadLetter | None]) -> None:
+        """A batch that failed as a whole although each message had its own savepoint: the failure is the batch's
+        (its commit, or the work deferred to its end), caused by one or a few of its messages. Each half is handled as
+        a batch of its own, a half that fails again is halved again, and the messages of a part of BISECT_PART or
+        fewer take the per-message path one by one (nak with backoff, dead-lettered at MAX_DELIVER, or at once for
+        data Postgres refuses). One bad message among n costs about 2·log2(n/BISECT_PART) + BISECT_PART transactions,
+        and the good messages of each half are committed together; handling all n one by one cost n units of work,
+        each with its own cycle (admission's), on every delivery of the bad one (issue 43)."""
+        if len(work) <= BISECT_PART:
+            for m in work:
+                await self._process(m)
+            return
+        middle = len(work) // 2
+        await self._handle_batch(work[:middle], prepared[:middle], part=True)
+        await self._handle_batch(work[middle:], prepared[middle:], part=True)
 
     async def _run_batch(self, conn: asyncpg.Connection, work: Sequence[Msg],
                          prepared: Sequence[_Prepared | _DeadLetter | None], *, savepoints: bool) -> _BatchResult:
@@ -1170,6 +1349,11 @@ class ServiceRuntime:
             self._deposed.set()  # another instance leads: the watcher pauses consumption now (it comes back later)
         meta = raw.metadata
         deliveries = meta.num_delivered
+        if refused_data(exc):  # not worth a retry: dead-lettered on this delivery
+            await self.dead_letter(raw.data, raw.subject, meta.sequence.stream, deliveries,
+                                   "Unstorable", f"{type(exc).__name__}: {exc}")
+            await raw.ack()
+            return
         if deliveries >= MAX_DELIVER:
             await self.dead_letter(raw.data, raw.subject, meta.sequence.stream, deliveries,
                                    "HandlerFailed", f"{type(exc).__name__}: {exc}")
@@ -1221,9 +1405,11 @@ class ServiceRuntime:
 
     async def _record_dead_letter(self, conn: asyncpg.Connection, raw: bytes, subject: str, stream_seq: int | None,
                                   deliveries: int, reason: str, message: str) -> None:
+        # The body is kept whole (bytea); the text columns must take whatever the reason quotes of it.
         await conn.execute(
             f"INSERT INTO {self.spec.schema}.dead_letters(subject, stream_seq, deliveries, reason, message, body)"
-            " VALUES ($1, $2, $3, $4, $5, $6)", subject, stream_seq, deliveries, reason, message, raw)
+            " VALUES ($1, $2, $3, $4, $5, $6)", _storable_text(subject), stream_seq, deliveries, _storable_text(reason),
+            _storable_text(message, DEAD_LETTER_MESSAGE_CHARS), raw)
 
     async def _notify_dead_letter(self, raw: bytes, subject: str, stream_seq: int | None, deliveries: int,
                                   reason: str, message: str) -> None:

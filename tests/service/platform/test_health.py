@@ -77,7 +77,7 @@ async def test_readyz_waits_for_migrations_then_leader_and_standby_are_ready(fre
                 service = body["services"][name]
                 assert service["phase"] == "running"
                 assert {k: c["ok"] for k, c in service["checks"].items()} == {
-                    "postgres": True, "nats": True, "migrations": True, "lease": True}
+                    "postgres": True, "nats": True, "migrations": True, "lease": True, "consumers": True}
                 assert service["checks"]["lease"]["detail"].startswith("held (term ")
             status, live = await probe(client, "/healthz")
             assert status == 200 and live["live"] is True and live["services"]["scheduler"]["phase"] == "running"
