@@ -512,6 +512,11 @@ class TeamPolicy(_Strict):
     # Secrets only by reference (a Kubernetes Secret named in a volume or env reference), never a credential
     # written into the job's environment or labels.
     secrets_by_reference_only: bool = True
+    # Privileged containers, host namespaces (hostNetwork, hostPID, hostIPC), host ports and capabilities beyond the
+    # runtime's defaults: they reach the node past every other rule. Refused unless true.
+    allow_privileged: bool = False
+    # ServiceAccounts a pod may run as (shell-style patterns); null = any of the pod's own namespace.
+    allowed_service_accounts: tuple[str, ...] | None = None
     max_gpus_per_job: int | None = Field(default=None, ge=1)
     # How fast the team may submit: a token bucket of `submit_burst` submissions refilled at `submit_rate_per_s`
     # (admission's clock); a submission without a token is rejected, reason RateLimited, saying when to retry.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +39,7 @@ SECRET_VALUE_RE = re.compile(r"(-----BEGIN [A-Z ]*PRIVATE KEY-----|\bAKIA[0-9A-Z
 class Violation:
     reason: str
     message: str
+    rule: str = ""  # the policy setting (or check) that refused it: `allowed_images`, `allow_privileged` ...
 
 
 def size_violation(spec: JobSpec) -> Violation | None:
@@ -244,14 +245,14 @@ def policy_violation(spec: JobSpec, policy: TeamPolicy) -> Violation | None:
     try:
         return _policy_violation(spec, policy)
     except NameRefused as exc:
-        return Violation(POLICY_VIOLATION, f"job {spec.job_id}: {exc}")
+        return Violation(POLICY_VIOLATION, f"job {spec.job_id}: {exc}", "names")
 
 
 def _policy_violation(spec: JobSpec, policy: TeamPolicy) -> Violation | None:
     team = spec.team
     if policy.max_gpus_per_job is not None and spec.total_gpus > policy.max_gpus_per_job:
         return Violation(POLICY_VIOLATION, f"job {spec.job_id} asks for {spec.total_gpus} GPUs; team {team} may use "
-                                           f"at most {policy.max_gpus_per_job} per job")
+                                           f"at most {policy.max_gpus_per_job} per job", "max_gpus_per_job")
     mounted_images = [str(m.source.get("reference", "")) for m in volumes(spec) if m.kind == "image"]
     for image in sorted({*images(spec), *mounted_images}):
         parsed = parse_image(image)  # a malformed reference is refused whatever the policy
@@ -259,7 +260,7 @@ def _policy_violation(spec: JobSpec, policy: TeamPolicy) -> Violation | None:
             allowed = ", ".join(policy.allowed_images) or "none"
             return Violation(POLICY_VIOLATION, f"job {spec.job_id}: image {image!r} is not from a registry team "
                                                f"{team} may use (allowed: {allowed}; a host matches only itself, a "
-                                               "path only at '/')")
+                                               "path only at '/')", "allowed_images")
     violation = _volume_violation(spec, policy)
     if violation is not None:
         return violation
@@ -268,13 +269,14 @@ def _policy_violation(spec: JobSpec, policy: TeamPolicy) -> Violation | None:
         if policy.allowed_datasets is not None and not name_matches(name, policy.allowed_datasets):
             allowed = ", ".join(policy.allowed_datasets) or "none"
             return Violation(POLICY_VIOLATION, f"job {spec.job_id}: dataset {dataset!r} is not one team {team} "
-                                               f"may use (allowed: {allowed})")
+                                               f"may use (allowed: {allowed})", "allowed_datasets")
     if policy.secrets_by_reference_only:
         places = inline_secrets(spec)
         if places:
             return Violation(POLICY_VIOLATION, f"job {spec.job_id}: a credential is written inline in "
                                                f"{', '.join(places)}; pass secrets by reference (a Kubernetes "
-                                               "Secret mounted or referenced), never by value")
+                                               "Secret mounted or referenced), never by value",
+                             "secrets_by_reference_only")
     return None
 
 
@@ -290,15 +292,80 @@ def _volume_violation(spec: JobSpec, policy: TeamPolicy) -> Violation | None:
             if not path.startswith("/") or not name_matches(path, policy.allowed_host_paths):
                 allowed = ", ".join(policy.allowed_host_paths) or "none"
                 return Violation(POLICY_VIOLATION, f"{where} mounts the node's path {path!r} (hostPath); team {team} "
-                                                   f"may mount host paths {allowed}")
+                                                   f"may mount host paths {allowed}", "allowed_host_paths")
         elif mount.kind == "nfs" and not (mount.source.get("server") and mount.source.get("path")):
-            return Violation(POLICY_VIOLATION, f"{where}: an nfs volume names its server and path")
+            return Violation(POLICY_VIOLATION, f"{where}: an nfs volume names its server and path", "allowed_datasets")
         elif (mount.kind not in _SELF_CONTAINED_VOLUMES and mount.kind not in _CHECKED_VOLUMES
               and policy.allowed_datasets is not None and mount.kind not in policy.allowed_volume_sources):
             return Violation(POLICY_VIOLATION, f"{where} mounts {mount.kind} storage directly, past the datasets "
                                                f"team {team} may use; mount a dataset through an allowed "
                                                "PersistentVolumeClaim or nfs export (or an admin allows "
-                                               f"{mount.kind} in allowed_volume_sources)")
+                                               f"{mount.kind} in allowed_volume_sources)", "allowed_volume_sources")
+    return None
+
+
+# ----------------------------------------------------------------------------- what a pod may reach past itself
+#
+# Read from a Kubernetes PodSpec (a workload's pod template: the Kubernetes intake and admission webhook), so that a
+# pod's settings are judged whatever path the job came by. The checks are Pod Security Standards' `baseline` ones
+# that reach the node: privileged containers, host namespaces, host ports, added capabilities beyond the default set
+# (host paths are the volume rules above).
+
+# Capabilities a container runtime grants by default (baseline allows adding these back, and nothing else).
+BASELINE_CAPABILITIES = frozenset({"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
+                                   "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"})
+_CONTAINER_LISTS = ("initContainers", "containers", "ephemeralContainers")
+
+
+def containers(pod_spec: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
+    """Every container of a PodSpec: init, main and ephemeral."""
+    for key in _CONTAINER_LISTS:
+        for container in pod_spec.get(key) or ():
+            if isinstance(container, Mapping):
+                yield container
+
+
+def host_access(pod_spec: Mapping[str, Any]) -> list[str]:
+    """The settings of a PodSpec that reach past its containers into the node, each named where it is."""
+    found = [field for field in ("hostNetwork", "hostPID", "hostIPC") if pod_spec.get(field) is True]
+    if ((pod_spec.get("securityContext") or {}).get("windowsOptions") or {}).get("hostProcess") is True:
+        found.append("securityContext.windowsOptions.hostProcess")
+    for c in containers(pod_spec):
+        name, context = c.get("name", "?"), c.get("securityContext") or {}
+        if context.get("privileged") is True:
+            found.append(f"container {name}: privileged")
+        if (context.get("windowsOptions") or {}).get("hostProcess") is True:
+            found.append(f"container {name}: windowsOptions.hostProcess")
+        added = sorted({str(a) for a in (context.get("capabilities") or {}).get("add") or ()}
+                       - BASELINE_CAPABILITIES)
+        if added:
+            found.append(f"container {name}: capabilities {', '.join(added)}")
+        ports = sorted({str(p.get("hostPort")) for p in c.get("ports") or () if isinstance(p, Mapping) and
+                        p.get("hostPort")})
+        if ports:
+            found.append(f"container {name}: hostPort {', '.join(ports)}")
+    return found
+
+
+def host_access_violation(job_id: str, team: str, where: str, pod_spec: Mapping[str, Any], policy: TeamPolicy
+                          ) -> Violation | None:
+    """Privileged settings and host namespaces, refused unless the team's policy allows them."""
+    found = host_access(pod_spec)
+    if found and not policy.allow_privileged:
+        return Violation(POLICY_VIOLATION, f"job {job_id}: {where} asks for {'; '.join(found)}, which reach the "
+                                           f"node; team {team} may not use privileged settings or host namespaces "
+                                           "(an admin may set allow_privileged)", "allow_privileged")
+    return None
+
+
+def service_account_violation(job_id: str, team: str, where: str, account: str | None, policy: TeamPolicy
+                              ) -> Violation | None:
+    """The ServiceAccount a pod runs as, against the team's list (null: any of the pod's own namespace)."""
+    allowed = policy.allowed_service_accounts
+    name = account or "default"
+    if allowed is not None and not any(fnmatch.fnmatchcase(name, p) for p in allowed):
+        return Violation(POLICY_VIOLATION, f"job {job_id}: {where} runs as ServiceAccount {name!r}; team {team} may "
+                                           f"use {', '.join(allowed) or 'none'}", "allowed_service_accounts")
     return None
 
 

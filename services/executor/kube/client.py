@@ -35,6 +35,12 @@ def _resource(group: str, version: str, kind: str, plural: str, *, namespaced: b
 POD = _resource("", "v1", "Pod", "pods", namespaced=True)
 NODE = _resource("", "v1", "Node", "nodes", namespaced=False)
 EVENT = _resource("", "v1", "Event", "events", namespaced=True)
+# The admission webhook's own objects: its certificate's Secret and the configurations whose caBundle it keeps.
+SECRET = _resource("", "v1", "Secret", "secrets", namespaced=True)
+MUTATING_WEBHOOKS = _resource("admissionregistration.k8s.io", "v1", "MutatingWebhookConfiguration",
+                              "mutatingwebhookconfigurations", namespaced=False)
+VALIDATING_WEBHOOKS = _resource("admissionregistration.k8s.io", "v1", "ValidatingWebhookConfiguration",
+                                "validatingwebhookconfigurations", namespaced=False)
 _WORKLOADS: dict[str, type] = {}
 
 

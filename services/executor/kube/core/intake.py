@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from services.executor.kube.core import names as n
+from services.executor.kube.core.policy import workload_violation
 from services.executor.kube.core.quantity import count, mebibytes, milli
 from services.executor.kube.core.workload import Obj, PodSetTemplate, WorkloadKind
 from shared.config import KubernetesSource, QueuesConfig
@@ -121,8 +122,11 @@ def _int_annotation(annotations: Mapping[str, str], key: str) -> int | None:
         raise ValueError(f"annotation {key}={raw!r} is not a whole number") from None
 
 
-def job_spec(kind: WorkloadKind, obj: Obj, queues: QueuesConfig, cfg: KubernetesSource) -> JobSpec | Refusal:
-    """The JobSpec of a workload, or a Refusal naming what is wrong."""
+def job_spec(kind: WorkloadKind, obj: Obj, queues: QueuesConfig, cfg: KubernetesSource, *,
+             user_of_record: bool = False) -> JobSpec | Refusal:
+    """The JobSpec of a workload, or a Refusal naming what is wrong. `user_of_record`: the `gpuq.io/user`
+    annotation was written by gpuq's admission webhook from the creating request's user (which refuses a user's own
+    value), so it is the job's user; otherwise it is whatever the author wrote and is not used."""
     meta = obj.get("metadata") or {}
     namespace, name = meta.get("namespace") or "default", meta["name"]
     labels: dict[str, str] = dict(meta.get("labels") or {})
@@ -176,13 +180,24 @@ def job_spec(kind: WorkloadKind, obj: Obj, queues: QueuesConfig, cfg: Kubernetes
             max_runtime_s=deadline or DEFAULT_MAX_RUNTIME_S,
             labels={k: v for k, v in labels.items() if not k.startswith("gpuq.io/")},
             preemptible=None if preemptible is None else preemptible.lower() == "true",
-            user=annotations.get("gpuq.io/user"),
+            user=annotations.get(n.USER_ANNOTATION) if user_of_record else None,
             retry=_retry_policy(annotations),
             workload=WorkloadRef(api_version=kind.api_version, kind=kind.kind, namespace=namespace, name=name,
                                  uid=uid or None))
     except (ValidationError, ValueError) as exc:
         return Refusal("InvalidWorkload", _short(exc))
     return spec
+
+
+def policy_refusal(kind: WorkloadKind, obj: Obj, spec: JobSpec, queues: QueuesConfig) -> Refusal | None:
+    """What the workload's pod templates would run, against its team's governance policy (the rules
+    event-submitted jobs are judged by): a Refusal `PolicyViolation` naming the rule, or None."""
+    violation = workload_violation(kind, obj, job_id=spec.job_id, team=spec.team, queue=spec.queue,
+                                   policy=queues.governance.for_team(spec.team), datasets=spec.datasets)
+    if violation is None:
+        return None
+    return Refusal(violation.reason, f"{violation.message} (rule: {violation.rule})" if violation.rule
+                   else violation.message)
 
 
 def _sorted(tolerations: set[Toleration]) -> tuple[Toleration, ...]:

@@ -12,6 +12,9 @@ POD_SET_LABEL = "gpuq.io/pod-set"  # on pod templates and pods: the pod set
 
 JOB_ID_ANNOTATION = "gpuq.io/job-id"  # the full job id, on workloads and pods
 STATUS_ANNOTATION = "gpuq.io/status"  # on a workload: where it stands, kept current
+# On a workload: the user of record, written by gpuq's admission webhook from the request's userInfo (a value the
+# author writes or changes is refused there); the intake believes it only where that webhook runs.
+USER_ANNOTATION = "gpuq.io/user"
 CHECKPOINT_ANNOTATION = "gpuq.io/checkpoint"  # on a workload: "true" when the job can checkpoint
 CHECKPOINT_INTERVAL_ANNOTATION = "gpuq.io/checkpoint-interval-s"
 MAX_RUNTIME_ANNOTATION = "gpuq.io/max-runtime-s"  # runtime limit when activeDeadlineSeconds is not set

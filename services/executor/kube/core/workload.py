@@ -57,6 +57,11 @@ class WorkloadKind(ABC):
     def pod_sets(self, obj: Obj) -> list[PodSetTemplate]:
         """The pod sets, in a stable order, with their templates as found in the object."""
 
+    def all_templates(self, obj: Obj) -> list[PodSetTemplate]:
+        """Every pod template the object holds, including those gpuq does not place (what a policy must read: a
+        template that runs no pod now may run one later)."""
+        return self.pod_sets(obj)
+
     @abstractmethod
     def with_templates(self, spec: dict[str, Any], templates: Mapping[str, dict[str, Any]]) -> None:
         """Write `templates` (pod set name -> PodTemplateSpec) into `spec` (a copy the caller owns)."""

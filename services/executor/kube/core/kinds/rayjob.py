@@ -24,6 +24,18 @@ class RayJob(WorkloadKind):
                 out.append(PodSetTemplate(g["groupName"], replicas, dict(g.get("template") or {})))
         return out
 
+    def all_templates(self, obj: Obj) -> list[PodSetTemplate]:
+        """The head, every worker group (those scaled to zero too: the autoscaler may start them) and the
+        submitter pod KubeRay runs `ray job submit` in."""
+        spec = obj.get("spec") or {}
+        cluster = spec.get("rayClusterSpec") or {}
+        out = [PodSetTemplate(HEAD, 1, dict((cluster.get("headGroupSpec") or {}).get("template") or {}))]
+        out += [PodSetTemplate(str(g.get("groupName", "")), max(1, int(g.get("replicas", g.get("minReplicas", 1)))),
+                               dict(g.get("template") or {})) for g in cluster.get("workerGroupSpecs") or []]
+        if spec.get("submitterPodTemplate"):
+            out.append(PodSetTemplate("submitter", 1, dict(spec["submitterPodTemplate"])))
+        return out
+
     def with_templates(self, spec: dict[str, Any], templates: Mapping[str, dict[str, Any]]) -> None:
         cluster = spec.setdefault("rayClusterSpec", {})
         if HEAD in templates:
