@@ -37,16 +37,28 @@ CI_DIGEST = "4f5c2d8a7b1e9f3c6d0a2b4e8f1c3d5a7b9e0f2c4d6a8b0e1f3c5d7a9b2e4f6c"
 Doc = dict[str, Any]
 
 # What the executor calls (services/executor/kube/), exactly: anything wider (a verb, a resource, a wildcard) fails,
-# and tests/deploy/test_rbac_enforced.py runs the executor against an API server that enforces this role.
-EXECUTOR_RULES = {
+# and tests/deploy/test_rbac_enforced.py runs the executor against an API server that enforces these roles.
+# Cluster-wide it only reads: every node and pod (placement), the workload kinds (the informers).
+EXECUTOR_CLUSTER_RULES = {
     ("", "nodes"): {"list", "watch"},
-    ("", "pods"): {"list", "watch", "patch"},
-    ("", "events"): {"create"},
-    ("batch", "jobs"): {"get", "list", "watch", "patch", "create"},
-    ("jobset.x-k8s.io", "jobsets"): {"get", "list", "watch", "patch", "create"},
-    ("kubeflow.org", "pytorchjobs"): {"get", "list", "watch", "patch"},
-    ("ray.io", "rayjobs"): {"get", "list", "watch", "patch"},
+    ("", "pods"): {"list", "watch"},
+    ("batch", "jobs"): {"list", "watch"},
+    ("jobset.x-k8s.io", "jobsets"): {"list", "watch"},
+    ("kubeflow.org", "pytorchjobs"): {"list", "watch"},
+    ("ray.io", "rayjobs"): {"list", "watch"},
 }
+# What it changes, only in the namespaces gpuq manages (a RoleBinding in each).
+EXECUTOR_NAMESPACED_RULES = {
+    ("", "pods"): {"patch"},
+    ("", "events"): {"create"},
+    ("batch", "jobs"): {"get", "patch", "create"},
+    ("jobset.x-k8s.io", "jobsets"): {"get", "patch", "create"},
+    ("kubeflow.org", "pytorchjobs"): {"get", "patch"},
+    ("ray.io", "rayjobs"): {"get", "patch"},
+}
+EXECUTOR_RULES = {k: EXECUTOR_CLUSTER_RULES.get(k, set()) | EXECUTOR_NAMESPACED_RULES.get(k, set())
+                  for k in {*EXECUTOR_CLUSTER_RULES, *EXECUTOR_NAMESPACED_RULES}}
+READ_VERBS = {"get", "list", "watch"}
 # Issue 12's list, the ceiling: the executor's role stays inside it, except `create` on Jobs and JobSets for jobs
 # submitted as events, which `rbac.eventSubmittedJobs=false` takes away.
 WORKLOADS = (("batch", "jobs"), ("jobset.x-k8s.io", "jobsets"), ("kubeflow.org", "pytorchjobs"), ("ray.io", "rayjobs"))
@@ -93,19 +105,25 @@ def granted_by(role: Doc) -> dict[tuple[str, str], set[str]]:
 def test_rbac_grants_the_executor_and_the_api_exactly_their_verbs_and_nothing_wider(render: Any,
                                                                                      docs: list[Doc]) -> None:
     roles = of_kind(docs, "ClusterRole")
-    assert sorted(roles) == ["gpuq-api", "gpuq-executor"] and not of_kind(docs, "Role")
-    executor = granted_by(roles["gpuq-executor"])
-    assert executor == EXECUTOR_RULES
+    assert sorted(roles) == ["gpuq-api", "gpuq-executor", "gpuq-executor-workloads"] and not of_kind(docs, "Role")
+    assert granted_by(roles["gpuq-executor"]) == EXECUTOR_CLUSTER_RULES
+    assert all(verbs <= READ_VERBS for verbs in granted_by(roles["gpuq-executor"]).values())
+    workloads = granted_by(roles["gpuq-executor-workloads"])
+    assert workloads == EXECUTOR_NAMESPACED_RULES
     # Inside issue 12's list but for `create` on Jobs and JobSets, which the switch takes away.
+    executor = {k: EXECUTOR_CLUSTER_RULES.get(k, set()) | workloads.get(k, set())
+                for k in {*EXECUTOR_CLUSTER_RULES, *workloads}}
     beyond = {k: v - CEILING.get(k, set()) for k, v in executor.items() if v - CEILING.get(k, set())}
     assert beyond == {("batch", "jobs"): {"create"}, ("jobset.x-k8s.io", "jobsets"): {"create"}}
-    narrow = granted_by(of_kind(render(CI_VALUES, sets=["rbac.eventSubmittedJobs=false"]),
-                                "ClusterRole")["gpuq-executor"])
+    narrow_docs = render(CI_VALUES, sets=["rbac.eventSubmittedJobs=false"])
+    narrow = granted_by(of_kind(narrow_docs, "ClusterRole")["gpuq-executor-workloads"])
     assert all(verbs <= CEILING[k] for k, verbs in narrow.items())
-    assert narrow == {k: v - {"create"} if k in WORKLOADS else v for k, v in EXECUTOR_RULES.items()}
+    assert narrow == {k: v - {"create"} if k in WORKLOADS else v for k, v in EXECUTOR_NAMESPACED_RULES.items()}
+    assert granted_by(of_kind(narrow_docs, "ClusterRole")["gpuq-executor"]) == EXECUTOR_CLUSTER_RULES
     assert granted_by(roles["gpuq-api"]) == API_RULES
 
     bindings = of_kind(docs, "ClusterRoleBinding")
+    assert sorted(bindings) == ["gpuq-api", "gpuq-executor"]  # nothing binds the changing role cluster-wide
     for name in ("gpuq-executor", "gpuq-api"):
         assert bindings[name]["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                                              "name": name}
@@ -362,9 +380,29 @@ def test_network_policies_allow_only_what_the_services_use(render: Any, docs: li
     assert plain["ingress"] == [{"ports": [{"port": "http", "protocol": "TCP"}]}]
 
 
+def test_the_executor_changes_workloads_and_pods_only_in_the_managed_namespaces(render: Any) -> None:
+    """A RoleBinding of the changing role in each namespace queues.yaml maps to a team and each one
+    `rbac.managedNamespaces` adds, and nowhere else."""
+    def bound(docs: list[Doc]) -> dict[str, Doc]:
+        return {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "RoleBinding"}
+
+    mapped = bound(render(CI_VALUES))
+    assert sorted(mapped) == ["ml-nlp", "ml-vision"]  # config.queues.namespaces
+    for binding in mapped.values():
+        assert binding["metadata"]["name"] == "gpuq-executor"
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                      "name": "gpuq-executor-workloads"}
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpuq-executor",
+                                        "namespace": "gpuq-system"}]
+    extra = bound(render(CI_VALUES, sets=["rbac.managedNamespaces={ml-later,ml-nlp}"]))
+    assert sorted(extra) == ["ml-later", "ml-nlp", "ml-vision"]
+    assert "gpuq-system" not in extra and not bound(render(sets=MINIMAL))  # nothing mapped: nothing to change
+
+
 def test_simulated_executor_gets_no_kubernetes_permissions(render: Any) -> None:
     docs = render(SIM_VALUES)
     assert not of_kind(docs, "ClusterRole") and not of_kind(docs, "ClusterRoleBinding")
+    assert not of_kind(docs, "RoleBinding")
     assert list(of_kind(docs, "ServiceAccount")) == ["gpuq"]
     executor = deployments(docs)["executor"]
     assert "--executor=sim" in container(executor)["args"]

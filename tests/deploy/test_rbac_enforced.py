@@ -1,9 +1,10 @@
 """The chart's roles are exactly what gpuq uses: the executor and the API run with the identities the rendered chart
 gives them (its ServiceAccounts, ClusterRoles and bindings applied to the fake API server of tests/kube/kubefake,
 which enforces RBAC), on real NATS and Postgres. Every kind of workload the executor handles runs without one
-Forbidden, and the access log shows every granted verb used: nothing missing, nothing to spare. Without
-`rbac.eventSubmittedJobs`, a job submitted as an event fails at once with the API server's refusal, and workloads
-created in the cluster still run."""
+Forbidden, and the access log shows every granted verb used: nothing missing, nothing to spare. It changes things
+only in the namespaces gpuq manages: elsewhere (the release's own namespace, a namespace no team has) it can read
+but not create or patch. Without `rbac.eventSubmittedJobs`, a job submitted as an event fails at once with the API
+server's refusal, and workloads created in the cluster still run."""
 
 from __future__ import annotations
 
@@ -16,22 +17,27 @@ from typing import Any
 import httpx
 import nats
 import pytest
+from lightkube import ApiError
 from lightkube.generic_resource import create_namespaced_resource
-from lightkube.resources.core_v1 import Namespace, ServiceAccount
-from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
+from lightkube.resources.core_v1 import Namespace, Pod, ServiceAccount
+from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding, RoleBinding
 
+from services.executor.kube.client import EVENT, POD, KubeApi, load_config
 from services.stack import Stack, StackSettings
 from shared.config import parse_queues
 from shared.domain import JobSpec, PodSet, PodTemplate
 from shared.events import JobSubmitted, make_event
 from shared.servers import free_port
 from shared.service import publish_event
-from tests.deploy.test_chart import CI_VALUES, EXECUTOR_RULES, WORKLOADS
+from tests.deploy.test_chart import CI_VALUES, EXECUTOR_RULES, READ_VERBS, WORKLOADS
 from tests.kube.kubefake.cluster import KubeCluster
+from tests.kube.kubefake.resources import JOBS
 from tests.kube_support import BLOCK, H100, RACK, bus_events, eventually, kube_cluster
 
 NS = "ml-team-a"
 RELEASE_NS = "gpuq-system"
+# The chart rendered for this cluster: the CI values, with the test's team namespace managed as well.
+MANAGED = f"rbac.managedNamespaces={{{NS}}}"
 QUEUES = parse_queues({
     "priority_classes": [{"name": "normal", "value": 100}],
     "queues": [{"name": "team-a", "teams": ["team-a"], "quotas": {"H100-80GB": {"nominal": 32}}}],
@@ -74,11 +80,14 @@ def event_job(job_id: str, pod_sets: int) -> JobSpec:
 
 async def install_identities(kube_api: KubeCluster, docs: list[dict[str, Any]]) -> None:
     """What `helm install` would create for RBAC: the release namespace, its ServiceAccounts, the ClusterRoles and
-    their bindings, exactly as rendered."""
+    their bindings (RoleBindings in the managed namespaces, which exist before the install), exactly as rendered."""
     client = kube_api.client()
-    if await kube_api.read(_namespaces(), RELEASE_NS) is None:
-        await client.create(Namespace.from_dict({"metadata": {"name": RELEASE_NS}}))
-    kinds = {"ServiceAccount": ServiceAccount, "ClusterRole": ClusterRole, "ClusterRoleBinding": ClusterRoleBinding}
+    kinds = {"ServiceAccount": ServiceAccount, "ClusterRole": ClusterRole, "ClusterRoleBinding": ClusterRoleBinding,
+             "RoleBinding": RoleBinding}
+    namespaces = {RELEASE_NS} | {d["metadata"]["namespace"] for d in docs if d["kind"] == "RoleBinding"}
+    for name in sorted(namespaces):
+        if await kube_api.read(_namespaces(), name) is None:
+            await client.create(Namespace.from_dict({"metadata": {"name": name}}))
     for doc in docs:
         if doc["kind"] in kinds:
             await client.create(kinds[doc["kind"]].from_dict(doc))
@@ -98,7 +107,8 @@ async def as_service_account(kube_api: KubeCluster, name: str, tmp_path: Path) -
 async def setup_cluster(kube_api: KubeCluster) -> None:
     for i in range(1, 4):
         kube_api.fake.add_node(f"n{i}", gpus=8, gpu_product=H100, labels={BLOCK: "b1", RACK: "r1"})
-    await kube_api.create_namespace(NS)
+    if await kube_api.read(_namespaces(), NS) is None:
+        await kube_api.create_namespace(NS)
 
 
 async def submit(nats_url: str, *specs: JobSpec) -> None:
@@ -126,7 +136,7 @@ async def test_the_executor_and_the_api_run_with_exactly_the_charts_roles(
         monkeypatch: pytest.MonkeyPatch) -> None:
     nats_url, database_url = fresh
     auth = kube_api.fake.http.api.auth
-    docs = render(CI_VALUES)
+    docs = render(CI_VALUES, sets=[MANAGED])
     await install_identities(kube_api, docs)
     await setup_cluster(kube_api)
     executor_config = await as_service_account(kube_api, "gpuq-executor", tmp_path)
@@ -144,6 +154,8 @@ async def test_the_executor_and_the_api_run_with_exactly_the_charts_roles(
     assert refused == []
     # Every verb the role grants was needed, and nothing it does not grant was asked for.
     assert auth.used_by(executor_user) == EXECUTOR_RULES
+    # It changed things only in the team's namespace.
+    assert {a.namespace for a in auth.log if a.user == executor_user and a.verb not in READ_VERBS} == {NS}
 
     # The API reviews a pipeline's token with its own identity, which may do that and nothing else.
     monkeypatch.setenv("GPUQ_API_TOKEN_REVIEW", "true")
@@ -171,8 +183,8 @@ async def test_the_executor_and_the_api_run_with_exactly_the_charts_roles(
 async def test_without_event_submitted_jobs_such_a_job_fails_at_once_and_cluster_workloads_still_run(
         render: Any, fresh: tuple[str, str], kube_api: KubeCluster, tmp_path: Path) -> None:
     nats_url, database_url = fresh
-    docs = render(CI_VALUES, sets=["rbac.eventSubmittedJobs=false"])
-    role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "gpuq-executor")
+    docs = render(CI_VALUES, sets=["rbac.eventSubmittedJobs=false", MANAGED])
+    role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "gpuq-executor-workloads")
     assert all("create" not in r["verbs"] for r in role["rules"] if (r["apiGroups"][0], r["resources"][0]) in
                WORKLOADS)
     await install_identities(kube_api, docs)
@@ -187,6 +199,42 @@ async def test_without_event_submitted_jobs_such_a_job_fails_at_once_and_cluster
     assert failed["job_id"] == "event-job"
     assert "cannot create Job ml-team-a/" in failed["message"] and "forbidden" in failed["message"]
     assert started["job_id"].startswith(f"{NS}.plain.")
+
+
+async def test_outside_the_managed_namespaces_the_executor_can_read_but_not_create_or_patch(
+        render: Any, kube_api: KubeCluster, tmp_path: Path) -> None:
+    """The namespace escape, at the API server: were a job to name `gpuq-system` (or a namespace no team has), the
+    executor's own identity could not create its Job there, nor patch a pod, nor write an Event; reading nodes and
+    pods everywhere, which placement needs, stays."""
+    await install_identities(kube_api, render(CI_VALUES, sets=[MANAGED]))
+    await setup_cluster(kube_api)
+    await kube_api.create_namespace("unmapped")
+    admin = kube_api.client()
+    for ns in (RELEASE_NS, "unmapped", NS):
+        await admin.create(Pod.from_dict({"metadata": {"name": "p", "namespace": ns},
+                                          "spec": {"containers": [{"name": "c", "image": "busybox:1.36"}]}}))
+    executor = KubeApi(load_config(await as_service_account(kube_api, "gpuq-executor", tmp_path)))
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "escape"}, "spec": {"suspend": True,
+           "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox:1.36"}]}}}}
+    patch = {"metadata": {"annotations": {"gpuq.io/checkpoint-requested": "now"}}}
+    try:
+        for ns in (RELEASE_NS, "unmapped"):
+            for call in (executor.create(JOB, {**job, "metadata": {"name": "escape", "namespace": ns}}, namespace=ns),
+                         executor.patch(POD, "p", patch, namespace=ns),
+                         executor.patch(JOB, "absent", {"spec": {"suspend": False}}, namespace=ns),
+                         executor.create(EVENT, {"metadata": {"name": "e", "namespace": ns}, "reason": "x",
+                                                 "involvedObject": {"kind": "Pod", "name": "p", "namespace": ns}},
+                                         namespace=ns)):
+                with pytest.raises(ApiError) as refused:
+                    await call
+                assert refused.value.status.code == 403, (ns, refused.value.status.message)
+        pods, _ = await executor.list(POD)  # every namespace
+        assert {p["metadata"]["namespace"] for p in pods} >= {RELEASE_NS, "unmapped", NS}
+        assert (await executor.patch(POD, "p", patch, namespace=NS))["metadata"]["annotations"] == \
+            patch["metadata"]["annotations"]
+    finally:
+        await executor.close()
+    assert await kube_api.read(JOBS, "escape", RELEASE_NS) is None
 
 
 async def _at_least(events: Any, count: int) -> Any:

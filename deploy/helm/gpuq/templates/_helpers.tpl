@@ -49,6 +49,15 @@ app.kubernetes.io/component: {{ .service }}
 {{- if and .Values.services.executor.enabled (eq (.Values.services.executor.kind | default "kube") "kube") }}true{{ end }}
 {{- end }}
 
+{{/* The namespaces gpuq manages, where the executor may change workloads and pods (a RoleBinding in each): those
+queues.yaml maps to teams (`config.queues.namespaces`) and `rbac.managedNamespaces`, sorted, as a JSON list. */}}
+{{- define "gpuq.managedNamespaces" -}}
+{{- $names := list }}
+{{- range (.Values.config.queues.namespaces | default list) }}{{ $names = append $names .name }}{{ end }}
+{{- range (.Values.rbac.managedNamespaces | default list) }}{{ $names = append $names . }}{{ end }}
+{{- $names | uniq | sortAlpha | toJson }}
+{{- end }}
+
 {{/* Whether the API verifies Kubernetes tokens (TokenReview): its own service account, token and ClusterRole. */}}
 {{- define "gpuq.apiTokenReview" -}}
 {{- if and .Values.services.api.enabled .Values.services.api.tokenReview.enabled }}true{{ end }}
