@@ -88,3 +88,42 @@ async def set_node(client: Any, name: str, patch: dict[str, Any]) -> None:
     from services.executor.kube.client import NODE  # generic: no typed decoding of the reply
 
     await client.patch(NODE, name, patch, patch_type=PatchType.MERGE)
+
+
+# ----------------------------------------------------------------------------- gpuq's admission webhook
+# The configurations as the chart renders them (deploy/helm/gpuq/templates/webhook.yaml; tests/deploy checks that
+# they agree), pointed at a URL instead of the chart's Service.
+
+WEBHOOK_RESOURCES = [
+    {"apiGroups": ["batch"], "apiVersions": ["v1"], "resources": ["jobs"]},
+    {"apiGroups": ["jobset.x-k8s.io"], "apiVersions": ["v1alpha2"], "resources": ["jobsets"]},
+    {"apiGroups": ["kubeflow.org"], "apiVersions": ["v1"], "resources": ["pytorchjobs"]},
+    {"apiGroups": ["ray.io"], "apiVersions": ["v1"], "resources": ["rayjobs"]},
+]
+
+
+def webhook_entry(name: str, url: str, path: str, namespaces: list[str], operations: list[str],
+                  resources: list[dict[str, Any]], failure_policy: str = "Fail") -> dict[str, Any]:
+    return {"name": name, "admissionReviewVersions": ["v1"], "sideEffects": "None", "failurePolicy": failure_policy,
+            "timeoutSeconds": 5, "matchPolicy": "Equivalent",
+            "clientConfig": {"url": url.rstrip("/") + path},
+            "namespaceSelector": {"matchExpressions": [
+                {"key": "kubernetes.io/metadata.name", "operator": "In", "values": sorted(namespaces)}]},
+            "objectSelector": {},
+            "rules": [{**r, "operations": operations, "scope": "Namespaced"} for r in resources]}
+
+
+def webhook_configurations(name: str, url: str, namespaces: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(MutatingWebhookConfiguration, ValidatingWebhookConfiguration) named `name`, calling `url`."""
+    pods = [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}]
+    mutating = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+                "metadata": {"name": name}, "webhooks": [
+                    {**webhook_entry("workloads.webhook.gpuq.io", url, "/mutate", namespaces, ["CREATE"],
+                                     WEBHOOK_RESOURCES), "reinvocationPolicy": "Never"}]}
+    validating = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+                  "metadata": {"name": name}, "webhooks": [
+                      webhook_entry("workloads.webhook.gpuq.io", url, "/validate", namespaces, ["CREATE", "UPDATE"],
+                                    WEBHOOK_RESOURCES),
+                      webhook_entry("pods.webhook.gpuq.io", url, "/validate", namespaces, ["CREATE", "UPDATE"],
+                                    pods)]}
+    return mutating, validating

@@ -35,7 +35,7 @@ from services.executor.kube import inventory
 from services.executor.kube.client import NODE, POD, KubeApi, status_code, workload_resource
 from services.executor.kube.core import dcgm_view
 from services.executor.kube.core import names as n
-from services.executor.kube.core.intake import Refusal, job_spec
+from services.executor.kube.core.intake import Refusal, job_spec, policy_refusal
 from services.executor.kube.core.placement import (
     assign_pods,
     event_pod_sets,
@@ -56,6 +56,7 @@ from services.executor.kube.core.pods import (
 from services.executor.kube.core.workload import Finish, PodSetTemplate, WorkloadKind, all_kinds, kind_of
 from services.executor.kube.informer import Informer
 from services.executor.kube.notices import Notices
+from services.executor.kube.webhook import WebhookServer, WebhookSettings
 from services.executor.verify import SchedulerTables, verify_placement
 from shared.config import ClusterConfig, DcgmSettings, KubernetesSource, QueuesConfig
 from shared.domain import GpuBinding, JobSpec, NodeSpec
@@ -96,6 +97,9 @@ class KubeExecutorSettings:
     tick_s: float = 1.0  # wall seconds between timer checks (PodsReady timeout, runtime limit, backoff)
     heartbeat_every_s: float | None = None  # wall seconds between heartbeats (None: GPUQ_HEARTBEAT_INTERVAL_S, 10)
     dcgm: DcgmSettings | None = None  # GPU utilisation and health from dcgm-exporter via Prometheus
+    # The admission webhook this process serves (services/executor/kube/webhook.py); None = none. Where it runs,
+    # the `gpuq.io/user` annotation is the user of record (the webhook writes it and refuses anyone else's).
+    webhook: WebhookSettings | None = None
 
     @property
     def kube(self) -> KubernetesSource:
@@ -150,9 +154,11 @@ class KubeExecutor:
         self._nodes_announced = False
         self.dcgm = DcgmSource(settings.dcgm, self) if settings.dcgm is not None else None
         self.heartbeat = Heartbeat("executor/kube", settings.heartbeat_every_s)
+        self.webhook: WebhookServer | None = None  # the admission webhook, when this process serves it
 
     def spec(self) -> ServiceSpec:
         background = (self.watch_cluster, self.timer_loop) + ((self.poll_gpus,) if self.dcgm is not None else ())
+        background += (self.webhook.serve,) if self.webhook is not None else ()
         return ServiceSpec(
             name="executor", schema="executor", migrations=MIGRATIONS, singleton=True,  # leader + hot standby
             handlers=fence.fenced({
@@ -304,11 +310,16 @@ class KubeExecutor:
                 "NotSuspended", f"{kind.kind} was created unsuspended, so Kubernetes runs it without gpuq; create it "
                                 "with suspend: true to queue it in gpuq"))
             return
-        result = job_spec(kind, obj, self.queues, self.cfg)
+        result = job_spec(kind, obj, self.queues, self.cfg, user_of_record=self.settings.webhook is not None)
         if isinstance(result, Refusal):
             await self._refuse(tx, ref, result)
             return
         spec = result
+        # What its pods would run, judged as an event-submitted job's are (the webhook judged it too, if it ran).
+        refusal = policy_refusal(kind, obj, spec, self.queues)
+        if refusal is not None:
+            await self._refuse(tx, ref, refusal)
+            return
         templates = {ps.name: ps.template for ps in kind.pod_sets(obj)}
         inserted = await tx.conn.fetchval(
             """INSERT INTO executor.kube_jobs(job_id, job_label, origin, api_version, kind, namespace, name, uid, spec,
@@ -332,6 +343,7 @@ class KubeExecutor:
         log.info("refused %s %s/%s: %s: %s", ref["kind"], ref["namespace"], ref["name"], refusal.reason,
                  refusal.message)
         await self.notices.event(ref, refusal.reason, refusal.message, tx.now, warning=True)
+        await self.notices.status(ref, f"Refused: {refusal.reason}: {refusal.message}")
 
     async def _finished(self, tx: Tx, row: asyncpg.Record, finish: Finish) -> None:
         job_id = row["job_id"]
@@ -795,4 +807,9 @@ def _notice(payload: Any) -> tuple[str, str, bool]:
 def build_executor(settings: KubeExecutorSettings, kubeconfig: str | Path | None) -> KubeExecutor:
     from services.executor.kube.client import load_config
 
-    return KubeExecutor(settings, KubeApi(load_config(kubeconfig), namespace=settings.kube.namespace))
+    if settings.webhook is None:
+        settings.webhook = WebhookSettings.from_env()
+    executor = KubeExecutor(settings, KubeApi(load_config(kubeconfig), namespace=settings.kube.namespace))
+    if settings.webhook is not None:  # its own client: the informers' is closed and reopened with the lease
+        executor.webhook = WebhookServer(settings.webhook, settings.queues, KubeApi(load_config(kubeconfig)))
+    return executor

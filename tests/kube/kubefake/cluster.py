@@ -21,6 +21,7 @@ from lightkube.models.authentication_v1 import TokenRequestSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ServiceAccount
 
+from .auth import ADMIN_USER
 from .controllers import RayJobController, all_controllers
 from .kinds import LIGHTKUBE_KINDS
 from .kubelet import FakeKubelet
@@ -89,6 +90,14 @@ class KubeCluster:
         await self.client().create(LIGHTKUBE_KINDS[NAMESPACES].from_dict(body))
         self._namespaces.append(name)
         return name
+
+    async def username(self) -> str:
+        """Who the kubeconfig's credentials are (SelfSubjectReview, `kubectl auth whoami`)."""
+        from lightkube.resources.authentication_v1 import SelfSubjectReview
+
+        review = await self.client().create(SelfSubjectReview.from_dict(
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}))
+        return str(review.status.userInfo.username)
 
     async def create_service_account(self, namespace: str, name: str) -> None:
         await self.client().create(ServiceAccount.from_dict(
@@ -255,6 +264,9 @@ class FakeCluster(KubeCluster):
         self._settling = False
         self._pending: asyncio.Handle | None = None
         self._unsubscribe = self.store.subscribe(self._on_change)
+
+    async def username(self) -> str:
+        return ADMIN_USER  # the fake's kubeconfig token (it serves no SelfSubjectReview)
 
     @property
     def fake(self) -> FakeCluster:

@@ -102,6 +102,13 @@ CLUSTER_ROLES = ResourceType(RBAC, "v1", "clusterroles", "ClusterRole", False, (
 CLUSTER_ROLE_BINDINGS = ResourceType(RBAC, "v1", "clusterrolebindings", "ClusterRoleBinding", False, ())
 ROLES = ResourceType(RBAC, "v1", "roles", "Role", True, ())
 ROLE_BINDINGS = ResourceType(RBAC, "v1", "rolebindings", "RoleBinding", True, ())
+ADMISSION_GROUP = "admissionregistration.k8s.io"
+MUTATING_WEBHOOK_CONFIGURATIONS = ResourceType(
+    ADMISSION_GROUP, "v1", "mutatingwebhookconfigurations", "MutatingWebhookConfiguration", False, ()
+)
+VALIDATING_WEBHOOK_CONFIGURATIONS = ResourceType(
+    ADMISSION_GROUP, "v1", "validatingwebhookconfigurations", "ValidatingWebhookConfiguration", False, ()
+)
 CRDS = ResourceType(
     "apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False, ("status",), ("crd",)
 )
@@ -128,6 +135,8 @@ ALL_RESOURCES: tuple[ResourceType, ...] = (
     CLUSTER_ROLE_BINDINGS,
     ROLES,
     ROLE_BINDINGS,
+    MUTATING_WEBHOOK_CONFIGURATIONS,
+    VALIDATING_WEBHOOK_CONFIGURATIONS,
     CRDS,
     JOBSETS,
     PYTORCHJOBS,

@@ -21,6 +21,7 @@ from kmock import KubernetesError, KubernetesScaffold, ResourceInfo, Response, S
 # kmock's request type and path parser: the handler builds a request itself where kmock's parser fails.
 from kmock._internal import parsing, rendering
 
+from .admission import AdmissionChain
 from .auth import Authenticator, Refused, UserInfo, request_verb
 from .errors import bad_request, method_not_allowed, status_body, unauthorized
 from .patch import APPLY_PATCH_CBOR, APPLY_PATCH_YAML, parse_patch_body
@@ -100,10 +101,12 @@ class FakeKubeAPI(KubernetesScaffold):
     # user's that `auth` knows, whose requests RBAC decides (auth.py).
     token: str | None = None
     auth: Authenticator = attrs.field(init=False)
+    admission: AdmissionChain = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         self.auth = Authenticator(self.store, self.token)
+        self.admission = AdmissionChain(self.store)
         for res in ALL_RESOURCES:
             self.resources[resource(res.group, res.version, res.plural)] = ResourceInfo(
                 kind=res.kind,
@@ -198,6 +201,10 @@ class FakeKubeAPI(KubernetesScaffold):
             if path.subresource not in (None, "status"):
                 raise method_not_allowed(f"GET is not supported on {path.resource}/{path.subresource}")
             return _reply(self.store.get(path.resource, path.namespace, path.name))
+        if method == "POST" and path.name is None and self.admission.active():
+            return await self._admitted_create(request, path, user)
+        if method in ("PUT", "PATCH") and path.name is not None and self.admission.active():
+            return await self._admitted_update(request, path, method, user)
         if method == "POST":
             return self._post(request, path)
         if path.name is None:
@@ -246,6 +253,61 @@ class FakeKubeAPI(KubernetesScaffold):
             self.store.delete(PODS, path.namespace, path.name, grace_period_s=grace)
             return _reply(_status_success(201), 201)
         raise method_not_allowed(f"POST is not supported on {path.resource}/{path.subresource or path.name}")
+
+    # --- dynamic admission (admission.py): only while webhook configurations exist --------------------------------
+
+    async def _admitted_create(self, request: rendering.Request, path: ApiPath, user: UserInfo | None) -> Response:
+        if path.resource.namespaced and path.namespace is None:
+            raise method_not_allowed(f"create {path.resource} needs a namespace in the path")
+        dry_run = bool(request.params.get("dryRun"))
+        candidate = self.store.create(path.resource, path.namespace, self._body(request), dry_run=True)
+        namespace = candidate["metadata"].get("namespace")
+        final = await self.admission.admit("CREATE", path.resource, None, namespace, candidate, None, user, dry_run)
+        return _reply(self.store.create(path.resource, path.namespace, final, dry_run=dry_run), 201)
+
+    async def _admitted_update(
+        self, request: rendering.Request, path: ApiPath, method: str, user: UserInfo | None
+    ) -> Response:
+        """As kube-apiserver's update: the would-be object through admission, then stored if the object did not
+        change meanwhile (else again from the new state, unless the client gave a resourceVersion)."""
+        assert path.name is not None
+        dry_run = bool(request.params.get("dryRun"))
+        body = self._body(request) if method == "PUT" else None
+        wanted_rv = ((body or {}).get("metadata") or {}).get("resourceVersion")
+        for _ in range(5):
+            current = self.store.find(path.resource, path.namespace, path.name)
+            if method == "PUT":
+                assert body is not None
+                candidate = self.store.replace(
+                    path.resource, path.namespace, path.name, body, path.subresource, dry_run=True
+                )
+            else:
+                candidate = self._patched(request, path, dry_run=True)
+            operation = "UPDATE" if current is not None else "CREATE"
+            final = await self.admission.admit(
+                operation, path.resource, path.subresource, path.namespace, candidate, current, user, dry_run
+            )
+            if dry_run:
+                return _reply(final)
+            if current is None:
+                return _reply(self.store.create(path.resource, path.namespace, final), 201)
+            final.setdefault("metadata", {})["resourceVersion"] = current["metadata"]["resourceVersion"]
+            try:
+                return _reply(self.store.replace(path.resource, path.namespace, path.name, final, path.subresource))
+            except KubernetesError as error:
+                if error.status != 409 or wanted_rv:
+                    raise
+        raise KubernetesError(status=409, reason="Conflict", message="the object kept changing during admission")
+
+    def _patched(self, request: rendering.Request, path: ApiPath, *, dry_run: bool) -> Obj:
+        assert path.name is not None
+        content_type = (request.headers.get("Content-Type") or "").split(";")[0].strip()
+        is_apply = content_type in (APPLY_PATCH_YAML, APPLY_PATCH_CBOR)
+        if is_apply and not request.params.get("fieldManager"):
+            raise bad_request("PATCH requests with apply content type require fieldManager")
+        body = parse_patch_body(request.body, content_type)
+        return self.store.patch(path.resource, path.namespace, path.name, content_type, body, path.subresource,
+                                create_missing=is_apply, dry_run=dry_run)
 
     def _patch(self, request: rendering.Request, path: ApiPath) -> Response:
         assert path.name is not None

@@ -204,7 +204,8 @@ class Store:
         return self._commit(resource, key, obj, None)
 
     def replace(
-        self, resource: ResourceType, namespace: str | None, name: str, body: Obj, subresource: str | None = None
+        self, resource: ResourceType, namespace: str | None, name: str, body: Obj, subresource: str | None = None,
+        *, dry_run: bool = False,
     ) -> Obj:
         """PUT: optimistic concurrency on metadata.resourceVersion (when given), as the real server."""
         if not isinstance(body, dict):
@@ -215,7 +216,7 @@ class Store:
         if body_name and body_name != name:
             raise bad_request(f"the name of the object ({body_name}) does not match the name on the URL ({name})")
         self._check_precondition(resource, old, body)
-        return self._client_write(resource, old, copy.deepcopy(body), subresource)
+        return self._client_write(resource, old, copy.deepcopy(body), subresource, dry_run=dry_run)
 
     def patch(
         self,
@@ -227,6 +228,7 @@ class Store:
         subresource: str | None = None,
         *,
         create_missing: bool = False,
+        dry_run: bool = False,
     ) -> Obj:
         current = self.find(resource, namespace, name)
         if current is None:
@@ -234,15 +236,17 @@ class Store:
                 raise not_found(resource.plural, name, resource.group)
             body = apply_patch({}, patch, content_type, resource.kind, name, resource.custom)
             body.setdefault("metadata", {})["name"] = name
-            return self.create(resource, namespace, body)
+            return self.create(resource, namespace, body, dry_run=dry_run)
         patched = apply_patch(current, patch, content_type, resource.kind, name, resource.custom)
         if not isinstance(patched, dict):
             raise bad_request("the patch did not produce an object")
         if isinstance(patch, dict) and (patch.get("metadata") or {}).get("resourceVersion"):
             self._check_precondition(resource, current, patch)
-        return self._client_write(resource, self._get(resource, namespace, name), patched, subresource)
+        return self._client_write(resource, self._get(resource, namespace, name), patched, subresource, dry_run=dry_run)
 
-    def _client_write(self, resource: ResourceType, old: Obj, new: Obj, subresource: str | None) -> Obj:
+    def _client_write(
+        self, resource: ResourceType, old: Obj, new: Obj, subresource: str | None, *, dry_run: bool = False
+    ) -> Obj:
         new = self._carry_server_fields(old, new)
         if subresource == "status":
             merged = copy.deepcopy(old)
@@ -257,6 +261,8 @@ class Store:
                 else:
                     new.pop("status", None)
             validate_update(resource, old, new)
+        if dry_run:  # what the write would store (admission sees it before it is stored)
+            return copy.deepcopy(new)
         return self._update(resource, old, new)
 
     def _carry_server_fields(self, old: Obj, new: Obj) -> Obj:
