@@ -493,6 +493,13 @@ class Policy(_Strict):
     max_age_s: int | None = Field(default=None, gt=0)
 
 
+class PodSecurity(StrEnum):
+    """Pod Security Standards profiles (kubernetes.io/docs/concepts/security/pod-security-standards)."""
+
+    RESTRICTED = "restricted"
+    BASELINE = "baseline"
+
+
 class TeamPolicy(_Strict):
     """What a team's jobs may use (queues.yaml `governance`); each breach is refused at submit with its reason."""
 
@@ -515,8 +522,18 @@ class TeamPolicy(_Strict):
     # Privileged containers, host namespaces (hostNetwork, hostPID, hostIPC), host ports and capabilities beyond the
     # runtime's defaults: they reach the node past every other rule. Refused unless true.
     allow_privileged: bool = False
-    # ServiceAccounts a pod may run as (shell-style patterns); null = any of the pod's own namespace.
+    # ServiceAccounts a pod may run as (shell-style patterns); null = any of the pod's own namespace for workloads
+    # created in the cluster (their author's own right there), only `default` for event-submitted jobs (the executor
+    # creates those with its own rights, so a job must not pick its identity).
     allowed_service_accounts: tuple[str, ...] | None = None
+    # Secrets an event-submitted job may reference (secret and projected volumes, env `value_from.secretKeyRef`, a
+    # volume's secretRef), in its own namespace: names or shell-style patterns; none by default (the executor would
+    # mount any Secret of the namespace for whoever holds the team's token).
+    allowed_secrets: tuple[str, ...] = ()
+    # The Pod Security Standards profile the executor's pods (event-submitted jobs) are given: `restricted`
+    # (runAsNonRoot, seccomp RuntimeDefault, no privilege escalation, every capability dropped) or `baseline`
+    # (none of those set; privileged settings and host namespaces are refused either way).
+    pod_security: PodSecurity = PodSecurity.RESTRICTED
     max_gpus_per_job: int | None = Field(default=None, ge=1)
     # How fast the team may submit: a token bucket of `submit_burst` submissions refilled at `submit_rate_per_s`
     # (admission's clock); a submission without a token is rejected, reason RateLimited, saying when to retry.
@@ -640,6 +657,10 @@ class QueuesConfig(_Strict):
     @cached_property
     def namespace_map(self) -> dict[str, NamespaceMapping]:
         return {n.name: n for n in self.namespaces}
+
+    def team_namespaces(self, team: str) -> tuple[str, ...]:
+        """The namespaces mapped to `team` (where its Kubernetes jobs may run), in the order listed."""
+        return tuple(n.name for n in self.namespaces if n.team == team)
 
     def flavor(self, gpu_model: str) -> GpuFlavor:
         return self.gpu_flavors.get(gpu_model, GpuFlavor())

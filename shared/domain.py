@@ -274,9 +274,28 @@ class WorkloadRef(Frozen):
         return f"{self.kind}/{self.namespace}/{self.name}"
 
 
+# Where an environment variable may take its value from instead of `value` (Kubernetes' EnvVarSource).
+ENV_SOURCES = ("secretKeyRef", "configMapKeyRef", "fieldRef", "resourceFieldRef")
+
+
 class EnvVar(Frozen):
+    """One environment variable: a `value`, or `value_from` one of ENV_SOURCES, written as Kubernetes writes it
+    (`{"secretKeyRef": {"name": "db", "key": "uri"}}`); a Secret is named by reference, never copied in."""
+
     name: str = Field(min_length=1)
     value: str = ""
+    value_from: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnvVar:
+        if self.value_from is None:
+            return self
+        if self.value:
+            raise ValueError(f"env {self.name}: value and value_from are exclusive")
+        keys = sorted(self.value_from)
+        if len(keys) != 1 or keys[0] not in ENV_SOURCES or not isinstance(self.value_from[keys[0]], dict):
+            raise ValueError(f"env {self.name}: value_from names exactly one of {', '.join(ENV_SOURCES)}")
+        return self
 
 
 class PodTemplate(Frozen):
@@ -295,6 +314,9 @@ class PodTemplate(Frozen):
     tolerations: tuple[Toleration, ...] = ()
     service_account_name: str | None = None
     termination_grace_period_s: int | None = Field(default=None, ge=0)
+    # The user id its containers run as (never root): for an image whose own user is root, which the `restricted`
+    # Pod Security profile (runAsNonRoot) would not start.
+    run_as_user: int | None = Field(default=None, ge=1)
 
 
 class PodSet(Frozen):

@@ -396,7 +396,7 @@ class AdmissionService:
                                              f"team {team!r}'s credential (subject {tx.subject})", False)
                 return
             policy = self.state.config.governance.for_team(team)
-            violation = governance.submission_violation(spec, policy)
+            violation = governance.submission_violation(spec, policy, self.state.config.team_namespaces(team))
             if violation is not None:
                 await reject(violation.reason, violation.message, True)
                 return

@@ -169,9 +169,9 @@ def create_app(ctx: ApiContext) -> FastAPI:
             if not who.admin and spec.team != who.team:
                 raise HTTPException(403, f"job {spec.job_id} names team {spec.team!r}; this token submits for team "
                                          f"{who.team!r} only")
-            policy = config.governance.for_team(spec.team) if config is not None else None
-            violation = governance.size_violation(spec) or (
-                governance.policy_violation(spec, policy) if policy is not None else None)
+            # (admission judges it again, with the same functions, on its configuration then)
+            violation = governance.size_violation(spec) if config is None else governance.submission_violation(
+                spec, config.governance.for_team(spec.team), config.team_namespaces(spec.team))
             if violation is not None:
                 raise HTTPException(422, f"{violation.reason}: {violation.message}")
         async with ctx.rt().pool.acquire() as conn:

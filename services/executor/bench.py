@@ -72,7 +72,7 @@ def kube_objects(nodes: int) -> tuple[list[dict[str, Any]], list[dcgm_view.Runni
                                    "conditions": [{"type": "Ready", "status": "True"}]}})
         job = f"team.job-{i}.0a1b2c3d"
         running.append(dcgm_view.RunningJob(job, job_label(job), [GpuBinding(pod="main-0", node=name,
-                                                                             gpu_indices=tuple(range(8)))]))
+                                                                             gpu_indices=tuple(range(8)))], "team"))
         for j, label in ((0, job_label(job)), (1, job_label(f"done-{i}"))):
             pods.append({"metadata": {"namespace": "team", "name": f"job-{i}-{j}-x7k2p", "labels": {
                 "gpuq.io/job": label, "batch.kubernetes.io/job-name": f"job-{i}"}}})

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,11 +200,16 @@ class Mount:
 def volumes(spec: JobSpec) -> Iterator[Mount]:
     """Every volume source of the job's pod templates (Kubernetes Volumes: a name and one source each)."""
     for t in _templates(spec):
-        for i, volume in enumerate(getattr(t, "volumes", ()) or ()):
-            name = str(volume.get("name", f"#{i}"))
-            for kind, source in sorted(volume.items()):
-                if kind != "name":
-                    yield Mount(name, kind, source if isinstance(source, dict) else {})
+        yield from volumes_of(t)
+
+
+def volumes_of(template: Any) -> Iterator[Mount]:
+    """The volume sources of one pod template."""
+    for i, volume in enumerate(getattr(template, "volumes", ()) or ()):
+        name = str(volume.get("name", f"#{i}"))
+        for kind, source in sorted(volume.items()):
+            if kind != "name":
+                yield Mount(name, kind, source if isinstance(source, dict) else {})
 
 
 def datasets(spec: JobSpec) -> list[str]:
@@ -369,9 +374,84 @@ def service_account_violation(job_id: str, team: str, where: str, account: str |
     return None
 
 
-def submission_violation(spec: JobSpec, policy: TeamPolicy) -> Violation | None:
-    """Everything refused at submit: size first, then the team's policy."""
-    return size_violation(spec) or policy_violation(spec, policy)
+# ----------------------------------------------------------------------------- event-submitted jobs stay home
+#
+# The executor creates an event-submitted job's workload with its own rights, so what the job names must not reach
+# past its team: its namespace must be one queues.yaml maps to the team, its pods run as a ServiceAccount the policy
+# lists (only `default` unless it says otherwise), mount only the kinds of volume judged above (or that the policy
+# names) and reference only the Secrets the policy lists. A workload created in the cluster is its author's, with
+# its author's rights there: its namespace is where it is, and what its pods use is judged by the rules above.
+
+# A volume source's fields that name a Secret of the pod's namespace (csi, cephfs, rbd, iscsi, flexVolume, ...).
+_SECRET_REF_KEYS = ("secretRef", "nodePublishSecretRef", "nodeStageSecretRef", "controllerPublishSecretRef",
+                    "controllerExpandSecretRef", "nodeExpandSecretRef")
+
+
+def home_violation(spec: JobSpec, policy: TeamPolicy, namespaces: Collection[str]) -> Violation | None:
+    """Where an event-submitted job runs and what it may use there: `namespaces` are those queues.yaml maps to the
+    job's team (`QueuesConfig.team_namespaces`). Jobs without pod templates name no namespace but their workload's."""
+    team = spec.team
+    named = [(what, ns) for what, ns in (("namespace", spec.namespace),
+                                          ("workload namespace", spec.workload.namespace if spec.workload else None))
+             if ns is not None]
+    for what, ns in named:
+        if ns not in namespaces:
+            mapped = ", ".join(namespaces) or "none"
+            return Violation(POLICY_VIOLATION, f"job {spec.job_id}: {what} {ns!r} is not one of team {team}'s "
+                                               f"(queues.yaml namespaces: {mapped})", "namespaces")
+    if spec.workload is not None:
+        return None
+    accounts = policy if policy.allowed_service_accounts is not None else policy.model_copy(
+        update={"allowed_service_accounts": ("default",)})
+    secrets = policy.allowed_secrets
+    for ps in spec.pod_sets:
+        t = ps.template
+        if t is None:
+            continue
+        where = f"pod set {ps.name}"
+        violation = service_account_violation(spec.job_id, team, where, t.service_account_name, accounts)
+        if violation is not None:
+            return violation
+        for mount in volumes_of(t):
+            if (mount.kind not in _SELF_CONTAINED_VOLUMES and mount.kind not in _CHECKED_VOLUMES
+                    and mount.kind not in policy.allowed_volume_sources):
+                return Violation(POLICY_VIOLATION, f"job {spec.job_id}: {where}: volume {mount.volume!r} is a "
+                                                   f"{mount.kind} volume; team {team}'s jobs may mount "
+                                                   f"{', '.join(sorted(_SELF_CONTAINED_VOLUMES | _CHECKED_VOLUMES))}"
+                                                   f" and the kinds its policy allows", "allowed_volume_sources")
+        for place, secret in secret_references(t):
+            if not any(fnmatch.fnmatchcase(secret, p) for p in secrets):
+                return Violation(POLICY_VIOLATION, f"job {spec.job_id}: {where}: {place} references Secret "
+                                                   f"{secret!r}; team {team} may reference "
+                                                   f"{', '.join(secrets) or 'no Secret'}", "allowed_secrets")
+    return None
+
+
+def secret_references(template: Any) -> Iterator[tuple[str, str]]:
+    """(where, Secret name) for every Secret a pod template names: secret volumes, projected volumes' secret
+    sources, a volume source's secretRef, env `value_from.secretKeyRef`."""
+    for mount in volumes_of(template):
+        where = f"volume {mount.volume!r}"
+        if mount.kind == "secret":
+            yield where, str(mount.source.get("secretName", ""))
+        elif mount.kind == "projected":
+            for source in mount.source.get("sources") or ():
+                if isinstance(source, dict) and isinstance(source.get("secret"), dict):
+                    yield where, str(source["secret"].get("name", ""))
+        for key in _SECRET_REF_KEYS:
+            ref = mount.source.get(key)
+            if isinstance(ref, dict):
+                yield where, str(ref.get("name", ""))
+    for env in getattr(template, "env", ()) or ():
+        ref = (getattr(env, "value_from", None) or {}).get("secretKeyRef")
+        if isinstance(ref, dict):
+            yield f"env {env.name}", str(ref.get("name", ""))
+
+
+def submission_violation(spec: JobSpec, policy: TeamPolicy, namespaces: Collection[str] = ()) -> Violation | None:
+    """Everything refused at submit: size first, then the team's policy, then where the job would run
+    (`namespaces`: those mapped to its team; none by default, so a job naming a namespace is refused)."""
+    return size_violation(spec) or policy_violation(spec, policy) or home_violation(spec, policy, namespaces)
 
 
 def needs_approval(spec: JobSpec, policy: TeamPolicy) -> bool:

@@ -58,6 +58,7 @@ from services.executor.kube.informer import Informer
 from services.executor.kube.notices import Notices
 from services.executor.kube.webhook import WebhookServer, WebhookSettings
 from services.executor.verify import SchedulerTables, verify_placement
+from shared import audit
 from shared.config import ClusterConfig, DcgmSettings, KubernetesSource, QueuesConfig
 from shared.domain import GpuBinding, JobSpec, NodeSpec
 from shared.events import (
@@ -152,6 +153,9 @@ class KubeExecutor:
             Informer(api, workload_resource(k), self._workload_handler(k), labels=label_exists,
                      resync_s=self.cfg.resync_s, name=k.plural) for k in all_kinds()]
         self._nodes_announced = False
+        # Event-submitted jobs whose workload this process is creating: a workload carrying one of their ids before
+        # its record commits is gpuq's own, not a claim. Forgotten once the workload is seen bound to the job.
+        self._creating: set[str] = set()
         self.dcgm = DcgmSource(settings.dcgm, self) if settings.dcgm is not None else None
         self.heartbeat = Heartbeat("executor/kube", settings.heartbeat_every_s)
         self.webhook: WebhookServer | None = None  # the admission webhook, when this process serves it
@@ -191,9 +195,9 @@ class KubeExecutor:
         return inventory.specs(list(self.node_informer.cache.values()), self.cfg)
 
     async def placements(self, conn: asyncpg.Connection) -> Placements:
-        rows = await conn.fetch("SELECT job_id, job_label, placement FROM executor.kube_jobs WHERE state = 'running' "
-                                "ORDER BY job_id")
-        running = [dcgm_view.RunningJob(r["job_id"], r["job_label"], _bindings(r)) for r in rows]
+        rows = await conn.fetch("SELECT job_id, job_label, placement, namespace FROM executor.kube_jobs "
+                                "WHERE state = 'running' ORDER BY job_id")
+        running = [dcgm_view.RunningJob(r["job_id"], r["job_label"], _bindings(r), r["namespace"]) for r in rows]
         return dcgm_view.placements(running, list(self.pod_informer.cache.values()))
 
     async def node_announced(self, tx: Tx, node: NodeSpec) -> None:
@@ -272,10 +276,12 @@ class KubeExecutor:
         uid = meta.get("uid")
         async with self._rt().transaction() as tx:
             await fence.check(tx, self.runtime)
-            row = await tx.conn.fetchrow("SELECT * FROM executor.kube_jobs WHERE uid = $1 FOR UPDATE", uid)
-            if row is None and (job_id := (meta.get("annotations") or {}).get(n.JOB_ID_ANNOTATION)):
-                row = await tx.conn.fetchrow(
-                    "SELECT * FROM executor.kube_jobs WHERE job_id = $1 AND origin = 'event' FOR UPDATE", job_id)
+            # A workload is the job bound to its uid (and namespace) when gpuq took it in or created it, and no other:
+            # what its annotations say never attaches it to a job.
+            row = await tx.conn.fetchrow("SELECT * FROM executor.kube_jobs WHERE uid = $1 AND namespace = $2 "
+                                         "FOR UPDATE", uid, meta.get("namespace"))
+            if row is not None:
+                self._creating.discard(row["job_id"])
             if event == "DELETED":
                 if row is not None and row["state"] in (*ACTIVE, "queued", "deferred", "suspended"):
                     await self._set_state(tx, row["job_id"], "cancelled")
@@ -301,10 +307,13 @@ class KubeExecutor:
             return
         ref = {"apiVersion": kind.api_version, "kind": kind.kind, "namespace": meta.get("namespace"),
                "name": meta.get("name"), "uid": uid}
+        claimed = (meta.get("annotations") or {}).get(n.JOB_ID_ANNOTATION)
+        if claimed is not None:
+            if claimed not in self._creating:
+                await self._refuse_claim(tx, ref, claimed)
+            return  # else gpuq is creating it for that event-submitted job, whose record is being written
         if kind.finished(obj) is not None:
             return  # already over: nothing to schedule
-        if n.JOB_ID_ANNOTATION in (meta.get("annotations") or {}):
-            return  # gpuq created it for an event-submitted job whose record is being written
         if not kind.suspended(obj):
             await self._refuse(tx, ref, Refusal(
                 "NotSuspended", f"{kind.kind} was created unsuspended, so Kubernetes runs it without gpuq; create it "
@@ -335,6 +344,21 @@ class KubeExecutor:
         await self.notices.event(ref, "Submitted", f"gpuq job {spec.job_id}: team {spec.team}, queue {spec.queue}, "
                                                    f"priority {spec.priority_class}, {spec.total_gpus} GPU(s)", tx.now)
         await self.notices.status(ref, f"Submitted as {spec.job_id}")
+
+    async def _refuse_claim(self, tx: Tx, ref: dict[str, Any], claimed: str) -> None:
+        """A workload bound to no job that names one in gpuq's own annotation: refused (once, an Event on it) and
+        audited for the team of its namespace. Said in the same words whether that job exists or not, whoever's it
+        is, so that the answer tells nothing of another team's jobs."""
+        await self._refuse(tx, ref, Refusal(
+            "JobIdClaimed", f"annotation {n.JOB_ID_ANNOTATION}={claimed!r} is written by gpuq only, on the workloads "
+                            "it creates: a workload is the job gpuq bound to its uid, and this one is bound to none. "
+                            f"gpuq leaves it alone; create it again without the annotation (suspended, labelled "
+                            f"{n.QUEUE_LABEL}) to queue it"))
+        mapping = self.queues.namespace_map.get(ref["namespace"])
+        await audit.record(tx, "workload_refused", f"namespace:{ref['namespace']}",
+                           team=mapping.team if mapping is not None else None, reason="JobIdClaimed",
+                           claimed_job_id=claimed, workload=f"{ref['kind']} {ref['namespace']}/{ref['name']}",
+                           uid=ref["uid"])
 
     async def _refuse(self, tx: Tx, ref: dict[str, Any], refusal: Refusal) -> None:
         await tx.conn.execute(
@@ -452,15 +476,24 @@ class KubeExecutor:
         """An event-submitted job becomes an Indexed Job (one pod set) or a JobSet (several), created already
         placed (gated templates) and running."""
         spec = placed.spec
-        namespace = spec.namespace or next((m.name for m in self.queues.namespaces if m.team == spec.team), None)
+        mapped = self.queues.team_namespaces(spec.team)
+        namespace = spec.namespace or next(iter(mapped), None)
         if namespace is None:
             await tx.emit(JobFailed(job_id=spec.job_id, exit_reason=ExitReason.ERROR, finished_at=utcnow_from(tx.now),
                                     message=f"no namespace to run in: set spec.namespace or map a namespace to team "
                                             f"{spec.team} in queues.yaml"))
             return
+        if namespace not in mapped:
+            # Admission refuses such a job; this executor creates with its own rights, so it checks again with its
+            # own configuration (a changed or forged one reaching admission does not reach here).
+            await tx.emit(JobFailed(job_id=spec.job_id, exit_reason=ExitReason.ERROR, finished_at=utcnow_from(tx.now),
+                                    message=f"namespace {namespace} is not mapped to team {spec.team} in the "
+                                            f"executor's queues.yaml (namespaces: {', '.join(mapped) or 'none'}); "
+                                            "nothing was created"))
+            return
         kind = kind_of("batch/v1", "Job") if len(spec.pod_sets) == 1 else kind_of("jobset.x-k8s.io/v1alpha2", "JobSet")
         assert kind is not None
-        pod_sets = event_pod_sets(spec)
+        pod_sets = event_pod_sets(spec, self.queues.governance.for_team(spec.team).pod_security)
         name = n.dns_name(spec.job_id)
         labels = {n.QUEUE_LABEL: spec.queue}
         annotations = {n.JOB_ID_ANNOTATION: spec.job_id}
@@ -473,20 +506,22 @@ class KubeExecutor:
             json.dumps([b.model_dump(mode="json") for b in placed.bindings]), placed.resume_from, tx.traceparent)
         obj = kind.build(name, namespace, pod_sets, labels, annotations)
         res = workload_resource(kind)
+        self._creating.add(spec.job_id)  # its workload may be seen before this commits: not a claim (`_intake`)
         try:
             created = await self.api.create(res, _strip_nulls(obj), namespace=namespace)
         except Exception as exc:
             code = status_code(exc)
             if code in (403, 422):  # refused for good (no `create` in the executor's role, an invalid template)
                 reason = getattr(getattr(exc, "status", None), "message", None) or str(exc)
-                await tx.emit(JobFailed(job_id=spec.job_id, exit_reason=ExitReason.ERROR,
-                                        finished_at=utcnow_from(tx.now),
-                                        message=f"cannot create {kind.kind} {namespace}/{name}: {reason}"))
-                await self._set_state(tx, spec.job_id, "failed", outcome=ExitReason.ERROR.value)
+                await self._creation_failed(tx, spec.job_id, f"cannot create {kind.kind} {namespace}/{name}: {reason}")
                 return
             if code != 409:
                 raise
             created = await self.api.get(res, name, namespace=namespace)  # created before a crash: adopt it
+            if ((created.get("metadata") or {}).get("annotations") or {}).get(n.JOB_ID_ANNOTATION) != spec.job_id:
+                await self._creation_failed(tx, spec.job_id, f"cannot create {kind.kind} {namespace}/{name}: one by "
+                                                             "that name exists there and is not this job's")
+                return
         # The templates as the API server stored them (defaulted), which later patches must start from, under the
         # spec's pod set names (the placement's bindings name them; a Job's one set is "main" to its kind).
         stored = kind.pod_sets(created)
@@ -495,6 +530,11 @@ class KubeExecutor:
                               json.dumps({wanted.name: ps.template
                                           for wanted, ps in zip(spec.pod_sets, stored, strict=True)}))
         await self._run(tx, spec.job_id)
+
+    async def _creation_failed(self, tx: Tx, job_id: str, message: str) -> None:
+        await tx.emit(JobFailed(job_id=job_id, exit_reason=ExitReason.ERROR, finished_at=utcnow_from(tx.now),
+                                message=message))
+        await self._set_state(tx, job_id, "failed", outcome=ExitReason.ERROR.value)
 
     # ------------------------------------------------------------------ pods
 
@@ -505,7 +545,8 @@ class KubeExecutor:
             return
         async with self._rt().transaction() as tx:
             await fence.check(tx, self.runtime)
-            row = await tx.conn.fetchrow("SELECT * FROM executor.kube_jobs WHERE job_label = $1 FOR UPDATE", label)
+            row = await tx.conn.fetchrow("SELECT * FROM executor.kube_jobs WHERE job_label = $1 AND namespace = $2 "
+                                         "FOR UPDATE", label, (pod.get("metadata") or {}).get("namespace"))
             if row is None or row["state"] not in ACTIVE:
                 return
             if gated(pod):
@@ -513,9 +554,13 @@ class KubeExecutor:
                 return
             await self._observe(tx, row, pod)
 
-    def _job_pods(self, label: str) -> list[dict[str, Any]]:
+    def _job_pods(self, row: asyncpg.Record) -> list[dict[str, Any]]:
+        """The job's live pods: carrying its label, in its workload's namespace (a pod elsewhere that copies the
+        label is not the job's)."""
+        label, namespace = row["job_label"], row["namespace"]
         return sorted((p for p in self.pod_informer.cache.values()
                        if ((p.get("metadata") or {}).get("labels") or {}).get(n.JOB_LABEL) == label
+                       and (p.get("metadata") or {}).get("namespace") == namespace
                        and not (p.get("metadata") or {}).get("deletionTimestamp")),
                       key=lambda p: p["metadata"]["name"])
 
@@ -523,7 +568,7 @@ class KubeExecutor:
         """Give every gated pod of the pod set one binding of its set, and remove the gate."""
         spec = JobSpec.model_validate_json(row["spec"])
         attempt = str(row["attempt"])
-        pods = [p for p in self._job_pods(row["job_label"])
+        pods = [p for p in self._job_pods(row)
                 if (p["metadata"].get("labels") or {}).get(n.POD_SET_LABEL) == pod_set]
         taken: dict[str, str] = {}
         for p in pods:
@@ -569,7 +614,7 @@ class KubeExecutor:
             await tx.conn.execute("UPDATE executor.kube_jobs SET unbound_at = NULL WHERE job_id = $1", job_id)
         if row["state"] == "placed":
             spec = JobSpec.model_validate_json(row["spec"])
-            current = [p for p in self._job_pods(row["job_label"])
+            current = [p for p in self._job_pods(row)
                        if ((p["metadata"].get("annotations") or {}).get(BINDING_ANNOTATION) or "").startswith(
                            f"{row['attempt']}/")]
             if ready_count(current) >= spec.gang_size:
@@ -600,7 +645,7 @@ class KubeExecutor:
         await tx.conn.execute("UPDATE executor.kube_jobs SET preemption_id = $2 WHERE job_id = $1", req.job_id,
                               req.preemption_id)
         deadline = req.deadline.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        for pod in self._job_pods(row["job_label"]):
+        for pod in self._job_pods(row):
             await self.api.patch(POD, pod["metadata"]["name"],
                                  {"metadata": {"annotations": {n.CHECKPOINT_REQUESTED_ANNOTATION: deadline}}},
                                  namespace=row["namespace"])
@@ -768,7 +813,7 @@ class KubeExecutor:
             await self._fail(tx, row, ExitReason.DEADLINE_EXCEEDED, f"ran past max_runtime_s={spec.max_runtime_s}")
             return
         if row["state"] == "placed" and now - row["placed_at"] >= cfg.pods_ready_timeout_s:
-            ready = ready_count(self._job_pods(row["job_label"]))
+            ready = ready_count(self._job_pods(row))
             await self._requeue(tx, row, PreemptionReason.PODS_READY_TIMEOUT,
                                 f"{ready} of {spec.gang_size} pod(s) Ready after {cfg.pods_ready_timeout_s:g} s")
 

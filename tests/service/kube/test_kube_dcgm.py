@@ -60,7 +60,7 @@ async def test_the_pods_of_every_workload_kind_are_found_under_their_controllers
                             for ps in spec.pod_sets for i in range(ps.count)]
                 templates = placed_templates(kind.pod_sets(created), spec, bindings, None)
                 await api.patch(res, created["metadata"]["name"], kind.run_patch(created, templates), namespace=NS)
-                running.append(RunningJob(spec.job_id, job_label(spec.job_id), bindings))
+                running.append(RunningJob(spec.job_id, job_label(spec.job_id), bindings, NS))
         fake.settle_now()
         pods = await kube_api.pods(NS)
     finally:

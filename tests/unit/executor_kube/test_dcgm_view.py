@@ -35,12 +35,13 @@ PODS = {
 
 def running() -> list[RunningJob]:
     return [RunningJob(job_id, job_label(job_id), [GpuBinding(pod=f"main-{i}", node=f"g{k}-{i}", gpu_indices=(0, 1))
-                                                   for i in range(len(pods))])
+                                                   for i in range(len(pods))], job_id.split(".")[0])
             for k, (job_id, pods) in enumerate(sorted(PODS.items()))]
 
 
 def test_pods_are_keyed_by_the_names_their_controllers_gave_them() -> None:
-    others = [pod("ml-a", "notebook-0", None), pod("ml-a", "old-0-abcde", "ml-a.old.12345678")]  # not running
+    others = [pod("ml-a", "notebook-0", None), pod("ml-a", "old-0-abcde", "ml-a.old.12345678"),  # not running
+              pod("ml-b", "copycat-0", "ml-a.sweep.0b1c2d3e")]  # another namespace's pod with a running job's label
     view = placements(running(), [p for pods in PODS.values() for p in pods] + others)
     assert view.pods == {(p["metadata"]["namespace"], p["metadata"]["name"]): job_id
                          for job_id, pods in PODS.items() for p in pods}

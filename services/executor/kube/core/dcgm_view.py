@@ -1,6 +1,7 @@
 """What the Kubernetes executor tells the DCGM source (services/executor/dcgm.py) about where its jobs run.
 
-- **Pods**: every pod carrying a running job's `gpuq.io/job` label, by `(namespace, name)` as the API has it. The
+- **Pods**: every pod carrying a running job's `gpuq.io/job` label in the job's namespace (a pod elsewhere that
+  copies the label is not the job's), by `(namespace, name)` as the API has it. The
   names are whatever the workload's controller chose (`<job>-<index>-<random>` for an Indexed Job, the child Jobs'
   pods of a JobSet, `<job>-worker-<i>` for a PyTorchJob, `<cluster>-<group>-worker-<random>` for a RayJob): they are
   read from the pods themselves, never derived, so dcgm-exporter's `pod`/`namespace` labels (or their `exported_*`
@@ -27,17 +28,18 @@ class RunningJob:
     job_id: str
     job_label: str  # the value of `gpuq.io/job` on its pods
     bindings: Sequence[GpuBinding]
+    namespace: str  # its workload's: only pods there are its pods
 
 
 def placements(running: Iterable[RunningJob], pods: Iterable[Mapping[str, Any]]) -> Placements:
     """The executor's side of the attribution, from its running jobs and the pods its informer holds."""
     jobs = sorted(running, key=lambda j: j.job_id)
-    by_label = {j.job_label: j.job_id for j in jobs}
+    by_label = {(j.namespace, j.job_label): j.job_id for j in jobs}
     by_pod: dict[tuple[str, str], str] = {}
     for pod in pods:
         meta = pod.get("metadata") or {}
-        job_id = by_label.get((meta.get("labels") or {}).get(JOB_LABEL, ""))
         namespace, name = meta.get("namespace"), meta.get("name")
+        job_id = by_label.get((namespace or "", (meta.get("labels") or {}).get(JOB_LABEL, "")))
         if job_id is not None and namespace and name:
             by_pod[(namespace, name)] = job_id
     return Placements(pods=dict(sorted(by_pod.items())),

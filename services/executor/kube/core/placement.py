@@ -17,6 +17,7 @@ from typing import Any
 
 from services.executor.kube.core import names as n
 from services.executor.kube.core.workload import PodSetTemplate
+from shared.config import PodSecurity
 from shared.domain import (
     GpuBinding,
     JobSpec,
@@ -208,16 +209,26 @@ def pod_node(pod: Mapping[str, Any]) -> str | None:
 # --------------------------------------------------------------------------- event-submitted jobs
 
 
-def pod_template(ps: PodSet, tmpl: PodTemplate, *, restart_policy: str = "Never") -> dict[str, Any]:
+# The Pod Security Standards' `restricted` profile, as settings of the pods the executor creates: a namespace that
+# enforces `restricted` admits them, and none of them can gain privileges.
+RESTRICTED_POD = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True,
+                        "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def pod_template(ps: PodSet, tmpl: PodTemplate, *, restart_policy: str = "Never",
+                 security: PodSecurity = PodSecurity.RESTRICTED) -> dict[str, Any]:
     """A PodTemplateSpec from an event's pod template: resources from the pod set, GPUQ_RESUME_FROM from the
-    `gpuq.io/resume-from` annotation (so a later placement can change it without touching the container)."""
+    `gpuq.io/resume-from` annotation (so a later placement can change it without touching the container), and the
+    `security` profile's settings (the team's policy, `pod_security`)."""
     limits: dict[str, Any] = dict(tmpl.resources)
     requests: dict[str, Any] = {"cpu": f"{ps.cpu_milli}m", "memory": f"{ps.memory_mib}Mi"}
     if ps.mig_profile:
         limits[f"{n.MIG_RESOURCE_PREFIX}{ps.mig_profile}"] = "1"
     elif ps.gpus_per_pod:
         limits[n.GPU_RESOURCE] = str(ps.gpus_per_pod)
-    env: list[dict[str, Any]] = [{"name": e.name, "value": e.value} for e in tmpl.env if e.name != n.RESUME_ENV]
+    env: list[dict[str, Any]] = [{"name": e.name, "valueFrom": copy.deepcopy(e.value_from)} if e.value_from
+                                 else {"name": e.name, "value": e.value} for e in tmpl.env if e.name != n.RESUME_ENV]
     env.append({"name": n.RESUME_ENV, "valueFrom": {"fieldRef": {
         "fieldPath": f"metadata.annotations['{n.RESUME_FROM_ANNOTATION}']"}}})
     container: dict[str, Any] = {"name": ps.name.replace("_", "-").replace(".", "-"), "image": tmpl.image,
@@ -228,7 +239,15 @@ def pod_template(ps: PodSet, tmpl: PodTemplate, *, restart_policy: str = "Never"
         container["args"] = list(tmpl.args)
     if tmpl.volume_mounts:
         container["volumeMounts"] = [dict(v) for v in tmpl.volume_mounts]
+    pod_security: dict[str, Any] = {}
+    if security is PodSecurity.RESTRICTED:
+        container["securityContext"] = copy.deepcopy(RESTRICTED_CONTAINER)
+        pod_security = copy.deepcopy(RESTRICTED_POD)
+    if tmpl.run_as_user is not None:
+        pod_security["runAsUser"] = tmpl.run_as_user
     spec: dict[str, Any] = {"restartPolicy": restart_policy, "containers": [container]}
+    if pod_security:
+        spec["securityContext"] = pod_security
     if tmpl.volumes:
         spec["volumes"] = [dict(v) for v in tmpl.volumes]
     if ps.selector:
@@ -244,13 +263,13 @@ def pod_template(ps: PodSet, tmpl: PodTemplate, *, restart_policy: str = "Never"
     return {"metadata": {"labels": {}, "annotations": {}}, "spec": spec}
 
 
-def event_pod_sets(spec: JobSpec) -> list[PodSetTemplate]:
-    """The pod sets of an event-submitted job, with Kubernetes templates."""
+def event_pod_sets(spec: JobSpec, security: PodSecurity = PodSecurity.RESTRICTED) -> list[PodSetTemplate]:
+    """The pod sets of an event-submitted job, with Kubernetes templates under the `security` profile."""
     out = []
     for ps in spec.pod_sets:
         if ps.template is None:
             raise ValueError(f"pod set {ps.name} of {spec.job_id} has no template")
-        tmpl = pod_template(ps, ps.template)
+        tmpl = pod_template(ps, ps.template, security=security)
         tmpl["spec"]["tolerations"] = _union(tmpl["spec"].get("tolerations") or [], toleration_dicts(spec.tolerations))
         if not tmpl["spec"]["tolerations"]:
             del tmpl["spec"]["tolerations"]
