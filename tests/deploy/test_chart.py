@@ -104,8 +104,10 @@ def granted_by(role: Doc) -> dict[tuple[str, str], set[str]]:
 
 def test_rbac_grants_the_executor_and_the_api_exactly_their_verbs_and_nothing_wider(render: Any,
                                                                                      docs: list[Doc]) -> None:
-    roles = of_kind(docs, "ClusterRole")
-    assert sorted(roles) == ["gpuq-api", "gpuq-executor", "gpuq-executor-workloads"] and not of_kind(docs, "Role")
+    # The admission webhook's own (its certificate Secret, its configurations' caBundle): test_chart_webhook.py.
+    roles = {name: role for name, role in of_kind(docs, "ClusterRole").items() if name != "gpuq-webhook"}
+    assert sorted(roles) == ["gpuq-api", "gpuq-executor", "gpuq-executor-workloads"]
+    assert sorted(of_kind(docs, "Role")) == ["gpuq-webhook"]
     assert granted_by(roles["gpuq-executor"]) == EXECUTOR_CLUSTER_RULES
     assert all(verbs <= READ_VERBS for verbs in granted_by(roles["gpuq-executor"]).values())
     workloads = granted_by(roles["gpuq-executor-workloads"])
@@ -122,7 +124,7 @@ def test_rbac_grants_the_executor_and_the_api_exactly_their_verbs_and_nothing_wi
     assert granted_by(of_kind(narrow_docs, "ClusterRole")["gpuq-executor"]) == EXECUTOR_CLUSTER_RULES
     assert granted_by(roles["gpuq-api"]) == API_RULES
 
-    bindings = of_kind(docs, "ClusterRoleBinding")
+    bindings = {name: b for name, b in of_kind(docs, "ClusterRoleBinding").items() if name != "gpuq-webhook"}
     assert sorted(bindings) == ["gpuq-api", "gpuq-executor"]  # nothing binds the changing role cluster-wide
     for name in ("gpuq-executor", "gpuq-api"):
         assert bindings[name]["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
@@ -384,7 +386,8 @@ def test_the_executor_changes_workloads_and_pods_only_in_the_managed_namespaces(
     """A RoleBinding of the changing role in each namespace queues.yaml maps to a team and each one
     `rbac.managedNamespaces` adds, and nowhere else."""
     def bound(docs: list[Doc]) -> dict[str, Doc]:
-        return {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "RoleBinding"}
+        return {d["metadata"]["namespace"]: d for d in docs  # gpuq-webhook: its certificate's Secret (gpuq-system)
+                if d["kind"] == "RoleBinding" and d["metadata"]["name"] != "gpuq-webhook"}
 
     mapped = bound(render(CI_VALUES))
     assert sorted(mapped) == ["ml-nlp", "ml-vision"]  # config.queues.namespaces

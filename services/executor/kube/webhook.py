@@ -77,7 +77,8 @@ class WebhookSettings:
             secret=env.get("GPUQ_WEBHOOK_SECRET", "gpuq-webhook-tls"),
             configurations=_split(env.get("GPUQ_WEBHOOK_CONFIGURATIONS", "gpuq")),
             cert_dir=Path(cert_dir) if cert_dir else None, hosts=_split(env.get("GPUQ_WEBHOOK_HOSTS")),
-            trusted_users=_split(env.get("GPUQ_WEBHOOK_TRUSTED_USERS")))
+            trusted_users=_split(env.get("GPUQ_WEBHOOK_TRUSTED_USERS")),
+            renew_before=dt.timedelta(days=float(env.get("GPUQ_WEBHOOK_RENEW_BEFORE_DAYS", "30"))))
 
     @property
     def all_hosts(self) -> list[str]:

@@ -117,3 +117,9 @@ externalNats left from before natsAuth was the default would otherwise be silent
   {{- fail "Postgres: set externalDatabase.existingSecret.name (a Secret holding DATABASE_URL)" }}
 {{- end }}
 {{- end }}
+
+{{/* Whether the executor serves the admission webhook (the Kubernetes executor, webhook.enabled, a managed
+namespace to guard). */}}
+{{- define "gpuq.webhook" -}}
+{{- if and .Values.webhook.enabled (include "gpuq.kubeExecutor" .) (include "gpuq.managedNamespaces" . | fromJsonArray) }}true{{ end }}
+{{- end }}
