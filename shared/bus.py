@@ -14,6 +14,11 @@ a consumer may not have read yet; streams whose old messages are superseded or k
 samples, status news, dead letters and audit records, which their services store in Postgres) drop their oldest.
 Each service declares and may create the streams it uses; only a stream's owner (and admins) may update one
 (shared/natsauth.py grants exactly that).
+
+On a NATS cluster every stream is kept on `GPUQ_STREAM_REPLICAS` servers (default 1; 3 survives the loss of a
+server; the chart sets it from its values). gpuq never lowers what an operator raised: a stream found with more
+replicas, a higher byte limit, or a higher age limit or none, keeps it (`kept_config`), and the log says what was
+kept; a stream without a byte limit is bounded all the same.
 """
 
 from __future__ import annotations
@@ -22,8 +27,9 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import Any
 from urllib.parse import unquote
 
 import nats
@@ -51,6 +57,7 @@ class StreamDef:
     # NEW: a full stream refuses the publish (the publisher hears why); OLD: it drops its oldest messages.
     discard: DiscardPolicy = DiscardPolicy.NEW
     owner: str = ""  # the one service that may update the stream's configuration (besides admins)
+    replicas: int = 1  # servers of a NATS cluster that keep a copy (GPUQ_STREAM_REPLICAS)
 
 
 @dataclass(frozen=True)
@@ -109,19 +116,35 @@ def byte_limits(text: str) -> dict[str, int]:
     return out
 
 
+REPLICAS_ENV = "GPUQ_STREAM_REPLICAS"
+MAX_REPLICAS = 5  # JetStream's own limit
+
+
+def replicas_of(text: str) -> int:
+    """The streams' replica count from `GPUQ_STREAM_REPLICAS` (empty: 1). ValueError names what is wrong."""
+    raw = text.strip()
+    if not raw:
+        return 1
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_REPLICAS:
+        raise ValueError(f"{REPLICAS_ENV}={text!r} must be a whole number from 1 to {MAX_REPLICAS} (3 on a NATS "
+                         "cluster of 3 servers or more, 1 on a single server)")
+    return int(raw)
+
+
 def streams(namespace: str | None = None) -> tuple[StreamDef, ...]:
     """The streams of a platform namespace (default: this process's, `GPUQ_NAMESPACE`), with their byte limits as
-    `GPUQ_STREAM_MAX_BYTES` sets them."""
+    `GPUQ_STREAM_MAX_BYTES` sets them and their replicas as `GPUQ_STREAM_REPLICAS` does."""
     ns = namespaces.validate(namespace) if namespace is not None else namespaces.current()
-    return _streams(ns, os.environ.get(LIMITS_ENV, ""))
+    return _streams(ns, os.environ.get(LIMITS_ENV, ""), os.environ.get(REPLICAS_ENV, ""))
 
 
 @lru_cache(maxsize=16)
-def _streams(ns: str, limits: str) -> tuple[StreamDef, ...]:
+def _streams(ns: str, limits: str, replicas: str = "") -> tuple[StreamDef, ...]:
     prefix = namespaces.stream_prefix(ns)
     sizes = byte_limits(limits)
+    copies = replicas_of(replicas)
     return tuple(StreamDef(f"{prefix}_{s.suffix}", tuple(f"{ns}.{p}" for p in s.patterns), s.max_age_s,
-                           sizes.get(s.suffix, s.max_bytes), s.discard, s.owner)
+                           sizes.get(s.suffix, s.max_bytes), s.discard, s.owner, copies)
                  for s in _STREAM_SHAPES)
 
 
@@ -231,12 +254,58 @@ def _config(stream: StreamDef, description: str) -> StreamConfig:
         max_bytes=stream.max_bytes,
         discard=stream.discard,
         duplicate_window=DUPLICATE_WINDOW_S,
+        num_replicas=stream.replicas,
     )
+
+
+def _roomier(have: float | None, declared: float | None, *, none_kept: bool) -> bool:
+    """Does an existing limit give more room than the declared one? None, 0 and -1 are JetStream's "no limit", which
+    counts as more room only where `none_kept`."""
+    if declared is None or declared <= 0:
+        return False  # the declaration sets no limit: nothing gives more room
+    if have is None or have <= 0:
+        return none_kept
+    return have > declared
+
+
+def kept_config(have: StreamConfig, declared: StreamConfig) -> tuple[StreamConfig, list[str]]:
+    """The configuration to bring an existing stream to: the declared one, except where an operator gave the stream
+    more than declared: more replicas, a higher byte limit, a higher age limit or none; returns it and what was kept.
+    A stream without a byte limit is bounded all the same (every stream is: a producer must not be able to fill the
+    server's store; an older gpuq created them unbounded). The settings gpuq does not declare (message counts and
+    sizes, placement...) stay as the stream has them."""
+    kept: list[str] = []
+    fields: dict[str, Any] = {}
+    if (have.num_replicas or 1) > (declared.num_replicas or 1):
+        fields["num_replicas"] = have.num_replicas
+        kept.append(f"{have.num_replicas} replicas (declared {declared.num_replicas})")
+    if _roomier(have.max_bytes, declared.max_bytes, none_kept=False):
+        fields["max_bytes"] = have.max_bytes
+        kept.append(f"max_bytes {_limit(have.max_bytes)} (declared {declared.max_bytes})")
+    if _roomier(have.max_age, declared.max_age, none_kept=True):
+        fields["max_age"] = have.max_age
+        kept.append(f"max_age {_limit(have.max_age, 's')} (declared {declared.max_age:g} s)")
+    wanted = replace(have, **{**{name: getattr(declared, name) for name in _DECLARED}, **fields})
+    return wanted, kept
+
+
+# What gpuq declares of a stream; the rest of an existing stream's configuration is left as it is.
+_DECLARED = ("description", "subjects", "retention", "storage", "max_age", "max_bytes", "discard", "duplicate_window",
+             "num_replicas")
+
+
+def _limit(value: float | None, unit: str = "") -> str:
+    """A limit as the log shows it: "none", bytes whole, seconds as given."""
+    if value is None or value <= 0:
+        return "none"
+    return f"{value:g} {unit}" if unit else str(int(value))
 
 
 def differences(have: StreamConfig, want: StreamConfig) -> list[str]:
     """What an existing stream's configuration has other than declared (the description, its purpose, aside)."""
     out: list[str] = []
+    if (have.num_replicas or 1) != (want.num_replicas or 1):
+        out.append(f"num_replicas {have.num_replicas or 1} (declared {want.num_replicas or 1})")
     for name in ("retention", "storage", "discard", "max_bytes", "max_age", "duplicate_window"):
         got, wanted = getattr(have, name), getattr(want, name)
         same = abs(float(got or 0) - float(wanted or 0)) < 1e-3 if name in ("max_age", "duplicate_window") \
@@ -275,11 +344,17 @@ async def ensure_streams(js: JetStreamContext, namespace: str | None = None, pur
                 if "already in use" not in str(exc):
                     raise
             except APIError as exc:
+                if exc.err_code == NOT_CLUSTERED:
+                    raise RuntimeError(f"cannot create stream {stream.name}: {_not_clustered(stream)}") from exc
                 if exc.err_code != NO_STORAGE:
                     raise
                 raise RuntimeError(f"cannot create stream {stream.name}: {_no_storage(stream)}") from exc
             continue
-        wanted = _config(stream, info.config.description or MARKER_PREFIX + purpose)
+        wanted, kept = kept_config(info.config, _config(stream, info.config.description or MARKER_PREFIX + purpose))
+        if kept:
+            log.info("stream %s keeps what it was given above its declaration: %s (gpuq never lowers a stream's "
+                     "replicas or limits; lower them with the NATS CLI and %s / %s)", stream.name, "; ".join(kept),
+                     REPLICAS_ENV, LIMITS_ENV)
         changed = differences(info.config, wanted)
         if not changed:
             continue
@@ -288,6 +363,8 @@ async def ensure_streams(js: JetStreamContext, namespace: str | None = None, pur
             try:
                 await js.update_stream(wanted)
             except APIError as exc:
+                if exc.err_code == NOT_CLUSTERED:
+                    raise RuntimeError(f"cannot update stream {stream.name}: {_not_clustered(stream)}") from exc
                 if exc.err_code != NO_STORAGE:
                     raise
                 # It keeps working as it was: not a reason to stop the service, but said where operators look.
@@ -298,6 +375,12 @@ async def ensure_streams(js: JetStreamContext, namespace: str | None = None, pur
 
 
 NO_STORAGE = 10047  # JetStream: "insufficient storage resources available" (limits are reserved on the store)
+NOT_CLUSTERED = 10074  # JetStream: "replicas > 1 not supported in non-clustered mode"
+
+
+def _not_clustered(stream: StreamDef) -> str:
+    return (f"{REPLICAS_ENV} asks for {stream.replicas} replicas, and this NATS server is not part of a cluster; "
+            f"set {REPLICAS_ENV}=1 (the chart: nats.clustered=false), or point gpuq at a NATS cluster")
 
 
 def _no_storage(stream: StreamDef) -> str:
