@@ -380,7 +380,7 @@ NOT_CLUSTERED = 10074  # JetStream: "replicas > 1 not supported in non-clustered
 
 def _not_clustered(stream: StreamDef) -> str:
     return (f"{REPLICAS_ENV} asks for {stream.replicas} replicas, and this NATS server is not part of a cluster; "
-            f"set {REPLICAS_ENV}=1 (the chart: nats.clustered=false), or point gpuq at a NATS cluster")
+            f"set {REPLICAS_ENV}=1 (the chart: streams.natsClustered=false), or point gpuq at a NATS cluster")
 
 
 def _no_storage(stream: StreamDef) -> str:

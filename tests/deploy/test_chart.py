@@ -24,7 +24,7 @@ SIM_VALUES = CHART / "ci" / "sim-values.yaml"
 RULES_DIR = ROOT / "deploy" / "prometheus" / "rules"
 DASHBOARDS_DIR = ROOT / "deploy" / "grafana" / "dashboards"
 SERVICES = ("admission", "api", "audit", "executor", "metering", "preemption", "scheduler", "telemetry")
-SINGLETONS = ("admission", "preemption", "scheduler")
+SINGLETONS = ("admission", "executor", "preemption", "scheduler")
 REPLICATED = (*SINGLETONS, "api")  # the API is stateless: two replicas serve
 SECRETS_KEY_USERS = ("api", "telemetry")  # they keep webhook signing secrets, encrypted at rest
 # The least values an install needs (what docs/install.md tells an operator to set), on the chart's defaults.
@@ -449,3 +449,18 @@ def test_retention_windows_reach_the_services_that_prune(render: Any, docs: list
             for owner, name in windows.items():
                 assert (env[name]["value"] if name in env else None) == (expected[owner] if owner == service
                                                                          else None), (service, name)
+
+
+def test_streams_are_replicated_on_a_clustered_nats(render: Any, docs: list[Doc], helm: Any, chart: Path) -> None:
+    """Every service declares the streams it uses with GPUQ_STREAM_REPLICAS: 3 on a NATS cluster (the default, as
+    docs/install.md installs NATS), 1 on a single server, or what streams.replicas says; more than one on a single
+    server is refused at install time, saying what to set."""
+    def replicas(rendered: list[Doc]) -> set[str]:
+        return {env_of(container(d))["GPUQ_STREAM_REPLICAS"]["value"] for d in deployments(rendered).values()}
+
+    assert replicas(docs) == {"3"}
+    assert replicas(render(CI_VALUES, sets=["streams.natsClustered=false"])) == {"1"}
+    assert replicas(render(CI_VALUES, sets=["streams.replicas=5"])) == {"5"}
+    res = helm("template", "gpuq", str(chart), "-f", str(CI_VALUES), "--set", "streams.natsClustered=false",
+               "--set", "streams.replicas=3")
+    assert res.returncode != 0 and "streams.replicas=3 needs a NATS cluster: set streams.natsClustered=true" in res.stderr

@@ -100,6 +100,17 @@ externalNats left from before natsAuth was the default would otherwise be silent
 {{- end }}
 {{- end }}
 
+{{/* How many NATS servers keep a copy of each stream (GPUQ_STREAM_REPLICAS): streams.replicas, or 3 on a clustered
+NATS, else 1. */}}
+{{- define "gpuq.streamReplicas" -}}
+{{- $s := .Values.streams }}
+{{- $asked := int ($s.replicas | default 0) }}
+{{- if and (gt $asked 1) (not $s.natsClustered) }}
+{{- fail (printf "streams.replicas=%d needs a NATS cluster: set streams.natsClustered=true (a JetStream cluster of 3 servers or more), or streams.replicas=1 for a single server" $asked) }}
+{{- end }}
+{{- if gt $asked 0 }}{{ $asked }}{{ else if $s.natsClustered }}3{{ else }}1{{ end }}
+{{- end }}
+
 {{/* The services that keep webhook signing secrets, encrypted with the secrets key (shared/secretbox.py). */}}
 {{- define "gpuq.needsSecretsKey" -}}
 {{- if or (eq . "api") (eq . "telemetry") }}true{{ end }}
