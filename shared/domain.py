@@ -21,8 +21,9 @@ JOB_ID_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._:-]{0,190}[A-Za-z0-9])?$")
 # What Postgres cannot store, refused when a job spec or an event is validated (docs/events.md, "Limits"), so that a
 # submission carrying it is a clear 422 or dead letter naming the field, never a handler failing in Postgres: a NUL
 # character (text and jsonb refuse \u0000), a lone surrogate (no UTF-8 encoding exists for it), a string (or a key)
-# longer than this (Postgres stores far more, but nothing gpuq keeps needs more).
-MAX_STRING_CHARS = 65_536
+# longer than one event may be (shared.events.MAX_EVENT_BYTES: it could never be published; what is smaller, Postgres
+# stores, and admission's governance caps a spec at 64 KiB with a verdict, SpecTooLarge).
+MAX_STRING_CHARS = 1024 * 1024
 # A validation context key: the caller (shared.events.parse_event) has already checked every string of the input.
 STRINGS_CHECKED = "gpuq_strings_checked"
 

@@ -76,8 +76,7 @@ async def test_a_flood_of_submissions_postgres_cannot_store_does_not_delay_anoth
         assert await pool.fetchval("SELECT count(*) FROM admission.jobs WHERE team = 'team-b'") == 0
         jobs = stream_for_subject(ns_subject("job.submitted.team-a")).name
         durable = next(name for plan, name, _ in runtime.consumers if plan.stream.name == jobs)
-        info = await js.consumer_info(jobs, durable)
-        assert info.num_redelivered == 0 and info.num_pending == 0
+        assert (await js.consumer_info(jobs, durable)).num_redelivered == 0
         assert (await runtime.health()).checks["consumers"].ok
     finally:
         await runtime.stop()

