@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import secrets
 import time
@@ -43,7 +44,15 @@ from services.telemetry.webhooks import store as webhooks
 from shared import audit
 from shared.config import ConfigError, QueuesConfig, parse_queues
 from shared.domain import JobSpec
-from shared.events import JobApproved, JobCancelRequested, JobSubmitted, QueueConfigChanged, utcnow_from
+from shared.events import (
+    MAX_DEPTH,
+    JobApproved,
+    JobCancelRequested,
+    JobSubmitted,
+    QueueConfigChanged,
+    too_deep,
+    utcnow_from,
+)
 from shared.service import ServiceRuntime, ServiceSpec
 
 log = logging.getLogger("gpuq.api")
@@ -163,7 +172,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
               summary="Submit jobs (one JobSpec or {jobs: [...]}) as the token's team")
     async def submit(who: Caller, request: Request,
                      wait: Annotated[float, Query(ge=0, le=30)] = VERDICT_WAIT_S) -> list[SubmitResult]:
-        specs = _specs_from_body(await request.json(), who.team)
+        specs = _specs_from_body(await _json_body(request), who.team)
         config = await _current_config(ctx)
         for spec in specs:
             if not who.admin and spec.team != who.team:
@@ -364,6 +373,18 @@ def _report_errors() -> Iterator[None]:
         raise HTTPException(422, str(exc)) from None
     except asyncpg.UndefinedTableError:
         raise HTTPException(503, "no metering ledger here yet") from None
+
+
+async def _json_body(request: Request) -> Any:
+    """The request's JSON, or a 422 that says why not: a body nested deeper than events may be (checked before parsing,
+    so a hostile body cannot exhaust the parser's recursion) or one that is not JSON."""
+    raw = await request.body()
+    if too_deep(raw):
+        raise HTTPException(422, f"the body nests deeper than {MAX_DEPTH} levels of arrays and objects")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise HTTPException(422, f"the body is not JSON: {exc}") from None
 
 
 def _specs_from_body(doc: Any, caller_team: str | None) -> list[JobSpec]:

@@ -51,3 +51,19 @@ async def test_a_lone_surrogate_in_a_submitted_spec_is_a_422_naming_the_field(ap
     assert r.status_code == 422, r.text
     assert "labels.x: contains a lone surrogate" in r.json()["detail"]
     assert await api.conn.fetchval("SELECT count(*) FROM api.outbox WHERE subject LIKE '%job.submitted%'") == 0
+
+
+@pytest.mark.parametrize(("body", "named"), [
+    (b"[" * 5000 + b"]" * 5000, "nests deeper than"),
+    (b'{"labels": ' + b'{"a": ' * 100 + b"1" + b"}" * 100 + b"}", "nests deeper than"),
+    (b'{"job_id": "a-9", ', "is not JSON"),
+], ids=["deep-array", "deep-object", "truncated"])
+async def test_a_hostile_or_broken_body_is_a_422_not_a_500(api: ApiPlatform, body: bytes, named: str) -> None:
+    async with httpx.AsyncClient(base_url=api.base, timeout=30) as c:
+        r = await c.post("/v1/jobs", content=body, headers={**auth(api.tokens["a"]),
+                                                            "Content-Type": "application/json"})
+        assert r.status_code == 422, r.text
+        assert named in r.json()["detail"], r.json()["detail"]
+        # the API still serves the next request
+        assert (await c.get("/v1/jobs", headers=auth(api.tokens["a"]))).status_code == 200
+    assert await api.conn.fetchval("SELECT count(*) FROM api.outbox WHERE subject LIKE '%job.submitted%'") == 0
