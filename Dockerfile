@@ -33,8 +33,7 @@ ENV PATH=/opt/gpuq/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     HOME=/tmp \
-    GPUQ_HOME=/tmp/gpuq \
-    MPLCONFIGDIR=/tmp/matplotlib
+    GPUQ_HOME=/tmp/gpuq
 RUN groupadd --system --gid 10001 gpuq \
  && useradd --system --uid 10001 --gid gpuq --home-dir /tmp --no-create-home --shell /usr/sbin/nologin gpuq
 COPY --from=build /opt/gpuq /opt/gpuq

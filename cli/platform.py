@@ -47,7 +47,6 @@ from shared.health import HealthServer
 from shared.servers import EmbeddedServerError, Servers, resolve_servers
 from shared.service import publish_event
 from shared.tracing import traced_event
-from sim.synthetic_workload import generate
 
 console = Console()
 EXAMPLES = Path(__file__).resolve().parents[1] / "deploy" / "examples"
@@ -314,6 +313,10 @@ def demo(
     cluster_cfg = parse_cluster(DEMO_CLUSTER, "demo cluster")
     queues_cfg = parse_queues(DEMO_QUEUES, "demo queues")
     capacity = cluster_cfg.total_gpus
+    # The demo's workload generator is the simulator's (pure Python: it needs no extra); imported here so that
+    # `gpuq up` in the service image never loads the simulator.
+    from sim.synthetic_workload import generate
+
     workload = generate(teams=list(DEMO_TEAMS), jobs=jobs, capacity_gpus=capacity, load=load, seed=seed,
                         max_duration_s=3 * 3_600.0)
     with tempfile.TemporaryDirectory(prefix="gpuq-demo-") as tmp:

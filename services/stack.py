@@ -118,8 +118,8 @@ def _executor_spec(settings: StackSettings) -> ServiceSpec:
 
 
 def _eta_function() -> EtaFn:
-    """The forward-simulation ETA with the production cores and predicted durations (sim/eta.py)."""
-    from sim.eta import PlatformEta
+    """The forward-simulation ETA with the production cores and predicted durations (services/eta)."""
+    from services.eta.platform import PlatformEta
 
     return PlatformEta()
 

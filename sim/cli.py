@@ -1,29 +1,48 @@
-"""`gpuq simulate`: replay a trace in virtual time under one or more policies."""
+"""`gpuq simulate`: replay a trace in virtual time under one or more policies.
+
+The simulator's numbers and plots need numpy and matplotlib, the optional extra `gpuq[sim]` that the service image
+leaves out: this module imports neither (nor what imports them) until the command runs, so `gpuq` and
+`gpuq simulate --help` work without them, and the command says how to install them.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from shared.config import ConfigError
 from sim.loaders import TraceError
-from sim.run import (
-    POLICIES,
-    PolicyRun,
-    TraceOptions,
-    load_trace,
-    node_failures,
-    queues_yaml,
-    run_policies,
-    trace_summary,
-)
+from sim.policies import POLICIES
+
+if TYPE_CHECKING:
+    from sim.run import PolicyRun
+
+# What `gpuq simulate` needs beyond the service's dependencies (pyproject.toml, extra `sim`).
+SIM_EXTRA = ("numpy", "matplotlib")
+INSTALL_HINT = "pip install 'gpuq[sim]'"
+
+
+def missing_sim_extra() -> list[str]:
+    """The simulator's libraries that cannot be imported here (without importing them: matplotlib is slow)."""
+    missing = []
+    for name in SIM_EXTRA:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except ImportError:  # a finder that refuses it
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
 
 
 def simulate(
@@ -65,6 +84,13 @@ def simulate(
 ) -> None:
     """Replay a GPU job trace through the same cores as production and compare policies."""
     console = Console(stderr=True)
+    missing = missing_sim_extra()
+    if missing:
+        console.print(f"[red]error:[/] gpuq simulate needs the simulator's extra ({', '.join(missing)} not "
+                      f"installed): {escape(INSTALL_HINT)}", soft_wrap=True)
+        raise typer.Exit(2)
+    from sim.run import TraceOptions, load_trace, node_failures, queues_yaml, run_policies, trace_summary
+
     names = [p.strip() for p in policy.split(",") if p.strip()]
     opts = TraceOptions(trace=trace, fmt=fmt, cluster=cluster, queues=queues, start=start, end=end, month=month,
                         cluster_scale=cluster_scale, load=load, arrival_scale=arrival_scale, topology=topology,

@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+# A victim of preemption: the type the production preemption driver returns (the ETA's replay uses it too).
+from services.eta.core.preemption import Preempted
 from sim.failures import NodeFailure, lost_work_s
 from sim.model import Trace, TraceJob
 
@@ -21,13 +23,6 @@ from sim.model import Trace, TraceJob
 # cycle of that instant either way (all events of an instant precede its cycle).
 # A node that comes back is usable by that instant's cycle; a node that fails kills its jobs before it.
 COMPLETION, NODE_UP, NODE_DOWN, ARRIVAL, TICK = 0, 1, 2, 3, 4
-
-
-@dataclass(frozen=True)
-class Preempted:
-    job_id: str
-    lost_gpu_s: float  # GPU-seconds of work lost since the victim's last checkpoint
-    reason: str = "PriorityPreemption"
 
 
 @dataclass

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from services.eta.core import ETA_REFRESH_S, EtaModel, EtaRange, RunningView, estimate_ranges, refresh_due
 from sim.engine import CycleOutput, SimResult
-from sim.eta import ETA_REFRESH_S, EtaModel, EtaRange, RunningView, estimate_ranges, refresh_due
 from sim.model import Trace, TraceJob
 
 MIN_WAIT_S = 300.0

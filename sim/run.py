@@ -22,20 +22,12 @@ from sim.loaders import (
 )
 from sim.metrics import compute_metrics, isolated_finish_times
 from sim.model import Trace
+from sim.policies import POLICIES
 from sim.policies.baselines import PodFifo, QuotaFifo
 from sim.policies.gpuq import GpuqPolicy, cores_available
 from sim.policies.kueue import Kueue
 from sim.policies.slurm import Slurm
 from sim.policies.volcano import Volcano
-
-# gpuq: everything on, preemption checkpoints its victims first. gpuq-evict: the same, but victims are evicted
-# without a checkpoint (what Kueue/Volcano do), to measure what checkpoint-before-preempt saves.
-# gpuq-nopreempt: no preemption at all. gpuq-duration: gpuq with duration-aware ordering (predicted GPU-time,
-# shortest first within a priority and fair-share standing, aged; services/admission/core/ordering.py).
-# gpuq-fairtime: gpuq with fair share over time (usage decayed with a 7-day half-life, Slurm's default
-# PriorityDecayHalfLife; services/admission/core/history.py).
-POLICIES = ("gpuq", "gpuq-duration", "gpuq-fairtime", "gpuq-evict", "gpuq-nopreempt", "kueue", "slurm", "volcano",
-            "quota-fifo", "pod-fifo")
 
 
 class _Preemption:
@@ -47,7 +39,7 @@ class _Preemption:
 
     def __call__(self, ctx: Any) -> list[Any]:
         if self.inner is None:
-            from sim.preemption import SimPreemption
+            from services.eta.core.preemption import SimPreemption
 
             self.inner = SimPreemption(ctx.admission.config, checkpointing=self.checkpointing)
         return self.inner(ctx)
@@ -215,7 +207,7 @@ def run_policies(trace: Trace, policies: Sequence[str],
         policy = make_policy(name)
         tracked = None
         if eta != "off" and name.startswith("gpuq"):
-            from sim.eta import EtaModel
+            from services.eta.core import EtaModel
             from sim.eta_accuracy import EtaTracked
 
             predict = eta == "predicted"

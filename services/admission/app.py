@@ -90,7 +90,7 @@ class EtaRange(Protocol):
 
 class EtaFn(Protocol):
     """Expected starts {job_id: range} from (cluster, admission state, reserved ends of jobs holding GPUs, now):
-    the forward simulation with the production cores and predicted durations (sim/eta.py, PlatformEta),
+    the forward simulation with the production cores and predicted durations (services/eta, PlatformEta),
     injected so the service stays thin. It learns from the starts and ends admission tells it."""
 
     def __call__(self, cluster: ClusterState, state: AdmissionState, reserved_ends: Mapping[str, float],

@@ -10,12 +10,13 @@ No scheduling logic lives here: only the bookkeeping that the services' shells d
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
+# The preemption hook's types live with the production driver of the preemption core (the ETA's replay runs it).
+from services.eta.core.preemption import Preempted, PreemptionContext, PreemptionHook, RunningInfo
 from shared.domain import JobSpec
-from sim.engine import CycleOutput, Preempted
+from sim.engine import CycleOutput
 from sim.model import Trace, TraceJob
 
 
@@ -27,32 +28,6 @@ def cores_available() -> bool:
         return False
     return True
 
-
-@dataclass(frozen=True)
-class RunningInfo:
-    spec: JobSpec
-    started_at: float
-    expected_end: float  # started_at + max_runtime_s: what the schedulers believe
-
-
-@dataclass(frozen=True)
-class PreemptionContext:
-    """What a preemption core needs to pick victims: the snapshot after this cycle's placements."""
-
-    now: float
-    cluster: Any  # services.scheduler.core.ClusterState (do not mutate: return victims instead)
-    admission: Any  # services.admission.core.AdmissionState
-    unplaceable: Sequence[Any]  # scheduler Unplaceable of admitted jobs still waiting, in order
-    reclaims: Sequence[Any]  # admission ReclaimRequest list of this cycle
-    running: dict[str, RunningInfo]
-    protection_window_s: int
-    checkpoint_grace_s: int
-    # every job id that entered or left `running`, in order, since the policy's setup (the hook keeps its view
-    # of the running jobs by reading what was appended since its last call)
-    running_log: list[str] | None = None
-
-
-PreemptionHook = Callable[[PreemptionContext], list[Preempted]]
 
 # How often the usage history is handed to admission (Slurm's PriorityCalcPeriod default: 5 minutes); the
 # half-life of `gpuq-fairtime` is Slurm's PriorityDecayHalfLife default, 7 days (sim/run.py).

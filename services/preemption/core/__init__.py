@@ -1,7 +1,7 @@
 """The preemption service's pure core: victim rules, victim selection, guard rails.
 
 No I/O, no clock, no asyncio: callers pass `now` and snapshots. The service (services/preemption/app.py)
-and the simulator (sim/preemption.py) drive the same functions.
+and the ETA's replay and the simulator (services/eta/core/preemption.py) drive the same functions.
 """
 
 from .drain import DrainPlan, drain_plan

@@ -11,13 +11,13 @@ import pytest
 
 from services.admission import app as admission_app
 from services.admission.app import AdmissionService
+from services.eta.platform import PlatformEta
 from shared.clock import ManualClock
 from shared.config import parse_queues
 from shared.db import create_pool
 from shared.events import JobPending
 from shared.namespace import subject as ns_subject
 from shared.service import ServiceRuntime
-from sim.eta import PlatformEta
 from tests.service.admission.test_admission_service import queues, submitted, until
 from tests.support.cluster import record_nodes
 from tests.unit.telemetry.telemetry_builders import node

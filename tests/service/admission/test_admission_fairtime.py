@@ -235,7 +235,7 @@ async def test_a_queue_that_borrowed_heavily_in_the_past_waits_behind_one_that_d
 
 def test_with_an_eta_admission_predicts_with_the_etas_predictor_one_owner_of_the_history() -> None:
     """The history the ETA learns from is the one duration ordering reads (no second copy to drift apart)."""
-    from sim.eta import PlatformEta
+    from services.eta.platform import PlatformEta
 
     eta = PlatformEta()
     service = AdmissionService(parse_queues(queues(duration_ordering=True)), eta=eta)

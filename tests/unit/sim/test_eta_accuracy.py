@@ -10,9 +10,17 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
+from services.eta.core import (
+    IDLE_REFRESH_S,
+    EtaCalibration,
+    EtaModel,
+    RunningView,
+    estimate_ranges,
+    estimate_starts,
+    refresh_due,
+)
 from services.pipeline.core.predict import JobKey
 from sim.engine import Engine
-from sim.eta import IDLE_REFRESH_S, EtaCalibration, EtaModel, RunningView, estimate_ranges, estimate_starts, refresh_due
 from sim.eta_accuracy import EtaTracked, eta_metrics
 from sim.run import make_policy
 
@@ -229,7 +237,7 @@ def test_conformal_range_holds_the_nominal_share_whatever_the_replayed_range_say
 
 
 def test_conformal_quantile_is_the_finite_sample_one():
-    from sim.eta import conformal_quantile
+    from services.eta.core import conformal_quantile
 
     scores = [float(i) for i in range(1, 10)]  # n = 9: ceil(10 * 0.8) = 8th smallest
     assert conformal_quantile(scores, 0.8) == 8.0
@@ -320,7 +328,7 @@ def test_simulate_eta_option_adds_the_metrics(tmp_path):
 
 def test_platform_eta_learns_from_the_starts_and_ends_admission_reports():
     """The admission service's ETA object: predicted from reserved ends, calibrated by reported starts."""
-    from sim.eta import PlatformEta
+    from services.eta.platform import PlatformEta
 
     running = [job("r1", 0, 10, gpus_per_pod=6, estimate=3600)]
     cluster, adm = _state_with(running, [job("p1", 5, 10, gpus_per_pod=8, estimate=600)], now=5.0)
@@ -350,7 +358,7 @@ def test_platform_eta_preempts_in_its_replays_and_remembers_who_was_preempted():
     """The admission service's ETA replays the platform's preemptions: a normal job waiting behind a low-priority
     one past its protection window starts now; once admission reports the waiting job preempted (JobPreempted),
     its cool-down keeps it from preempting until 600 s after that preemption; a start forgets it."""
-    from sim.eta import PlatformEta
+    from services.eta.platform import PlatformEta
 
     running = [job("low", 0, 10, gpus_per_pod=8, estimate=7200, priority="low")]
     cluster, adm = _state_with(running, [job("p1", 5, 10, gpus_per_pod=8, estimate=600)], now=1000.0)
@@ -372,7 +380,7 @@ def test_a_refresh_forked_in_steps_learns_and_answers_as_one_in_a_single_call():
     one call; the child's copies change nothing of the parent's on their own."""
     import copy
 
-    from sim.eta import PlatformEta
+    from services.eta.platform import PlatformEta
 
     running = [job("r1", 0, 10, gpus_per_pod=6, estimate=3600)]
     cluster, adm = _state_with(running, [job("p1", 5, 10, gpus_per_pod=8, estimate=600),
@@ -396,7 +404,7 @@ def test_a_refresh_forked_in_steps_learns_and_answers_as_one_in_a_single_call():
 def _stream(model: EtaModel, queue: str, priority: int, every_s: float, until: float, span_s: float,
             gpu_s: float) -> float:
     """Arrivals of `queue` every `every_s` over (until - span_s, until]; returns their GPU-seconds in all."""
-    from sim.eta import Arrival
+    from services.eta.core import Arrival
 
     n = int(span_s // every_s)
     for i in range(n):
@@ -445,7 +453,7 @@ def test_only_the_share_of_an_arrivals_work_on_a_jobs_gpu_models_delays_it():
     one that accepts any model spreads over the 32 GPUs, so a quarter of its work lands on A; one for A only
     counts whole. A job that accepts any model meets all of them over the 32 GPUs. The silence weight counts
     the arrivals that compete (two for the A job, three for the any-model one)."""
-    from sim.eta import Arrival, ArrivalHistory
+    from services.eta.core import Arrival, ArrivalHistory
 
     pools, now, wait = {"A": 8, "B": 24}, 1000.0, 600.0
     hist = ArrivalHistory()
@@ -467,8 +475,8 @@ def test_an_arrivals_work_counts_its_mig_slices_as_their_share_of_a_gpu():
     whole GPUs count as they are."""
     from dataclasses import replace
 
+    from services.eta.core import gpu_share
     from shared.domain import MIG_COMPUTE_SLICES
-    from sim.eta import gpu_share
 
     sliced = replace(job("m", 0, 60, pods=4), mig_profile="3g.40gb").spec()
     assert sliced.total_gpus == 0
@@ -480,7 +488,8 @@ def test_the_arrival_history_learns_each_job_once_from_refreshes_and_stays_bound
     """observe_arrivals records every job admission holds (pending and admitted), with its priority and
     predicted work, once however many refreshes see it; entries older than the horizon are forgotten, and a
     queue keeps at most `max_entries`."""
-    from sim.eta import Arrival, ArrivalHistory, PlatformEta
+    from services.eta.core import Arrival, ArrivalHistory
+    from services.eta.platform import PlatformEta
 
     cluster, adm, _ = _low_job_waiting(5.0)
     model = EtaModel()

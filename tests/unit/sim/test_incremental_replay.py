@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
+from services.eta.core.preemption import SimPreemption
 from services.preemption.core import RunningJob, priority_of, usage_by_queue
 from services.scheduler.core.index import MISSING, ClusterIndex
 from sim.engine import CycleOutput, Engine
 from sim.model import Trace, TraceJob
 from sim.policies.gpuq import GpuqPolicy
-from sim.preemption import SimPreemption
 from sim.run import TraceOptions, load_trace, make_policy
 
 TRACES = Path(__file__).resolve().parents[2] / "data" / "traces"

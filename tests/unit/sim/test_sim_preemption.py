@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.eta.core.preemption import SimPreemption
 from shared.domain import CheckpointSpec
-from sim.preemption import SimPreemption
 from tests.unit.preemption.builders import World, queues, spec
 
 NOW = 50_000.0

@@ -1,18 +1,22 @@
-"""The preemption step of the simulator's `gpuq` policy: the preemption core, driven from sim/policies/gpuq.py.
-
-Wiring (sim/run.py):
-    from sim.preemption import SimPreemption
+"""The preemption service, simulated over snapshots: the production preemption core (services/preemption/core)
+driven as the service drives it, for the ETA's replay (services/eta/core/eta.py, `ReplayPreemption`) and for the
+simulator's `gpuq` policy (sim/policies/gpuq.py, sim/run.py):
+    from services.eta.core.preemption import SimPreemption
     GpuqPolicy(preemption_hook=SimPreemption(trace.queues, checkpointing=True))
 `SimPreemption` is a `PreemptionHook`: called with the cycle's `PreemptionContext`, it returns the victims as
-`sim.engine.Preempted` (the policy's `_requeue` frees them and admission requeues them).
+`Preempted` (the simulator's policy frees them and admission requeues them; the ETA's replay sends them back to
+wait with the run time they had left). It lives with the ETA, not in the simulator, because the admission service
+runs the ETA: the service image carries neither the simulator's extra nor anything above the cores.
 
-The simulator has no checkpoint round trip, so the protocol is folded into the instant: with
+There is no checkpoint round trip in a replay, so the protocol is folded into the instant: with
 `checkpointing=True` a checkpointable victim loses only `checkpoint_write_s` of its GPUs' time (the
 checkpoint it writes on request; nothing since is lost); without, it loses every GPU-second since its
 start (or since its last periodic checkpoint when its spec has `checkpoint.interval_s`).
 Guard rails are kept across cycles: the per-queue hourly limit and the no-cascade cool-down. Every request of
 a cycle is decided (the service decides every PreemptionRequested it receives); `max_preemptors_per_cycle`
 caps them only when a what-if run asks for it.
+
+Pure: no I/O, no clock (callers pass `now`), no randomness.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from services.preemption.core import (
@@ -38,7 +43,42 @@ from services.preemption.core import (
 )
 from shared.config import QueuesConfig
 from shared.domain import JobSpec
-from sim.engine import Preempted
+
+
+@dataclass(frozen=True)
+class Preempted:
+    """A victim: a running job stopped, back to waiting."""
+
+    job_id: str
+    lost_gpu_s: float  # GPU-seconds of work lost since the victim's last checkpoint
+    reason: str = "PriorityPreemption"
+
+
+@dataclass(frozen=True)
+class RunningInfo:
+    spec: JobSpec
+    started_at: float
+    expected_end: float  # started_at + max_runtime_s: what the schedulers believe
+
+
+@dataclass(frozen=True)
+class PreemptionContext:
+    """What a preemption core needs to pick victims: the snapshot after this cycle's placements."""
+
+    now: float
+    cluster: Any  # services.scheduler.core.ClusterState (do not mutate: return victims instead)
+    admission: Any  # services.admission.core.AdmissionState
+    unplaceable: Sequence[Any]  # scheduler Unplaceable of admitted jobs still waiting, in order
+    reclaims: Sequence[Any]  # admission ReclaimRequest list of this cycle
+    running: dict[str, RunningInfo]
+    protection_window_s: int
+    checkpoint_grace_s: int
+    # every job id that entered or left `running`, in order, since the policy's setup (the hook keeps its view
+    # of the running jobs by reading what was appended since its last call)
+    running_log: list[str] | None = None
+
+
+PreemptionHook = Callable[[PreemptionContext], list[Preempted]]
 
 # How long before a running job's next periodic checkpoint its view is looked at again (seconds; far above the
 # rounding of a sum of floats of this size, far below any checkpoint interval).
@@ -276,5 +316,6 @@ class SimPreemption:
         for source in (adm.admitted, adm.pending):
             w = source.get(job_id)
             if w is not None:
-                return w.spec
+                spec: JobSpec = w.spec
+                return spec
         return None

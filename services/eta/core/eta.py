@@ -24,10 +24,8 @@ through its methods).
 from __future__ import annotations
 
 import bisect
-import copy
 import heapq
 import math
-import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +39,8 @@ from services.pipeline.core.predict import (
     JobKey,
 )
 from shared.domain import MILLI_GPU, JobSpec, mig_milli_gpus
+
+from .preemption import PreemptionContext, RunningInfo, SimPreemption
 
 # How far ahead a replay looks. An ETA assumes nothing new arrives; a week ahead that assumption says nothing (a
 # week of arrivals reorders any queue), so a job the replay does not start within it is reported as beyond the
@@ -173,22 +173,17 @@ def estimate_starts(cluster: Any, admission: Any, running: Mapping[str, float], 
 
 class ReplayPreemption:
     """Preemption inside a replay, as the platform would preempt: after each cycle, admission's reclaim and
-    within-queue priority requests go to the production preemption core through the simulator's driver
-    (`sim.preemption.SimPreemption`: victims chosen by `select_victims`, never a production or non-preemptible
-    job nor one inside its protection window, with the per-queue hourly limit and the cool-down), and the
-    replay wakes when a protection window or a preemptor's cool-down that held a request back ends. A request
-    is sent once, and again only after such a wake-up, as the simulator's policy sends it
-    (sim/policies/gpuq.py). Without it a job that waits for a lower-priority job's quota is shown the end of
-    that job, where the platform starts it when the job's protection ends. Replay-only memory: what the real
-    preemption service did before `now` (its hourly counts, the requests it already refused) is not known here
-    and starts empty; the waiting jobs' last preemptions are (`preempted_at`: their cool-downs as
-    preemptors)."""
+    within-queue priority requests go to the production preemption core through its driver (preemption.py,
+    `SimPreemption`: victims chosen by `select_victims`, never a production or non-preemptible job nor one
+    inside its protection window, with the per-queue hourly limit and the cool-down), and the replay wakes
+    when a protection window or a preemptor's cool-down that held a request back ends. A request is sent once,
+    and again only after such a wake-up, as the simulator's policy sends it (sim/policies/gpuq.py). Without it
+    a job that waits for a lower-priority job's quota is shown the end of that job, where the platform starts
+    it when the job's protection ends. Replay-only memory: what the real preemption service did before `now`
+    (its hourly counts, the requests it already refused) is not known here and starts empty; the waiting jobs'
+    last preemptions are (`preempted_at`: their cool-downs as preemptors)."""
 
     def __init__(self, admission: Any, started: Mapping[str, float], preempted_at: Mapping[str, float]):
-        from sim.policies.gpuq import RunningInfo
-        from sim.preemption import SimPreemption
-
-        self._info = RunningInfo
         self.config = admission.config
         self.core = SimPreemption(admission.config, checkpointing=True)
         self.core.last_preempted.update(preempted_at)  # the cool-downs running at the replay's start
@@ -203,7 +198,7 @@ class ReplayPreemption:
         self._wake: float | None = None
 
     def started(self, job_id: str, spec: JobSpec, at: float) -> None:
-        self.running[job_id] = self._info(spec, at, at + spec.max_runtime_s)
+        self.running[job_id] = RunningInfo(spec, at, at + spec.max_runtime_s)
         self.log.append(job_id)
 
     def ended(self, job_id: str) -> None:
@@ -212,8 +207,6 @@ class ReplayPreemption:
 
     def __call__(self, cluster: Any, reclaims: Sequence[Any], now: float) -> list[str]:
         """The victims of this cycle's requests (their jobs left the running set)."""
-        from sim.policies.gpuq import PreemptionContext
-
         if self._wake is not None and now >= self._wake:
             self._wake = None
             self.sent.clear()
@@ -631,7 +624,7 @@ def estimate_ranges(cluster: Any, admission: Any, running: Mapping[str, RunningV
     # The range of the replays with every duration at its p10, then its p90: the base the record calibrates.
     low = replay("low") if model.predict else {}
     high = replay("high") if model.predict else {}
-    queued = _queued(admission)
+    queued = waiting_queues(admission)
     if model.expect_arrivals:  # each replay's start, later by what the arrivals to come are expected to take
         later = _arrival_delays(cluster, admission, now, model)
         starts, low, high = (later(starts), later(low), later(high))
@@ -673,7 +666,7 @@ def _known(admission: Any) -> dict[str, tuple[JobSpec, float]]:
             **{j: (a.spec, a.submitted_at) for j, a in admission.admitted.items()}}
 
 
-def _queued(admission: Any) -> dict[str, tuple[str, float]]:
+def waiting_queues(admission: Any) -> dict[str, tuple[str, float]]:
     """job_id -> (queue, submitted at) of every waiting job (pending and admitted)."""
     return {**{j: (w.spec.queue, w.submitted_at) for j, w in admission.pending.items()},
             **{j: (a.spec.queue, a.submitted_at) for j, a in admission.admitted.items()}}
@@ -695,10 +688,10 @@ def refresh_due(last_refresh: float | None, now: float, changed: bool, interval_
     return elapsed >= interval_s or (changed and elapsed >= min_interval_s)
 
 
-
-def _replay(model: EtaModel, cluster: Any, admission: Any, reserved_ends: Mapping[str, float], now: float,
-            preempted_at: Mapping[str, float] | None = None) -> dict[str, EtaRange]:
-    """The forward simulation of a refresh (it may change `model` and `admission`: callers pass copies)."""
+def replay_reserved(model: EtaModel, cluster: Any, admission: Any, reserved_ends: Mapping[str, float], now: float,
+                    preempted_at: Mapping[str, float] | None = None) -> dict[str, EtaRange]:
+    """The forward simulation of a refresh (it may change `model` and `admission`: callers pass copies): every job
+    holding GPUs ends by `reserved_ends`, predicted where admission holds its spec (services/eta/platform.py)."""
     running: dict[str, RunningView] = {}
     fixed: dict[str, float] = {}
     for job_id, end in sorted(reserved_ends.items()):
@@ -708,120 +701,3 @@ def _replay(model: EtaModel, cluster: Any, admission: Any, reserved_ends: Mappin
         else:
             running[job_id] = RunningView(held.spec, started_at=end - held.spec.max_runtime_s)
     return estimate_ranges(cluster, admission, running, now, model, fixed_ends=fixed, preempted_at=preempted_at)
-
-
-class PlatformEta:
-    """The admission service's ETA (injected by the stack): `estimate_ranges` with an `EtaModel` that keeps
-    learning from the jobs the service sees start and end, and the memory of what it told each job.
-
-    Called with admission's own view: the cluster, the admission state and, for every job holding GPUs, the end
-    the scheduler reserves by (started_at + limit); a running job whose spec admission holds is predicted, one
-    it does not (another cohort's, when sharded) keeps its reserved end.
-    """
-
-    def __init__(self, model: EtaModel | None = None):
-        self.model = model or EtaModel()
-        self._given: dict[str, list[tuple[float, EtaRange]]] = {}  # waiting job -> first ETA and the latest ones
-        self._queued: dict[str, tuple[str, float]] = {}  # waiting job -> (queue, submitted at)
-        self._preempted: dict[str, float] = {}  # waiting job -> when it was last preempted (its cool-down)
-        # The service replays in a worker thread while its handlers report starts and ends: the replay works on a
-        # copy of the model taken under this lock, and every change to the memory holds it (never for a replay).
-        self._lock = threading.Lock()
-        self._all_beyond = False  # the last refresh started no waiting job within the horizon
-
-    def __call__(self, cluster: Any, state: Any, reserved_ends: Mapping[str, float], now: float,
-                 ) -> dict[str, EtaRange]:
-        """A refresh in one call (the three steps below; the replay on a copy of the model, so a worker thread
-        may run it while the handlers report starts and ends)."""
-        queued = self.prepare(state, now)
-        with self._lock:
-            model = copy.deepcopy(self.model)
-            preempted = dict(self._preempted)
-        etas = _replay(model, cluster, state, reserved_ends, now, preempted)
-        self.remember(etas, queued, now)
-        return etas
-
-    def prepare(self, state: Any, now: float) -> dict[str, tuple[str, float]]:
-        """A refresh's first step, in the caller's thread: the arrivals seen so far go into the model; returns
-        what `remember` needs of the waiting jobs as they are now."""
-        with self._lock:
-            self.model.observe_arrivals(state, now)
-        return _queued(state)
-
-    def replay_forked(self, cluster: Any, state: Any, reserved_ends: Mapping[str, float], now: float,
-                      ) -> tuple[dict[str, EtaRange], list[tuple[str, Arrival]], dict[str, tuple[str, float]]]:
-        """A whole refresh in a forked child of the service (shared/forked.py), on its copy-on-write snapshot of
-        this object and of the state: the arrivals are found and learnt, the replay run; returns (ETAs, the
-        arrivals learnt, what `remember` needs), for the service's process to `learn` and `remember`. Finding the
-        arrivals walks every job held and predicts each new one's work: in the service's process it held its
-        event loop for a third of a second per refresh with 10,000 waiting."""
-        arrivals = self.model.new_arrivals(state, now)
-        self.model.arrivals.observe_many(arrivals, now)
-        queued = _queued(state)
-        return _replay(self.model, cluster, state, reserved_ends, now, self._preempted), arrivals, queued
-
-    def learn(self, arrivals: Iterable[tuple[str, Arrival]], now: float) -> None:
-        """Add the arrivals a forked refresh found (`replay_forked`) to the history."""
-        with self._lock:
-            self.model.arrivals.observe_many(arrivals, now)
-
-    def remember(self, etas: Mapping[str, EtaRange], queued: Mapping[str, tuple[str, float]], now: float) -> None:
-        """A refresh's last step: what each waiting job was told, for calibration against its start."""
-        with self._lock:
-            self._all_beyond = not etas
-            self._remember(etas, queued, now)
-
-    def _remember(self, etas: Mapping[str, EtaRange], queued: Mapping[str, tuple[str, float]], now: float) -> None:
-        for job_id, eta in etas.items():
-            given = self._given.setdefault(job_id, [])
-            given.append((now, eta))
-            if len(given) > 64:  # the first and enough of the latest to find the one in force halfway
-                del given[1:len(given) - 63]
-            if job_id in queued:
-                self._queued[job_id] = queued[job_id]
-
-    def job_preempted(self, job_id: str, at: float) -> None:
-        """The job was preempted at `at` and waits again: its replays give it the cool-down the preemption service
-        gives a preemptor that was itself preempted."""
-        with self._lock:
-            self._preempted[job_id] = at
-
-    def job_started(self, job_id: str, started_at: float) -> None:
-        """The job started: its first ETA and the one in force halfway through its wait go to calibration."""
-        with self._lock:
-            self._preempted.pop(job_id, None)
-            given = self._given.pop(job_id, None)
-            queued = self._queued.pop(job_id, None)
-            if not given or queued is None:
-                return
-            queue, submitted_at = queued
-            halfway = submitted_at + (started_at - submitted_at) / 2
-            in_force = [g for g in given if g[0] <= halfway] or given[:1]
-            for given_at, eta in ([given[0]] if in_force[-1] is given[0] else [given[0], in_force[-1]]):
-                self.model.job_started(queue, given_at, eta, started_at, submitted_at)
-
-    def job_finished(self, spec: JobSpec, ran_s: float | None, ended_at: float | None = None) -> None:
-        """The job ended (`ran_s` seconds of run time, None if it never ran; at `ended_at` when known): history
-        for the predictor."""
-        with self._lock:
-            self._given.pop(spec.job_id, None)
-            self._queued.pop(spec.job_id, None)
-            self._preempted.pop(spec.job_id, None)
-            if ran_s is not None:
-                self.model.job_finished(spec, ran_s, ended_at)
-
-    def predicted_s(self, spec: JobSpec) -> float:
-        """A job's predicted run time (median) from the history this ETA learned: admission's duration-aware
-        ordering reads the same predictor, so the run-time history has one owner."""
-        with self._lock:
-            return self.model.predictor.predict(JobKey.of(spec), float(spec.max_runtime_s)).median_s
-
-    def refresh_due(self, last_refresh: float | None, now: float, changed: bool) -> bool:
-        """Whether the service refreshes ETAs now (module-level `refresh_due`, platform time)."""
-        return refresh_due(last_refresh, now, changed, all_beyond=self._all_beyond)
-
-    def accuracy(self) -> dict[str, dict[str, float]]:
-        """Per queue: the calibration record's accuracy figures (EtaCalibration.accuracy)."""
-        with self._lock:
-            cal = self.model.calibration
-            return {q: cal.accuracy(q) for q in cal.queues()}
