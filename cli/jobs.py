@@ -24,7 +24,7 @@ from services.admission.core import QueueSummary
 from services.admission.core.governance import size_violation
 from services.api.readmodel import explain_lines, fetch_status, fmt_time, public, wait_seconds
 from shared.bus import connect
-from shared.domain import JobSpec, PodSet, TopologyLevel, TopologyRequest
+from shared.domain import JobSpec, NodeSpec, PodSet, TopologyLevel, TopologyRequest
 from shared.events import JobApproved, JobCancelRequested, JobSubmitted, Payload
 from shared.service import publish_event
 from shared.tracing import command_span, traced_event
@@ -197,28 +197,49 @@ async def _preemption_lines(url: str, job_id: str) -> list[str]:
 
 
 def queues(output: str = typer.Option("table", "--format", help="table or json")) -> None:
-    """Per queue: nominal, used, borrowed, lent, pending, running, oldest wait."""
+    """Per queue: nominal, used, borrowed, lent, pending, running, oldest wait; and the GPUs pods gpuq does not
+    manage hold on its nodes (read from the platform's database)."""
     client = api()
     if client is not None:
         _print_queues([QueueSummary(**q) for q in client.call("GET", "/v1/queues")], output)
         return
     from services.admission.app import load_state
     from services.admission.core import queue_summaries
+    from services.scheduler import readmodel
 
-    async def load() -> list[Any]:
+    async def load() -> tuple[list[Any], list[NodeSpec]]:
         conn = await asyncpg.connect(database_url())
         try:
             state = await load_state(conn)
+            nodes = await readmodel.nodes(conn)
         finally:
             await conn.close()
-        return queue_summaries(state, time.time())
+        return queue_summaries(state, time.time()), nodes
 
     try:
-        summaries = asyncio.run(load())
+        summaries, nodes = asyncio.run(load())
     except (LookupError, asyncpg.UndefinedTableError):
         console.print("[red]admission has no state yet: start the platform with `gpuq up`[/]")
         raise typer.Exit(1) from None
     _print_queues(summaries, output)
+    if output != "json":
+        for line in held_lines(nodes):
+            console.print(line)
+
+
+def held_lines(nodes: list[NodeSpec]) -> list[str]:
+    """What pods gpuq does not manage hold on its nodes (another scheduler's, a DaemonSet's, an inference
+    Deployment's): GPUs gpuq does not place onto, which no queue's quota can use. Nothing when they hold none."""
+    holding = [n for n in nodes if n.held.gpus or n.held.mig_slices]
+    if not holding:
+        return []
+    gpus = sum(n.held.gpus for n in holding)
+    slices = sum(n.held.mig_slices for n in holding)
+    what = f"{gpus} GPU(s)" + (f" and {slices} MIG slice(s)" if slices else "")
+    per_node = ", ".join(f"{n.name} {n.held.gpus}×{n.gpu_model}" + (f" +{n.held.mig_slices} slices"
+                                                                     if n.held.mig_slices else "")
+                         for n in sorted(holding, key=lambda n: n.name))
+    return [f"held outside gpuq: {what} on {len(holding)} node(s) ({per_node})"]
 
 
 def _print_queues(summaries: list[QueueSummary], output: str) -> None:

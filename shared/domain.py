@@ -572,8 +572,25 @@ class MigLayout(Frozen):
     slices_per_gpu: int = Field(ge=1, le=7)
 
 
+class NodeUsage(Frozen):
+    """What pods hold on a node, in the units the scheduler counts: whole GPUs, slices of the node's MIG profile,
+    milli-CPU, MiB of memory; and how many pods hold them."""
+
+    gpus: int = Field(default=0, ge=0)
+    mig_slices: int = Field(default=0, ge=0)
+    cpu_milli: int = Field(default=0, ge=0)
+    memory_mib: int = Field(default=0, ge=0)
+    pods: int = Field(default=0, ge=0)
+
+
+NO_USAGE = NodeUsage()
+
+
 class NodeSpec(Frozen):
-    """One node as the scheduler sees it (from cluster.yaml, NodeInventory or the Kubernetes API)."""
+    """One node as the scheduler sees it (from cluster.yaml, NodeInventory or the Kubernetes API).
+
+    `held`: what pods gpuq does not manage hold there (on Kubernetes: another scheduler's pods, a DaemonSet's, an
+    inference Deployment's), which the scheduler does not place onto: capacity minus `held` is what gpuq has."""
 
     name: str
     gpus: int = Field(ge=0)
@@ -587,6 +604,7 @@ class NodeSpec(Frozen):
     rack: str
     block: str
     datasets: tuple[str, ...] = ()
+    held: NodeUsage = NO_USAGE
 
     def domain(self, level: TopologyLevel) -> str:
         if level is TopologyLevel.NODE:

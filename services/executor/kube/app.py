@@ -53,8 +53,9 @@ from services.executor.kube.core.pods import (
     requeue_delay_s,
     unschedulable,
 )
+from services.executor.kube.core.usage import TERMINAL_PHASES, NodeLoads, pod_load
 from services.executor.kube.core.workload import Finish, PodSetTemplate, WorkloadKind, all_kinds, kind_of
-from services.executor.kube.informer import Informer
+from services.executor.kube.informer import Informer, key_of
 from services.executor.kube.notices import Notices
 from services.executor.kube.webhook import WebhookServer, WebhookSettings
 from services.executor.verify import SchedulerTables, verify_placement
@@ -89,6 +90,7 @@ MIGRATIONS = Path(__file__).resolve().parents[1] / "migrations"
 ACTIVE = ("placed", "running")
 STOPPED = ("suspended", "failed", "cancelled")  # suspended by gpuq: its templates are restored
 BINDING_ANNOTATION = "gpuq.io/binding"  # on a pod: "<attempt>/<binding pod id>" it was given
+BOUND_PODS_WAIT_S = 60.0  # how long the first node announcement waits for the bound pods' first list
 
 
 @dataclass
@@ -149,6 +151,12 @@ class KubeExecutor:
                                       resync_s=self.cfg.resync_s, name="nodes")
         self.pod_informer = Informer(api, POD, self.on_pod, labels={n.JOB_LABEL: operators.exists()},
                                      resync_s=self.cfg.resync_s, name="pods")
+        # Every pod bound to a node and not finished, in every namespace, gpuq's or not: what the nodes hold.
+        self.node_loads = NodeLoads()
+        self.bound_pod_informer = Informer(
+            api, POD, self.on_bound_pod, fields={"spec.nodeName": operators.not_equal(""),
+                                                 "status.phase": operators.not_in(sorted(TERMINAL_PHASES))},
+            everywhere=True, resync_s=self.cfg.resync_s, name="bound-pods")
         self.workload_informers = [
             Informer(api, workload_resource(k), self._workload_handler(k), labels=label_exists,
                      resync_s=self.cfg.resync_s, name=k.plural) for k in all_kinds()]
@@ -192,7 +200,7 @@ class KubeExecutor:
         await self.dcgm.run(runtime)
 
     def node_specs(self) -> Mapping[str, NodeSpec]:
-        return inventory.specs(list(self.node_informer.cache.values()), self.cfg)
+        return inventory.specs(list(self.node_informer.cache.values()), self.cfg, self.node_loads)
 
     async def placements(self, conn: asyncpg.Connection) -> Placements:
         rows = await conn.fetch("SELECT job_id, job_label, placement, namespace FROM executor.kube_jobs "
@@ -211,9 +219,16 @@ class KubeExecutor:
     # ------------------------------------------------------------------ informers
 
     async def watch_cluster(self, runtime: ServiceRuntime) -> None:
-        """Nodes first (the scheduler needs them before anything can run), then pods and workloads."""
-        tasks = [asyncio.create_task(self.node_informer.run(), name="kube-nodes")]
+        """The pods bound to nodes (what others hold there), then nodes (the scheduler needs them before anything
+        can run), then gpuq's pods and workloads."""
+        tasks = [asyncio.create_task(self.bound_pod_informer.run(), name="kube-bound-pods")]
         try:
+            try:  # nodes are first announced with what others hold on them, unless listing pods keeps failing
+                await asyncio.wait_for(self.bound_pod_informer.synced.wait(), BOUND_PODS_WAIT_S)
+            except TimeoutError:
+                log.warning("the pods bound to nodes are not listed after %.0f s: the nodes are announced without "
+                            "what pods gpuq does not manage hold there until they are", BOUND_PODS_WAIT_S)
+            tasks.append(asyncio.create_task(self.node_informer.run(), name="kube-nodes"))
             await self.node_informer.synced.wait()
             tasks += [asyncio.create_task(i.run(), name=f"kube-{i.name}")
                       for i in (self.pod_informer, *self.workload_informers)]
@@ -230,13 +245,35 @@ class KubeExecutor:
 
     # ------------------------------------------------------------------ nodes
 
+    async def on_bound_pod(self, kind: str, pod: dict[str, Any]) -> None:
+        """A pod bound to a node changed (bound, finished, gone): the nodes whose load it changed are announced
+        again when what others hold there changed."""
+        try:
+            load = None if kind == "DELETED" else pod_load(pod)
+        except ValueError as exc:
+            log.warning("ignoring what pod %s holds: %s", key_of(pod), exc)
+            load = None
+        changed = self.node_loads.put(key_of(pod), load)
+        if not changed or not self._nodes_announced:
+            return  # before the first announcement, the loads are only recorded: it carries them
+        async with self._rt().transaction() as tx:
+            await fence.check(tx, self.runtime)
+            degraded = await self._verdicts(tx)
+            for name in changed:
+                obj = self.node_informer.cache.get(f"/{name}")
+                if obj is None:
+                    continue  # not a node this executor announces (yet)
+                for failed in await inventory.publish_node(tx, obj, self.cfg, deleted=False, degraded=degraded,
+                                                           loads=self.node_loads):
+                    await self._node_failed(tx, failed)
+
     async def on_node(self, kind: str, obj: dict[str, Any]) -> None:
         if not self._nodes_announced:
             return  # the first list is announced whole by on_nodes_synced
         async with self._rt().transaction() as tx:
             await fence.check(tx, self.runtime)
             changed = await inventory.publish_node(tx, obj, self.cfg, deleted=kind == "DELETED",
-                                                   degraded=await self._verdicts(tx))
+                                                   degraded=await self._verdicts(tx), loads=self.node_loads)
             for name in changed:
                 await self._node_failed(tx, name)
 
@@ -244,7 +281,7 @@ class KubeExecutor:
         async with self._rt().transaction() as tx:
             await fence.check(tx, self.runtime)
             failed = await inventory.publish_all(tx, list(cache.values()), self.cfg, first=not self._nodes_announced,
-                                                 degraded=await self._verdicts(tx))
+                                                 degraded=await self._verdicts(tx), loads=self.node_loads)
             for name in failed:
                 await self._node_failed(tx, name)
         self._nodes_announced = True

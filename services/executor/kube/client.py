@@ -92,22 +92,26 @@ class KubeApi:
         with contextlib.suppress(Exception):
             await client.close()
 
-    def _ns(self, res: type) -> dict[str, Any]:
+    def _ns(self, res: type, everywhere: bool = False) -> dict[str, Any]:
+        """The namespace to list in: the executor's own (None: all), or all with `everywhere` (what others hold
+        on the nodes is in any namespace)."""
         if issubclass(res, GenericNamespacedResource):
-            return {"namespace": self.namespace or ALL_NS}
+            return {"namespace": ALL_NS if everywhere else self.namespace or ALL_NS}
         return {}
 
-    async def list(self, res: type, labels: Mapping[str, Any] | None = None) -> tuple[list[dict[str, Any]], str]:
+    async def list(self, res: type, labels: Mapping[str, Any] | None = None, fields: Mapping[str, Any] | None = None,
+                   everywhere: bool = False) -> tuple[list[dict[str, Any]], str]:
         """Every object and the list's resourceVersion (where a watch starts)."""
-        it = self.client.list(res, labels=labels, **self._ns(res))
+        it = self.client.list(res, labels=labels, fields=fields, **self._ns(res, everywhere))
         items = [plain(o) async for o in it]
         return items, str(it.resourceVersion)
 
     async def watch(self, res: type, resource_version: str, labels: Mapping[str, Any] | None = None,
-                    server_timeout_s: int = 240) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+                    server_timeout_s: int = 240, fields: Mapping[str, Any] | None = None, everywhere: bool = False
+                    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """Changes after `resource_version`. Raises ApiError(410) when that version is too old (relist)."""
-        stream = self.client.watch(res, labels=labels, resource_version=resource_version,
-                                   server_timeout=server_timeout_s, **self._ns(res))
+        stream = self.client.watch(res, labels=labels, fields=fields, resource_version=resource_version,
+                                   server_timeout=server_timeout_s, **self._ns(res, everywhere))
         async for kind, obj in stream:
             yield kind, plain(obj)
 

@@ -27,10 +27,13 @@ def key_of(obj: Mapping[str, Any]) -> str:
 
 class Informer:
     def __init__(self, api: KubeApi, res: type, on_change: OnChange, *, labels: Mapping[str, Any] | None = None,
-                 on_synced: OnSynced | None = None, resync_s: float = 300.0, name: str = ""):
+                 on_synced: OnSynced | None = None, resync_s: float = 300.0, name: str = "",
+                 fields: Mapping[str, Any] | None = None, everywhere: bool = False):
         self.api = api
         self.res = res
         self.labels = labels
+        self.fields = fields  # a field selector (an object leaving it is seen DELETED)
+        self.everywhere = everywhere  # every namespace, whatever namespace the executor is limited to
         self.on_change = on_change
         self.on_synced = on_synced
         self.resync_s = resync_s
@@ -71,7 +74,7 @@ class Informer:
                 await asyncio.sleep(delay)
 
     async def relist(self) -> str:
-        items, rv = await self.api.list(self.res, labels=self.labels)
+        items, rv = await self.api.list(self.res, labels=self.labels, fields=self.fields, everywhere=self.everywhere)
         fresh = {key_of(o): o for o in items}
         self.relists += 1
         for key in sorted(self.cache.keys() - fresh.keys()):
@@ -87,7 +90,8 @@ class Informer:
         return rv
 
     async def _watch(self, rv: str) -> None:
-        async for kind, obj in self.api.watch(self.res, rv, labels=self.labels):
+        async for kind, obj in self.api.watch(self.res, rv, labels=self.labels, fields=self.fields,
+                                              everywhere=self.everywhere):
             if kind in ("ADDED", "MODIFIED", "DELETED"):
                 await self._deliver(kind, obj)
 

@@ -7,7 +7,10 @@ unusable (failed or removed): their jobs must be requeued or failed.
 With the DCGM source on, nodes are announced with its verdicts applied (`degraded`: a ready node with a GPU fault
 is announced degraded), and `executor.kube_nodes` holds what was last announced, verdict included (the source
 records its own NodeChanged there through `record`). So a Node update (a label, a cordon and uncordon, a relist)
-never announces a degraded node ready again: only the source's clean polls do."""
+never announces a degraded node ready again: only the source's clean polls do.
+
+Each node is announced with what the pods gpuq does not manage hold there (`NodeSpec.held`, from the executor's
+informer of every bound pod: core/usage.py), so that a change of those pods announces the node again."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from typing import Any
 
 from services.executor.dcgm import with_health
 from services.executor.kube.core.nodes import node_spec, selected
+from services.executor.kube.core.usage import NodeLoads
 from shared.config import KubernetesSource
 from shared.domain import NodeHealth, NodeSpec
 from shared.events import INVENTORY_CHUNK, NodeChanged, NodeInventory
@@ -42,7 +46,7 @@ def _chunk(texts: list[str]) -> int:
 
 
 def _map(obj: dict[str, Any], cfg: KubernetesSource, degraded: Verdicts = NO_VERDICTS, *,
-         quiet: bool = False) -> NodeSpec | None:
+         quiet: bool = False, loads: NodeLoads | None = None) -> NodeSpec | None:
     if not selected(obj, cfg):
         return None
     try:
@@ -51,12 +55,15 @@ def _map(obj: dict[str, Any], cfg: KubernetesSource, degraded: Verdicts = NO_VER
         if not quiet:
             log.error("ignoring node: %s", exc)
         return None
+    if loads is not None:  # what the pods gpuq does not manage hold there
+        spec = spec.model_copy(update={"held": loads.held(spec.name, spec.mig.profile if spec.mig else None)})
     return with_health([spec], degraded)[0]
 
 
-def specs(objects: Iterable[dict[str, Any]], cfg: KubernetesSource) -> dict[str, NodeSpec]:
+def specs(objects: Iterable[dict[str, Any]], cfg: KubernetesSource, loads: NodeLoads | None = None
+          ) -> dict[str, NodeSpec]:
     """gpuq's nodes as the cluster reports them (without the DCGM verdicts), by name."""
-    return {spec.name: spec for obj in objects if (spec := _map(obj, cfg, quiet=True)) is not None}
+    return {spec.name: spec for obj in objects if (spec := _map(obj, cfg, quiet=True, loads=loads)) is not None}
 
 
 async def _known(tx: Tx) -> dict[str, NodeSpec]:
@@ -84,11 +91,12 @@ def _unusable(before: NodeSpec | None, after: NodeSpec | None) -> bool:
 
 
 async def publish_all(tx: Tx, objects: Iterable[dict[str, Any]], cfg: KubernetesSource, *, first: bool,
-                      degraded: Verdicts = NO_VERDICTS) -> list[str]:
+                      degraded: Verdicts = NO_VERDICTS, loads: NodeLoads | None = None) -> list[str]:
     """The whole node list. On this process's first sync, a NodeInventory of every node (when anything differs
-    from what was announced before); afterwards, a NodeChanged per difference. Nodes gone are removed."""
+    from what was announced before); afterwards, a NodeChanged per difference. Nodes gone are removed.
+    `loads`: the pods bound to the nodes, whose holdings outside gpuq each node is announced with."""
     known = await _known(tx)
-    current = {spec.name: spec for obj in objects if (spec := _map(obj, cfg, degraded)) is not None}
+    current = {spec.name: spec for obj in objects if (spec := _map(obj, cfg, degraded, loads=loads)) is not None}
     changed = sorted(name for name in current if known.get(name) != current[name])
     removed = sorted(known.keys() - current.keys())
     if first and (changed or not known):
@@ -110,12 +118,12 @@ async def publish_all(tx: Tx, objects: Iterable[dict[str, Any]], cfg: Kubernetes
 
 
 async def publish_node(tx: Tx, obj: dict[str, Any], cfg: KubernetesSource, *, deleted: bool,
-                       degraded: Verdicts = NO_VERDICTS) -> list[str]:
-    """One node's watch event: NodeChanged when gpuq's view of it changed."""
+                       degraded: Verdicts = NO_VERDICTS, loads: NodeLoads | None = None) -> list[str]:
+    """One node's watch event (or a change of what its pods hold): NodeChanged when gpuq's view of it changed."""
     name = (obj.get("metadata") or {})["name"]
     known = await tx.conn.fetchval("SELECT spec FROM executor.kube_nodes WHERE name = $1", name)
     before = NodeSpec.model_validate_json(known) if known else None
-    after = None if deleted else _map(obj, cfg, degraded)
+    after = None if deleted else _map(obj, cfg, degraded, loads=loads)
     if after == before:
         return []
     if after is None:

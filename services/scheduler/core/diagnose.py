@@ -105,7 +105,8 @@ def _check_pod_set(state: ClusterIndex, spec: JobSpec, req: PodReq, elig: Eligib
     cap = sum(c.cap for c in tolerated)
     if req.unit and free < req.need:
         reason = Reason.NO_MIG_SLICES if req.mig else Reason.INSUFFICIENT_GPUS
-        return Unplaceable(jid, reason, f"needs {_what(req)}; {free} free of {cap}")
+        ready = (state.indexed_nodes[name] for c in tolerated for name in _class_nodes(state, c))
+        return Unplaceable(jid, reason, f"needs {_what(req)}; {free} free of {cap}{_held_note(ready)}")
     if req.gpus > 1:
         pods = sum(len(ranks) * (b // req.gpus) for c in tolerated for b, ranks in c.buckets.items())
         if pods < req.count:
@@ -172,7 +173,7 @@ def _check_selected(state: ClusterIndex, spec: JobSpec, req: PodReq, shaped: lis
     where = f"on the {len(ready)} ready node(s) matching {wanted}"
     if req.unit and free < req.need:
         reason = Reason.NO_MIG_SLICES if req.mig else Reason.INSUFFICIENT_GPUS
-        return Unplaceable(jid, reason, f"needs {_what(req)}; {free} free of {cap} {where}")
+        return Unplaceable(jid, reason, f"needs {_what(req)}; {free} free of {cap} {where}{_held_note(ready)}")
     if req.gpus > 1:
         pods = sum(n.units // req.gpus for n in ready)
         if pods < req.count:
@@ -182,6 +183,12 @@ def _check_selected(state: ClusterIndex, spec: JobSpec, req: PodReq, shaped: lis
                                f"({free}) {where} allow only {pods} such pod(s), largest free on a node is "
                                f"{largest}")
     return _check_cpu_memory(state, spec, req, _roomy(ready, req), exclude)
+
+
+def _held_note(nodes: Iterable[IndexedNode]) -> str:
+    """" (8 held by pods gpuq does not manage)" when the ready nodes counted hold such units, else ""."""
+    held = sum(n.held_units for n in nodes if n.ready)
+    return f" ({held} held by pods gpuq does not manage)" if held else ""
 
 
 def _seen(state: ClusterIndex, names: list[str], keys: tuple[str, ...], limit: int = 8) -> str:

@@ -63,8 +63,8 @@ class IndexedNode:
     """One node as the index sees it: its spec, its free resources and the jobs on it. Read-only outside
     this module (the `FreeResources` shape: `free_mask`, `slice_free`, `cpu`, `mem`)."""
 
-    __slots__ = ("block", "cls", "cpu", "free_mask", "gpus", "jobs", "mem", "name", "owner", "rack", "rank",
-                 "ready", "slice_free", "slices_per_gpu", "spec", "units")
+    __slots__ = ("block", "cls", "cpu", "free_mask", "gpus", "held_mask", "held_slices", "held_want", "jobs", "mem",
+                 "name", "owner", "rack", "rank", "ready", "slice_free", "slices_per_gpu", "spec", "units")
 
     spec: NodeSpec
     name: str
@@ -82,6 +82,13 @@ class IndexedNode:
     mem: int
     jobs: set[str]
     owner: object
+    # What pods gpuq does not manage hold (`NodeSpec.held`): `held_want` units, taken on the highest GPUs (slices)
+    # gpuq's placements leave; they are neither free nor any job's. Which ones is gpuq's bookkeeping only (the
+    # device plugin picks real devices), so a placement committed over them (one restored after a restart, made
+    # before the pods came) takes them and the held units move to other free ones, or go short while none is free.
+    held_want: int
+    held_mask: int  # plain nodes: bit i set = GPU i held
+    held_slices: list[int] | None  # MIG nodes: per GPU, bit s set = slice s held
 
     @classmethod
     def fresh(cls, spec: NodeSpec, owner: object) -> IndexedNode:
@@ -106,10 +113,15 @@ class IndexedNode:
             n.free_mask = (1 << spec.gpus) - 1
             n.slice_free = None
             n.units = spec.gpus
-        n.cpu = spec.cpu_milli
-        n.mem = spec.memory_mib
+        n.cpu = spec.cpu_milli - spec.held.cpu_milli
+        n.mem = spec.memory_mib - spec.held.memory_mib
         n.jobs = set()
         n.owner = owner
+        n.held_want = spec.held.mig_slices if spec.mig is not None else spec.held.gpus
+        n.held_mask = 0
+        n.held_slices = [0] * spec.gpus if spec.mig is not None else None
+        if n.held_want:
+            n.rehold()
         return n
 
     def clone(self, owner: object) -> IndexedNode:
@@ -123,7 +135,46 @@ class IndexedNode:
         n.units, n.cpu, n.mem = self.units, self.cpu, self.mem
         n.jobs = set(self.jobs)
         n.owner = owner
+        n.held_want, n.held_mask = self.held_want, self.held_mask
+        n.held_slices = list(self.held_slices) if self.held_slices is not None else None
         return n
+
+    @property
+    def held_units(self) -> int:
+        """Units held outside gpuq now (at most `held_want`: fewer while gpuq's own placements leave no room)."""
+        if self.held_slices is None:
+            return self.held_mask.bit_count()
+        return sum(h.bit_count() for h in self.held_slices)
+
+    def rehold(self) -> None:
+        """Place `held_want` held units on the highest GPUs (slices) gpuq's placements leave, and recount the free
+        units: after the node is built, and after a placement took held units or a release freed room for
+        units that were short."""
+        want = self.held_want
+        if self.slice_free is None:
+            full = (1 << self.gpus) - 1
+            avail = full & (self.free_mask | self.held_mask)  # everything no placement of gpuq holds
+            held = 0
+            while want and avail:
+                top = 1 << (avail.bit_length() - 1)
+                held |= top
+                avail ^= top
+                want -= 1
+            self.held_mask, self.free_mask, self.units = held, avail, avail.bit_count()
+            return
+        assert self.held_slices is not None
+        units = 0
+        for g in range(self.gpus - 1, -1, -1):
+            avail = self.slice_free[g] | self.held_slices[g]
+            held = 0
+            while want and avail:
+                top = 1 << (avail.bit_length() - 1)
+                held |= top
+                avail ^= top
+                want -= 1
+            self.held_slices[g], self.slice_free[g] = held, avail
+            units += avail.bit_count()
+        self.units = units
 
     @property
     def cap_units(self) -> int:
@@ -252,23 +303,33 @@ class ClusterIndex:
         self._state_cache.clear()
 
     def _reapply(self, node: IndexedNode, placement: Placement) -> None:
+        took_held = False
         for i, b in enumerate(placement.bindings):
             if b.node != node.name:
                 continue
             cpu, mem = placement.requests[i] if placement.requests else (0, 0)
             if node.slice_free is not None and b.mig_slice is not None:
                 g, s = b.mig_slice
-                if g < node.gpus and s < node.slices_per_gpu and node.slice_free[g] >> s & 1:
-                    node.slice_free[g] &= ~(1 << s)
-                    node.units -= 1
+                if g < node.gpus and s < node.slices_per_gpu:
+                    if node.slice_free[g] >> s & 1:
+                        node.slice_free[g] &= ~(1 << s)
+                        node.units -= 1
+                    elif node.held_slices is not None and node.held_slices[g] >> s & 1:
+                        node.held_slices[g] &= ~(1 << s)  # gpuq's placement first: the held slice moves
+                        took_held = True
             elif node.slice_free is None:
                 for g in b.gpu_indices:
                     if g < node.gpus and node.free_mask >> g & 1:
                         node.free_mask &= ~(1 << g)
                         node.units -= 1
+                    elif g < node.gpus and node.held_mask >> g & 1:
+                        node.held_mask &= ~(1 << g)  # gpuq's placement first: the held GPU moves
+                        took_held = True
             node.cpu -= cpu
             node.mem -= mem
             node.jobs.add(placement.job_id)
+        if took_held:
+            node.rehold()
 
     def _rebuild(self) -> None:
         """Recompute ranks and every index from the nodes' current free state."""
@@ -420,28 +481,40 @@ class ClusterIndex:
             if placement.requests:
                 entry.cpu += placement.requests[i][0]
                 entry.mem += placement.requests[i][1]
+        # What gpuq's own placements hold is taken; what pods outside gpuq hold gives way (see IndexedNode.held_want):
+        # a placement the scheduler decides never uses it, only one restored or decided before they came.
         for name, e in need.items():
             n = self._nodes[name]
-            if e.mask & ~n.free_mask:
-                raise PlacementConflict(f"job {placement.job_id}: GPUs {_bits(e.mask & ~n.free_mask)} on {name} "
+            usable = n.free_mask | n.held_mask
+            if e.mask & ~usable:
+                raise PlacementConflict(f"job {placement.job_id}: GPUs {_bits(e.mask & ~usable)} on {name} "
                                         "are taken")
             for g, smask in e.slices.items():
-                if n.slice_free is None or smask & ~n.slice_free[g]:
+                if n.slice_free is None or smask & ~(n.slice_free[g] | _held_at(n, g)):
                     raise PlacementConflict(f"job {placement.job_id}: MIG slices on GPU {g} of {name} are taken")
-            if e.cpu > n.cpu or e.mem > n.mem:
+            cpu, mem = n.cpu + n.spec.held.cpu_milli, n.mem + n.spec.held.memory_mib
+            if e.cpu > cpu or e.mem > mem:
                 raise PlacementConflict(f"job {placement.job_id}: {name} lacks CPU/memory "
                                         f"(needs {e.cpu}m/{e.mem}MiB, free {n.cpu}m/{n.mem}MiB)")
         # Phase 2: apply.
         for name, e in need.items():
             n = self._own_node(name)
             old = n.units
+            took_held = bool(e.mask & n.held_mask)
             if e.mask:
+                n.units -= (e.mask & n.free_mask).bit_count()
                 n.free_mask &= ~e.mask
-                n.units -= e.mask.bit_count()
+                n.held_mask &= ~e.mask
             if n.slice_free is not None:
                 for g, smask in e.slices.items():
+                    held = _held_at(n, g)
+                    if smask & held and n.held_slices is not None:
+                        n.held_slices[g] &= ~smask
+                        took_held = True
+                    n.units -= (smask & n.slice_free[g]).bit_count()
                     n.slice_free[g] &= ~smask
-                    n.units -= smask.bit_count()
+            if took_held:
+                n.rehold()
             n.cpu -= e.cpu
             n.mem -= e.mem
             n.jobs.add(placement.job_id)
@@ -495,18 +568,20 @@ class ClusterIndex:
                 b = placement.bindings[i]
                 if b.mig_slice is not None and n.slice_free is not None:
                     g, s = b.mig_slice
-                    if g < n.gpus and s < n.slices_per_gpu and not n.slice_free[g] >> s & 1:
+                    if g < n.gpus and s < n.slices_per_gpu and not (n.slice_free[g] | _held_at(n, g)) >> s & 1:
                         n.slice_free[g] |= 1 << s
                         n.units += 1
                 elif n.slice_free is None:
                     for g in b.gpu_indices:
-                        if g < n.gpus and not n.free_mask >> g & 1:
+                        if g < n.gpus and not (n.free_mask | n.held_mask) >> g & 1:
                             n.free_mask |= 1 << g
                             n.units += 1
                 if placement.requests:
                     n.cpu += placement.requests[i][0]
                     n.mem += placement.requests[i][1]
             n.jobs.discard(job_id)
+            if n.held_want and n.held_units < n.held_want:
+                n.rehold()  # held units that had no room take what this release freed
             if before is None:
                 self._units_changed(n, old)
 
@@ -650,7 +725,8 @@ class ClusterIndex:
     def fingerprint(self) -> tuple[object, ...]:
         """Everything observable about the state, for equality checks in tests and what-if proofs."""
         nodes = tuple((n.name, n.ready, n.free_mask, tuple(n.slice_free or ()), n.cpu, n.mem, n.units,
-                       tuple(sorted(n.jobs))) for n in (self._nodes[k] for k in sorted(self._nodes)))
+                       tuple(sorted(n.jobs)), n.held_mask, tuple(n.held_slices or ()))
+                      for n in (self._nodes[k] for k in sorted(self._nodes)))
         return nodes, tuple(sorted(self._alloc.items(), key=lambda kv: kv[0]))
 
     def index_fingerprint(self) -> tuple[object, ...]:
@@ -665,6 +741,10 @@ class ClusterIndex:
         other = self.copy()
         other._rebuild()
         return other
+
+
+def _held_at(n: IndexedNode, gpu: int) -> int:
+    return n.held_slices[gpu] if n.held_slices is not None and gpu < len(n.held_slices) else 0
 
 
 def _bits(mask: int) -> list[int]:

@@ -303,11 +303,14 @@ async def test_rayjob_head_and_workers_run_where_placed(fresh: tuple[str, str], 
 
 async def test_pod_that_cannot_bind_where_placed_requeues_its_job(fresh: tuple[str, str], kube_api: Any) -> None:
     nats_url, database_url = fresh
-    client = await setup(kube_api, nodes=("n1",))
-    # A pod gpuq does not manage holds n1's GPUs: gpuq places there anyway, kube-scheduler refuses the pod.
+    # n1 takes one pod, and a DaemonSet's pod already runs there: a limit gpuq does not model (it counts GPUs, CPU
+    # and memory), so gpuq places there and kube-scheduler refuses the pod (Too many pods).
+    kube_api.fake.add_node("n1", gpus=8, gpu_product=H100, pods=1, labels={BLOCK: "b1", RACK: "r1"})
+    await kube_api.create_namespace(NS)
+    client = kube_api.client()
     await kube_api.create_namespace("other")
-    await client.create(POD({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "squatter", "namespace": "other"},
-                             "spec": {"nodeName": "n1", **_pod_spec(8)}}))
+    await client.create(POD({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "agent", "namespace": "other"},
+                             "spec": {"nodeName": "n1", **_pod_spec(0)}}))
     cluster = kube_cluster(requeue_backoff_s=0.2, requeue_limit=1, bind_timeout_s=1.0)
     async with kube_api.autopilot(), kube_stack(nats_url, database_url, QUEUES, cluster, kube_api.kubeconfig):
         await client.create(job("blocked"))

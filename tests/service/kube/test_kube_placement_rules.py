@@ -20,12 +20,12 @@ QUEUES = parse_queues({
 JOB = create_namespaced_resource("batch", "v1", "Job", "jobs")
 
 
-def job(name: str, *, gpus: int = 8, pod_spec: dict[str, Any] | None = None) -> Any:
+def job(name: str, *, gpus: int = 8, pods: int = 1, pod_spec: dict[str, Any] | None = None) -> Any:
     container = {"name": "trainer", "image": "ghcr.io/example/train:1",
                  "resources": {"limits": {"nvidia.com/gpu": str(gpus)}, "requests": {"cpu": "4", "memory": "8Gi"}}}
     return JOB({"apiVersion": "batch/v1", "kind": "Job",
                 "metadata": {"name": name, "namespace": NS, "labels": {"gpuq.io/queue": "team-a"}},
-                "spec": {"suspend": True, "completionMode": "Indexed", "completions": 1, "parallelism": 1,
+                "spec": {"suspend": True, "completionMode": "Indexed", "completions": pods, "parallelism": pods,
                          "backoffLimit": 0, "template": {"spec": {"restartPolicy": "Never", "containers": [container],
                                                                   **(pod_spec or {})}}}})
 

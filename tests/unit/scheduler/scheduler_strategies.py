@@ -8,9 +8,14 @@ from hypothesis import strategies as st
 from shared.domain import (
     JobSpec,
     MigLayout,
+    NodeAffinity,
     NodeHealth,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
     NodeSpec,
+    NodeUsage,
     PodSet,
+    PreferredSchedulingTerm,
     Taint,
     TaintEffect,
     Toleration,
@@ -22,6 +27,11 @@ MODELS = ("H100-80GB", "A100-80GB")
 MIG = MigLayout(profile="1g.10gb", slices_per_gpu=7)
 TAINT = Taint(key="pool", value="inference", effect=TaintEffect.NO_SCHEDULE)
 SOFT = Taint(key="spot", value="yes", effect=TaintEffect.PREFER_NO_SCHEDULE)
+POOLS = ({}, {"pool": "a"}, {"pool": "b"})
+NOT_B = NodeAffinity(required=(NodeSelectorTerm(match_expressions=(
+    NodeSelectorRequirement(key="pool", operator="NotIn", values=("b",)),)),))
+PREFER_A = NodeAffinity(preferred=(PreferredSchedulingTerm(weight=10, preference=NodeSelectorTerm(match_expressions=(
+    NodeSelectorRequirement(key="pool", operator="In", values=("a",)),))),))
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -32,13 +42,20 @@ def clusters(draw: st.DrawFn) -> list[NodeSpec]:
     out = []
     for i in range(count):
         rack = i // per_rack
+        gpus = draw(st.sampled_from((0, 1, 2, 4, 8)))
+        mig = MIG if draw(st.integers(0, 5)) == 0 else None
+        held = NodeUsage()
+        if draw(st.integers(0, 3)) == 0:  # pods gpuq does not manage hold part of it
+            held = NodeUsage(gpus=0 if mig else draw(st.integers(0, gpus)),
+                             mig_slices=draw(st.integers(0, gpus * MIG.slices_per_gpu)) if mig else 0,
+                             cpu_milli=draw(st.sampled_from((0, 2000))), memory_mib=draw(st.sampled_from((0, 8192))))
         out.append(NodeSpec(
-            name=f"n-{i}", gpus=draw(st.sampled_from((0, 1, 2, 4, 8))), gpu_model=draw(st.sampled_from(MODELS)),
+            name=f"n-{i}", gpus=gpus, gpu_model=draw(st.sampled_from(MODELS)),
             cpu_milli=draw(st.sampled_from((4000, 16000, 96000))), memory_mib=draw(st.sampled_from((16384, 262144))),
-            mig=MIG if draw(st.integers(0, 5)) == 0 else None,
-            taints=draw(st.sampled_from(((), (), (TAINT,), (SOFT,)))),
+            mig=mig, taints=draw(st.sampled_from(((), (), (TAINT,), (SOFT,)))),
             health=draw(st.sampled_from((NodeHealth.READY,) * 5 + (NodeHealth.CORDONED, NodeHealth.FAILED))),
-            datasets=draw(st.sampled_from(((), ("imagenet",)))), rack=f"rack{rack}", block=f"block{rack // 2}"))
+            datasets=draw(st.sampled_from(((), ("imagenet",)))), rack=f"rack{rack}", block=f"block{rack // 2}",
+            labels=draw(st.sampled_from(POOLS)), held=held))
     return out
 
 
@@ -51,7 +68,9 @@ def jobs(draw: st.DrawFn, job_id: str) -> JobSpec:
             name=f"ps{k}", count=draw(st.integers(1, 5)), gpus_per_pod=1 if mig else draw(st.integers(0, 4)),
             gpu_models=draw(st.sampled_from(((), ("H100-80GB",), ("A100-80GB",), MODELS))),
             mig_profile="1g.10gb" if mig else None,
-            cpu_milli=draw(st.sampled_from((0, 1000, 8000))), memory_mib=draw(st.sampled_from((0, 4096, 65536)))))
+            cpu_milli=draw(st.sampled_from((0, 1000, 8000))), memory_mib=draw(st.sampled_from((0, 4096, 65536))),
+            node_selector=draw(st.sampled_from(({},) * 4 + ({"pool": "a"},))),
+            affinity=draw(st.sampled_from((None,) * 4 + (NOT_B, PREFER_A)))))
     total = sum(p.count for p in sets)
     level = draw(st.sampled_from((None, *TopologyLevel)))
     required = draw(st.booleans())

@@ -44,6 +44,12 @@ def check_placement(state: ClusterState, spec: JobSpec, p: Placement, allowed: t
         for t in node.taints:
             if t.effect is not TaintEffect.PREFER_NO_SCHEDULE:
                 assert any(tol.tolerates(t) for tol in spec.tolerations)
+        assert all(node.labels.get(k) == v for k, v in ps.selector.items())
+        assert ps.affinity is None or ps.affinity.required_matches(node.labels, node.name)
+        held = state.indexed_nodes[b.node]
+        assert not any(held.held_mask >> g & 1 for g in b.gpu_indices), "a GPU held outside gpuq"
+        if b.mig_slice is not None and held.held_slices is not None:
+            assert not held.held_slices[b.mig_slice[0]] >> b.mig_slice[1] & 1, "a slice held outside gpuq"
         if ps.mig_profile:
             assert node.mig is not None and node.mig.profile == ps.mig_profile
             assert b.mig_slice is not None and not b.gpu_indices
@@ -84,6 +90,10 @@ def check_no_double_allocation(state: ClusterState) -> None:
     for n in state.nodes():
         free = state.free_on(n.name)
         assert free["cpu_milli"] >= 0 and free["memory_mib"] >= 0
+        # what pods outside gpuq hold stays theirs: never free, never given (the placer never takes it)
+        node = state.indexed_nodes[n.name]
+        assert not node.held_mask & node.free_mask
+        assert node.held_units == (n.held.mig_slices if n.mig else n.held.gpus)
 
 
 @given(data=st.data(), cluster=clusters(), strategy=st.sampled_from(("binpack", "spread")))

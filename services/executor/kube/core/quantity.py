@@ -10,8 +10,10 @@ _DECIMAL = {"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), ""
             "E": Decimal(10**18)}
 
 
-def parse_quantity(value: str | int | float) -> Decimal:
+def parse_quantity(value: str | int | float | Decimal) -> Decimal:
     """The quantity's value in base units. Raises ValueError naming the bad quantity."""
+    if isinstance(value, Decimal):
+        return value
     if isinstance(value, int | float):
         return Decimal(str(value))
     text = value.strip()
@@ -26,16 +28,16 @@ def parse_quantity(value: str | int | float) -> Decimal:
         raise ValueError(f"{value!r} is not a Kubernetes quantity") from None
 
 
-def milli(value: str | int | float) -> int:
+def milli(value: str | int | float | Decimal) -> int:
     """CPU quantity -> milli-CPU, rounded up (a request is never under-counted)."""
     return int((parse_quantity(value) * 1000).to_integral_value(rounding="ROUND_CEILING"))
 
 
-def mebibytes(value: str | int | float) -> int:
+def mebibytes(value: str | int | float | Decimal) -> int:
     """Memory quantity -> MiB, rounded up."""
     return int((parse_quantity(value) / 2**20).to_integral_value(rounding="ROUND_CEILING"))
 
 
-def count(value: str | int | float) -> int:
+def count(value: str | int | float | Decimal) -> int:
     """Extended resources (GPUs, MIG slices) are whole numbers."""
     return int(parse_quantity(value))
