@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
 # The gpuq image: every service runs from it as `gpuq up --services <name>` (deploy/helm/gpuq). It holds no NATS or
 # Postgres: the embedded servers are an extra that is not installed here, and NATS_URL / DATABASE_URL are required.
+# Its Python dependencies are requirements.lock's, pinned with hashes; the simulator's extra (gpuq[sim]) is left out.
 # Built in your CI, not here (docs/install.md):  docker build -t <registry>/gpuq:<version> .
 #
 # Base: the official python:3.11-slim-bookworm (Python 3.11.16, Debian 12), pinned by the digest of its
@@ -8,18 +9,24 @@
 # repos/python/remote/3.11-slim-bookworm.md). Both stages start from it; bump it with the Python patch release.
 FROM python:3.11-slim-bookworm@sha256:0bee7276f83efd4a1ee05bbbf4281d95ed28e079220a9457f25a93e3f1e3c31b AS base
 
-# ---- build: the wheel, then a virtualenv with it and its dependencies ----------------------------------------------
+# ---- build: a virtualenv with the locked dependencies, then the gpuq wheel into it ---------------------------------
 FROM base AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
+# The dependencies exactly as requirements.lock pins them (`make lock`): every file checked against its hash, wheels
+# only (nothing compiled here), and none of the extras (the simulator's numpy and matplotlib stay out).
+COPY requirements.lock ./
+RUN python -m venv /opt/gpuq \
+ && /opt/gpuq/bin/pip install --no-cache-dir --require-hashes --only-binary=:all: -r requirements.lock
 COPY pyproject.toml README.md ./
 COPY shared/ shared/
 COPY services/ services/
 COPY sim/ sim/
 COPY cli/ cli/
+# gpuq itself without its dependencies: they are the locked ones above (pip refuses to go on if one is missing).
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /dist . \
- && python -m venv /opt/gpuq \
- && /opt/gpuq/bin/pip install --no-cache-dir /dist/gpuq-*.whl \
+ && /opt/gpuq/bin/pip install --no-cache-dir --no-deps /dist/gpuq-*.whl \
+ && /opt/gpuq/bin/pip check \
  && /opt/gpuq/bin/python -m compileall -q /opt/gpuq/lib
 
 # ---- runtime: the virtualenv, a non-root user, nothing else --------------------------------------------------------

@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TOOLS  := .tools
 FOCUS_VALIDATOR := $(TOOLS)/focus-validator/bin/focus-validator
 
-.PHONY: install demo test test-kube lint typecheck imports tools chart-tools chart-test schemas clean
+.PHONY: install demo test test-kube lint typecheck imports tools chart-tools chart-test schemas lock clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +65,23 @@ test-kube: install
 
 schemas: install
 	$(BIN)/python -m shared.schemas --write
+
+# requirements.lock: the image's dependencies (pyproject's [project].dependencies, no extra), every one pinned with
+# the hashes of its files on PyPI, for CPython 3.11 on Linux (x86_64 and aarch64 wheels alike). The Dockerfile
+# installs it with --require-hashes, then the gpuq wheel with --no-deps. Run after changing the dependencies and
+# commit the result; pins already in the file are kept unless LOCK_FLAGS=--upgrade (or --upgrade-package NAME).
+# uv runs from a venv of its own in .tools/, never the project's.
+UV := $(TOOLS)/uv/bin/uv
+UV_VERSION := 0.13.9
+
+lock: $(UV)
+	$(UV) pip compile pyproject.toml --quiet --generate-hashes --python-version 3.11 --python-platform linux \
+	  --no-config --index-url https://pypi.org/simple --custom-compile-command "make lock" $(LOCK_FLAGS) \
+	  --output-file requirements.lock
+
+$(UV):
+	$(PYTHON) -m venv $(TOOLS)/uv
+	$(TOOLS)/uv/bin/pip install -q "uv==$(UV_VERSION)"
 
 clean:
 	rm -rf $(VENV) $(TOOLS) .gpuq .pytest_cache .ruff_cache .hypothesis .mypy_cache .import_linter_cache
