@@ -586,11 +586,49 @@ class NodeUsage(Frozen):
 NO_USAGE = NodeUsage()
 
 
+class PodShape(Frozen):
+    """What one pod asks of a node: whole GPUs or one slice of a MIG profile, CPU, memory."""
+
+    gpus: int = Field(default=0, ge=0)
+    mig_profile: str | None = None
+    cpu_milli: int = Field(default=0, ge=0)
+    memory_mib: int = Field(default=0, ge=0)
+
+    @classmethod
+    def of(cls, ps: PodSet) -> PodShape:
+        """The shape of one pod of `ps` (a MIG pod asks one slice, no whole GPU)."""
+        return cls(gpus=0 if ps.mig_profile else ps.gpus_per_pod, mig_profile=ps.mig_profile,
+                   cpu_milli=ps.cpu_milli, memory_mib=ps.memory_mib)
+
+    def covers(self, gpus: int, mig_profile: str | None, cpu_milli: int, memory_mib: int) -> bool:
+        """Whether a pod asking this much is at least this shape: what refused this shape refuses it too."""
+        return (mig_profile == self.mig_profile and gpus >= self.gpus and cpu_milli >= self.cpu_milli
+                and memory_mib >= self.memory_mib)
+
+    def describe(self) -> str:
+        what = f"1 {self.mig_profile} slice" if self.mig_profile else f"{self.gpus} GPU(s)"
+        return f"{what}, {self.cpu_milli}m CPU, {self.memory_mib} MiB"
+
+
+class PlacementRefusal(Frozen):
+    """A node refused a pod gpuq placed there (kube-scheduler left it unschedulable, or the kubelet rejected it):
+    the scheduler places no pod of this shape or larger there while the node's usage is what it was then (`usage`:
+    what its other pods held, the refused job's own pods left out)."""
+
+    shape: PodShape
+    reason: str  # e.g. OutOfnvidia.com/gpu, UnexpectedAdmissionError, NodeAffinity, Unschedulable
+    message: str = ""
+    job_id: str
+    usage: NodeUsage = NO_USAGE
+
+
 class NodeSpec(Frozen):
     """One node as the scheduler sees it (from cluster.yaml, NodeInventory or the Kubernetes API).
 
     `held`: what pods gpuq does not manage hold there (on Kubernetes: another scheduler's pods, a DaemonSet's, an
-    inference Deployment's), which the scheduler does not place onto: capacity minus `held` is what gpuq has."""
+    inference Deployment's), which the scheduler does not place onto: capacity minus `held` is what gpuq has.
+    `refused`: pod shapes the node refused since its usage last changed (the executor keeps them current), which the
+    scheduler does not place there."""
 
     name: str
     gpus: int = Field(ge=0)
@@ -605,6 +643,11 @@ class NodeSpec(Frozen):
     block: str
     datasets: tuple[str, ...] = ()
     held: NodeUsage = NO_USAGE
+    refused: tuple[PlacementRefusal, ...] = ()
+
+    def refuses(self, gpus: int, mig_profile: str | None, cpu_milli: int, memory_mib: int) -> PlacementRefusal | None:
+        """The refusal that covers a pod of this shape, if any."""
+        return next((r for r in self.refused if r.shape.covers(gpus, mig_profile, cpu_milli, memory_mib)), None)
 
     def domain(self, level: TopologyLevel) -> str:
         if level is TopologyLevel.NODE:

@@ -50,6 +50,7 @@ from services.executor.kube.core.pods import (
     failure,
     image_pull_problem,
     ready_count,
+    rejected,
     requeue_delay_s,
     unschedulable,
 )
@@ -61,7 +62,7 @@ from services.executor.kube.webhook import WebhookServer, WebhookSettings
 from services.executor.verify import SchedulerTables, verify_placement
 from shared import audit
 from shared.config import ClusterConfig, DcgmSettings, KubernetesSource, QueuesConfig
-from shared.domain import GpuBinding, JobSpec, NodeSpec
+from shared.domain import GpuBinding, JobSpec, NodeSpec, PodShape
 from shared.events import (
     CheckpointRequested,
     CloudEvent,
@@ -631,6 +632,13 @@ class KubeExecutor:
             await tx.emit(JobCheckpointed(job_id=job_id, uri=uri, step=int(step) if step and step.isdigit() else None,
                                           checkpointed_at=utcnow_from(tx.now), preemption_id=row["preemption_id"]),
                           traceparent=row["traceparent"])
+        turned_away = rejected(pod)
+        if turned_away is not None:  # the node refused it: not the job's failure, the placement's
+            reason, why = turned_away
+            await self._placement_failed(tx, row, [(pod, reason, why)],
+                                         f"pod {pod['metadata']['name']} was rejected by the kubelet of "
+                                         f"{pod_node(pod)}: {reason}" + (f": {why}" if why else ""))
+            return
         failed = failure(pod)
         if failed is not None and row["failure"] is None:
             await tx.conn.execute("UPDATE executor.kube_jobs SET failure = $2 WHERE job_id = $1", job_id,
@@ -651,11 +659,36 @@ class KubeExecutor:
             await tx.conn.execute("UPDATE executor.kube_jobs SET unbound_at = NULL WHERE job_id = $1", job_id)
         if row["state"] == "placed":
             spec = JobSpec.model_validate_json(row["spec"])
-            current = [p for p in self._job_pods(row)
-                       if ((p["metadata"].get("annotations") or {}).get(BINDING_ANNOTATION) or "").startswith(
-                           f"{row['attempt']}/")]
-            if ready_count(current) >= spec.gang_size:
+            if ready_count(self._attempt_pods(row)) >= spec.gang_size:
                 await self._started(tx, row, spec)
+
+    def _attempt_pods(self, row: asyncpg.Record) -> list[dict[str, Any]]:
+        """The job's live pods given a binding of its current attempt."""
+        return [p for p in self._job_pods(row)
+                if ((p["metadata"].get("annotations") or {}).get(BINDING_ANNOTATION) or "").startswith(
+                    f"{row['attempt']}/")]
+
+    async def _placement_failed(self, tx: Tx, row: asyncpg.Record, refused: list[tuple[dict[str, Any], str, str]],
+                                message: str) -> None:
+        """Pods that cannot run where gpuq placed them ((pod, reason, message): kube-scheduler left it unschedulable,
+        or the kubelet rejected it): each node that refused one is announced refusing pods of that shape until its
+        usage changes, and the job is requeued at once, neither backed off nor counted toward `requeue_limit` (that
+        is for gangs that were not Ready): the next attempt goes elsewhere, or waits saying which node refused what."""
+        spec = JobSpec.model_validate_json(row["spec"])
+        sets = {ps.name: ps for ps in spec.pod_sets}
+        degraded = await self._verdicts(tx)
+        nodes: set[str] = set()
+        for pod, reason, why in refused:
+            node = pod_node(pod)
+            ps = sets.get(((pod.get("metadata") or {}).get("labels") or {}).get(n.POD_SET_LABEL, ""))
+            obj = self.node_informer.cache.get(f"/{node}") if node else None
+            if node is None or ps is None or obj is None:
+                continue
+            if await inventory.refuse(tx, obj, self.cfg, job_id=row["job_id"], shape=PodShape.of(ps), reason=reason,
+                                      message=why, loads=self.node_loads, degraded=degraded) is not None:
+                nodes.add(node)
+        note = f"; {', '.join(sorted(nodes))} gets no such pod until what runs there changes" if nodes else ""
+        await self._requeue(tx, row, PreemptionReason.PLACEMENT_FAILED, message + note, count=False)
 
     async def _started(self, tx: Tx, row: asyncpg.Record, spec: JobSpec) -> None:
         nodes = sorted({b.node for b in _bindings(row)})
@@ -842,8 +875,8 @@ class KubeExecutor:
                              f"{problem} (still failing after {cfg.image_pull_timeout_s:g} s)")
             return
         if row["unbound_at"] is not None and now - row["unbound_at"] >= cfg.bind_timeout_s:
-            await self._requeue(tx, row, PreemptionReason.PLACEMENT_FAILED,
-                                f"{row['unbound_message']} (for {cfg.bind_timeout_s:g} s)")
+            stuck = [(p, "Unschedulable", why) for p in self._attempt_pods(row) if (why := unschedulable(p))]
+            await self._placement_failed(tx, row, stuck, f"{row['unbound_message']} (for {cfg.bind_timeout_s:g} s)")
             return
         spec = JobSpec.model_validate_json(row["spec"])
         if row["state"] == "running" and now - row["started_at"] >= spec.max_runtime_s:

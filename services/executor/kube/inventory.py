@@ -10,7 +10,9 @@ records its own NodeChanged there through `record`). So a Node update (a label, 
 never announces a degraded node ready again: only the source's clean polls do.
 
 Each node is announced with what the pods gpuq does not manage hold there (`NodeSpec.held`, from the executor's
-informer of every bound pod: core/usage.py), so that a change of those pods announces the node again."""
+informer of every bound pod: core/usage.py), so that a change of those pods announces the node again; and with the
+pod shapes it refused (`NodeSpec.refused`, added by `refuse`), kept while the node and what its pods hold are
+unchanged, dropped (the node announced again) when they change."""
 
 from __future__ import annotations
 
@@ -20,10 +22,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from services.executor.dcgm import with_health
+from services.executor.kube.core import names as n
 from services.executor.kube.core.nodes import node_spec, selected
-from services.executor.kube.core.usage import NodeLoads
+from services.executor.kube.core.usage import NodeLoads, still_refused, with_refusal
 from shared.config import KubernetesSource
-from shared.domain import NodeHealth, NodeSpec
+from shared.domain import NO_USAGE, NodeHealth, NodeSpec, PlacementRefusal, PodShape
 from shared.events import INVENTORY_CHUNK, NodeChanged, NodeInventory
 from shared.service import Tx
 
@@ -33,6 +36,8 @@ SOURCE = "kubernetes"
 Verdicts = Mapping[str, tuple[str, str]]  # node -> (reason, message) of the DCGM source's degraded nodes
 NO_VERDICTS: Verdicts = {}
 
+
+MAX_REFUSAL_MESSAGE = 500  # characters of kube-scheduler's or the kubelet's message kept with a refusal
 
 # What the nodes of one NodeInventory part may weigh: half of NATS's default max_payload (1 MiB), so the envelope
 # fits beside them. A node carries all its labels (jobs select on them): tens of them on a real node.
@@ -58,6 +63,44 @@ def _map(obj: dict[str, Any], cfg: KubernetesSource, degraded: Verdicts = NO_VER
     if loads is not None:  # what the pods gpuq does not manage hold there
         spec = spec.model_copy(update={"held": loads.held(spec.name, spec.mig.profile if spec.mig else None)})
     return with_health([spec], degraded)[0]
+
+
+def _refusals_kept(spec: NodeSpec, before: NodeSpec | None, loads: NodeLoads | None) -> NodeSpec:
+    """`spec` with the refusals of what was announced `before` that still hold: the node itself is the same
+    (capacity, labels, taints, health) and what its pods hold (the refused job's left out) is what it was."""
+    if before is None or not before.refused or loads is None:
+        return spec
+    if _bare(before) != _bare(spec):
+        return spec  # the node changed: it is tried again for every shape
+    profile = spec.mig.profile if spec.mig else None
+    kept = still_refused(before.refused, lambda job_id: loads.usage(spec.name, profile, but=n.job_label(job_id)))
+    return spec.model_copy(update={"refused": kept}) if kept else spec
+
+
+def _bare(spec: NodeSpec) -> NodeSpec:
+    return spec.model_copy(update={"held": NO_USAGE, "refused": ()})
+
+
+async def refuse(tx: Tx, obj: dict[str, Any], cfg: KubernetesSource, *, job_id: str, shape: PodShape, reason: str,
+                 message: str, loads: NodeLoads, degraded: Verdicts = NO_VERDICTS) -> NodeSpec | None:
+    """The node `obj` refused a pod of `job_id` gpuq placed there: announce it with the refusal (NodeChanged, reason
+    PlacementRefused) and what its other pods hold now, so that the scheduler places no such pod there until that
+    changes. None when the node is not one gpuq announces."""
+    name = (obj.get("metadata") or {})["name"]
+    known = await tx.conn.fetchval("SELECT spec FROM executor.kube_nodes WHERE name = $1", name)
+    before = NodeSpec.model_validate_json(known) if known else None
+    current = _map(obj, cfg, degraded, loads=loads)
+    if current is None:
+        return None
+    current = _refusals_kept(current, before, loads)
+    usage = loads.usage(name, current.mig.profile if current.mig else None, but=n.job_label(job_id))
+    refusal = PlacementRefusal(shape=shape, reason=reason, message=message[:MAX_REFUSAL_MESSAGE], job_id=job_id,
+                               usage=usage)
+    after = current.model_copy(update={"refused": with_refusal(current.refused, refusal)})
+    await tx.emit(NodeChanged(node=after, change="updated" if before is not None else "added",
+                              reason="PlacementRefused", message=f"{reason}: {message}" if message else reason))
+    await _store(tx, after)
+    return after
 
 
 def specs(objects: Iterable[dict[str, Any]], cfg: KubernetesSource, loads: NodeLoads | None = None
@@ -96,7 +139,8 @@ async def publish_all(tx: Tx, objects: Iterable[dict[str, Any]], cfg: Kubernetes
     from what was announced before); afterwards, a NodeChanged per difference. Nodes gone are removed.
     `loads`: the pods bound to the nodes, whose holdings outside gpuq each node is announced with."""
     known = await _known(tx)
-    current = {spec.name: spec for obj in objects if (spec := _map(obj, cfg, degraded, loads=loads)) is not None}
+    current = {spec.name: _refusals_kept(spec, known.get(spec.name), loads)
+               for obj in objects if (spec := _map(obj, cfg, degraded, loads=loads)) is not None}
     changed = sorted(name for name in current if known.get(name) != current[name])
     removed = sorted(known.keys() - current.keys())
     if first and (changed or not known):
@@ -124,6 +168,8 @@ async def publish_node(tx: Tx, obj: dict[str, Any], cfg: KubernetesSource, *, de
     known = await tx.conn.fetchval("SELECT spec FROM executor.kube_nodes WHERE name = $1", name)
     before = NodeSpec.model_validate_json(known) if known else None
     after = None if deleted else _map(obj, cfg, degraded, loads=loads)
+    if after is not None:
+        after = _refusals_kept(after, before, loads)
     if after == before:
         return []
     if after is None:

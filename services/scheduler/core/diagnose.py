@@ -3,7 +3,9 @@
 Only runs on the failure path, checking from the most fundamental cause to the most circumstantial:
 model/profile exists -> taints tolerated -> node labels match (nodeSelector, required node affinity) -> nodes
 ready -> enough free units -> pod shapes fit on nodes -> CPU/memory -> topology -> fragmentation. The first
-failing check is the reason. Past the label check, only the nodes whose labels match are counted.
+failing check is the reason. Past the label check, only the nodes whose labels match are counted; nodes that
+refused pods of the shape (`NodeSpec.refused`) are not counted either, and when they are why it does not fit, the
+reason is PlacementRefused, naming them and what they said.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from shared.domain import JobSpec, Taint, TopologyLevel
 
 from .index import ClusterIndex, IndexedNode, NodeClass
-from .staging import Eligibility, Exclusion, GangRequest, PodReq, Stage, domain_free, excluded
+from .staging import Eligibility, Exclusion, GangRequest, PodReq, Stage, domain_free, excluded, unmatched
 from .types import Reason, Unplaceable
 
 
@@ -140,18 +142,20 @@ def _check_cpu_memory(state: ClusterIndex, spec: JobSpec, req: PodReq, names: It
 def _check_selected(state: ClusterIndex, spec: JobSpec, req: PodReq, shaped: list[NodeClass],
                     tolerated: list[NodeClass], barred: frozenset[str], exclude: Mapping[str, Exclusion] | None
                     ) -> Unplaceable | None:
-    """The checks past the taints for a pod set that selects nodes by label, counted on the nodes it matches
-    (the class aggregates count every node of a class)."""
+    """The checks past the taints for a pod set some of whose nodes are barred (the class aggregates count every
+    node of a class): by label (its selection), counted on the nodes it matches; and by refusal (nodes that turned
+    a pod of its shape away), which, when they are why it does not fit, is the reason (PlacementRefused)."""
     jid = spec.job_id
     nodes = state.indexed_nodes
     names = sorted((name for c in tolerated for name in _class_nodes(state, c)), key=lambda n: nodes[n].rank)
-    matching = [nodes[name] for name in names if name not in barred]
-    assert req.select is not None  # `barred` is empty without a selection
-    wanted = req.select.describe()
+    off = unmatched(state, req)
+    matching = [nodes[name] for name in names if name not in off]
+    wanted = req.select.describe() if req.select is not None and off else ""
     if not matching:
+        assert req.select is not None  # nothing is unmatched without a selection
         tolerations = spec.tolerations + req.tolerations
         taints = sorted({_taint(t) for c in shaped if c not in tolerated
-                         for name in _class_nodes(state, c) if name not in barred
+                         for name in _class_nodes(state, c) if name not in off
                          for t in c.hard if not any(tol.tolerates(t) for tol in tolerations)})
         if taints:  # the nodes it selects exist, but their taints keep it off
             return Unplaceable(jid, Reason.UNTOLERATED,
@@ -166,23 +170,51 @@ def _check_selected(state: ClusterIndex, spec: JobSpec, req: PodReq, shaped: lis
         for n in matching:
             by_health[n.spec.health.value] = by_health.get(n.spec.health.value, 0) + 1
         states = ", ".join(f"{k} {h}" for h, k in sorted(by_health.items()))
+        which = f"matching {wanted}" if wanted else f"with {_models(req.models)} usable by the job"
         return Unplaceable(jid, Reason.NO_READY_NODES,
-                           f"none of the {len(matching)} node(s) matching {wanted} is ready: {states}")
-    free = sum(n.units for n in ready)
-    cap = sum(n.cap_units for n in ready)
-    where = f"on the {len(ready)} ready node(s) matching {wanted}"
+                           f"none of the {len(matching)} node(s) {which} is ready: {states}")
+    refused = [n for n in ready if n.name in barred]
+    usable = [n for n in ready if n.name not in barred]
+    found = _check_counts(state, spec, req, usable, wanted, bool(refused), exclude)
+    if found is None or not refused:
+        return found
+    return Unplaceable(jid, Reason.PLACEMENT_REFUSED, f"{found.message}; {_refusals(refused, req)}")
+
+
+def _check_counts(state: ClusterIndex, spec: JobSpec, req: PodReq, usable: list[IndexedNode], wanted: str,
+                  refusals: bool, exclude: Mapping[str, Exclusion] | None) -> Unplaceable | None:
+    """Free units, pod-sized pieces, CPU and memory on the `usable` ready nodes."""
+    jid = spec.job_id
+    free = sum(n.units for n in usable)
+    cap = sum(n.cap_units for n in usable)
+    where = f"on the {len(usable)} ready node(s)" + (f" matching {wanted}" if wanted else "") + (
+        " that did not refuse it" if refusals else "")
     if req.unit and free < req.need:
         reason = Reason.NO_MIG_SLICES if req.mig else Reason.INSUFFICIENT_GPUS
-        return Unplaceable(jid, reason, f"needs {_what(req)}; {free} free of {cap} {where}{_held_note(ready)}")
+        return Unplaceable(jid, reason, f"needs {_what(req)}; {free} free of {cap} {where}{_held_note(usable)}")
     if req.gpus > 1:
-        pods = sum(n.units // req.gpus for n in ready)
+        pods = sum(n.units // req.gpus for n in usable)
         if pods < req.count:
-            largest = max(n.units for n in ready)
+            largest = max((n.units for n in usable), default=0)
             return Unplaceable(jid, Reason.INSUFFICIENT_GPUS,
                                f"needs {req.count} pod(s) × {req.gpus} GPUs, each pod on one node; free GPUs "
                                f"({free}) {where} allow only {pods} such pod(s), largest free on a node is "
                                f"{largest}")
-    return _check_cpu_memory(state, spec, req, _roomy(ready, req), exclude)
+    return _check_cpu_memory(state, spec, req, _roomy(usable, req), exclude)
+
+
+def _refusals(refused: list[IndexedNode], req: PodReq, limit: int = 3) -> str:
+    """"n1 refused a pod of 8 GPU(s), 4000m CPU, 8192 MiB (OutOfnvidia.com/gpu: …)"; such nodes wait for their
+    usage to change."""
+    parts = []
+    for n in refused[:limit]:
+        r = n.spec.refuses(req.gpus, req.mig, req.cpu, req.mem)
+        if r is not None:
+            parts.append(f"{n.name} refused a pod of {r.shape.describe()} ({r.reason}: {r.message})"
+                         if r.message else f"{n.name} refused a pod of {r.shape.describe()} ({r.reason})")
+    more = f" and {len(refused) - limit} more node(s)" if len(refused) > limit else ""
+    return (f"{'; '.join(parts)}{more}: no such pod goes there until what runs there changes" if parts
+            else f"{len(refused)} node(s) refused such pods")
 
 
 def _held_note(nodes: Iterable[IndexedNode]) -> str:

@@ -270,6 +270,7 @@ class ClusterIndex:
         # reuses them instead of deciding the same again (`state_memo`).
         self._state_cache: dict[object, object] = {}
         self._dirty = True
+        self._refusing: frozenset[str] = frozenset()  # nodes whose spec carries refused pod shapes
 
     # ------------------------------------------------------------------ construction
 
@@ -370,6 +371,7 @@ class ClusterIndex:
                 ranks = self._dom_rank[lvl]
                 for d in sorted(frees, key=ranks.__getitem__):
                     c.dom_buckets[lvl].setdefault(frees[d], []).append(ranks[d])
+        self._refusing = frozenset(n.name for n in ordered if n.spec.refused)
         self._spec_cache = {}
         self._state_cache.clear()
         self._dirty = False
@@ -396,6 +398,7 @@ class ClusterIndex:
         other._dom_rank = self._dom_rank
         other._dom_order = self._dom_order
         other._spec_cache = self._spec_cache
+        other._refusing = self._refusing
         other._state_cache = {}  # the two diverge from here: each keeps its own (a copy is a what-if)
         other._dirty = False
         # Both sides get a new generation: from now on neither owns the shared nodes and classes.
@@ -638,6 +641,11 @@ class ClusterIndex:
 
     def domain_order(self, level: TopologyLevel) -> Sequence[str]:
         return self._dom_order.get(level, [])
+
+    @property
+    def refusing_nodes(self) -> frozenset[str]:
+        """Nodes whose spec carries pod shapes they refused (`NodeSpec.refused`; call `refresh_index()` first)."""
+        return self._refusing
 
     def spec_memo(self, key: object, compute: Callable[[], T]) -> T:
         """An answer that depends on the node specs only (eligibility, "could it ever fit"), kept until the next

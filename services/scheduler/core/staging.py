@@ -2,8 +2,9 @@
 
 - `resolve`/`trim`: the job's pod sets against admission's flavors (`PodReq`), and the first `min_members` pods;
 - `eligible`: the node classes a pod set may use (model, MIG profile, taints), memoised per index;
-- `Selection`/`excluded`: the nodes a pod set may not use by their labels (nodeSelector, required node affinity),
-  and `preference`: the score preferred node affinity gives each node, memoised per index;
+- `Selection`/`excluded`: the nodes a pod set may not use by their labels (nodeSelector, required node affinity)
+  or because they refused a pod of its shape, and `preference`: the score preferred node affinity gives each
+  node, memoised per index;
 - `Stage`: a scratch copy of the free resources of the nodes a placement touches, minus `Exclusion`s
   (reservations); like Volcano's Statement, nothing is written to the index while staging;
 - `GangRequest`/`prepare`: a job resolved against one index, what the placer and the diagnosis share.
@@ -202,7 +203,19 @@ NO_NODES: frozenset[str] = frozenset()
 
 def excluded(state: ClusterIndex, req: PodReq) -> frozenset[str]:
     """The nodes a pod of `req` may not use whatever is free on them: those whose labels its selection does not
-    match. Depends on the node specs only (memoised per index); empty for a pod set that selects nothing."""
+    match (`unmatched`) and those that refused a pod its shape covers (`refusing`). Depends on the node specs only
+    (memoised per index); empty for a pod set that selects nothing on a cluster where no node refused anything."""
+    restricts = req.select is not None and req.select.restricts
+    if not state.refusing_nodes:
+        return unmatched(state, req) if restricts else NO_NODES
+    if not restricts:
+        return refusing(state, req)
+    return state.spec_memo(("excluded", req.select, _shape(req)),
+                           lambda: unmatched(state, req) | refusing(state, req))
+
+
+def unmatched(state: ClusterIndex, req: PodReq) -> frozenset[str]:
+    """The nodes whose labels `req`'s selection does not match (nodeSelector, required node affinity)."""
     select = req.select
     if select is None or not select.restricts:
         return NO_NODES
@@ -210,7 +223,24 @@ def excluded(state: ClusterIndex, req: PodReq) -> frozenset[str]:
     def compute() -> frozenset[str]:
         return frozenset(name for name, n in state.indexed_nodes.items() if not select.matches(n.spec))
 
-    return state.spec_memo(("excluded", select), compute)
+    return state.spec_memo(("unmatched", select), compute)
+
+
+def _shape(req: PodReq) -> tuple[int, str | None, int, int]:
+    return (req.gpus, req.mig, req.cpu, req.mem)
+
+
+def refusing(state: ClusterIndex, req: PodReq) -> frozenset[str]:
+    """The nodes that refused a pod of a shape `req`'s pods cover (`NodeSpec.refused`): not used for them until
+    the executor says the node's usage changed (a new spec without the refusal)."""
+    if not state.refusing_nodes:
+        return NO_NODES
+    nodes = state.indexed_nodes
+
+    def compute() -> frozenset[str]:
+        return frozenset(name for name in state.refusing_nodes if nodes[name].spec.refuses(*_shape(req)))
+
+    return state.spec_memo(("refusing", _shape(req)), compute)
 
 
 def preference(state: ClusterIndex, req: PodReq) -> Mapping[str, int]:
@@ -254,7 +284,7 @@ class Stage:
     """Scratch copy of the free resources of the nodes a placement touches; the index is never written.
     `nodes` defaults to the index's own records; the reservation search passes its private view of them."""
 
-    __slots__ = ("barred", "exclude", "nodes", "slots", "state")
+    __slots__ = ("barred", "exclude", "nodes", "refusals", "slots", "state")
 
     def __init__(self, state: ClusterIndex, exclude: Mapping[str, Exclusion] | None,
                  nodes: Mapping[str, FreeResources] | None = None):
@@ -263,6 +293,7 @@ class Stage:
         self.slots: dict[str, Free] = {}
         self.nodes: Mapping[str, FreeResources] = state.indexed_nodes if nodes is None else nodes
         self.barred: dict[int, frozenset[str]] = {}  # id(req) -> `excluded(state, req)`, for the reqs staged here
+        self.refusals = bool(state.refusing_nodes)  # some node refused a pod shape: every req is checked
 
     def barred_for(self, req: PodReq) -> frozenset[str]:
         """`excluded(state, req)`, looked up once per req on this stage (a req outlives the stage that reads it)."""
@@ -290,8 +321,9 @@ class Stage:
         return s
 
     def fits(self, name: str, req: PodReq) -> int:
-        """How many pods of `req` the node still holds (none on a node its selection excludes)."""
-        if req.select is not None and name in self.barred_for(req):
+        """How many pods of `req` the node still holds (none on a node its selection excludes or that refused
+        such a pod)."""
+        if (req.select is not None or self.refusals) and name in self.barred_for(req):
             return 0
         s = self.avail(name)
         k = BIG
@@ -389,7 +421,9 @@ __all__ = [
     "placement_shape",
     "preference",
     "prepare",
+    "refusing",
     "resolve",
     "selection_of",
     "trim",
+    "unmatched",
 ]

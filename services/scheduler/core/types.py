@@ -19,6 +19,9 @@ class Reason:
     INSUFFICIENT_CPU_MEMORY = "InsufficientCpuMemory"
     TOPOLOGY_UNSATISFIABLE = "TopologyUnsatisfiable"
     WAITING_FOR_RESERVATION = "WaitingForReservation"
+    # The nodes that could hold it refused pods of its shape (NodeSpec.refused: kube-scheduler or the kubelet
+    # turned a pod away there) and their usage has not changed since.
+    PLACEMENT_REFUSED = "PlacementRefused"
 
 
 class PlacementConflict(Exception):

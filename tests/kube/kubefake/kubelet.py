@@ -25,6 +25,9 @@ class FakeKubelet:
         self.unpullable_images: set[str] = set()
         self.start_pods = True  # reconcile() starts bound pods; a test can hold them Pending instead
         self.hold_terminations = False  # keep deleted pods Terminating until their grace period ends
+        # node -> (reason, message): its kubelet rejects the pods bound to it at admission (phase Failed with that
+        # reason), as a kubelet whose device plugin has fewer healthy GPUs than the node's allocatable does
+        self.rejections: dict[str, tuple[str, str]] = {}
         self._ip = 0
 
     # --- what the kubelet does by itself -------------------------------------------------------------------------
@@ -50,11 +53,16 @@ class FakeKubelet:
         return self.store.resource_version != before
 
     def start(self, namespace: str, name: str) -> None:
-        """Pending → Running with all containers ready (or stuck on an image pull for an unpullable image)."""
+        """Pending → Running with all containers ready (or stuck on an image pull for an unpullable image, or
+        Failed when the node's kubelet rejects its pods: `rejections`)."""
         pod = self.store.get(PODS, namespace, name)
         if not pod["spec"].get("nodeName") or pod["status"].get("phase") != "Pending":
             return
         now = self.store.clock.stamp()
+        rejection = self.rejections.get(pod["spec"]["nodeName"])
+        if rejection is not None:
+            self.store.mutate(PODS, namespace, name, lambda p: _rejected(p, *rejection, now))
+            return
         containers = pod["spec"].get("containers") or []
         bad = [c for c in containers if c.get("image") in self.unpullable_images]
         if bad:
@@ -308,6 +316,15 @@ def _tolerated_for(tolerations: list[Obj], taint: Obj) -> float | None:
             value = float("inf") if seconds is None else float(seconds)
             best = value if best is None else max(best, value)
     return best
+
+
+def _rejected(pod: Obj, reason: str, message: str, now: str) -> None:
+    """What a kubelet's admission handlers leave on a pod they reject: Failed, the reason, no container started."""
+    status = pod["status"]
+    status["phase"] = "Failed"
+    status["reason"] = reason
+    status["message"] = f"Pod was rejected: {message}"
+    status["startTime"] = status.get("startTime") or now
 
 
 def _ready(node: Obj) -> bool:

@@ -301,22 +301,38 @@ async def test_rayjob_head_and_workers_run_where_placed(fresh: tuple[str, str], 
     assert failed["job_id"] == started["job_id"] and "entrypoint exited with 1" in failed["message"]
 
 
-async def test_pod_that_cannot_bind_where_placed_requeues_its_job(fresh: tuple[str, str], kube_api: Any) -> None:
+async def test_pod_that_cannot_bind_where_placed_is_placed_elsewhere_next(fresh: tuple[str, str],
+                                                                          kube_api: Any) -> None:
     nats_url, database_url = fresh
     # n1 takes one pod, and a DaemonSet's pod already runs there: a limit gpuq does not model (it counts GPUs, CPU
-    # and memory), so gpuq places there and kube-scheduler refuses the pod (Too many pods).
+    # and memory), so gpuq places there (binpack: the first node by rank) and kube-scheduler refuses the pod.
     kube_api.fake.add_node("n1", gpus=8, gpu_product=H100, pods=1, labels={BLOCK: "b1", RACK: "r1"})
+    kube_api.fake.add_node("n2", gpus=8, gpu_product=H100, labels={BLOCK: "b1", RACK: "r1"})
     await kube_api.create_namespace(NS)
     client = kube_api.client()
     await kube_api.create_namespace("other")
     await client.create(POD({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "agent", "namespace": "other"},
                              "spec": {"nodeName": "n1", **_pod_spec(0)}}))
-    cluster = kube_cluster(requeue_backoff_s=0.2, requeue_limit=1, bind_timeout_s=1.0)
+    # requeue_limit 0: a placement failure is no PodsReady requeue, it neither counts nor backs off
+    cluster = kube_cluster(requeue_backoff_s=600, requeue_limit=0, bind_timeout_s=1.0)
     async with kube_api.autopilot(), kube_stack(nats_url, database_url, QUEUES, cluster, kube_api.kubeconfig):
         await client.create(job("blocked"))
-        (failed,) = await eventually("JobFailed", lambda: events_of(nats_url, "failed"), timeout_s=60)
+        (started,) = await eventually("JobStarted", lambda: events_of(nats_url, "started"), timeout_s=60)
+        placed = await events_of(nats_url, "placed")
         preempted = await events_of(nats_url, "preempted")
-        reasons = [e["reason"] for e in await workload_events(client, NS, "blocked")]
-    assert [p["reason"] for p in preempted] == ["PlacementFailed"]
-    assert "cannot run on n1" in failed["message"] and "gave up after 1 requeue" in failed["message"]
-    assert "Unschedulable" in reasons and "Requeued" in reasons and "Failed" in reasons
+        notes: dict[str, list[str]] = {}
+        for e in await workload_events(client, NS, "blocked"):
+            notes.setdefault(e["reason"], []).append(e["message"])
+        refusals = [e for e in await bus_events(nats_url, "node.changed") if e.get("reason") == "PlacementRefused"]
+    assert started["nodes"] == ["n2"] and [b["node"] for b in placed[0]["bindings"]] == ["n1"]
+    assert [p["reason"] for p in preempted] == ["PlacementFailed"] * len(preempted) and len(placed) == 2
+    assert await events_of(nats_url, "failed") == []
+    (unschedulable,) = notes["Unschedulable"]
+    assert "cannot run on n1" in unschedulable and "Too many pods" in unschedulable
+    (requeued,) = [m for m in notes["Requeued"] if m.startswith("PlacementFailed")]
+    assert requeued.startswith("PlacementFailed: pod blocked-") and requeued.endswith(
+        "(for 1 s); n1 gets no such pod until what runs there changes")
+    (refusal,) = refusals[0]["node"]["refused"]
+    assert refusals[0]["node"]["name"] == "n1" and refusal["reason"] == "Unschedulable"
+    assert refusal["shape"] == {"gpus": 8, "mig_profile": None, "cpu_milli": 4000, "memory_mib": 8192}
+    assert refusal["usage"]["pods"] == 1  # the DaemonSet's pod: when it goes, n1 is tried again

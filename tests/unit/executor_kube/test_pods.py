@@ -8,6 +8,7 @@ from services.executor.kube.core.pods import (
     failure,
     image_pull_problem,
     ready_count,
+    rejected,
     requeue_delay_s,
     unschedulable,
 )
@@ -56,3 +57,15 @@ def test_image_pull_and_unschedulable() -> None:
 def test_backoff_doubles_and_is_capped() -> None:
     assert [requeue_delay_s(a, 60) for a in (1, 2, 3)] == [60, 120, 240]
     assert requeue_delay_s(20, 60) == 3600
+
+
+def test_a_kubelet_rejection_is_the_nodes_refusal_not_the_pods_failure() -> None:
+    out_of = {"status": {"phase": "Failed", "reason": "OutOfnvidia.com/gpu",
+                         "message": "Pod was rejected: Node didn't have enough resource: nvidia.com/gpu"}}
+    assert rejected(out_of) == ("OutOfnvidia.com/gpu", "Pod was rejected: Node didn't have enough resource: "
+                                                       "nvidia.com/gpu")
+    assert rejected({"status": {"phase": "Failed", "reason": "UnexpectedAdmissionError"}}) == (
+        "UnexpectedAdmissionError", "")
+    assert rejected({"status": {"phase": "Failed", "reason": "NodeAffinity", "message": "m"}}) == ("NodeAffinity", "m")
+    assert rejected({"status": {"phase": "Failed", "reason": "Evicted"}}) is None  # the pod's failure
+    assert rejected({"status": {"phase": "Pending", "reason": "OutOfcpu"}}) is None

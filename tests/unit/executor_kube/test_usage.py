@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from services.executor.kube.core.usage import NodeLoads, pod_load
-from shared.domain import NodeUsage
+from services.executor.kube.core.usage import NodeLoads, pod_load, still_refused, with_refusal
+from shared.domain import NodeUsage, PlacementRefusal, PodShape
 
 
 def pod(node: str | None = "n1", *, phase: str = "Running", labels: dict[str, str] | None = None,
@@ -64,3 +64,14 @@ def test_node_loads_split_gpuqs_pods_from_the_others_and_follow_changes() -> Non
 def test_a_malformed_quantity_is_named() -> None:
     with pytest.raises(ValueError, match="'lots' is not a Kubernetes quantity"):
         pod_load(pod(containers=[res(requests={"cpu": "lots"})]))
+
+
+def test_refusals_last_while_the_nodes_usage_is_unchanged_and_a_smaller_shape_covers_larger_ones() -> None:
+    small = PlacementRefusal(shape=PodShape(gpus=2), reason="OutOfnvidia.com/gpu", job_id="a",
+                             usage=NodeUsage(gpus=4, pods=1))
+    big = PlacementRefusal(shape=PodShape(gpus=8), reason="Unschedulable", job_id="b", usage=NodeUsage(pods=1))
+    assert with_refusal((), big) == (big,)
+    assert with_refusal((big,), small) == (small,)  # 2 GPUs refused: 8 are refused too
+    assert with_refusal((small,), big) == (small,)
+    usage = {"a": NodeUsage(gpus=4, pods=1), "b": NodeUsage(pods=2)}  # b's node usage changed since
+    assert still_refused((small, big), usage.__getitem__) == (small,)

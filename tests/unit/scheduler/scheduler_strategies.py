@@ -14,7 +14,9 @@ from shared.domain import (
     NodeSelectorTerm,
     NodeSpec,
     NodeUsage,
+    PlacementRefusal,
     PodSet,
+    PodShape,
     PreferredSchedulingTerm,
     Taint,
     TaintEffect,
@@ -32,6 +34,7 @@ NOT_B = NodeAffinity(required=(NodeSelectorTerm(match_expressions=(
     NodeSelectorRequirement(key="pool", operator="NotIn", values=("b",)),)),))
 PREFER_A = NodeAffinity(preferred=(PreferredSchedulingTerm(weight=10, preference=NodeSelectorTerm(match_expressions=(
     NodeSelectorRequirement(key="pool", operator="In", values=("a",)),))),))
+REFUSED = (PlacementRefusal(shape=PodShape(gpus=2), reason="OutOfnvidia.com/gpu", job_id="earlier"),)
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -55,7 +58,8 @@ def clusters(draw: st.DrawFn) -> list[NodeSpec]:
             mig=mig, taints=draw(st.sampled_from(((), (), (TAINT,), (SOFT,)))),
             health=draw(st.sampled_from((NodeHealth.READY,) * 5 + (NodeHealth.CORDONED, NodeHealth.FAILED))),
             datasets=draw(st.sampled_from(((), ("imagenet",)))), rack=f"rack{rack}", block=f"block{rack // 2}",
-            labels=draw(st.sampled_from(POOLS)), held=held))
+            labels=draw(st.sampled_from(POOLS)), held=held,
+            refused=draw(st.sampled_from(((),) * 5 + (REFUSED,)))))
     return out
 
 

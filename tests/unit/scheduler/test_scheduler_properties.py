@@ -46,6 +46,8 @@ def check_placement(state: ClusterState, spec: JobSpec, p: Placement, allowed: t
                 assert any(tol.tolerates(t) for tol in spec.tolerations)
         assert all(node.labels.get(k) == v for k, v in ps.selector.items())
         assert ps.affinity is None or ps.affinity.required_matches(node.labels, node.name)
+        shape = (0 if ps.mig_profile else ps.gpus_per_pod, ps.mig_profile, ps.cpu_milli, ps.memory_mib)
+        assert node.refuses(*shape) is None, "a pod of a shape the node refused"
         held = state.indexed_nodes[b.node]
         assert not any(held.held_mask >> g & 1 for g in b.gpu_indices), "a GPU held outside gpuq"
         if b.mig_slice is not None and held.held_slices is not None:

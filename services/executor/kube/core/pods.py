@@ -65,6 +65,24 @@ def image_pull_problem(pod: Mapping[str, Any]) -> str | None:
     return None
 
 
+# Why a kubelet rejects a pod bound to its node (its admission handlers): a resource the node does not have after all
+# (`OutOf<resource>`, e.g. OutOfnvidia.com/gpu when the device plugin reports fewer healthy GPUs), the device
+# plugin failing to allocate (UnexpectedAdmissionError), or a predicate the node no longer passes.
+KUBELET_REJECTIONS = frozenset({"UnexpectedAdmissionError", "NodeAffinity", "NodeName", "NodePorts",
+                                "TaintToleration", "NodeSelectorMismatching", "MatchNodeSelector", "PredicateFailed",
+                                "InvalidNodeInfo"})
+
+
+def rejected(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(reason, message) when the kubelet rejected the pod where it was bound (phase Failed, the admission reason):
+    the node refused it, the pod itself did nothing wrong."""
+    status = pod.get("status") or {}
+    reason = status.get("reason") or ""
+    if status.get("phase") != "Failed" or not (reason.startswith("OutOf") or reason in KUBELET_REJECTIONS):
+        return None
+    return reason, status.get("message") or ""
+
+
 def unschedulable(pod: Mapping[str, Any]) -> str | None:
     """kube-scheduler's message when an ungated pod cannot bind where gpuq placed it."""
     for c in (pod.get("status") or {}).get("conditions") or []:

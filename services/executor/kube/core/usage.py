@@ -7,6 +7,10 @@ scheduler's placements; the others (another scheduler's, a DaemonSet's, an infer
 
 A pod is gpuq's when it carries the `gpuq.io/job` label (gpuq writes it into the templates it runs). Extended
 resources other than `nvidia.com/gpu` and the node's MIG profile (`nvidia.com/mig-<profile>`) are not modelled.
+
+A node that refused a pod gpuq placed there (`PlacementRefusal`) keeps refusing that shape while its usage is what
+it was then: what every pod but the refused job's holds there (`NodeLoads.usage`). `still_refused` keeps the
+refusals whose usage has not changed, `with_refusal` adds one.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any
 
 from services.executor.kube.core.names import GPU_RESOURCE, JOB_LABEL, MIG_RESOURCE_PREFIX
 from services.executor.kube.core.quantity import count, mebibytes, milli, parse_quantity
-from shared.domain import NodeUsage
+from shared.domain import NodeUsage, PlacementRefusal
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -115,3 +119,21 @@ class NodeLoads:
             mem += load.memory_mib
             pods += 1
         return NodeUsage(gpus=gpus, mig_slices=slices, cpu_milli=cpu, memory_mib=mem, pods=pods)
+
+
+MAX_REFUSALS = 8  # per node: the most recent (a node refusing many shapes refuses the smallest, which covers them)
+
+
+def still_refused(refused: tuple[PlacementRefusal, ...], usage_of: Callable[[str], NodeUsage]
+                  ) -> tuple[PlacementRefusal, ...]:
+    """The refusals whose node usage is what it was when they were made (`usage_of(job_id)`: what every pod but that
+    job's holds on the node now): a pod left, another came, a job ended, and the node is tried again."""
+    return tuple(r for r in refused if usage_of(r.job_id) == r.usage)
+
+
+def with_refusal(refused: tuple[PlacementRefusal, ...], new: PlacementRefusal) -> tuple[PlacementRefusal, ...]:
+    """`refused` and `new`, without the refusals another one covers (a refused shape refuses every larger one)."""
+    if any(r.shape.covers(**new.shape.model_dump()) for r in refused):
+        return refused  # a smaller shape was refused already: it covers this one
+    kept = tuple(r for r in refused if not new.shape.covers(**r.shape.model_dump()))
+    return (*kept, new)[-MAX_REFUSALS:]
