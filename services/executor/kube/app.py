@@ -634,10 +634,10 @@ class KubeExecutor:
                           traceparent=row["traceparent"])
         turned_away = rejected(pod)
         if turned_away is not None:  # the node refused it: not the job's failure, the placement's
-            reason, why = turned_away
-            await self._placement_failed(tx, row, [(pod, reason, why)],
+            reason, said = turned_away
+            await self._placement_failed(tx, row, [(pod, reason, said)],
                                          f"pod {pod['metadata']['name']} was rejected by the kubelet of "
-                                         f"{pod_node(pod)}: {reason}" + (f": {why}" if why else ""))
+                                         f"{pod_node(pod)}: {reason}" + (f": {said}" if said else ""))
             return
         failed = failure(pod)
         if failed is not None and row["failure"] is None:

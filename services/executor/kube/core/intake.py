@@ -70,8 +70,8 @@ def _resources(template: Mapping[str, Any]) -> tuple[int, str | None, int, int]:
 
 
 def _requirement(expr: Mapping[str, Any]) -> NodeSelectorRequirement:
-    return NodeSelectorRequirement(key=expr.get("key") or "", operator=expr.get("operator") or "",
-                                   values=tuple(str(v) for v in expr.get("values") or ()))
+    return NodeSelectorRequirement.model_validate({"key": expr.get("key") or "", "operator": expr.get("operator"),
+                                                   "values": tuple(str(v) for v in expr.get("values") or ())})
 
 
 def _term(term: Mapping[str, Any]) -> NodeSelectorTerm:

@@ -58,7 +58,7 @@ def requests(pod: Mapping[str, Any]) -> dict[str, Decimal]:
 def _container(c: Mapping[str, Any]) -> dict[str, Decimal]:
     res = c.get("resources") or {}
     limits, reqs = res.get("limits") or {}, res.get("requests") or {}
-    return {name: parse_quantity(reqs.get(name, limits.get(name))) for name in {*limits, *reqs}}
+    return {name: parse_quantity(reqs[name] if name in reqs else limits[name]) for name in {*limits, *reqs}}
 
 
 def pod_load(pod: Mapping[str, Any]) -> PodLoad | None:
