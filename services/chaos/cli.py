@@ -65,7 +65,7 @@ def chaos(
                       f"{report.dead_letters} dead letters (injected), {report.wall_s:.0f} s")
         for fault in report.faults:
             shown = f"{fault.recovery_s:.1f} s" if fault.recovery_s is not None else "[red]not recovered[/]"
-            takeover = f" (standby led {fault.takeover_s:.1f} s into the pause)" if fault.takeover_s is not None else ""
+            takeover = f" (standby led {fault.takeover_s:.1f} s after it)" if fault.takeover_s is not None else ""
             console.print(f"  {fault.fault:<20} {fault.process:<18} {shown}{takeover}")
         for violation in report.violations:
             console.print(f"[red]violation:[/] {violation}")

@@ -51,6 +51,7 @@ log = logging.getLogger("gpuq.chaos")
 TERMINAL = ("io.gpuq.job.completed.v1", "io.gpuq.job.failed.v1", "io.gpuq.job.cancelled.v1")
 RELEASE = (*TERMINAL, "io.gpuq.job.preempted.v1")
 SERVICES = ("admission", "scheduler", "preemption", "executor", "metering")
+STANDBYS = ("scheduler", "executor")  # a second process of these, waiting for the lease
 FAULTS = ("kill:admission", "kill:scheduler", "kill:preemption", "kill:executor", "kill:metering", "restart:nats",
           "restart:postgres", "pause:scheduler")
 QUEUES = ("team-a", "team-b", "team-c", "team-d")
@@ -93,7 +94,8 @@ class FaultResult:
     fault: str
     recovery_s: float | None  # None: did not recover within the deadline
     process: str = ""  # the process hit (for a singleton: the one holding the lease then)
-    takeover_s: float | None = None  # a pause: from its start until a standby led (None: none did meanwhile)
+    # A pause, or a kill of a singleton with a standby: from the fault until the standby led (None: none did)
+    takeover_s: float | None = None
 
 
 @dataclass
@@ -287,7 +289,7 @@ class Harness:
         self.settings, self.workdir, self.namespace, self.say = settings, workdir, namespace, say
         # Every port of the run, distinct, picked before anything listens: NATS, Postgres, then each service
         # process's health and metrics ports (`_run`). Each keeps its port across its restarts.
-        nats_port, pg_port, *self._service_ports = free_ports(2 + 2 * (len(SERVICES) + 1))
+        nats_port, pg_port, *self._service_ports = free_ports(2 + 2 * (len(SERVICES) + len(STANDBYS)))
         self.nats = EmbeddedNats(workdir / "nats", port=nats_port)
         self.pg = ScratchPostgres(workdir / "pg", port=pg_port)
         self.procs: dict[str, ServiceProcess] = {}
@@ -319,9 +321,11 @@ class Harness:
         ports = iter(zip(self._service_ports[::2], self._service_ports[1::2], strict=True))
         for service in SERVICES:
             self.procs[service] = ServiceProcess(service, service, self.workdir, env, cluster, queues, next(ports))
-        # A standby scheduler: the pause of the active one hands it the lease, and the fence must hold.
-        self.procs["scheduler-standby"] = ServiceProcess("scheduler-standby", "scheduler", self.workdir, env,
-                                                         cluster, queues, next(ports))
+        # Standbys: the pause of the active scheduler hands the lease to its standby, and the fence must hold; the
+        # kill of the leading executor hands it to the executor's standby, which takes its running jobs over.
+        for service in STANDBYS:
+            self.procs[f"{service}-standby"] = ServiceProcess(f"{service}-standby", service, self.workdir, env,
+                                                              cluster, queues, next(ports))
         async def quiet(exc: Exception) -> None:  # NATS restarts on purpose here: reconnecting is expected
             log.debug("NATS client: %s", exc)
 
@@ -343,7 +347,7 @@ class Harness:
                     result = await self._inject(fault, client, nc)
                     self.report.faults.append(result)
                     shown = f"{result.recovery_s:.1f} s" if result.recovery_s is not None else "NOT RECOVERED"
-                    extra = (f"; the standby led {result.takeover_s:.1f} s into the pause"
+                    extra = (f"; the standby led {result.takeover_s:.1f} s after it"
                              if result.takeover_s is not None else "")
                     self.say(f"chaos: {fault:<20} ({result.process}) recovered in {shown}{extra}")
                 await submitting
@@ -411,6 +415,8 @@ class Harness:
             hit = proc.name
             await asyncio.to_thread(proc.kill)
             proc.start()
+            if any(p.service == target and p is not proc for p in self.procs.values()):  # a standby: it leads now
+                takeover = await self._takeover(target, proc, client, time.monotonic() + self.settings.deadline_s)
         elif kind == "restart" and target == "nats":
             await asyncio.to_thread(self.nats.stop)
             await asyncio.to_thread(self.nats.start)
