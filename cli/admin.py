@@ -36,7 +36,8 @@ tokens_app = typer.Typer(help="API bearer tokens (admins, with DATABASE_URL): cr
                          no_args_is_help=True)
 
 
-async def _with_api_db(fn: Any) -> Any:
+async def with_api_db(fn: Any) -> Any:
+    """`fn(conn)` on the API's schema (migrated first), with DATABASE_URL: what the token commands do."""
     pool = await create_pool(database_url(), min_size=1, max_size=2)
     try:
         await apply_migrations(pool, "api", API_MIGRATIONS)
@@ -54,7 +55,7 @@ def create_token(name: str = typer.Argument(..., help="Who holds it (audited as 
     """Issue a token; it is printed once (only its hash is stored)."""
     expires = datetime.fromtimestamp(datetime.now(UTC).timestamp() + days * 86_400, UTC) if days else None
     try:
-        issued = asyncio.run(_with_api_db(lambda c: api_tokens.issue(c, name, team=team, admin=admin,
+        issued = asyncio.run(with_api_db(lambda c: api_tokens.issue(c, name, team=team, admin=admin,
                                                                      expires_at=expires)))
     except ValueError as exc:
         console.print(f"[red]{exc}[/]")
@@ -66,7 +67,7 @@ def create_token(name: str = typer.Argument(..., help="Who holds it (audited as 
 @tokens_app.command("list")
 def list_tokens() -> None:
     """Tokens (never their secrets)."""
-    rows = asyncio.run(_with_api_db(api_tokens.list_tokens))
+    rows = asyncio.run(with_api_db(api_tokens.list_tokens))
     table = Table("id", "name", "team", "role", "created", "expires", "revoked")
     for r in rows:
         table.add_row(*(str(r[k] or "") for k in ("id", "name", "team", "role", "created_at", "expires_at",
@@ -77,7 +78,7 @@ def list_tokens() -> None:
 @tokens_app.command("revoke")
 def revoke_token(token_id: str = typer.Argument(..., help="The token's id (or the token itself)")) -> None:
     """Revoke a token at once."""
-    if not asyncio.run(_with_api_db(lambda c: api_tokens.revoke(c, token_id))):
+    if not asyncio.run(with_api_db(lambda c: api_tokens.revoke(c, token_id))):
         console.print(f"[red]no active token {token_id}[/]")
         raise typer.Exit(1)
     console.print(f"revoked {token_id}")
