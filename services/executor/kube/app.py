@@ -26,6 +26,7 @@ from typing import Any
 import asyncpg
 from lightkube import operators
 
+from services.admission.core import identity
 from services.executor import fence
 from services.executor.attempts import report_failure
 from services.executor.core.attribution import Placements
@@ -830,6 +831,8 @@ class KubeExecutor:
         row = await tx.conn.fetchrow("SELECT * FROM executor.kube_jobs WHERE job_id = $1 FOR UPDATE", payload.job_id)
         if row is None or row["uid"] is None:
             return
+        if isinstance(payload, JobRejected) and not _refuses_this_job(payload, row):
+            return  # a refusal of somebody's later submission of this id, not this job's fate
         reason, message, warning = _notice(payload)
         if isinstance(payload, JobRejected):
             await self._set_state(tx, row["job_id"], "rejected")
@@ -887,6 +890,16 @@ class KubeExecutor:
             await self._requeue(tx, row, PreemptionReason.PODS_READY_TIMEOUT,
                                 f"{ready} of {spec.gang_size} pod(s) Ready after {cfg.pods_ready_timeout_s:g} s")
 
+
+
+def _refuses_this_job(payload: JobRejected, row: asyncpg.Record) -> bool:
+    """Is a JobRejected the verdict on this workload's own submission? Admission also refuses, under the same id, a
+    later submission of it (the team's own duplicate) and another team's attempt to take the id, rate-limited or not:
+    those verdicts travel with the submitter's team and say nothing of this job, which must keep running. Only a job
+    still waiting for its verdict can be rejected, and only by a verdict for its own team."""
+    if payload.reason in (identity.DUPLICATE_JOB_ID, identity.JOB_ID_UNAVAILABLE) or row["state"] != "queued":
+        return False
+    return payload.team is None or payload.team == JobSpec.model_validate_json(row["spec"]).team
 
 def _notice(payload: Any) -> tuple[str, str, bool]:
     """(Event reason, message, warning?) for a lifecycle event a user should see on the workload."""

@@ -27,7 +27,8 @@ from lightkube.resources.core_v1 import Secret
 from services.api import tokens
 from services.stack import Stack, StackSettings
 from shared.config import QueuesConfig, parse_queues
-from shared.events import QueueConfigChanged, make_event
+from shared.domain import JobSpec
+from shared.events import JobSubmitted, QueueConfigChanged, make_event
 from shared.servers import free_port
 from shared.service import publish_event
 from tests.kube_support import H100, bus_events, eventually, fetchval, kube_cluster, workload_events
@@ -290,3 +291,45 @@ async def _audited(database_url: str) -> Any:
                                    "WHERE action = 'workload_refused'")
     finally:
         await conn.close()
+
+
+async def test_a_refused_resubmission_of_a_running_jobs_id_leaves_the_job_running(
+        fresh: tuple[str, str], kube_api: Any) -> None:
+    """Admission refuses a later submission of a job's id (the team's own duplicate, or another team trying to take
+    it) with a JobRejected under that id. That verdict is about the submission, not the job: the executor must keep
+    managing the running workload (before, it marked it rejected and let go of it, pods still running)."""
+    nats_url, database_url = fresh
+    add_gpu_nodes(kube_api)
+    await ensure_namespace(kube_api, NS_A)
+    async with platform(fresh, kube_api) as (http, issued):
+        r = await submitted(http, issued["a"], job_body("shared-7", spec={"namespace": NS_A}))
+        assert r.status_code == 202, r.text
+        await eventually("team-a's job started", lambda: events_of(nats_url, "started", "shared-7"))
+        # On each team's own submission subject (the API would refuse both itself, before the bus).
+        nc = await nats.connect(nats_url)
+        try:
+            for body in (job_body("shared-7", spec={"namespace": NS_A}),
+                         {**job_body("shared-7"), "team": "team-b", "queue": "team-b"}):
+                spec = JobSpec.model_validate(body)
+                await publish_event(nc.jetstream(), make_event(
+                    JobSubmitted(spec=spec, submitted_at=datetime.now(UTC)), source="test", time=datetime.now(UTC)),
+                    f"{JobSubmitted.subject()}.{spec.team}")
+        finally:
+            await nc.close()
+        rejected = await eventually("both refusals on the bus", lambda: _both(nats_url))
+        assert sorted(e["reason"] for e in rejected) == ["DuplicateJobId", "JobIdUnavailable"], rejected
+
+        async def seen_by_the_executor() -> bool:
+            return await fetchval(database_url, "SELECT count(*) FROM executor.inbox WHERE type LIKE '%job.rejected%'"
+                                  ) == 2
+
+        await eventually("the executor handled both refusals", seen_by_the_executor)
+        state = await fetchval(database_url, "SELECT state FROM executor.kube_jobs WHERE job_id = 'shared-7'")
+        job = (await http.get("/v1/jobs/shared-7", headers=bearer(issued["a"]))).json()
+    assert state == "running", state
+    assert job["state"] == "running", job
+
+
+async def _both(nats_url: str) -> list[dict[str, Any]] | None:
+    found = await events_of(nats_url, "rejected", "shared-7")
+    return found if len(found) >= 2 else None
