@@ -463,4 +463,5 @@ def test_streams_are_replicated_on_a_clustered_nats(render: Any, docs: list[Doc]
     assert replicas(render(CI_VALUES, sets=["streams.replicas=5"])) == {"5"}
     res = helm("template", "gpuq", str(chart), "-f", str(CI_VALUES), "--set", "streams.natsClustered=false",
                "--set", "streams.replicas=3")
-    assert res.returncode != 0 and "streams.replicas=3 needs a NATS cluster: set streams.natsClustered=true" in res.stderr
+    assert res.returncode != 0
+    assert "streams.replicas=3 needs a NATS cluster: set streams.natsClustered=true" in res.stderr
