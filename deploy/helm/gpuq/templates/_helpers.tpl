@@ -32,6 +32,53 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .service }}
 {{- end }}
 
+{{/* The Deployments of one service, (dict "root" $ "service" "admission"), as a JSON list of {name, shard, cohorts,
+replicas, resources}: one, or for admission with services.admission.shards one per shard, `admission-<shard>`, serving
+its cohorts (GPUQ_ADMISSION_COHORTS; docs/admission.md, "Running several admission instances"). */}}
+{{- define "gpuq.instances" -}}
+{{- $svc := index .root.Values.services .service }}
+{{- $out := list }}
+{{- if and (eq .service "admission") $svc.shards }}
+{{- include "gpuq.checkAdmissionShards" .root }}
+{{- range $svc.shards }}
+{{- $out = append $out (dict "name" (printf "admission-%s" .name) "shard" .name "cohorts" (join "," .cohorts) "replicas" (.replicas | default $svc.replicas) "resources" (.resources | default $svc.resources)) }}
+{{- end }}
+{{- else }}
+{{- $out = append $out (dict "name" .service "shard" "" "cohorts" "" "replicas" $svc.replicas "resources" $svc.resources) }}
+{{- end }}
+{{- toJson $out }}
+{{- end }}
+
+{{/* Admission's shards against config.queues: each serves whole cohort trees by their root cohort (or `-`, the
+queues without a cohort and the unknown ones), no cohort in two shards (an instance would wait for it as a standby, and
+its other cohorts with it), every root and `-` served (else their jobs wait unjudged). */}}
+{{- define "gpuq.checkAdmissionShards" -}}
+{{- $roots := list "-" }}
+{{- range (.Values.config.queues.cohorts | default list) }}{{ if not .parent }}{{ $roots = append $roots .name }}{{ end }}{{ end }}
+{{- $served := dict }}
+{{- $names := dict }}
+{{- range .Values.services.admission.shards }}
+{{- $shard := .name }}
+{{- if hasKey $names $shard }}{{ fail (printf "services.admission.shards: two shards are named %s" $shard) }}{{ end }}
+{{- $_ := set $names $shard true }}
+{{- range .cohorts }}
+{{- if not (has . $roots) }}{{ fail (printf "services.admission.shards[%s]: %s is neither a root cohort of config.queues nor - (the queues without a cohort): a shard serves whole cohort trees, named by their root (here: %s)" $shard . (join ", " $roots)) }}{{ end }}
+{{- if hasKey $served . }}{{ fail (printf "services.admission.shards: cohort %s is in shards %s and %s: the second would wait for it as a standby, and its other cohorts with it" . (get $served .) $shard) }}{{ end }}
+{{- $_ := set $served . $shard }}
+{{- end }}
+{{- end }}
+{{- range $roots }}{{ if not (hasKey $served .) }}{{ fail (printf "services.admission.shards: no shard serves %s, whose jobs would wait unjudged: add it to one (%s)" . (ternary "the queues without a cohort, and unknown queues' rejections" "a root cohort of config.queues" (eq . "-"))) }}{{ end }}{{ end }}
+{{- end }}
+
+{{/* Selector labels of one Deployment's pods: the service's, and its admission shard's when it has one.
+(dict "root" $ "service" "admission" "shard" "research") */}}
+{{- define "gpuq.instanceSelectorLabels" -}}
+{{ include "gpuq.selectorLabels" . }}
+{{- if .shard }}
+gpuq.io/admission-shard: {{ .shard }}
+{{- end }}
+{{- end }}
+
 {{- define "gpuq.image" -}}
 {{- if .Values.image.digest -}}
 {{ .Values.image.repository }}@{{ .Values.image.digest }}
