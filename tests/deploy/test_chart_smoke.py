@@ -34,6 +34,7 @@ def parsed(args: list[str]) -> dict[str, Any]:
 
 
 def test_the_test_hook_runs_gpuq_smoke_through_the_api_with_a_token_minted_for_it(render: Any) -> None:
+    """With the CI values: as the first team queues.yaml maps a namespace to (vision, in ml-vision), in its queue."""
     pod = smoke_pod(render(CI_VALUES))
     meta, spec = pod["metadata"], pod["spec"]
     assert meta["annotations"] == {"helm.sh/hook": "test",
@@ -42,7 +43,7 @@ def test_the_test_hook_runs_gpuq_smoke_through_the_api_with_a_token_minted_for_i
     (container,) = spec["containers"]
     assert container["image"] == IMAGE
     assert container["args"] == [
-        "smoke", "--api-url=http://gpuq-api.gpuq-system.svc:8000", "--team=default", "--queue=default",
+        "smoke", "--api-url=http://gpuq-api.gpuq-system.svc:8000", "--team=vision", "--queue=vision",
         "--priority=normal", "--wait-for=placed", "--timeout=180", f"--image={IMAGE}"]
     options = parsed(container["args"])
     assert options["api_url"] == "http://gpuq-api.gpuq-system.svc:8000" and options["wait_for"] == "placed"
@@ -95,6 +96,18 @@ def test_the_test_pod_and_only_it_reaches_the_api(render: Any) -> None:
     assert base.items() <= smoke_pod(docs)["metadata"]["labels"].items()
 
 
+def test_the_team_and_queue_are_chosen_from_queues_yaml_unless_given(render: Any) -> None:
+    def team_and_queue(*sets: str) -> list[str]:
+        args = smoke_pod(render(CI_VALUES, sets=list(sets)))["spec"]["containers"][0]["args"]
+        return [a for a in args if a.startswith(("--team=", "--queue="))]
+
+    assert team_and_queue("tests.smoke.team=nlp") == ["--team=nlp", "--queue=nlp"]  # the queue nlp may use
+    assert team_and_queue("tests.smoke.team=nlp", "tests.smoke.queue=vision") == ["--team=nlp", "--queue=vision"]
+    # On the chart's own queues.yaml (no namespaces): its first queue's team.
+    args = smoke_pod(render(sets=list(MINIMAL)))["spec"]["containers"][0]["args"]
+    assert "--team=default" in args and "--queue=default" in args
+
+
 def test_the_smoke_test_can_be_left_out(render: Any) -> None:
     for sets in (["tests.smoke.enabled=false"], ["services.api.enabled=false", "services.telemetry.enabled=false"]):
         docs = render(sets=[*MINIMAL, *sets])
@@ -104,7 +117,7 @@ def test_the_smoke_test_can_be_left_out(render: Any) -> None:
 @pytest.mark.parametrize(("setting", "complaint"), [
     ("tests.smoke.waitFor=running", "at '/tests/smoke/waitFor'"),
     ("tests.smoke.timeoutSeconds=5", "at '/tests/smoke/timeoutSeconds'"),
-    ("tests.smoke.team=", "at '/tests/smoke/team'"),
+    ("tests.smoke.timeoutSeconds=7200", "at '/tests/smoke/timeoutSeconds'"),
     ("tests.smoke.tokenSecret.key=", "at '/tests/smoke/tokenSecret/key'"),
 ])
 def test_the_values_schema_refuses_a_bad_smoke_test(helm: Any, chart: Path, setting: str, complaint: str) -> None:
