@@ -90,40 +90,124 @@ async def set_node(client: Any, name: str, patch: dict[str, Any]) -> None:
     await client.patch(NODE, name, patch, patch_type=PatchType.MERGE)
 
 
+# ----------------------------------------------------------------------------- workloads of every kind
+
+def template(gpus: int = 0, *, init_gpus: int = 0, requests_only: bool = False,
+             labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """A pod template; its GPUs as limits (or requests only), on the main container or on an init container."""
+    def resources(count: int) -> dict[str, Any]:
+        gpus_of = {"nvidia.com/gpu": str(count)} if count else {}
+        return {"requests": gpus_of} if requests_only else {"limits": gpus_of}
+
+    spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [
+        {"name": "main", "image": "ghcr.io/example/train:1", "command": ["sleep", "30"], "resources": resources(gpus)}]}
+    if init_gpus:
+        spec["initContainers"] = [{"name": "warm", "image": "ghcr.io/example/train:1", "command": ["true"],
+                                   "resources": resources(init_gpus)}]
+    return {"metadata": {"labels": labels or {}}, "spec": spec}
+
+
+def kind_body(kind: str, name: str, gpu: bool) -> dict[str, Any]:
+    """A workload of `kind` created running, whose GPUs (when `gpu`) are in its last pod template only, where a
+    check that reads the first template alone would miss them."""
+    last = template(1) if gpu else template()
+    if kind == "Job":  # the GPU on an init container, as requests only
+        return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name}, "spec": {
+            "suspend": False, "backoffLimit": 0,
+            "template": template(init_gpus=1, requests_only=True) if gpu else template()}}
+    if kind == "JobSet":
+        return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": name}, "spec": {
+            "suspend": False, "replicatedJobs": [
+                {"name": "driver", "replicas": 1, "template": {"spec": {"template": template()}}},
+                {"name": "workers", "replicas": 1, "template": {"spec": {"template": last}}}]}}
+    if kind == "PyTorchJob":
+        return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": name}, "spec": {
+            "runPolicy": {"suspend": False}, "pytorchReplicaSpecs": {
+                "Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": template()},
+                "Worker": {"replicas": 1, "restartPolicy": "OnFailure", "template": last}}}}
+    assert kind == "RayJob"
+    return {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": name}, "spec": {
+        "entrypoint": "python train.py", "suspend": False, "rayClusterSpec": {
+            "headGroupSpec": {"rayStartParams": {}, "template": template()},
+            "workerGroupSpecs": [
+                {"groupName": "cpu", "replicas": 1, "minReplicas": 1, "maxReplicas": 1, "rayStartParams": {},
+                 "template": template()},
+                {"groupName": "gpu", "replicas": 1, "minReplicas": 1, "maxReplicas": 1, "rayStartParams": {},
+                 "template": last}]}}}
+
+
 # ----------------------------------------------------------------------------- gpuq's admission webhook
 # The configurations as the chart renders them (deploy/helm/gpuq/templates/webhook.yaml; tests/deploy checks that
 # they agree), pointed at a URL instead of the chart's Service.
 
-WEBHOOK_RESOURCES = [
-    {"apiGroups": ["batch"], "apiVersions": ["v1"], "resources": ["jobs"]},
-    {"apiGroups": ["jobset.x-k8s.io"], "apiVersions": ["v1alpha2"], "resources": ["jobsets"]},
-    {"apiGroups": ["kubeflow.org"], "apiVersions": ["v1"], "resources": ["pytorchjobs"]},
-    {"apiGroups": ["ray.io"], "apiVersions": ["v1"], "resources": ["rayjobs"]},
-]
+# What is sent to gpuq (CEL matchConditions, docs/kubernetes.md "Admission webhook"): `t` is an object or one of its
+# pod templates. The text is the chart's, character for character.
+GPUQ_KEYS = ("(has(t.metadata) && ((has(t.metadata.labels) && t.metadata.labels.exists(k, k.startsWith('gpuq.io/')))"
+             " || (has(t.metadata.annotations) && t.metadata.annotations.exists(k, k.startsWith('gpuq.io/')))))")
+ASKS_FOR_GPUS = ("(has(t.spec) && ((has(t.spec.containers) ? t.spec.containers : []) + (has(t.spec.initContainers) ?"
+                 " t.spec.initContainers : [])).exists(c, has(c.resources) && ((has(c.resources.limits) &&"
+                 " c.resources.limits.exists(r, r.startsWith('nvidia.com/'))) || (has(c.resources.requests) &&"
+                 " c.resources.requests.exists(r, r.startsWith('nvidia.com/'))))))")
+# The object, and on an update the stored one too (a key or a GPU the update takes away still counts).
+OBJECTS = "(request.operation == 'UPDATE' ? [object, oldObject] : [object])"
+# Each kind's pod templates of object `x` (WorkloadKind.all_templates).
+TEMPLATES = {
+    "jobs": "(has(x.spec) && has(x.spec.template) ? [x.spec.template] : [])",
+    "jobsets": ("(has(x.spec) && has(x.spec.replicatedJobs) ? x.spec.replicatedJobs.filter(j, has(j.template) &&"
+                " has(j.template.spec) && has(j.template.spec.template)).map(j, j.template.spec.template) : [])"),
+    "pytorchjobs": ("(has(x.spec) && has(x.spec.pytorchReplicaSpecs) ? x.spec.pytorchReplicaSpecs.filter(n,"
+                    " has(x.spec.pytorchReplicaSpecs[n].template)).map(n, x.spec.pytorchReplicaSpecs[n].template)"
+                    " : [])"),
+    "rayjobs": ("(has(x.spec) && has(x.spec.rayClusterSpec) && has(x.spec.rayClusterSpec.headGroupSpec) &&"
+                " has(x.spec.rayClusterSpec.headGroupSpec.template) ? [x.spec.rayClusterSpec.headGroupSpec.template]"
+                " : []) + (has(x.spec) && has(x.spec.rayClusterSpec) && has(x.spec.rayClusterSpec.workerGroupSpecs) ?"
+                " x.spec.rayClusterSpec.workerGroupSpecs.filter(g, has(g.template)).map(g, g.template) : []) +"
+                " (has(x.spec) && has(x.spec.submitterPodTemplate) ? [x.spec.submitterPodTemplate] : [])"),
+}
+WEBHOOK_KINDS = [  # (plural, group, version): one webhook each, so that each reads its own kind's templates
+    ("jobs", "batch", "v1"), ("jobsets", "jobset.x-k8s.io", "v1alpha2"), ("pytorchjobs", "kubeflow.org", "v1"),
+    ("rayjobs", "ray.io", "v1")]
+
+
+def workload_condition(plural: str) -> dict[str, str]:
+    """A workload is sent when it, or any pod template of it, carries a gpuq.io/ label or annotation, or a template
+    asks for an nvidia.com/ resource."""
+    return {"name": "gpu-or-gpuq-keys", "expression": f"{OBJECTS}.exists(x, ([x] + {TEMPLATES[plural]}).exists(t, "
+                                                      f"{GPUQ_KEYS} || {ASKS_FOR_GPUS}))"}
+
+
+# A pod is sent when it asks for an nvidia.com/ resource (the pod rules judge nothing else).
+POD_CONDITION = {"name": "asks-for-gpus", "expression": f"{OBJECTS}.exists(t, {ASKS_FOR_GPUS})"}
 
 
 def webhook_entry(name: str, url: str, path: str, namespaces: list[str], operations: list[str],
-                  resources: list[dict[str, Any]], failure_policy: str = "Fail") -> dict[str, Any]:
+                  resources: list[dict[str, Any]], condition: dict[str, str],
+                  failure_policy: str = "Fail") -> dict[str, Any]:
     return {"name": name, "admissionReviewVersions": ["v1"], "sideEffects": "None", "failurePolicy": failure_policy,
             "timeoutSeconds": 5, "matchPolicy": "Equivalent",
             "clientConfig": {"url": url.rstrip("/") + path},
             "namespaceSelector": {"matchExpressions": [
                 {"key": "kubernetes.io/metadata.name", "operator": "In", "values": sorted(namespaces)}]},
             "objectSelector": {},
+            "matchConditions": [condition],
             "rules": [{**r, "operations": operations, "scope": "Namespaced"} for r in resources]}
 
 
 def webhook_configurations(name: str, url: str, namespaces: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(MutatingWebhookConfiguration, ValidatingWebhookConfiguration) named `name`, calling `url`."""
+    def workloads(path: str, operations: list[str]) -> list[dict[str, Any]]:
+        return [webhook_entry(f"{plural}.webhook.gpuq.io", url, path, namespaces, operations,
+                              [{"apiGroups": [group], "apiVersions": [version], "resources": [plural]}],
+                              workload_condition(plural))
+                for plural, group, version in WEBHOOK_KINDS]
+
     pods = [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}]
     mutating = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
-                "metadata": {"name": name}, "webhooks": [
-                    {**webhook_entry("workloads.webhook.gpuq.io", url, "/mutate", namespaces, ["CREATE"],
-                                     WEBHOOK_RESOURCES), "reinvocationPolicy": "Never"}]}
+                "metadata": {"name": name},
+                "webhooks": [{**hook, "reinvocationPolicy": "Never"} for hook in workloads("/mutate", ["CREATE"])]}
     validating = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
                   "metadata": {"name": name}, "webhooks": [
-                      webhook_entry("workloads.webhook.gpuq.io", url, "/validate", namespaces, ["CREATE", "UPDATE"],
-                                    WEBHOOK_RESOURCES),
+                      *workloads("/validate", ["CREATE", "UPDATE"]),
                       webhook_entry("pods.webhook.gpuq.io", url, "/validate", namespaces, ["CREATE", "UPDATE"],
-                                    pods)]}
+                                    pods, POD_CONDITION)]}
     return mutating, validating

@@ -8,9 +8,10 @@ creates with kubectl, through the real HTTP client. Each attack is one test:
 - a user resumed a suspended GPU Job itself: refused (only gpuq's identity may);
 - the kubectl policy bypass (a miner image, an inline cloud key, another team's claim): refused at creation;
 and what must not change: namespaces gpuq does not manage are untouched, gpuq's own identity is not judged, and
-with the webhook down only managed namespaces' workloads and pods wait (failurePolicy Fail there, nothing
-elsewhere). Certificates: gpuq's self-signed CA in its Secret and in both configurations' caBundle, replaced before
-it expires with the old CA kept beside the new one.
+with the webhook down only GPU workloads and pods in managed namespaces wait (failurePolicy Fail there; the
+configurations' CEL matchConditions send nothing else: CPU work and other namespaces go on), while what carries a
+`gpuq.io/` key still reaches validation. Certificates: gpuq's self-signed CA in its Secret and in both
+configurations' caBundle, replaced before it expires with the old CA kept beside the new one.
 
 On a real cluster the API server must reach this machine: set GPUQ_KUBE_WEBHOOK_HOST to an address of it the API
 server can reach (a kind cluster: the docker bridge's gateway); the fake uses 127.0.0.1."""
@@ -42,7 +43,8 @@ from services.executor.kube.webhook import WebhookServer, WebhookSettings
 from shared.config import QueuesConfig, parse_queues
 from shared.servers import free_port
 from tests.kube.kubefake.cluster import KubeCluster
-from tests.kube_support import webhook_configurations
+from tests.kube.kubefake.kinds import JobSet, PyTorchJob, RayJob
+from tests.kube_support import kind_body, webhook_configurations
 
 MANAGED, ELSEWHERE, SYSTEM = "wh-team-a", "wh-scratch", "wh-gpuq-system"
 JOB = create_namespaced_resource("batch", "v1", "Job", "jobs")
@@ -73,6 +75,14 @@ def job_body(name: str, *, gpus: int = 1, suspend: bool | None = None, labels: d
             "metadata": {"name": name, "labels": labels or {}, "annotations": annotations or {}}, "spec": spec}
 
 
+KINDS = {"Job": JOB, "JobSet": JobSet, "PyTorchJob": PyTorchJob, "RayJob": RayJob}
+
+
+def suspended(obj: dict[str, Any]) -> bool:
+    spec = obj["spec"]
+    return bool((spec.get("runPolicy") or {}).get("suspend") if obj["kind"] == "PyTorchJob" else spec.get("suspend"))
+
+
 def pod_body(name: str, gpus: int = 1) -> dict[str, Any]:
     limits = {"nvidia.com/gpu": str(gpus)} if gpus else {}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {
@@ -97,7 +107,9 @@ async def _user_client(kube_api: KubeCluster, tmp_path: Path) -> tuple[AsyncClie
         await kube_api.create_service_account(MANAGED, "alice") if ns == MANAGED else None
         await client.create(Role.from_dict({"metadata": {"name": "alice", "namespace": ns}, "rules": [
             {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create", "get", "update", "patch"]},
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "update", "patch"]}]}))
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "update", "patch"]},
+            {"apiGroups": ["jobset.x-k8s.io", "kubeflow.org", "ray.io"],
+             "resources": ["jobsets", "pytorchjobs", "rayjobs"], "verbs": ["create", "get", "update", "patch"]}]}))
         await client.create(RoleBinding.from_dict({
             "metadata": {"name": "alice", "namespace": ns},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "alice"},
@@ -135,6 +147,13 @@ async def webhook(kube_api: KubeCluster, tmp_path: Path) -> AsyncIterator[Webhoo
         for res in (MUTATING, VALIDATING):
             with contextlib.suppress(ApiError):
                 await client.delete(res, name)
+
+
+async def stop(webhook: Webhook) -> None:
+    """gpuq's webhook goes down (its configurations stay, as while the executor restarts)."""
+    webhook.task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await webhook.task
 
 
 async def refused(call: Any) -> ApiError:
@@ -205,13 +224,57 @@ async def test_namespaces_gpuq_does_not_manage_are_untouched(webhook: Webhook) -
     await webhook.user.create(Pod.from_dict(pod_body("free-pod")), namespace=ELSEWHERE)
 
 
-async def test_with_the_webhook_down_only_managed_namespaces_wait(webhook: Webhook) -> None:
-    webhook.task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await webhook.task
+async def test_with_the_webhook_down_only_gpu_workloads_in_managed_namespaces_wait(webhook: Webhook) -> None:
+    await stop(webhook)
     error = await refused(webhook.user.create(JOB(job_body("blocked", suspend=True)), namespace=MANAGED))
     assert error.status.code == 500 and "failed calling webhook" in str(error.status.message)  # failurePolicy Fail
+    error = await refused(webhook.user.create(Pod.from_dict(pod_body("blocked-pod")), namespace=MANAGED))
+    assert error.status.code == 500 and "failed calling webhook" in str(error.status.message)
+    # CPU work in a managed namespace is not sent to gpuq (matchConditions), so it does not wait for it.
+    cpu = await webhook.user.create(JOB(job_body("cpu", gpus=0, suspend=False)), namespace=MANAGED)
+    assert cpu["spec"]["suspend"] is False and "gpuq.io/queue" not in cpu["metadata"]["labels"]
+    await webhook.user.create(Pod.from_dict(pod_body("cpu-pod", gpus=0)), namespace=MANAGED)
     await webhook.user.create(JOB(job_body("elsewhere", suspend=False)), namespace=ELSEWHERE)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+async def test_each_kind_is_sent_to_gpuq_when_any_template_asks_for_gpus(webhook: Webhook, kind: str) -> None:
+    """Up: a GPU workload created running is suspended and queued, a CPU one is left alone. Down: the GPU one is
+    refused (it was sent), the CPU one is created (it was not)."""
+    resource = KINDS[kind]
+    try:
+        gpu = await webhook.user.create(resource(kind_body(kind, "gpu", gpu=True)), namespace=MANAGED)
+    except ApiError as error:
+        if error.status.code == 404:  # a real cluster without this kind's CRD
+            pytest.skip(f"{kind} is not served by this cluster")
+        raise
+    assert suspended(gpu) and gpu["metadata"]["labels"]["gpuq.io/queue"] == "team-a"
+    cpu = await webhook.user.create(resource(kind_body(kind, "cpu", gpu=False)), namespace=MANAGED)
+    assert not suspended(cpu) and "gpuq.io/queue" not in (cpu["metadata"].get("labels") or {})
+    await stop(webhook)
+    error = await refused(webhook.user.create(resource(kind_body(kind, "gpu-down", gpu=True)), namespace=MANAGED))
+    assert error.status.code == 500 and "failed calling webhook" in str(error.status.message)
+    await webhook.user.create(resource(kind_body(kind, "cpu-down", gpu=False)), namespace=MANAGED)
+
+
+@pytest.mark.parametrize("where", ["annotation", "label", "pod template label"])
+async def test_a_gpuq_key_on_a_cpu_job_still_reaches_validation(webhook: Webhook, where: str) -> None:
+    forged = {"gpuq.io/job-id": "ml-team-a.victim.0123abcd"}
+    body = job_body("forged-cpu", gpus=0, suspend=True, annotations=forged if where == "annotation" else None,
+                    labels=forged if where == "label" else None)
+    if where == "pod template label":
+        body["spec"]["template"]["metadata"] = {"labels": forged}
+    error = await refused(webhook.user.create(JOB(body), namespace=MANAGED))
+    assert error.status.code == 403 and "gpuq.io/job-id" in str(error.status.message)
+
+
+async def test_removing_gpuqs_annotation_from_a_cpu_job_reaches_validation(webhook: Webhook) -> None:
+    """Only the old object carries the key: the conditions read `oldObject` on updates."""
+    body = job_body("stamped", gpus=0, suspend=True, annotations={"gpuq.io/job-id": "wh-team-a.stamped.0123abcd"})
+    await webhook.gpuq.create(JOB(body), namespace=MANAGED)  # gpuq's own write
+    error = await refused(webhook.user.patch(JOB, "stamped", {"metadata": {"annotations": {"gpuq.io/job-id": None}}},
+                                             namespace=MANAGED, patch_type=PatchType.MERGE))
+    assert error.status.code == 403 and "gpuq.io/job-id" in str(error.status.message)
 
 
 async def test_gpuqs_ca_is_in_its_secret_and_both_caBundles_and_is_replaced_before_it_expires(

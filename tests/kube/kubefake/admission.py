@@ -1,15 +1,18 @@
 """Dynamic admission, as kube-apiserver does it: on a client's create or update, the registered
 MutatingWebhookConfigurations are called over HTTPS (in name order, each webhook in its order, every JSON Patch
 applied to the object the next one sees), then every matching ValidatingWebhookConfiguration; any denial refuses
-the request. Only webhooks whose rules, namespaceSelector and objectSelector match are called; a call that fails
-(unreachable, TLS error, timeout, a malformed reply) refuses the request under `failurePolicy: Fail` (the default)
-and is skipped under `Ignore`.
+the request. Only webhooks whose rules, namespaceSelector, objectSelector and CEL `matchConditions` match are
+called; a call that fails (unreachable, TLS error, timeout, a malformed reply) refuses the request under
+`failurePolicy: Fail` (the default) and is skipped under `Ignore`.
 
-Not emulated (docs/kubernetes.md, "What it does not emulate"): `matchConditions` (CEL) are not evaluated (a webhook
-with conditions is called as if they held: gpuq's webhook decides again itself), `reinvocationPolicy`, webhooks
-on the fake's own actors' writes (its controllers create pods through the store, not through the API), warnings
-(the reply's `warnings` are not sent back as Warning headers), `admissionReviewVersions` other than v1, and
-`sideEffects`/dry-run negotiation."""
+`matchConditions` (cel.py, a real CEL implementation): every condition must be true for the webhook to be called;
+any false one skips it (even where another failed to evaluate); otherwise an evaluation error refuses the request
+(403, without calling the webhook) under `Fail` and skips the webhook under `Ignore`.
+
+Not emulated (docs/kubernetes.md, "What it does not emulate"): CEL's type checking and cost limits and the
+`authorizer` variable (cel.py), `reinvocationPolicy`, webhooks on the fake's own actors' writes (its controllers
+create pods through the store, not through the API), warnings (the reply's `warnings` are not sent back as Warning
+headers), `admissionReviewVersions` other than v1, and `sideEffects`/dry-run negotiation."""
 
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ import aiohttp
 import jsonpatch
 from kmock import KubernetesError
 
+from . import cel
 from .auth import UserInfo
 from .resources import NAMESPACES, ResourceType
 from .selectors import label_selector_object_match
@@ -44,7 +48,9 @@ class Call:
     resource: str
     namespace: str | None
     name: str | None
-    outcome: str  # allowed, denied, patched, failed: <why>, ignored: <why>
+    # allowed, denied, patched, failed: <why>, ignored: <why>; not called (matchConditions): skipped: <condition>,
+    # refused: <evaluation error> (Fail), ignored: <evaluation error> (Ignore)
+    outcome: str
 
 
 def _denied(name: str, status: Mapping[str, Any]) -> KubernetesError:
@@ -79,6 +85,18 @@ def _matches_rule(rule: Mapping[str, Any], operation: str, resource: ResourceTyp
     return scope == "*" or (scope == "Namespaced") == resource.namespaced
 
 
+def _request(uid: str, operation: str, resource: ResourceType, subresource: str | None, namespace: str | None,
+             obj: Obj, user: UserInfo | None, dry_run: bool) -> dict[str, Any]:
+    """An AdmissionReview v1 request, without the objects (what a matchCondition sees as `request`)."""
+    who = user.as_status() if user is not None else {"username": "system:anonymous", "groups": []}
+    kind = {"group": resource.group, "version": resource.version, "kind": resource.kind}
+    gvr = {"group": resource.group, "version": resource.version, "resource": resource.plural}
+    return {"uid": uid, "kind": kind, "resource": gvr, **({"subResource": subresource} if subresource else {}),
+            "requestKind": kind, "requestResource": gvr, "name": (obj.get("metadata") or {}).get("name") or "",
+            **({"namespace": namespace} if namespace else {}), "operation": operation, "userInfo": who,
+            "dryRun": dry_run, "options": {}}
+
+
 @dataclass
 class AdmissionChain:
     store: Store
@@ -100,14 +118,55 @@ class AdmissionChain:
         """The object after the mutating webhooks; raises the refusal of any webhook (or of a failed call)."""
         for config in self.configurations("mutating"):
             for hook in config.get("webhooks") or ():
-                if self._selected(hook, operation, resource, subresource, namespace, obj, old):
+                if self._selected(hook, operation, resource, subresource, namespace, obj, old) and \
+                        self._conditions_hold(config, hook, operation, resource, subresource, namespace, obj, old,
+                                              user, dry_run):
                     obj = await self._call(config, hook, operation, resource, subresource, namespace, obj, old,
                                            user, dry_run, mutating=True)
         validating = [(c, h) for c in self.configurations("validating") for h in c.get("webhooks") or ()
-                      if self._selected(h, operation, resource, subresource, namespace, obj, old)]
+                      if self._selected(h, operation, resource, subresource, namespace, obj, old)
+                      and self._conditions_hold(c, h, operation, resource, subresource, namespace, obj, old, user,
+                                                dry_run)]
         await asyncio.gather(*(self._call(c, h, operation, resource, subresource, namespace, obj, old, user,
                                           dry_run, mutating=False) for c, h in validating))
         return obj
+
+    def _conditions_hold(self, config: Obj, hook: Mapping[str, Any], operation: str, resource: ResourceType,
+                         subresource: str | None, namespace: str | None, obj: Obj, old: Obj | None,
+                         user: UserInfo | None, dry_run: bool) -> bool:
+        """Whether the webhook's matchConditions send it this request (matchconditions.Matcher): all true: yes; any
+        false: no; otherwise an evaluation error refuses the request under Fail and skips the webhook under Ignore."""
+        conditions = hook.get("matchConditions") or ()
+        if not conditions:
+            return True
+        request = _request("", operation, resource, subresource, namespace, obj, user, dry_run)
+        errors = []
+        for condition in conditions:
+            expression = str(condition.get("expression") or "")
+            try:
+                if not cel.evaluate(expression, obj, old, request):
+                    self._record(config, hook, operation, resource, namespace, obj,
+                                 f"skipped: {condition.get('name')} is false")
+                    return False
+            except cel.EvaluationError as exc:
+                errors.append(f"expression '{expression}' resulted in error: {exc}")
+        if not errors:
+            return True
+        if (hook.get("failurePolicy") or "Fail") == "Ignore":
+            self._record(config, hook, operation, resource, namespace, obj, f"ignored: {errors[0]}")
+            return False
+        self._record(config, hook, operation, resource, namespace, obj, f"refused: {errors[0]}")
+        what = f"{resource.plural}.{resource.group}" if resource.group else resource.plural
+        name = (obj.get("metadata") or {}).get("name") or ""
+        reason = errors[0] if len(errors) == 1 else f"[{', '.join(errors)}]"
+        raise KubernetesError(status=403, reason="Forbidden", message=f'{what} "{name}" is forbidden: {reason}')
+
+    def _record(self, config: Obj, hook: Mapping[str, Any], operation: str, resource: ResourceType,
+                namespace: str | None, obj: Obj, outcome: str) -> Call:
+        record = Call(config["metadata"]["name"], str(hook.get("name")), operation, str(resource), namespace,
+                      (obj.get("metadata") or {}).get("name"), outcome)
+        self.calls.append(record)
+        return record
 
     def _selected(self, hook: Mapping[str, Any], operation: str, resource: ResourceType, subresource: str | None,
                   namespace: str | None, obj: Obj, old: Obj | None) -> bool:
@@ -141,20 +200,11 @@ class AdmissionChain:
         name = str(hook.get("name"))
         client = hook.get("clientConfig") or {}
         url = self._endpoint(client)
-        meta = obj.get("metadata") or {}
-        record = Call(config["metadata"]["name"], name, operation, str(resource), namespace, meta.get("name"), "")
-        self.calls.append(record)
+        record = self._record(config, hook, operation, resource, namespace, obj, "")
         uid = str(uuid.uuid4())
-        who = user.as_status() if user is not None else {"username": "system:anonymous", "groups": []}
-        review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-            "uid": uid, "kind": {"group": resource.group, "version": resource.version, "kind": resource.kind},
-            "resource": {"group": resource.group, "version": resource.version, "resource": resource.plural},
-            **({"subResource": subresource} if subresource else {}),
-            "requestKind": {"group": resource.group, "version": resource.version, "kind": resource.kind},
-            "requestResource": {"group": resource.group, "version": resource.version, "resource": resource.plural},
-            "name": meta.get("name") or "", **({"namespace": namespace} if namespace else {}),
-            "operation": operation, "userInfo": who, "object": obj,
-            "oldObject": old, "dryRun": dry_run, "options": {}}}
+        review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                  "request": {**_request(uid, operation, resource, subresource, namespace, obj, user, dry_run),
+                              "object": obj, "oldObject": old}}
         try:
             reply = await self._post(url, client, review, float(hook.get("timeoutSeconds") or 10))
             answer = reply.get("response") or {}

@@ -347,16 +347,23 @@ def validate_job_update(old: dict[str, Any], new: dict[str, Any]) -> None:
 
 
 def validate_create(resource: ResourceType, obj: dict[str, Any]) -> None:
+    from .cel import validate_configuration
     from .events import validate_core_event, validate_new_event
 
     if resource is EVENTS:
         validate_core_event(obj)
     elif resource is NEW_EVENTS:
         validate_new_event(obj)
+    elif resource in (MUTATING_WEBHOOK_CONFIGURATIONS, VALIDATING_WEBHOOK_CONFIGURATIONS):
+        validate_configuration(resource.kind, obj)  # its matchConditions compile
 
 
 def validate_update(resource: ResourceType, old: dict[str, Any], new: dict[str, Any]) -> None:
-    if resource is PODS:
+    from .cel import validate_configuration
+
+    if resource in (MUTATING_WEBHOOK_CONFIGURATIONS, VALIDATING_WEBHOOK_CONFIGURATIONS):
+        validate_configuration(resource.kind, new)
+    elif resource is PODS:
         validate_pod_update(old, new)
     elif resource is JOBS:
         validate_job_update(old, new)
