@@ -14,6 +14,11 @@ In a namespace `queues.yaml` maps to a team, every GPU pod runs where gpuq place
 
 Requests by gpuq itself (`trusted_users`: its ServiceAccount) are allowed as they are: it creates event-submitted
 workloads, resumes placed ones and ungates their pods. Namespaces not mapped are never touched.
+
+The API server sends only what the chart's CEL matchConditions select (a workload with a `gpuq.io/` key or an
+`nvidia.com/` request in any pod template, the stored object too on updates; a GPU pod), so that CPU work does not wait
+while gpuq is down. A rule here that acts on anything else must widen them (tests/unit/executor_kube/
+test_webhook_match_conditions.py checks they cover every request these rules act on).
 """
 
 from __future__ import annotations
