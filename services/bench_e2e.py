@@ -6,6 +6,11 @@ admissions/s, submit→admitted and submit→placed p50/p99, events on the bus a
 and RSS of the gpuq process(es), and the CPU the Postgres server processes used meanwhile (all Postgres processes
 of this machine: on a shared machine that includes other users' load).
 
+Unless attached, it also reports the run's footprint, for sizing (`sizing`): each service process's CPU seconds
+since it started and its peak RSS; the run's own database (its growth, rows and bytes per schema and table,
+pg_stat_database's counters, the CPU of the backends serving it, its peak connections); its streams (messages and
+bytes); and, with `--own-nats`, the NATS server it started for itself (CPU seconds, peak RSS, traffic, store).
+
 Scenarios:
 - `burst`: `--jobs` 1-GPU jobs at once on `--nodes` nodes × 8 GPUs in `--queues` queues of one cohort;
 - `steady`: `--waiting` jobs waiting for quota in the same cohort, then arrivals at `--rate`/s for `--seconds`,
@@ -179,6 +184,188 @@ class Meter:
                 "postgres_cpu_ms_per_job": round(1000 * pg / max(1, jobs), 2)}
 
 
+def _peak_rss_bytes(pid: int) -> int | None:
+    """A process's peak resident set so far (Linux's VmHWM), None where /proc does not say."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _mib(n: float | None) -> float | None:
+    return None if n is None else round(n / 2**20, 1)
+
+
+# pg_stat_database's counters of the run's own database (active_time and session_time are milliseconds)
+_DB_STATS = ("xact_commit", "xact_rollback", "tup_inserted", "tup_updated", "tup_deleted", "tup_fetched",
+             "blks_read", "blks_hit", "temp_bytes", "active_time", "session_time")
+
+
+class Footprint:
+    """What a run cost, for sizing: each process's CPU seconds since it started and its peak RSS (the services,
+    and the NATS server when the run started its own), and the CPU of the Postgres backends serving the run's own
+    database. Those backends are listed from pg_stat_activity every `interval` s and their CPU read while they
+    live (an ended backend's time goes to the postmaster, with every other database's); the server's background
+    processes (checkpointer, WAL writer, autovacuum) serve every database and are not counted."""
+
+    def __init__(self, procs: dict[str, int], pool: Any, *, local_postgres: bool, interval: float = 1.0) -> None:
+        import psutil
+
+        self.psutil = psutil
+        self.pool, self.local_postgres, self.interval = pool, local_postgres, interval
+        self.procs: dict[str, Any] = {}
+        for name, pid in procs.items():
+            with contextlib.suppress(psutil.Error):
+                self.procs[name] = psutil.Process(pid)
+        self.cpu: dict[str, float] = {}
+        self.rss_peak: dict[str, int] = {}
+        self.backend_cpu: dict[tuple[int, Any], float] = {}  # (pid, backend_start) -> CPU seconds last read
+        self.backends: dict[tuple[int, Any], Any] = {}
+        self.peak_connections = 0
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self._loop())
+
+    async def _loop(self) -> None:
+        while True:
+            await self.sample()
+            await asyncio.sleep(self.interval)
+
+    async def sample(self) -> None:
+        for name, proc in self.procs.items():
+            with contextlib.suppress(self.psutil.Error):
+                t = proc.cpu_times()
+                # with the children it reaped: admission's ETA replays run in forked children (shared/forked.py)
+                self.cpu[name] = t.user + t.system + t.children_user + t.children_system
+                rss = max(proc.memory_info().rss, _peak_rss_bytes(proc.pid) or 0)
+                self.rss_peak[name] = max(self.rss_peak.get(name, 0), rss)
+        rows = await self.pool.fetch("SELECT pid, backend_start FROM pg_stat_activity "
+                                     "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        self.peak_connections = max(self.peak_connections, len(rows))
+        if not self.local_postgres:
+            return
+        for row in rows:
+            key = (row["pid"], row["backend_start"])
+            with contextlib.suppress(self.psutil.Error):
+                proc = self.backends.get(key) or self.psutil.Process(row["pid"])
+                if proc.name() not in ("postgres", "postmaster"):  # not this machine's backend: nothing to read
+                    continue
+                self.backends[key] = proc
+                t = proc.cpu_times()
+                self.backend_cpu[key] = t.user + t.system
+
+    async def stop(self) -> None:
+        """A last sample, taken while the services still run, then no more."""
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+            self.task = None
+            await self.sample()
+
+    def processes(self) -> dict[str, dict[str, float | None]]:
+        return {name: {"cpu_s": round(self.cpu[name], 2) if name in self.cpu else None,
+                       "peak_rss_mib": _mib(self.rss_peak.get(name))} for name in self.procs}
+
+    def postgres(self) -> dict[str, Any]:
+        return {"backends_cpu_s": round(sum(self.backend_cpu.values()), 2) if self.local_postgres else None,
+                "backends_seen": len(self.backend_cpu) if self.local_postgres else None,
+                "peak_connections": self.peak_connections}
+
+
+def _loopback(url: str) -> bool:
+    """Is the Postgres of this URL on this machine (its backends' CPU readable here)?"""
+    from urllib.parse import urlsplit
+
+    host = urlsplit(url).hostname or ""
+    return host in ("", "localhost", "::1") or host.startswith("127.") or host.startswith("/")
+
+
+def _quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+async def _database_figures(db_url: str, start_bytes: int, settle_s: float = 10.0) -> dict[str, Any]:
+    """The run's own database once its services stopped: size and growth, rows and bytes per table (and per schema),
+    and pg_stat_database's counters. Read once the services' backends are gone: a backend reports its session's
+    statistics as it exits."""
+    import asyncpg
+
+    conn = await asyncpg.connect(db_url)
+    try:
+        deadline = time.perf_counter() + settle_s
+        while (await conn.fetchval("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                   "AND pid <> pg_backend_pid()") and time.perf_counter() < deadline):
+            await asyncio.sleep(0.2)
+        end_bytes = await conn.fetchval("SELECT pg_database_size(current_database())")
+        tables = await conn.fetch(
+            "SELECT n.nspname AS schema, c.relname AS name, pg_total_relation_size(c.oid) AS bytes "
+            "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.relkind = 'r' "
+            "AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg_toast%' "
+            "ORDER BY 1, 2")
+        per_table: dict[str, dict[str, int]] = {}
+        schemas: dict[str, dict[str, int]] = {}
+        for t in tables:
+            rows = await conn.fetchval(f"SELECT count(*) FROM {_quote_ident(t['schema'])}.{_quote_ident(t['name'])}")
+            schema = schemas.setdefault(t["schema"], {"rows": 0, "bytes": 0})
+            schema["rows"] += rows
+            schema["bytes"] += t["bytes"]
+            if rows:
+                per_table[f"{t['schema']}.{t['name']}"] = {"rows": rows, "bytes": t["bytes"]}
+        stats = await conn.fetchrow(f"SELECT {', '.join(_DB_STATS)} FROM pg_stat_database "
+                                    "WHERE datname = current_database()")
+    finally:
+        await conn.close()
+    counters = dict(stats) if stats is not None else {}
+    for ms in ("active_time", "session_time"):  # milliseconds: in seconds here
+        if counters.get(ms) is not None:
+            counters[f"{ms}_s"] = round(counters.pop(ms) / 1000, 2)
+    return {"database_mib_start": _mib(start_bytes), "database_mib_end": _mib(end_bytes),
+            "database_growth_mib": _mib(end_bytes - start_bytes),
+            "rows": sum(s["rows"] for s in schemas.values()),
+            "schemas": {name: {"rows": v["rows"], "mib": _mib(v["bytes"])} for name, v in schemas.items()},
+            "tables": {name: {"rows": v["rows"], "mib": _mib(v["bytes"])}
+                       for name, v in sorted(per_table.items(), key=lambda kv: -kv[1]["bytes"])},
+            "stat_database": counters}
+
+
+async def _stream_figures(js: Any, ns: str) -> dict[str, Any]:
+    """Messages, bytes and consumers of each of the namespace's streams (every stream the run wrote to)."""
+    from nats.js.errors import NotFoundError
+
+    from shared.bus import streams
+
+    out: dict[str, dict[str, Any]] = {}
+    for stream in streams(ns):
+        try:
+            info = await js.stream_info(stream.name)
+        except NotFoundError:
+            continue
+        out[stream.name] = {"messages": info.state.messages, "mib": _mib(info.state.bytes),
+                            "consumers": info.state.consumer_count}
+    return {"messages": sum(s["messages"] for s in out.values()),
+            "mib": round(sum(s["mib"] or 0.0 for s in out.values()), 1), "streams": out}
+
+
+async def _nats_server_figures(monitor_url: str) -> dict[str, Any]:
+    """The run's own NATS server from its monitoring endpoint: its memory and CPU now, its traffic, its store."""
+    import httpx
+
+    async with httpx.AsyncClient(timeout=5) as client:
+        varz = (await client.get(f"{monitor_url}/varz")).json()
+        jsz = (await client.get(f"{monitor_url}/jsz")).json()
+    return {"version": varz.get("version"), "rss_mib": _mib(varz.get("mem")), "cpu_percent": varz.get("cpu"),
+            "in_msgs": varz.get("in_msgs"), "out_msgs": varz.get("out_msgs"),
+            "in_mib": _mib(varz.get("in_bytes")), "out_mib": _mib(varz.get("out_bytes")),
+            "slow_consumers": varz.get("slow_consumers"),
+            "jetstream_store_mib": _mib(jsz.get("storage")), "jetstream_memory_mib": _mib(jsz.get("memory"))}
+
+
 async def _bus_totals(js: Any, ns: str) -> tuple[int, dict[str, int]]:
     """(messages in the namespace's streams but utilisation samples and dead letters, deliveries to each durable
     consumer: `<service>-<stream subject>`, e.g. `preemption-job`)."""
@@ -272,27 +459,38 @@ async def _start_processes(names: list[str], *, nats_url: str, database_url: str
 async def _run(scenario: str, *, nodes: int, queues: int, jobs: int, rate: float, seconds: float, waiting: int,
                duration: float, services: str, attach: bool, timeout: float, progress: Progress,
                layout: str = "one-process", sample_interval: float = DCGM_EXPORTER_INTERVAL_S,
-               timeline: Path | None = None) -> dict[str, Any]:
+               timeline: Path | None = None, own_nats: bool = False) -> dict[str, Any]:
+    import asyncpg
     import nats
 
     from services.executor.sim import SAMPLE_INTERVAL_ENV
     from services.stack import Stack, StackSettings
-    from shared.bus import delete_streams, ensure_streams
+    from shared.bus import ensure_streams
     from shared.config import parse_cluster, parse_queues
-    from shared.db import create_pool, drop_database, scratch_database
+    from shared.db import create_pool, scratch_database
     from shared.jetstream import BatchPublisher
     from shared.natsauth import inbox_prefix_for
-    from shared.servers import resolve_servers
+    from shared.servers import EmbeddedNats, resolve_servers
 
     own_ns = not attach
     ns = namespaces.current() if attach else namespaces.fresh("bench")
     os.environ[namespaces.ENV] = ns
     if own_ns:  # the simulated executor of the stack started here (in this process or its children) reads it
         os.environ[SAMPLE_INTERVAL_ENV] = repr(sample_interval)
-    servers = None if attach else resolve_servers(Path(tempfile.mkdtemp(prefix="gpuq-bench-e2e-")))
+    servers = None if attach else resolve_servers(Path(tempfile.mkdtemp(prefix="gpuq-bench-e2e-")),
+                                                  nats_monitor=own_nats)
+    # the NATS server this run started (its own: its CPU, memory and traffic are the run's), if any
+    own_server = next((s for s in servers.started if isinstance(s, EmbeddedNats)), None) if servers else None
     nats_url = os.environ["NATS_URL"] if attach else servers.nats_url  # type: ignore[union-attr]  # set when not attached
     base_db = os.environ["DATABASE_URL"] if attach else servers.database_url  # type: ignore[union-attr]  # as above
     db_url, db_name = (base_db, "") if attach else await scratch_database(base_db, "gpuq_bench_e2e")
+    db_start_bytes = 0
+    if db_name:  # the scratch database's size before the services made their schemas: the run's growth is above it
+        conn = await asyncpg.connect(db_url)
+        try:
+            db_start_bytes = await conn.fetchval("SELECT pg_database_size(current_database())")
+        finally:
+            await conn.close()
     out: dict[str, Any] = {"scenario": scenario, "nodes": nodes, "queues": queues, "services": services,
                            "layout": "attached" if attach else layout,
                            # the background load's cadence (None: an attached stack's own, unknown here)
@@ -302,6 +500,8 @@ async def _run(scenario: str, *, nodes: int, queues: int, jobs: int, rate: float
     stack = None
     procs: list[Any] = []
     pids, pid_names = [os.getpid()], ["bench+services" if not attach else "bench"]
+    footprint: Footprint | None = None
+    measured = False  # the run went to its end: its footprint is worth reading
     try:
         if own_ns:
             await ensure_streams(js, ns, purpose="bench")
@@ -322,6 +522,12 @@ async def _run(scenario: str, *, nodes: int, queues: int, jobs: int, rate: float
                 gcpolicy.install()  # as `gpuq up` does once its services started (shared/gcpolicy.py)
         pool = await create_pool(db_url, max_size=2)
         try:
+            if own_ns:
+                watched = dict(zip(pid_names, pids, strict=True))
+                if own_server is not None and own_server.pid is not None:
+                    watched["nats-server"] = own_server.pid
+                footprint = Footprint(watched, pool, local_postgres=_loopback(db_url))
+                footprint.start()
             if own_ns:
                 known = 0
 
@@ -455,7 +661,10 @@ async def _run(scenario: str, *, nodes: int, queues: int, jobs: int, rate: float
                             "gpuq_cpu_ms_per_job_drained": again["gpuq_cpu_ms_per_job"],
                             "postgres_cpu_ms_per_job_drained": again["postgres_cpu_ms_per_job"],
                             "gpuq_cpu_s_drained": again["gpuq_cpu_s"]})
+            measured = True
         finally:
+            if footprint is not None:
+                await footprint.stop()
             await pool.close()
     finally:
         if stack is not None:
@@ -463,15 +672,50 @@ async def _run(scenario: str, *, nodes: int, queues: int, jobs: int, rate: float
             gcpolicy.uninstall()
         for proc in procs:
             await asyncio.to_thread(proc.stop)
+        try:
+            if measured and footprint is not None:
+                out["sizing"] = await _sizing(footprint, js, ns, db_url, db_start_bytes, own_server)
+        finally:
+            await _cleanup(js, ns, nc, own_ns=own_ns, base_db=base_db, db_name=db_name, servers=servers)
+    return out
+
+
+async def _sizing(footprint: Footprint, js: Any, ns: str, db_url: str, db_start_bytes: int,
+                  own_server: Any) -> dict[str, Any]:
+    """The run's footprint for sizing (docs/install.md): processes, its database, its streams, its NATS server."""
+    processes = footprint.processes()
+    nats_process = processes.pop("nats-server", None)
+    server = None
+    if own_server is not None and own_server.monitor_url is not None:
+        server = {**(await _nats_server_figures(own_server.monitor_url)),
+                  "cpu_s": nats_process["cpu_s"] if nats_process else None,
+                  "peak_rss_mib": nats_process["peak_rss_mib"] if nats_process else None}
+    return {"services": processes,
+            "services_cpu_s": round(sum(p["cpu_s"] or 0.0 for p in processes.values()), 2),
+            "services_peak_rss_mib": round(sum(p["peak_rss_mib"] or 0.0 for p in processes.values()), 1),
+            "postgres": {**(await _database_figures(db_url, db_start_bytes)), **footprint.postgres()},
+            # server: None when the run used a server of NATS_URL shared with others (--own-nats starts its own)
+            "nats": {**(await _stream_figures(js, ns)), "server": server}}
+
+
+async def _cleanup(js: Any, ns: str, nc: Any, *, own_ns: bool, base_db: str, db_name: str, servers: Any) -> None:
+    from shared.bus import delete_streams
+    from shared.db import drop_database
+
+    """Deletes what the run made (its streams, its database, the servers it started), each step even if one before
+    it failed."""
+    try:
         if own_ns:
             with contextlib.suppress(Exception):
                 await delete_streams(js, ns, purpose="bench")
         await nc.close()
-        if db_name:
-            await drop_database(base_db, db_name)
-        if servers is not None:
-            servers.close()
-    return out
+    finally:
+        try:
+            if db_name:
+                await drop_database(base_db, db_name)
+        finally:
+            if servers is not None:
+                servers.close()
 
 
 def _write_timeline(path: Path, watch: Watch, t0: float) -> None:
@@ -511,9 +755,14 @@ def bench_e2e(
     timeline: Path | None = typer.Option(None, help="Also write one CSV row per submitted job (seconds from the "
                                          "first submission to its submission, admission and placement) to this "
                                          "file.", dir_okay=False, writable=True),
+    own_nats: bool = typer.Option(False, "--own-nats", help="Start a NATS server of the run's own (the embedded "
+                                  "one, with its monitoring endpoint) even when NATS_URL is set, so the report's NATS "
+                                  "server figures (CPU, memory, traffic) are the run's alone. Ignored with --attach."),
 ) -> None:
     """The running platform end to end: placements/s, admissions/s, submit→admitted and submit→placed p50/p99,
-    events and deliveries per job, CPU and RSS, Postgres CPU. Prints one JSON object."""
+    events and deliveries per job, CPU and RSS, Postgres CPU, and the run's footprint for sizing (`sizing`: each
+    service's CPU seconds and peak RSS, its database's growth and rows, its streams, its NATS server). Prints one
+    JSON object."""
     if scenario not in ("burst", "steady", "scale"):
         raise typer.BadParameter(f"unknown scenario {scenario!r}: burst, steady or scale")
     if layout not in ("one-process", "processes"):
@@ -527,5 +776,6 @@ def bench_e2e(
         result = asyncio.run(_run(scenario, nodes=nodes, queues=queues, jobs=jobs, rate=rate, seconds=seconds,
                                   waiting=waiting, duration=duration, services=services, attach=attach,
                                   timeout=timeout, progress=progress, layout=layout,
-                                  sample_interval=sample_interval, timeline=timeline))
+                                  sample_interval=sample_interval, timeline=timeline,
+                                  own_nats=own_nats and not attach))
     typer.echo(json.dumps(result))

@@ -89,6 +89,8 @@ class EmbeddedNats:
     host: str = "127.0.0.1"
     auth: AuthBundle | None = None
     binary: str | None = None  # default: nats_server_binary()
+    # the HTTP monitoring endpoint (/varz, /jsz) on this port of `host`; None: no monitoring
+    monitor_port: int | None = None
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
 
     @property
@@ -104,6 +106,15 @@ class EmbeddedNats:
             return self.plain_url
         return self.auth.url(self.plain_url, user)
 
+    @property
+    def monitor_url(self) -> str | None:
+        return f"http://{self.host}:{self.monitor_port}" if self.monitor_port is not None else None
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs (to read its CPU and memory)."""
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
     def start(self, timeout_s: float = 15.0) -> str:
         store = _usable_dir(self.data_dir / "jetstream", "NATS")
         if self.port is None:
@@ -113,6 +124,8 @@ class EmbeddedNats:
         log_file = self.data_dir / "nats-server.log"
         cmd = [self.binary or nats_server_binary(), "-a", self.host, "-p", str(self.port), "-js", "-sd", str(store),
                "-l", str(log_file)]
+        if self.monitor_port is not None:
+            cmd += ["-m", str(self.monitor_port)]
         if self.auth is not None:
             config = self.data_dir / "nats-auth.conf"
             write_private(config, self.auth.server_config)
@@ -288,15 +301,18 @@ class Servers:
         self.started.clear()
 
 
-def resolve_servers(data_dir: Path, *, allow_containers: bool = False, teams: Iterable[str] = ()) -> Servers:
+def resolve_servers(data_dir: Path, *, allow_containers: bool = False, teams: Iterable[str] = (),
+                    nats_monitor: bool = False) -> Servers:
     """Env URL → testcontainer (when allowed and Docker answers) → embedded binaries. The embedded NATS starts with
-    bus authentication (a user per service, per team in `teams`, and an admin); `nats_url` is the admin's."""
+    bus authentication (a user per service, per team in `teams`, and an admin); `nats_url` is the admin's.
+    `nats_monitor`: start the embedded NATS even when NATS_URL is set, with its monitoring endpoint on a free port
+    (a server of the caller's own, whose CPU, memory and traffic are the caller's alone)."""
     servers = Servers(nats_url="", database_url="")
     try:
-        nats_url = os.environ.get("NATS_URL")
+        nats_url = None if nats_monitor else os.environ.get("NATS_URL")
         if nats_url:
             servers.nats_url, servers.origin["nats"] = nats_url, "env"
-        elif allow_containers and docker_answers():
+        elif allow_containers and not nats_monitor and docker_answers():
             from testcontainers.nats import NatsContainer
 
             container = NatsContainer(jetstream=True)
@@ -307,7 +323,8 @@ def resolve_servers(data_dir: Path, *, allow_containers: bool = False, teams: It
             # (admission instances of some cohorts only may join later, sharing this server: ANY_ADMISSION_SHARD)
             nats = EmbeddedNats(data_dir / "nats", auth=generate(namespaces.current(), teams,
                                                                  bcrypt_cost=EMBEDDED_BCRYPT_COST,
-                                                                 admission_suffixes=(ANY_ADMISSION_SHARD,)))
+                                                                 admission_suffixes=(ANY_ADMISSION_SHARD,)),
+                                monitor_port=free_port() if nats_monitor else None)
             servers.nats_url = nats.start()
             servers.started.append(nats)
             servers.nats_auth, servers.nats_plain_url = nats.auth, nats.plain_url
