@@ -198,7 +198,8 @@ async def scenario(nats_url: str, database_url: str, kube_api: Any, exporter: Fi
     assert (await eventually("the late Job to wait for GPUs", late_waits))["sched_reason"] == "InsufficientGpus"
 
     # ---- 4. Node updates meanwhile do not announce n3 ready again
-    await set_node(client, "n3", {"metadata": {"labels": {"example.com/rack-audit": "2026-12"}}})  # not gpuq's
+    # GPU Feature Discovery's timestamp changes at every pass and selects nothing (`kubernetes.ignored_labels`)
+    await set_node(client, "n3", {"metadata": {"labels": {"nvidia.com/gfd.timestamp": "1796428800"}}})
     await set_node(client, "n3", {"metadata": {"labels": {POOL: "spare"}}})
 
     async def relabelled() -> bool:
@@ -207,7 +208,8 @@ async def scenario(nats_url: str, database_url: str, kube_api: Any, exporter: Fi
     await eventually("the label change announced", relabelled)
     assert (await scheduler_node(database_url, "n3"))["health"] == "degraded"
     # One NodeChanged for the two updates: the executor knew it had announced n3 degraded (the label it ignores
-    # changed nothing), and the pool change is announced with the degradation.
+    # changed nothing; every other label is announced, since a workload may select on it), and the pool change is
+    # announced with the degradation.
     since = [e for e in await bus_events(nats_url, "node.changed") if e["node"]["name"] == "n3"][len(changes):]
     assert [(e["node"]["labels"].get("pool"), e["node"]["health"]) for e in since] == [("spare", "degraded")]
     await set_node(client, "n3", {"spec": {"unschedulable": True}})
