@@ -13,6 +13,8 @@ from typing import Any
 
 import asyncpg
 
+from services.eta.core.words import eta_words
+
 STATUS_SQL = """
 SELECT a.job_id, a.team, a.queue, a.status AS admission_status, a.reason, a.message, a.position_in_queue,
        a.position_in_cohort, a.eta, a.eta_low, a.eta_high, a.submitted_at, a.admitted_at, a.finished_at,
@@ -127,6 +129,8 @@ def explain_lines(row: dict[str, Any], now: float) -> list[str]:
                      + (f": {row['sched_message']}" if row.get("sched_message") else ""))
         if row.get("planned_start"):
             lines.append(f"  reserved to start at {fmt_time(row['planned_start'])}")
+        if row.get("eta"):  # admission's ETA counts what the reservation does not: preemptions, protection windows
+            lines.append(f"  expected start {eta_text(row)}")
     else:
         if row.get("placed_at"):
             lines.append(f"  placed {fmt_time(row['placed_at'])} on {', '.join(row['nodes'])} "
@@ -150,12 +154,8 @@ def borrowing_risk(spec: dict[str, Any]) -> str:
 
 def eta_text(row: dict[str, Any]) -> str:
     """The expected start in words: most likely, then the p10-p90 range when admission gave one."""
-    if not row.get("eta"):
-        return "unknown"
-    text = fmt_time(row["eta"])
-    if row.get("eta_low") is not None and row.get("eta_high") is not None:
-        text += f" (likely between {fmt_time(row['eta_low'])} and {fmt_time(row['eta_high'])})"
-    return text
+    # the words the Pending Event on a Kubernetes workload says too (services/eta/core/words.py)
+    return eta_words(row.get("eta") or None, row.get("eta_low"), row.get("eta_high"))
 
 
 def public(row: dict[str, Any]) -> dict[str, Any]:

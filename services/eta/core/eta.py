@@ -38,6 +38,7 @@ from services.pipeline.core.predict import (
     DurationPredictor,
     JobKey,
 )
+from services.preemption.core import priority_of
 from shared.domain import MILLI_GPU, JobSpec, mig_milli_gpus
 
 from .preemption import PreemptionContext, RunningInfo, SimPreemption
@@ -118,7 +119,8 @@ def estimate_starts(cluster: Any, admission: Any, running: Mapping[str, float], 
             for _round in range(len(current) + 1):
                 # (schedule_cycle orders the running list itself)
                 out = cycle(adm, cl, waiting, list(believed.values()), t, backfill=backfill,
-                            run_admission=bool(adm.pending))
+                            run_admission=bool(adm.pending),
+                            lowest_preemptible_running=preempt.lowest_preemptible() if preempt else None)
                 for w in out.admitted:
                     waiting[w.job_id] = w
                 for p in out.placement.result.placed:
@@ -133,7 +135,12 @@ def estimate_starts(cluster: Any, admission: Any, running: Mapping[str, float], 
                         preempt.started(p.job_id, w.spec, t)
                 if preempt is None:
                     break
-                victims = preempt(cl, out.admission.reclaims, t)
+                # admission's reclaims, and the scheduler's asks: an admitted job that cannot be placed asks for
+                # a lower-priority job's GPUs (held outside gpuq, fragmented), which the platform takes when that
+                # job's protection ends, not when it ends
+                asks = set(out.placement.preemption_asks)
+                victims = preempt(cl, out.admission.reclaims, t,
+                                  [u for u in out.placement.result.unplaceable if u.job_id in asks])
                 for v in victims:  # back to admission; their GPUs are free now: admit and place again
                     left_s[v] = max(1.0, current.pop(v) - t)
                     believed.pop(v, None)
@@ -189,33 +196,63 @@ class ReplayPreemption:
         self.core.last_preempted.update(preempted_at)  # the cool-downs running at the replay's start
         self.admission = admission
         self.running: dict[str, Any] = {}
+        # priority -> how many preemptible jobs of it run (a replay runs hundreds of cycles: the lowest is read
+        # from the few priority values, not from every running job)
+        self._preemptible: dict[int, int] = {}
         for job_id, at in sorted(started.items()):
             held = admission.admitted.get(job_id)
             if held is not None:
-                self.running[job_id] = RunningInfo(held.spec, at, at + held.spec.max_runtime_s)
+                self._add(job_id, RunningInfo(held.spec, at, at + held.spec.max_runtime_s))
         self.log: list[str] = list(self.running)
         self.sent: set[str] = set()
         self._wake: float | None = None
 
+    def _add(self, job_id: str, info: RunningInfo) -> None:
+        self.ended(job_id, log=False)
+        self.running[job_id] = info
+        value, preemptible, _ = priority_of(self.config, info.spec)
+        if preemptible:
+            self._preemptible[value] = self._preemptible.get(value, 0) + 1
+
     def started(self, job_id: str, spec: JobSpec, at: float) -> None:
-        self.running[job_id] = RunningInfo(spec, at, at + spec.max_runtime_s)
+        self._add(job_id, RunningInfo(spec, at, at + spec.max_runtime_s))
         self.log.append(job_id)
 
-    def ended(self, job_id: str) -> None:
-        if self.running.pop(job_id, None) is not None:
+    def ended(self, job_id: str, *, log: bool = True) -> None:
+        info = self.running.pop(job_id, None)
+        if info is None:
+            return
+        value, preemptible, _ = priority_of(self.config, info.spec)
+        if preemptible:
+            left = self._preemptible[value] - 1
+            if left:
+                self._preemptible[value] = left
+            else:
+                del self._preemptible[value]
+        if log:
             self.log.append(job_id)
 
-    def __call__(self, cluster: Any, reclaims: Sequence[Any], now: float) -> list[str]:
-        """The victims of this cycle's requests (their jobs left the running set)."""
+    def lowest_preemptible(self) -> int | None:
+        """The lowest priority of a preemptible job running in the replay (the scheduler's
+        `lowest_preemptible_running`: an unplaceable job asks for preemption only above it)."""
+        return min(self._preemptible) if self._preemptible else None
+
+    def __call__(self, cluster: Any, reclaims: Sequence[Any], now: float, unplaceable: Sequence[Any] = ()
+                 ) -> list[str]:
+        """The victims of this cycle's requests: admission's `reclaims` and the scheduler's asks for the admitted
+        jobs it could not place (`unplaceable`, the pipeline's `preemption_asks`); their jobs left the running
+        set."""
         if self._wake is not None and now >= self._wake:
             self._wake = None
             self.sent.clear()
         new = [r for r in reclaims if r.preemptor not in self.sent]
-        if not new:
+        asks = [u for u in unplaceable if u.job_id not in self.sent]
+        if not new and not asks:
             return []
         self.sent.update(r.preemptor for r in new)
+        self.sent.update(u.job_id for u in asks)
         policy = self.config.policy
-        ctx = PreemptionContext(now=now, cluster=cluster, admission=self.admission, unplaceable=[], reclaims=new,
+        ctx = PreemptionContext(now=now, cluster=cluster, admission=self.admission, unplaceable=asks, reclaims=new,
                                 running=self.running, protection_window_s=policy.protection_window_s,
                                 checkpoint_grace_s=policy.checkpoint_grace_s, running_log=self.log)
         victims = sorted({v.job_id for v in self.core(ctx)})

@@ -27,6 +27,7 @@ import asyncpg
 from lightkube import operators
 
 from services.admission.core import identity
+from services.eta.core.words import eta_words
 from services.executor import fence
 from services.executor.attempts import report_failure
 from services.executor.core.attribution import Placements
@@ -56,7 +57,14 @@ from services.executor.kube.core.pods import (
     unschedulable,
 )
 from services.executor.kube.core.usage import TERMINAL_PHASES, NodeLoads, pod_load
-from services.executor.kube.core.workload import Finish, PodSetTemplate, WorkloadKind, all_kinds, kind_of
+from services.executor.kube.core.workload import (
+    Conclusion,
+    Finish,
+    PodSetTemplate,
+    WorkloadKind,
+    all_kinds,
+    kind_of,
+)
 from services.executor.kube.informer import Informer, key_of
 from services.executor.kube.notices import Notices
 from services.executor.kube.webhook import WebhookServer, WebhookSettings
@@ -91,6 +99,7 @@ log = logging.getLogger("gpuq.executor.kube")
 MIGRATIONS = Path(__file__).resolve().parents[1] / "migrations"
 ACTIVE = ("placed", "running")
 STOPPED = ("suspended", "failed", "cancelled")  # suspended by gpuq: its templates are restored
+ENDED = ("failed", "rejected")  # gpuq's verdict is final: the workload is shown failed (`_conclude`)
 BINDING_ANNOTATION = "gpuq.io/binding"  # on a pod: "<attempt>/<binding pod id>" it was given
 BOUND_PODS_WAIT_S = 60.0  # how long the first node announcement waits for the bound pods' first list
 
@@ -127,6 +136,10 @@ def _strip_nulls(value: Any) -> Any:
 
 def _bindings(row: asyncpg.Record) -> list[GpuBinding]:
     return [GpuBinding.model_validate(b) for b in json.loads(row["placement"] or "[]")]
+
+
+def _rfc3339(now: float) -> str:
+    return datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _created_at(obj: dict[str, Any]) -> datetime | None:
@@ -338,6 +351,8 @@ class KubeExecutor:
                 await self._finished(tx, row, finish)
             elif row["state"] in STOPPED:
                 await self._restore(kind, row, obj)
+            if finish is None and row["state"] in ENDED:
+                await self._conclude(tx, kind, row)
 
     async def _intake(self, tx: Tx, kind: WorkloadKind, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
@@ -454,6 +469,7 @@ class KubeExecutor:
                                     attempts=row["failures"] + 1 if spec.retry is not None else None),
                           traceparent=row["traceparent"])
         await self._set_state(tx, row["job_id"], "failed", outcome=reason.value)
+        await self._record_end(tx, row["job_id"], reason.value, message)
         await self.notices.event(_ref(row), "Failed", f"{reason.value}: {message}", tx.now, warning=True)
         await self.notices.status(_ref(row), f"Failed: {reason.value}")
 
@@ -757,7 +773,9 @@ class KubeExecutor:
             return
         await self._suspend(row)
         await self._set_state(tx, row["job_id"], "failed", outcome=ExitReason.LOST.value)
+        await self._record_end(tx, row["job_id"], ExitReason.LOST.value, payload.message)
         await self.notices.event(_ref(row), "Lost", payload.message, tx.now, warning=True)
+        await self.notices.status(_ref(row), f"Failed: {ExitReason.LOST.value}")
 
     async def _suspend(self, row: asyncpg.Record) -> None:
         """Suspend the workload: its controller deletes the pods with their grace period. (The templates are given
@@ -824,6 +842,44 @@ class KubeExecutor:
             await tx.conn.execute("UPDATE executor.runs SET status = $2, outcome = $3, ends_at = $4 "
                                   "WHERE job_id = $1 AND status = 'running'", job_id, status, outcome, tx.now)
 
+    async def _record_end(self, tx: Tx, job_id: str, reason: str, message: str) -> None:
+        """gpuq's final verdict on the job (it failed, or admission rejected it), for `_conclude`."""
+        await tx.conn.execute("UPDATE executor.kube_jobs SET ending = $2::jsonb WHERE job_id = $1", job_id,
+                              json.dumps({"reason": reason, "message": message}))
+
+    async def _conclude(self, tx: Tx, kind: WorkloadKind | None, row: asyncpg.Record) -> None:
+        """Show Kubernetes the end gpuq gave a job: a workload gpuq failed or admission rejected is suspended, and
+        would stay so, never Failed to kubectl or Kueue-aware tools. Once its controller has stopped it (its pods
+        are going), it is ended as failed in the kind's own terms (`WorkloadKind.conclusion`: a Job through the
+        Job controller, the others with the terminal status their controllers write). Best effort and repeated
+        by every sighting of the workload until it reads as finished (a failure here is only logged)."""
+        current = await tx.conn.fetchrow("SELECT state, ending FROM executor.kube_jobs WHERE job_id = $1",
+                                         row["job_id"])
+        if row["uid"] is None or current is None or current["state"] not in ENDED or current["ending"] is None:
+            return
+        end = json.loads(current["ending"])
+        kind = kind or kind_of(row["api_version"], row["kind"])
+        assert kind is not None
+        res = workload_resource(kind)
+        try:
+            obj = await self.api.get(res, row["name"], namespace=row["namespace"])  # its status now, not as seen
+            if ((obj.get("metadata") or {}).get("uid")) != row["uid"]:
+                return  # another workload by that name
+            if kind.finished(obj) is not None or not kind.stopped(obj):
+                return
+            if any(template_gated(ps.template) for ps in kind.pod_sets(obj)):
+                # the user's templates back first: a Job's may change only while it is suspended and not started
+                await self._restore(kind, row, obj)
+                obj = await self.api.get(res, row["name"], namespace=row["namespace"])
+            c: Conclusion = kind.conclusion(obj, end["reason"], end["message"], _rfc3339(tx.now))
+            if c.status:
+                await self.api.patch_status(res, row["name"], c.patch, namespace=row["namespace"])
+            else:
+                await self.api.patch(res, row["name"], c.patch, namespace=row["namespace"])
+        except Exception as exc:
+            if status_code(exc) != 404:
+                log.warning("could not show %s %s/%s as failed: %s", row["kind"], row["namespace"], row["name"], exc)
+
     # ------------------------------------------------------------------ users' answers
 
     async def on_status(self, tx: Tx, event: CloudEvent,
@@ -836,12 +892,15 @@ class KubeExecutor:
         reason, message, warning = _notice(payload)
         if isinstance(payload, JobRejected):
             await self._set_state(tx, row["job_id"], "rejected")
+            await self._record_end(tx, row["job_id"], "Rejected", f"{payload.reason}: {payload.message}")
         key = f"{reason}|{message}"
         if key == row["last_notice"]:
             return
         await tx.conn.execute("UPDATE executor.kube_jobs SET last_notice = $2 WHERE job_id = $1", row["job_id"], key)
         await self.notices.event(_ref(row), reason, message, tx.now, warning=warning)
         await self.notices.status(_ref(row), f"{reason}: {message}")
+        if isinstance(payload, JobRejected):  # never resumed, so stopped already: shown failed now
+            await self._conclude(tx, None, row)
 
     # ------------------------------------------------------------------ timers
 
@@ -909,12 +968,10 @@ def _notice(payload: Any) -> tuple[str, str, bool]:
             where.append(f"position {payload.position_in_queue} in queue {payload.queue}")
         if payload.position_in_cohort is not None:
             where.append(f"{payload.position_in_cohort} in its cohort")
-        if payload.eta is not None:
-            text = f"expected start {payload.eta.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
-            if payload.eta_low is not None and payload.eta_high is not None:
-                text += (f", likely between {payload.eta_low.astimezone(UTC):%H:%M} and "
-                         f"{payload.eta_high.astimezone(UTC):%Y-%m-%d %H:%M} UTC")
-            where.append(text)
+        if payload.eta is not None:  # in `gpuq explain`'s words (UTC), the same start and range
+            low, high = payload.eta_low, payload.eta_high
+            where.append("expected start (UTC) " + eta_words(payload.eta.timestamp(), low.timestamp() if low else None,
+                                                             high.timestamp() if high else None))
         suffix = f" ({', '.join(where)})" if where else ""
         return "Pending", f"{payload.reason}: {payload.message}{suffix}", False
     if isinstance(payload, JobQueued):

@@ -14,9 +14,11 @@ from typing import Any
 
 from lightkube import ApiError, AsyncClient, KubeConfig
 from lightkube.core.generic_client import ALL_NS
+from lightkube.core.resource import ApiInfo
 from lightkube.generic_resource import (
     GenericGlobalResource,
     GenericNamespacedResource,
+    GenericNamespacedStatus,
     create_api_info,
 )
 from lightkube.types import PatchType
@@ -48,6 +50,19 @@ def workload_resource(kind: WorkloadKind) -> type:
     if kind.kind not in _WORKLOADS:
         _WORKLOADS[kind.kind] = _resource(kind.group, kind.version, kind.kind, kind.plural, namespaced=True)
     return _WORKLOADS[kind.kind]
+
+
+_STATUSES: dict[type, type] = {}
+
+
+def status_resource(res: type) -> type:
+    """The status subresource of a namespaced resource class (where a kind's controller writes its state)."""
+    if res not in _STATUSES:
+        info = res._api_info  # type: ignore[attr-defined]  # (set on every class `_resource` builds)
+        _STATUSES[res] = type(f"{res.__name__}Status", (GenericNamespacedStatus,), {"_api_info": ApiInfo(
+            resource=info.resource, parent=info.resource, plural=info.plural, verbs=["get", "patch", "put"],
+            action="status")})
+    return _STATUSES[res]
 
 
 def plain(obj: Any) -> dict[str, Any]:
@@ -123,6 +138,11 @@ class KubeApi:
                     ) -> dict[str, Any]:
         kw = {"namespace": namespace} if namespace else {}
         return plain(await self.client.patch(res, name, dict(patch), patch_type=PatchType.MERGE, **kw))
+
+    async def patch_status(self, res: type, name: str, patch: Mapping[str, Any], namespace: str) -> dict[str, Any]:
+        """A JSON merge patch of the object's status subresource."""
+        return plain(await self.client.patch(status_resource(res), name, dict(patch), patch_type=PatchType.MERGE,
+                                             namespace=namespace))
 
     async def create(self, res: type, obj: Mapping[str, Any], namespace: str) -> dict[str, Any]:
         return plain(await self.client.create(res(obj), namespace=namespace))

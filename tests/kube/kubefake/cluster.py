@@ -263,6 +263,7 @@ class FakeCluster(KubeCluster):
         self._autopilot = 0
         self._settling = False
         self._pending: asyncio.Handle | None = None
+        self._deadline: asyncio.TimerHandle | None = None  # the next Job deadline's sync (JobController)
         self._unsubscribe = self.store.subscribe(self._on_change)
 
     async def username(self) -> str:
@@ -313,15 +314,30 @@ class FakeCluster(KubeCluster):
         self._pending = None
         if self._autopilot:
             self.settle_now()
+            self._wake_at_next_deadline()
+
+    def _wake_at_next_deadline(self) -> None:
+        """Settle again when the first Job's activeDeadlineSeconds runs out, as the real Job controller syncs it
+        then: nothing else would make the fake look at it (its clock is the wall clock, second-precise)."""
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        waits = [w for c in self.controllers if (w := getattr(c, "next_deadline", lambda: None)()) is not None]
+        if waits and self._autopilot:
+            self._deadline = asyncio.get_running_loop().call_later(min(waits) + 0.05, self._auto_settle)
 
     @contextlib.asynccontextmanager
     async def autopilot(self) -> AsyncIterator[None]:
         self._autopilot += 1
         self.settle_now()
+        self._wake_at_next_deadline()
         try:
             yield
         finally:
             self._autopilot -= 1
+            if not self._autopilot and self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
 
     def add_node(
         self,
@@ -424,6 +440,8 @@ class FakeCluster(KubeCluster):
         self._autopilot = 0
         if self._pending is not None:
             self._pending.cancel()
+        if self._deadline is not None:
+            self._deadline.cancel()
         await super().close()
 
 

@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
+from services.admission.core import AdmissionState, Workload, admission_cycle
 from services.eta.core import (
     IDLE_REFRESH_S,
     EtaCalibration,
@@ -20,11 +21,13 @@ from services.eta.core import (
     refresh_due,
 )
 from services.pipeline.core.predict import JobKey
+from services.scheduler.core import ClusterState, PendingJob, schedule_cycle
 from sim.engine import Engine
+from sim.loaders import queues_for_teams
 from sim.eta_accuracy import EtaTracked, eta_metrics
 from sim.run import make_policy
 
-from .conftest import job, trace
+from .conftest import job, nodes, trace
 from .test_eta_cli import _state_with
 
 
@@ -72,6 +75,36 @@ def test_the_replay_never_preempts_a_job_inside_its_window_or_of_higher_priority
     running = [job("r1", 0, 10, gpus_per_pod=8, estimate=7200)]
     cluster, adm = _state_with(running, [job("p1", 5, 10, gpus_per_pod=8, estimate=600)], now=5.0)
     assert estimate_starts(cluster, adm, {"r1": 3600.0}, now=5.0, started={"r1": 0.0}) == {"p1": 3600.0}
+
+
+def _unplaceable_behind_low(now: float):
+    """The queue's quota (16) is more than its node holds (8), as when pods gpuq does not manage hold GPUs: p1 is
+    admitted but cannot be placed while the low job holds the node, so the scheduler asks for preemption."""
+    cluster = ClusterState.from_nodes(nodes(1))
+    adm = AdmissionState(queues_for_teams(["a"], {"gpu": 16}))
+    assert adm.submit(Workload(spec=job("low", 0, 86_400, gpus_per_pod=8, priority="low").spec(),
+                               submitted_at=0.0)) is None
+    decision = admission_cycle(adm, 0.0, capacity=cluster.free_gpus_by_model())
+    assert len(schedule_cycle(cluster, [PendingJob(spec=a.spec) for a in decision.admitted], [], 0.0).placed) == 1
+    assert adm.submit(Workload(spec=job("p1", 0, 3600, gpus_per_pod=8).spec(), submitted_at=now)) is None
+    return cluster, adm
+
+
+def test_the_replay_preempts_for_an_admitted_job_the_scheduler_cannot_place_when_the_window_ends():
+    """The scheduler asks for preemption for an admitted job it cannot place (a lower-priority job holds the GPUs);
+    the platform takes that job when its protection window ends (600 s from its start), ten minutes away here, not
+    at its end a day later: the ETA says so, inside the window and after it (the replay used to leave the
+    scheduler's asks out and gave the 24 h)."""
+    cluster, adm = _unplaceable_behind_low(now=100.0)
+    window = adm.config.policy.protection_window_s
+    assert estimate_starts(cluster, adm, {"low": 86_400.0}, now=100.0, started={"low": 0.0}) == {"p1": float(window)}
+    assert estimate_starts(cluster, adm, {"low": 86_400.0}, now=100.0) == {"p1": 86_400.0}  # nothing preempted
+    from services.eta.platform import PlatformEta
+
+    eta = PlatformEta(EtaModel(expect_arrivals=False))  # admission's ETA, from the end the scheduler reserves by
+    assert eta(cluster, adm, {"low": 86_400.0}, 100.0)["p1"].start == float(window)
+    cluster, adm = _unplaceable_behind_low(now=1000.0)  # past the window: taken now
+    assert estimate_starts(cluster, adm, {"low": 86_400.0}, now=1000.0, started={"low": 0.0}) == {"p1": 1000.0}
 
 
 def test_a_waiting_job_preempted_recently_gets_the_preemptors_cool_down_in_the_replay():

@@ -6,6 +6,7 @@ that it finished. Everything else (intake, placement, status) is written once ag
 from __future__ import annotations
 
 import copy
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,6 +27,44 @@ class Finish:
     succeeded: bool
     reason: str  # the workload's condition reason (e.g. BackoffLimitExceeded, DeadlineExceeded)
     message: str = ""
+
+
+@dataclass(frozen=True)
+class Conclusion:
+    """How gpuq ends a workload it failed, so that kubectl and Kueue-aware tools read it as failed: a JSON merge
+    patch of the object (`status=False`: its controller then records the failure itself) or of its status
+    subresource (`status=True`: written as the kind's controller writes a failure, which that controller then
+    leaves alone)."""
+
+    patch: dict[str, Any]
+    status: bool
+
+
+# A condition's reason as metav1.Condition allows it (CamelCase words, no spaces): gpuq's reasons already are.
+_REASON = re.compile(r"[^A-Za-z0-9_,:]")
+
+
+def condition_reason(reason: str) -> str:
+    cleaned = _REASON.sub("", reason).strip("_,:")
+    return cleaned if cleaned[:1].isalpha() else f"Gpuq{cleaned}"
+
+
+def with_condition(obj: Obj, kind: str, status: str, reason: str, message: str, now: str) -> list[dict[str, Any]]:
+    """The object's conditions (metav1.Condition) with `kind` set, in place when present, else appended, as
+    `meta.SetStatusCondition` writes them: lastTransitionTime moves only when the status changes."""
+    out: list[dict[str, Any]] = []
+    found = False
+    for c in conditions(obj):
+        c = dict(c)
+        if c.get("type") == kind:
+            found = True
+            if c.get("status") != status:
+                c["lastTransitionTime"] = now
+            c.update(status=status, reason=reason, message=message)
+        out.append(c)
+    if not found:
+        out.append({"type": kind, "status": status, "reason": reason, "message": message, "lastTransitionTime": now})
+    return out
 
 
 def conditions(obj: Obj) -> list[Mapping[str, Any]]:
@@ -76,6 +115,16 @@ class WorkloadKind(ABC):
     @abstractmethod
     def finished(self, obj: Obj) -> Finish | None:
         """Succeeded or failed, from the object's status; None while it runs (or has not started)."""
+
+    def stopped(self, obj: Obj) -> bool:
+        """Suspended, and its controller has stopped it (its pods are going): status.startTime cleared, as the Job
+        and PyTorchJob controllers do. Only then may gpuq write its failure: a failed workload's controller stops
+        reconciling it, and might leave running what it had not stopped yet."""
+        return self.suspended(obj) and not (obj.get("status") or {}).get("startTime")
+
+    @abstractmethod
+    def conclusion(self, obj: Obj, reason: str, message: str, now: str) -> Conclusion:
+        """How to end the (stopped) workload as failed with gpuq's reason and message; `now` in RFC 3339."""
 
     def active_deadline_s(self, obj: Obj) -> int | None:
         value = (obj.get("spec") or {}).get("activeDeadlineSeconds")

@@ -9,7 +9,9 @@
   Suspended=False (JobResumed).
 - Complete (succeeded reaches completions; every index for Indexed) with SuccessCriteriaMet; Failed with
   BackoffLimitExceeded (failed pods, or container restarts under OnFailure, beyond backoffLimit) or
-  DeadlineExceeded (activeDeadlineSeconds since startTime), with FailureTarget; active pods are then deleted.
+  DeadlineExceeded (activeDeadlineSeconds since startTime), with FailureTarget; active pods are then deleted. As
+  the real controller requeues a Job to sync again when its deadline runs out, `next_deadline()` says when that
+  is, and the fake cluster settles again then (under autopilot).
 - Not emulated: the pod-creation backoff delay (failed pods are replaced at once), podFailurePolicy,
   successPolicy, backoffLimitPerIndex, elastic parallelism, podReplacementPolicy Failed.
 """
@@ -64,6 +66,20 @@ class JobController(WorkloadController):
     def sync_all(self) -> None:
         super().sync_all()
         self._release_orphans()
+
+    def next_deadline(self) -> float | None:
+        """Seconds until the first running Job reaches its activeDeadlineSeconds (None: no Job has one pending):
+        the real controller syncs such a Job again then (`AddAfter(key, activeDeadlineSeconds - elapsed)`)."""
+        waits = []
+        for job in self.store.list(JOBS):
+            spec, status = job["spec"], job.get("status") or {}
+            deadline, started = spec.get("activeDeadlineSeconds"), status.get("startTime")
+            if deadline is None or not started or spec.get("suspend") or job["metadata"].get("deletionTimestamp"):
+                continue
+            if condition_true(job, "Complete") or condition_true(job, "Failed"):
+                continue
+            waits.append(int(deadline) - self.store.clock.seconds_since(started))
+        return max(0.0, min(waits)) if waits else None
 
     def _release_orphans(self) -> None:
         """Pods whose Job is gone (or that were orphaned) lose the tracking finalizer, as the real controller does."""

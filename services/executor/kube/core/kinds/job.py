@@ -5,7 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from services.executor.kube.core.workload import Finish, Obj, PodSetTemplate, WorkloadKind, register, true_condition
+from services.executor.kube.core.workload import (
+    Conclusion,
+    Finish,
+    Obj,
+    PodSetTemplate,
+    WorkloadKind,
+    register,
+    true_condition,
+)
 
 
 class Job(WorkloadKind):
@@ -35,6 +43,13 @@ class Job(WorkloadKind):
         if (c := true_condition(obj, "Failed", "FailureTarget")) is not None:
             return Finish(False, c.get("reason") or "Failed", c.get("message") or "")
         return None
+
+    def conclusion(self, obj: Obj, reason: str, message: str, now: str) -> Conclusion:
+        """A Job's status belongs to the Job controller (the API server validates what others write there), so
+        gpuq has that controller fail it: resumed with no pod to run (parallelism 0) and one second left
+        (activeDeadlineSeconds 1), the Job is marked Failed with reason DeadlineExceeded a second later, as any
+        Job past its deadline, and never runs a pod again. gpuq's own reason is on its Event and annotation."""
+        return Conclusion({"spec": {"suspend": False, "parallelism": 0, "activeDeadlineSeconds": 1}}, status=False)
 
     def build(self, name: str, namespace: str, pod_sets: list[PodSetTemplate], labels: Mapping[str, str],
               annotations: Mapping[str, str]) -> dict[str, Any]:

@@ -5,7 +5,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from services.executor.kube.core.workload import Finish, Obj, PodSetTemplate, WorkloadKind, register, true_condition
+from services.executor.kube.core.workload import (
+    Conclusion,
+    Finish,
+    Obj,
+    PodSetTemplate,
+    WorkloadKind,
+    condition_reason,
+    register,
+    true_condition,
+    with_condition,
+)
 
 
 class JobSet(WorkloadKind):
@@ -37,6 +47,17 @@ class JobSet(WorkloadKind):
         if (c := true_condition(obj, "Failed")) is not None:
             return Finish(False, c.get("reason") or "Failed", c.get("message") or "")
         return None
+
+    def stopped(self, obj: Obj) -> bool:
+        """Suspended, and the JobSet controller has suspended its child Jobs (condition Suspended)."""
+        return self.suspended(obj) and true_condition(obj, "Suspended") is not None
+
+    def conclusion(self, obj: Obj, reason: str, message: str, now: str) -> Conclusion:
+        """Condition Failed and terminalState Failed, as the JobSet controller writes a failed JobSet (which it
+        then only cleans up)."""
+        return Conclusion({"status": {
+            "conditions": with_condition(obj, "Failed", "True", condition_reason(reason), message, now),
+            "terminalState": "Failed"}}, status=True)
 
     def build(self, name: str, namespace: str, pod_sets: list[PodSetTemplate], labels: Mapping[str, str],
               annotations: Mapping[str, str]) -> dict[str, Any]:

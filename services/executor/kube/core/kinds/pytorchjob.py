@@ -6,7 +6,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from services.executor.kube.core.workload import Finish, Obj, PodSetTemplate, WorkloadKind, register, true_condition
+from services.executor.kube.core.workload import (
+    Conclusion,
+    Finish,
+    Obj,
+    PodSetTemplate,
+    WorkloadKind,
+    condition_reason,
+    conditions,
+    register,
+    true_condition,
+)
 
 ORDER = {"master": 0, "worker": 1}
 
@@ -37,6 +47,28 @@ class PyTorchJob(WorkloadKind):
         if (c := true_condition(obj, "Failed")) is not None:
             return Finish(False, c.get("reason") or "Failed", c.get("message") or "")
         return None
+
+    def stopped(self, obj: Obj) -> bool:
+        """Suspended, and the training operator has deleted its pods (condition Suspended)."""
+        return self.suspended(obj) and true_condition(obj, "Suspended") is not None
+
+    def conclusion(self, obj: Obj, reason: str, message: str, now: str) -> Conclusion:
+        """Condition Failed, last (kubectl's STATE column reads the last condition), Running set False and the
+        completion time, as the training operator writes a failed job (which it then only cleans up)."""
+        kept = []
+        for c in conditions(obj):
+            if c.get("type") == "Failed":
+                continue
+            c = dict(c)
+            if c.get("type") == "Running" and c.get("status") != "False":
+                c.update(status="False", lastUpdateTime=now, lastTransitionTime=now)
+            kept.append(c)
+        kept.append({"type": "Failed", "status": "True", "reason": condition_reason(reason), "message": message,
+                     "lastUpdateTime": now, "lastTransitionTime": now})
+        status: dict[str, Any] = {"conditions": kept}
+        if not (obj.get("status") or {}).get("completionTime"):
+            status["completionTime"] = now
+        return Conclusion({"status": status}, status=True)
 
     def active_deadline_s(self, obj: Obj) -> int | None:
         value = ((obj.get("spec") or {}).get("runPolicy") or {}).get("activeDeadlineSeconds")

@@ -6,7 +6,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from services.executor.kube.core.workload import Finish, Obj, PodSetTemplate, WorkloadKind, register
+from services.executor.kube.core.workload import (
+    Conclusion,
+    Finish,
+    Obj,
+    PodSetTemplate,
+    WorkloadKind,
+    condition_reason,
+    register,
+)
 
 HEAD = "head"
 
@@ -49,6 +57,16 @@ class RayJob(WorkloadKind):
 
     def suspend_patch(self, suspend: bool) -> dict[str, Any]:
         return {"spec": {"suspend": suspend}}
+
+    def stopped(self, obj: Obj) -> bool:
+        """Suspended, and KubeRay has deleted its RayCluster (jobDeploymentStatus Suspended)."""
+        return self.suspended(obj) and (obj.get("status") or {}).get("jobDeploymentStatus") == "Suspended"
+
+    def conclusion(self, obj: Obj, reason: str, message: str, now: str) -> Conclusion:
+        """jobDeploymentStatus Failed with a reason, a message and the end time, as KubeRay writes a RayJob that
+        failed (which it then only cleans up)."""
+        return Conclusion({"status": {"jobDeploymentStatus": "Failed", "reason": condition_reason(reason),
+                                      "message": message, "endTime": now}}, status=True)
 
     def finished(self, obj: Obj) -> Finish | None:
         status = obj.get("status") or {}
