@@ -55,6 +55,10 @@ EXECUTOR_NAMESPACED_RULES = {
     ("jobset.x-k8s.io", "jobsets"): {"get", "patch", "create"},
     ("kubeflow.org", "pytorchjobs"): {"get", "patch"},
     ("ray.io", "rayjobs"): {"get", "patch"},
+    # a job gpuq failed or rejected gets the terminal status the kind's controller writes (issue 45 item 7)
+    ("jobset.x-k8s.io", "jobsets/status"): {"patch"},
+    ("kubeflow.org", "pytorchjobs/status"): {"patch"},
+    ("ray.io", "rayjobs/status"): {"patch"},
 }
 EXECUTOR_RULES = {k: EXECUTOR_CLUSTER_RULES.get(k, set()) | EXECUTOR_NAMESPACED_RULES.get(k, set())
                   for k in {*EXECUTOR_CLUSTER_RULES, *EXECUTOR_NAMESPACED_RULES}}
@@ -65,6 +69,9 @@ WORKLOADS = (("batch", "jobs"), ("jobset.x-k8s.io", "jobsets"), ("kubeflow.org",
 CEILING = {("", "nodes"): {"list", "watch"}, ("", "pods"): {"get", "list", "watch", "patch", "delete"},
            ("", "events"): {"create"}, **{w: {"get", "list", "watch", "patch", "update"} for w in WORKLOADS}}
 API_RULES = {("authentication.k8s.io", "tokenreviews"): {"create"}}
+# Beyond it too: `patch` on the status of the custom kinds, where a job gpuq failed reads as failed (issue 45 item 7).
+STATUS_RULES = (("jobset.x-k8s.io", "jobsets/status"), ("kubeflow.org", "pytorchjobs/status"),
+                ("ray.io", "rayjobs/status"))
 
 
 def of_kind(docs: Sequence[Doc], kind: str) -> dict[str, Doc]:
@@ -116,10 +123,12 @@ def test_rbac_grants_the_executor_and_the_api_exactly_their_verbs_and_nothing_wi
     executor = {k: EXECUTOR_CLUSTER_RULES.get(k, set()) | workloads.get(k, set())
                 for k in {*EXECUTOR_CLUSTER_RULES, *workloads}}
     beyond = {k: v - CEILING.get(k, set()) for k, v in executor.items() if v - CEILING.get(k, set())}
-    assert beyond == {("batch", "jobs"): {"create"}, ("jobset.x-k8s.io", "jobsets"): {"create"}}
+    # ... and `patch` on the status of the three custom kinds (STATUS_RULES)
+    assert beyond == {("batch", "jobs"): {"create"}, ("jobset.x-k8s.io", "jobsets"): {"create"},
+                      **{k: {"patch"} for k in STATUS_RULES}}
     narrow_docs = render(CI_VALUES, sets=["rbac.eventSubmittedJobs=false"])
     narrow = granted_by(of_kind(narrow_docs, "ClusterRole")["gpuq-executor-workloads"])
-    assert all(verbs <= CEILING[k] for k, verbs in narrow.items())
+    assert all(verbs <= CEILING[k] for k, verbs in narrow.items() if k not in STATUS_RULES)
     assert narrow == {k: v - {"create"} if k in WORKLOADS else v for k, v in EXECUTOR_NAMESPACED_RULES.items()}
     assert granted_by(of_kind(narrow_docs, "ClusterRole")["gpuq-executor"]) == EXECUTOR_CLUSTER_RULES
     assert granted_by(roles["gpuq-api"]) == API_RULES

@@ -44,6 +44,7 @@ QUEUES = parse_queues({
     "namespaces": [{"name": NS, "team": "team-a", "queues": ["team-a"]}],
 })
 JOB = create_namespaced_resource("batch", "v1", "Job", "jobs")
+JOBSET = create_namespaced_resource("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets")
 PYTORCHJOB = create_namespaced_resource("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs")
 RAYJOB = create_namespaced_resource("ray.io", "v1", "RayJob", "rayjobs")
 
@@ -64,6 +65,28 @@ CLUSTER_WORKLOADS = [
                 "spec": {"runPolicy": {"suspend": True}, "pytorchReplicaSpecs": {"Worker": {
                     "replicas": 1, "restartPolicy": "Never", "template": {"spec": _pod_spec(1, "pytorch")}}}}}),
     RAYJOB({"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": "tune", **_labels()},
+            "spec": {"suspend": True, "entrypoint": "python tune.py", "rayClusterSpec": {
+                "headGroupSpec": {"rayStartParams": {}, "template": {"spec": _pod_spec(0, "ray-head")}},
+                "workerGroupSpecs": [{"groupName": "gpu", "replicas": 1, "minReplicas": 1, "maxReplicas": 1,
+                                      "rayStartParams": {}, "template": {"spec": _pod_spec(1, "ray-worker")}}]}}}),
+]
+
+
+def _ending(name: str) -> dict[str, Any]:
+    """A workload gpuq ends at its runtime limit (2 s): its kind's failed status is written (`<kind>/status`)."""
+    return {"name": name, "namespace": NS, "labels": {"gpuq.io/queue": "team-a"},
+            "annotations": {"gpuq.io/max-runtime-s": "2"}}
+
+
+# One of each custom kind that gpuq fails: it reads as failed through the status its controller writes.
+ENDING_WORKLOADS = [
+    JOBSET({"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": _ending("short-set"),
+            "spec": {"suspend": True, "replicatedJobs": [{"name": "w", "replicas": 1, "template": {"spec": {
+                "parallelism": 1, "completions": 1, "template": {"spec": _pod_spec(1)}}}}]}}),
+    PYTORCHJOB({"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": _ending("short-torch"),
+                "spec": {"runPolicy": {"suspend": True}, "pytorchReplicaSpecs": {"Worker": {
+                    "replicas": 1, "restartPolicy": "Never", "template": {"spec": _pod_spec(1, "pytorch")}}}}}),
+    RAYJOB({"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": _ending("short-ray"),
             "spec": {"suspend": True, "entrypoint": "python tune.py", "rayClusterSpec": {
                 "headGroupSpec": {"rayStartParams": {}, "template": {"spec": _pod_spec(0, "ray-head")}},
                 "workerGroupSpecs": [{"groupName": "gpu", "replicas": 1, "minReplicas": 1, "maxReplicas": 1,
@@ -147,8 +170,14 @@ async def test_the_executor_and_the_api_run_with_exactly_the_charts_roles(
         await submit(nats_url, event_job("event-job", 1), event_job("event-jobset", 2))
         started = await eventually("every job started", lambda: _at_least(bus_events(nats_url, "job.started"), 5),
                                    timeout_s=90)
-    assert len({e["job_id"] for e in started}) == 5
-    assert await bus_events(nats_url, "job.failed") == []
+        assert len({e["job_id"] for e in started}) == 5
+        assert await bus_events(nats_url, "job.failed") == []
+        for workload in ENDING_WORKLOADS:
+            await client.create(workload)
+        failed = await eventually("the short ones failed", lambda: _at_least(bus_events(nats_url, "job.failed"), 3),
+                                  timeout_s=90)
+        assert sorted(e["job_id"].split(".")[1] for e in failed) == ["short-ray", "short-set", "short-torch"]
+        await eventually("each shown failed", lambda: _all_shown_failed(client))
     executor_user = f"system:serviceaccount:{RELEASE_NS}:gpuq-executor"
     refused = [a for a in auth.log if a.user == executor_user and not a.allowed]
     assert refused == []
@@ -235,6 +264,16 @@ async def test_outside_the_managed_namespaces_the_executor_can_read_but_not_crea
     finally:
         await executor.close()
     assert await kube_api.read(JOBS, "escape", RELEASE_NS) is None
+
+
+async def _all_shown_failed(client: Any) -> bool:
+    """Each custom workload gpuq failed has its controller's failed status (test_kube_outcome.py checks them)."""
+    jobset = (await client.get(JOBSET, "short-set", namespace=NS)).to_dict()
+    torch = (await client.get(PYTORCHJOB, "short-torch", namespace=NS)).to_dict()
+    ray = (await client.get(RAYJOB, "short-ray", namespace=NS)).to_dict()
+    return (jobset.get("status", {}).get("terminalState") == "Failed"
+            and (torch.get("status", {}).get("conditions") or [{}])[-1].get("type") == "Failed"
+            and ray.get("status", {}).get("jobDeploymentStatus") == "Failed")
 
 
 async def _at_least(events: Any, count: int) -> Any:
