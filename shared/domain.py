@@ -101,6 +101,18 @@ class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+def unset(value: object) -> bool:
+    """A field value that says nothing: None or an empty collection (`exclude_if` of fields added since v1)."""
+    return value is None or value == () or value == {}
+
+
+# Fields added to a model since the previous release are written (events, stored specs) only when set: `Field(...,
+# exclude_if=unset)`. The previous release's models refuse fields they do not know (extra="forbid"), and during a
+# rolling upgrade it reads what this release writes (docs/install.md, "Upgrades while two releases run";
+# tests/unit/contracts/test_previous_release_reads.py). A field that is set is written, and the previous release
+# refuses it (a dead letter): it could not honour it.
+
+
 class JobKind(StrEnum):
     TRAINING = "training"
     INFERENCE = "inference"
@@ -285,7 +297,7 @@ class EnvVar(Frozen):
 
     name: str = Field(min_length=1)
     value: str = ""
-    value_from: dict[str, Any] | None = None
+    value_from: dict[str, Any] | None = Field(default=None, exclude_if=unset)  # added since v1
 
     @model_validator(mode="after")
     def _one_source(self) -> EnvVar:
@@ -317,7 +329,7 @@ class PodTemplate(Frozen):
     termination_grace_period_s: int | None = Field(default=None, ge=0)
     # The user id its containers run as (never root): for an image whose own user is root, which the `restricted`
     # Pod Security profile (runAsNonRoot) would not start.
-    run_as_user: int | None = Field(default=None, ge=1)
+    run_as_user: int | None = Field(default=None, ge=1, exclude_if=unset)  # added since v1
 
 
 class PodSet(Frozen):
@@ -331,9 +343,9 @@ class PodSet(Frozen):
     template: PodTemplate | None = None  # how to run it, for a job submitted as an event (Kubernetes executor)
     # Where its pods may run (Kubernetes' nodeSelector, node affinity and tolerations of the pod template): the
     # scheduler places them only on nodes whose labels match and whose taints they (or the job) tolerate.
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    affinity: NodeAffinity | None = None
-    tolerations: tuple[Toleration, ...] = ()
+    node_selector: dict[str, str] = Field(default_factory=dict, exclude_if=unset)  # these three: added since v1
+    affinity: NodeAffinity | None = Field(default=None, exclude_if=unset)
+    tolerations: tuple[Toleration, ...] = Field(default=(), exclude_if=unset)
 
     @model_validator(mode="after")
     def _mig_pods_take_one_slice(self) -> PodSet:
@@ -642,8 +654,8 @@ class NodeSpec(Frozen):
     rack: str
     block: str
     datasets: tuple[str, ...] = ()
-    held: NodeUsage = NO_USAGE
-    refused: tuple[PlacementRefusal, ...] = ()
+    held: NodeUsage = Field(default=NO_USAGE, exclude_if=lambda v: v == NO_USAGE)  # these two: added since v1
+    refused: tuple[PlacementRefusal, ...] = Field(default=(), exclude_if=unset)
 
     def refuses(self, gpus: int, mig_profile: str | None, cpu_milli: int, memory_mib: int) -> PlacementRefusal | None:
         """The refusal that covers a pod of this shape, if any."""
