@@ -197,34 +197,55 @@ async def _preemption_lines(url: str, job_id: str) -> list[str]:
 
 
 def queues(output: str = typer.Option("table", "--format", help="table or json")) -> None:
-    """Per queue: nominal, used, borrowed, lent, pending, running, oldest wait; and the GPUs pods gpuq does not
-    manage hold on its nodes (read from the platform's database)."""
+    """Per queue: nominal, used, borrowed, lent, pending, running, oldest wait; the configuration version in force;
+    and the GPUs pods gpuq does not manage hold on its nodes (read from the platform's database)."""
     client = api()
     if client is not None:
         _print_queues([QueueSummary(**q) for q in client.call("GET", "/v1/queues")], output)
+        if output != "json":
+            console.print(version_line(client.call("GET", "/v1/queues/config")))
         return
+    from services.admission import configmodel
     from services.admission.app import load_state
     from services.admission.core import queue_summaries
     from services.scheduler import readmodel
 
-    async def load() -> tuple[list[Any], list[NodeSpec]]:
+    async def load() -> tuple[list[Any], list[NodeSpec], dict[str, Any] | None]:
         conn = await asyncpg.connect(database_url())
         try:
             state = await load_state(conn)
             nodes = await readmodel.nodes(conn)
+            current = await configmodel.in_force(conn)
         finally:
             await conn.close()
-        return queue_summaries(state, time.time()), nodes
+        return queue_summaries(state, time.time()), nodes, _version_body(current)
 
     try:
-        summaries, nodes = asyncio.run(load())
+        summaries, nodes, version = asyncio.run(load())
     except (LookupError, asyncpg.UndefinedTableError):
         console.print("[red]admission has no state yet: start the platform with `gpuq up`[/]")
         raise typer.Exit(1) from None
     _print_queues(summaries, output)
     if output != "json":
+        if version is not None:
+            console.print(version_line(version))
         for line in held_lines(nodes):
             console.print(line)
+
+
+def _version_body(current: Any) -> dict[str, Any] | None:
+    """A configmodel.ConfigVersion as GET /v1/queues/config answers it."""
+    return None if current is None else {"version": current.version, "hash": current.hash,
+                                         "applied_at": current.applied_at, "applied_by": current.applied_by,
+                                         "source": current.source}
+
+
+def version_line(version: dict[str, Any]) -> str:
+    """The queue configuration in force, as GET /v1/queues/config gives it."""
+    when = datetime.fromtimestamp(float(version["applied_at"]), UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    source = {"file": "queues.yaml at start", "change": "a change"}.get(version.get("source") or "", "")
+    return (f"configuration: version {version['version']} ({str(version['hash'])[:12]}), applied {when} by "
+            f"{version['applied_by']}" + (f" from {source}" if source else ""))
 
 
 def held_lines(nodes: list[NodeSpec]) -> list[str]:
@@ -293,10 +314,13 @@ def approve(job_id: str = typer.Argument(..., help="A job waiting with reason Aw
 
 
 def apply_queues(file: Path = typer.Argument(..., help="The new queues.yaml"),
-                 by: str = typer.Option("admin", help="Who is changing it (audited)")) -> None:
-    """Change teams, quotas and policy at runtime (publishes QueueConfigChanged). Validated here first; admission
-    validates again and keeps the old configuration if it refuses the new one. No pending or admitted job is lost."""
-    from shared.config import ConfigError, load_queues
+                 by: str = typer.Option("admin", help="Who is changing it (audited)"),
+                 wait: float = typer.Option(30.0, "--wait", help="Seconds to wait until admission has recorded it as "
+                                                                 "the version in force (0: do not wait)")) -> None:
+    """Change teams, quotas and policy at runtime (publishes QueueConfigChanged: a proposal). Validated here first;
+    admission, the configuration's owner, validates again and records it as the next version, which every service
+    then runs on; it keeps the old configuration if it refuses the new one. No pending or admitted job is lost."""
+    from shared.config import ConfigError, load_queues, queues_document, queues_hash
     from shared.events import QueueConfigChanged
 
     try:
@@ -308,9 +332,41 @@ def apply_queues(file: Path = typer.Argument(..., help="The new queues.yaml"),
         console.print(f"[yellow]warning:[/] {warning}")
 
     client = api()
+    content = queues_hash(config)
     if client is not None:
-        client.call("PUT", "/v1/queues/config", json={"config": config.model_dump(mode="json")})
+        client.call("PUT", "/v1/queues/config", json={"config": queues_document(config)})
     else:
-        asyncio.run(_publish([(QueueConfigChanged(config=config.model_dump(mode="json"), changed_by=by),
+        asyncio.run(_publish([(QueueConfigChanged(config=queues_document(config), changed_by=by),
                                QueueConfigChanged.subject())]))
-    console.print(f"published the configuration of {len(config.queues)} queue(s) from {file}")
+    console.print(f"published the configuration of {len(config.queues)} queue(s) from {file} ({content[:12]})")
+    if wait <= 0:
+        return
+    version = asyncio.run(_in_force_with(content, wait))
+    if version is None:
+        console.print(f"[red]not in force after {wait:g} s[/]: admission has not recorded it (is it running? a "
+                      "refusal is in `gpuq audit`, action config_refused)")
+        raise typer.Exit(1)
+    console.print(version_line(version))
+
+
+async def _in_force_with(content: str, wait_s: float) -> dict[str, Any] | None:
+    """The version in force once its content has this hash (None: not within `wait_s`)."""
+    from services.admission import configmodel
+
+    client = api()
+    deadline = time.monotonic() + wait_s
+    while True:
+        if client is not None:
+            version: dict[str, Any] | None = await asyncio.to_thread(client.call, "GET", "/v1/queues/config")
+        else:
+            conn = await asyncpg.connect(database_url())
+            try:
+                current = await configmodel.in_force(conn)
+            finally:
+                await conn.close()
+            version = _version_body(current)
+        if version is not None and version["hash"] == content:
+            return version
+        if time.monotonic() >= deadline:
+            return None
+        await asyncio.sleep(0.5)

@@ -23,7 +23,7 @@ from shared.busauth import BusAuth
 from shared.clock import Clock, SystemClock
 from shared.config import ClusterConfig, DcgmSettings, QueuesConfig, dcgm_settings
 from shared.db import create_pool
-from shared.health import HealthReport, combine
+from shared.health import CONFIG_STATE_KEY, ConfigInForce, HealthReport, ServiceHealth, combine
 from shared.service import ServiceRuntime, ServiceSpec
 from shared.tracing import EXPORTER_ENV, setup_tracing
 
@@ -141,6 +141,14 @@ def _optional_spec(name: str, settings: StackSettings) -> ServiceSpec | None:
     return spec
 
 
+def _with_config(runtime: ServiceRuntime, report: ServiceHealth) -> ServiceHealth:
+    """The service's report with the queue configuration version it runs on, when it uses queues.yaml (a service that
+    does leaves a callable in its runtime's state once it has loaded it: services/admission/follow.py)."""
+    answer = runtime.state.get(CONFIG_STATE_KEY)
+    config = answer() if callable(answer) else None
+    return report.model_copy(update={"config": config}) if isinstance(config, ConfigInForce) else report
+
+
 class Stack:
     def __init__(self, settings: StackSettings):
         self.settings = settings
@@ -183,7 +191,8 @@ class Stack:
         """The readiness of every service this stack runs, started or not yet (for /healthz and /readyz); the
         services are checked concurrently, so one slow server costs one check timeout, not one per service."""
         runtimes = [*self.runtimes, *([self.starting] if self.starting is not None else [])]
-        reports = await asyncio.gather(*(runtime.health(connections=connections) for runtime in runtimes))
+        reports = [_with_config(runtime, report) for runtime, report in zip(runtimes, await asyncio.gather(
+            *(runtime.health(connections=connections) for runtime in runtimes)), strict=True)]
         warning = self.bus_auth.warning if self.bus_auth is not None else None
         return combine(reports, expected=self.settings.services,
                        warnings={busauth.WARNING_KEY: warning} if warning else None)

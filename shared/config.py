@@ -8,6 +8,8 @@ borrow nothing, preemption enabled for production classes) without refusing the 
 from __future__ import annotations
 
 import csv
+import hashlib
+import json
 import re
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
@@ -772,6 +774,19 @@ def parse_cluster(data: Any, source: str = "<cluster.yaml>") -> ClusterConfig:
 
 def parse_queues(data: Any, source: str = "<queues.yaml>") -> QueuesConfig:
     return _validate(QueuesConfig, data, source)
+
+
+def queues_document(config: QueuesConfig) -> dict[str, Any]:
+    """The configuration as admission stores and publishes it: its normalized JSON form (defaults filled in), so that
+    the same content is the same document whichever file, command or request it came from."""
+    return config.model_dump(mode="json")
+
+
+def queues_hash(config: QueuesConfig) -> str:
+    """The content's identity across versions and services (docs/admission.md, "The configuration in force"):
+    sha256 of the normalized document with sorted keys, in hex."""
+    canonical = json.dumps(queues_document(config), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def load_cluster(path: str | Path) -> ClusterConfig:

@@ -494,9 +494,17 @@ class ExecutorHeartbeat(Payload):
 
 
 class QueueConfigChanged(Payload):
+    """A queues.yaml document. Without `config_version`: a proposed change (`gpuq apply-queues`, the API), which
+    admission, the configuration's one owner, validates and records as the next version unless its content is the
+    version in force. With `config_version` and `config_hash`: admission's publication of a version it recorded; the
+    other services then take the version in force from admission's read model (`admission.v1_config`), never from
+    the event's content (docs/admission.md, "The configuration in force")."""
+
     aggregate, fact = "queue", "config_changed"
     config: dict[str, Any]  # a queues.yaml document, validated by admission before use
     changed_by: str = "admin"
+    config_version: int | None = Field(default=None, ge=1)  # set by admission only: the version it recorded
+    config_hash: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")  # sha256 of the document (queues_hash)
 
 
 class QueueUsageReported(Payload):

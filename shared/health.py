@@ -46,6 +46,23 @@ class ConsumerState(BaseModel):
     stalled: bool
 
 
+# Where a service that uses queues.yaml leaves, in its runtime's `state`, a callable answering the ConfigInForce it
+# runs on (services/stack.py puts it in the service's report).
+CONFIG_STATE_KEY = "config_in_force"
+
+
+class ConfigInForce(BaseModel):
+    """The queue configuration a service runs on (docs/admission.md, "The configuration in force"): admission's
+    version and its content hash, or no version (None) while none is recorded and the service runs on the queues.yaml
+    it read at start; `file_differs` when that file is not the content it runs on (an old pod's ConfigMap in a
+    rolling upgrade, or a new one admission has not recorded yet)."""
+
+    version: int | None
+    hash: str
+    file_differs: bool = False
+    detail: str = ""
+
+
 class ServiceHealth(BaseModel):
     service: str
     # created → migrating → connecting → standby (singletons waiting for the lease) → starting → running →
@@ -58,6 +75,7 @@ class ServiceHealth(BaseModel):
     checks: dict[str, Check]
     consumers: list[ConsumerState] = []
     dead_letters: int = 0  # messages this process dead-lettered since it started
+    config: ConfigInForce | None = None  # the queue configuration it runs on, for services that use queues.yaml
 
 
 class HealthReport(BaseModel):
@@ -83,8 +101,9 @@ def _label(value: str) -> str:
 
 def exposition(report: HealthReport) -> str:
     """The report as Prometheus metrics (text format 0.0.4), served on `/metrics` beside the probes: each service's
-    readiness and dead letters, and each consumer's waiting messages, time since it advanced, and whether it is
-    stalled (an alert on `gpuq_consumer_stalled == 1` names the consumer that /readyz reports)."""
+    readiness, dead letters and queue configuration version (and whether its queues.yaml differs), and each
+    consumer's waiting messages, time since it advanced, and whether it is stalled (an alert on
+    `gpuq_consumer_stalled == 1` names the consumer that /readyz reports)."""
     lines = [
         "# HELP gpuq_service_ready Whether the service is ready (1) or not (0), as /readyz reports it.",
         "# TYPE gpuq_service_ready gauge",
@@ -94,6 +113,17 @@ def exposition(report: HealthReport) -> str:
         *(f'gpuq_dead_letters_total{{service="{_label(name)}"}} {s.dead_letters}'
           for name, s in report.services.items()),
     ]
+    configured = [(name, s.config) for name, s in report.services.items() if s.config is not None]
+    if configured:
+        lines += [
+            "# HELP gpuq_config_version The queue configuration version the service runs on (0: none recorded yet, "
+            "it runs on its queues.yaml).",
+            "# TYPE gpuq_config_version gauge",
+            *(f'gpuq_config_version{{service="{_label(name)}"}} {c.version or 0}' for name, c in configured),
+            "# HELP gpuq_config_file_differs 1 when the service's queues.yaml is not the configuration it runs on.",
+            "# TYPE gpuq_config_file_differs gauge",
+            *(f'gpuq_config_file_differs{{service="{_label(name)}"}} {int(c.file_differs)}' for name, c in configured),
+        ]
     consumers = [(name, c) for name, s in report.services.items() for c in s.consumers]
     for metric, kind, what, value in (
             ("gpuq_consumer_waiting_messages", "gauge",

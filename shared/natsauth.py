@@ -47,8 +47,10 @@ SERVER_SECRET_SUFFIX = "server-auth"  # its Kubernetes Secret: <prefix>server-au
 # What each service publishes (subjects below the namespace), besides its dead letters and audit records. The
 # owner of each fact: nobody else may publish it.
 SERVICE_PUBLISHES: dict[str, tuple[str, ...]] = {
+    # queue.config_changed: the versions of the queue configuration it records (their publication; the services
+    # read the version in force from its read model, whoever published).
     "admission": ("job.rejected", "job.queued", "status.job.pending", "job.admitted", "job.requeued", "job.cancelled",
-                  "preemption.requested"),
+                  "preemption.requested", "queue.config_changed"),
     # job.failed only with exit_reason Lost: the liveness watch's verdict on a job no executor reports.
     "scheduler": ("job.placed", "status.job.pending", "preemption.requested", "job.failed"),
     "preemption": ("job.checkpoint_requested", "job.preempted"),
@@ -67,7 +69,7 @@ SERVICE_PUBLISHES: dict[str, tuple[str, ...]] = {
 # checks this against the services' handlers). Admission instances serving some cohorts add their suffix.
 SERVICE_CONSUMES: dict[str, tuple[str, ...]] = {
     "admission": ("job.>", "queue.>"),
-    "scheduler": ("job.>", "node.>", "utilization.>"),
+    "scheduler": ("job.>", "node.>", "queue.>", "utilization.>"),
     "preemption": ("job.>", "preemption.>", "queue.>"),
     "metering": ("job.>", "queue.>", "utilization.>"),
     "telemetry": ("job.>", "node.>", "queue.>", "utilization.>", "status.>"),
@@ -76,7 +78,7 @@ SERVICE_CONSUMES: dict[str, tuple[str, ...]] = {
     "api": (),
     # The Kubernetes executor also follows waiting jobs' status (its workloads' conditions); its durables are named
     # as the executor's.
-    "kube": ("job.>", "status.>"),
+    "kube": ("job.>", "queue.>", "status.>"),
 }
 # The Kubernetes executor is an executor and also a trusted producer: workloads created in a namespace become that
 # namespace's team's submissions (queues.yaml `namespaces`), deleted ones cancel requests.

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 import asyncpg
 from pydantic import ValidationError
 
-from services.admission import prefetch
+from services.admission import configmodel, prefetch
 from services.admission.core import AdmissionState, AdmittedWorkload, Reason, Workload, approval, governance, identity
 from services.admission.core.limits import Bucket, pending_refusal, rate_refusal
 from services.admission.core.statuses import PendingStatuses, message_text
@@ -45,7 +45,7 @@ from services.scheduler import readmodel
 from services.scheduler.core import ClusterState
 from shared import audit, forked
 from shared.audit import service_actor, team_actor
-from shared.config import ConfigError, QueuesConfig, StopPolicy, TeamPolicy, parse_queues
+from shared.config import ConfigError, QueuesConfig, StopPolicy, TeamPolicy, parse_queues, queues_document, queues_hash
 from shared.domain import JobSpec
 from shared.events import (
     CloudEvent,
@@ -71,6 +71,7 @@ from shared.events import (
     QueueUsageReported,
     utcnow_from,
 )
+from shared.health import CONFIG_STATE_KEY, ConfigInForce
 from shared.leader import lock_key
 from shared.service import Handler, ServiceRuntime, ServiceSpec, Tx
 
@@ -125,12 +126,14 @@ HISTORY_REBUILD_LIMIT = 5000
 RAN_TO_THE_END = ("Succeeded", "DeadlineExceeded")
 # Events every per-cohort instance handles itself (see ServiceSpec.broadcast).
 BROADCAST: frozenset[type[Payload]] = frozenset({QueueConfigChanged, QueueUsageReported})
+FILE_PROPOSER = "file"  # who proposed a version recorded from a queues.yaml read at start
 
 
 class AdmissionService:
     def __init__(self, config: QueuesConfig, eta: EtaFn | None = None, eta_interval_s: float = ETA_INTERVAL_S,
                  cohorts: Iterable[str] | None = None):
         self.initial_config = config
+        self._file_hash = queues_hash(config)
         self.shard = Shard.of(cohorts)  # no cohorts = all cohorts: the single instance of old
         self._config_version: int | None = None  # admission.config version the state was loaded under
         self.state = AdmissionState(config)
@@ -184,19 +187,18 @@ class AdmissionService:
     # ------------------------------------------------------------------ state
 
     async def load(self, runtime: ServiceRuntime) -> None:
-        async with runtime.pool.acquire() as conn, conn.transaction():
-            # Instances of several cohort sets may start together: one records the file's configuration, and
-            # none loads its jobs while a configuration change is being recorded.
-            await conn.execute("SELECT pg_advisory_xact_lock($1)", CONFIG_LOCK)
-            # The file's configuration is recorded once, so that every reader (the CLI, a standby) sees the
-            # configuration in force; later changes arrive as QueueConfigChanged and are recorded too.
-            has_config = await conn.fetchval("SELECT count(*) FROM admission.config")
-            if not has_config:
-                await conn.execute(
-                    "INSERT INTO admission.config(applied_at, document, applied_by) VALUES ($1, $2, 'startup')",
-                    runtime.clock.now(), self.initial_config.model_dump_json(exclude_none=False))
-            await self._rebuild(conn)
-            await self._rebuild_history(conn)
+        async with runtime.transaction() as tx:
+            # Instances of several cohort sets (and a standby taking over) may start together with the same file:
+            # its proposal is judged under the lock, so the same content is one version; and none loads its jobs
+            # while a configuration change is being recorded.
+            await tx.conn.execute("SELECT pg_advisory_xact_lock($1)", CONFIG_LOCK)
+            await _fill_in_hashes(tx.conn)
+            recorded = await self._propose_file(tx)
+            await self._rebuild(tx.conn)
+            await self._rebuild_history(tx.conn)
+            if recorded:
+                await self._cycle_and_count(tx)  # admit what the file's version made room for
+        runtime.state[CONFIG_STATE_KEY] = self.config_report
         if self.shard.cohorts is not None:
             declared = {c.name for c in self.state.config.cohorts}
             unknown = sorted(self.shard.cohorts - declared - {"-"})
@@ -216,6 +218,68 @@ class AdmissionService:
         self._announced.clear()
         self._etas.clear()
         self._version += 1
+
+    async def _propose_file(self, tx: Tx) -> bool:
+        """The queues.yaml this instance started with is a proposed change (a helm upgrade changes the file and
+        restarts the pods). It becomes the next version only if its content is not the version in force and was never
+        recorded before: an earlier version's content is an old pod's file (a rolling upgrade, a restarted old
+        replica) and must not roll the configuration back. The newest distinct file wins; returning to an earlier
+        content is a change made on purpose, with `gpuq apply-queues` or the API. True when it was recorded."""
+        current = await configmodel.in_force(tx.conn)
+        if current is not None and current.hash == self._file_hash:
+            log.info("queues.yaml is the queue configuration in force, %s", current.summary())
+            await self._republish(tx, current)
+            return False
+        earlier = await configmodel.version_of(tx.conn, self._file_hash) if current is not None else None
+        if current is not None and earlier is not None:
+            log.warning("queues.yaml (%s) is version %d's content, older than %s in force: NOT applied (an old file, "
+                        "as an old pod has in a rolling upgrade); admission runs on %s. To return to it, apply it "
+                        "with gpuq apply-queues", self._file_hash[:12], earlier, current.summary(), current.summary())
+            await self._audit_config(tx, "config_file_stale", service_actor("admission"), version=current.version,
+                                     hash=current.hash, file_hash=self._file_hash, file_version=earlier)
+            await self._republish(tx, current)
+            return False
+        version = await self._record_config(tx, self.initial_config, by=FILE_PROPOSER, source="file")
+        await self._audit_config(tx, "config_applied", service_actor("admission"), version=version,
+                                 hash=self._file_hash, source="file", replaced=current.version if current else None,
+                                 warnings=self.initial_config.warnings())
+        return True
+
+    async def _record_config(self, tx: Tx, config: QueuesConfig, *, by: str, source: str,
+                             event_id: str | None = None) -> int:
+        """Record `config` as the next version, and publish it (QueueConfigChanged with its version and hash, in this
+        transaction's outbox): the other services then read it from the read model (services/admission/
+        configmodel.py). The caller holds CONFIG_LOCK exclusively."""
+        document, content = queues_document(config), queues_hash(config)
+        version = int(await tx.conn.fetchval(
+            "INSERT INTO admission.config(applied_at, document, applied_by, event_id, hash, source) "
+            "VALUES ($1, $2, $3, $4, $5, $6) RETURNING version",
+            tx.now, json.dumps(document), by, event_id, content, source))
+        await tx.emit(QueueConfigChanged(config=document, changed_by=by, config_version=version, config_hash=content))
+        log.info("queue configuration version %d (%s) recorded, from %s by %s", version, content[:12], source, by)
+        return version
+
+    async def _republish(self, tx: Tx, current: configmodel.ConfigVersion) -> None:
+        """The version in force, published again at start: a service that started before any version was readable
+        (before admission's first start, or its migration in an upgrade) runs on its file until it hears of one."""
+        await tx.emit(QueueConfigChanged(config=queues_document(current.config), changed_by=current.applied_by,
+                                         config_version=current.version, config_hash=current.hash))
+
+    async def _audit_config(self, tx: Tx, action: str, actor: str, **detail: Any) -> None:
+        """A configuration decision, in admission's own audit table and as an audit record (the audit service)."""
+        kept = {k: v for k, v in detail.items() if v is not None}
+        await tx.conn.execute("INSERT INTO admission.audit(at, actor, action, detail) VALUES ($1, $2, $3, $4)",
+                              tx.now, actor, action, json.dumps(kept))
+        await audit.record(tx, action, actor, **kept)
+
+    def config_report(self) -> ConfigInForce:
+        """The version this instance runs on, for /readyz and gpuq_config_version."""
+        content = queues_hash(self.state.config)
+        differs = content != self._file_hash
+        where = (f"version {self._config_version}" if self._config_version is not None
+                 else "no version recorded yet: queues.yaml")
+        return ConfigInForce(version=self._config_version, hash=content, file_differs=differs,
+                             detail=where + (" (queues.yaml differs)" if differs else ""))
 
     async def _rebuild_history(self, conn: asyncpg.Connection) -> None:
         """At start only (a reload keeps the history in memory): the run times of the most recent finished jobs,
@@ -647,7 +711,18 @@ class AdmissionService:
         await self._cycle_and_count(tx)
 
     async def on_config_changed(self, tx: Tx, event: CloudEvent, payload: QueueConfigChanged) -> None:
+        """A proposed change (gpuq apply-queues, the API): validated once, recorded as the next version unless its
+        content is in force already, published, audited. A publication (with `config_version`: this service's own,
+        or another instance's) is never applied from its content: the table says what is in force."""
         sharded = not self.shard.serves_all
+        if payload.config_version is not None:
+            # A per-cohort instance's `claim` moved it to the configuration in force already (a cycle admits what
+            # that made room for); an all-cohorts instance moves now if another instance recorded it.
+            if sharded:
+                await self._then_cycle(tx, _nothing)
+            elif await tx.conn.fetchval("SELECT max(version) FROM admission.config") != self._config_version:
+                await self._then_cycle(tx, lambda: self._reload_owned(tx.conn))
+            return
         if await _config_event_settled(tx, event, plain_inbox=sharded):
             # Another instance recorded (or refused) it, and this instance already runs under the configuration
             # in force (`claim` moved it there; an all-cohorts instance loaded it at start): never re-apply an
@@ -658,19 +733,25 @@ class AdmissionService:
             config = parse_queues(payload.config, f"QueueConfigChanged {event.id}")
         except (ConfigError, ValidationError) as exc:
             # Refused: the old configuration keeps running; the refusal is audited with its reason.
-            await tx.conn.execute(
-                "INSERT INTO admission.audit(at, actor, action, detail) VALUES ($1, $2, 'config_refused', $3)",
-                tx.now, payload.changed_by, json.dumps({"error": str(exc), "event_id": event.id}))
+            await self._audit_config(tx, "config_refused", payload.changed_by, error=str(exc), event_id=event.id)
             log.error("refused queue configuration change: %s", exc)
+            return
+        content = queues_hash(config)
+        current = await configmodel.in_force(tx.conn)
+        if current is not None and current.hash == content:
+            # The content in force already (a command repeated, a file's content proposed again): no new version.
+            await self._audit_config(tx, "config_unchanged", payload.changed_by, event_id=event.id,
+                                     version=current.version, hash=content)
             return
 
         async def body() -> None:
             reorder = config.policy.duration_ordering != self.state.config.policy.duration_ordering
             messages = self.state.set_config(config)
-            await tx.conn.execute(
-                "INSERT INTO admission.config(applied_at, document, applied_by, event_id) VALUES ($1, $2, $3, $4)",
-                tx.now, json.dumps(payload.config), payload.changed_by, event.id)
-            detail = {"messages": messages, "warnings": config.warnings()}
+            version = await self._record_config(tx, config, by=payload.changed_by, source="change", event_id=event.id)
+            self._config_version = version
+            detail: dict[str, Any] = {"messages": messages, "warnings": config.warnings(), "version": version,
+                                      "hash": content, "source": "change", "event_id": event.id,
+                                      "replaced": current.version if current is not None else None}
             if reorder and not sharded:
                 # duration ordering turned on or off: the jobs take (or drop) their stored predictions
                 self.state = await load_jobs(tx.conn, config, self.shard)
@@ -679,9 +760,7 @@ class AdmissionService:
                 # The messages are about this instance's jobs; a queue may now belong to another instance.
                 detail["cohorts"] = sorted(self.shard.cohorts or ())
                 await self._reload_owned(tx.conn)
-            await tx.conn.execute(
-                "INSERT INTO admission.audit(at, actor, action, detail) VALUES ($1, $2, 'config_applied', $3)",
-                tx.now, payload.changed_by, json.dumps(detail))
+            await self._audit_config(tx, "config_applied", payload.changed_by, **detail)
 
         await self._then_cycle(tx, body)
 
@@ -1015,8 +1094,17 @@ async def _config_event_settled(tx: Tx, event: CloudEvent, *, plain_inbox: bool)
     inbox = "OR EXISTS (SELECT 1 FROM admission.inbox WHERE event_id = $1) " if plain_inbox else ""
     return bool(await tx.conn.fetchval(
         "SELECT EXISTS (SELECT 1 FROM admission.config WHERE event_id = $1) " + inbox +
-        "OR EXISTS (SELECT 1 FROM admission.audit WHERE action = 'config_refused' AND detail->>'event_id' = $1)",
+        "OR EXISTS (SELECT 1 FROM admission.audit WHERE action IN ('config_refused', 'config_unchanged') "
+        "AND detail->>'event_id' = $1)",
         event.id))
+
+
+async def _fill_in_hashes(conn: asyncpg.Connection) -> None:
+    """Versions recorded before hashes were (migration 010) get theirs, so that an earlier version's file is
+    recognised as one. Under CONFIG_LOCK, at start."""
+    for r in await conn.fetch("SELECT version, document FROM admission.config WHERE hash IS NULL ORDER BY version"):
+        content = queues_hash(parse_queues(json.loads(r["document"]), f"admission.config version {r['version']}"))
+        await conn.execute("UPDATE admission.config SET hash = $2 WHERE version = $1", r["version"], content)
 
 
 async def latest_config(conn: asyncpg.Connection,

@@ -33,6 +33,7 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field, ValidationError
 
+from services.admission import configmodel
 from services.admission.app import latest_config, load_state
 from services.admission.core import governance, identity, queue_summaries
 from services.api import readmodel, tokens
@@ -42,7 +43,7 @@ from services.api.tokens import Principal
 from services.metering.core.rollup import Granularity
 from services.telemetry.webhooks import store as webhooks
 from shared import audit
-from shared.config import ConfigError, QueuesConfig, parse_queues
+from shared.config import ConfigError, QueuesConfig, parse_queues, queues_document, queues_hash
 from shared.domain import JobSpec
 from shared.events import (
     MAX_DEPTH,
@@ -260,11 +261,26 @@ def create_app(ctx: ApiContext) -> FastAPI:
             config = parse_queues(body.config, "request body")
         except ConfigError as exc:
             raise HTTPException(422, str(exc)) from None
+        content = queues_hash(config)
         async with ctx.rt().transaction() as tx:
-            event = await tx.emit(QueueConfigChanged(config=config.model_dump(mode="json"), changed_by=who.actor))
+            event = await tx.emit(QueueConfigChanged(config=queues_document(config), changed_by=who.actor))
             await audit.record(tx, "config_change_request", who.actor, event_id=event.id,
-                               queues=[q.name for q in config.queues])
-        return {"event_id": event.id, "warnings": config.warnings()}
+                               queues=[q.name for q in config.queues], hash=content)
+        # A proposal: admission records it as the next version (GET /v1/queues/config shows it by its hash) unless
+        # its content is in force already.
+        return {"event_id": event.id, "hash": content, "warnings": config.warnings()}
+
+    @app.get("/v1/queues/config", summary="The queue configuration in force: version, content hash, when, by whom")
+    async def config_in_force(who: Caller) -> dict[str, Any]:
+        async with ctx.rt().pool.acquire() as conn:
+            current = await configmodel.in_force(conn)
+        if current is None:
+            raise HTTPException(503, "admission has recorded no queue configuration yet")
+        body: dict[str, Any] = {"version": current.version, "hash": current.hash, "applied_at": current.applied_at,
+                                "applied_by": current.applied_by, "source": current.source}
+        if who.admin:
+            body["config"] = queues_document(current.config)
+        return body
 
     @app.get("/v1/report", summary="GPU usage and cost of the token's team (every team for an admin)")
     async def report(who: Caller, by: str = "team", since: str | None = None, until: str | None = None,

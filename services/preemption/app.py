@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import asyncpg
-from pydantic import ValidationError
 
 from services.admission import readmodel as admission_view
+from services.admission.follow import ConfigFollower
 from services.preemption.core import (
     PRIORITY,
     RECLAIM,
@@ -46,12 +46,12 @@ from services.preemption.core import (
     rate_limit_verdict,
     select_victims,
 )
-from services.preemption.store import Snapshot, last_checkpoints, load_config, load_snapshot, run_started
+from services.preemption.store import Snapshot, last_checkpoints, load_snapshot, run_started
 from services.scheduler import readmodel as scheduler_view
 from services.scheduler.readmodel import PlacementFact
 from shared import audit
 from shared.audit import service_actor
-from shared.config import ConfigError, QueuesConfig, StopPolicy, parse_queues
+from shared.config import QueuesConfig, StopPolicy
 from shared.events import (
     CheckpointRequested,
     CloudEvent,
@@ -78,9 +78,14 @@ OPEN_PROTOCOLS = ("SELECT preemption_id, victim, preemptor, reason, victim_place
 
 class PreemptionService:
     def __init__(self, config: QueuesConfig, *, tick_s: float = 0.2):
-        self.initial_config = config
-        self.config = config
+        # The queue configuration is admission's: this service runs on its version in force (services/admission/
+        # follow.py) and keeps no copy; `config` (queues.yaml) serves until admission has recorded a version.
+        self.follower = ConfigFollower("preemption", config)
         self.tick_s = tick_s
+
+    @property
+    def config(self) -> QueuesConfig:
+        return self.follower.config
 
     def spec(self) -> ServiceSpec:
         return ServiceSpec(
@@ -88,26 +93,17 @@ class PreemptionService:
             handlers={PreemptionRequested: self.on_requested, JobCheckpointed: self.on_checkpointed,
                       QueueConfigChanged: self.on_config_changed},
             on_start=self.load, background=(self.deadline_loop,),
-            # Its memory (the queue config) is set from the event alone: applying an event again changes nothing.
+            # Its memory (the version of the queue configuration it runs on) is read from admission's read model
+            # and only moves forward: applying an event again changes nothing.
             optimistic_batches=True,
         )
 
     async def load(self, runtime: ServiceRuntime) -> None:
-        async with runtime.pool.acquire() as conn:
-            if not await conn.fetchval("SELECT count(*) FROM preemption.config"):
-                await conn.execute("INSERT INTO preemption.config(applied_at, document) VALUES ($1, $2)",
-                                   runtime.clock.now(), self.initial_config.model_dump_json())
-            self.config = await load_config(conn, self.initial_config)
+        await self.follower.start(runtime)
 
     async def on_config_changed(self, tx: Tx, event: CloudEvent, payload: QueueConfigChanged) -> None:
-        try:
-            config = parse_queues(payload.config, f"QueueConfigChanged {event.id}")
-        except (ConfigError, ValidationError) as exc:
-            log.error("ignoring an invalid queue configuration (admission refuses it too): %s", exc)
-            return
-        await tx.conn.execute("INSERT INTO preemption.config(applied_at, document) VALUES ($1, $2)",
-                              tx.now, json.dumps(payload.config))
-        self.config = config
+        """Admission published a version: later decisions take it (policy, priority classes, stop policies)."""
+        await self.follower.on_changed(tx, event, payload)
 
     # ------------------------------------------------------------------ open protocols and their owners' facts
 

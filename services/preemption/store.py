@@ -8,17 +8,17 @@ service's own tables.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 
 import asyncpg
 
+from services.admission import configmodel
 from services.preemption.core import RunningJob, priority_of
 from services.scheduler import readmodel
 from services.scheduler.core import ClusterState
 from services.scheduler.readmodel import PlacementFact
-from shared.config import QueuesConfig, parse_queues
+from shared.config import QueuesConfig
 from shared.domain import GpuBinding, JobSpec, NodeSpec
 
 log = logging.getLogger("gpuq.preemption")
@@ -35,11 +35,12 @@ class Snapshot:
 
 
 async def load_config(conn: asyncpg.Connection, fallback: QueuesConfig | None = None) -> QueuesConfig:
-    row = await conn.fetchrow("SELECT document FROM preemption.config ORDER BY version DESC LIMIT 1")
-    if row is not None:
-        return parse_queues(json.loads(row["document"]), "preemption.config")
+    """The queue configuration in force: admission's (its read model; preemption keeps no copy)."""
+    current = await configmodel.in_force(conn)
+    if current is not None:
+        return current.config
     if fallback is None:
-        raise LookupError("the preemption service has no queue configuration recorded yet")
+        raise LookupError("admission has no queue configuration recorded yet")
     return fallback
 
 

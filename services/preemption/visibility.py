@@ -77,7 +77,7 @@ async def preemption_status(conn: asyncpg.Connection, job_id: str, now: float | 
     try:
         config = await load_config(conn)
     except LookupError:
-        return ["preemption: the preemption service has not started yet"]
+        return ["preemption: admission has recorded no queue configuration yet"]
     lines: list[str] = []
     # Whether it runs is the scheduler's fact (its read model), what else became of it admission's.
     if not await scheduler_view.placements(conn, [job_id]):

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 
 import asyncpg
 
+from services.admission.follow import ConfigFollower
 from services.pipeline.core import PlacementBook, WaitingJob, place_ordered, priority_value
 from services.preemption.core import priority_of
 from services.scheduler import held
@@ -44,6 +45,7 @@ from shared.events import (
     NodeInventory,
     PreemptionReason,
     PreemptionRequested,
+    QueueConfigChanged,
     utcnow_from,
 )
 from shared.service import ServiceRuntime, ServiceSpec, Tx
@@ -55,7 +57,9 @@ class SchedulerService:
     def __init__(self, *, backfill: bool = True, strategy: str = "binpack", queues: QueuesConfig | None = None,
                  liveness: LivenessWatch | None = None):
         self.backfill = backfill
-        self.queues = queues  # priority classes: when set, unplaceable jobs may ask for preemption
+        # Priority classes: with a configuration, unplaceable jobs may ask for preemption. It follows admission's
+        # version in force (services/admission/follow.py); `queues` serves until a version is recorded.
+        self.follower = ConfigFollower("scheduler", queues) if queues is not None else None
         self.strategy = strategy
         self.cluster = ClusterState.from_nodes([], strategy=strategy)
         self.runtime: ServiceRuntime | None = None
@@ -78,15 +82,22 @@ class SchedulerService:
                       JobAdmitted: self.on_admitted, JobStarted: self.on_started, JobCompleted: self.on_finished,
                       JobFailed: self.on_finished, JobAttemptFailed: self.on_finished, JobCancelled: self.on_finished,
                       JobPreempted: self.on_finished,
-                      JobRequeued: self.on_requeued, ExecutorHeartbeat: self.liveness.on_heartbeat},
+                      JobRequeued: self.on_requeued, ExecutorHeartbeat: self.liveness.on_heartbeat,
+                      **({QueueConfigChanged: self.on_config_changed} if self.follower is not None else {})},
             on_start=self.load, reload=self._rebuild, background=(self.liveness.loop,), optimistic_batches=True,
             prefetch=held.prefetch_admissions,
         )
 
     # ------------------------------------------------------------------ state
 
+    @property
+    def queues(self) -> QueuesConfig | None:
+        return self.follower.config if self.follower is not None else None
+
     async def load(self, runtime: ServiceRuntime) -> None:
         self.runtime = runtime
+        if self.follower is not None:
+            await self.follower.start(runtime)
         async with runtime.pool.acquire() as conn:
             await self._rebuild(conn)
 
@@ -174,6 +185,19 @@ class SchedulerService:
             self.book.wait(self._waiting_job(payload.spec, payload.flavors, payload.admitted_at.timestamp()))
             self.resume[payload.job_id] = found.resume_from
             self.reasons[payload.job_id] = (found.reason, found.message, found.planned_start)
+
+        await self._then_cycle(tx, body)
+
+    async def on_config_changed(self, tx: Tx, event: CloudEvent, payload: QueueConfigChanged) -> None:
+        """Admission published a version: the waiting and placed jobs take its priority classes (memory rebuilt from
+        the tables, after this batch's held rows are written), then a cycle runs under it."""
+        assert self.follower is not None
+        if not await self.follower.on_changed(tx, event, payload):
+            return
+
+        async def body() -> None:
+            await held.write_held(tx)
+            await self._rebuild(tx.conn)
 
         await self._then_cycle(tx, body)
 

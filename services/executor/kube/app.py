@@ -15,6 +15,7 @@ calls are made inside that unit of work, so a failed call rolls the decision bac
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -27,6 +28,7 @@ import asyncpg
 from lightkube import operators
 
 from services.admission.core import identity
+from services.admission.follow import ConfigFollower
 from services.eta.core.words import eta_words
 from services.executor import fence
 from services.executor.attempts import report_failure
@@ -91,6 +93,7 @@ from shared.events import (
     JobStarted,
     JobSubmitted,
     PreemptionReason,
+    QueueConfigChanged,
     utcnow_from,
 )
 from shared.service import ServiceRuntime, ServiceSpec, Tx
@@ -157,7 +160,9 @@ class KubeExecutor:
         self.scheduler_tables = SchedulerTables()  # placements are checked against the scheduler's table
         self.settings = settings
         self.cfg = settings.kube
-        self.queues = settings.queues
+        # Namespace mappings, governance and priority classes: admission's version in force (services/admission/
+        # follow.py); queues.yaml serves until admission has recorded one.
+        self.follower = ConfigFollower("executor", settings.queues)
         self.api = api
         self.notices = Notices(api)
         self.runtime: ServiceRuntime | None = None
@@ -193,16 +198,45 @@ class KubeExecutor:
                 JobPreempted: self.on_stopped, JobCancelled: self.on_stopped, JobQueued: self.on_status,
                 JobPending: self.on_status, JobAdmitted: self.on_status, JobRejected: self.on_status,
                 JobRequeued: self.on_status, JobCheckpointed: self.on_checkpointed, JobFailed: self.on_lost},
-                lambda: self.runtime),
+                lambda: self.runtime) | {QueueConfigChanged: self.on_config_changed},
             on_start=self.start, background=background,
         )
+
+    @property
+    def queues(self) -> QueuesConfig:
+        return self.follower.config
 
     async def start(self, runtime: ServiceRuntime) -> None:
         self.runtime = runtime
         self.notices.instance = runtime.source
+        await self.follower.start(runtime)
+        self._configure_webhook()
         if self.dcgm is not None:  # the inventory reads the source's verdicts from its first announcement on
             async with runtime.pool.acquire() as conn:
                 await ensure_health_table(conn, runtime.spec.schema)
+
+    # ------------------------------------------------------------------ the queue configuration in force
+
+    async def on_config_changed(self, tx: Tx, event: CloudEvent, payload: QueueConfigChanged) -> None:
+        """Admission published a version: workloads are judged and jobs created under it from now on."""
+        if await self.follower.on_changed(tx, event, payload):
+            self._configure_webhook()
+
+    async def _newer_config(self, tx: Tx) -> bool:
+        """Before refusing what the configuration decides: is a newer version in force than the one this executor
+        runs on? (Its publication travels on another stream than the jobs and workloads it concerns.)"""
+        if not await self.follower.refresh(tx.conn):
+            return False
+        self._configure_webhook()
+        return True
+
+    def _config_words(self) -> str:
+        version = self.follower.version
+        return f"version {version}" if version is not None else "queues.yaml: no version recorded yet"
+
+    def _configure_webhook(self) -> None:
+        if self.webhook is not None and self.webhook.policy.queues is not self.queues:
+            self.webhook.policy = dataclasses.replace(self.webhook.policy, queues=self.queues)
 
     # ------------------------------------------------------------------ the DCGM source (ExecutorView)
 
@@ -374,12 +408,16 @@ class KubeExecutor:
                                 "with suspend: true to queue it in gpuq"))
             return
         result = job_spec(kind, obj, self.queues, self.cfg, user_of_record=self.settings.webhook is not None)
+        if isinstance(result, Refusal) and await self._newer_config(tx):
+            result = job_spec(kind, obj, self.queues, self.cfg, user_of_record=self.settings.webhook is not None)
         if isinstance(result, Refusal):
             await self._refuse(tx, ref, result)
             return
         spec = result
         # What its pods would run, judged as an event-submitted job's are (the webhook judged it too, if it ran).
         refusal = policy_refusal(kind, obj, spec, self.queues)
+        if refusal is not None and await self._newer_config(tx):
+            refusal = policy_refusal(kind, obj, spec, self.queues)
         if refusal is not None:
             await self._refuse(tx, ref, refusal)
             return
@@ -532,6 +570,8 @@ class KubeExecutor:
         placed (gated templates) and running."""
         spec = placed.spec
         mapped = self.queues.team_namespaces(spec.team)
+        if (spec.namespace not in mapped if spec.namespace else not mapped) and await self._newer_config(tx):
+            mapped = self.queues.team_namespaces(spec.team)
         namespace = spec.namespace or next(iter(mapped), None)
         if namespace is None:
             await tx.emit(JobFailed(job_id=spec.job_id, exit_reason=ExitReason.ERROR, finished_at=utcnow_from(tx.now),
@@ -539,12 +579,12 @@ class KubeExecutor:
                                             f"{spec.team} in queues.yaml"))
             return
         if namespace not in mapped:
-            # Admission refuses such a job; this executor creates with its own rights, so it checks again with its
-            # own configuration (a changed or forged one reaching admission does not reach here).
+            # Admission refuses such a job; this executor creates with its own rights, so it checks again with the
+            # version in force it runs on before creating anything.
             await tx.emit(JobFailed(job_id=spec.job_id, exit_reason=ExitReason.ERROR, finished_at=utcnow_from(tx.now),
                                     message=f"namespace {namespace} is not mapped to team {spec.team} in the "
-                                            f"executor's queues.yaml (namespaces: {', '.join(mapped) or 'none'}); "
-                                            "nothing was created"))
+                                            f"queue configuration in force ({self._config_words()}; namespaces: "
+                                            f"{', '.join(mapped) or 'none'}); nothing was created"))
             return
         kind = kind_of("batch/v1", "Job") if len(spec.pod_sets) == 1 else kind_of("jobset.x-k8s.io/v1alpha2", "JobSet")
         assert kind is not None

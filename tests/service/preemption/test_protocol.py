@@ -26,7 +26,7 @@ from services.preemption.visibility import preemptible_in_queue, preemption_stat
 from services.scheduler import readmodel
 from services.scheduler.app import SchedulerService
 from shared.clock import ManualClock
-from shared.config import QueuesConfig, parse_queues
+from shared.config import QueuesConfig, parse_queues, queues_document, queues_hash
 from shared.db import apply_migrations, create_pool
 from shared.domain import CheckpointSpec, JobSpec, NodeSpec, PodSet
 from shared.events import (
@@ -75,8 +75,13 @@ class Harness:
         self.js = self.nc.jetstream()
         # The owner of nodes and placements: the preemption service reads them from the scheduler's read model.
         await self.start_scheduler()
-        # Admission's schema, for its read model of the preemptors (rows written by `admission`).
+        # Admission's schema, for its read models: the preemptors (rows written by `admission`) and the queue
+        # configuration in force, which admission records at its start (the version preemption runs on).
         await apply_migrations(self.pool, "admission", ADMISSION_MIGRATIONS)
+        await self.pool.execute(
+            "INSERT INTO admission.config(applied_at, document, applied_by, hash, source) "
+            "VALUES ($1, $2, 'file', $3, 'file')", self.clock.now(), json.dumps(queues_document(self.queues)),
+            queues_hash(self.queues))
         await self.start()
         return self
 
