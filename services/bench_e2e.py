@@ -268,6 +268,10 @@ class Footprint:
             self.task = None
             await self.sample()
 
+    def cpu_now(self) -> dict[str, float]:
+        """CPU seconds so far of each process and (`postgres-backends`) of the database's backends, as last sampled."""
+        return {**self.cpu, "postgres-backends": sum(self.backend_cpu.values())}
+
     def processes(self) -> dict[str, dict[str, float | None]]:
         return {name: {"cpu_s": round(self.cpu[name], 2) if name in self.cpu else None,
                        "peak_rss_mib": _mib(self.rss_peak.get(name))} for name in self.procs}
@@ -332,6 +336,38 @@ async def _database_figures(db_url: str, start_bytes: int, settle_s: float = 10.
             "tables": {name: {"rows": v["rows"], "mib": _mib(v["bytes"])}
                        for name, v in sorted(per_table.items(), key=lambda kv: -kv[1]["bytes"])},
             "stat_database": counters}
+
+
+async def _stream_messages(js: Any, name: str) -> int:
+    from nats.js.errors import NotFoundError
+
+    try:
+        return int((await js.stream_info(name)).state.messages)
+    except NotFoundError:
+        return 0
+
+
+async def _hold(footprint: Footprint, js: Any, ns: str, seconds: float) -> dict[str, Any]:
+    """The steady load once the jobs are placed and every job event handled: the stack left running for `seconds`
+    with its jobs running, each busy node sending utilisation samples (the simulated executor's, every
+    `--sample-interval` s). The CPU each process used meanwhile, in cores (CPU seconds per second): what a cluster
+    full of running jobs costs between arrivals."""
+    from shared.bus import streams
+
+    utilization = next(s.name for s in streams(ns) if s.name.endswith("_UTILIZATION"))
+    await footprint.sample()
+    before, samples_before, t = footprint.cpu_now(), await _stream_messages(js, utilization), time.perf_counter()
+    await asyncio.sleep(seconds)
+    await footprint.sample()
+    after, elapsed = footprint.cpu_now(), time.perf_counter() - t
+    cores = {name: round((after[name] - before.get(name, after[name])) / elapsed, 3) for name in after}
+    if not footprint.local_postgres:
+        cores.pop("postgres-backends")
+    return {"seconds": round(elapsed, 1), "cores": cores,
+            "services_cores": round(sum(v for k, v in cores.items() if k not in ("nats-server", "postgres-backends")),
+                                    3),
+            # utilisation events published per second meanwhile (one per busy node per sample interval)
+            "utilization_events_per_s": round((await _stream_messages(js, utilization) - samples_before) / elapsed, 1)}
 
 
 async def _stream_figures(js: Any, ns: str) -> dict[str, Any]:
@@ -459,7 +495,7 @@ async def _start_processes(names: list[str], *, nats_url: str, database_url: str
 async def _run(scenario: str, *, nodes: int, queues: int, jobs: int, rate: float, seconds: float, waiting: int,
                duration: float, services: str, attach: bool, timeout: float, progress: Progress,
                layout: str = "one-process", sample_interval: float = DCGM_EXPORTER_INTERVAL_S,
-               timeline: Path | None = None, own_nats: bool = False) -> dict[str, Any]:
+               timeline: Path | None = None, own_nats: bool = False, hold: float = 0.0) -> dict[str, Any]:
     import asyncpg
     import nats
 
@@ -661,6 +697,8 @@ async def _run(scenario: str, *, nodes: int, queues: int, jobs: int, rate: float
                             "gpuq_cpu_ms_per_job_drained": again["gpuq_cpu_ms_per_job"],
                             "postgres_cpu_ms_per_job_drained": again["postgres_cpu_ms_per_job"],
                             "gpuq_cpu_s_drained": again["gpuq_cpu_s"]})
+            if hold > 0 and footprint is not None:
+                out["hold"] = await _hold(footprint, js, ns, hold)
             measured = True
         finally:
             if footprint is not None:
@@ -755,6 +793,10 @@ def bench_e2e(
     timeline: Path | None = typer.Option(None, help="Also write one CSV row per submitted job (seconds from the "
                                          "first submission to its submission, admission and placement) to this "
                                          "file.", dir_okay=False, writable=True),
+    hold: float = typer.Option(0.0, help="Once the jobs are placed and their events handled, leave the stack "
+                               "running this many seconds more, its jobs running, and report each process's CPU "
+                               "meanwhile in cores (`hold`: the steady load of a full cluster). Ignored with "
+                               "--attach.", min=0.0),
     own_nats: bool = typer.Option(False, "--own-nats", help="Start a NATS server of the run's own (the embedded "
                                   "one, with its monitoring endpoint) even when NATS_URL is set, so the report's NATS "
                                   "server figures (CPU, memory, traffic) are the run's alone. Ignored with --attach."),
@@ -777,5 +819,5 @@ def bench_e2e(
                                   waiting=waiting, duration=duration, services=services, attach=attach,
                                   timeout=timeout, progress=progress, layout=layout,
                                   sample_interval=sample_interval, timeline=timeline,
-                                  own_nats=own_nats and not attach))
+                                  own_nats=own_nats and not attach, hold=0.0 if attach else hold))
     typer.echo(json.dumps(result))

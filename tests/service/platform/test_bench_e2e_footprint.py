@@ -25,7 +25,7 @@ async def test_a_small_run_reports_its_footprint(servers: Servers, monkeypatch: 
     with Progress(disable=True) as progress:
         out = await _run("burst", nodes=NODES, queues=2, jobs=JOBS, rate=0.0, seconds=0.0, waiting=0, duration=0.0,
                          services=",".join(SERVICES), attach=False, timeout=120.0, progress=progress,
-                         layout="processes", own_nats=True)
+                         layout="processes", own_nats=True, hold=2.0, sample_interval=0.2)
     assert out["placed"] == JOBS
     sizing = out["sizing"]
 
@@ -63,3 +63,11 @@ async def test_a_small_run_reports_its_footprint(servers: Servers, monkeypatch: 
     assert server is not None
     assert server["cpu_s"] > 0 and server["peak_rss_mib"] > 0 and server["rss_mib"] > 0
     assert server["in_msgs"] >= JOBS and server["jetstream_store_mib"] > 0
+
+    # the hold after the burst: each process's CPU meanwhile, in cores (how much is the machine's business: only
+    # that every process is there and none went backwards)
+    hold = out["hold"]
+    assert set(hold["cores"]) == {*SERVICES, "nats-server", "postgres-backends"}
+    assert all(v >= 0 for v in hold["cores"].values())
+    assert hold["services_cores"] == pytest.approx(sum(hold["cores"][s] for s in SERVICES), abs=0.01)
+    assert hold["seconds"] >= 2.0 and hold["utilization_events_per_s"] >= 0
