@@ -613,7 +613,9 @@ class TelemetryState:
             if rec.holds_gpus:
                 for node, _ in rec.gpus:
                     held[node] += 1
-        return {name: max(0, r.node.gpus - held.get(name, 0)) for name, r in sorted(self.nodes.items())}
+        # what pods gpuq does not manage hold is not free to gpuq either (the scheduler places nothing there)
+        return {name: max(0, r.node.gpus - held.get(name, 0) - r.node.held.gpus)
+                for name, r in sorted(self.nodes.items())}
 
     def _capacity_gauges(self, g: Gauges) -> None:
         free = self._free_by_node()
@@ -628,11 +630,17 @@ class TelemetryState:
                 g["gpuq_node_degraded"][labels(node=node.name, pool=rec.pool, gpu_model=node.gpu_model,
                                                reason=rec.reason or UNKNOWN)] = 1
             # Keep the pool's series present at zero so dashboards show 0 rather than "no data".
-            for name in ("gpuq_gpus_capacity", "gpuq_gpus_free", "gpuq_gpus_fragmented"):
+            for name in ("gpuq_gpus_capacity", "gpuq_gpus_free", "gpuq_gpus_fragmented", "gpuq_gpus_held_outside"):
                 g[name][key] += 0
+            where = labels(node=node.name, pool=rec.pool, gpu_model=node.gpu_model)
+            if node.held.gpus:
+                g["gpuq_node_gpus_held_outside"][where] = node.held.gpus
+            if node.held.mig_slices:
+                g["gpuq_node_mig_slices_held_outside"][where] = node.held.mig_slices
             if node.health is not NodeHealth.READY:
                 continue
             g["gpuq_gpus_capacity"][key] += node.gpus
+            g["gpuq_gpus_held_outside"][key] += min(node.gpus, node.held.gpus)
             g["gpuq_gpus_free"][key] += free[node.name]
             g["gpuq_gpus_fragmented"][key] += fragmented.get(node.name, 0)
 

@@ -15,7 +15,7 @@ import pytest
 
 from services.telemetry.app import TelemetryService
 from shared.config import parse_queues
-from shared.domain import NodeHealth
+from shared.domain import NodeHealth, NodeUsage
 from shared.events import (
     ExitReason,
     GpuSample,
@@ -45,7 +45,7 @@ KEY_PANELS = {
     "gpuq-platform": {"Pending jobs by queue", "Running jobs by queue", "GPU allocation by pool",
                       "Free and fragmented GPUs", "Allocated vs used GPUs", "Idle allocated GPUs (< 5% now)",
                       "Nodes by health", "Guaranteed quota vs ready capacity", "Admission wait p95 by queue",
-                      "Preemptions by queue and reason", "GPU memory used by pool"},
+                      "Preemptions by queue and reason", "GPU memory used by pool", "GPUs held outside gpuq"},
     "gpuq-managers": {"GPU-hours by team", "Cost by team", "GPU-hours by feature", "Cost by feature",
                       "Idle allocated GPU-hours by team", "GPU efficiency by team", "GPU-hours lost to preemption"},
 }
@@ -66,7 +66,9 @@ def dt(ts: float) -> datetime:
 
 
 def stream_phase1(now: float) -> list[Payload]:
-    nodes = (node("h0"), node("h1"), node("h2", health=NodeHealth.FAILED), node("i0", model="L4", pool="inference"))
+    # h1: an inference pod gpuq does not manage holds 4 of its GPUs (what the executor announces on Kubernetes)
+    held = node("h1").model_copy(update={"held": NodeUsage(gpus=4, pods=1)})
+    nodes = (node("h0"), held, node("h2", health=NodeHealth.FAILED), node("i0", model="L4", pool="inference"))
     running = spec("train-1", team="team-a", gpus_per_pod=4, feature="llm")
     idle = spec("stuck-1", team="team-b", gpus_per_pod=2, feature="vision")
     waiting = spec("big-1", team="team-a", pods=2, gpus_per_pod=8, models=("H100",), feature="llm")

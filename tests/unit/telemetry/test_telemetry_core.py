@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from services.telemetry.core.names import METRICS
 from services.telemetry.core.state import Observation, TelemetryState, labels
 from shared.config import parse_queues
-from shared.domain import NodeHealth
+from shared.domain import NodeHealth, NodeUsage
 from shared.events import (
     ExitReason,
     JobAdmitted,
@@ -20,6 +20,7 @@ from shared.events import (
     JobQueued,
     JobRequeued,
     JobSubmitted,
+    NodeChanged,
     Payload,
 )
 from tests.unit.telemetry.telemetry_builders import T0, at, checkpointed, inventory, life, node, preempted, sample, spec
@@ -146,6 +147,25 @@ def test_stale_samples_stop_reporting_and_unhealthy_nodes_leave_capacity() -> No
     g = s.gauges(T0)
     assert g["gpuq_gpus_capacity"][labels(pool="training", gpu_model="H100")] == 8
     assert g["gpuq_nodes"][labels(pool="training", gpu_model="H100", health="failed")] == 1
+
+
+def test_gpus_held_outside_gpuq_are_reported_per_node_and_pool_and_are_not_free() -> None:
+    """Pods gpuq does not manage hold 6 GPUs of n1 and 2 MIG slices of n2 (NodeSpec.held, from the executor's
+    NodeInventory / NodeChanged): per node, per pool, and not free; when they go, the node's series goes too."""
+    s = TelemetryState()
+    held = node("n1").model_copy(update={"held": NodeUsage(gpus=6, pods=1)})
+    mig = node("n2").model_copy(update={"held": NodeUsage(mig_slices=2, pods=2)})
+    s.apply(inventory(held, mig, node("n3", model="A100")), T0)
+    g = s.gauges(T0)
+    h100, a100 = labels(pool="training", gpu_model="H100"), labels(pool="training", gpu_model="A100")
+    assert g["gpuq_node_gpus_held_outside"] == {labels(node="n1", pool="training", gpu_model="H100"): 6}
+    assert g["gpuq_node_mig_slices_held_outside"] == {labels(node="n2", pool="training", gpu_model="H100"): 2}
+    assert g["gpuq_gpus_held_outside"] == {h100: 6, a100: 0}
+    assert g["gpuq_gpus_capacity"][h100] == 16 and g["gpuq_gpus_free"][h100] == 10
+    s.apply(NodeChanged(node=node("n1"), reason="PodsChanged"), T0 + 1)
+    g = s.gauges(T0 + 1)
+    assert "gpuq_node_gpus_held_outside" not in g and g["gpuq_gpus_held_outside"][h100] == 0
+    assert g["gpuq_gpus_free"][h100] == 16
 
 
 def test_queue_config_sets_guarantees_and_prices() -> None:
