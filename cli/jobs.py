@@ -204,6 +204,9 @@ def queues(output: str = typer.Option("table", "--format", help="table or json")
         _print_queues([QueueSummary(**q) for q in client.call("GET", "/v1/queues")], output)
         if output != "json":
             console.print(version_line(client.call("GET", "/v1/queues/config")))
+            line = client.call("GET", "/v1/queues/held").get("line")
+            if line:
+                console.print(line)
         return
     from services.admission import configmodel
     from services.admission.app import load_state
@@ -250,17 +253,12 @@ def version_line(version: dict[str, Any]) -> str:
 
 def held_lines(nodes: list[NodeSpec]) -> list[str]:
     """What pods gpuq does not manage hold on its nodes (another scheduler's, a DaemonSet's, an inference
-    Deployment's): GPUs gpuq does not place onto, which no queue's quota can use. Nothing when they hold none."""
-    holding = [n for n in nodes if n.held.gpus or n.held.mig_slices]
-    if not holding:
-        return []
-    gpus = sum(n.held.gpus for n in holding)
-    slices = sum(n.held.mig_slices for n in holding)
-    what = f"{gpus} GPU(s)" + (f" and {slices} MIG slice(s)" if slices else "")
-    per_node = ", ".join(f"{n.name} {n.held.gpus}×{n.gpu_model}" + (f" +{n.held.mig_slices} slices"
-                                                                     if n.held.mig_slices else "")
-                         for n in sorted(holding, key=lambda n: n.name))
-    return [f"held outside gpuq: {what} on {len(holding)} node(s) ({per_node})"]
+    Deployment's): GPUs gpuq does not place onto, which no queue's quota can use. Nothing when they hold none. The
+    words are the scheduler read model's, which GET /v1/queues/held answers too."""
+    from services.scheduler.readmodel import held_outside
+
+    line = held_outside(nodes)["line"]
+    return [str(line)] if line else []
 
 
 def _print_queues(summaries: list[QueueSummary], output: str) -> None:

@@ -41,6 +41,7 @@ from services.api.kubeauth import NoTeam, ReviewUnavailable, TokenReviewer, Toke
 from services.api.limits import BodyLimit, max_body_bytes_from_env
 from services.api.tokens import Principal
 from services.metering.core.rollup import Granularity
+from services.scheduler import readmodel as scheduler_view
 from services.telemetry.webhooks import store as webhooks
 from shared import audit
 from shared.config import ConfigError, QueuesConfig, parse_queues, queues_document, queues_hash
@@ -253,6 +254,13 @@ def create_app(ctx: ApiContext) -> FastAPI:
             except (LookupError, asyncpg.UndefinedTableError):
                 raise HTTPException(503, "admission has no state yet") from None
         return [dict(s.__dict__) for s in queue_summaries(state, time.time())]
+
+    @app.get("/v1/queues/held", summary="GPUs pods gpuq does not manage hold on its nodes (what gpuq queues prints)")
+    async def held(who: Caller) -> dict[str, Any]:
+        # beside /v1/queues, whose list body its clients read as is: the line `gpuq queues` prints under the table,
+        # from the scheduler's node facts (services/scheduler/readmodel.py, `held_outside`)
+        async with ctx.rt().pool.acquire() as conn:
+            return scheduler_view.held_outside(await scheduler_view.nodes(conn))
 
     @app.put("/v1/queues/config", status_code=202, summary="Change teams, quotas and policy (admin)")
     async def apply_queues(who: Caller, body: ConfigBody) -> dict[str, Any]:

@@ -135,6 +135,24 @@ async def nodes(conn: Conn) -> list[NodeSpec]:
     return [f.spec for f in await node_facts(conn)]
 
 
+def held_outside(nodes: Iterable[NodeSpec]) -> dict[str, object]:
+    """What pods gpuq does not manage hold on its nodes (another scheduler's, a DaemonSet's, an inference
+    Deployment's): GPUs gpuq does not place onto, which no queue's quota can use. `gpuq queues` prints its `line`
+    (None when they hold none) and GET /v1/queues/held answers it whole."""
+    holding = sorted((n for n in nodes if n.held.gpus or n.held.mig_slices), key=lambda n: n.name)
+    gpus = sum(n.held.gpus for n in holding)
+    slices = sum(n.held.mig_slices for n in holding)
+    line = None
+    if holding:
+        what = f"{gpus} GPU(s)" + (f" and {slices} MIG slice(s)" if slices else "")
+        per_node = ", ".join(f"{n.name} {n.held.gpus}×{n.gpu_model}"
+                             + (f" +{n.held.mig_slices} slices" if n.held.mig_slices else "") for n in holding)
+        line = f"held outside gpuq: {what} on {len(holding)} node(s) ({per_node})"
+    return {"gpus": gpus, "mig_slices": slices, "line": line,
+            "nodes": [{"node": n.name, "gpu_model": n.gpu_model, "gpus": n.held.gpus, "mig_slices": n.held.mig_slices,
+                       "pods": n.held.pods} for n in holding]}
+
+
 async def placements(conn: Conn, job_ids: Iterable[str] | None = None) -> list[PlacementFact]:
     """Every job holding GPUs now (or those of `job_ids` that do), in placement order (placed_at, job_id)."""
     return placements_of(await placement_rows(conn, job_ids))

@@ -10,11 +10,15 @@ from __future__ import annotations
 from typing import Any
 
 import asyncpg
+import httpx
 
 from cli.jobs import held_lines
+from services.api import tokens
 from services.executor.kube.client import POD
 from services.scheduler import readmodel
+from services.stack import Stack, StackSettings
 from shared.config import parse_queues
+from shared.servers import free_port
 from tests.kube_support import H100, bus_events, eventually, kube_cluster, kube_stack, workload_events
 from tests.service.kube.test_kube_placement_rules import job
 
@@ -108,10 +112,46 @@ async def _gpus_held(nats_url: str, node: str, gpus: int) -> dict[str, Any] | No
     return held if held is not None and held["gpus"] == gpus else None
 
 
-async def _held_lines(database_url: str) -> list[str] | None:
+async def test_the_api_gives_the_held_line_gpuq_queues_prints(fresh: tuple[str, str], kube_api: Any) -> None:
+    """GET /v1/queues/held: what pods gpuq does not manage hold, per node and in all, with the very line `gpuq queues`
+    prints from the database (the CLI prints the API's when it talks to one), to any team's token."""
+    nats_url, database_url = fresh
+    for name in ("n1", "n2"):
+        kube_api.fake.add_node(name, gpus=8, gpu_product=H100)
+    for ns in (NS, "inference"):
+        await kube_api.create_namespace(ns)
+    client = kube_api.client()
+    await client.create(foreign_pod("llm-0", "inference", owner="ReplicaSet/llm", gpus=3, node="n2"))
+    port = free_port()
+    settings = StackSettings(nats_url=nats_url, database_url=database_url, queues=QUEUES, cluster=kube_cluster(),
+                             services=("admission", "scheduler", "executor", "api"), executor="kube",
+                             kubeconfig=kube_api.kubeconfig, api_port=port)
+    async with kube_api.autopilot(), Stack(settings), \
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+        conn = await asyncpg.connect(database_url)
+        try:
+            token = (await tokens.issue(conn, "alice", team="team-a")).token
+        finally:
+            await conn.close()
+
+        async def answered() -> dict[str, Any] | None:
+            try:
+                r = await http.get("/v1/queues/held", headers={"Authorization": f"Bearer {token}"})
+            except httpx.HTTPError:
+                return None
+            return r.json() if r.status_code == 200 and r.json()["gpus"] == 3 else None
+
+        body = await eventually("the API's held GPUs", answered)
+        lines = await eventually("gpuq queues", lambda: _held_lines(database_url, "3 GPU(s)"))
+    assert body == {"gpus": 3, "mig_slices": 0, "line": "held outside gpuq: 3 GPU(s) on 1 node(s) (n2 3×H100-80GB)",
+                    "nodes": [{"node": "n2", "gpu_model": "H100-80GB", "gpus": 3, "mig_slices": 0, "pods": 1}]}
+    assert lines == [body["line"]]
+
+
+async def _held_lines(database_url: str, what: str = "12 GPU(s)") -> list[str] | None:
     conn = await asyncpg.connect(database_url)
     try:
         lines = held_lines(await readmodel.nodes(conn))
     finally:
         await conn.close()
-    return lines if lines and "12 GPU(s)" in lines[0] else None
+    return lines if lines and what in lines[0] else None
