@@ -16,11 +16,13 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import httpx
+import nats
 import yaml
 from click.testing import Result
 from typer.testing import CliRunner
@@ -29,8 +31,10 @@ from cli.main import app
 from services.api import tokens
 from services.stack import Stack, StackSettings
 from shared.config import parse_queues, queues_hash
+from shared.events import QueueConfigChanged, make_event
 from shared.health import exposition
 from shared.servers import free_port
+from shared.service import publish_event
 from tests.kube_support import H100, bus_events, eventually, kube_cluster
 
 NS_A, NS_A2 = "ml-team-a", "ml-team-a2"
@@ -191,12 +195,32 @@ async def test_a_change_through_the_api_and_through_gpuq_apply_queues_reaches_ev
         shown_queues = await gpuq(direct, "queues")
         assert shown_queues.exit_code == 0, shown_queues.output
         assert "H100-80GB:32" in shown_queues.stdout and "configuration: version 3" in shown_queues.stdout
+        through_api = await gpuq({"GPUQ_API_URL": str(http.base_url).rstrip("/"), "GPUQ_TOKEN": issued["a"],
+                                  "DATABASE_URL": ""}, "queues")
+        assert through_api.exit_code == 0, through_api.output
+        assert "configuration: version 3" in through_api.stdout and "by alice" in through_api.stdout
 
         # The same content again is no new version, and says so in the audit trail.
         again = await gpuq(direct, "apply-queues", str(tmp_path / "queues.yaml"), "--wait", "60")
         assert again.exit_code == 0 and "configuration: version 3" in again.stdout, again.output
         await eventually("the repeat audited", lambda: audited(database_url, "config_unchanged"))
         assert [v for v, _, _ in await recorded(database_url)] == [1, 2, 3]
+
+        # A forged publication (a version admission never recorded, a wider document) moves nobody: every service
+        # handles it (its inbox row) and still runs on version 3, which it reads from admission's table.
+        forged = make_event(QueueConfigChanged(config=queues_doc(800, NS_A, NS_A2, "kube-system"), changed_by="eve",
+                                               config_version=99, config_hash="0" * 64), source="eve",
+                            time=datetime.now(UTC))
+        nc = await nats.connect(nats_url)
+        try:
+            await publish_event(nc.jetstream(), forged, QueueConfigChanged.subject())
+        finally:
+            await nc.close()
+        await eventually("every service handled the forged publication", lambda: _handled(database_url, forged.id))
+        assert await all_on(stack, 3) and [v for v, _, _ in await recorded(database_url)] == [1, 2, 3]
+        await submit(http, issued["a"], "a5")
+        await eventually("a5 waiting: version 3's 32 GPUs are held", lambda: statuses_are(database_url,
+                                                                                        {"a5": "pending"}))
 
         # Each change audited once, by admission, with its version and hash and who proposed it.
         applied_records = await eventually("three versions audited",
@@ -253,6 +277,15 @@ async def test_a_changed_file_at_restart_is_applied_everywhere_and_an_old_one_ro
         assert "H100-80GB:24" in shown.stdout and "configuration: version 2" in shown.stdout, shown.stdout
     assert [(r["version"], r["source"]) for r in await audited(database_url, "config_applied")] == [
         (1, "file"), (2, "file")]
+
+
+async def _handled(database_url: str, event_id: str) -> bool:
+    conn = await asyncpg.connect(database_url)
+    try:
+        return all([await conn.fetchval(f"SELECT EXISTS (SELECT 1 FROM {schema}.inbox WHERE event_id LIKE $1)",
+                                        event_id + "%") for schema in FOLLOWING])
+    finally:
+        await conn.close()
 
 
 async def _at_least(rows: Any, n: int) -> list[dict[str, Any]] | None:

@@ -114,3 +114,17 @@ def test_preemption_consumes_no_placement_and_no_job_event_but_the_checkpoint() 
     jobs = [plan for plan in consumer_plan(spec.handlers) if plan.stream.name.endswith("_JOBS")]
     assert [plan.filters(multi_filter) for plan in jobs for multi_filter in (False, True)] == \
         [(JobCheckpointed.subscription(),)] * 2
+
+
+# ---------------------------------------------------------------------- the queue configuration: admission
+
+def test_only_admission_records_the_queue_configuration() -> None:
+    """The configuration in force and its versions are admission's (docs/admission.md, "The configuration in
+    force"): other services read its read model, none keeps a copy. (Fails on the code before: preemption recorded
+    the file at its first start and every QueueConfigChanged in preemption.config, and kept running on that copy
+    after a helm upgrade changed the file.)"""
+    writes = re.compile(r"(?:INSERT\s+INTO|UPDATE)\s+([a-z_]+)\.config\b", re.I)
+    writers = {(path.relative_to(ROOT).as_posix(), m[1]) for path in sorted((ROOT / "services").rglob("*.py"))
+               for m in writes.finditer(path.read_text())}
+    assert {schema for _, schema in writers} == {"admission"}, sorted(writers)
+    assert {path for path, _ in writers} == {"services/admission/app.py"}
