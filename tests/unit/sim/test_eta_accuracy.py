@@ -23,8 +23,8 @@ from services.eta.core import (
 from services.pipeline.core.predict import JobKey
 from services.scheduler.core import ClusterState, PendingJob, schedule_cycle
 from sim.engine import Engine
-from sim.loaders import queues_for_teams
 from sim.eta_accuracy import EtaTracked, eta_metrics
+from sim.loaders import queues_for_teams
 from sim.run import make_policy
 
 from .conftest import job, nodes, trace
