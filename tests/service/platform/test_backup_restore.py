@@ -6,12 +6,15 @@ docs/install.md, "Backups and restore"."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import shutil
 import subprocess
+import sys
+from collections import Counter
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import asyncpg
@@ -19,6 +22,7 @@ import nats
 import pytest
 
 from services.stack import Stack, StackSettings
+from shared.bus import stream_for_subject
 from shared.clock import ScaledClock
 from shared.config import parse_cluster, parse_queues
 from shared.domain import JobSpec, PodSet
@@ -159,3 +163,152 @@ async def test_a_pg_dump_of_gpuqs_schemas_restored_into_a_fresh_database_serves_
             with pytest.raises(asyncpg.RaiseError, match="append-only"):
                 await conn.execute("DELETE FROM audit.records WHERE job_id = 'before-1'")
             assert await conn.fetchval("SELECT count(*) FROM audit.partitions") >= 1
+
+
+# The reconciliation after a restore: a cluster with room for every job at once, so that what runs when is decided by
+# the test, not by the queue.
+WIDE = parse_cluster({"node_groups": [
+    {"name": "a100", "count": 6, "gpus_per_node": 8, "gpu_model": "A100-80GB", "cpu_milli": 96000,
+     "memory_mib": 1048576, "nodes_per_rack": 2},
+]})
+WIDE_QUEUES = parse_queues({
+    "priority_classes": [{"name": "normal", "value": 100, "preemptible": True}],
+    "queues": [{"name": "team-a", "teams": ["team-a"], "quotas": {"A100-80GB": {"nominal": 48}}}],
+    "gpu_flavors": {"A100-80GB": {"cost_per_gpu_hour": 2.0}},
+})
+# The job events each job carries once on the bus from the restart on, by what it was at the backup's moment.
+AFTER_RESTART = {
+    "inflight": ("io.gpuq.job.completed.v1",),  # running at the backup: the restored run ends, once
+    "after": ("io.gpuq.job.admitted.v1", "io.gpuq.job.placed.v1", "io.gpuq.job.started.v1",
+              "io.gpuq.job.completed.v1"),  # submitted after it, handled by the lost database: again, once
+    "down": ("io.gpuq.job.admitted.v1", "io.gpuq.job.placed.v1", "io.gpuq.job.started.v1",
+             "io.gpuq.job.completed.v1"),  # submitted while the platform was down: once
+    "before": (),  # done before the backup: nothing
+}
+JOB_TYPES = ("io.gpuq.job.admitted.v1", "io.gpuq.job.placed.v1", "io.gpuq.job.started.v1", "io.gpuq.job.completed.v1",
+             "io.gpuq.job.failed.v1", "io.gpuq.job.rejected.v1", "io.gpuq.job.preempted.v1")
+
+
+async def publish_jobs(nats_url: str, durations: dict[str, int]) -> None:
+    nc = await nats.connect(nats_url)
+    try:
+        for job_id, duration_s in durations.items():
+            spec = JobSpec(job_id=job_id, team="team-a", queue="team-a", pod_sets=(PodSet(count=1, gpus_per_pod=8),),
+                           max_runtime_s=7200, labels={"sim.gpuq.io/duration-s": str(duration_s)})
+            await publish_event(nc.jetstream(), make_event(JobSubmitted(spec=spec, submitted_at=T0), source="test",
+                                                           time=T0), JobSubmitted.scoped_subject("team-a"))
+    finally:
+        await nc.close()
+
+
+async def wait_until(url: str, query: str, ids: list[str], timeout_s: float = 120.0) -> None:
+    """Until `query` (with $1 the ids) counts every one of `ids`."""
+    conn = await asyncpg.connect(url)
+    try:
+        for _ in range(int(timeout_s * 10)):
+            if await conn.fetchval(query, ids) == len(ids):
+                return
+            await asyncio.sleep(0.1)
+    finally:
+        await conn.close()
+    raise AssertionError(f"not every one of {ids}: {query}")
+
+
+async def jobs_stream_events(nats_url: str, from_seq: int) -> list[dict[str, object]]:
+    """The JOBS stream's events from sequence `from_seq` on."""
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        name = stream_for_subject(JobSubmitted.subject()).name
+        last = (await js.stream_info(name)).state.last_seq
+        return [json.loads((await js.get_msg(name, seq)).data or b"{}") for seq in range(from_seq, last + 1)]
+    finally:
+        await nc.close()
+
+
+async def jobs_stream_last_seq(nats_url: str) -> int:
+    nc = await nats.connect(nats_url)
+    try:
+        return int((await nc.jetstream().stream_info(stream_for_subject(JobSubmitted.subject()).name)).state.last_seq)
+    finally:
+        await nc.close()
+
+
+RUNNING = "SELECT count(*) FROM executor.runs WHERE status = 'running' AND job_id = ANY($1::text[])"
+COMPLETED = "SELECT count(*) FROM executor.runs WHERE status = 'completed' AND job_id = ANY($1::text[])"
+
+
+async def test_after_a_restore_the_platform_replays_the_requests_the_backup_missed_and_handles_each_job_once(
+        fresh: tuple[str, str], make_database: Callable[[str], Awaitable[str]], tmp_path: Path) -> None:
+    """A backup taken while jobs run; after it, jobs are submitted and run, and the ones running end, all recorded
+    only in the database then lost; more are submitted while the platform is down. Restored from the backup and
+    restarted on the same bus, after `gpuq replay-requests --since <the backup's moment>`: every job ends exactly
+    once in the restored platform, those the lost database had handled after the backup included."""
+    nats_url, database_url = fresh
+    conn = await asyncpg.connect(database_url)
+    server_major = int(await conn.fetchval("SHOW server_version_num")) // 10_000
+    await conn.close()
+    pg_dump, pg_restore = pg_tool("pg_dump", server_major), pg_tool("pg_restore", server_major)
+    clock = ScaledClock(100.0)  # one clock for both runs: the restored platform's time goes on from the first's
+
+    def settings(url: str) -> StackSettings:
+        return StackSettings(nats_url=nats_url, database_url=url, queues=WIDE_QUEUES, cluster=WIDE,
+                             services=SERVICES, clock=clock)
+
+    groups = {"before": ["b-1", "b-2"], "inflight": ["i-1", "i-2"], "after": ["a-1", "a-2"], "down": ["d-1"]}
+    dump = tmp_path / "gpuq.dump"
+    # Where the replay starts: the backup's moment minus a margin, here one that reaches back past every job, so that
+    # requests the backup holds are replayed too (and recognised, not handled again).
+    since = datetime.now(UTC) - timedelta(seconds=1)
+    async with Stack(settings(database_url)) as stack:
+        await publish_jobs(nats_url, dict.fromkeys(groups["before"], 60))
+        await wait_until(database_url, COMPLETED, groups["before"])
+        await publish_jobs(nats_url, dict.fromkeys(groups["inflight"], 1200))  # 12 s here
+        await wait_until(database_url, RUNNING, groups["inflight"])
+        # The backup, while they run (one consistent snapshot).
+        res = await asyncio.to_thread(
+            subprocess.run, [str(pg_dump), "--format=custom", "--file", str(dump),
+                             *(f"--schema={s}" for s in GPUQ_SCHEMAS), database_url],
+            capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr
+        await publish_jobs(nats_url, dict.fromkeys(groups["after"], 60))
+        await wait_until(database_url, COMPLETED, groups["after"] + groups["inflight"])
+        assert stack.pool is not None
+    # The database is lost here. Jobs are submitted while the platform is down.
+    await publish_jobs(nats_url, dict.fromkeys(groups["down"], 60))
+    restored_url = await make_database("reconciled")
+    res = await asyncio.to_thread(
+        subprocess.run, [str(pg_restore), "--no-owner", "--exit-on-error", "--single-transaction",
+                         "--dbname", restored_url, str(dump)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    restart_seq = await jobs_stream_last_seq(nats_url) + 1
+
+    # The replay, before the services start on the restored database (it needs no service).
+    replay = await asyncio.to_thread(
+        subprocess.run, [str(Path(sys.executable).parent / "gpuq"), "replay-requests", "--since", since.isoformat()],
+        env={**os.environ, "NATS_URL": nats_url, "DATABASE_URL": restored_url}, capture_output=True, text=True,
+        timeout=120)
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    async with Stack(settings(restored_url)) as stack:
+        every = [j for ids in groups.values() for j in ids]
+        await wait_until(restored_url, COMPLETED, every)
+        await wait_until(restored_url, "SELECT count(*) FROM admission.jobs WHERE status = 'finished' "
+                                       "AND job_id = ANY($1::text[])", every)
+        await wait_until(restored_url, "SELECT count(DISTINCT job_id) FROM metering.job_facts WHERE kind = 'completed' "
+                                       "AND job_id = ANY($1::text[])", every)
+        assert stack.pool is not None
+        async with stack.pool.acquire() as conn:
+            assert dict(await conn.fetch("SELECT job_id, status FROM admission.jobs")) == dict.fromkeys(every,
+                                                                                                        "finished")
+            facts = await conn.fetch("SELECT job_id, count(*) AS n FROM metering.job_facts WHERE kind = 'completed' "
+                                     "GROUP BY job_id")
+            assert {r["job_id"]: r["n"] for r in facts} == dict.fromkeys(every, 1)
+            for schema in SERVICES:
+                assert await conn.fetchval(f"SELECT count(*) FROM {schema}.dead_letters") == 0, schema
+    # What the restored platform decided, on the bus: each job's remaining steps once, nothing twice.
+    counts = Counter((str(e["type"]), str(e["subject"])) for e in await jobs_stream_events(nats_url, restart_seq)
+                     if e["type"] in JOB_TYPES)
+    want = Counter({(t, j): 1 for group, ids in groups.items() for j in ids for t in AFTER_RESTART[group]})
+    assert counts == want
+    assert "7 JobSubmitted" in replay.stdout and "republished" in replay.stdout, replay.stdout
+    assert "warning" not in replay.stdout, replay.stdout
