@@ -20,6 +20,7 @@ import pytest
 import pytest_asyncio
 from nats.aio.client import Client
 from nats.js import JetStreamContext
+from nats.js.errors import ServerError
 
 from services.api import tokens
 from services.stack import Stack, StackSettings
@@ -29,6 +30,8 @@ from shared.clock import ScaledClock
 from shared.config import ClusterConfig, QueuesConfig
 from shared.natsauth import ADMIN, SERVICES, AuthBundle, generate, inbox_prefix_for
 from shared.servers import EmbeddedNats, free_port, nats_server_binary
+
+STORE_NOT_CREATED = 10049  # JetStream's err_code for "error creating store for stream"
 
 TEAMS = ("team-a", "team-b")
 
@@ -93,7 +96,16 @@ async def reset_streams(url: str) -> None:
     nc = await nats.connect(url)
     try:
         await delete_streams(nc.jetstream(), namespace.current(), purpose="test")
-        await ensure_streams(nc.jetstream(), purpose="test")
+        # A stream deleted a moment ago may still be leaving its store directory: a server then refuses to create it
+        # again (10049 "error creating store for stream", seen on 2.9). Ask again shortly; anything else is raised.
+        for attempt in range(1, 6):
+            try:
+                await ensure_streams(nc.jetstream(), purpose="test")
+                break
+            except ServerError as exc:
+                if exc.err_code != STORE_NOT_CREATED or attempt == 5:
+                    raise
+                await asyncio.sleep(0.2 * attempt)
     finally:
         await nc.close()
 
