@@ -1,7 +1,8 @@
 """A backup of gpuq's Postgres schemas with `pg_dump`, restored with `pg_restore` into a fresh database on the real
 server, serves the platform: the services start on it (their migrations already applied), the jobs, their runs, the
-ledger and the audit trail are there, the audit trail is still append-only, and a new job runs through it.
-docs/install.md, "Backups and restore"."""
+ledger and the audit trail are there, the audit trail is still append-only, and a new job runs through it. After a
+restore from a dump taken mid-run, `gpuq replay-requests` and a restart on the same bus handle every job exactly once,
+those the lost database had handled after the dump included. docs/install.md, "Backups and restore"."""
 
 from __future__ import annotations
 
