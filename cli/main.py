@@ -16,7 +16,7 @@ from cli.admin import audit, nats_auth, retention, tokens_app
 from cli.jobs import apply_queues, approve, cancel, explain, queues, status, submit
 from cli.platform import demo, up
 from cli.remote import report, webhooks_app
-from cli.restore import replay_requests
+from cli.restore import reconcile_bus
 from cli.smoke import smoke
 from services.admission.bench import bench_admission
 from services.admission.bench_e2e import bench_admission_e2e
@@ -53,7 +53,7 @@ COMMANDS: dict[str, Callable[..., Any]] = {
     "audit": audit,
     "nats-auth": nats_auth,
     "retention": retention,
-    "replay-requests": replay_requests,  # after a restore: the requests the backup did not hold
+    "reconcile-bus": reconcile_bus,  # after a restore: the bus brought in line with the restored database
     "apply-queues": apply_queues,
     "smoke": smoke,  # a first job through the API, then cleaned up (helm test)
     "up": up,

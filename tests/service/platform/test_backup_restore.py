@@ -1,7 +1,7 @@
 """A backup of gpuq's Postgres schemas with `pg_dump`, restored with `pg_restore` into a fresh database on the real
 server, serves the platform: the services start on it (their migrations already applied), the jobs, their runs, the
 ledger and the audit trail are there, the audit trail is still append-only, and a new job runs through it. After a
-restore from a dump taken mid-run, `gpuq replay-requests` and a restart on the same bus handle every job exactly once,
+restore from a dump taken mid-run, `gpuq reconcile-bus` and a restart on the same bus handle every job exactly once,
 those the lost database had handled after the dump included. docs/install.md, "Backups and restore"."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from shared.bus import stream_for_subject
 from shared.clock import ScaledClock
 from shared.config import parse_cluster, parse_queues
 from shared.domain import JobSpec, PodSet
-from shared.events import JobSubmitted, make_event
+from shared.events import AuditRecorded, JobSubmitted, make_event
 from shared.service import publish_event
 
 # Every schema a gpuq release keeps its state in (docs/install.md, "Uninstall", lists the same).
@@ -210,41 +210,50 @@ async def wait_until(url: str, query: str, ids: list[str], timeout_s: float = 12
             if await conn.fetchval(query, ids) == len(ids):
                 return
             await asyncio.sleep(0.1)
+        runs = dict(await conn.fetch("SELECT job_id, status FROM executor.runs"))
+        facts = [tuple(r) for r in await conn.fetch("SELECT job_id, kind FROM metering.job_facts ORDER BY job_id")]
     finally:
         await conn.close()
-    raise AssertionError(f"not every one of {ids}: {query}")
+    raise AssertionError(f"not every one of {ids}: {query}; runs {runs}; metering's facts {facts}")
 
 
-async def jobs_stream_events(nats_url: str, from_seq: int) -> list[dict[str, object]]:
-    """The JOBS stream's events from sequence `from_seq` on."""
+async def stream_events(nats_url: str, subject: str, from_seq: int = 1, upto: int | None = None
+                        ) -> list[dict[str, object]]:
+    """The events of the stream that holds `subject`, from sequence `from_seq` to `upto` (default: its end)."""
     nc = await nats.connect(nats_url)
     try:
         js = nc.jetstream()
-        name = stream_for_subject(JobSubmitted.subject()).name
-        last = (await js.stream_info(name)).state.last_seq
+        name = stream_for_subject(subject).name
+        last = (await js.stream_info(name)).state.last_seq if upto is None else upto
         return [json.loads((await js.get_msg(name, seq)).data or b"{}") for seq in range(from_seq, last + 1)]
     finally:
         await nc.close()
 
 
-async def jobs_stream_last_seq(nats_url: str) -> int:
+async def stream_last_seq(nats_url: str, subject: str) -> int:
     nc = await nats.connect(nats_url)
     try:
-        return int((await nc.jetstream().stream_info(stream_for_subject(JobSubmitted.subject()).name)).state.last_seq)
+        return int((await nc.jetstream().stream_info(stream_for_subject(subject).name)).state.last_seq)
     finally:
         await nc.close()
+
+
+def gpuq(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(Path(sys.executable).parent / "gpuq"), *args], env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=120)
 
 
 RUNNING = "SELECT count(*) FROM executor.runs WHERE status = 'running' AND job_id = ANY($1::text[])"
 COMPLETED = "SELECT count(*) FROM executor.runs WHERE status = 'completed' AND job_id = ANY($1::text[])"
 
 
-async def test_after_a_restore_the_platform_replays_the_requests_the_backup_missed_and_handles_each_job_once(
+async def test_after_a_restore_and_reconcile_bus_the_platform_handles_each_job_exactly_once(
         fresh: tuple[str, str], make_database: Callable[[str], Awaitable[str]], tmp_path: Path) -> None:
-    """A backup taken while jobs run; after it, jobs are submitted and run, and the ones running end, all recorded
-    only in the database then lost; more are submitted while the platform is down. Restored from the backup and
-    restarted on the same bus, after `gpuq replay-requests --since <the backup's moment>`: every job ends exactly
-    once in the restored platform, those the lost database had handled after the backup included."""
+    """A backup taken while jobs run; after it, jobs are submitted and run, and the ones running end, recorded only in
+    the database that is then lost (the platform stops at once, its ledger a little behind); one more is submitted
+    while it is down. Restored from the backup, `gpuq reconcile-bus --since <the backup's moment>`, restarted on the
+    same bus: every job ends exactly once in the restored platform, those the lost database had handled after the
+    backup included, and the audit trail holds what the lost database recorded too."""
     nats_url, database_url = fresh
     conn = await asyncpg.connect(database_url)
     server_major = int(await conn.fetchval("SHOW server_version_num")) // 10_000
@@ -258,8 +267,8 @@ async def test_after_a_restore_the_platform_replays_the_requests_the_backup_miss
 
     groups = {"before": ["b-1", "b-2"], "inflight": ["i-1", "i-2"], "after": ["a-1", "a-2"], "down": ["d-1"]}
     dump = tmp_path / "gpuq.dump"
-    # Where the replay starts: the backup's moment minus a margin, here one that reaches back past every job, so that
-    # requests the backup holds are replayed too (and recognised, not handled again).
+    # Where the reconciliation starts: the backup's moment minus a margin, here one that reaches back past every job,
+    # so that what the backup holds is published again too (and recognised, not handled again).
     since = datetime.now(UTC) - timedelta(seconds=1)
     async with Stack(settings(database_url)) as stack:
         await publish_jobs(nats_url, dict.fromkeys(groups["before"], 60))
@@ -282,14 +291,15 @@ async def test_after_a_restore_the_platform_replays_the_requests_the_backup_miss
         subprocess.run, [str(pg_restore), "--no-owner", "--exit-on-error", "--single-transaction",
                          "--dbname", restored_url, str(dump)], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
-    restart_seq = await jobs_stream_last_seq(nats_url) + 1
+    restart_seq = await stream_last_seq(nats_url, JobSubmitted.subject()) + 1
+    before_restart = {str(e["id"]) for e in await stream_events(nats_url, JobSubmitted.subject())}
+    audited = {str(e["id"]) for e in await stream_events(nats_url, AuditRecorded.subject())}
 
-    # The replay, before the services start on the restored database (it needs no service).
-    replay = await asyncio.to_thread(
-        subprocess.run, [str(Path(sys.executable).parent / "gpuq"), "replay-requests", "--since", since.isoformat()],
-        env={**os.environ, "NATS_URL": nats_url, "DATABASE_URL": restored_url}, capture_output=True, text=True,
-        timeout=120)
-    assert replay.returncode == 0, replay.stdout + replay.stderr
+    # The reconciliation, with the services stopped, then the services on the restored database.
+    env = {"NATS_URL": nats_url, "DATABASE_URL": restored_url}
+    reconciled = await asyncio.to_thread(gpuq, "reconcile-bus", "--since", since.isoformat(), env=env)
+    assert reconciled.returncode == 0, reconciled.stdout + reconciled.stderr
+    print(reconciled.stdout)
     async with Stack(settings(restored_url)) as stack:
         every = [j for ids in groups.values() for j in ids]
         await wait_until(restored_url, COMPLETED, every)
@@ -306,10 +316,24 @@ async def test_after_a_restore_the_platform_replays_the_requests_the_backup_miss
             assert {r["job_id"]: r["n"] for r in facts} == dict.fromkeys(every, 1)
             for schema in SERVICES:
                 assert await conn.fetchval(f"SELECT count(*) FROM {schema}.dead_letters") == 0, schema
-    # What the restored platform decided, on the bus: each job's remaining steps once, nothing twice.
-    counts = Counter((str(e["type"]), str(e["subject"])) for e in await jobs_stream_events(nats_url, restart_seq)
-                     if e["type"] in JOB_TYPES)
+            # The audit trail: every record the lost platform published is there (history), once.
+            for _ in range(300):
+                stored = {r["event_id"] for r in await conn.fetch("SELECT event_id FROM audit.records")}
+                if stored >= audited:
+                    break
+                await asyncio.sleep(0.1)
+            assert audited - stored == set()
+            assert await conn.fetchval("SELECT count(*) - count(DISTINCT event_id) FROM audit.records") == 0
+        # Not while the services consume: it says so and changes nothing.
+        refused = await asyncio.to_thread(gpuq, "reconcile-bus", "--since", since.isoformat(), env=env)
+        assert refused.returncode == 2 and "stop them first" in refused.stdout, refused.stdout + refused.stderr
+    # What the restored platform decided, on the bus (events it published, not the copies of what was there before):
+    # each job's remaining steps once, nothing twice.
+    counts = Counter((str(e["type"]), str(e["subject"]))
+                     for e in await stream_events(nats_url, JobSubmitted.subject(), restart_seq)
+                     if e["type"] in JOB_TYPES and e["id"] not in before_restart)
     want = Counter({(t, j): 1 for group, ids in groups.items() for j in ids for t in AFTER_RESTART[group]})
     assert counts == want
-    assert "7 JobSubmitted" in replay.stdout and "republished" in replay.stdout, replay.stdout
-    assert "warning" not in replay.stdout, replay.stdout
+    assert "warning" not in reconciled.stdout, reconciled.stdout
+    assert re.search(r"\d+ requests", reconciled.stdout) and re.search(r"\d+ restored decisions", reconciled.stdout) \
+        and re.search(r"left out \(only the lost database decided them\): [1-9]", reconciled.stdout), reconciled.stdout
