@@ -253,9 +253,13 @@ class Rollout:
         assert await self.pool.fetchval("SELECT count(*) FROM admission.jobs WHERE job_id = ANY($1::text[])",
                                         ids) == len(ids)
         assert await self.completed(ids) == len(ids)
-        ends = await self.pool.fetch("SELECT job_id, count(*) AS n FROM metering.job_facts WHERE kind = 'completed' "
-                                     "AND job_id = ANY($1::text[]) GROUP BY job_id", ids)
-        assert {r["job_id"]: r["n"] for r in ends} == dict.fromkeys(ids, 1)
+        # Metering consumes the completions after the executor wrote them: wait for its committed ledger (a job
+        # charged twice never reaches one each, and times out).
+        async def metered_once() -> bool:
+            ends = await self.pool.fetch("SELECT job_id, count(*) AS n FROM metering.job_facts "
+                                         "WHERE kind = 'completed' AND job_id = ANY($1::text[]) GROUP BY job_id", ids)
+            return {r["job_id"]: r["n"] for r in ends} == dict.fromkeys(ids, 1)
+        await self.wait_for("metering to hold each job's completion once", metered_once, 120)
         # Nothing dead-lettered by any service, old or new.
         assert await self.dead_letters() == {}
         assert await stream_events(self.js, "DLQ") == []
