@@ -133,15 +133,21 @@ PRUNE_EVERY_S = 300.0
 PRUNE_BATCH = 10_000
 
 
+def _seconds_from_env(env: Mapping[str, str], name: str, default: float) -> tuple[float, str]:
+    """A number of seconds from `name` (its default when unset or empty), with the raw text for the caller's bounds
+    check. ValueError names the variable when it is not a number."""
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default, ""
+    try:
+        return float(raw), raw
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
+
+
 def stall_after_from_env(env: Mapping[str, str] = os.environ) -> float:
     """GPUQ_CONSUMER_STALL_S: seconds without progress, messages waiting, before a consumer counts as stalled."""
-    raw = env.get(STALL_ENV)
-    if raw is None or raw == "":
-        return DEFAULT_STALL_S
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{STALL_ENV}={raw!r} is not a number of seconds") from None
+    value, raw = _seconds_from_env(env, STALL_ENV, DEFAULT_STALL_S)
     if value <= 0:
         raise ValueError(f"{STALL_ENV}={raw!r} must be positive")
     return value
@@ -170,13 +176,7 @@ def _storable_text(text: str, limit: int | None = None) -> str:
 
 def retention_from_env(env: Mapping[str, str] = os.environ) -> float:
     """The plumbing retention in seconds from GPUQ_PLUMBING_RETENTION_S (default 7 days, at least one hour)."""
-    raw = env.get(RETENTION_ENV)
-    if raw is None or raw == "":
-        return DEFAULT_RETENTION_S
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{RETENTION_ENV}={raw!r} is not a number of seconds") from None
+    value, raw = _seconds_from_env(env, RETENTION_ENV, DEFAULT_RETENTION_S)
     if value < MIN_RETENTION_S:
         raise ValueError(f"{RETENTION_ENV}={raw!r} is below the {MIN_RETENTION_S:.0f} s floor: the inbox must outlive "
                          "every redelivery of an event")
