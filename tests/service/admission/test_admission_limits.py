@@ -124,7 +124,16 @@ async def test_a_team_over_its_submission_rate_is_refused_until_tokens_come_back
 async def test_a_team_with_too_many_jobs_waiting_is_refused_until_one_leaves(
         start: Callable[..., Awaitable[Platform]]) -> None:
     p = await start(max_pending_jobs=2)
-    for i in range(4):  # one GPU of quota: a0 is admitted, a1 and a2 wait, a3 is one too many
+    # One GPU of quota: a0 is admitted, a1 and a2 wait, a3 is one too many. a0's admission is waited for (committed)
+    # before the others go: sent together, a2 could arrive before the cycle that admits a0 and be the one refused.
+    await p.submit("a0")
+    for _ in range(300):
+        if await p.conn.fetchval("SELECT status FROM admission.jobs WHERE job_id = 'a0'") == "admitted":
+            break
+        await asyncio.sleep(0.1)
+    else:
+        raise AssertionError("a0 was never admitted")
+    for i in range(1, 4):
         await p.submit(f"a{i}")
     await p.submit("b0", team="team-b")
     await p.submit("b1", team="team-b")
