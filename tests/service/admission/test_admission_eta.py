@@ -134,8 +134,8 @@ async def test_a_preempted_job_is_reported_to_the_eta_for_its_cool_down(fresh: t
             await js.publish(ns_subject("job.preempted"), preempted("j1"))
             await until(lambda: _true(bool(reported)))  # (requeued, then admitted again at once: the quota is free)
             assert reported == [("j1", clock.now())]
-            assert await conn.fetchval("SELECT resume_from FROM admission.jobs WHERE job_id = 'j1'") == \
-                "s3://ckpt/j1/1"
+            # The ETA hears of it inside the handler, before its transaction commits: wait for the committed row.
+            await until(lambda: _resume_from(conn, "j1", "s3://ckpt/j1/1"))
             await js.publish(ns_subject("job.preempted"), preempted("unknown"))
             await js.publish(ns_subject("job.submitted.team-a"), submitted("j2", 8))
             await until(lambda: _status(conn, "j2", "pending"))  # handled after the second preemption
@@ -146,3 +146,7 @@ async def test_a_preempted_job_is_reported_to_the_eta_for_its_cool_down(fresh: t
 
 async def _status(conn: asyncpg.Connection, job_id: str, expected: str) -> bool:
     return await conn.fetchval("SELECT status FROM admission.jobs WHERE job_id = $1", job_id) == expected
+
+
+async def _resume_from(conn: asyncpg.Connection, job_id: str, expected: str) -> bool:
+    return await conn.fetchval("SELECT resume_from FROM admission.jobs WHERE job_id = $1", job_id) == expected
