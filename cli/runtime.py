@@ -1,9 +1,16 @@
-"""Where the CLI finds NATS and Postgres: the environment, else the servers `gpuq up` started and recorded
-in its state directory, else a clear error saying what to do.
+"""Where the CLI finds NATS, Postgres and the API: the environment, else the config file, else the servers a
+running `gpuq up` recorded in its state directory, else a clear error saying what to do.
+
+The config file is `$GPUQ_CONFIG`, else `$XDG_CONFIG_HOME/gpuq/config.yaml` (`~/.config/gpuq/config.yaml`), a YAML
+mapping with any of `nats_url`, `database_url`, `api_url`, `token` and `state_dir`. `gpuq up` writes `state_dir` there
+(the absolute path of its state directory), so that admin commands run from any directory find the platform it
+started. The environment (NATS_URL, DATABASE_URL, GPUQ_API_URL, GPUQ_TOKEN, GPUQ_HOME) always wins over the file.
 
 `gpuq up` records the servers' URLs without their credentials in `servers.json`, and the credentials (each URL's
 user:password) in `credentials.json` beside it, readable by the owner only: a copied, shared or printed
-`servers.json` gives nobody the admin's bus password or the database's."""
+`servers.json` gives nobody the admin's bus password or the database's.
+
+Imported by every command: it stays light (the standard library and typer; yaml only when a config file exists)."""
 
 from __future__ import annotations
 
@@ -15,12 +22,115 @@ from urllib.parse import urlsplit, urlunsplit
 
 import typer
 
-from shared.natsauth import write_private
-
 STATE_DIR = Path(os.environ.get("GPUQ_HOME", ".gpuq"))
 SERVERS_FILE = STATE_DIR / "servers.json"
 CREDENTIALS_FILE = STATE_DIR / "credentials.json"
 _URLS = ("nats_url", "database_url")
+CONFIG_ENV = "GPUQ_CONFIG"
+# config key -> the environment variable that overrides it
+CONFIG_KEYS = {"nats_url": "NATS_URL", "database_url": "DATABASE_URL", "api_url": "GPUQ_API_URL",
+               "token": "GPUQ_TOKEN", "state_dir": "GPUQ_HOME"}
+
+
+class ConfigFileError(ValueError):
+    """The config file cannot be read or holds something else than its keys."""
+
+
+def config_path() -> Path:
+    if os.environ.get(CONFIG_ENV):
+        return Path(os.environ[CONFIG_ENV]).expanduser()
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "gpuq" / "config.yaml"
+
+
+def read_config(path: Path | None = None) -> dict[str, str]:
+    """The config file's settings ({} when there is none); a malformed one is refused naming the file and what is
+    wrong (a typo in a key would otherwise send commands elsewhere without a word)."""
+    path = path or config_path()
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise ConfigFileError(f"config file {path}: {exc.strerror or exc}") from None
+    import yaml
+
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigFileError(f"config file {path}: not YAML: {' '.join(str(exc).split())}") from None
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise ConfigFileError(f"config file {path}: a mapping of {', '.join(CONFIG_KEYS)} is expected, "
+                              f"not a {type(doc).__name__}")
+    unknown = sorted(str(k) for k in doc if k not in CONFIG_KEYS)
+    if unknown:
+        raise ConfigFileError(f"config file {path}: unknown key(s) {', '.join(unknown)} (known: "
+                              f"{', '.join(CONFIG_KEYS)})")
+    bad = sorted(str(k) for k, v in doc.items() if v is not None and not isinstance(v, str))
+    if bad:
+        raise ConfigFileError(f"config file {path}: {', '.join(bad)} must be a string")
+    return {str(k): v for k, v in doc.items() if v}
+
+
+def write_config(updates: dict[str, str], path: Path | None = None) -> Path:
+    """Set these keys in the config file, keeping the others (0600: it may hold a token or a password)."""
+    import yaml
+
+    path = path or config_path()
+    try:
+        current = read_config(path)
+    except ConfigFileError:
+        current = {}  # a file this process cannot read back is replaced, not merged into
+    _write_private(path, yaml.safe_dump({**current, **updates}, sort_keys=False))
+    return path
+
+
+def setting(key: str) -> str | None:
+    """One setting: its environment variable, else the config file."""
+    env = os.environ.get(CONFIG_KEYS[key])
+    if env:
+        return env
+    return read_config().get(key)
+
+
+def state_dirs() -> list[Path | None]:
+    """Where to look for a running `gpuq up`'s servers: this process's state directory (None: GPUQ_HOME, else `.gpuq`
+    here); then, without GPUQ_HOME, the one the config file names (where the last `gpuq up` ran)."""
+    dirs: list[Path | None] = [None]
+    named = None if os.environ.get("GPUQ_HOME") else read_config().get("state_dir")
+    if named:
+        dirs.append(Path(named).expanduser())
+    return dirs
+
+
+def export_settings() -> None:
+    """Put the config file's settings and the running platform's servers into the environment where it lacks
+    them, for the commands that read NATS_URL, DATABASE_URL, GPUQ_API_URL or GPUQ_TOKEN there (options with an
+    envvar, the services' own command modules)."""
+    config = read_config()
+    for key in ("nats_url", "database_url", "api_url", "token"):
+        if not os.environ.get(CONFIG_KEYS[key]) and config.get(key):
+            os.environ[CONFIG_KEYS[key]] = config[key]
+    recorded: dict[str, Any] | None = None
+    for key in _URLS:
+        if not os.environ.get(CONFIG_KEYS[key]):
+            recorded = _found() if recorded is None else recorded
+            if isinstance(recorded.get(key), str):
+                os.environ[CONFIG_KEYS[key]] = recorded[key]
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write a file only its owner can read (0600, whatever the umask; as shared/natsauth.py's, which this light
+    module does not import)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
 
 
 def split_userinfo(url: str) -> tuple[str, str]:
@@ -48,8 +158,8 @@ def record_servers(nats_url: str, database_url: str) -> bool:
         return False
     plain = {key: split_userinfo(url) for key, url in zip(_URLS, (nats_url, database_url), strict=True)}
     pid = os.getpid()
-    write_private(CREDENTIALS_FILE, json.dumps({"pid": pid, **{k: info for k, (_, info) in plain.items()}}))
-    write_private(SERVERS_FILE, json.dumps({**{k: url for k, (url, _) in plain.items()}, "pid": pid}))
+    _write_private(CREDENTIALS_FILE, json.dumps({"pid": pid, **{k: info for k, (_, info) in plain.items()}}))
+    _write_private(SERVERS_FILE, json.dumps({**{k: url for k, (url, _) in plain.items()}, "pid": pid}))
     return True
 
 
@@ -83,12 +193,14 @@ def _read(path: Path) -> dict[str, Any]:
         return {}
 
 
-def _recorded() -> dict[str, Any]:
+def _recorded(state_dir: Path | None = None) -> dict[str, Any]:
     """The servers file, its URLs with the credentials of the credentials file written with it (same pid)."""
-    recorded = _read(SERVERS_FILE)
+    servers, credentials = ((SERVERS_FILE, CREDENTIALS_FILE) if state_dir is None else
+                            (state_dir / SERVERS_FILE.name, state_dir / CREDENTIALS_FILE.name))
+    recorded = _read(servers)
     if not recorded:
         return {}
-    secrets = _read(CREDENTIALS_FILE)
+    secrets = _read(credentials)
     if secrets.get("pid") == recorded.get("pid"):
         for key in _URLS:
             if isinstance(recorded.get(key), str) and isinstance(secrets.get(key), str):
@@ -96,17 +208,29 @@ def _recorded() -> dict[str, Any]:
     return recorded
 
 
-def database_url() -> str:
-    url = os.environ.get("DATABASE_URL") or _recorded().get("database_url")
+def _found() -> dict[str, Any]:
+    """The servers of the first state directory (state_dirs()) that records a `gpuq up`."""
+    for directory in state_dirs():
+        recorded = _recorded(directory)
+        if recorded:
+            return recorded
+    return {}
+
+
+def _url(key: str, what: str) -> str:
+    try:
+        url = setting(key) or _found().get(key)
+    except ConfigFileError as exc:
+        raise typer.BadParameter(str(exc), param_hint=CONFIG_ENV) from None
     if not url:
-        raise typer.BadParameter("no database: set DATABASE_URL, or start the platform with `gpuq up` first",
-                                 param_hint="DATABASE_URL")
-    return url
+        raise typer.BadParameter(f"no {what}: set {CONFIG_KEYS[key]} or {key} in {config_path()}, or start the "
+                                 "platform with `gpuq up` first", param_hint=CONFIG_KEYS[key])
+    return str(url)
+
+
+def database_url() -> str:
+    return _url("database_url", "database")
 
 
 def nats_url() -> str:
-    url = os.environ.get("NATS_URL") or _recorded().get("nats_url")
-    if not url:
-        raise typer.BadParameter("no NATS server: set NATS_URL, or start the platform with `gpuq up` first",
-                                 param_hint="NATS_URL")
-    return url
+    return _url("nats_url", "NATS server")
