@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import time
 import uuid
 from datetime import UTC, datetime
@@ -15,21 +14,31 @@ import asyncpg
 import typer
 import yaml
 from pydantic import ValidationError
-from rich.console import Console
-from rich.table import Table
 
 from cli.api_client import api
+from cli.output import (
+    Column,
+    OutputFormat,
+    duration,
+    eta_cell,
+    eta_range_cell,
+    output_option,
+    print_machine,
+    render_table,
+    stdout_console,
+    when,
+)
 from cli.runtime import database_url, nats_url
 from services.admission.core import QueueSummary
 from services.admission.core.governance import size_violation
-from services.api.readmodel import explain_lines, fetch_status, fmt_time, public, wait_seconds
+from services.api.readmodel import explain_lines, fetch_status, public
 from shared.bus import connect
 from shared.domain import JobSpec, NodeSpec, PodSet, TopologyLevel, TopologyRequest
 from shared.events import JobApproved, JobCancelRequested, JobSubmitted, Payload
 from shared.service import publish_event
 from shared.tracing import command_span, traced_event
 
-console = Console()
+console = stdout_console()
 
 
 def _specs_from_file(path: Path) -> list[JobSpec]:
@@ -129,7 +138,7 @@ STATE_STYLE = {"completed": "green", "running": "cyan", "placed": "cyan", "pendi
 def status(
     job_id: str | None = typer.Argument(None, help="One job's id"),
     all_jobs: bool = typer.Option(False, "--all", help="Every job, not only active ones"),
-    output: str = typer.Option("table", "--format", help="table or json"),
+    output: OutputFormat = output_option("--format"),
     limit: int = typer.Option(200, help="At most this many rows"),
 ) -> None:
     """Where jobs are: pending, admitted, running, completed, failed, rejected (your team's, through the API)."""
@@ -146,21 +155,47 @@ def status(
     if not job_id and not all_jobs:
         rows = [r for r in rows if r["state"] in ("pending", "admitted", "placed", "running")]
     rows = rows[-limit:]
-    if output == "json":
-        typer.echo(json.dumps(rows, indent=2, default=str))
+    if output.machine:
+        print_machine(rows, output)
         return
-    now = time.time()
-    table = Table(title=f"{len(rows)} job(s)")
-    for col in ("job", "team", "queue", "state", "GPUs", "submitted", "wait s", "nodes", "reason"):
-        table.add_column(col)
+    print_status_table(rows, output, time.time())
+
+
+# `gpuq status`'s columns: at an 80-column terminal the ids, state, GPUs and reason stay; the others go, the
+# highest `drop` first (cli/output.py); `-o wide` adds the expected start's range and the message.
+STATUS_COLUMNS = (Column("job"), Column("team", drop=4), Column("queue"), Column("state"),
+                  Column("GPUs", justify="right"), Column("submitted", drop=6), Column("wait", justify="right", drop=2),
+                  Column("expected start", drop=3), Column("likely between", wide=True),
+                  Column("nodes", kind="words", drop=5), Column("reason", kind="words", drop=1),
+                  Column("message", kind="text", wide=True))
+
+
+def job_wait(row: dict[str, Any], now: float) -> float | None:
+    """How long a job has waited to start: until now while it is pending or admitted but not placed (it still
+    waits), until its placement once placed, until its end if it ended without one; None for a rejected job."""
+    if row["state"] == "rejected" or row.get("submitted_at") is None:
+        return None
+    if row["state"] in ("pending", "admitted"):
+        return max(0.0, now - row["submitted_at"])
+    end = row.get("placed_at") or row.get("finished_at")
+    return None if end is None else max(0.0, end - row["submitted_at"])
+
+
+def print_status_table(rows: list[dict[str, Any]], output: OutputFormat, now: float) -> None:
+    from rich.text import Text
+
+    cells = []
     for r in rows:
-        gpus = r["gpus"]
-        wait = wait_seconds(r, now)
-        table.add_row(r["job_id"], r["team"], r["queue"], f"[{STATE_STYLE.get(r['state'], '')}]{r['state']}[/]",
-                      str(gpus), fmt_time(r["submitted_at"]), f"{wait:.0f}" if wait is not None else "-",
-                      ",".join(r["nodes"][:3]) + ("…" if len(r["nodes"]) > 3 else ""),
-                      r.get("reason") or r.get("sched_reason") or r.get("outcome") or "")
-    console.print(table)
+        waiting = r["state"] in ("pending", "admitted")
+        cells.append([r["job_id"], r["team"], r["queue"], Text(r["state"], style=STATE_STYLE.get(r["state"], "")),
+                      "-" if r.get("gpus") is None else str(r["gpus"]), when(r.get("submitted_at")),
+                      duration(job_wait(r, now)),
+                      eta_cell(r.get("eta"), now) if waiting else "-",
+                      eta_range_cell(r.get("eta_low"), r.get("eta_high"), now) if waiting else "-",
+                      ", ".join(r.get("nodes") or []) or "-",
+                      r.get("reason") or r.get("sched_reason") or r.get("outcome") or "",
+                      r.get("message") or r.get("sched_message") or ""])
+    render_table(STATUS_COLUMNS, cells, fmt=output, console=console, title=f"{len(rows)} job(s)")
 
 
 def explain(job_id: str = typer.Argument(..., help="The job to explain")) -> None:
@@ -196,13 +231,13 @@ async def _preemption_lines(url: str, job_id: str) -> list[str]:
         await conn.close()
 
 
-def queues(output: str = typer.Option("table", "--format", help="table or json")) -> None:
+def queues(output: OutputFormat = output_option("--format")) -> None:
     """Per queue: nominal, used, borrowed, lent, pending, running, oldest wait; the configuration version in force;
     and the GPUs pods gpuq does not manage hold on its nodes (read from the platform's database)."""
     client = api()
     if client is not None:
         _print_queues([QueueSummary(**q) for q in client.call("GET", "/v1/queues")], output)
-        if output != "json":
+        if not output.machine:
             console.print(version_line(client.call("GET", "/v1/queues/config")))
             line = client.call("GET", "/v1/queues/held").get("line")
             if line:
@@ -229,7 +264,7 @@ def queues(output: str = typer.Option("table", "--format", help="table or json")
         console.print("[red]admission has no state yet: start the platform with `gpuq up`[/]")
         raise typer.Exit(1) from None
     _print_queues(summaries, output)
-    if output != "json":
+    if not output.machine:
         if version is not None:
             console.print(version_line(version))
         for line in held_lines(nodes):
@@ -245,9 +280,9 @@ def _version_body(current: Any) -> dict[str, Any] | None:
 
 def version_line(version: dict[str, Any]) -> str:
     """The queue configuration in force, as GET /v1/queues/config gives it."""
-    when = datetime.fromtimestamp(float(version["applied_at"]), UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     source = {"file": "queues.yaml at start", "change": "a change"}.get(version.get("source") or "", "")
-    return (f"configuration: version {version['version']} ({str(version['hash'])[:12]}), applied {when} by "
+    return (f"configuration: version {version['version']} ({str(version['hash'])[:12]}), applied "
+            f"{when(float(version['applied_at']))} by "
             f"{version['applied_by']}" + (f" from {source}" if source else ""))
 
 
@@ -261,23 +296,26 @@ def held_lines(nodes: list[NodeSpec]) -> list[str]:
     return [str(line)] if line else []
 
 
-def _print_queues(summaries: list[QueueSummary], output: str) -> None:
-    if output == "json":
-        typer.echo(json.dumps([dataclasses.asdict(s) for s in summaries], indent=2, default=str))
+# `gpuq queues`' columns: per GPU model `MODEL:N` entries, which wrap between entries at a narrow terminal.
+QUEUE_COLUMNS = (Column("queue"), Column("cohort", drop=3), Column("weight", justify="right", drop=5),
+                 Column("nominal", kind="words"), Column("used", kind="words"),
+                 Column("borrowed", kind="words", drop=2), Column("lent", kind="words", drop=4),
+                 Column("pending", justify="right"),
+                 Column("running", justify="right"), Column("oldest wait", justify="right", drop=1))
+
+
+def _print_queues(summaries: list[QueueSummary], output: OutputFormat) -> None:
+    records = [dataclasses.asdict(s) for s in summaries]
+    if output.machine:
+        print_machine(records, output)
         return
-    table = Table(title="queues")
-    for col in ("queue", "cohort", "weight", "nominal", "used", "borrowed", "lent", "pending", "running",
-                "oldest wait"):
-        table.add_column(col)
 
     def fmt(d: dict[str, int]) -> str:
         return " ".join(f"{k}:{v}" for k, v in sorted(d.items()) if v) or "0"
 
-    for s in summaries:
-        table.add_row(s.queue, s.cohort or "-", f"{s.weight:g}", fmt(s.nominal), fmt(s.used), fmt(s.borrowed),
-                      fmt(s.lent), str(s.pending), str(s.running),
-                      f"{s.oldest_wait_s:.0f} s" if s.oldest_wait_s is not None else "-")
-    console.print(table)
+    rows = [[s.queue, s.cohort or "-", f"{s.weight:g}", fmt(s.nominal), fmt(s.used), fmt(s.borrowed), fmt(s.lent),
+             str(s.pending), str(s.running), duration(s.oldest_wait_s)] for s in summaries]
+    render_table(QUEUE_COLUMNS, rows, fmt=output, console=console, title="queues")
 
 
 def cancel(job_id: str = typer.Argument(..., help="The job to cancel"),

@@ -51,6 +51,14 @@ def output_option(*aliases: str) -> Any:
     return typer.Option(OutputFormat.TABLE, "--output", "-o", *aliases, help=FORMAT_HELP, case_sensitive=False)
 
 
+def stdout_console() -> Console:
+    """The console the commands print on: piped, a line is written whole (rich would wrap it at a width guessed for a
+    terminal that is not there); at a terminal, text wraps at its width."""
+    from rich.console import Console
+
+    return Console(soft_wrap=not sys.stdout.isatty())
+
+
 # ------------------------------------------------------------------------------------------------ machine output
 
 
@@ -223,14 +231,14 @@ def render_table(columns: Sequence[Column], rows: Sequence[Sequence[str | Text]]
             table.add_row(*cells(row), style="bold")
     # piped or -o wide: the table at its own width, wider than any terminal if it must be (never cut to 80 columns)
     if fit_to is not None:
-        console.print(table)
+        console.print(table, soft_wrap=False)
         return
     # (print's own `width` is capped at the console's, so the console is widened while it prints)
     full = sum(m.natural for m in measures) + GUTTER * (len(shown) - 1)
     before = console.width
     console.width = max(full, before)
     try:
-        console.print(table, crop=False)
+        console.print(table, crop=False, soft_wrap=False)
     finally:
         console.width = before
 
