@@ -11,6 +11,7 @@ the leader lease; a standby takes over when the leader's lease connection goes.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -18,10 +19,10 @@ from collections.abc import Awaitable, Callable
 import asyncpg
 
 from services.admission.follow import ConfigFollower
-from services.pipeline.core import PlacementBook, WaitingJob, place_ordered, priority_value
+from services.pipeline.core import PlacementBook, WaitingJob, hold_until, place_ordered, priority_value
 from services.preemption.core import priority_of
 from services.scheduler import held
-from services.scheduler.core import ClusterState
+from services.scheduler.core import ClusterState, Hold, Placement
 from services.scheduler.liveness import LivenessWatch
 from services.scheduler.nodes import MIGRATIONS, record_node
 from shared import audit
@@ -52,6 +53,22 @@ from shared.service import ServiceRuntime, ServiceSpec, Tx
 
 log = logging.getLogger("gpuq.scheduler")
 
+# The capacity freed by a preemption is held for its preemptor until `hold_until` (the queues' checkpoint grace),
+# DEFAULT_GRACE_S standing for the grace without a queue configuration. HOLDS_CHECK_S: wall seconds between looks
+# for an expired hold.
+DEFAULT_GRACE_S = 300.0
+HOLDS_CHECK_S = 1.0
+
+
+def _hold(row: asyncpg.Record) -> Hold:
+    """A hold as scheduler.holds keeps it (the victim's bindings and requests are all the placement core reads)."""
+    bindings = tuple(GpuBinding.model_validate(b) for b in json.loads(row["bindings"]))
+    requests = tuple((int(c), int(m)) for c, m in json.loads(row["requests"]))
+    placement = Placement(job_id=row["victim"], bindings=bindings, racks_spanned=0, blocks_spanned=0,
+                          gpus=sum(len(b.gpu_indices) for b in bindings),
+                          mig_slices=sum(1 for b in bindings if b.mig_slice is not None), requests=requests)
+    return Hold(preemptor=row["preemptor"], victim=row["victim"], placement=placement, until=float(row["until"]))
+
 
 class SchedulerService:
     def __init__(self, *, backfill: bool = True, strategy: str = "binpack", queues: QueuesConfig | None = None,
@@ -74,6 +91,9 @@ class SchedulerService:
         self.resume: dict[str, str | None] = {}
         self.reasons: dict[str, tuple[str | None, str | None, float | None]] = {}
         self.limits: dict[str, float] = {}  # placed job -> its spec's max_runtime_s (its expected end after a start)
+        # victim -> the capacity its preemption freed, held for its preemptor (docs/preemption.md, "The freed
+        # GPUs go to the preemptor"); the table scheduler.holds is its durable copy
+        self.holds: dict[str, Hold] = {}
 
     def spec(self) -> ServiceSpec:
         return ServiceSpec(
@@ -84,7 +104,8 @@ class SchedulerService:
                       JobPreempted: self.on_finished,
                       JobRequeued: self.on_requeued, ExecutorHeartbeat: self.liveness.on_heartbeat,
                       **({QueueConfigChanged: self.on_config_changed} if self.follower is not None else {})},
-            on_start=self.load, reload=self._rebuild, background=(self.liveness.loop,), optimistic_batches=True,
+            on_start=self.load, reload=self._rebuild, background=(self.liveness.loop, self.holds_loop),
+            optimistic_batches=True,
             prefetch=held.prefetch_admissions,
         )
 
@@ -119,6 +140,8 @@ class SchedulerService:
         self.resume.clear()
         self.reasons.clear()
         self.limits.clear()
+        self.holds = {r["victim"]: _hold(r) for r in await conn.fetch(
+            "SELECT victim, preemptor, bindings, requests, until FROM scheduler.holds ORDER BY victim")}
         for r in await conn.fetch(
                 "SELECT job_id, spec, flavors, resume_from, admitted_at, reason, message, planned_start "
                 "FROM scheduler.jobs WHERE status = 'waiting'"):
@@ -223,6 +246,9 @@ class SchedulerService:
     async def on_finished(self, tx: Tx, event: CloudEvent,
                           payload: JobCompleted | JobFailed | JobCancelled | JobPreempted | JobAttemptFailed) -> None:
         async def body() -> None:
+            if isinstance(payload, JobPreempted):
+                await self._hold_for_preemptor(tx, payload)
+            await self._drop_holds(tx, [h for h in self.holds.values() if h.preemptor == payload.job_id])
             self.cluster.release(payload.job_id)
             self._published.pop(payload.job_id, None)
             self.book.forget(payload.job_id)
@@ -235,6 +261,52 @@ class SchedulerService:
 
         await self._then_cycle(tx, body)
 
+    # ------------------------------------------------------------------ preemptors' holds
+
+    async def _hold_for_preemptor(self, tx: Tx, payload: JobPreempted) -> None:
+        """The victim's capacity is held for its preemptor until the preemptor is placed or ends, for at most the
+        checkpoint grace from now: admission admits the preemptor only once this preemption released its quota, so
+        without the hold this cycle gave the freed GPUs to another admitted job first in the order (another
+        team's, in issue 51) and the preemptor waited for something unrelated to end. A drain has no preemptor;
+        a preemptor already placed or ended needs nothing."""
+        preemptor = payload.preemptor
+        placement = self.cluster.placement_of(payload.job_id)
+        if (not preemptor or payload.reason == PreemptionReason.DRAIN or preemptor.startswith("drain:")
+                or placement is None or preemptor in self.book.placed):
+            return
+        await held.write_held(tx)  # (its own statement reads job rows: the batch's held ones first)
+        ended = await tx.conn.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM scheduler.jobs WHERE job_id = $1 AND status = 'finished') "
+            "OR EXISTS (SELECT 1 FROM scheduler.cancelled WHERE job_id = $1)", preemptor)
+        if ended:
+            return
+        grace = float(self.queues.policy.checkpoint_grace_s) if self.queues is not None else DEFAULT_GRACE_S
+        hold = Hold(preemptor=preemptor, victim=payload.job_id, placement=placement, until=hold_until(tx.now, grace))
+        self.holds[hold.victim] = hold
+        await tx.conn.execute(
+            "INSERT INTO scheduler.holds(victim, preemptor, bindings, requests, until) VALUES ($1, $2, $3, $4, $5) "
+            "ON CONFLICT (victim) DO UPDATE SET preemptor = excluded.preemptor, bindings = excluded.bindings, "
+            "requests = excluded.requests, until = excluded.until",
+            hold.victim, preemptor, json.dumps([b.model_dump(mode="json") for b in placement.bindings]),
+            json.dumps([list(r) for r in placement.requests]), hold.until)
+
+    async def _drop_holds(self, tx: Tx, holds: list[Hold]) -> None:
+        if not holds:
+            return
+        for h in holds:
+            self.holds.pop(h.victim, None)
+        await tx.conn.execute("DELETE FROM scheduler.holds WHERE victim = ANY($1::text[])", [h.victim for h in holds])
+
+    async def holds_loop(self, runtime: ServiceRuntime) -> None:
+        """A hold that expires frees its capacity for the other waiting jobs: a cycle then, even if no event
+        comes (the runtime clock decides; a second of wall time between looks)."""
+        while True:
+            await asyncio.sleep(HOLDS_CHECK_S)
+            if not self.holds or min(h.until for h in self.holds.values()) > runtime.clock.now():
+                continue
+            async with runtime.transaction() as tx:
+                await self.cycle(tx)
+
     # ------------------------------------------------------------------ the cycle
 
     async def cycle(self, tx: Tx) -> None:
@@ -245,12 +317,15 @@ class SchedulerService:
         # The batch's admissions, starts and ends first: the placements update their rows (the batch's own writer,
         # held.AFTER_EVENTS_KEY, runs before the cycle anyway; a cycle run from elsewhere must not depend on that).
         await held.write_held(tx)
+        await self._drop_holds(tx, [h for h in self.holds.values() if h.until <= tx.now])
         if not book.waiting:
             return
-        # The pipeline places the waiting jobs in its order and says which ask for preemption.
+        # The pipeline places the waiting jobs in its order and says which ask for preemption; the capacity held
+        # for preemptors goes to them only.
         outcome = place_ordered(self.cluster, book.pending, book.priority, book.timeline, tx.now,
                                 backfill=self.backfill,
-                                lowest_preemptible_running=book.lowest_preemptible if self.queues is not None else None)
+                                lowest_preemptible_running=book.lowest_preemptible if self.queues is not None else None,
+                                holds=list(self.holds.values()))
         result = outcome.result
         asks = set(outcome.preemption_asks)
         if result.placed and self.runtime is not None and self.runtime.lease is not None:
@@ -269,6 +344,9 @@ class SchedulerService:
                 [json.dumps([b.model_dump(mode="json") for b in p.bindings]) for p in result.placed],
                 [p.racks_spanned for p in result.placed], [p.blocks_spanned for p in result.placed],
                 [float(spec.max_runtime_s) for spec in specs])
+        if self.holds and result.placed:
+            placed = {p.job_id for p in result.placed}
+            await self._drop_holds(tx, [h for h in self.holds.values() if h.preemptor in placed])
         for placement in result.placed:
             spec = book.waiting[placement.job_id].spec
             resume_from = self.resume.pop(placement.job_id, None)

@@ -110,6 +110,9 @@ class GpuqPolicy:
         self._held: dict[str, list[tuple[str, float]]] = {}  # running job -> (queue\x1fresource, GPUs) it holds
         self.predicted: dict[str, float] = {}  # job -> predicted GPU-seconds given to admission (kept: tests read it)
         self._ran: dict[str, float] = {}  # job -> seconds run in earlier runs (before preemptions / failures)
+        # victim -> the capacity its preemption freed, held for its preemptor as the scheduler service holds it
+        # (until the preemptor is placed, or for the checkpoint grace): the same `holds` of the pipeline core
+        self._holds: dict[str, Any] = {}
 
     # -- engine hooks
     def on_arrival(self, job: TraceJob, now: float) -> str | None:
@@ -170,11 +173,14 @@ class GpuqPolicy:
         if self.history_half_life_s and now >= self._next_history:
             self._feed_history(now)
         lowest = min(self._preemptible_running) if self._preemptible_running else None
+        if self._holds:
+            self._holds = {v: h for v, h in self._holds.items() if h.until > now}
         # Expected ends come from estimates; an overrunning job's end is in the past, which the scheduler
         # reads as "ends any moment" (Slurm does the same). RunningJob objects are made once per start.
         out = cycle(self.adm, self.cluster, self.waiting, list(self._running_jobs.values()), now,
                     lowest_preemptible_running=lowest, backfill=self.backfill,
-                    run_admission=bool(self._pending_admission), timeline=self._timeline)
+                    run_admission=bool(self._pending_admission), timeline=self._timeline,
+                    holds=tuple(self._holds.values()))
         self._pending_admission -= len(out.admitted)
         for w in out.admitted:
             self.waiting[w.job_id] = w
@@ -186,6 +192,9 @@ class GpuqPolicy:
         self._reclaims_sent.update(r.preemptor for r in reclaims)
         result = out.placement.result
         started: list[str] = []
+        if self._holds and result.placed:
+            placed = {p.job_id for p in result.placed}
+            self._holds = {v: h for v, h in self._holds.items() if h.preemptor not in placed}
         for placement in result.placed:
             job_id = placement.job_id
             w = self.waiting.pop(job_id)
@@ -226,6 +235,7 @@ class GpuqPolicy:
                                     checkpoint_grace_s=policy.checkpoint_grace_s, running_log=self.running_log)
             victims = self.preemption_hook(ctx)
             for v in victims:
+                self._hold_for(v, now, policy.checkpoint_grace_s)
                 self._requeue(v.job_id, now)
             resend = getattr(self.preemption_hook, "next_wake", None)
             if resend is not None and (self._resend_at is None or resend < self._resend_at):
@@ -239,7 +249,21 @@ class GpuqPolicy:
             started = [j for j in started + again.started if j in self.running]
             victims = victims + again.preempted
             wake = again.wake_at if wake is None or (again.wake_at is not None and again.wake_at < wake) else wake
+        if self._holds:  # a hold that expires unused frees its capacity for the others: a cycle then
+            first = min(h.until for h in self._holds.values())
+            wake = first if wake is None or first < wake else wake
         return CycleOutput(started=started, preempted=victims, wake_at=wake)
+
+    def _hold_for(self, victim: Preempted, now: float, grace_s: float) -> None:
+        """The victim's capacity is held for its preemptor, as services/scheduler/app.py holds it on JobPreempted."""
+        from services.pipeline.core import hold_until
+        from services.scheduler.core import Hold
+
+        placement = self.cluster.placement_of(victim.job_id)
+        if victim.preemptor is None or placement is None or victim.preemptor.startswith("drain:"):
+            return
+        self._holds[victim.job_id] = Hold(preemptor=victim.preemptor, victim=victim.job_id, placement=placement,
+                                          until=hold_until(now, grace_s))
 
     def _stop_running(self, job_id: str) -> None:
         job = self._running_jobs.pop(job_id, None)

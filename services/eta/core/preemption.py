@@ -52,6 +52,7 @@ class Preempted:
     job_id: str
     lost_gpu_s: float  # GPU-seconds of work lost since the victim's last checkpoint
     reason: str = "PriorityPreemption"
+    preemptor: str | None = None  # the job it was preempted for (its freed capacity is held for it)
 
 
 @dataclass(frozen=True)
@@ -290,7 +291,7 @@ class SimPreemption:
                     lost = job.gpus * min(self.checkpoint_write_s, ctx.now - job.started_at)
                 else:
                     lost = job.lost_gpu_seconds(ctx.now)
-                out.append(Preempted(job_id=v, lost_gpu_s=lost, reason=reason))
+                out.append(Preempted(job_id=v, lost_gpu_s=lost, reason=reason, preemptor=job_id))
                 taken.add(v)
                 if cluster is ctx.cluster:
                     cluster = ctx.cluster.copy()

@@ -21,12 +21,14 @@ placement (gang, topology, backfill) in the scheduler core, and they plug in her
 
 from .book import BookView, PlacementBook
 from .pipeline import (
+    MIN_HOLD_S,
     CycleOutcome,
     PlacementOutcome,
     WaitingJob,
     admit,
     asks_for_preemption,
     cycle,
+    hold_until,
     place,
     place_ordered,
     placement_key,
@@ -36,6 +38,7 @@ from .pipeline import (
 from .retry import RetryDecision, decide_retry, retry_delay_s
 
 __all__ = [
+    "MIN_HOLD_S",
     "BookView",
     "CycleOutcome",
     "PlacementBook",
@@ -46,6 +49,7 @@ __all__ = [
     "asks_for_preemption",
     "cycle",
     "decide_retry",
+    "hold_until",
     "place",
     "place_ordered",
     "placement_key",

@@ -6,12 +6,32 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from services.admission.core import AdmissionDecision, AdmissionState, AdmittedWorkload, admission_cycle
-from services.scheduler.core import ClusterIndex, CycleResult, PendingJob, Reason, RunningJob, schedule_cycle
+from services.scheduler.core import (
+    ClusterIndex,
+    CycleResult,
+    Hold,
+    PendingJob,
+    Reason,
+    RunningJob,
+    schedule_cycle,
+)
 from shared.config import QueuesConfig
 from shared.domain import JobSpec
 
 # Reasons a preemption can cure: the job would fit if running jobs gave their GPUs (or CPU/memory) back.
 CURABLE = frozenset({Reason.INSUFFICIENT_GPUS, Reason.INSUFFICIENT_CPU_MEMORY, Reason.TOPOLOGY_UNSATISFIABLE})
+
+
+# The least time capacity freed by a preemption stays held for its preemptor (`hold_until`): admission needs a moment
+# to admit the preemptor once the preemption released its quota, even with a checkpoint grace of 0.
+MIN_HOLD_S = 30.0
+
+
+def hold_until(now: float, checkpoint_grace_s: float) -> float:
+    """Until when the capacity a preemption frees at `now` is held for its preemptor (`Hold.until`): through the
+    queues' checkpoint grace, the time the preemption protocol itself allows a victim, at least MIN_HOLD_S. The
+    scheduler service and the simulator hold it alike."""
+    return now + max(float(checkpoint_grace_s), MIN_HOLD_S)
 
 
 def priority_value(config: QueuesConfig, spec: JobSpec) -> int:
@@ -69,30 +89,32 @@ class PlacementOutcome:
 
 def place(cluster: ClusterIndex, waiting: Iterable[WaitingJob], running: Sequence[RunningJob], now: float, *,
           lowest_preemptible_running: int | None = None, backfill: bool = True,
-          timeline: Sequence[tuple[float, str]] | None = None) -> PlacementOutcome:
+          timeline: Sequence[tuple[float, str]] | None = None, holds: Sequence[Hold] = ()) -> PlacementOutcome:
     """The scheduler's half: place the admitted jobs in the pipeline's order (committed on `cluster`), reserve
     for blocked heads, backfill around them, and say which unplaced jobs ask for preemption. `timeline`: the
-    running jobs' sorted (expected end, job id) when the caller keeps it (`schedule_cycle`)."""
+    running jobs' sorted (expected end, job id) when the caller keeps it (`schedule_cycle`). `holds`: capacity
+    freed by preemptions, which only their preemptors may take (`schedule_cycle`): the freed GPUs go to the job
+    that asked for them, not to whichever job comes first in the order."""
     order = sorted(waiting, key=placement_key)
     pending = [PendingJob(spec=w.spec, allowed_models=w.allowed_models) for w in order]
     priority = {w.spec.job_id: w.priority for w in order}
     return _place(cluster, pending, priority.__getitem__, running, now, lowest_preemptible_running, backfill,
-                  timeline)
+                  timeline, holds)
 
 
 def place_ordered(cluster: ClusterIndex, pending: Sequence[PendingJob], priority: Callable[[str], int],
                   timeline: Sequence[tuple[float, str]], now: float, *, lowest_preemptible_running: int | None = None,
-                  backfill: bool = True) -> PlacementOutcome:
+                  backfill: bool = True, holds: Sequence[Hold] = ()) -> PlacementOutcome:
     """`place` for a caller that keeps its waiting jobs in the pipeline's order (`placement_key`) and the running
     timeline up to date itself (`PlacementBook`): the same decisions, without sorting either again.
     `priority(job_id)`: a waiting job's priority."""
-    return _place(cluster, pending, priority, (), now, lowest_preemptible_running, backfill, timeline)
+    return _place(cluster, pending, priority, (), now, lowest_preemptible_running, backfill, timeline, holds)
 
 
 def _place(cluster: ClusterIndex, pending: Sequence[PendingJob], priority: Callable[[str], int],
            running: Sequence[RunningJob], now: float, lowest: int | None, backfill: bool,
-           timeline: Sequence[tuple[float, str]] | None) -> PlacementOutcome:
-    result = schedule_cycle(cluster, pending, running, now, backfill=backfill, timeline=timeline)
+           timeline: Sequence[tuple[float, str]] | None, holds: Sequence[Hold] = ()) -> PlacementOutcome:
+    result = schedule_cycle(cluster, pending, running, now, backfill=backfill, timeline=timeline, holds=holds)
     # With no preemptible job running nobody asks (`asks_for_preemption`): skip the priorities then.
     asks = [] if lowest is None else [u.job_id for u in result.unplaceable
                                       if asks_for_preemption(u.reason, priority(u.job_id), lowest)]
@@ -109,12 +131,14 @@ class CycleOutcome:
 def cycle(state: AdmissionState, cluster: ClusterIndex, waiting: Mapping[str, WaitingJob],
           running: Sequence[RunningJob], now: float, *, lowest_preemptible_running: int | None = None,
           backfill: bool = True, run_admission: bool = True,
-          timeline: Sequence[tuple[float, str]] | None = None) -> CycleOutcome:
+          timeline: Sequence[tuple[float, str]] | None = None, holds: Sequence[Hold] = ()) -> CycleOutcome:
     """The whole pipeline once, on one snapshot: admit (when `run_admission`), then place every admitted job
     waiting (those in `waiting` and the ones just admitted). Applies the admissions to `state` and the
-    placements to `cluster`; `waiting` is not changed (the caller keeps its own bookkeeping)."""
+    placements to `cluster`; `waiting` is not changed (the caller keeps its own bookkeeping). `holds`: as for
+    `place`."""
     decision = admit(state, now, explain=False) if run_admission else AdmissionDecision()
     admitted = [waiting_job(state.config, a) for a in decision.admitted]
     outcome = place(cluster, [*waiting.values(), *admitted], running, now,
-                    lowest_preemptible_running=lowest_preemptible_running, backfill=backfill, timeline=timeline)
+                    lowest_preemptible_running=lowest_preemptible_running, backfill=backfill, timeline=timeline,
+                    holds=holds)
     return CycleOutcome(admitted, outcome, decision)

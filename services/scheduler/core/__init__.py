@@ -14,6 +14,7 @@ from .slot import may_fit_if_released
 from .state import STRATEGIES, ClusterState
 from .types import (
     CycleResult,
+    Hold,
     PendingJob,
     Placement,
     PlacementConflict,
@@ -27,6 +28,7 @@ __all__ = [
     "ClusterIndex",
     "ClusterState",
     "CycleResult",
+    "Hold",
     "IndexedNode",
     "NodeClass",
     "PendingJob",

@@ -27,12 +27,13 @@ from collections.abc import Sequence
 from typing import cast
 
 from shared.domain import JobSpec
+from shared.timefmt import human_time
 
 from .index import MISSING, ClusterIndex
 from .placer import place_job
 from .slot import Reservation, earliest_instant, earliest_slot
 from .staging import exclusions_for, placement_shape
-from .types import CycleResult, PendingJob, Placement, Reason, RunningJob, Unplaceable
+from .types import CycleResult, Hold, PendingJob, Placement, Reason, RunningJob, Unplaceable
 
 # Reasons that releasing running jobs cannot cure: no reservation is searched for them.
 _STATIC = {Reason.NO_GPU_MODEL, Reason.UNTOLERATED, Reason.NO_MATCHING_NODE, Reason.NO_READY_NODES}
@@ -40,14 +41,19 @@ _STATIC = {Reason.NO_GPU_MODEL, Reason.UNTOLERATED, Reason.NO_MATCHING_NODE, Rea
 
 def schedule_cycle(state: ClusterIndex, pending: Sequence[PendingJob], running: Sequence[RunningJob], now: float,
                    *, backfill: bool = True, max_reservations: int = 1,
-                   timeline: Sequence[tuple[float, str]] | None = None) -> CycleResult:
+                   timeline: Sequence[tuple[float, str]] | None = None,
+                   holds: Sequence[Hold] = ()) -> CycleResult:
     """Place what can start now, reserve for blocked heads, backfill around the reservations.
 
     Commits every placed job into `state` (pass `state.copy()` for a dry run). `timeline`: the running jobs'
     (expected end, job id), sorted, when the caller keeps it up to date (a simulator cycle sorting every
     running job again was a cost per cycle linear in the cluster); else it is built from `running`.
+    `holds`: capacity freed by preemptions and held for their preemptors (free on `state`); a hold whose `until`
+    has passed holds nothing. Only its preemptor may be placed on it; every other job is placed around it, or
+    waits (`WaitingForReservation`) when the held capacity is the only place it fits now.
     """
     result = CycleResult()
+    holds = [h for h in holds if h.until > now]
     timeline = (list(timeline) if timeline is not None
                 else sorted([(r.expected_end, r.job_id) for r in running]))
     reservations: list[Reservation] = []
@@ -59,22 +65,36 @@ def schedule_cycle(state: ClusterIndex, pending: Sequence[PendingJob], running: 
         if strict_block is not None:
             result.unplaceable.append(Unplaceable(
                 spec.job_id, Reason.WAITING_FOR_RESERVATION,
-                f"queued behind {strict_block.job_id}, planned to start at t={strict_block.start:.0f} "
+                f"queued behind {strict_block.job_id}, planned to start at {human_time(strict_block.start)} "
                 "(backfill is off)"))
             continue
         got = _place(state, pj)
+        # The capacity held for other jobs' preemptions: this job goes around it (its own holds are its to use).
+        others = [h for h in holds if h.preemptor != spec.job_id] if holds else []
+        if isinstance(got, Placement) and others and not _disjoint(got, [h.placement for h in others]):
+            around = place_job(state, spec, pj.allowed_models, exclusions_for(h.placement for h in others))
+            if not isinstance(around, Placement):
+                hold = min(others, key=lambda h: (h.until, h.preemptor, h.victim))
+                result.unplaceable.append(Unplaceable(
+                    spec.job_id, Reason.WAITING_FOR_RESERVATION,
+                    f"fits now only on capacity held for {hold.preemptor}, which preempted {hold.victim} for it "
+                    f"(held until {human_time(hold.until)} at the latest)"))
+                continue
+            got = around
         if isinstance(got, Placement):
             end = now + spec.max_runtime_s
             # Only reservations that start before this job would end can be delayed by it.
             in_the_way = [r for r in reservations if r.start < end]
-            if in_the_way and not _disjoint(got, in_the_way):
-                retry = place_job(state, spec, pj.allowed_models, exclusions_for(r.placement for r in in_the_way))
+            if in_the_way and not _disjoint(got, [r.placement for r in in_the_way]):
+                retry = place_job(state, spec, pj.allowed_models,
+                                  exclusions_for([*(r.placement for r in in_the_way),
+                                                  *(h.placement for h in others)]))
                 if not isinstance(retry, Placement):
                     first = min(in_the_way, key=lambda r: (r.start, r.job_id))
                     result.unplaceable.append(Unplaceable(
                         spec.job_id, Reason.WAITING_FOR_RESERVATION,
-                        f"fits now but would run until t={end:.0f} on capacity reserved for {first.job_id} "
-                        f"from t={first.start:.0f} ({first.placement.gpus + first.placement.mig_slices} "
+                        f"fits now but would run until {human_time(end)} on capacity reserved for {first.job_id} "
+                        f"from {human_time(first.start)} ({first.placement.gpus + first.placement.mig_slices} "
                         "GPUs/slices); waiting so as not to delay it"))
                     continue
                 got = retry
@@ -88,7 +108,7 @@ def schedule_cycle(state: ClusterIndex, pending: Sequence[PendingJob], running: 
                 reservations.append(slot)
                 result.reservations[spec.job_id] = slot.start
                 got = Unplaceable(got.job_id, got.reason,
-                                  f"{got.message}; reserved to start at t={slot.start:.0f}")
+                                  f"{got.message}; reserved to start at {human_time(slot.start)}")
                 if not backfill:
                     strict_block = slot
         result.unplaceable.append(got)
@@ -152,10 +172,11 @@ def _same_search(memo: _SlotMemo, spec: JobSpec, timeline: list[tuple[float, str
     return (seen is spec or seen == spec) and seen_earlier == tuple(earlier) and seen_timeline == timeline
 
 
-def _disjoint(p: Placement, reservations: Sequence[Reservation]) -> bool:
-    """True when the placement shares no node with any of the reservations (the fast, common case)."""
+def _disjoint(p: Placement, others: Sequence[Placement]) -> bool:
+    """True when the placement shares no node with any of the others (reservations, holds: the fast, common
+    case)."""
     nodes = {b.node for b in p.bindings}
-    return not any(b.node in nodes for r in reservations for b in r.placement.bindings)
+    return not any(b.node in nodes for o in others for b in o.bindings)
 
 
 __all__ = ["Reservation", "earliest_slot", "schedule_cycle"]

@@ -75,6 +75,19 @@ class RunningJob:
     expected_end: float  # started_at + max_runtime_s: the user's limit, never the true duration
 
 
+@dataclass(frozen=True)
+class Hold:
+    """Capacity freed by preempting `victim`, held for the `preemptor` that asked for it until `until`: no other
+    job is placed on it meanwhile. Without it the scheduler gave the freed GPUs to whichever admitted job came
+    first in its order, often before the preemptor itself was admitted (admission admits it only once the
+    preemption has released its quota), and the preemptor then waited for something unrelated to end."""
+
+    preemptor: str
+    victim: str
+    placement: Placement  # the victim's placement: the GPUs, slices, CPU and memory it gave back
+    until: float
+
+
 @dataclass
 class CycleResult:
     placed: list[Placement] = field(default_factory=list)

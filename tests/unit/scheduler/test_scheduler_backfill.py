@@ -34,7 +34,7 @@ def test_head_gets_a_reservation_and_short_jobs_backfill() -> None:
     assert [p.job_id for p in result.placed] == ["short"]
     [why] = result.unplaceable
     assert why.job_id == "head" and why.reason == Reason.INSUFFICIENT_GPUS
-    assert "reserved to start at t=2000" in why.message
+    assert "reserved to start at 1970-01-01 00:33:20 UTC" in why.message  # a human, zoned time, no epoch
     assert "short" in state.allocations()
 
 
@@ -47,7 +47,7 @@ def test_a_long_job_on_reserved_gpus_waits_for_the_reservation() -> None:
     assert result.placed == []
     waiting = {u.job_id: u for u in result.unplaceable}
     assert waiting["long"].reason == Reason.WAITING_FOR_RESERVATION
-    assert "reserved for head from t=2000" in waiting["long"].message
+    assert "reserved for head from 1970-01-01 00:33:20 UTC" in waiting["long"].message
 
 
 def test_a_long_job_may_use_capacity_the_reservation_does_not_need() -> None:
