@@ -30,8 +30,11 @@ from typing import Annotated, Any
 import asyncpg
 import uvicorn
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import HTMLResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, Field, ValidationError
+from fastapi.staticfiles import StaticFiles
+from pydantic import ValidationError
 
 from services.admission import configmodel
 from services.admission.app import latest_config, load_state
@@ -39,6 +42,28 @@ from services.admission.core import governance, identity, queue_summaries
 from services.api import readmodel, tokens
 from services.api.kubeauth import NoTeam, ReviewUnavailable, TokenReviewer, TokenReviewSettings, principal_for
 from services.api.limits import BodyLimit, max_body_bytes_from_env
+from services.api.models import (
+    AuditRecord,
+    CancelBody,
+    ConfigBody,
+    ConfigInForce,
+    ConfigProposed,
+    Explanation,
+    FocusRow,
+    HeldOutside,
+    JobRequestSent,
+    JobStatus,
+    QueueRow,
+    Report,
+    Submission,
+    SubmitResult,
+    Webhook,
+    WebhookBody,
+    WebhookChanged,
+    WebhookCreated,
+    WebhookRotated,
+    job_request_schemas,
+)
 from services.api.tokens import Principal
 from services.metering.core.rollup import Granularity
 from services.scheduler import readmodel as scheduler_view
@@ -63,30 +88,16 @@ DEFAULT_PORT = 8000
 VERDICT_WAIT_S = 5.0  # how long POST /v1/jobs waits for admission's verdict before answering "accepted"
 
 
-class SubmitResult(BaseModel):
-    job_id: str
-    event_id: str
-    verdict: str  # queued | rejected | cancelled | awaiting_approval | accepted (no verdict yet)
-    reason: str | None = None
-    message: str | None = None
+# Swagger UI's and ReDoc's scripts and styles, served by this service so that /docs and /redoc work without network
+# (FastAPI's defaults load them from a CDN). The fastapi-offline package ships them (Swagger UI: Apache-2.0, ReDoc:
+# MIT); only its files are used.
+DOCS_STATIC_URL = "/docs-static"
 
 
-class Submission(BaseModel):
-    jobs: list[JobSpec] = Field(min_length=1, max_length=1000)
+def _docs_assets() -> Path:
+    import fastapi_offline
 
-
-class CancelBody(BaseModel):
-    reason: str = ""
-
-
-class WebhookBody(BaseModel):
-    url: str
-    events: list[str] = Field(default_factory=lambda: ["job.completed", "job.failed", "job.preempted"])
-    team: str | None = None  # admins only: another team's, or null for every team
-
-
-class ConfigBody(BaseModel):
-    config: dict[str, Any]
+    return Path(fastapi_offline.__file__).parent / "static"
 
 
 @dataclass
@@ -151,9 +162,10 @@ Caller = Annotated[Principal, Depends(principal)]
 
 
 def create_app(ctx: ApiContext) -> FastAPI:
-    app = FastAPI(title="gpuq API", version="1", description=__doc__)
+    app = FastAPI(title="gpuq API", version="1", description=__doc__, docs_url=None, redoc_url=None)
     app.state.ctx = ctx
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes_from_env())  # 413 before any body is buffered
+    _offline_docs(app)
 
     def admin_only(who: Principal) -> None:
         if not who.admin:
@@ -171,11 +183,13 @@ def create_app(ctx: ApiContext) -> FastAPI:
         return {"status": "ok"}
 
     @app.post("/v1/jobs", status_code=202, response_model=list[SubmitResult],
-              summary="Submit jobs (one JobSpec or {jobs: [...]}) as the token's team")
+              summary="Submit jobs (one JobSpec, a list, or {jobs: [...]}) as the token's team",
+              description="`team` defaults to the token's team and `queue` to that team's default queue; `job_id` to "
+                          "a fresh one. Answers admission's verdict on each, waiting up to `wait` seconds for it.")
     async def submit(who: Caller, request: Request,
                      wait: Annotated[float, Query(ge=0, le=30)] = VERDICT_WAIT_S) -> list[SubmitResult]:
-        specs = _specs_from_body(await _json_body(request), who.team)
-        config = await _current_config(ctx)
+        config = await _current_config(ctx) or ctx.queues
+        specs = _specs_from_body(await _json_body(request), who, config)
         for spec in specs:
             if not who.admin and spec.team != who.team:
                 raise HTTPException(403, f"job {spec.job_id} names team {spec.team!r}; this token submits for team "
@@ -198,7 +212,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
                 events.append((spec.job_id, event.id))
         return await _verdicts(ctx, events, wait)
 
-    @app.get("/v1/jobs", summary="Jobs of the token's team (all teams for an admin)")
+    @app.get("/v1/jobs", summary="Jobs of the token's team (all teams for an admin)", response_model=list[JobStatus])
     async def list_jobs(who: Caller, all_jobs: Annotated[bool, Query(alias="all")] = False,
                         limit: Annotated[int, Query(ge=1, le=10_000)] = 200,
                         team: str | None = None) -> list[dict[str, Any]]:
@@ -208,16 +222,18 @@ def create_app(ctx: ApiContext) -> FastAPI:
             rows = [r for r in rows if r["state"] in ("pending", "admitted", "placed", "running")]
         return [readmodel.public(r) for r in rows[-limit:]]
 
-    @app.get("/v1/jobs/{job_id}", summary="One job's status")
+    @app.get("/v1/jobs/{job_id}", summary="One job's status", response_model=JobStatus)
     async def get_job(who: Caller, job_id: str) -> dict[str, Any]:
         return readmodel.public(await visible_job(who, job_id))
 
-    @app.get("/v1/jobs/{job_id}/explain", summary="Why a job waits, where it stands, when it should start")
+    @app.get("/v1/jobs/{job_id}/explain", summary="Why a job waits, where it stands, when it should start",
+             response_model=Explanation)
     async def explain(who: Caller, job_id: str) -> dict[str, Any]:
         row = await visible_job(who, job_id)
         return {"job_id": job_id, "state": row["state"], "lines": readmodel.explain_lines(row, time.time())}
 
-    @app.post("/v1/jobs/{job_id}/cancel", status_code=202, summary="Cancel a job of the token's team (any: admin)")
+    @app.post("/v1/jobs/{job_id}/cancel", status_code=202, summary="Cancel a job of the token's team (any: admin)",
+              response_model=JobRequestSent)
     async def cancel(who: Caller, job_id: str, body: CancelBody | None = None) -> dict[str, str]:
         rows = await readmodel.fetch_status(ctx.database_url, job_id)
         if not rows and who.admin:
@@ -235,7 +251,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
             await audit.record(tx, "cancel_request", who.actor, job_id=job_id, team=team, event_id=event.id)
         return {"job_id": job_id, "event_id": event.id, "status": "cancel requested"}
 
-    @app.post("/v1/jobs/{job_id}/approve", status_code=202, summary="Approve a job awaiting approval (admin)")
+    @app.post("/v1/jobs/{job_id}/approve", status_code=202, summary="Approve a job awaiting approval (admin)",
+              response_model=JobRequestSent)
     async def approve(who: Caller, job_id: str) -> dict[str, str]:
         admin_only(who)
         row = await visible_job(who, job_id)
@@ -246,7 +263,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
             await audit.record(tx, "approve_request", who.actor, job_id=job_id, team=row["team"], event_id=event.id)
         return {"job_id": job_id, "event_id": event.id, "status": "approval sent"}
 
-    @app.get("/v1/queues", summary="Per queue: nominal, used, borrowed, lent, pending, running")
+    @app.get("/v1/queues", summary="Per queue: nominal, used, borrowed, lent, pending, running",
+             response_model=list[QueueRow])
     async def queues(who: Caller) -> list[dict[str, Any]]:
         async with ctx.rt().pool.acquire() as conn:
             try:
@@ -255,14 +273,16 @@ def create_app(ctx: ApiContext) -> FastAPI:
                 raise HTTPException(503, "admission has no state yet") from None
         return [dict(s.__dict__) for s in queue_summaries(state, time.time())]
 
-    @app.get("/v1/queues/held", summary="GPUs pods gpuq does not manage hold on its nodes (what gpuq queues prints)")
+    @app.get("/v1/queues/held", summary="GPUs pods gpuq does not manage hold on its nodes (what gpuq queues prints)",
+             response_model=HeldOutside)
     async def held(who: Caller) -> dict[str, Any]:
         # beside /v1/queues, whose list body its clients read as is: the line `gpuq queues` prints under the table,
         # from the scheduler's node facts (services/scheduler/readmodel.py, `held_outside`)
         async with ctx.rt().pool.acquire() as conn:
             return scheduler_view.held_outside(await scheduler_view.nodes(conn))
 
-    @app.put("/v1/queues/config", status_code=202, summary="Change teams, quotas and policy (admin)")
+    @app.put("/v1/queues/config", status_code=202, summary="Change teams, quotas and policy (admin)",
+             response_model=ConfigProposed)
     async def apply_queues(who: Caller, body: ConfigBody) -> dict[str, Any]:
         admin_only(who)
         try:
@@ -278,7 +298,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
         # its content is in force already.
         return {"event_id": event.id, "hash": content, "warnings": config.warnings()}
 
-    @app.get("/v1/queues/config", summary="The queue configuration in force: version, content hash, when, by whom")
+    @app.get("/v1/queues/config", summary="The queue configuration in force: version, content hash, when, by whom",
+             response_model=ConfigInForce, response_model_exclude_none=True)
     async def config_in_force(who: Caller) -> dict[str, Any]:
         async with ctx.rt().pool.acquire() as conn:
             current = await configmodel.in_force(conn)
@@ -290,7 +311,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
             body["config"] = queues_document(current.config)
         return body
 
-    @app.get("/v1/report", summary="GPU usage and cost of the token's team (every team for an admin)")
+    @app.get("/v1/report", summary="GPU usage and cost of the token's team (every team for an admin)",
+             response_model=Report)
     async def report(who: Caller, by: str = "team", since: str | None = None, until: str | None = None,
                      granularity: Granularity = Granularity.TOTAL, team: str | None = None) -> dict[str, Any]:
         from services.metering.report import report_document
@@ -299,7 +321,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
             return await report_document(ctx.database_url, by=by, since=since, until=until, granularity=granularity,
                                          team=team if who.admin else who.team, now=datetime.now(UTC))
 
-    @app.get("/v1/report/focus", summary="FinOps FOCUS rows of the token's team's jobs (every team's: admin)")
+    @app.get("/v1/report/focus", summary="FinOps FOCUS rows of the token's team's jobs (every team's: admin)",
+             response_model=list[FocusRow])
     async def report_focus(who: Caller, since: str | None = None, until: str | None = None,
                            granularity: Granularity = Granularity.DAY,
                            team: str | None = None) -> list[dict[str, Any]]:
@@ -309,14 +332,16 @@ def create_app(ctx: ApiContext) -> FastAPI:
             return await focus_document(ctx.database_url, since=since, until=until, granularity=granularity,
                                         team=team if who.admin else who.team, now=datetime.now(UTC))
 
-    @app.get("/v1/webhooks", summary="Webhook subscriptions of the token's team (all: admin)")
+    @app.get("/v1/webhooks", summary="Webhook subscriptions of the token's team (all: admin)",
+             response_model=list[Webhook])
     async def list_webhooks(who: Caller) -> list[dict[str, Any]]:
         async with ctx.rt().pool.acquire() as conn:
             subs = await webhooks.list_subscriptions(conn, None if who.admin else who.team)
         return [{"id": s.id, "url": s.url, "team": s.team, "events": list(s.events), "active": s.active,
                  "created_at": s.created_at.isoformat()} for s in subs]
 
-    @app.post("/v1/webhooks", status_code=201, summary="Subscribe a URL to the team's job events")
+    @app.post("/v1/webhooks", status_code=201, summary="Subscribe a URL to the team's job events",
+              response_model=WebhookCreated)
     async def add_webhook(who: Caller, body: WebhookBody) -> dict[str, Any]:
         from services.telemetry.webhooks.ssrf import AllowList, TargetRefused, resolve_target
 
@@ -343,7 +368,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
             raise HTTPException(404, f"no subscription {sub_id}")
         return sub
 
-    @app.delete("/v1/webhooks/{sub_id}", summary="Remove a subscription")
+    @app.delete("/v1/webhooks/{sub_id}", summary="Remove a subscription", response_model=WebhookChanged)
     async def remove_webhook(who: Caller, sub_id: str) -> dict[str, str]:
         async with ctx.rt().transaction() as tx:
             sub = await own_subscription(tx.conn, who, sub_id)
@@ -351,7 +376,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
             await audit.record(tx, "webhook_remove", who.actor, team=sub.team, subscription=sub_id, url=sub.url)
         return {"id": sub_id, "status": "removed"}
 
-    @app.post("/v1/webhooks/{sub_id}/rotate", summary="A new signing secret (the old one also signs for a while)")
+    @app.post("/v1/webhooks/{sub_id}/rotate", summary="A new signing secret (the old one also signs for a while)",
+              response_model=WebhookRotated)
     async def rotate_webhook(who: Caller, sub_id: str,
                              grace_hours: Annotated[float, Query(ge=0, le=24 * 30)] = 24.0) -> dict[str, Any]:
         async with ctx.rt().transaction() as tx:
@@ -364,7 +390,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
         return {"id": sub.id, "secret": sub.secret,
                 "previous_secret_valid_until": until.isoformat(timespec="seconds") if until else None}
 
-    @app.post("/v1/webhooks/{sub_id}/enable", summary="Re-enable a subscription its receiver disabled")
+    @app.post("/v1/webhooks/{sub_id}/enable", summary="Re-enable a subscription its receiver disabled",
+              response_model=WebhookChanged)
     async def enable_webhook(who: Caller, sub_id: str) -> dict[str, str]:
         async with ctx.rt().transaction() as tx:
             sub = await own_subscription(tx.conn, who, sub_id)
@@ -372,7 +399,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
             await audit.record(tx, "webhook_enable", who.actor, team=sub.team, subscription=sub_id)
         return {"id": sub_id, "status": "enabled"}
 
-    @app.get("/v1/audit", summary="Audit records (the token's team's; all for an admin)")
+    @app.get("/v1/audit", summary="Audit records (the token's team's; all for an admin)",
+             response_model=list[AuditRecord])
     async def audit_records(who: Caller, since: datetime | None = None, until: datetime | None = None,
                             team: str | None = None, job_id: str | None = None, action: str | None = None,
                             limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> list[dict[str, Any]]:
@@ -383,7 +411,50 @@ def create_app(ctx: ApiContext) -> FastAPI:
                                       job_id=job_id, action=action, limit=limit)
         return [{**r, "at": r["at"].isoformat()} for r in rows]
 
+    _document_submission_body(app)
     return app
+
+
+def _offline_docs(app: FastAPI) -> None:
+    """/docs (Swagger UI) and /redoc from this service's own files: no CDN, no web fonts, no validator badge, no
+    favicon from elsewhere (tests/service/security/test_api_docs.py fetches every URL the pages name)."""
+    app.mount(DOCS_STATIC_URL, StaticFiles(directory=_docs_assets()), name="docs-static")
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_swagger_ui_html(
+            openapi_url=f"{root}{app.openapi_url}", title=f"{app.title} - Swagger UI",
+            swagger_js_url=f"{root}{DOCS_STATIC_URL}/swagger-ui-bundle.js",
+            swagger_css_url=f"{root}{DOCS_STATIC_URL}/swagger-ui.css",
+            swagger_favicon_url=f"{root}{DOCS_STATIC_URL}/favicon.png",
+            oauth2_redirect_url=None,
+            # Swagger UI's default asks validator.swagger.io for a badge of the document
+            swagger_ui_parameters={"validatorUrl": None})
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_redoc_html(openapi_url=f"{root}{app.openapi_url}", title=f"{app.title} - ReDoc",
+                              redoc_js_url=f"{root}{DOCS_STATIC_URL}/redoc.standalone.js",
+                              redoc_favicon_url=f"{root}{DOCS_STATIC_URL}/favicon.png", with_google_fonts=False)
+
+
+def _document_submission_body(app: FastAPI) -> None:
+    """POST /v1/jobs reads its body itself (see `_json_body`), so FastAPI knows of no body parameter: its schema is
+    added to the generated document here."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            doc = generate()
+            body, components = job_request_schemas("#/components/schemas/{model}")
+            doc.setdefault("components", {}).setdefault("schemas", {}).update(components)
+            doc["paths"]["/v1/jobs"]["post"]["requestBody"] = {
+                "required": True, "content": {"application/json": {"schema": body}}}
+        return app.openapi_schema or {}
+
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to extend the document
 
 
 @contextlib.contextmanager
@@ -411,17 +482,55 @@ async def _json_body(request: Request) -> Any:
         raise HTTPException(422, f"the body is not JSON: {exc}") from None
 
 
-def _specs_from_body(doc: Any, caller_team: str | None) -> list[JobSpec]:
+def _specs_from_body(doc: Any, who: Principal, config: QueuesConfig | None) -> list[JobSpec]:
     items = doc.get("jobs") if isinstance(doc, dict) and "jobs" in doc else doc
     if isinstance(items, dict):
         items = [items]
     if not isinstance(items, list) or not items:
         raise HTTPException(422, "the body is a job spec, a list of them, or {jobs: [...]}")
+    if len(items) > 1000:
+        raise HTTPException(422, f"at most 1000 jobs in one submission, got {len(items)}")
     try:
-        return Submission(jobs=[_with_id(item, caller_team) for item in items]).jobs
+        return Submission(jobs=[_with_id(_with_team_and_queue(item, who, config), who.team) for item in items]).jobs
     except ValidationError as exc:
         first = exc.errors()[0]
         raise HTTPException(422, f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
+
+
+def _with_team_and_queue(item: Any, who: Principal, config: QueuesConfig | None) -> Any:
+    """A spec without `team` is the token's team's; without `queue`, it goes to the team's default queue. A team's
+    token naming another team is refused here, before any default is looked up for that team."""
+    if not isinstance(item, dict):
+        return item
+    team = item.get("team")
+    if team in (None, "") and who.team is not None:
+        item = {**item, "team": who.team}
+        team = who.team
+    if not who.admin and isinstance(team, str) and team != who.team:
+        raise HTTPException(403, f"job {item.get('job_id') or '(no id)'} names team {team!r}; this token submits "
+                                 f"for team {who.team!r} only")
+    if item.get("queue") in (None, "") and isinstance(team, str) and team:
+        item = {**item, "queue": _default_queue(config, team)}
+    return item
+
+
+def _default_queue(config: QueuesConfig | None, team: str) -> str:
+    """The queue a team's job goes to when it names none: its first namespace's first queue (the queue a workload of
+    that namespace labelled with none is given), else the team's only queue; a 422 that lists them otherwise."""
+    if config is None:
+        raise HTTPException(422, "queue: required (no queue configuration is known yet to pick team "
+                                 f"{team!r}'s default)")
+    for mapping in config.namespaces:
+        if mapping.team == team:
+            return mapping.queues[0]
+    mine = [q.name for q in config.queues if team in q.teams]
+    usable = mine or [q.name for q in config.queues if not q.teams]
+    if len(usable) == 1:
+        return usable[0]
+    if not usable:
+        raise HTTPException(422, f"queue: required, and team {team!r} may use no queue of the configuration")
+    raise HTTPException(422, f"queue: required: team {team!r} has no default queue (it has no namespace mapped) "
+                             f"and may use {len(usable)}: {', '.join(usable)}")
 
 
 def _with_id(item: Any, caller_team: str | None) -> Any:
