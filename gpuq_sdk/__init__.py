@@ -15,6 +15,9 @@ The pod needs the downward-API annotations file (a `downwardAPI` volume with `me
 /etc/podinfo by default, or GPUQ_ANNOTATIONS_FILE) and a service account allowed to patch its own pod
 (docs/kubernetes.md). `report_checkpoint` patches the pod's annotation `gpuq.io/last-checkpoint`; gpuq's executor
 turns that into a JobCheckpointed event and then suspends the workload.
+
+Producers (pipelines, scripts) submit, watch and cancel jobs with `gpuq_sdk.Client` / `gpuq_sdk.AsyncClient`
+(gpuq_sdk/client.py, which needs httpx): imported on first use, so that the helper above stays standard-library only.
 """
 
 from __future__ import annotations
@@ -27,9 +30,33 @@ import urllib.error
 import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["CheckpointReportError", "checkpoint_deadline", "checkpoint_requested",
-           "pod_annotations", "report_checkpoint", "resume_from"]
+if TYPE_CHECKING:
+    from gpuq_sdk.client import (
+        AsyncClient,
+        Client,
+        GpuqError,
+        SubmissionRefused,
+        Submitted,
+        WaitTimeout,
+        job_spec,
+    )
+
+__all__ = ["AsyncClient", "CheckpointReportError", "Client", "GpuqError", "SubmissionRefused", "Submitted",
+           "WaitTimeout", "checkpoint_deadline", "checkpoint_requested", "job_spec", "pod_annotations",
+           "report_checkpoint", "resume_from"]
+_PRODUCER = frozenset({"AsyncClient", "Client", "GpuqError", "SubmissionRefused", "Submitted", "WaitTimeout",
+                       "job_spec"})
+
+
+def __getattr__(name: str) -> Any:
+    """The producer SDK's names, imported when first asked for (see the module's docstring)."""
+    if name in _PRODUCER:
+        from gpuq_sdk import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module 'gpuq_sdk' has no attribute {name!r}")
 
 ANNOTATIONS_FILE = Path(os.environ.get("GPUQ_ANNOTATIONS_FILE", "/etc/podinfo/annotations"))
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
