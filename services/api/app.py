@@ -220,17 +220,19 @@ def create_app(ctx: ApiContext) -> FastAPI:
         rows = await readmodel.fetch_status(ctx.database_url, None, limit=limit * 50, team=scope)
         if not all_jobs:
             rows = [r for r in rows if r["state"] in ("pending", "admitted", "placed", "running")]
-        return [readmodel.public(r) for r in rows[-limit:]]
+        now = ctx.rt().clock.now()  # the platform's clock, which the stored times and ETAs are on
+        return [readmodel.public(r, now) for r in rows[-limit:]]
 
     @app.get("/v1/jobs/{job_id}", summary="One job's status", response_model=JobStatus)
     async def get_job(who: Caller, job_id: str) -> dict[str, Any]:
-        return readmodel.public(await visible_job(who, job_id))
+        return readmodel.public(await visible_job(who, job_id), ctx.rt().clock.now())
 
     @app.get("/v1/jobs/{job_id}/explain", summary="Why a job waits, where it stands, when it should start",
              response_model=Explanation)
     async def explain(who: Caller, job_id: str) -> dict[str, Any]:
         row = await visible_job(who, job_id)
-        return {"job_id": job_id, "state": row["state"], "lines": readmodel.explain_lines(row, time.time())}
+        return {"job_id": job_id, "state": row["state"],
+                "lines": readmodel.explain_lines(row, ctx.rt().clock.now())}
 
     @app.post("/v1/jobs/{job_id}/cancel", status_code=202, summary="Cancel a job of the token's team (any: admin)",
               response_model=JobRequestSent)

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
 
 from services.eta.core.words import eta_words
+from shared.timefmt import human_time
 
 STATUS_SQL = """
 SELECT a.job_id, a.team, a.queue, a.status AS admission_status, a.reason, a.message, a.position_in_queue,
@@ -90,19 +90,43 @@ def _natural(name: str) -> tuple[object, ...]:
 
 
 def fmt_time(ts: float | None) -> str:
+    """A time as every server-produced text writes it: date, time to the second, zone (shared/timefmt.py)."""
     if ts is None:
         return "-"
-    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return human_time(ts)
+
+
+# States in which a job has not started running yet: its wait goes on. Admitted is not running (issue 51: the
+# wait froze at admission), nor is placed (the executor has not reported the start yet).
+WAITING_STATES = frozenset({"pending", "admitted", "placed"})
 
 
 def wait_seconds(row: dict[str, Any], now: float) -> float | None:
-    start = row.get("admitted_at") if row.get("admitted_at") is not None else None
-    end = row.get("placed_at") or start
-    if row["state"] == "pending":
-        return now - row["submitted_at"]
-    if end is not None:
-        return end - row["submitted_at"]
-    return None
+    """How long the job has waited to run: until `now` while it has not started (pending, admitted, placed), until
+    its run's start once it runs or ran (the placement time when no start was reported), until its end for one
+    that ended without running. `submitted_at` is the first submission (kept across requeues), so a preempted job
+    waiting again counts from there, as its queue position does. None when nothing says."""
+    submitted = row.get("submitted_at")
+    if submitted is None:
+        return None
+    state = row["state"]
+    if state in WAITING_STATES:
+        return max(0.0, now - submitted)
+    started = row.get("started_at") or row.get("placed_at")
+    end = started if started is not None else row.get("finished_at")
+    return max(0.0, end - submitted) if end is not None else None
+
+
+def eta_view(row: dict[str, Any], now: float) -> dict[str, Any]:
+    """The ETA as a reader may be shown it at `now`: never in the past. The ETA is admission's (its service owns
+    the estimate and refreshes it on its own schedule, sooner once one has passed); a stored ETA that has passed
+    while the job still waits is stale, so it is shown as `now` with `eta_overdue` true and the time that was
+    expected in `eta_expected` (the next refresh gives a new value). The p10-p90 range is clamped alike."""
+    eta, low, high = row.get("eta"), row.get("eta_low"), row.get("eta_high")
+    if eta is None or row.get("state") not in WAITING_STATES or eta >= now:
+        return {"eta": eta, "eta_low": low, "eta_high": high, "eta_overdue": False, "eta_expected": None}
+    return {"eta": now, "eta_low": None if low is None else max(low, now),
+            "eta_high": None if high is None else max(high, now), "eta_overdue": True, "eta_expected": eta}
 
 
 def explain_lines(row: dict[str, Any], now: float) -> list[str]:
@@ -122,15 +146,18 @@ def explain_lines(row: dict[str, Any], now: float) -> list[str]:
         if row.get("position_in_queue"):
             lines.append(f"  position {row['position_in_queue']} in queue {row['queue']}, "
                          f"{row['position_in_cohort']} in its cohort")
-        lines.append(f"  waited {now - row['submitted_at']:.0f} s so far; expected start {eta_text(row)}")
+        lines.append(f"  waited {now - row['submitted_at']:.0f} s so far; expected start {eta_text(row, now)}")
     elif state == "admitted":
         lines.append(f"  admitted {fmt_time(row['admitted_at'])}" + (" (borrowing)" if row.get("borrowing") else ""))
         lines.append(f"  waiting for placement: {row.get('sched_reason') or 'next cycle'}"
                      + (f": {row['sched_message']}" if row.get("sched_message") else ""))
         if row.get("planned_start"):
-            lines.append(f"  reserved to start at {fmt_time(row['planned_start'])}")
+            lines.append(f"  reserved to start at {fmt_time(max(row['planned_start'], now))}")
         if row.get("eta"):  # admission's ETA counts what the reservation does not: preemptions, protection windows
-            lines.append(f"  expected start {eta_text(row)}")
+            lines.append(f"  expected start {eta_text(row, now)}")
+        wait = wait_seconds(row, now)
+        if wait is not None:
+            lines.append(f"  waited {wait:.0f} s so far")
     else:
         if row.get("placed_at"):
             lines.append(f"  placed {fmt_time(row['placed_at'])} on {', '.join(row['nodes'])} "
@@ -152,15 +179,27 @@ def borrowing_risk(spec: dict[str, Any]) -> str:
             f"all its work so far (up to its {spec['max_runtime_s']} s limit)")
 
 
-def eta_text(row: dict[str, Any]) -> str:
-    """The expected start in words: most likely, then the p10-p90 range when admission gave one."""
+def eta_text(row: dict[str, Any], now: float | None = None) -> str:
+    """The expected start in words: most likely, then the p10-p90 range when admission gave one. With `now`, an
+    ETA that has passed is not shown in the past (`eta_view`): it says so, and that it is being recomputed."""
+    if now is not None:
+        view = eta_view(row, now)
+        if view["eta_overdue"]:
+            return (f"overdue: it was expected by {fmt_time(view['eta_expected'])}; any time now "
+                    "(the estimate is being recomputed)")
+        row = {**row, **view}
     # the words the Pending Event on a Kubernetes workload says too (services/eta/core/words.py)
     return eta_words(row.get("eta") or None, row.get("eta_low"), row.get("eta_high"))
 
 
-def public(row: dict[str, Any]) -> dict[str, Any]:
+def public(row: dict[str, Any], now: float | None = None) -> dict[str, Any]:
+    """A job as the API returns it. With `now` (the platform's clock), its wait so far (`wait_s`, `wait_seconds`)
+    and its ETA as of then (`eta_view`: never in the past; `eta_overdue` says a passed one was clamped)."""
     keep = ("job_id", "team", "queue", "state", "reason", "message", "position_in_queue", "position_in_cohort",
             "eta", "eta_low", "eta_high", "submitted_at", "admitted_at", "placed_at", "finished_at", "outcome", "nodes",
-            "sched_reason", "sched_message", "planned_start")
+            "sched_reason", "sched_message", "planned_start", "started_at")
     gpus = sum(p["count"] * p["gpus_per_pod"] for p in row["spec"]["pod_sets"]) if row.get("spec") else None
-    return {**{k: row.get(k) for k in keep}, "gpus": gpus}
+    out = {**{k: row.get(k) for k in keep}, "gpus": gpus}
+    if now is not None:
+        out.update(eta_view(row, now), wait_s=wait_seconds(row, now))
+    return out

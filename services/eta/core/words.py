@@ -3,12 +3,12 @@ Kubernetes Event of a Pending job say the same start and the same range."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from shared.timefmt import human_time
 
 
 def when(ts: float) -> str:
-    """Epoch seconds as `gpuq explain` writes a time (UTC, to the second)."""
-    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+    """Epoch seconds as `gpuq explain` writes a time (to the second, with its zone: shared/timefmt.py)."""
+    return human_time(ts)
 
 
 def eta_words(eta: float | None, low: float | None = None, high: float | None = None) -> str:

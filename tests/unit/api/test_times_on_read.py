@@ -1,0 +1,42 @@
+"""Waits and ETAs as the read model tells them at a given time (issue 51): no frozen waits, no ETA in the past."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.api.readmodel import eta_text, eta_view, explain_lines, wait_seconds
+
+
+def _row(state: str, **extra: Any) -> dict[str, Any]:
+    return {"job_id": "j", "team": "t", "queue": "q", "state": state, "submitted_at": 1000.0,
+            "admitted_at": 1100.0 if state != "pending" else None, "placed_at": None, "started_at": None,
+            "finished_at": None, "eta": None, "eta_low": None, "eta_high": None,
+            "spec": {"pod_sets": [{"count": 1, "gpus_per_pod": 8}], "priority_class": "normal",
+                     "max_runtime_s": 3600}, **extra}
+
+
+def test_an_admitted_or_placed_job_keeps_counting_its_wait() -> None:
+    for state, extra in (("admitted", {}), ("placed", {"placed_at": 1200.0})):
+        row = _row(state, **extra)
+        assert wait_seconds(row, 1500.0) == 500.0 and wait_seconds(row, 1900.0) == 900.0
+
+
+def test_a_job_that_runs_or_ran_shows_its_wait_until_its_start() -> None:
+    running = _row("running", placed_at=1200.0, started_at=1230.0)
+    assert wait_seconds(running, 5000.0) == wait_seconds(running, 9000.0) == 230.0
+    done = _row("completed", placed_at=1200.0, started_at=1230.0, finished_at=4000.0)
+    assert wait_seconds(done, 9000.0) == 230.0
+    never_ran = _row("cancelled", admitted_at=None, finished_at=1300.0)
+    assert wait_seconds(never_ran, 9000.0) == 300.0
+
+
+def test_a_passed_eta_is_clamped_to_now_and_flagged() -> None:
+    row = _row("admitted", eta=1400.0, eta_low=1350.0, eta_high=1800.0)
+    view = eta_view(row, 1500.0)
+    assert view == {"eta": 1500.0, "eta_low": 1500.0, "eta_high": 1800.0, "eta_overdue": True,
+                    "eta_expected": 1400.0}
+    assert eta_view(row, 1300.0)["eta_overdue"] is False  # not yet passed: as admission gave it
+    words = eta_text(row, 1500.0)
+    assert "overdue" in words and "1970-01-01 00:23:20 UTC" in words
+    lines = "\n".join(explain_lines(row, 1500.0))
+    assert "overdue" in lines and "waited 500 s so far" in lines
