@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import ipaddress
 import logging
 import os
@@ -24,7 +25,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cli.runtime import STATE_DIR, active_instance, forget_servers, record_servers
+from cli.runtime import STATE_DIR, active_instance, config_path, forget_servers, record_servers, write_config
 from services.admission.sharding import parse_cohorts
 from services.api.readmodel import fetch_status
 from services.stack import ALL_SERVICES, Stack, StackSettings
@@ -106,6 +107,13 @@ def up(
             raise typer.Exit(2)
     health_addr = health_addr or bind
     wanted = [s.strip() for s in services.split(",") if s.strip()]
+    busy = _busy_port(bind, health_addr, [
+        (api_port, "the API", "--api-port") if "api" in wanted else None,
+        (metrics_port, "telemetry's /metrics", "--metrics-port") if "telemetry" in wanted and metrics_port else None,
+        (health_port, "the health endpoints", "--health-port") if health_port else None])
+    if busy is not None:
+        console.print(f"[red]error:[/] {busy}", soft_wrap=True)
+        raise typer.Exit(2)
     runs_executor = "executor" in wanted
     if executor == "sim":
         cluster = cluster or EXAMPLES / "cluster.yaml"
@@ -169,7 +177,7 @@ def up(
         except EmbeddedServerError as exc:
             console.print(f"[red]{escape(str(exc))}[/]")
             raise typer.Exit(2) from None
-    record_servers(servers.nats_url, servers.database_url)
+    pointed = record_servers(servers.nats_url, servers.database_url) and _point_config_here()
     settings = StackSettings(
         nats_url=servers.nats_url, database_url=servers.database_url, queues=queues_cfg, cluster=cluster_cfg,
         cluster_dir=cluster.parent if cluster is not None else None, executor=executor, kubeconfig=kubeconfig,
@@ -201,6 +209,8 @@ def up(
                     names = ", ".join(r.spec.name for r in stack.runtimes)
                     console.print(f"gpuq up: {names} in namespace {namespaces.current()} "
                                   f"(NATS {servers.origin['nats']}, Postgres {servers.origin['postgres']})")
+                    for line in _ready_lines(wanted, bind, api_port, pointed):
+                        console.print(f"gpuq up: {line}", soft_wrap=True)
                     await stopping
             finally:
                 for task in (starting, stopping, announcing):
@@ -226,7 +236,10 @@ async def _announce_standby(stack: Stack) -> None:
     announced: set[str] = set()
     while True:
         runtime = stack.starting
-        if runtime is not None and runtime.phase == "standby" and runtime.spec.name not in announced:
+        # "standby" is the phase from the first attempt at the lease on: only a refusal (another instance holds
+        # it) makes this one a standby; a fresh start that takes the lease at once says nothing.
+        if (runtime is not None and runtime.phase == "standby" and getattr(runtime, "lease_refusals", 1) > 0
+                and runtime.spec.name not in announced):
             announced.add(runtime.spec.name)
             console.print(f"gpuq up: STANDBY: another instance holds the {runtime.spec.name} lease; this one takes "
                           "over when it goes (Ctrl-C or SIGTERM stops it)", soft_wrap=True)
@@ -235,6 +248,56 @@ async def _announce_standby(stack: Stack) -> None:
                 announced.discard(name)
                 console.print(f"gpuq up: {name} took over the lease: active now", soft_wrap=True)
         await asyncio.sleep(0.2)
+
+
+def _busy_port(bind: str, health_addr: str, ports: list[tuple[int, str, str] | None]) -> str | None:
+    """The first of these ports something else already listens on, in words (what it is for and the option that
+    moves it), else None. Checked before anything starts: a service failing to bind halfway through start-up
+    leaves tracebacks from every service it stops."""
+    import socket
+
+    for entry in ports:
+        if entry is None:
+            continue
+        port, what, option = entry
+        address = health_addr if option == "--health-port" else bind
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind: TIME_WAIT is no owner
+            try:
+                probe.bind((address, port))
+            except OSError as exc:
+                why = "already in use" if exc.errno in (errno.EADDRINUSE, errno.EACCES) else exc.strerror
+                return (f"port {port} on {address} ({what}) is {why}: stop what uses it (`ss -ltnp 'sport = :{port}'` "
+                        f"names it), or give {option} another port")
+    return None
+
+
+def _point_config_here() -> bool:
+    """Name this state directory in the config file, so that commands run from any directory find these servers."""
+    try:
+        write_config({"state_dir": str(STATE_DIR.resolve())})
+        return True
+    except OSError as exc:
+        console.print(f"[yellow]warning:[/] cannot record the state directory in {config_path()} ({exc.strerror}): "
+                      f"admin commands find this platform only from {Path.cwd()} (or with GPUQ_HOME={STATE_DIR})",
+                      soft_wrap=True)
+        return False
+
+
+def _ready_lines(wanted: list[str], bind: str, api_port: int, pointed: bool) -> list[str]:
+    """Where the API is and how to start using it, once the services run."""
+    lines = []
+    if "api" in wanted:
+        host = "127.0.0.1" if bind in ("0.0.0.0", "::") else bind
+        url = f"http://[{host}]:{api_port}" if ":" in host else f"http://{host}:{api_port}"
+        lines.append(f"API at {url} (docs: {url}/docs); a token: `gpuq tokens create NAME --team TEAM`, then "
+                     f"export GPUQ_API_URL={url} GPUQ_TOKEN=<the token>")
+    if pointed:
+        lines.append(f"admin commands (gpuq status, queues, report, ...) find this platform from any directory "
+                     f"through {config_path()}")
+    lines.append("Ctrl-C stops it")
+    return lines
 
 
 def _is_ip(address: str) -> bool:
@@ -457,7 +520,11 @@ async def _report(database_url: str, capacity: int, origin: float, end: float, s
                 if r["status"] != "running") + sum(r["gpus"] * (end - r["started_at"]) for r in runs.values()
                                                    if r["status"] == "running")
     table = Table(title=f"gpuq demo report: {span / 3600:.1f} virtual hours, {capacity} GPUs")
-    for col in ("team", "jobs", "completed", "failed", "rejected", "avg wait s", "p90 wait s", "GPU-hours"):
+    # GPU-hours per team from the metering ledger, as `gpuq report --by team` and the metering table count them
+    # (services/metering/report.py, team_gpu_hours); the executor's runs only without a ledger.
+    ledger_hours = await _ledger_team_hours(database_url)
+    for col in ("team", "jobs", "completed", "failed", "rejected", "avg wait s", "p90 wait s",
+                "allocated GPU-h" if ledger_hours is not None else "GPU-hours"):
         table.add_column(col, justify="right")
     teams = sorted({r["team"] for r in rows})
     waits_all: list[float] = []
@@ -466,9 +533,12 @@ async def _report(database_url: str, capacity: int, origin: float, end: float, s
         waits = [r["placed_at"] - r["submitted_at"] for r in mine if r.get("placed_at")]
         if team != "all":
             waits_all.extend(waits)
-        hours = sum(runs[r["job_id"]]["gpus"] * (min(runs[r["job_id"]]["ends_at"], end) -
-                                                 runs[r["job_id"]]["started_at"])
-                    for r in mine if r["job_id"] in runs) / 3600
+        if ledger_hours is not None:
+            hours = sum(h for t, h in ledger_hours.items() if team in ("all", t))
+        else:
+            hours = sum(runs[r["job_id"]]["gpus"] * (min(runs[r["job_id"]]["ends_at"], end) -
+                                                     runs[r["job_id"]]["started_at"])
+                        for r in mine if r["job_id"] in runs) / 3600
         table.add_row(team, str(len(mine)), str(sum(r["state"] == "completed" for r in mine)),
                       str(sum(r["state"] == "failed" for r in mine)), str(sum(r["state"] == "rejected" for r in mine)),
                       f"{statistics.fmean(waits):.0f}" if waits else "-",
@@ -482,6 +552,18 @@ async def _report(database_url: str, capacity: int, origin: float, end: float, s
     console.print(f"events handled: {sum(c.handled for c in counters.values())}, duplicates skipped: "
                   f"{sum(c.duplicates for c in counters.values())}, dead-lettered: {dead}")
     console.print(f"finished at {datetime.now(UTC):%H:%M:%S} UTC")
+
+
+async def _ledger_team_hours(database_url: str) -> dict[str, float] | None:
+    """Allocated GPU-hours per team from the metering ledger; None when this platform keeps none."""
+    try:
+        from services.metering.report import ReportError, team_gpu_hours
+    except ImportError:
+        return None
+    try:
+        return await team_gpu_hours(database_url, now=datetime.now(UTC))
+    except ReportError:
+        return None
 
 
 async def _metering_table(database_url: str) -> None:

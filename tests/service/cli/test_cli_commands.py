@@ -43,13 +43,14 @@ def cli_env(fresh_sync: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> str
 
 
 def test_submit_from_flags_and_file(cli_env: str, tmp_path: Path) -> None:
-    result = runner.invoke(app, ["submit", "--team", "team-a", "--gpus", "8", "--pods", "2", "--rack",
+    # (--wait 0: no admission runs here to give a verdict)
+    result = runner.invoke(app, ["submit", "--wait", "0", "--team", "team-a", "--gpus", "8", "--pods", "2", "--rack",
                                  "--name", "flagjob", "--label", "feature=pretraining"])
     assert result.exit_code == 0, result.output
     spec_file = tmp_path / "jobs.yaml"
     spec_file.write_text(json.dumps({"jobs": [
         {"job_id": "filejob", "team": "team-b", "queue": "team-b", "pod_sets": [{"count": 1, "gpus_per_pod": 1}]}]}))
-    result = runner.invoke(app, ["submit", str(spec_file)])
+    result = runner.invoke(app, ["submit", "--wait", "0", str(spec_file)])
     assert result.exit_code == 0, result.output
     published = asyncio.run(_submitted(cli_env))
     by_id = {p.spec.job_id: p.spec for p in published}
