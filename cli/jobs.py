@@ -434,8 +434,18 @@ def approve(job_id: str = typer.Argument(..., help="A job waiting with reason Aw
     if client is not None:
         client.call("POST", f"/v1/jobs/{job_id}/approve")
     else:
+        from services.admission.core.governance import AWAITING_APPROVAL
+        from services.api.readmodel import fetch_status
         from shared.events import JobApproved
 
+        # as the API refuses it: admission would drop an approval of a job that does not wait for one, unseen
+        rows = asyncio.run(fetch_status(database_url(), job_id))
+        if not rows:
+            typer.echo(f"error: no job {job_id!r}: nothing to approve", err=True)
+            raise typer.Exit(1)
+        if rows[0].get("reason") != AWAITING_APPROVAL:
+            typer.echo(f"error: job {job_id} is not awaiting approval ({rows[0]['state']})", err=True)
+            raise typer.Exit(1)
         asyncio.run(_publish([(JobApproved(job_id=job_id, approved_by=by, approved_at=datetime.now(UTC)),
                                JobApproved.subject())]))
     console.print(f"approved {job_id}")

@@ -73,6 +73,10 @@ async def test_admin_submit_waits_for_the_verdict_and_cancel_of_no_job_fails(fre
         assert rc == 1, out + err
         assert err.strip().splitlines() == [err.strip()] and "no job 'no-such-job'" in err
         assert "cancel requested" not in out
+        rc, out, err = await gpuq("approve", "no-such-job", env=env, cwd=tmp_path)
+        assert rc == 1 and "no job 'no-such-job'" in err and "approved" not in out, out + err
+        rc, out, err = await gpuq("approve", "fits", env=env, cwd=tmp_path)
+        assert rc == 1 and "job fits is not awaiting approval" in err and "approved" not in out, out + err
 
 
 async def test_through_the_api_cancel_of_no_job_fails_unless_before_arrival(fresh: tuple[str, str],
