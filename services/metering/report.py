@@ -5,10 +5,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import dataclasses
-import io
-import json
 import re
-import sys
 import time
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -17,8 +14,8 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
+from cli.output import FORMAT_HELP, Column, OutputFormat, print_machine, render_table, stdout_console, when
 from services.metering.core.focus import FOCUS_COLUMNS, focus_rows
 from services.metering.core.rollup import (
     ALL_DIMENSIONS,
@@ -34,12 +31,6 @@ from services.metering.core.units import HOUR_MS, from_ms, mj_to_kwh, to_ms
 
 _RELATIVE = re.compile(r"^-?(\d+)\s*([smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
-
-
-class OutputFormat(StrEnum):
-    TABLE = "table"
-    CSV = "csv"
-    JSON = "json"
 
 
 class Export(StrEnum):
@@ -107,46 +98,57 @@ def row_dicts(rows: list[RollupRow], by: tuple[str, ...], granularity: Granulari
     return out
 
 
+def resolve_output(fmt: OutputFormat | None, export: Export | None,
+                   output: str | None) -> tuple[OutputFormat, Path | None]:
+    """The format and the --export file from `--format` and `-o/--output`: `-o` names a format (table, wide, json,
+    yaml, csv) as for every table command, or with --export the file to write."""
+    if export is not None:
+        return fmt or OutputFormat.TABLE, Path(output) if output else None
+    if output is None:
+        return fmt or OutputFormat.TABLE, None
+    try:
+        return OutputFormat(output.lower()), None
+    except ValueError:
+        raise ReportError(f"-o {output}: not a format (table, wide, json, yaml or csv); a file is written only with "
+                          "--export focus") from None
+
+
+REPORT_FIGURES = (Column("jobs", justify="right", drop=1), Column("allocated GPU-h", justify="right"),
+                  Column("used GPU-h", justify="right", drop=3), Column("idle GPU-h", justify="right", drop=5),
+                  Column("util", justify="right", drop=2), Column("lost GPU-h", justify="right", drop=6),
+                  Column("energy kWh", justify="right", drop=4), Column("cost", justify="right"),
+                  Column("idle cost", justify="right", drop=7))
+
+
 def render(doc: dict[str, Any], *, fmt: OutputFormat, console: Console) -> None:
-    """Print a report document (`report_document`'s shape, also what the API answers) as a table, CSV or JSON."""
+    """Print a report document (`report_document`'s shape, also what the API answers) as a table (cli/output.py: at
+    a terminal the less important figures are left out to fit; `wide` or piped, all), CSV, JSON or YAML."""
     by: list[str] = list(doc["by"])
     hourly_or_daily = doc["granularity"] != Granularity.TOTAL.value
     dicts: list[dict[str, Any]] = doc["rows"]
     total: dict[str, Any] = doc["total"]
-    if fmt is OutputFormat.JSON:
-        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    if fmt in (OutputFormat.JSON, OutputFormat.YAML):
+        print_machine(doc, fmt)
         return
     if fmt is OutputFormat.CSV:
-        columns = [*by, *(["period_start"] if hourly_or_daily else []), *total]
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(dicts)
-        sys.stdout.write(buf.getvalue())
+        print_machine(dicts, fmt, fields=[*by, *(["period_start"] if hourly_or_daily else []), *total])
         return
-    since, until = datetime.fromisoformat(doc["since"]), datetime.fromisoformat(doc["until"])
-    table = Table(title=f"GPU usage and cost by {', '.join(by)}  "
-                        f"[{since:%Y-%m-%d %H:%M} → {until:%Y-%m-%d %H:%M} UTC]")
-    for d in by:
-        table.add_column(d)
-    if hourly_or_daily:
-        table.add_column("period")
-    for name in ("jobs", "allocated GPU-h", "used GPU-h", "idle GPU-h", "util", "lost GPU-h", "energy kWh",
-                 "cost", "idle cost"):
-        table.add_column(name, justify="right")
 
     def cells(f: dict[str, Any]) -> list[str]:
         return [str(f["jobs"]), f"{f['allocated_gpu_hours']:,.2f}", f"{f['used_gpu_hours']:,.2f}",
                 f"{f['idle_gpu_hours']:,.2f}", f"{f['utilization']:.0%}", f"{f['lost_gpu_hours']:,.2f}",
                 f"{f['energy_kwh']:,.2f}", f"{f['cost']:,.2f}", f"{f['idle_cost']:,.2f}"]
 
-    for row in dicts:
-        period = [row["period_start"][:16].replace("T", " ")] if hourly_or_daily else []
-        table.add_row(*[str(row[k]) for k in by], *period, *cells(row))
+    columns = [*(Column(d) for d in by), *([Column("period")] if hourly_or_daily else []), *REPORT_FIGURES]
+
+    def period(start: str) -> str:  # a day is its date; an hour its zoned time
+        return start[:10] if doc["granularity"] == Granularity.DAY.value else when(start)
+
+    rows = [[*(str(row[k]) for k in by), *([period(row["period_start"])] if hourly_or_daily else []), *cells(row)]
+            for row in dicts]
     pad = [""] * (len(by) - 1 + hourly_or_daily)
-    table.add_section()
-    table.add_row("total", *pad, *cells(total), style="bold")
-    console.print(table)
+    render_table(columns, rows, fmt=fmt, console=console, totals=[["total", *pad, *cells(total)]],
+                 title=f"GPU usage and cost by {', '.join(by)}, {when(doc['since'])} to {when(doc['until'])}")
 
 
 def document(rows: list[RollupRow], *, by: tuple[str, ...], granularity: Granularity, since_ms: int, until_ms: int,
@@ -216,6 +218,15 @@ async def report_document(database_url: str, *, by: str = "team", since: str | N
     return document(rows, by=dims_by, granularity=granularity, since_ms=since_ms, until_ms=until_ms, rates=rates)
 
 
+async def team_gpu_hours(database_url: str, *, now: datetime) -> dict[str, float]:
+    """Allocated GPU-hours per team over everything the ledger holds: the figure `gpuq report --by team` totals,
+    and the one the demo's report shows per team. Both read the metering ledger (every allocation of every run,
+    open ones up to the ledger's horizon); the demo's table summed the executor's runs instead, the latest run of
+    each job only and from its start, and disagreed with the report (issue 51: 357 against 400 GPU-hours)."""
+    doc = await report_document(database_url, by="team", now=now)
+    return {str(r["team"]): float(r["allocated_gpu_hours"]) for r in doc["rows"]}
+
+
 async def focus_document(database_url: str, *, since: str | None = None, until: str | None = None,
                          granularity: Granularity = Granularity.DAY, team: str | None = None,
                          now: datetime) -> list[dict[str, Any]]:
@@ -245,10 +256,12 @@ def report(
                                      "record. The window is widened to whole hours."),
     granularity: Granularity = typer.Option(Granularity.TOTAL, "--granularity", "-g",
                                             help="One row per group (total), or per hour or day."),
-    fmt: OutputFormat = typer.Option(OutputFormat.TABLE, "--format", "-f", help="table, csv or json."),
+    fmt: OutputFormat | None = typer.Option(None, "--format", "-f", help=f"{FORMAT_HELP} (as -o).",
+                                            case_sensitive=False),
     export: Export | None = typer.Option(None, "--export", help="Write a FinOps FOCUS CSV to --output "
                                          "(one row per job, GPU model and day; --granularity hour for hourly)."),
-    output: Path | None = typer.Option(None, "--output", "-o", help="File for --export."),
+    output: str | None = typer.Option(None, "--output", "-o", help=f"{FORMAT_HELP}; with --export, the FILE "
+                                      "to write."),
     queues: Path | None = typer.Option(None, "--queues", help="Price GPUs with this queues.yaml's gpu_flavors "
                                        "cost_per_gpu_hour instead of the prices stored by the service."),
     database_url: str | None = typer.Option(None, "--database-url", envvar="DATABASE_URL",
@@ -257,14 +270,15 @@ def report(
     """GPU usage and cost: allocated, used, idle and lost GPU-hours, energy and cost, grouped by team,
     queue, label, GPU model or priority class, from the metering ledger in Postgres. With GPUQ_API_URL and
     GPUQ_TOKEN set: through the API, your team's jobs only."""
-    console = Console()
+    console = stdout_console()
     err = Console(stderr=True)
     try:
         if not database_url:
             raise ReportError("gpuq report reads the metering ledger in Postgres: set DATABASE_URL (or pass "
                               "--database-url) to the database the gpuq services write to")
         dims_by = parse_by(by)
-        if export is not None and output is None:
+        fmt, file = resolve_output(fmt, export, output)
+        if export is not None and file is None:
             raise ReportError("--export focus needs --output FILE.csv")
         now = datetime.fromtimestamp(time.time(), tz=UTC)
         (cells, dims), rates, since_ms, until_ms = asyncio.run(_load(database_url, since, until, queues, now))
@@ -274,10 +288,10 @@ def report(
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
     if export is Export.FOCUS:
-        assert output is not None
+        assert file is not None
         gran = Granularity.DAY if granularity is Granularity.TOTAL else granularity
         write_focus(focus_rows(cells, dims, since_ms=since_ms, until_ms=until_ms, granularity=gran, rates=rates),
-                    output, err)
+                    file, err)
         return
     rows = rollup(cells, dims, by=dims_by, granularity=granularity, since_ms=since_ms, until_ms=until_ms,
                   rates=rates)
