@@ -35,6 +35,7 @@ imports: install
 # `overload`), and pins pandas/pydantic versions of its own: hence an isolated venv.
 tools: $(FOCUS_VALIDATOR)
 	@sh scripts/ensure-prometheus.sh
+	@sh scripts/ensure-chromium.sh
 
 $(FOCUS_VALIDATOR):
 	$(PYTHON) -m venv $(TOOLS)/focus-validator

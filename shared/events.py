@@ -40,6 +40,7 @@ from shared.domain import (
     Precision,
     refuse_unstorable,
     shown,
+    unset,
     unstorable,
 )
 
@@ -505,6 +506,10 @@ class QueueConfigChanged(Payload):
     changed_by: str = "admin"
     config_version: int | None = Field(default=None, ge=1)  # set by admission only: the version it recorded
     config_hash: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")  # sha256 of the document (queues_hash)
+    # A proposal made with `gpuq apply-queues --force` (or the API's `force: true`): admission applies it although it
+    # raises a guarantee past the cluster's capacity, names a GPU model the cluster lacks or removes a queue that
+    # holds jobs, and audits that it was forced. Added since v1: written only when set.
+    force: bool | None = Field(default=None, exclude_if=unset)
 
 
 class QueueUsageReported(Payload):

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -75,6 +75,7 @@ class ServiceHealth(BaseModel):
     checks: dict[str, Check]
     consumers: list[ConsumerState] = []
     dead_letters: int = 0  # messages this process dead-lettered since it started
+    dead_letter_reasons: dict[str, int] = {}  # the same, per reason (InvalidEvent, MaxDeliveries, ...)
     config: ConfigInForce | None = None  # the queue configuration it runs on, for services that use queues.yaml
 
 
@@ -88,11 +89,13 @@ class HealthReport(BaseModel):
 
 
 def service_health(service: str, phase: str, checks: dict[str, Check], *, live: bool = True,
-                   consumers: Sequence[ConsumerState] = (), dead_letters: int = 0) -> ServiceHealth:
+                   consumers: Sequence[ConsumerState] = (), dead_letters: int = 0,
+                   dead_letter_reasons: Mapping[str, int] | None = None) -> ServiceHealth:
     """Ready = every check passes and the service is past its start-up (standing by counts as ready)."""
     ready = phase in ("standby", "running") and all(c.ok for c in checks.values())
     return ServiceHealth(service=service, phase=phase, ready=ready, live=live, checks=checks,
-                         consumers=list(consumers), dead_letters=dead_letters)
+                         consumers=list(consumers), dead_letters=dead_letters,
+                         dead_letter_reasons=dict(sorted((dead_letter_reasons or {}).items())))
 
 
 def _label(value: str) -> str:
@@ -108,10 +111,12 @@ def exposition(report: HealthReport) -> str:
         "# HELP gpuq_service_ready Whether the service is ready (1) or not (0), as /readyz reports it.",
         "# TYPE gpuq_service_ready gauge",
         *(f'gpuq_service_ready{{service="{_label(name)}"}} {int(s.ready)}' for name, s in report.services.items()),
-        "# HELP gpuq_dead_letters_total Messages the service dead-lettered since its process started.",
+        "# HELP gpuq_dead_letters_total Messages the service dead-lettered since its process started, per reason "
+        "(reason=\"\" while it has dead-lettered none: the series exists from the start).",
         "# TYPE gpuq_dead_letters_total counter",
-        *(f'gpuq_dead_letters_total{{service="{_label(name)}"}} {s.dead_letters}'
-          for name, s in report.services.items()),
+        *(f'gpuq_dead_letters_total{{service="{_label(name)}",reason="{_label(reason)}"}} {count}'
+          for name, s in report.services.items()
+          for reason, count in (s.dead_letter_reasons.items() if s.dead_letter_reasons else [("", s.dead_letters)])),
     ]
     configured = [(name, s.config) for name, s in report.services.items() if s.config is not None]
     if configured:

@@ -509,9 +509,14 @@ class Counters:
     ignored: int = 0
     retried: int = 0
     dead_lettered: int = 0
+    dead_letter_reasons: dict[str, int] = field(default_factory=dict)  # dead_lettered per reason, for /metrics
     published: int = 0
     batches: int = 0  # pulled batches committed as one unit of work
     batch_retries: int = 0  # batches handled without savepoints that rolled back and were handled again with them
+
+    def count_dead_letter(self, reason: str) -> None:
+        self.dead_lettered += 1
+        self.dead_letter_reasons[reason] = self.dead_letter_reasons.get(reason, 0) + 1
 
 
 def first_messages_of_jobs(messages: Sequence[tuple[CloudEvent, Any, str]], kind: type[Payload], *,
@@ -609,7 +614,6 @@ class ServiceRuntime:
         self._handle_lock = asyncio.Lock()
         # Where start-up/shutdown is, for health(): see shared/health.py for the phases.
         self.phase = "created"
-        self.lease_refusals = 0  # attempts at a lease that found another instance holding it
         self.migrated = False
         self._stale = False  # in-memory state may be ahead of Postgres (a unit of work failed)
         self._savepoint_batches = 0  # batches left to handle with savepoints after an optimistic one failed
@@ -668,7 +672,6 @@ class ServiceRuntime:
 
         def attempted(error: BaseException | None) -> None:
             if error is None:
-                self.lease_refusals += 1  # another instance holds it: `gpuq up` says STANDBY only then
                 self.phase, self._unreachable_since = "standby", None
             else:
                 self.phase = "recovering"
@@ -744,7 +747,8 @@ class ServiceRuntime:
         if connections and self.phase == "running" and self._watches:
             checks["consumers"], consumers = await self._consumers_health()
         return service_health(self.spec.name, self.phase, checks, live=live, consumers=consumers,
-                              dead_letters=self.counters.dead_lettered)
+                              dead_letters=self.counters.dead_lettered,
+                              dead_letter_reasons=self.counters.dead_letter_reasons)
 
     async def _consumers_health(self) -> tuple[Check, list[ConsumerState]]:
         """Is every consumer advancing? Not when its loop has stopped; nor when messages wait for it (the server's
@@ -1415,7 +1419,7 @@ class ServiceRuntime:
 
     async def _notify_dead_letter(self, raw: bytes, subject: str, stream_seq: int | None, deliveries: int,
                                   reason: str, message: str) -> None:
-        self.counters.dead_lettered += 1
+        self.counters.count_dead_letter(reason)
         log.error("%s: dead-lettering message on %s (seq %s): %s: %s", self.spec.name, subject, stream_seq,
                   reason, message)
         await self._publish_dlq_notice(subject, stream_seq, deliveries, reason, message, raw,
@@ -1502,7 +1506,7 @@ class ServiceRuntime:
                 f"UPDATE {self.spec.schema}.outbox SET published_at = now() WHERE seq = ANY($1::bigint[])", published)
         self.counters.published += len(published)
         for row, reason, message in dead:  # after commit: the table row is the record, this is the notice
-            self.counters.dead_lettered += 1
+            self.counters.count_dead_letter(reason)
             log.error("%s: outbox row %s (%s) dead-lettered: %s: %s", self.spec.name, row["event_id"],
                       row["subject"], reason, message)
             with contextlib.suppress(Exception):

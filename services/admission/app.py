@@ -31,7 +31,9 @@ import asyncpg
 from pydantic import ValidationError
 
 from services.admission import configmodel, prefetch
+from services.admission.changecheck import check_proposal
 from services.admission.core import AdmissionState, AdmittedWorkload, Reason, Workload, approval, governance, identity
+from services.admission.core.configcheck import QueueJobs
 from services.admission.core.limits import Bucket, pending_refusal, rate_refusal
 from services.admission.core.statuses import PendingStatuses, message_text
 from services.admission.held import AFTER_EVENTS_KEY as HELD_KEY
@@ -743,15 +745,30 @@ class AdmissionService:
             await self._audit_config(tx, "config_unchanged", payload.changed_by, event_id=event.id,
                                      version=current.version, hash=content)
             return
+        # Checked here, whatever path the proposal came by (a direct publish, the API, the CLI): a guarantee past
+        # the live cluster's capacity, a GPU model it lacks, a queue removed under its jobs. Refused, like an
+        # invalid document, unless forced; the verdict is audited either way, and nothing is retried (the check
+        # reads committed facts, so a refusal is final and admission goes on with the old configuration).
+        checked = await check_proposal(tx.conn, config, held=self._jobs_per_queue())
+        if checked.refused and not payload.force:
+            await self._audit_config(tx, "config_refused", payload.changed_by, error=checked.reason(),
+                                     refusals=list(checked.refusals), event_id=event.id, hash=content)
+            log.error("refused queue configuration change from %s: %s", payload.changed_by, checked.reason())
+            return
 
         async def body() -> None:
             reorder = config.policy.duration_ordering != self.state.config.policy.duration_ordering
             messages = self.state.set_config(config)
             version = await self._record_config(tx, config, by=payload.changed_by, source="change", event_id=event.id)
             self._config_version = version
-            detail: dict[str, Any] = {"messages": messages, "warnings": config.warnings(), "version": version,
+            detail: dict[str, Any] = {"messages": messages, "warnings": list(checked.warnings), "version": version,
                                       "hash": content, "source": "change", "event_id": event.id,
-                                      "replaced": current.version if current is not None else None}
+                                      "replaced": current.version if current is not None else None,
+                                      "diff": list(checked.diff)}
+            if payload.force:
+                # who overrode which refusals is part of the record (None when forcing overrode nothing)
+                detail["forced"] = True
+                detail["overridden"] = list(checked.refusals) or None
             if reorder and not sharded:
                 # duration ordering turned on or off: the jobs take (or drop) their stored predictions
                 self.state = await load_jobs(tx.conn, config, self.shard)
@@ -763,6 +780,18 @@ class AdmissionService:
             await self._audit_config(tx, "config_applied", payload.changed_by, **detail)
 
         await self._then_cycle(tx, body)
+
+    def _jobs_per_queue(self) -> dict[str, QueueJobs]:
+        """Pending and admitted jobs per queue in this instance's memory (rows of this batch may not be written
+        yet: services/admission/held.py)."""
+        pending: dict[str, int] = {}
+        admitted: dict[str, int] = {}
+        for w in self.state.pending.values():
+            pending[w.spec.queue] = pending.get(w.spec.queue, 0) + 1
+        for a in self.state.admitted.values():
+            admitted[a.spec.queue] = admitted.get(a.spec.queue, 0) + 1
+        return {q: QueueJobs(pending=pending.get(q, 0), admitted=admitted.get(q, 0))
+                for q in pending.keys() | admitted.keys()}
 
     # ------------------------------------------------------------------ fair share over time
 
@@ -859,9 +888,7 @@ class AdmissionService:
             if self.eta is None or not (self.state.pending or self.state.admitted):
                 continue
             now = runtime.clock.now()
-            # an ETA given has passed while its job still waits: a change, refreshed as soon as one may be
-            overdue = any(e[0] < now for e in self._etas.values())
-            if not self.eta.refresh_due(last, now, self._version != seen or overdue):
+            if not self.eta.refresh_due(last, now, self._version != seen):
                 continue
             seen, last = self._version, now
             started = time.perf_counter()
@@ -927,13 +954,10 @@ class AdmissionService:
             got = ranges.get(job_id)
             eta = (got.start, got.low, got.high) if got is not None else None
             old = self._etas.get(job_id)
-            # Publish when an ETA appears, disappears or moves by more than a minute or 10% of the wait left, and
-            # always when the one published has passed (the job still waits): readers are not left a time in the
-            # past (the API shows such a one as overdue until this refresh replaces it).
+            # Publish when an ETA appears, disappears or moves by more than a minute or 10% of the wait left.
             if eta is None and old is None:
                 continue
-            if (eta is not None and old is not None and old[0] >= tx.now
-                    and abs(eta[0] - old[0]) <= max(60.0, 0.1 * (eta[0] - tx.now))):
+            if eta is not None and old is not None and abs(eta[0] - old[0]) <= max(60.0, 0.1 * (eta[0] - tx.now)):
                 continue
             if eta is None:
                 self._etas.pop(job_id, None)

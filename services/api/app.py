@@ -39,7 +39,7 @@ from pydantic import ValidationError
 from services.admission import configmodel
 from services.admission.app import latest_config, load_state
 from services.admission.core import governance, identity, queue_summaries
-from services.api import readmodel, tokens
+from services.api import portal, readmodel, tokens
 from services.api.kubeauth import NoTeam, ReviewUnavailable, TokenReviewer, TokenReviewSettings, principal_for
 from services.api.limits import BodyLimit, max_body_bytes_from_env
 from services.api.models import (
@@ -414,6 +414,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
         return [{**r, "at": r["at"].isoformat()} for r in rows]
 
     _document_submission_body(app)
+    portal.mount(app)  # the web UI under /ui (services/api/portal)
     return app
 
 

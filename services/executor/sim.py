@@ -254,7 +254,9 @@ class SimExecutor:
                                     message=f"placed on nodes this cluster does not have: {', '.join(unknown)}",
                                     finished_at=utcnow_from(tx.now)))
             return
-        gpus = sum(max(1, len(b.gpu_indices)) for b in placed.bindings)
+        # GPUs the run holds (a MIG slice counts as one; a pod of a pod set without GPUs holds none, and is never
+        # counted as GPU time lost)
+        gpus = sum(len(b.gpu_indices) or int(b.mig_slice is not None) for b in placed.bindings)
         if run is not None and run.status == "running":
             return  # the same placement seen twice: nothing to start again
         done_s = run.done_s if run is not None and placed.resume_from else 0.0

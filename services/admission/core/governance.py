@@ -17,6 +17,7 @@ from shared.config import TeamPolicy
 from shared.domain import JobSpec
 
 SPEC_TOO_LARGE = "SpecTooLarge"
+NO_GPU_REQUESTED = "NoGpuRequested"
 POLICY_VIOLATION = "PolicyViolation"
 AWAITING_APPROVAL = "AwaitingApproval"
 
@@ -42,8 +43,24 @@ class Violation:
     rule: str = ""  # the policy setting (or check) that refused it: `allowed_images`, `allow_privileged` ...
 
 
+def gpu_request_violation(spec: JobSpec) -> Violation | None:
+    """A job that asks for no GPU at all (every pod set has gpus_per_pod 0 and no MIG profile). gpuq schedules
+    GPU jobs: such a job would hold a node's CPU and memory, be placed on a GPU node and be counted as GPU work.
+    A pod set with no GPU inside a job that has GPU pods (a launcher, a parameter server) is legitimate: it takes
+    no quota and is bound to no GPU."""
+    if spec.total_gpus == 0 and spec.total_mig_slices == 0:
+        return Violation(NO_GPU_REQUESTED, f"job {spec.job_id} asks for no GPU (gpus_per_pod is 0 in every pod set): "
+                                           "gpuq schedules GPU jobs; ask for at least 1 GPU, or a MIG slice "
+                                           "(mig_profile) for a fraction of one", "gpus_per_pod")
+    return None
+
+
 def size_violation(spec: JobSpec) -> Violation | None:
-    """Labels and the whole spec within their caps (a 900 KB label must not travel on every event)."""
+    """Labels and the whole spec within their caps (a 900 KB label must not travel on every event), and a GPU
+    request at all (`gpu_request_violation`): every submission path (the CLI, the API, admission) checks this."""
+    no_gpu = gpu_request_violation(spec)
+    if no_gpu is not None:
+        return no_gpu
     if len(spec.labels) > MAX_LABELS:
         return Violation(SPEC_TOO_LARGE, f"job {spec.job_id}: {len(spec.labels)} labels, at most {MAX_LABELS}")
     for key, value in sorted(spec.labels.items()):
