@@ -1,7 +1,9 @@
-"""The API service: an HTTP API (FastAPI, OpenAPI at /openapi.json, docs at /docs) for people and the CLI.
+"""The API service: an HTTP API (FastAPI, OpenAPI at /openapi.json) for people, the CLI and the producer SDK
+(gpuq_sdk.Client). Swagger UI at /docs and ReDoc at /redoc are served with their files (no CDN: they work offline).
 
 Callers present a bearer token (services/api/tokens.py). A team's token sees and acts on that team's jobs,
-reports, webhooks and audit records only; another team's job is "not found" to it. An admin token sees everything
+reports, webhooks and audit records only; another team's job is "not found" to it. Its submissions need not name
+their team, nor their queue (the team's default queue: `_default_queue`). An admin token sees everything
 and may approve jobs and change the queue configuration.
 
 What callers ask for goes on the bus from this service's outbox, in the transaction that audits it: submissions
