@@ -63,6 +63,7 @@ from shared.events import (
     utcnow_from,
 )
 from shared.service import ServiceRuntime, ServiceSpec, Tx
+from shared.timefmt import human_time
 
 if TYPE_CHECKING:
     from services.stack import StackSettings
@@ -191,7 +192,7 @@ class PreemptionService:
             # Admission sends a request once: run it again when the cool-down ends, as a request held back by a
             # protection window is run again when that ends (else the job never preempts, and being at the head
             # of its queue, holds back the queue's within-queue preemptions).
-            await record(Outcome.COOLDOWN, f"{why}; retry at {utcnow_from(until).isoformat()}")
+            await record(Outcome.COOLDOWN, f"{why}; retry at {human_time(until)}")
             await self._defer(tx, payload, origin, attempt, until)
             return
         spec = fact.spec
@@ -215,7 +216,7 @@ class PreemptionService:
             if retry_at is not None:
                 # Only protection stands in the way: run it again when the earliest protection ends.
                 await record(Outcome.DEFERRED, f"{selection.why}: {selection.message}; retry at "
-                             f"{utcnow_from(retry_at).isoformat()} when protection ends")
+                             f"{human_time(retry_at)} when protection ends")
                 await self._defer(tx, payload, origin, attempt, retry_at)
                 return
             outcome = Outcome.FITS if selection.why == "FitsWithoutPreemption" else Outcome.NO_VICTIMS

@@ -42,6 +42,7 @@ from shared.events import (
 )
 from shared.namespace import subject as ns_subject
 from shared.service import ServiceRuntime, default_subject, publish_event
+from shared.timefmt import human_time
 
 MODEL = "H100-80GB"
 T0 = 1_700_000_000.0
@@ -275,6 +276,8 @@ async def _young_borrower(h: Harness, clock: ManualClock) -> None:
     assert outcome == "deferred"  # every candidate is inside its protection window (600 s)
     retry_at = await h.until("SELECT retry_at FROM preemption.deferred WHERE preemptor = 'b-back'")
     assert retry_at == clock.now() - 100 + 600  # when the first of the two protections ends
+    message = await h.until("SELECT message FROM preemption.requests WHERE preemptor = 'b-back'")
+    assert f"retry at {human_time(retry_at)} when protection ends" in message  # human and zoned, no raw epoch
 
 
 async def test_a_reclaim_blocked_by_protection_is_retried_when_protection_ends(fresh: tuple[str, str]) -> None:
