@@ -9,12 +9,9 @@ import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import asyncpg
 import typer
-import yaml
-from pydantic import ValidationError
 
 from cli.api_client import api
 from cli.output import (
@@ -30,19 +27,26 @@ from cli.output import (
     when,
 )
 from cli.runtime import database_url, nats_url
-from services.admission.core import QueueSummary
-from services.admission.core.governance import size_violation
-from services.api.readmodel import explain_lines, fetch_status, public
-from shared.bus import connect
-from shared.domain import JobSpec, NodeSpec, PodSet, TopologyLevel, TopologyRequest
-from shared.events import JobApproved, JobCancelRequested, JobSubmitted, Payload
-from shared.service import publish_event
-from shared.tracing import command_span, traced_event
+
+if TYPE_CHECKING:
+    from services.admission.core import QueueSummary
+    from shared.domain import JobSpec, NodeSpec
+    from shared.events import Payload
+
+# The services' modules (asyncpg, NATS, pydantic models, the admission core) are imported in the functions that use
+# them: `gpuq COMMAND --help`, and the commands through the API, start without them (docs/cli.md, start-up time).
 
 console = stdout_console()
+VERDICT_WAIT_S = 5.0  # how long `submit` waits for admission's verdict by default, as POST /v1/jobs does
 
 
 def _specs_from_file(path: Path) -> list[JobSpec]:
+    import yaml
+    from pydantic import ValidationError
+
+    from services.admission.core.governance import size_violation
+    from shared.domain import JobSpec
+
     try:
         doc = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
@@ -68,8 +72,13 @@ def _specs_from_file(path: Path) -> list[JobSpec]:
     return specs
 
 
-async def _publish(events: list[tuple[Payload, str]]) -> None:
-    """Publish events directly (admin mode: NATS_URL carries a credential allowed to publish them)."""
+async def _publish(events: list[tuple[Payload, str]]) -> list[str]:
+    """Publish events directly (admin mode: NATS_URL carries a credential allowed to publish them); their ids."""
+    from shared.bus import connect
+    from shared.service import publish_event
+    from shared.tracing import command_span, traced_event
+
+    ids = []
     nc = await connect(nats_url(), "gpuq-cli")
     try:
         js = nc.jetstream()
@@ -78,9 +87,12 @@ async def _publish(events: list[tuple[Payload, str]]) -> None:
             job = payload.job_key()
             # each command's event starts (or continues, from $TRACEPARENT) a trace of its own
             with command_span(f"gpuq {type(payload).__name__} {job}" if job else f"gpuq {type(payload).__name__}"):
-                await publish_event(js, traced_event(payload, source="gpuq-cli", time=now), subject)
+                event = traced_event(payload, source="gpuq-cli", time=now)
+                await publish_event(js, event, subject)
+                ids.append(event.id)
     finally:
         await nc.close()
+    return ids
 
 
 def submit(
@@ -95,8 +107,17 @@ def submit(
     rack: bool = typer.Option(False, help="Require the whole gang inside one rack"),
     name: str | None = typer.Option(None, help="Job id (default: generated)"),
     label: list[str] = typer.Option([], help="key=value label for cost attribution (repeatable)"),
+    wait: float = typer.Option(VERDICT_WAIT_S, "--wait", min=0, max=30,
+                               help="Seconds to wait for admission's verdict (queued, or rejected and why: exit 1)"),
 ) -> None:
-    """Submit jobs by publishing JobSubmitted events (what ML pipelines do too)."""
+    """Submit jobs by publishing JobSubmitted events (what ML pipelines do too). Waits for admission's verdict on
+    each: a rejected job is named with the reason, and the command exits 1."""
+    from pydantic import ValidationError
+
+    from cli.errors import validation_message
+    from shared.domain import JobSpec, PodSet, TopologyLevel, TopologyRequest
+    from shared.events import JobSubmitted
+
     if file is not None:
         specs = _specs_from_file(file)
     else:
@@ -118,10 +139,11 @@ def submit(
                 pod_sets=(PodSet(count=pods, gpus_per_pod=int(gpus), gpu_models=tuple(gpu_model)),),
                 topology=TopologyRequest(required_level=TopologyLevel.RACK) if rack else TopologyRequest())]
         except ValidationError as exc:
-            raise typer.BadParameter(str(exc)) from None
+            raise typer.BadParameter(validation_message(exc)) from None
     client = api()
     if client is not None:
-        results = client.call("POST", "/v1/jobs", json={"jobs": [s.model_dump(mode="json") for s in specs]})
+        results = client.call("POST", "/v1/jobs", json={"jobs": [s.model_dump(mode="json") for s in specs]},
+                              params={"wait": wait})
         refused = 0
         for r in results:
             if r["verdict"] == "rejected":
@@ -134,10 +156,49 @@ def submit(
             raise typer.Exit(1)
         return
     now = datetime.now(UTC)
-    asyncio.run(_publish([(JobSubmitted(spec=spec, submitted_at=now, submitted_by="gpuq-cli"),
-                           JobSubmitted.scoped_subject(spec.team)) for spec in specs]))
-    for spec in specs:
-        console.print(f"submitted [bold]{spec.job_id}[/] to queue {spec.queue} ({spec.total_gpus} GPU)")
+    event_ids = asyncio.run(_publish([(JobSubmitted(spec=spec, submitted_at=now, submitted_by="gpuq-cli"),
+                                       JobSubmitted.scoped_subject(spec.team)) for spec in specs]))
+    verdicts = asyncio.run(_admin_verdicts(event_ids, wait)) if wait > 0 else {}
+    refused = 0
+    for spec, event_id in zip(specs, event_ids, strict=True):
+        what = f"[bold]{spec.job_id}[/] to queue {spec.queue} ({spec.total_gpus} GPU)"
+        verdict = verdicts.get(event_id)
+        if verdict is None:
+            console.print(f"submitted {what}" + (f": no verdict from admission within {wait:g} s (is it running? "
+                                                  f"`gpuq status {spec.job_id}` shows it later)" if wait > 0 else ""))
+        elif verdict["verdict"] == "rejected":
+            refused += 1
+            console.print(f"[red]refused[/] {spec.job_id}: {verdict['reason']}: {verdict['message']}")
+        else:
+            console.print(f"submitted {what}: {verdict['verdict']}"
+                          + (f" ({verdict['reason']}: {verdict['message']})" if verdict["reason"] else ""))
+    if refused:
+        raise typer.Exit(1)
+
+
+async def _admin_verdicts(event_ids: list[str], wait_s: float) -> dict[str, dict[str, Any]]:
+    """Admission's verdict on each submission event (admission.submissions, keyed by the event's id), waiting up to
+    `wait_s` for all of them; {} without a database to read them from (NATS_URL only)."""
+    import asyncpg
+
+    try:
+        url = database_url()
+    except typer.BadParameter:
+        return {}
+    found: dict[str, dict[str, Any]] = {}
+    deadline = time.monotonic() + wait_s
+    conn = await asyncpg.connect(url)
+    try:
+        while True:
+            if await conn.fetchval("SELECT to_regclass('admission.submissions') IS NOT NULL"):
+                for r in await conn.fetch("SELECT event_id, verdict, reason, message FROM admission.submissions "
+                                          "WHERE event_id = ANY($1::text[])", event_ids):
+                    found[r["event_id"]] = dict(r)
+            if len(found) == len(event_ids) or time.monotonic() >= deadline:
+                return found
+            await asyncio.sleep(0.1)
+    finally:
+        await conn.close()
 
 
 STATE_STYLE = {"completed": "green", "running": "cyan", "placed": "cyan", "pending": "yellow", "admitted": "yellow",
@@ -156,6 +217,8 @@ def status(
         rows = ([client.call("GET", f"/v1/jobs/{job_id}")] if job_id else
                 client.call("GET", "/v1/jobs", params={"all": all_jobs, "limit": limit}))
     else:
+        from services.api.readmodel import fetch_status, public
+
         rows = [public(r) for r in asyncio.run(fetch_status(database_url(), job_id,
                                                              limit=None if job_id else limit * 50))]
     if job_id and not rows:
@@ -214,6 +277,8 @@ def explain(job_id: str = typer.Argument(..., help="The job to explain")) -> Non
         for line in client.call("GET", f"/v1/jobs/{job_id}/explain")["lines"]:
             console.print(line)
         return
+    from services.api.readmodel import explain_lines, fetch_status
+
     url = database_url()
     rows = asyncio.run(fetch_status(url, job_id))
     if not rows:
@@ -229,6 +294,8 @@ def explain(job_id: str = typer.Argument(..., help="The job to explain")) -> Non
 async def _preemption_lines(url: str, job_id: str) -> list[str]:
     """Whether a running job may be preempted, and by what (services/preemption/visibility.py: the scheduler's read
     model, and the preemption service's protocol tables)."""
+    import asyncpg
+
     from services.preemption.visibility import preemption_status
 
     conn = await asyncpg.connect(url)
@@ -243,6 +310,10 @@ async def _preemption_lines(url: str, job_id: str) -> list[str]:
 def queues(output: OutputFormat = output_option("--format")) -> None:
     """Per queue: nominal, used, borrowed, lent, pending, running, oldest wait; the configuration version in force;
     and the GPUs pods gpuq does not manage hold on its nodes (read from the platform's database)."""
+    import asyncpg
+
+    from services.admission.core import QueueSummary
+
     client = api()
     if client is not None:
         _print_queues([QueueSummary(**q) for q in client.call("GET", "/v1/queues")], output)
@@ -328,17 +399,36 @@ def _print_queues(summaries: list[QueueSummary], output: OutputFormat) -> None:
 
 
 def cancel(job_id: str = typer.Argument(..., help="The job to cancel"),
-           reason: str = typer.Option("", help="Why")) -> None:
+           reason: str = typer.Option("", help="Why"),
+           before_arrival: bool = typer.Option(
+               False, "--before-arrival", help="Through the API: cancel a job you submitted that gpuq does not know "
+                                               "yet (cancelled the moment it arrives); otherwise an unknown job is "
+                                               "refused")) -> None:
     """Cancel a job of your team (any job: admins). Admission checks the team and cancels it, also when the job has
     not reached it yet (it is then cancelled the moment it arrives)."""
+    from cli.api_client import ApiError
+
     client = api()
     if client is not None:
+        if not before_arrival:
+            try:
+                client.request("GET", f"/v1/jobs/{job_id}")
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise typer.BadParameter(f"{exc.status}: {exc.detail}") from None
+                typer.echo(f"error: no job {job_id!r}: nothing to cancel (for a job submitted but not arrived yet, "
+                           "add --before-arrival)", err=True)
+                raise typer.Exit(1) from None
         client.call("POST", f"/v1/jobs/{job_id}/cancel", json={"reason": reason})
         console.print(f"cancel requested for {job_id}")
         return
+    from services.api.readmodel import fetch_status
+    from shared.events import JobCancelRequested
+
     rows = asyncio.run(fetch_status(database_url(), job_id))
     if not rows:
-        console.print(f"[red]no job {job_id!r}[/] (through the API, a team may cancel a job that has not arrived)")
+        typer.echo(f"error: no job {job_id!r}: nothing to cancel (through the API, a team may cancel a job that "
+                   "has not arrived yet: --before-arrival)", err=True)
         raise typer.Exit(1)
     now = datetime.now(UTC)
     asyncio.run(_publish([(JobCancelRequested(job_id=job_id, requested_by="gpuq-cli (admin)", reason=reason,
@@ -353,6 +443,18 @@ def approve(job_id: str = typer.Argument(..., help="A job waiting with reason Aw
     if client is not None:
         client.call("POST", f"/v1/jobs/{job_id}/approve")
     else:
+        from services.admission.core.governance import AWAITING_APPROVAL
+        from services.api.readmodel import fetch_status
+        from shared.events import JobApproved
+
+        # as the API refuses it: admission would drop an approval of a job that does not wait for one, unseen
+        rows = asyncio.run(fetch_status(database_url(), job_id))
+        if not rows:
+            typer.echo(f"error: no job {job_id!r}: nothing to approve", err=True)
+            raise typer.Exit(1)
+        if rows[0].get("reason") != AWAITING_APPROVAL:
+            typer.echo(f"error: job {job_id} is not awaiting approval ({rows[0]['state']})", err=True)
+            raise typer.Exit(1)
         asyncio.run(_publish([(JobApproved(job_id=job_id, approved_by=by, approved_at=datetime.now(UTC)),
                                JobApproved.subject())]))
     console.print(f"approved {job_id}")
@@ -439,6 +541,8 @@ def _check_config(client: Any, document: dict[str, Any]) -> dict[str, list[str]]
 
 async def _in_force_with(content: str, wait_s: float) -> dict[str, Any] | None:
     """The version in force once its content has this hash (None: not within `wait_s`)."""
+    import asyncpg
+
     from services.admission import configmodel
 
     client = api()

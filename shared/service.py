@@ -614,6 +614,7 @@ class ServiceRuntime:
         self._handle_lock = asyncio.Lock()
         # Where start-up/shutdown is, for health(): see shared/health.py for the phases.
         self.phase = "created"
+        self.lease_refusals = 0  # attempts at a lease that found another instance holding it
         self.migrated = False
         self._stale = False  # in-memory state may be ahead of Postgres (a unit of work failed)
         self._savepoint_batches = 0  # batches left to handle with savepoints after an optimistic one failed
@@ -672,6 +673,7 @@ class ServiceRuntime:
 
         def attempted(error: BaseException | None) -> None:
             if error is None:
+                self.lease_refusals += 1  # another instance holds it: `gpuq up` says STANDBY only then
                 self.phase, self._unreachable_since = "standby", None
             else:
                 self.phase = "recovering"

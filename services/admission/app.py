@@ -888,7 +888,9 @@ class AdmissionService:
             if self.eta is None or not (self.state.pending or self.state.admitted):
                 continue
             now = runtime.clock.now()
-            if not self.eta.refresh_due(last, now, self._version != seen):
+            # an ETA given has passed while its job still waits: a change, refreshed as soon as one may be
+            overdue = any(e[0] < now for e in self._etas.values())
+            if not self.eta.refresh_due(last, now, self._version != seen or overdue):
                 continue
             seen, last = self._version, now
             started = time.perf_counter()
@@ -954,10 +956,13 @@ class AdmissionService:
             got = ranges.get(job_id)
             eta = (got.start, got.low, got.high) if got is not None else None
             old = self._etas.get(job_id)
-            # Publish when an ETA appears, disappears or moves by more than a minute or 10% of the wait left.
+            # Publish when an ETA appears, disappears or moves by more than a minute or 10% of the wait left, and
+            # always when the one published has passed (the job still waits): readers are not left a time in the
+            # past (the API shows such a one as overdue until this refresh replaces it).
             if eta is None and old is None:
                 continue
-            if eta is not None and old is not None and abs(eta[0] - old[0]) <= max(60.0, 0.1 * (eta[0] - tx.now)):
+            if (eta is not None and old is not None and old[0] >= tx.now
+                    and abs(eta[0] - old[0]) <= max(60.0, 0.1 * (eta[0] - tx.now))):
                 continue
             if eta is None:
                 self._etas.pop(job_id, None)

@@ -40,8 +40,9 @@ from pydantic import ValidationError
 
 from services.admission import configmodel
 from services.admission.app import latest_config, load_state
+from services.admission.changecheck import check_proposal
 from services.admission.core import governance, identity, queue_summaries
-from services.api import portal, readmodel, tokens
+from services.api import portal, readmodel, safety, tokens
 from services.api.kubeauth import NoTeam, ReviewUnavailable, TokenReviewer, TokenReviewSettings, principal_for
 from services.api.limits import BodyLimit, max_body_bytes_from_env
 from services.api.models import (
@@ -168,6 +169,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
     app.state.ctx = ctx
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes_from_env())  # 413 before any body is buffered
     _offline_docs(app)
+    app.include_router(safety.router(principal))  # the configuration check and the dead letters
 
     def admin_only(who: Principal) -> None:
         if not who.admin:
@@ -294,10 +296,16 @@ def create_app(ctx: ApiContext) -> FastAPI:
         except ConfigError as exc:
             raise HTTPException(422, str(exc)) from None
         content = queues_hash(config)
+        async with ctx.rt().pool.acquire() as conn:
+            checked = await check_proposal(conn, config)  # admission checks again when it records it
+        if checked.refused and not body.force:
+            raise HTTPException(409, f"refused: {checked.reason()}")
         async with ctx.rt().transaction() as tx:
-            event = await tx.emit(QueueConfigChanged(config=queues_document(config), changed_by=who.actor))
+            event = await tx.emit(QueueConfigChanged(config=queues_document(config), changed_by=who.actor,
+                                                     force=True if body.force else None))
             await audit.record(tx, "config_change_request", who.actor, event_id=event.id,
-                               queues=[q.name for q in config.queues], hash=content)
+                               queues=[q.name for q in config.queues], hash=content,
+                               force=True if body.force else None)
         # A proposal: admission records it as the next version (GET /v1/queues/config shows it by its hash) unless
         # its content is in force already.
         return {"event_id": event.id, "hash": content, "warnings": config.warnings()}

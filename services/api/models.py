@@ -40,6 +40,9 @@ class WebhookBody(BaseModel):
 
 class ConfigBody(BaseModel):
     config: dict[str, Any] = Field(description="The queues configuration, as queues.yaml holds it")
+    force: bool = Field(False, description="Apply it although admission would refuse it (a guarantee past the "
+                                           "cluster's capacity, an unknown GPU model, a queue removed under its "
+                                           "jobs: POST /v1/queues/config/check lists them); audited")
 
 
 # Filled in by the API when a submission leaves them out: the token's team, the team's default queue, a fresh id.
