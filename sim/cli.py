@@ -32,6 +32,19 @@ SIM_EXTRA = ("numpy", "matplotlib")
 INSTALL_HINT = "pip install 'gpuq[sim]'"
 
 
+# Below this offered load jobs barely wait for each other: every policy admits at once and the comparison says
+# nothing (the whole Philly trace on its own cluster runs at about 0.02).
+LOW_LOAD = 0.3
+
+
+def low_load_warning(offered: float) -> str | None:
+    """One line for stderr when the trace cannot tell policies apart, with the options that raise the load."""
+    if offered >= LOW_LOAD:
+        return None
+    return (f"offered load {offered:.2f} is below {LOW_LOAD}: jobs barely wait, so every policy gives about the same "
+            "result; raise it with --load 0.9 (the cluster scaled to fit), --month or --arrival-scale")
+
+
 def missing_sim_extra() -> list[str]:
     """The simulator's libraries that cannot be imported here (without importing them: matplotlib is slow)."""
     missing = []
@@ -102,6 +115,9 @@ def simulate(
         tr = load_trace(opts)
         console.print(f"[bold]{tr.name}[/]: {len(tr.jobs):,} jobs, {len(tr.nodes):,} nodes, "
                       f"{tr.capacity_gpus:,} GPUs, offered load {tr.offered_load():.2f}")
+        warning = low_load_warning(tr.offered_load())
+        if warning is not None:
+            console.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=False) as progress:
             tasks = {n: progress.add_task(f"{n:>10}", total=len(tr.jobs)) for n in names}
