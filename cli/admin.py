@@ -11,10 +11,9 @@ from typing import Any
 
 import asyncpg
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from cli.api_client import api
+from cli.output import Column, OutputFormat, output_option, print_machine, render_table, stdout_console, when
 from cli.runtime import database_url
 from services.admission.sharding import Shard, parse_cohorts
 from services.api import tokens as api_tokens
@@ -31,7 +30,7 @@ from shared.natsauth import (
     write_private,
 )
 
-console = Console()
+console = stdout_console()
 tokens_app = typer.Typer(help="API bearer tokens (admins, with DATABASE_URL): create, list, revoke.",
                          no_args_is_help=True)
 
@@ -64,15 +63,20 @@ def create_token(name: str = typer.Argument(..., help="Who holds it (audited as 
     typer.echo(issued.token)
 
 
+TOKEN_COLUMNS = (Column("id"), Column("name"), Column("team", drop=2), Column("role"), Column("created", drop=4),
+                 Column("expires", drop=3), Column("revoked", drop=5))
+
+
 @tokens_app.command("list")
-def list_tokens() -> None:
+def list_tokens(output: OutputFormat = output_option()) -> None:
     """Tokens (never their secrets)."""
-    rows = asyncio.run(with_api_db(api_tokens.list_tokens))
-    table = Table("id", "name", "team", "role", "created", "expires", "revoked")
-    for r in rows:
-        table.add_row(*(str(r[k] or "") for k in ("id", "name", "team", "role", "created_at", "expires_at",
-                                                    "revoked_at")))
-    console.print(table)
+    rows: list[dict[str, Any]] = asyncio.run(with_api_db(api_tokens.list_tokens))
+    if output.machine:
+        print_machine(rows, output)
+        return
+    render_table(TOKEN_COLUMNS, [[str(r["id"]), str(r["name"]), str(r["team"] or "-"), str(r["role"]),
+                                  when(r["created_at"]), when(r["expires_at"]), when(r["revoked_at"])]
+                                 for r in rows], fmt=output, console=console, title=f"{len(rows)} token(s)")
 
 
 @tokens_app.command("revoke")
@@ -150,7 +154,7 @@ def audit(since: str | None = typer.Option(None, "--since", help="From (ISO date
           job: str | None = typer.Option(None, "--job", help="One job's records"),
           action: str | None = typer.Option(None, "--action", help="One action (submit, cancel, place, ...)"),
           limit: int = typer.Option(1000, help="At most this many records"),
-          output: str = typer.Option("table", "--format", help="table or json")) -> None:
+          output: OutputFormat = output_option("--format")) -> None:
     """Who did what: submits, cancels, admissions, placements, preemptions, approvals, configuration and webhook
     changes, each with the actor's authenticated identity (the append-only audit trail)."""
     from services.metering.report import ReportError, parse_when
@@ -180,15 +184,21 @@ def audit(since: str | None = typer.Option(None, "--since", help="From (ISO date
             return [{**r, "at": r["at"].isoformat()} for r in found]
 
         rows = asyncio.run(load())
-    if output == "json":
-        typer.echo(json.dumps(rows, indent=2, default=str))
+    if output.machine:
+        print_machine(rows, output)
         return
-    table = Table("at", "recorder", "action", "actor", "team", "job", "detail", title=f"{len(rows)} audit record(s)")
-    for r in rows:
-        detail = {k: v for k, v in (r.get("detail") or {}).items() if k not in ("event_id",)}
-        table.add_row(str(r["at"])[:19], r["recorder"], r["action"], r["actor"], r.get("team") or "",
-                      r.get("job_id") or "", json.dumps(detail, default=str)[:80])
-    console.print(table)
+
+    def detail(r: dict[str, Any]) -> str:  # key=value pairs: free text that wraps between pairs
+        return " ".join(f"{k}={json.dumps(v, default=str) if not isinstance(v, str) else v}"
+                        for k, v in (r.get("detail") or {}).items() if k != "event_id")
+
+    render_table(AUDIT_COLUMNS, [[when(r["at"]), r["recorder"], r["action"], r["actor"], r.get("team") or "-",
+                                  r.get("job_id") or "-", detail(r)] for r in rows],
+                 fmt=output, console=console, title=f"{len(rows)} audit record(s)")
+
+
+AUDIT_COLUMNS = (Column("at"), Column("recorder", drop=5), Column("action"), Column("actor", drop=3),
+                 Column("team", drop=4), Column("job", drop=2), Column("detail", kind="text", drop=1))
 
 
 def retention(

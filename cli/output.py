@@ -146,8 +146,8 @@ class _Measure:
     @staticmethod
     def of(column: Column, cells: Sequence[str | Text]) -> _Measure:
         natural = max([_width(column.header), *(_width(c) for c in cells)])
-        if column.kind == "id":
-            return _Measure(natural, natural)
+        if column.kind == "id":  # whole; only its header may wrap, between words ("allocated / GPU-h")
+            return _Measure(natural, max([_longest_word(column.header), *(_width(c) for c in cells)]))
         words = max([_longest_word(column.header), *(_longest_word(c) for c in cells)])
         return _Measure(natural, words if column.kind == "words" else min(natural, max(TEXT_MIN, 1)))
 
@@ -209,16 +209,16 @@ def render_table(columns: Sequence[Column], rows: Sequence[Sequence[str | Text]]
     shown = fit_columns(cols, everything, fit_to)
     measures = [_Measure.of(cols[i], [r[i] for r in everything]) for i in shown]
     widths = layout(measures, fit_to)
-    table = Table(title=title, box=None, padding=(0, GUTTER // 2), pad_edge=False, show_edge=False,
-                  header_style="bold", title_justify="left", expand=False)
+    table = Table(title=Text(title) if title else None, box=None, padding=(0, GUTTER // 2), pad_edge=False,
+                  show_edge=False, header_style="bold", title_justify="left", expand=False)
     for n, i in enumerate(shown):
         col = cols[i]
         if widths is None:
             # a terminal narrower than the identifiers alone: everything folds onto more lines, nothing is cut
             table.add_column(col.header, justify=col.justify, overflow="fold")
         else:
-            table.add_column(col.header, justify=col.justify, width=widths[n], no_wrap=col.kind == "id",
-                             overflow="fold")
+            # an id column is at least as wide as its widest cell: only its header can wrap
+            table.add_column(col.header, justify=col.justify, width=widths[n], overflow="fold")
 
     def cells(row: Sequence[str | Text]) -> list[Text]:
         return [c if isinstance(c, Text) else Text(c) for c in (row[i] for i in shown)]

@@ -14,14 +14,15 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from cli.api_client import ApiClient, api
-from services.metering.report import Export, render, write_focus
+from cli.output import OutputFormat, stdout_console
+from services.metering.report import Export, ReportError, render, resolve_output, write_focus
 from services.metering.report import report as direct_report
+from services.telemetry.cli import print_subscriptions
 from services.telemetry.cli import webhooks_app as direct_webhooks
 
-console = Console()
+console = stdout_console()
 err = Console(stderr=True)
 
 Remote = Callable[..., None]
@@ -50,32 +51,25 @@ def _refuse(message: str) -> typer.Exit:
 
 
 def report_remote(client: ApiClient, *, by: str, since: str | None, until: str | None, granularity: Any, fmt: Any,
-                  export: Export | None, output: Any, queues: Any, database_url: str | None) -> None:
+                  export: Export | None, output: str | None, queues: Any, database_url: str | None) -> None:
     """The token's team's usage and cost (an admin's token: every team's), computed by the API from the ledger."""
     if queues is not None:
         raise _refuse("--queues (pricing with another queues.yaml) reads the ledger directly: an admin's command, "
                       "not available through the API")
+    try:
+        fmt, file = resolve_output(fmt, export, output)
+    except ReportError as exc:
+        raise _refuse(str(exc)) from None
     params = {k: v for k, v in {"since": since, "until": until, "granularity": granularity.value}.items() if v}
     if export is Export.FOCUS:
-        if output is None:
+        if file is None:
             raise _refuse("--export focus needs --output FILE.csv")
-        write_focus(client.call("GET", "/v1/report/focus", params=params), output, err)
+        write_focus(client.call("GET", "/v1/report/focus", params=params), file, err)
         return
     render(client.call("GET", "/v1/report", params={**params, "by": by}), fmt=fmt, console=console)
 
 
 # ------------------------------------------------------------------------------------------------ gpuq webhooks
-
-
-def _print_subscriptions(subs: list[dict[str, Any]], as_json: bool) -> None:
-    if as_json:
-        typer.echo(json.dumps(subs))
-        return
-    table = Table("id", "url", "team", "events", "created", "state")
-    for s in subs:
-        table.add_row(s["id"], s["url"], s["team"] or "(all)", ",".join(s["events"]), s["created_at"][:19],
-                      "active" if s["active"] else "disabled")
-    console.print(table)
 
 
 def webhooks_add_remote(client: ApiClient, *, url: str, team: str | None, events: str, as_json: bool,
@@ -90,9 +84,11 @@ def webhooks_add_remote(client: ApiClient, *, url: str, team: str | None, events
     console.print(f"signing secret: [bold]{sub['secret']}[/bold]  (shown once)")
 
 
-def webhooks_list_remote(client: ApiClient, *, team: str | None, as_json: bool, database_url: str | None) -> None:
+def webhooks_list_remote(client: ApiClient, *, team: str | None, as_json: bool, output: OutputFormat,
+                         database_url: str | None) -> None:
     subs: list[dict[str, Any]] = client.call("GET", "/v1/webhooks")
-    _print_subscriptions([s for s in subs if team is None or s["team"] == team], as_json)
+    print_subscriptions([s for s in subs if team is None or s["team"] == team],
+                        OutputFormat.JSON if as_json else output, console)
 
 
 def webhooks_rotate_remote(client: ApiClient, *, sub_id: str, grace_hours: float, as_json: bool,

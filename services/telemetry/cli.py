@@ -10,8 +10,8 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
+from cli.output import Column, OutputFormat, output_option, print_machine, render_table, stdout_console, when
 from services.telemetry.app import MIGRATIONS
 from services.telemetry.webhooks import store
 from services.telemetry.webhooks.ssrf import ALLOW_ENV, AllowList, TargetRefused, resolve_target
@@ -20,7 +20,7 @@ from shared.db import apply_migrations, create_pool
 webhooks_app = typer.Typer(help="Webhook subscriptions: signed CloudEvents POSTed to your URL when your "
                                 "jobs change state. With GPUQ_API_URL and GPUQ_TOKEN set: through the API, your "
                                 "team's subscriptions only.", no_args_is_help=True)
-console = Console()
+console = stdout_console()
 
 DbOption = typer.Option(None, "--database-url", envvar="DATABASE_URL",
                         help="Postgres URL of the gpuq database (env DATABASE_URL).")
@@ -81,22 +81,32 @@ def add(url: str = typer.Argument(..., help="Receiver URL (http or https, public
     console.print(f"signing secret: [bold]{sub.secret}[/bold]  (shown once)")
 
 
+# `gpuq webhooks list`'s columns: the id (what `rotate`, `enable` and `remove` take) is never cut; the URL is left out
+# rather than cut at a narrow terminal (`-o wide` or piped shows it).
+WEBHOOK_COLUMNS = (Column("id"), Column("url", drop=2), Column("team", drop=3), Column("events", kind="words", drop=4),
+                   Column("created", drop=5), Column("state", kind="text"))
+
+
+def print_subscriptions(subs: list[dict[str, Any]], output: OutputFormat, console: Console) -> None:
+    """Subscriptions as `list` prints them, directly or through the API (GET /v1/webhooks' records)."""
+    if output.machine:
+        print_machine(subs, output)
+        return
+    rows = [[s["id"], s["url"], s.get("team") or "(all)", ", ".join(s["events"]), when(s.get("created_at")),
+             "active" if s["active"] else f"disabled: {s.get('disabled_reason') or 'by an operator'}"] for s in subs]
+    render_table(WEBHOOK_COLUMNS, rows, fmt=output, console=console, title=f"{len(subs)} webhook subscription(s)")
+
+
 @webhooks_app.command("list")
 def list_(team: str | None = typer.Option(None, "--team", help="Only this team's subscriptions."),
-          as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+          as_json: bool = typer.Option(False, "--json", help="Print JSON (as -o json)."),
+          output: OutputFormat = output_option(),
           database_url: str | None = DbOption) -> None:
     """List subscriptions (secrets are not shown)."""
     subs = asyncio.run(_with_conn(_url(database_url), lambda c: store.list_subscriptions(c, team)))
-    if as_json:
-        typer.echo(json.dumps([{"id": s.id, "url": s.url, "team": s.team, "events": list(s.events),
-                                "active": s.active, "disabled_reason": s.disabled_reason,
-                                "created_at": s.created_at.isoformat()} for s in subs]))
-        return
-    table = Table("id", "url", "team", "events", "created", "state")
-    for s in subs:
-        table.add_row(s.id, s.url, s.team or "(all)", ",".join(s.events), s.created_at.isoformat(timespec="seconds"),
-                      "active" if s.active else f"disabled: {s.disabled_reason or 'by an operator'}")
-    console.print(table)
+    print_subscriptions([{"id": s.id, "url": s.url, "team": s.team, "events": list(s.events), "active": s.active,
+                          "disabled_reason": s.disabled_reason, "created_at": s.created_at.isoformat()}
+                         for s in subs], OutputFormat.JSON if as_json else output, console)
 
 
 @webhooks_app.command("rotate")
