@@ -402,7 +402,9 @@ class SimExecutor:
             for row in await tx.conn.fetch("SELECT job_id, attempt, spec FROM executor.runs WHERE job_id = ANY($1)",
                                            [job_id for job_id, _ in missing]):
                 spec = JobSpec.model_validate_json(row["spec"])
-                self._sampled_specs[(row["job_id"], row["attempt"])] = (mean_utilization(spec), spec.total_gpus)
+                # GPUs sampled: its whole GPUs (a MIG job: one per node, as before; none for a run without GPUs)
+                self._sampled_specs[(row["job_id"], row["attempt"])] = (
+                    mean_utilization(spec), spec.total_gpus or int(spec.total_mig_slices > 0))
         for key in self._sampled_specs.keys() - runs:
             del self._sampled_specs[key]
         for payload in sample_payloads([(r["job_id"], r["attempt"], r["nodes"]) for r in rows], self._sampled_specs,
@@ -421,6 +423,8 @@ def sample_payloads(runs: list[tuple[str, int, list[str]]], specs: Mapping[tuple
         if known is None:  # placed again between the two reads: sampled from the next round on
             continue
         util, total_gpus = known
+        if total_gpus == 0:
+            continue  # a run that holds no GPU (pods without GPUs) has no GPU to sample: no GPU time, no energy
         for node in nodes:
             samples = per_node.setdefault(node, [])
             for gpu in range(max(1, total_gpus // max(1, len(nodes)))):

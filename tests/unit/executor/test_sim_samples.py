@@ -38,6 +38,8 @@ def test_one_payload_per_busy_node_with_each_gpu_of_each_run() -> None:
     ]
     assert all(0.0 <= s.utilization_pct <= 100.0 for p in got for s in p.samples)
     assert sample_payloads([], specs, {}, NOW, 5.0) == []
+    # A run holding no GPU (pods that ask for none) is not sampled: it would be charged GPU time and energy.
+    assert sample_payloads([("cpu", 1, ["n0"])], {("cpu", 1): (50.0, 0)}, {"n0": "H100"}, NOW, 5.0) == []
 
 
 class _Conn:
