@@ -23,8 +23,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
+from cli.output import Column, OutputFormat, render_table
 from cli.runtime import STATE_DIR, active_instance, config_path, forget_servers, record_servers, write_config
 from services.admission.sharding import parse_cohorts
 from services.api.readmodel import fetch_status
@@ -519,13 +519,10 @@ async def _report(database_url: str, capacity: int, origin: float, end: float, s
     gpu_s = sum(r["gpus"] * (min(r["ends_at"], end) - r["started_at"]) for r in runs.values()
                 if r["status"] != "running") + sum(r["gpus"] * (end - r["started_at"]) for r in runs.values()
                                                    if r["status"] == "running")
-    table = Table(title=f"gpuq demo report: {span / 3600:.1f} virtual hours, {capacity} GPUs")
+    table: list[list[str]] = []  # one row per team, then "all" (cli/output.py: nothing cut at any width)
     # GPU-hours per team from the metering ledger, as `gpuq report --by team` and the metering table count them
     # (services/metering/report.py, team_gpu_hours); the executor's runs only without a ledger.
     ledger_hours = await _ledger_team_hours(database_url)
-    for col in ("team", "jobs", "completed", "failed", "rejected", "avg wait s", "p90 wait s",
-                "allocated GPU-h" if ledger_hours is not None else "GPU-hours"):
-        table.add_column(col, justify="right")
     teams = sorted({r["team"] for r in rows})
     waits_all: list[float] = []
     for team in [*teams, "all"]:
@@ -539,11 +536,13 @@ async def _report(database_url: str, capacity: int, origin: float, end: float, s
             hours = sum(runs[r["job_id"]]["gpus"] * (min(runs[r["job_id"]]["ends_at"], end) -
                                                      runs[r["job_id"]]["started_at"])
                         for r in mine if r["job_id"] in runs) / 3600
-        table.add_row(team, str(len(mine)), str(sum(r["state"] == "completed" for r in mine)),
+        table.append([team, str(len(mine)), str(sum(r["state"] == "completed" for r in mine)),
                       str(sum(r["state"] == "failed" for r in mine)), str(sum(r["state"] == "rejected" for r in mine)),
                       f"{statistics.fmean(waits):.0f}" if waits else "-",
-                      f"{statistics.quantiles(waits, n=10)[-1]:.0f}" if len(waits) >= 10 else "-", f"{hours:.1f}")
-    console.print(table)
+                      f"{statistics.quantiles(waits, n=10)[-1]:.0f}" if len(waits) >= 10 else "-", f"{hours:.1f}"])
+    hours_column = Column("allocated GPU-h" if ledger_hours is not None else "GPU-hours", justify="right")
+    render_table([*DEMO_COLUMNS, hours_column], table[:-1], totals=table[-1:], fmt=OutputFormat.TABLE,
+                 console=console, title=f"gpuq demo report: {span / 3600:.1f} virtual hours, {capacity} GPUs")
     console.print(f"GPU utilisation (allocated GPU-seconds ÷ capacity over the run): "
                   f"[bold]{gpu_s / (capacity * span):.1%}[/]")
     await _metering_table(database_url)
@@ -579,11 +578,16 @@ async def _metering_table(database_url: str) -> None:
         return
     finally:
         await pool.close()
-    table = Table(title="metering per team")
-    for col in ("team", "allocated GPU-h", "used GPU-h", "idle GPU-h", "cost"):
-        table.add_column(col, justify="right")
-    for r in rows:
-        table.add_row(str(r.get("team")), *(f"{float(r.get(k) or 0):.1f}" for k in
-                                           ("allocated_gpu_hours", "used_gpu_hours", "idle_gpu_hours")),
-                      f"{float(r.get('cost') or 0):.2f}")
-    console.print(table)
+    render_table(METERING_COLUMNS, [[str(r.get("team")), *(f"{float(r.get(k) or 0):.1f}" for k in
+                                                          ("allocated_gpu_hours", "used_gpu_hours", "idle_gpu_hours")),
+                                     f"{float(r.get('cost') or 0):.2f}"] for r in rows],
+                 fmt=OutputFormat.TABLE, console=console, title="metering per team")
+
+
+# The demo's tables (cli/output.py): at a narrow terminal the less telling figures are left out, nothing is cut.
+DEMO_COLUMNS = (Column("team"), Column("jobs", justify="right"), Column("completed", justify="right"),
+                Column("failed", justify="right", drop=3), Column("rejected", justify="right", drop=2),
+                Column("avg wait s", justify="right"), Column("p90 wait s", justify="right", drop=1))
+METERING_COLUMNS = (Column("team"), Column("allocated GPU-h", justify="right"),
+                    Column("used GPU-h", justify="right"), Column("idle GPU-h", justify="right", drop=1),
+                    Column("cost", justify="right"))

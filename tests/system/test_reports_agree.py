@@ -60,7 +60,7 @@ async def test_the_demo_report_and_gpuq_report_agree_on_a_teams_gpu_hours(fresh:
 
     text = captured.get()
     # the first table's team-a row (the metering table below it has one too); its last column is the GPU-hours
-    rows = [[c.strip() for c in re.split(r"[│┃|]", line) if c.strip()] for line in text.splitlines()]
+    rows = [[c.strip() for c in re.split(r"[│┃|]|\s{2,}", line) if c.strip()] for line in text.splitlines()]
     demo_a = next(float(cells[-1]) for cells in rows if cells and cells[0] == "team-a")
     report = await report_document(database_url, by="team", now=datetime.now(UTC))
     by_report = {r["team"]: r["allocated_gpu_hours"] for r in report["rows"]}
