@@ -1008,10 +1008,10 @@ def _notice(payload: Any) -> tuple[str, str, bool]:
             where.append(f"position {payload.position_in_queue} in queue {payload.queue}")
         if payload.position_in_cohort is not None:
             where.append(f"{payload.position_in_cohort} in its cohort")
-        if payload.eta is not None:  # in `gpuq explain`'s words (UTC), the same start and range
+        if payload.eta is not None:  # in `gpuq explain`'s words (each time zoned), the same start and range
             low, high = payload.eta_low, payload.eta_high
-            where.append("expected start (UTC) " + eta_words(payload.eta.timestamp(), low.timestamp() if low else None,
-                                                             high.timestamp() if high else None))
+            where.append("expected start " + eta_words(payload.eta.timestamp(), low.timestamp() if low else None,
+                                                       high.timestamp() if high else None))
         suffix = f" ({', '.join(where)})" if where else ""
         return "Pending", f"{payload.reason}: {payload.message}{suffix}", False
     if isinstance(payload, JobQueued):
