@@ -10,6 +10,7 @@ import csv
 import io
 import json
 import re
+from datetime import UTC, datetime
 
 import yaml
 from typer.testing import CliRunner
@@ -97,3 +98,36 @@ def test_report_fits_80_columns_and_o_names_a_format_or_the_export_file(
     run(["report", "--export", "focus", "-o", out], env)
     with open(out, newline="") as fh:
         assert list(csv.DictReader(fh))
+
+
+def test_audit_keeps_job_ids_and_times_whole_and_its_detail_uncut(fresh_sync: tuple[str, str]) -> None:
+    nats_url, database_url = fresh_sync
+    job_id = "foundation-models-7b-run-0001"
+    detail = {"reason": "a reason longer than the eighty characters the table used to cut every detail at, " * 2}
+
+    async def record() -> None:
+        from services.audit.app import _INSERT, MIGRATIONS
+        from shared.db import apply_migrations
+
+        pool = await create_pool(database_url, min_size=1, max_size=2)
+        try:
+            await apply_migrations(pool, "audit", MIGRATIONS)
+            at = datetime.now(UTC)
+            await pool.execute("SELECT audit.ensure_partition($1)", at)
+            await pool.execute(_INSERT, "ev-1", "admission", at, "cancel", "token:continuous-integration",
+                               "foundation-models", job_id, json.dumps(detail))
+        finally:
+            await pool.close()
+
+    asyncio.run(record())
+    env = _env(nats_url, database_url)
+    records = json.loads(run(["audit", "--format", "json"], env))
+    assert [(r["job_id"], r["detail"]) for r in records] == [(job_id, detail)]
+    assert yaml.safe_load(run(["audit", "-o", "yaml"], env)) == records
+    code, screen = in_terminal(["audit"], env)
+    assert code == 0 and max(len(line) for line in screen.splitlines()) <= 80, screen
+    assert "…" not in screen and re.search(rf"UTC\s+cancel\s+{job_id}\s", screen), screen
+    # the detail wrapped between words, all of it there
+    assert "reason=" + " ".join(detail["reason"].split()) in " ".join(screen.split()), screen
+    wide = run(["audit", "-o", "wide"], env)
+    assert detail["reason"].strip() in wide and "token:continuous-integration" in wide, wide  # whole, one line
