@@ -60,6 +60,12 @@ def _when(ts: float | str | None) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
 def _gpus(counts: Mapping[str, int] | None) -> str:
     return ", ".join(f"{n} {model}" for model, n in (counts or {}).items()) or "-"
 
@@ -73,6 +79,7 @@ def _changing(line: str) -> bool:
 _CHANGING = re.compile(r"\d{4}-\d\d-\d\d|\d\d:\d\d|\bwaited\b|\bexpected start\b|\bin \d|\bago\b")
 _env.filters["when"] = _when
 _env.filters["gpus"] = _gpus
+_env.filters["duration"] = _duration
 _env.tests["changing"] = _changing
 
 
