@@ -108,7 +108,12 @@ class JobStatus(_Open):
     sched_reason: str | None = None
     sched_message: str | None = None
     planned_start: float | None = None
+    started_at: float | None = None
     gpus: int | None = None
+    wait_s: float | None = Field(default=None, description="Seconds waited so far; once running, its wait to start")
+    eta_overdue: bool = Field(default=False, description="The expected start passed while the job still waits: `eta` "
+                                                         "shows now until the next refresh")
+    eta_expected: float | None = Field(default=None, description="With eta_overdue: the start that was expected")
 
 
 class Explanation(BaseModel):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from gpuq_sdk import AsyncClient, Client, GpuqError, WaitTimeout
+from gpuq_sdk import AsyncClient, Client, GpuqError, SubmissionRefused, WaitTimeout
 from shared.natsauth import team_user
 from tests.service.security.conftest import ApiPlatform, AuthServer, api_platform, wait_for
 from tests.service.security.test_attacks import CLUSTER, QUEUES
@@ -52,6 +52,10 @@ def _sync_session(base: str, token: str) -> dict[str, object]:
         except GpuqError as exc:
             seen["too_big"] = (exc.status_code, str(exc))
         try:
+            gpuq.submit(queue="no-such-queue")
+        except SubmissionRefused as exc:
+            seen["refused"] = (exc.result.verdict, exc.result.reason)
+        try:
             gpuq.status("nobody-has-this")
         except GpuqError as exc:
             seen["missing"] = exc.status_code
@@ -72,6 +76,7 @@ async def test_the_sync_client_submits_waits_explains_and_cancels(platform: ApiP
     assert isinstance(cancelled, dict) and cancelled["state"] == "cancelled"
     assert seen["too_big"][0] == 422 and "at most 8 per job" in seen["too_big"][1]  # type: ignore[index]  # a tuple
     assert seen["missing"] == 404
+    assert seen["refused"] == ("rejected", "UnknownQueue")  # admission's verdict, raised
 
 
 async def test_the_async_client_over_the_bus_and_the_api(auth_server: AuthServer, platform: ApiPlatform) -> None:
