@@ -44,11 +44,11 @@ EXPECTED_TYPES = {f"io.gpuq.{t}.v1" for t in (
     "utilization.sampled", "node.inventory", "queue.config_changed")}
 
 
-async def gpuq(*args: str, env: dict[str, str] | None = None) -> str:
+async def gpuq(*args: str, env: dict[str, str] | None = None, exit_code: int = 0) -> str:
     proc = await asyncio.create_subprocess_exec(GPUQ, *args, env={**os.environ, **(env or {})},
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     out, _ = await proc.communicate()
-    assert proc.returncode == 0, f"gpuq {' '.join(args)} failed:\n{out.decode()}"
+    assert proc.returncode == exit_code, f"gpuq {' '.join(args)} exited {proc.returncode}:\n{out.decode()}"
     return out.decode()
 
 
@@ -114,7 +114,8 @@ async def test_every_published_event_is_a_valid_cloudevent_with_trace_context(fr
         await gpuq("submit", "--team", "team-b", "--gpus", "8", "--priority", "high", "--max-runtime", "1000",
                    "--name", "b-train", "--label", "sim.gpuq.io/duration-s=300",
                    env={**cli_env, TRACEPARENT_ENV: CLI_CALLER_TRACEPARENT})
-        await gpuq("submit", "--team", "team-b", "--queue", "team-a", "--name", "intruder", env=cli_env)
+        # refused (team B may not use team A's queue): the command says so and exits non-zero
+        await gpuq("submit", "--team", "team-b", "--queue", "team-a", "--name", "intruder", env=cli_env, exit_code=1)
         await wait_until(lambda: in_state("b-train", "completed"), timeout=120)
         await wait_until(lambda: in_state("a-sweep", "completed"), timeout=240)
         assert await state("intruder") == "rejected"
