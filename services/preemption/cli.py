@@ -3,21 +3,27 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
 from dataclasses import asdict
 
 import typer
-from rich.console import Console
-from rich.table import Table
+
+from cli.output import Column, OutputFormat, output_option, print_machine, render_table, stdout_console, when
+
+# At a narrow terminal the job, GPUs and whether it is takeable stay, the reason wrapped; nothing is cut.
+COLUMNS = (Column("job"), Column("queue", drop=3), Column("class", drop=4), Column("GPUs", justify="right"),
+           Column("takeable"), Column("lost GPU-s", justify="right", drop=2),
+           Column("could be taken by", kind="words", drop=5), Column("why", kind="text", drop=1),
+           Column("protected until", wide=True))
 
 
 def preemptible(
     queue: str = typer.Option(None, "--queue", "-q", help="Only jobs of this queue (default: every queue)."),
     database_url: str = typer.Option(None, "--database-url", envvar="DATABASE_URL",
                                      help="Postgres URL (default: $DATABASE_URL)."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table (as -o json)."),
+    output: OutputFormat = output_option(),
 ) -> None:
     """List the running jobs that could be preempted now, the work each would lose, who could take it,
     and for the others the reason they are safe (production class, protection window, ...)."""
@@ -37,13 +43,10 @@ def preemptible(
             await conn.close()
 
     rows = asyncio.run(fetch())
-    if as_json:
-        typer.echo(json.dumps([asdict(r) for r in rows], indent=2))
+    output = OutputFormat.JSON if as_json else output
+    if output.machine:
+        print_machine([asdict(r) for r in rows], output)
         return
-    table = Table(title=f"preemptible now{f' in {queue}' if queue else ''}")
-    for col in ("job", "queue", "class", "GPUs", "takeable", "why", "lost GPU-s", "could be taken by"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(r.job_id, r.queue, r.priority_class, f"{r.gpus:g}", "yes" if r.takeable else "no", r.why,
-                      f"{r.lost_gpu_seconds:.0f}", r.by)
-    Console().print(table)
+    render_table(COLUMNS, [[r.job_id, r.queue, r.priority_class, f"{r.gpus:g}", "yes" if r.takeable else "no",
+                            f"{r.lost_gpu_seconds:.0f}", r.by or "-", r.why, when(r.protected_until)] for r in rows],
+                 fmt=output, console=stdout_console(), title=f"preemptible now{f' in {queue}' if queue else ''}")

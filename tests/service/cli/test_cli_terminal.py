@@ -1,11 +1,13 @@
-"""`gpuq status` and `gpuq queues` as a person sees them: run in a pseudo-terminal 80 columns wide, against a
-running platform (admission and scheduler on real NATS and Postgres), every line fits and no job id or queue name
-is cut; piped, the same tables come out at their full width, every column whole on one line."""
+"""`gpuq status`, `gpuq queues` and `gpuq preemptible` as a person sees them: run in a pseudo-terminal 80 columns
+wide, against a running platform (admission, scheduler, preemption and the simulated executor on real NATS and
+Postgres), every line fits and no job id or queue name is cut; piped, the same tables come out at their full
+width, every column whole on one line."""
 
 from __future__ import annotations
 
 import asyncio
 import fcntl
+import json
 import os
 import pty
 import re
@@ -17,11 +19,11 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-import asyncpg
 import nats
 
+from services.api.readmodel import fetch_status
 from services.stack import Stack, StackSettings
-from shared.config import parse_queues
+from shared.config import parse_cluster, parse_queues
 from shared.domain import JobSpec, PodSet
 from shared.events import JobSubmitted, make_event
 from shared.service import publish_event
@@ -40,6 +42,9 @@ QUEUES = parse_queues({
          "quotas": {"H100-80GB": {"nominal": 8}, "A100-80GB": {"nominal": 16}}},
     ],
 })
+CLUSTER = parse_cluster({"node_groups": [{"name": "h100", "count": 3, "gpus_per_node": 8, "gpu_model": "H100-80GB",
+                                          "cpu_milli": 96000, "memory_mib": 1_000_000, "nodes_per_rack": 3}]},
+                        "test cluster")
 JOBS = [("foundation-models-7b-run-0001", "foundation-models", QUEUE_A, 8),
         ("foundation-models-7b-run-0002", "foundation-models", QUEUE_A, 8),
         ("foundation-models-70b-run-0003", "foundation-models", QUEUE_A, 64),
@@ -79,6 +84,12 @@ def in_terminal(args: list[str], env: dict[str, str], columns: int = 80) -> tupl
     return code, ANSI.sub("", b"".join(chunks).decode()).replace("\r", "")
 
 
+def run_json(args: list[str], env: dict[str, str]) -> str:
+    done = subprocess.run([*GPUQ, *args], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
 def piped(args: list[str], env: dict[str, str]) -> tuple[int, str]:
     done = subprocess.run([*GPUQ, *args], capture_output=True, text=True, env=env, timeout=60)
     return done.returncode, done.stdout
@@ -91,6 +102,7 @@ async def _submit(nats_url: str) -> None:
         now = datetime.now(UTC)
         for job_id, team, queue, gpus in JOBS:
             spec = JobSpec(job_id=job_id, team=team, queue=queue, max_runtime_s=7200,
+                           labels={"sim.gpuq.io/duration-s": "3600"},  # running while the test looks
                            pod_sets=(PodSet(count=max(1, gpus // 8), gpus_per_pod=min(gpus, 8),
                                             gpu_models=("H100-80GB",)),))
             payload = JobSubmitted(spec=spec, submitted_at=now, submitted_by="test")
@@ -99,23 +111,18 @@ async def _submit(nats_url: str) -> None:
         await nc.close()
 
 
-async def _admission_decided(database_url: str) -> bool:
-    conn = await asyncpg.connect(database_url)
-    try:
-        if not await conn.fetchval("SELECT to_regclass('admission.jobs') IS NOT NULL"):
-            return False
-        rows = await conn.fetch("SELECT job_id, status FROM admission.jobs")
-    finally:
-        await conn.close()
-    return {r["job_id"] for r in rows} == {j[0] for j in JOBS}
+async def _settled(database_url: str) -> bool:
+    """Every job decided by admission, and the three it admits running (the big one is rejected)."""
+    rows = await fetch_status(database_url, None)
+    return {r["job_id"]: r["state"] for r in rows} == {j[0]: "rejected" if j[3] > 24 else "running" for j in JOBS}
 
 
 async def test_status_and_queues_fit_80_columns_and_print_full_width_when_piped(fresh: tuple[str, str]) -> None:
     nats_url, database_url = fresh
-    async with Stack(StackSettings(nats_url=nats_url, database_url=database_url, queues=QUEUES,
-                                   services=("admission", "scheduler"))):
+    async with Stack(StackSettings(nats_url=nats_url, database_url=database_url, queues=QUEUES, cluster=CLUSTER,
+                                   services=("admission", "scheduler", "executor", "preemption"))):
         await _submit(nats_url)
-        await eventually(lambda: _admission_decided(database_url), "admission to record every job")
+        await eventually(lambda: _settled(database_url), "every job decided, three running")
         env = _env(nats_url, database_url)
 
         code, screen = await asyncio.to_thread(in_terminal, ["status", "--all"], env)
@@ -161,3 +168,12 @@ async def test_status_and_queues_fit_80_columns_and_print_full_width_when_piped(
         # a line after the table, whole too (not wrapped at a guessed 80 columns)
         assert any("configuration: version 1" in line and "from queues.yaml at start" in line
                    for line in out.splitlines()), out
+
+        # gpuq preemptible: the running jobs, ids whole at 80 columns; -o json the same jobs
+        exposed = json.loads(run_json(["preemptible", "-o", "json"], env))
+        assert sorted(e["job_id"] for e in exposed) == sorted(j[0] for j in JOBS if j[3] <= 24), exposed
+        code, screen = await asyncio.to_thread(in_terminal, ["preemptible"], env)
+        assert code == 0 and max(len(line) for line in screen.splitlines()) <= 80, screen
+        assert "…" not in screen, screen
+        for e in exposed:
+            assert re.search(rf"^{e['job_id']}\s", screen, re.M), screen
