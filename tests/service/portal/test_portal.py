@@ -273,6 +273,15 @@ async def test_forms_need_their_csrf_token_and_pages_escape_what_users_type(port
     assert "<b>bold</b>" in (await page.text_content("#preview") or "")
     assert await page.locator("img, b, main script").count() == 0
 
+    # the API's refusals come back on the form in its words: a name taken already (its 409)
+    await page.fill("#f-name", "nb-twice")
+    await page.click("button[value=submit]")
+    assert await page.text_content("section.result .state") == "queued"
+    await page.goto(portal.base + "/ui/templates/notebook")
+    await page.fill("#f-name", "nb-twice")
+    await page.click("button[value=submit]")
+    assert "DuplicateJobId: job id nb-twice was already submitted" in (await page.text_content("p.error") or "")
+
     # a bad token signs nobody in, and the page does not repeat it
     fresh = await browser.new_page()
     await fresh.goto(portal.base + "/ui/login")
