@@ -154,9 +154,11 @@ async def _form(request: Request) -> dict[str, str]:
 
 
 def _same_origin(request: Request) -> bool:
-    """A POST whose browser names its origin must come from this site (SameSite=Strict covers the rest)."""
+    """A POST whose browser names its origin must come from this site (SameSite=Strict covers the rest). Behind a
+    proxy that rewrites Host, the host the browser asked for is X-Forwarded-Host."""
     origin = request.headers.get("origin")
-    return origin is None or urlsplit(origin).netloc == request.headers.get("host")
+    host = request.headers.get("x-forwarded-host") or request.headers.get("host")
+    return origin is None or urlsplit(origin).netloc == host
 
 
 def _page(name: str, status: int = 200, **context: Any) -> HTMLResponse:

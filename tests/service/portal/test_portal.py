@@ -31,6 +31,7 @@ from PIL import Image, ImageChops
 from playwright.async_api import Browser, Page, async_playwright
 
 from services.api import tokens
+from services.api.portal.web import csrf_for
 from services.stack import Stack, StackSettings
 from shared.clock import ScaledClock
 from shared.config import parse_cluster, parse_queues
@@ -257,6 +258,12 @@ async def test_forms_need_their_csrf_token_and_pages_escape_what_users_type(port
             r = await c.post("/ui/templates/notebook", data={"csrf": csrf, "action": "submit", "name": "forged",
                                                              "queue": "team-a"})
             assert r.status_code == 403 and "expired" in r.text
+        # the right CSRF token from a page of another origin (a browser says which): refused; from this one: shown
+        form = {"csrf": csrf_for(portal.tokens["a"]), "action": "preview", "name": "nb-origin", "queue": "team-a"}
+        r = await c.post("/ui/templates/notebook", data=form, headers={"Origin": "http://evil.example"})
+        assert r.status_code == 403
+        r = await c.post("/ui/templates/notebook", data=form, headers={"Origin": portal.base})
+        assert r.status_code == 200 and "job_id: nb-origin" in r.text
         r = await c.post("/ui/login", data={"csrf": "guess", "token": portal.tokens["b"]})
         assert r.status_code == 403 and "gpuq_portal=" not in r.headers.get("set-cookie", "")
         assert r.headers["content-security-policy"].startswith("default-src 'none'")
