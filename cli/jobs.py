@@ -261,8 +261,9 @@ def print_status_table(rows: list[dict[str, Any]], output: OutputFormat, now: fl
         waiting = r["state"] in ("pending", "admitted")
         cells.append([r["job_id"], r["team"], r["queue"], Text(r["state"], style=STATE_STYLE.get(r["state"], "")),
                       "-" if r.get("gpus") is None else str(r["gpus"]), when(r.get("submitted_at")),
-                      duration(job_wait(r, now)),
-                      eta_cell(r.get("eta"), now) if waiting else "-",
+                      # the API's wait and ETA verdict when it gives them (on the platform's clock), else from here
+                      duration(r["wait_s"] if "wait_s" in r else job_wait(r, now)),
+                      eta_cell(r.get("eta"), now, r.get("eta_overdue")) if waiting else "-",
                       eta_range_cell(r.get("eta_low"), r.get("eta_high"), now) if waiting else "-",
                       ", ".join(r.get("nodes") or []) or "-",
                       r.get("reason") or r.get("sched_reason") or r.get("outcome") or "",

@@ -117,3 +117,40 @@ def test_times_are_zoned_and_an_eta_is_never_in_the_past() -> None:
                                                (187_200, "2d04h")])
 def test_durations(seconds: float | None, text: str) -> None:
     assert duration(seconds) == text
+
+
+def test_the_apis_overdue_verdict_wins_over_this_machines_clock() -> None:
+    now = 1796501625.0
+    # a demo's platform clock runs ahead of this machine's: its ETA, in this machine's future, has passed there
+    assert eta_cell(now + 600, now, overdue=True) == "any moment (overdue)"
+    assert eta_cell(now - 600, now, overdue=False) == "2026-12-05 20:03:45 UTC"
+
+
+def test_status_shows_the_apis_wait_and_never_a_past_eta(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cli import jobs
+
+    now = 1796501625.0
+    console = Console(file=io.StringIO(), width=200, force_terminal=True, color_system=None)
+    monkeypatch.setattr(jobs, "console", console)
+    base = {"team": "t", "queue": "q", "gpus": 8, "submitted_at": now - 7200, "nodes": [], "reason": None,
+            "message": None}
+    rows = [
+        # admitted, not placed: it still waits (the API's wait_s, on the platform's clock, wins)
+        {**base, "job_id": "admitted-job", "state": "admitted", "admitted_at": now - 7000, "wait_s": 7260.0,
+         "eta": now + 60, "eta_low": now + 60, "eta_high": now + 60, "eta_overdue": False},
+        # admitted, not placed, read from the database (no wait_s): counted here, up to now
+        {**base, "job_id": "admitted-direct", "state": "admitted", "admitted_at": now - 7000, "eta": None},
+        # an ETA that has passed, as an older API (no eta_overdue) or the database gives it
+        {**base, "job_id": "stale-eta-job", "state": "pending", "eta": now - 3600, "eta_low": now - 4000,
+         "eta_high": now - 3000},
+    ]
+    jobs.print_status_table(rows, OutputFormat.WIDE, now)
+    out = console.file.getvalue()  # type: ignore[attr-defined]
+    admitted = next(line for line in out.splitlines() if line.startswith("admitted-job"))
+    assert "2h01m" in admitted  # 7260 s: the API's figure, still counting after admission
+    assert admitted.count("2026-12-05 20:14:45 UTC") == 2  # the expected start; its range of one time is one time
+    direct = next(line for line in out.splitlines() if line.startswith("admitted-direct"))
+    assert "2h00m" in direct and "3m20s" not in direct  # not frozen at admission
+    stale = next(line for line in out.splitlines() if line.startswith("stale-eta-job"))
+    assert "2h00m" in stale and "any moment (overdue)" in stale
+    assert "19:13" not in stale and "2026-12-05 19" not in stale  # no time in the past
