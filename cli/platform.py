@@ -15,39 +15,21 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import asyncpg
-import nats
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cli.output import Column, OutputFormat, render_table
 from cli.runtime import STATE_DIR, active_instance, config_path, forget_servers, record_servers, write_config
-from services.admission.sharding import parse_cohorts
-from services.api.readmodel import fetch_status
-from services.stack import ALL_SERVICES, Stack, StackSettings
-from shared import gcpolicy, retention
-from shared import namespace as namespaces
-from shared.bus import NamespaceInUse, delete_streams, ensure_streams, namespace_purposes
-from shared.clock import ScaledClock, SystemClock
-from shared.config import (
-    ClusterSource,
-    ConfigError,
-    dcgm_settings,
-    load_cluster,
-    load_queues,
-    parse_cluster,
-    parse_queues,
-)
-from shared.db import drop_database, redact, scratch_database
-from shared.events import JobSubmitted, utcnow_from
-from shared.health import HealthServer
-from shared.servers import EmbeddedServerError, Servers, resolve_servers
-from shared.service import publish_event
-from shared.tracing import traced_event
+
+if TYPE_CHECKING:
+    from services.stack import Stack
+
+# The services' modules are imported in the functions that run them: `gpuq up --help` (and every other command's
+# start) does not pay for them. services.stack.ALL_SERVICES, as `--services`' default (tests/unit/cli checks so).
+ALL_SERVICES = ("admission", "scheduler", "preemption", "metering", "telemetry", "executor", "audit", "api")
 
 console = Console()
 EXAMPLES = Path(__file__).resolve().parents[1] / "deploy" / "examples"
@@ -97,6 +79,15 @@ def up(
 
     By default the executor is simulated (jobs "run" on the nodes of cluster.yaml and nothing is started);
     `--executor kube` runs them on the Kubernetes cluster of `--kubeconfig` (docs/kubernetes.md)."""
+    from services.admission.sharding import parse_cohorts
+    from services.stack import Stack, StackSettings
+    from shared import gcpolicy, retention
+    from shared import namespace as namespaces
+    from shared.clock import ScaledClock, SystemClock
+    from shared.config import ClusterSource, ConfigError, dcgm_settings, load_cluster, load_queues, parse_cluster
+    from shared.health import HealthServer
+    from shared.servers import EmbeddedServerError, Servers, resolve_servers
+
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if executor not in ("sim", "kube"):
         console.print(f"[red]--executor must be sim or kube, not {executor!r}[/]")
@@ -362,6 +353,10 @@ def demo(
 
     On servers it is given, the demo only ever touches what it creates: a fresh namespace (streams and subjects)
     and a fresh database, both removed at the end unless --keep."""
+    from shared import namespace as namespaces
+    from shared.config import parse_cluster, parse_queues
+    from shared.servers import resolve_servers
+
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if reset and not namespace:
         console.print("[red]--reset needs --namespace: without it the demo uses a fresh namespace, which has "
@@ -404,6 +399,11 @@ async def _demo_on_own_resources(nats_url: str, database_url: str, ns: str, rese
                                  cluster_cfg: Any, queues_cfg: Any, workload: list[Any], speedup: float,
                                  time_limit: float, service_urls: dict[str, str] | None = None) -> None:
     """Claim a namespace and a database for the demo, run it, then remove both unless `keep`."""
+    import nats
+
+    from shared.bus import NamespaceInUse, delete_streams, ensure_streams, namespace_purposes
+    from shared.db import drop_database
+
     nc = await nats.connect(nats_url)
     js = nc.jetstream()
     try:
@@ -436,6 +436,11 @@ async def _demo_on_own_resources(nats_url: str, database_url: str, ns: str, rese
 async def _demo_database(database_url: str) -> tuple[str, str | None]:
     """A fresh database for the demo on the given server: (its URL, its name to drop afterwards). Where the role
     may not create databases, the given database is used only if it holds no gpuq schemas."""
+    import asyncpg
+
+    from services.stack import ALL_SERVICES
+    from shared.db import redact, scratch_database
+
     try:
         return await scratch_database(database_url, "gpuq_demo")
     except asyncpg.InsufficientPrivilegeError:
@@ -456,6 +461,15 @@ async def _demo_database(database_url: str) -> tuple[str, str | None]:
 
 async def _run_demo(nats_url: str, database_url: str, cluster_cfg: Any, queues_cfg: Any, workload: list[Any],
                     speedup: float, time_limit: float, service_urls: dict[str, str]) -> None:
+    import nats
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from services.stack import ALL_SERVICES, Stack, StackSettings
+    from shared.clock import ScaledClock
+    from shared.events import JobSubmitted, utcnow_from
+    from shared.service import publish_event
+    from shared.tracing import traced_event
+
     clock = ScaledClock(speedup)
     # The demo runs no API server (it would take a port): the users' side is its own submissions.
     settings = StackSettings(nats_url=nats_url, database_url=database_url, queues=queues_cfg, cluster=cluster_cfg,
@@ -502,6 +516,8 @@ async def _run_demo(nats_url: str, database_url: str, cluster_cfg: Any, queues_c
 
 
 async def _state_counts(database_url: str) -> dict[str, int]:
+    from services.api.readmodel import fetch_status
+
     rows = await fetch_status(database_url, None)
     out: dict[str, int] = {}
     for r in rows:
@@ -510,6 +526,10 @@ async def _state_counts(database_url: str) -> dict[str, int]:
 
 
 async def _report(database_url: str, capacity: int, origin: float, end: float, stack: Stack) -> None:
+    import asyncpg
+
+    from services.api.readmodel import fetch_status
+
     rows = await fetch_status(database_url, None)
     conn = await asyncpg.connect(database_url)
     runs = {r["job_id"]: r for r in await conn.fetch(
@@ -567,6 +587,8 @@ async def _ledger_team_hours(database_url: str) -> dict[str, float] | None:
 
 async def _metering_table(database_url: str) -> None:
     """The metering ledger's view per team, when the metering service ran."""
+    import asyncpg
+
     try:
         from services.metering.store import team_summary
     except ImportError:

@@ -36,7 +36,7 @@ def _loaded(stderr: str) -> list[str]:
 
 
 @pytest.mark.parametrize("args", [["--help"], ["status", "--help"], ["submit", "--help"], ["cancel", "--help"],
-                                  ["bench", "--help"]])
+                                  ["bench", "--help"], ["up", "--help"], ["demo", "--help"]])
 def test_help_imports_no_service_module(args: list[str]) -> None:
     res = _gpuq(*args)
     assert res.returncode == 0, res.stderr
@@ -98,3 +98,10 @@ def test_a_validation_error_names_each_field_in_one_line() -> None:
         Spec.model_validate({"gpus": 0})
     assert describe(caught.value) == ("invalid Spec: gpus: Input should be greater than or equal to 1; "
                                       "name: Field required")
+
+
+def test_up_offers_every_service_by_default() -> None:
+    from cli import platform
+    from services.stack import ALL_SERVICES
+
+    assert platform.ALL_SERVICES == ALL_SERVICES
