@@ -14,6 +14,7 @@ are not cached. Jinja escapes everything it renders.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import re
@@ -39,6 +40,7 @@ SESSION_COOKIE = "gpuq_portal"
 LOGIN_COOKIE = "gpuq_portal_login"
 PREFIX = "/ui"
 JOBS_SHOWN = 50  # the newest jobs "my jobs" lists, each with its explanation
+EXPLAIN_CONCURRENCY = 8
 HEADERS = {
     "Content-Security-Policy": "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
                                "frame-ancestors 'none'; base-uri 'none'",
@@ -222,8 +224,14 @@ def router() -> APIRouter:
             return _redirect("/login")
         try:
             rows = (await s.get_json("/v1/jobs", all="true", limit=JOBS_SHOWN))[::-1]  # newest first
-            for row in rows:
-                row["explain"] = (await s.get_json(f"/v1/jobs/{row['job_id']}/explain"))["lines"]
+            # one explain call per job (the API's words for each), a few at a time: each reads its own connection
+            gate = asyncio.Semaphore(EXPLAIN_CONCURRENCY)
+
+            async def explain(row: dict[str, Any]) -> None:
+                async with gate:
+                    row["explain"] = (await s.get_json(f"/v1/jobs/{row['job_id']}/explain"))["lines"]
+
+            await asyncio.gather(*(explain(row) for row in rows))
         except _ApiRefused as exc:
             return _page("error.html", exc.status, s=s, message=exc.detail)
         return _page("jobs.html", s=s, jobs=rows, tab="jobs")
