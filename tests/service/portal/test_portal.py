@@ -88,7 +88,8 @@ async def portal(nats_url: str, database_url: str) -> AsyncIterator[Portal]:
         conn = await asyncpg.connect(database_url)
         try:
             issued = {"a": (await tokens.issue(conn, "alice", team="team-a")).token,
-                      "b": (await tokens.issue(conn, "mallory", team="team-b")).token}
+                      "b": (await tokens.issue(conn, "mallory", team="team-b")).token,
+                      "admin": (await tokens.issue(conn, "ops", team=None, admin=True)).token}
             base = f"http://127.0.0.1:{port}"
             await wait_for(lambda: _healthy(base), "the API listening")
             yield Portal(base, issued, conn)
@@ -243,6 +244,14 @@ async def test_newcomer_signs_in_submits_from_a_template_and_follows_the_job(
     other = await signed_in(browser, portal, "b")
     assert await other.locator("#job-b-secret").count() == 1
     assert "ddp-portal" not in await other.content() and "a-long" not in await other.content()
+
+    # an admin's token: every team's jobs, and the form asks which team a job is for
+    admin = await signed_in(browser, portal, "admin")
+    assert await admin.text_content("#who") == "ops · platform admin"
+    assert {"job-ddp-portal", "job-a-long", "job-b-secret"} <= set(
+        await admin.locator("tr.job").evaluate_all("rows => rows.map(r => r.id)"))
+    await admin.goto(portal.base + "/ui/templates/notebook")
+    assert await admin.input_value("#f-team") == ""
 
 
 async def _metered(portal: Portal, job_id: str) -> bool:
