@@ -9,26 +9,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import typer
 
 from cli.api_client import api
 from cli.output import Column, OutputFormat, output_option, print_machine, render_table, stdout_console, when
 from cli.runtime import database_url
-from services.admission.sharding import Shard, parse_cohorts
-from services.api import tokens as api_tokens
-from services.api.app import MIGRATIONS as API_MIGRATIONS
-from shared import namespace as namespaces
-from shared.config import ConfigError, load_queues
-from shared.db import apply_migrations, create_pool
-from shared.natsauth import (
-    NatsAuthError,
-    generate,
-    kube_secrets,
-    read_credentials,
-    write_bundle,
-    write_private,
-)
+from shared import namespace as namespaces  # light: nats-auth's --namespace names its environment variable
+
+# The services' modules (the API's, the database's, the bus users') are imported in the commands that use them:
+# `gpuq tokens --help` and the other commands start without them.
 
 console = stdout_console()
 tokens_app = typer.Typer(help="API bearer tokens (admins, with DATABASE_URL): create, list, revoke.",
@@ -37,6 +26,9 @@ tokens_app = typer.Typer(help="API bearer tokens (admins, with DATABASE_URL): cr
 
 async def with_api_db(fn: Any) -> Any:
     """`fn(conn)` on the API's schema (migrated first), with DATABASE_URL: what the token commands do."""
+    from services.api.app import MIGRATIONS as API_MIGRATIONS
+    from shared.db import apply_migrations, create_pool
+
     pool = await create_pool(database_url(), min_size=1, max_size=2)
     try:
         await apply_migrations(pool, "api", API_MIGRATIONS)
@@ -52,6 +44,8 @@ def create_token(name: str = typer.Argument(..., help="Who holds it (audited as 
                  admin: bool = typer.Option(False, "--admin", help="A platform admin's token (sees everything)"),
                  days: int | None = typer.Option(None, "--days", help="Expire after this many days")) -> None:
     """Issue a token; it is printed once (only its hash is stored)."""
+    from services.api import tokens as api_tokens
+
     expires = datetime.fromtimestamp(datetime.now(UTC).timestamp() + days * 86_400, UTC) if days else None
     try:
         issued = asyncio.run(with_api_db(lambda c: api_tokens.issue(c, name, team=team, admin=admin,
@@ -70,6 +64,8 @@ TOKEN_COLUMNS = (Column("id"), Column("name"), Column("team", drop=2), Column("r
 @tokens_app.command("list")
 def list_tokens(output: OutputFormat = output_option()) -> None:
     """Tokens (never their secrets)."""
+    from services.api import tokens as api_tokens
+
     rows: list[dict[str, Any]] = asyncio.run(with_api_db(api_tokens.list_tokens))
     if output.machine:
         print_machine(rows, output)
@@ -82,6 +78,8 @@ def list_tokens(output: OutputFormat = output_option()) -> None:
 @tokens_app.command("revoke")
 def revoke_token(token_id: str = typer.Argument(..., help="The token's id (or the token itself)")) -> None:
     """Revoke a token at once."""
+    from services.api import tokens as api_tokens
+
     if not asyncio.run(with_api_db(lambda c: api_tokens.revoke(c, token_id))):
         console.print(f"[red]no active token {token_id}[/]")
         raise typer.Exit(1)
@@ -119,6 +117,10 @@ def nats_auth(
     in the nats-server configuration, then reload the server) and `credentials.json` (each user's password; give
     each service and team only its own). Both 0600. docs/security.md explains who may publish what; docs/install.md
     how to load them into a cluster."""
+    from services.admission.sharding import Shard, parse_cohorts
+    from shared.config import ConfigError, load_queues
+    from shared.natsauth import NatsAuthError, generate, kube_secrets, read_credentials, write_bundle, write_private
+
     try:
         if kube_secrets_file is not None and not base_url:
             raise NatsAuthError("--kube-secrets needs --url: each Secret holds its user's whole NATS_URL")
@@ -157,6 +159,8 @@ def audit(since: str | None = typer.Option(None, "--since", help="From (ISO date
           output: OutputFormat = output_option("--format")) -> None:
     """Who did what: submits, cancels, admissions, placements, preemptions, approvals, configuration and webhook
     changes, each with the actor's authenticated identity (the append-only audit trail)."""
+    import asyncpg
+
     from services.metering.report import ReportError, parse_when
 
     now = datetime.now(UTC)
@@ -212,6 +216,8 @@ def retention(
     """Prune now what the metering and audit services prune every hour: raw GPU samples past their window (the hourly
     usage the reports read stays) and the audit trail's months past theirs (dropped whole; no record is ever changed
     or deleted). Also makes this month's and the next month's audit partitions. Needs DATABASE_URL."""
+    import asyncpg
+
     from services.audit import retention as audit_retention
     from services.metering import store as metering
     from shared.retention import AUDIT, METERING_RAW

@@ -2,11 +2,13 @@
 
 Prints the median and the spread of N runs of `gpuq --help`, `gpuq status --help` and `gpuq submit --help` (start-up
 and help alone), and with --api-url and --token of a running platform `gpuq status` through the API (start-up, one
-HTTP call and the table). Figures only: a run on a loaded machine is slower, which is why the median is printed."""
+HTTP call and the table). Figures only: wall time, and the CPU time the process used (user + system), which a loaded
+machine inflates less; the median of each."""
 
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -22,14 +24,17 @@ def _gpuq() -> list[str]:
     return [script] if script else [sys.executable, "-c", "from cli.main import app; app(prog_name='gpuq')"]
 
 
-def _time(argv: list[str], env: dict[str, str]) -> float:
+def _time(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one run."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False)
     elapsed = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise typer.BadParameter(f"`{' '.join(argv[-2:])}` exited {done.returncode}: "
                                  f"{done.stderr.decode(errors='replace').strip()[-300:]}")
-    return elapsed
+    return elapsed, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def bench_cli(
@@ -51,8 +56,10 @@ def bench_cli(
     if api_url and token:
         cases.append(("gpuq status (API)", ["status"], {**env, "GPUQ_API_URL": api_url, "GPUQ_TOKEN": token}))
     width = max(len(name) for name, _, _ in cases)
-    typer.echo(f"{'command':<{width}}  median s    min s    max s  ({runs} runs each)")
+    typer.echo(f"{'command':<{width}}  wall s (median  min  max)  CPU s (median)  ({runs} runs each)")
     for name, args, case_env in cases:
         _time([*base, *args], case_env)  # warm the file cache: the first run after an install is not typical
-        times = [_time([*base, *args], case_env) for _ in range(runs)]
-        typer.echo(f"{name:<{width}}  {statistics.median(times):8.3f} {min(times):8.3f} {max(times):8.3f}")
+        runs_ = [_time([*base, *args], case_env) for _ in range(runs)]
+        wall = [w for w, _ in runs_]
+        cpu = statistics.median(c for _, c in runs_)
+        typer.echo(f"{name:<{width}}  {statistics.median(wall):13.3f} {min(wall):5.3f} {max(wall):5.3f}  {cpu:14.3f}")

@@ -53,6 +53,8 @@ def read_config(path: Path | None = None) -> dict[str, str]:
         return {}
     except OSError as exc:
         raise ConfigFileError(f"config file {path}: {exc.strerror or exc}") from None
+    if not text.strip():
+        return {}
     import yaml
 
     try:

@@ -36,7 +36,8 @@ def _loaded(stderr: str) -> list[str]:
 
 
 @pytest.mark.parametrize("args", [["--help"], ["status", "--help"], ["submit", "--help"], ["cancel", "--help"],
-                                  ["bench", "--help"], ["up", "--help"], ["demo", "--help"]])
+                                  ["bench", "--help"], ["up", "--help"], ["demo", "--help"], ["tokens", "--help"],
+                                  ["audit", "--help"], ["nats-auth", "--help"]])
 def test_help_imports_no_service_module(args: list[str]) -> None:
     res = _gpuq(*args)
     assert res.returncode == 0, res.stderr
