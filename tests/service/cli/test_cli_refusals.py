@@ -139,3 +139,36 @@ async def test_admin_mode_finds_the_platform_through_the_config_file_from_anywhe
         (tmp_path / "config.yaml").write_text("database-url: x\n")
         rc, out, err = await gpuq("status", env=env, cwd=elsewhere)
         assert rc == 2 and "unknown key(s) database-url" in err, out + err
+
+
+async def test_up_says_where_the_api_is_and_admin_commands_find_it_from_anywhere(fresh: tuple[str, str],
+                                                                                 tmp_path: Path) -> None:
+    nats_url, database_url = fresh
+    port = free_port()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = base_env(tmp_path)
+    proc = await asyncio.create_subprocess_exec(
+        GPUQ, "up", "--services", "admission,api", "--api-port", str(port), "--health-port", "0",
+        "--log-level", "WARNING", cwd=tmp_path, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        env={**env, "NATS_URL": nats_url, "DATABASE_URL": database_url, "GPUQ_HOME": str(tmp_path / "home"),
+             "PYTHONUNBUFFERED": "1", "COLUMNS": "200"})
+    assert proc.stdout is not None
+    printed: list[str] = []
+    try:
+        while not printed or "Ctrl-C stops it" not in printed[-1]:
+            line = await asyncio.wait_for(proc.stdout.readline(), timeout=120)
+            assert line, "".join(printed)
+            printed.append(line.decode())
+        said = "".join(printed)
+        assert f"API at http://127.0.0.1:{port}" in said and "gpuq tokens create NAME --team TEAM" in said, said
+        assert "STANDBY" not in said, said
+        assert yaml.safe_load((tmp_path / "config.yaml").read_text()) == {"state_dir": str(tmp_path / "home")}
+        # from another directory, with no URL in the environment: the servers this `gpuq up` recorded
+        rc, out, err = await gpuq("tokens", "create", "newcomer", "--team", "team-a", env=env, cwd=elsewhere)
+        assert rc == 0 and out.strip().splitlines()[-1].startswith("gpuq_"), out + err
+        rc, out, err = await gpuq("status", "--all", env=env, cwd=elsewhere)
+        assert rc == 0, out + err
+    finally:
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), timeout=60)

@@ -106,3 +106,12 @@ def test_up_offers_every_service_by_default() -> None:
     from services.stack import ALL_SERVICES
 
     assert platform.ALL_SERVICES == ALL_SERVICES
+
+
+def test_bench_cli_prints_a_row_per_command() -> None:
+    res = _gpuq("bench", "cli", "--runs", "1")
+    assert res.returncode == 0, res.stderr
+    rows = [line.split()[0:3] for line in res.stdout.splitlines()[1:]]
+    assert [" ".join(r[:2]) for r in rows] == ["gpuq --help", "gpuq status", "gpuq submit"], res.stdout
+    res = _gpuq("bench", "cli", "--api-url", "http://127.0.0.1:9")
+    assert res.returncode == 2 and "error: Invalid value for --token: --api-url needs --token" in res.stderr
