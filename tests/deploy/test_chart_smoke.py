@@ -28,7 +28,9 @@ def smoke_pod(docs: Sequence[Doc]) -> Doc:
 
 def parsed(args: list[str]) -> dict[str, Any]:
     """The options `gpuq smoke` reads from these arguments (click parses them as the command would; nothing runs)."""
-    command = typer.main.get_command(app).commands[args[0]]  # type: ignore[attr-defined]  # (a group's)
+    group = typer.main.get_command(app)
+    command = group.get_command(typer.Context(group), args[0])  # type: ignore[attr-defined]  # (a group's)
+    assert command is not None
     ctx = command.make_context(args[0], args[1:], resilient_parsing=False)
     return dict(ctx.params)
 
