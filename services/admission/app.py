@@ -157,6 +157,7 @@ class AdmissionService:
         # When the last cycle walked the settled queues' rows too (see `cycle`), service clock
         self._settled_walked_at = float("-inf")
         self._etas: dict[str, tuple[float, float, float]] = {}  # job -> (start, p10, p90) last published
+        self._etas_published_at: float | None = None  # the platform time of the last publish_etas
         self._reclaims_sent: set[str] = set()
         # Jobs waiting out a retry backoff (pending, held outside the queue) -> when they may be admitted again.
         self.backoff: dict[str, float] = {}
@@ -888,8 +889,10 @@ class AdmissionService:
             if self.eta is None or not (self.state.pending or self.state.admitted):
                 continue
             now = runtime.clock.now()
-            # an ETA given has passed while its job still waits: a change, refreshed as soon as one may be
-            overdue = any(e[0] < now for e in self._etas.values())
+            # an ETA that was ahead at the last refresh has passed while its job still waits: a change, refreshed as
+            # soon as one may be (one given as "now", a job the replay starts at once, does not count: refreshing
+            # it every 30 s would only say "now" again)
+            overdue = last is not None and any(last < e[0] < now for e in self._etas.values())
             if not self.eta.refresh_due(last, now, self._version != seen or overdue):
                 continue
             seen, last = self._version, now
@@ -950,6 +953,7 @@ class AdmissionService:
             cluster, ends = cluster_view(await readmodel.cluster_rows(tx.conn))
             etas = self._estimate(cluster, self.state, ends, tx.now)
         ranges = etas
+        previous, self._etas_published_at = self._etas_published_at, tx.now
         waiting = [j for j in self.state.pending] + [j for j in self.state.admitted if j not in self.expected_end]
         changed: list[tuple[str, float | None, float | None, float | None]] = []
         for job_id in sorted(waiting):
@@ -957,11 +961,12 @@ class AdmissionService:
             eta = (got.start, got.low, got.high) if got is not None else None
             old = self._etas.get(job_id)
             # Publish when an ETA appears, disappears or moves by more than a minute or 10% of the wait left, and
-            # always when the one published has passed (the job still waits): readers are not left a time in the
-            # past (the API shows such a one as overdue until this refresh replaces it).
+            # always when the one published was ahead at the last publish and has passed since (the job still
+            # waits): readers are not left a time in the past (the API shows such a one as overdue until then).
             if eta is None and old is None:
                 continue
-            if (eta is not None and old is not None and old[0] >= tx.now
+            passed = old is not None and old[0] < tx.now and (previous is None or old[0] > previous)
+            if (eta is not None and old is not None and not passed
                     and abs(eta[0] - old[0]) <= max(60.0, 0.1 * (eta[0] - tx.now))):
                 continue
             if eta is None:
