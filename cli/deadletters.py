@@ -6,21 +6,23 @@ every service's."""
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 import typer
 
 from cli.api_client import api
+from cli.output import Column, OutputFormat, output_option, print_machine, render_table, stdout_console, when
 from cli.runtime import database_url
+
+DEAD_LETTER_COLUMNS = (Column("at"), Column("service", drop=3), Column("reason"), Column("subject", drop=2),
+                       Column("seq", drop=4, justify="right"), Column("deliveries", drop=5, justify="right"),
+                       Column("bytes", drop=6, justify="right"), Column("message", kind="text", drop=1))
 
 
 def dead_letters(limit: int = typer.Option(50, min=1, max=1000, help="At most this many, newest first"),
                  reason: str | None = typer.Option(None, "--reason", help="Only this reason (e.g. InvalidEvent)"),
-                 output: str = typer.Option("text", "--format", help="text or json")) -> None:
+                 output: OutputFormat = output_option("--format")) -> None:
     """Recent dead letters with their reasons: messages a service could not handle, kept with why."""
-    if output not in ("text", "json"):
-        raise typer.BadParameter(f"{output!r}: use text or json", param_hint="--format")
     client = api()
     if client is not None:
         params: dict[str, Any] = {"limit": limit, **({"reason": reason} if reason else {})}
@@ -39,15 +41,14 @@ def dead_letters(limit: int = typer.Option(50, min=1, max=1000, help="At most th
             return [{**vars(d), "at": d.at.isoformat()} for d in found]
 
         rows = asyncio.run(load())
-    if output == "json":
-        typer.echo(json.dumps(rows, indent=2, default=str))
+    if output.machine:
+        print_machine(rows, output)
         return
     if not rows:
         typer.echo("no dead letters")
         return
-    typer.echo(f"{len(rows)} dead letter(s), newest first:")
-    for r in rows:
-        # one record per block, nothing cut: the reason's message is what the reader came for
-        typer.echo(f"{str(r['at'])[:19]}  {r['service']}  {r['reason']}  {r['subject']}  (seq {r['stream_seq']}, "
-                   f"{r['deliveries']} deliveries, {r['body_bytes']} bytes)")
-        typer.echo(f"    {r['message']}")
+    # the reason's message is what the reader came for: free text, wrapped, never cut
+    render_table(DEAD_LETTER_COLUMNS, [[when(r["at"]), str(r["service"]), str(r["reason"]), str(r["subject"]),
+                                        str(r["stream_seq"]), str(r["deliveries"]), str(r["body_bytes"]),
+                                        str(r["message"])] for r in rows],
+                 fmt=output, console=stdout_console(), title=f"{len(rows)} dead letter(s), newest first")
