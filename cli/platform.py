@@ -22,7 +22,15 @@ from rich.console import Console
 from rich.markup import escape
 
 from cli.output import Column, OutputFormat, render_table
-from cli.runtime import STATE_DIR, active_instance, config_path, forget_servers, record_servers, write_config
+from cli.runtime import (
+    STATE_DIR,
+    ConfigFileError,
+    active_instance,
+    config_path,
+    forget_servers,
+    record_servers,
+    write_config,
+)
 
 if TYPE_CHECKING:
     from services.stack import Stack
@@ -269,8 +277,9 @@ def _point_config_here() -> bool:
     try:
         write_config({"state_dir": str(STATE_DIR.resolve())})
         return True
-    except OSError as exc:
-        console.print(f"[yellow]warning:[/] cannot record the state directory in {config_path()} ({exc.strerror}): "
+    except (OSError, ConfigFileError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else str(exc)
+        console.print(f"[yellow]warning:[/] cannot record the state directory in {config_path()} ({why}): "
                       f"admin commands find this platform only from {Path.cwd()} (or with GPUQ_HOME={STATE_DIR})",
                       soft_wrap=True)
         return False

@@ -77,14 +77,12 @@ def read_config(path: Path | None = None) -> dict[str, str]:
 
 
 def write_config(updates: dict[str, str], path: Path | None = None) -> Path:
-    """Set these keys in the config file, keeping the others (0600: it may hold a token or a password)."""
+    """Set these keys in the config file, keeping the others (0600: it may hold a token or a password). A file that
+    cannot be read back (ConfigFileError) is left as it is: it is the user's to fix, not to lose."""
     import yaml
 
     path = path or config_path()
-    try:
-        current = read_config(path)
-    except ConfigFileError:
-        current = {}  # a file this process cannot read back is replaced, not merged into
+    current = read_config(path)
     _write_private(path, yaml.safe_dump({**current, **updates}, sort_keys=False))
     return path
 

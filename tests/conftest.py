@@ -40,6 +40,9 @@ os.environ.setdefault("GPUQ_STREAM_MAX_BYTES", "JOBS=256Mi,PREEMPTION=64Mi,CLUST
                                                "AUDIT=128Mi,STATUS=128Mi")
 # The session's key for secrets at rest (webhook signing secrets), shared with the `gpuq` subprocesses.
 os.environ.setdefault("GPUQ_SECRETS_KEY", Fernet.generate_key().decode())
+# The CLI's config file (cli/runtime.py) of the session's own, never the developer's: a `gpuq up` under test writes
+# its state directory there, and a command under test must not follow the developer's API URL or servers.
+os.environ["GPUQ_CONFIG"] = os.path.join(tempfile.gettempdir(), f"gpuq-tests-{SESSION_NAMESPACE}", "config.yaml")
 
 # The `kube_api` fixture (a fake Kubernetes API server, or GPUQ_KUBECONFIG's cluster) for every test.
 pytest_plugins = ("tests.kube.kubefake.fixtures",)
