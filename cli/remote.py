@@ -19,8 +19,6 @@ from cli.api_client import ApiClient, api
 from cli.output import OutputFormat, stdout_console
 from services.metering.report import Export, ReportError, render, resolve_output, write_focus
 from services.metering.report import report as direct_report
-from services.telemetry.cli import print_subscriptions
-from services.telemetry.cli import webhooks_app as direct_webhooks
 
 console = stdout_console()
 err = Console(stderr=True)
@@ -87,6 +85,8 @@ def webhooks_add_remote(client: ApiClient, *, url: str, team: str | None, events
 def webhooks_list_remote(client: ApiClient, *, team: str | None, as_json: bool, output: OutputFormat,
                          database_url: str | None) -> None:
     subs: list[dict[str, Any]] = client.call("GET", "/v1/webhooks")
+    from services.telemetry.cli import print_subscriptions
+
     print_subscriptions([s for s in subs if team is None or s["team"] == team],
                         OutputFormat.JSON if as_json else output, console)
 
@@ -123,7 +123,22 @@ WEBHOOKS_REMOTE: dict[str, Remote] = {
 }
 
 report = via_api(direct_report, report_remote)
-webhooks_app = typer.Typer(help=direct_webhooks.info.help, no_args_is_help=True)
-for _info in direct_webhooks.registered_commands:
-    assert _info.name is not None and _info.callback is not None
-    webhooks_app.command(_info.name)(via_api(_info.callback, WEBHOOKS_REMOTE[_info.name]))
+
+
+def _webhooks_app() -> typer.Typer:
+    from services.telemetry.cli import webhooks_app as direct_webhooks
+
+    app = typer.Typer(help=direct_webhooks.info.help, no_args_is_help=True)
+    for info in direct_webhooks.registered_commands:
+        assert info.name is not None and info.callback is not None
+        app.command(info.name)(via_api(info.callback, WEBHOOKS_REMOTE[info.name]))
+    return app
+
+
+def __getattr__(name: str) -> Any:
+    """`webhooks_app`, built when first asked for: the telemetry service's modules load with `gpuq webhooks`, not
+    with `gpuq report` (cli/main.py loads each command on demand)."""
+    if name == "webhooks_app":
+        globals()[name] = app = _webhooks_app()
+        return app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
