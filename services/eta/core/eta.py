@@ -90,8 +90,8 @@ def estimate_starts(cluster: Any, admission: Any, running: Mapping[str, float], 
     if horizon_s <= 0 or not 0.0 <= resolution < 1.0:
         raise ValueError(f"need horizon_s > 0 and 0 <= resolution < 1, got {horizon_s}, {resolution}")
     from services.admission.core import Workload
-    from services.pipeline.core import cycle, waiting_job
-    from services.scheduler.core import RunningJob
+    from services.pipeline.core import cycle, hold_until, waiting_job
+    from services.scheduler.core import Hold, RunningJob
 
     run_for: Duration = duration or (lambda spec: float(spec.max_runtime_s))
     cl = cluster.copy()
@@ -110,6 +110,8 @@ def estimate_starts(cluster: Any, admission: Any, running: Mapping[str, float], 
     current = {job_id: end for end, job_id in ends}  # each running job's end (a preempted one's entry goes stale)
     preempt = ReplayPreemption(adm, started, preempted_at or {}) if started is not None else None
     left_s: dict[str, float] = {}  # a job preempted in the replay -> the run time it had left
+    # a victim of the replay -> its capacity, held for its preemptor as the scheduler holds it (docs/preemption.md)
+    holds: dict[str, Hold] = {}
     t = now
     for _ in range(max_cycles):
         if waiting or adm.pending:
@@ -120,9 +122,13 @@ def estimate_starts(cluster: Any, admission: Any, running: Mapping[str, float], 
                 # (schedule_cycle orders the running list itself)
                 out = cycle(adm, cl, waiting, list(believed.values()), t, backfill=backfill,
                             run_admission=bool(adm.pending),
-                            lowest_preemptible_running=preempt.lowest_preemptible() if preempt else None)
+                            lowest_preemptible_running=preempt.lowest_preemptible() if preempt else None,
+                            holds=tuple(h for h in holds.values() if h.until > t))
                 for w in out.admitted:
                     waiting[w.job_id] = w
+                if holds and out.placement.result.placed:
+                    placed = {p.job_id for p in out.placement.result.placed}
+                    holds = {v: h for v, h in holds.items() if h.preemptor not in placed and h.until > t}
                 for p in out.placement.result.placed:
                     w = waiting.pop(p.job_id)
                     if p.job_id not in running:  # (a running job preempted in the replay and restarted: no ETA)
@@ -142,6 +148,10 @@ def estimate_starts(cluster: Any, admission: Any, running: Mapping[str, float], 
                 victims = preempt(cl, out.admission.reclaims, t,
                                   [u for u in out.placement.result.unplaceable if u.job_id in asks])
                 for v in victims:  # back to admission; their GPUs are free now: admit and place again
+                    preemptor, placement = preempt.preemptor_of.pop(v, None), cl.placement_of(v)
+                    if preemptor is not None and placement is not None:
+                        holds[v] = Hold(preemptor=preemptor, victim=v, placement=placement,
+                                        until=hold_until(t, adm.config.policy.checkpoint_grace_s))
                     left_s[v] = max(1.0, current.pop(v) - t)
                     believed.pop(v, None)
                     cl.release(v)
@@ -206,6 +216,7 @@ class ReplayPreemption:
         self.log: list[str] = list(self.running)
         self.sent: set[str] = set()
         self._wake: float | None = None
+        self.preemptor_of: dict[str, str] = {}  # a victim of the last call -> the job it was preempted for
 
     def _add(self, job_id: str, info: RunningInfo) -> None:
         self.ended(job_id, log=False)
@@ -255,7 +266,9 @@ class ReplayPreemption:
         ctx = PreemptionContext(now=now, cluster=cluster, admission=self.admission, unplaceable=asks, reclaims=new,
                                 running=self.running, protection_window_s=policy.protection_window_s,
                                 checkpoint_grace_s=policy.checkpoint_grace_s, running_log=self.log)
-        victims = sorted({v.job_id for v in self.core(ctx)})
+        chosen = self.core(ctx)
+        victims = sorted({v.job_id for v in chosen})
+        self.preemptor_of = {v.job_id: v.preemptor for v in chosen if v.preemptor is not None}
         wake = self.core.next_wake
         if wake is not None and wake > now:
             self._wake = wake if self._wake is None else min(self._wake, wake)

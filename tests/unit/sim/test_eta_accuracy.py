@@ -551,3 +551,27 @@ def test_the_arrival_history_learns_each_job_once_from_refreshes_and_stays_bound
     eta = PlatformEta()  # the service's ETA feeds the history at each refresh
     eta(cluster, adm, {"r1": 3600.0}, 5.0)
     assert len(eta.model.arrivals) == 2
+
+
+def test_the_replay_gives_the_freed_gpus_to_the_preemptor_as_the_scheduler_holds_them():
+    """Issue 51 in the ETA's replay: team A's high job preempts team A's low job, while team B's job of the same
+    priority, admitted earlier, waits for GPUs. The scheduler holds the freed node for the preemptor
+    (docs/preemption.md), so the replay starts a-high at once and b-job after it; without the hold it gave the node
+    to b-job, first in the placement order, and told a-high it would wait for b-job's end."""
+    from services.scheduler.core import ClusterState, PendingJob, schedule_cycle
+
+    cluster = ClusterState.from_nodes(nodes(1))
+    adm = AdmissionState(queues_for_teams(["a", "b"], {"gpu": 8}, nominal={"a": 8, "b": 8}))
+    low = job("a-low", 0, 10, gpus_per_pod=8, estimate=7200, priority="low")
+    assert adm.submit(Workload(spec=low.spec(), submitted_at=0.0)) is None
+    decision = admission_cycle(adm, 0.0)
+    assert len(schedule_cycle(cluster, [PendingJob(spec=a.spec) for a in decision.admitted], [], 0.0).placed) == 1
+    b = job("b-job", 5, 10, gpus_per_pod=8, estimate=1000, team="b", priority="high")
+    assert adm.submit(Workload(spec=b.spec(), submitted_at=5.0)) is None
+    assert [a.spec.job_id for a in admission_cycle(adm, 5.0).admitted] == ["b-job"]  # quota only: no GPU for it
+    high = job("a-high", 700, 10, gpus_per_pod=8, estimate=500, priority="high")
+    assert adm.submit(Workload(spec=high.spec(), submitted_at=700.0)) is None
+    # a-low started at 0 is past its 600 s protection window at 700
+    etas = estimate_starts(cluster, adm, {"a-low": 7200.0}, now=700.0, started={"a-low": 0.0})
+    assert etas["a-high"] == 700.0
+    assert etas["b-job"] == 1200.0  # after a-high's 500 s
