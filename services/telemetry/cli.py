@@ -12,7 +12,6 @@ import typer
 from rich.console import Console
 
 from cli.output import Column, OutputFormat, output_option, print_machine, render_table, stdout_console, when
-from services.telemetry.app import MIGRATIONS
 from services.telemetry.webhooks import store
 from services.telemetry.webhooks.ssrf import ALLOW_ENV, AllowList, TargetRefused, resolve_target
 from shared.db import apply_migrations, create_pool
@@ -42,6 +41,10 @@ def _url(database_url: str | None) -> str:
 
 
 async def _with_conn(database_url: str, fn: Any) -> Any:
+    # the service's module (its metrics exporter, the bus) only when a command touches the database: `gpuq webhooks
+    # --help` starts without it
+    from services.telemetry.app import MIGRATIONS
+
     pool = await create_pool(database_url, min_size=1, max_size=2)
     try:
         await apply_migrations(pool, "telemetry", MIGRATIONS)
