@@ -9,7 +9,13 @@ Each area's commands live in that area's module; this module only names them, wi
 
 from __future__ import annotations
 
-import typer
+import os
+
+# Help and usage errors in click's plain format: typer's rich formatting costs ~60 ms per command (rich, markdown),
+# a fifth of the 0.3 s a command may take to start (`gpuq bench cli`). TYPER_USE_RICH=1 brings it back.
+os.environ.setdefault("TYPER_USE_RICH", "0")
+
+import typer  # (after the setting above, which typer reads when imported)
 
 from cli.lazy import GpuqGroup, Lazy, LazyGroup
 

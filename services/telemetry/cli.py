@@ -12,9 +12,9 @@ import typer
 from rich.console import Console
 
 from cli.output import Column, OutputFormat, output_option, print_machine, render_table, stdout_console, when
-from services.telemetry.webhooks import store
-from services.telemetry.webhooks.ssrf import ALLOW_ENV, AllowList, TargetRefused, resolve_target
-from shared.db import apply_migrations, create_pool
+
+# The webhook store, the SSRF guard and the database module (the event catalogue, cryptography, asyncpg) are imported
+# by the commands that use them: `gpuq webhooks --help` and `gpuq webhooks list -h` start without them.
 
 webhooks_app = typer.Typer(help="Webhook subscriptions: signed CloudEvents POSTed to your URL when your "
                                 "jobs change state. With GPUQ_API_URL and GPUQ_TOKEN set: through the API, your "
@@ -26,6 +26,12 @@ DbOption = typer.Option(None, "--database-url", envvar="DATABASE_URL",
 
 
 SubIdArgument = typer.Argument(..., metavar="ID", help="Subscription id (from `gpuq webhooks list`).")
+
+
+def _store() -> Any:
+    from services.telemetry.webhooks import store
+
+    return store
 
 
 def _unknown(sub_id: str) -> typer.Exit:
@@ -44,6 +50,7 @@ async def _with_conn(database_url: str, fn: Any) -> Any:
     # the service's module (its metrics exporter, the bus) only when a command touches the database: `gpuq webhooks
     # --help` starts without it
     from services.telemetry.app import MIGRATIONS
+    from shared.db import apply_migrations, create_pool
 
     pool = await create_pool(database_url, min_size=1, max_size=2)
     try:
@@ -58,13 +65,16 @@ async def _with_conn(database_url: str, fn: Any) -> Any:
 def add(url: str = typer.Argument(..., help="Receiver URL (http or https, public address)."),
         team: str | None = typer.Option(None, "--team", help="Only this team's jobs (omit: every team)."),
         events: str = typer.Option("job.completed,job.failed,job.preempted", "--events",
-                                   help="Comma-separated events, or *. Choose from: "
-                                        + ", ".join(store.WEBHOOK_EVENTS)),
+                                   help="Comma-separated job events (job.completed, job.failed, job.preempted, "
+                                        "...), or * for all; an unknown name is refused with the full list"),
         as_json: bool = typer.Option(False, "--json", help="Print the subscription as JSON."),
         database_url: str | None = DbOption) -> None:
     """Subscribe URL to events; prints the subscription id and its signing secret (shown once).
 
     Keep the secret to verify the `webhook-signature` header (Standard Webhooks)."""
+    from services.telemetry.webhooks import store
+    from services.telemetry.webhooks.ssrf import ALLOW_ENV, AllowList, TargetRefused, resolve_target
+
     try:
         names = store.validate_events(events.split(","))
         asyncio.run(resolve_target(url, AllowList.from_env()))
@@ -106,7 +116,7 @@ def list_(team: str | None = typer.Option(None, "--team", help="Only this team's
           output: OutputFormat = output_option(),
           database_url: str | None = DbOption) -> None:
     """List subscriptions (secrets are not shown)."""
-    subs = asyncio.run(_with_conn(_url(database_url), lambda c: store.list_subscriptions(c, team)))
+    subs = asyncio.run(_with_conn(_url(database_url), lambda c: _store().list_subscriptions(c, team)))
     print_subscriptions([{"id": s.id, "url": s.url, "team": s.team, "events": list(s.events), "active": s.active,
                           "disabled_reason": s.disabled_reason, "created_at": s.created_at.isoformat()}
                          for s in subs], OutputFormat.JSON if as_json else output, console)
@@ -122,7 +132,7 @@ def rotate(sub_id: str = SubIdArgument,
     """Give a subscription a new signing secret (shown once). Until the grace period ends every delivery carries
     a signature with the new secret and one with the old, so the receiver may switch at any moment in between."""
     sub = asyncio.run(_with_conn(_url(database_url),
-                                 lambda c: store.rotate_secret(c, sub_id, time.time(), grace_hours * 3600)))
+                                 lambda c: _store().rotate_secret(c, sub_id, time.time(), grace_hours * 3600)))
     if sub is None:
         raise _unknown(sub_id)
     until = sub.previous_secret_expires_at.isoformat(timespec="seconds") if sub.previous_secret_expires_at else "-"
@@ -137,7 +147,7 @@ def rotate(sub_id: str = SubIdArgument,
 def enable(sub_id: str = SubIdArgument,
            database_url: str | None = DbOption) -> None:
     """Re-enable a subscription its receiver disabled (410 Gone); its waiting deliveries are sent again."""
-    enabled = asyncio.run(_with_conn(_url(database_url), lambda c: store.enable_subscription(c, sub_id)))
+    enabled = asyncio.run(_with_conn(_url(database_url), lambda c: _store().enable_subscription(c, sub_id)))
     if not enabled:
         raise _unknown(sub_id)
     console.print(f"enabled {sub_id}")
@@ -147,7 +157,7 @@ def enable(sub_id: str = SubIdArgument,
 def remove(sub_id: str = SubIdArgument,
            database_url: str | None = DbOption) -> None:
     """Remove a subscription and its pending deliveries."""
-    removed = asyncio.run(_with_conn(_url(database_url), lambda c: store.remove_subscription(c, sub_id)))
+    removed = asyncio.run(_with_conn(_url(database_url), lambda c: _store().remove_subscription(c, sub_id)))
     if not removed:
         raise _unknown(sub_id)
     console.print(f"removed {sub_id}")
@@ -160,7 +170,7 @@ def reencrypt(database_url: str | None = DbOption) -> None:
 
     async def go(conn: Any) -> int:
         async with conn.transaction():
-            return await store.reencrypt_secrets(conn)
+            return await _store().reencrypt_secrets(conn)
 
     count = asyncio.run(_with_conn(_url(database_url), go))
     console.print(f"re-encrypted {count} signing secret(s)")
