@@ -97,8 +97,10 @@ async def _publish(events: list[tuple[Payload, str]]) -> list[str]:
 
 def submit(
     file: Path | None = typer.Argument(None, help="A job spec (YAML/JSON), a list of them, or {jobs: [...]}"),
-    team: str | None = typer.Option(None, help="Team submitting the job (with no FILE)"),
-    queue: str | None = typer.Option(None, help="Queue to submit to (default: the team's name)"),
+    team: str | None = typer.Option(None, help="Team submitting the job (with no FILE; through the API, default: "
+                                               "the token's team)"),
+    queue: str | None = typer.Option(None, help="Queue to submit to (default: the team's name; through the API "
+                                                "without --team, the token's team's default queue)"),
     gpus: float = typer.Option(1, help="GPUs per pod: a whole number, at least 1"),
     pods: int = typer.Option(1, help="Pods in the gang"),
     gpu_model: list[str] = typer.Option([], "--gpu-model", help="Acceptable GPU model (repeat for any-of)"),
@@ -118,11 +120,18 @@ def submit(
     from shared.domain import JobSpec, PodSet, TopologyLevel, TopologyRequest
     from shared.events import JobSubmitted
 
+    client = api()
+    # Through the API a team's token names its team, and the API picks the team's default queue and a job id
+    # (`<team>::<random>`): what the command was not told is left out of the body for the API to fill in.
+    implied = [key for key, given in (("team", team), ("queue", queue if team is None else team),
+                                      ("job_id", name)) if given is None]
     if file is not None:
         specs = _specs_from_file(file)
+        implied = []
     else:
-        if team is None:
-            raise typer.BadParameter("give a FILE or at least --team", param_hint="--team")
+        if team is None and client is None:
+            raise typer.BadParameter("give a FILE or at least --team (through the API, with GPUQ_API_URL and "
+                                     "GPUQ_TOKEN, a team's token implies its team)", param_hint="--team")
         if not math.isfinite(gpus) or gpus != int(gpus) or gpus < 1:
             # refused here, before anything is published (admission refuses a job without GPUs too)
             raise typer.BadParameter(
@@ -134,16 +143,17 @@ def submit(
         labels = dict(item.split("=", 1) for item in label if "=" in item)
         try:
             specs = [JobSpec(
-                job_id=name or f"{team}-{uuid.uuid4().hex[:8]}", team=team, queue=queue or team,
+                # (a stand-in team where the API fills it in: the spec is only validated here, not sent with it)
+                job_id=name or f"{team or 'team'}-{uuid.uuid4().hex[:8]}", team=team or "team",
+                queue=queue or team or "team",
                 priority_class=priority, max_runtime_s=max_runtime, labels=labels,
                 pod_sets=(PodSet(count=pods, gpus_per_pod=int(gpus), gpu_models=tuple(gpu_model)),),
                 topology=TopologyRequest(required_level=TopologyLevel.RACK) if rack else TopologyRequest())]
         except ValidationError as exc:
             raise typer.BadParameter(validation_message(exc)) from None
-    client = api()
     if client is not None:
-        results = client.call("POST", "/v1/jobs", json={"jobs": [s.model_dump(mode="json") for s in specs]},
-                              params={"wait": wait})
+        body = [{k: v for k, v in s.model_dump(mode="json").items() if k not in implied} for s in specs]
+        results = client.call("POST", "/v1/jobs", json={"jobs": body}, params={"wait": wait})
         refused = 0
         for r in results:
             if r["verdict"] == "rejected":

@@ -4,6 +4,7 @@ say the team and the queue of a submission."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -141,3 +142,23 @@ async def test_the_team_and_its_default_queue_come_from_the_token(platform: ApiP
         assert r.status_code == 422 and "team" in r.json()["detail"], r.text
         r = await c.post("/v1/jobs", json=_bare("admin-b", team="team-b"), headers=auth(tok["admin"]))
         assert r.status_code == 202 and r.json()[0]["verdict"] == "queued", r.text
+
+
+async def test_gpuq_submit_through_the_api_needs_no_team(platform: ApiPlatform) -> None:
+    """`gpuq submit --gpus 1` with a team's token: the body leaves team, queue and id to the API, which takes the
+    token's team, its default queue and an id qualified with the team."""
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    env = {"GPUQ_API_URL": platform.base, "GPUQ_TOKEN": platform.tokens["a"], "DATABASE_URL": "", "COLUMNS": "200"}
+    res = await asyncio.to_thread(CliRunner().invoke, app, ["submit", "--gpus", "1", "--max-runtime", "600"], env=env)
+    assert res.exit_code == 0, res.output
+    assigned = re.search(r"submitted (team-a::\S+): queued", res.stdout)
+    assert assigned, res.stdout
+    row = await platform.conn.fetchrow("SELECT team, queue FROM admission.jobs WHERE job_id = $1", assigned[1])
+    assert (row["team"], row["queue"]) == ("team-a", "a-main")
+    # without a token (admin mode) a team is still needed
+    res = await asyncio.to_thread(CliRunner().invoke, app, ["submit", "--gpus", "1"],
+                                  env={"GPUQ_API_URL": "", "GPUQ_TOKEN": "", "DATABASE_URL": ""})
+    assert res.exit_code == 2 and "--team" in res.output, res.output
