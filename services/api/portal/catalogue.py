@@ -144,5 +144,5 @@ def _fill(node: Any, values: Mapping[str, Any]) -> Any:
 
 
 def spec_yaml(spec: Mapping[str, Any]) -> str:
-    """The spec as `gpuq submit -f` reads it (what the preview shows)."""
+    """The spec as `gpuq submit FILE` reads it (what the preview shows)."""
     return yaml.safe_dump(dict(spec), sort_keys=False, default_flow_style=False)
