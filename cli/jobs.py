@@ -334,20 +334,21 @@ def queues(output: OutputFormat = output_option("--format")) -> None:
             if line:
                 console.print(line)
         return
-    from services.admission import configmodel
-    from services.admission.app import load_state
-    from services.admission.core import queue_summaries
+    from services.admission import configmodel, queuemodel
     from services.scheduler import readmodel
 
     async def load() -> tuple[list[Any], list[NodeSpec], dict[str, Any] | None]:
         conn = await asyncpg.connect(database_url())
         try:
-            state = await load_state(conn)
+            facts = await queuemodel.queues(conn)  # admission's read model, as the API reads it
             nodes = await readmodel.nodes(conn)
             current = await configmodel.in_force(conn)
         finally:
             await conn.close()
-        return queue_summaries(state, time.time()), nodes, _version_body(current)
+        if facts is None:
+            raise LookupError("admission has written no queue rows yet")
+        now = time.time()
+        return [f.at(now) for f in facts], nodes, _version_body(current)
 
     try:
         summaries, nodes, version = asyncio.run(load())

@@ -30,9 +30,19 @@ from typing import Any, Protocol
 import asyncpg
 from pydantic import ValidationError
 
-from services.admission import configmodel, prefetch
+from services.admission import configmodel, prefetch, queuemodel
 from services.admission.changecheck import check_proposal
-from services.admission.core import AdmissionState, AdmittedWorkload, Reason, Workload, approval, governance, identity
+from services.admission.core import (
+    AdmissionState,
+    AdmittedWorkload,
+    QueueFacts,
+    Reason,
+    Workload,
+    approval,
+    governance,
+    identity,
+    queue_facts,
+)
 from services.admission.core.configcheck import QueueJobs
 from services.admission.core.limits import Bucket, pending_refusal, rate_refusal
 from services.admission.core.statuses import PendingStatuses, message_text
@@ -164,6 +174,10 @@ class AdmissionService:
         self._drains_sent: dict[str, set[str]] = {}  # HoldAndDrain queue -> the running jobs last asked to drain
         # team -> its submission tokens (core/limits.py). In memory: a restarted admission starts every team full.
         self._buckets: dict[str, Bucket] = {}
+        # The queues' read model rows this instance last wrote (queuemodel.py), and under which configuration: a
+        # cycle writes only the rows that changed. Cleared with memory when the runtime rebuilds it.
+        self._queue_rows: dict[str, QueueFacts] = {}
+        self._queue_rows_config: QueuesConfig | None = None
 
     def spec(self) -> ServiceSpec:
         sharded = not self.shard.serves_all
@@ -201,6 +215,8 @@ class AdmissionService:
             await self._rebuild_history(tx.conn)
             if recorded:
                 await self._cycle_and_count(tx)  # admit what the file's version made room for
+            else:
+                await self._publish_queues(tx)
         runtime.state[CONFIG_STATE_KEY] = self.config_report
         if self.shard.cohorts is not None:
             declared = {c.name for c in self.state.config.cohorts}
@@ -220,6 +236,8 @@ class AdmissionService:
         self._published.clear()
         self._announced.clear()
         self._etas.clear()
+        self._queue_rows.clear()  # what was written in a failed unit of work was rolled back with it
+        self._queue_rows_config = None
         self._version += 1
 
     async def _propose_file(self, tx: Tx) -> bool:
@@ -385,7 +403,17 @@ class AdmissionService:
     async def _cycle_and_count(self, tx: Tx) -> None:
         await write_held(tx)  # the cycle updates the rows of the jobs it admits
         await self.cycle(tx)
+        await self._publish_queues(tx)
         self._version += 1
+
+    async def _publish_queues(self, tx: Tx) -> None:
+        """The queues' read model (queuemodel.py) in the unit of work's transaction: the rows of this instance's
+        queues that changed; after a configuration change, the rows of queues no longer configured go."""
+        config = self.state.config
+        configured = None if config is self._queue_rows_config else [q.name for q in config.queues]
+        owned = [f for f in queue_facts(self.state) if self.shard.owns_queue(config, f.queue)]
+        self._queue_rows = await queuemodel.write(tx.conn, owned, self._queue_rows, configured)
+        self._queue_rows_config = config
 
     # ------------------------------------------------------------------ handlers
 

@@ -38,10 +38,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 from pydantic import ValidationError
 
-from services.admission import configmodel
-from services.admission.app import latest_config, load_state
+from services.admission import configmodel, queuemodel
 from services.admission.changecheck import check_proposal
-from services.admission.core import governance, identity, queue_summaries
+from services.admission.core import governance, identity
 from services.api import portal, readmodel, safety, tokens
 from services.api.kubeauth import NoTeam, ReviewUnavailable, TokenReviewer, TokenReviewSettings, principal_for
 from services.api.limits import BodyLimit, max_body_bytes_from_env
@@ -155,10 +154,8 @@ async def _kube_principal(ctx: ApiContext, reviewer: TokenReviewer, token: str) 
 async def _current_config(ctx: ApiContext) -> QueuesConfig | None:
     """Admission's current queues configuration (changed at runtime by QueueConfigChanged), if it has one."""
     async with ctx.rt().pool.acquire() as conn:
-        try:
-            return (await latest_config(conn))[1]
-        except (LookupError, asyncpg.UndefinedTableError):
-            return None
+        current = await configmodel.in_force(conn)
+    return current.config if current is not None else None
 
 
 Caller = Annotated[Principal, Depends(principal)]
@@ -272,12 +269,13 @@ def create_app(ctx: ApiContext) -> FastAPI:
     @app.get("/v1/queues", summary="Per queue: nominal, used, borrowed, lent, pending, running",
              response_model=list[QueueRow])
     async def queues(who: Caller) -> list[dict[str, Any]]:
+        # admission's read model (services/admission/queuemodel.py), written in the transaction of each change
         async with ctx.rt().pool.acquire() as conn:
-            try:
-                state = await load_state(conn)
-            except (LookupError, asyncpg.UndefinedTableError):
-                raise HTTPException(503, "admission has no state yet") from None
-        return [dict(s.__dict__) for s in queue_summaries(state, time.time())]
+            facts = await queuemodel.queues(conn)
+        if facts is None:
+            raise HTTPException(503, "admission has no state yet")
+        now = time.time()
+        return [dict(f.at(now).__dict__) for f in facts]
 
     @app.get("/v1/queues/held", summary="GPUs pods gpuq does not manage hold on its nodes (what gpuq queues prints)",
              response_model=HeldOutside)

@@ -9,6 +9,7 @@ from services.admission.core.model import (
     AdmissionDecision,
     AdmittedWorkload,
     PendingStatus,
+    QueueFacts,
     QueueSummary,
     Reason,
     ReclaimRequest,
@@ -16,18 +17,20 @@ from services.admission.core.model import (
     Workload,
 )
 from services.admission.core.state import AdmissionState
-from services.admission.core.summary import queue_summaries
+from services.admission.core.summary import queue_facts, queue_summaries
 
 __all__ = [
     "AdmissionDecision",
     "AdmissionState",
     "AdmittedWorkload",
     "PendingStatus",
+    "QueueFacts",
     "QueueSummary",
     "Reason",
     "ReclaimRequest",
     "Rejection",
     "Workload",
     "admission_cycle",
+    "queue_facts",
     "queue_summaries",
 ]

@@ -122,3 +122,32 @@ class QueueSummary:
     running: int  # admitted jobs (quota reserved)
     max_running_jobs: int | None
     oldest_wait_s: float | None  # now - submit time of the oldest pending job; None when none pend
+
+
+@dataclass(frozen=True)
+class QueueFacts:
+    """What a `gpuq queues` row says of a queue, without the clock: the submit time of its oldest pending job
+    instead of how long it has waited. Admission publishes these (services/admission/queuemodel.py); a reader
+    turns them into its row at its own `now`."""
+
+    queue: str
+    cohort: str | None
+    weight: float
+    strategy: str
+    nominal: dict[str, int]
+    used: dict[str, int]
+    borrowed: dict[str, int]
+    lent: dict[str, int]
+    pending: int
+    inadmissible: int
+    running: int
+    max_running_jobs: int | None
+    oldest_submitted_at: float | None  # None when none pend
+
+    def at(self, now: float) -> QueueSummary:
+        """The row as of `now`."""
+        return QueueSummary(
+            queue=self.queue, cohort=self.cohort, weight=self.weight, strategy=self.strategy, nominal=self.nominal,
+            used=self.used, borrowed=self.borrowed, lent=self.lent, pending=self.pending,
+            inadmissible=self.inadmissible, running=self.running, max_running_jobs=self.max_running_jobs,
+            oldest_wait_s=None if self.oldest_submitted_at is None else max(0.0, now - self.oldest_submitted_at))

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from services.admission.core.model import QueueSummary
+from services.admission.core.model import QueueFacts, QueueSummary
 from services.admission.core.quota import QuotaBook
 from services.admission.core.state import AdmissionState
 
 
 def queue_summaries(state: AdmissionState, now: float) -> list[QueueSummary]:
     """One row per configured queue, sorted by name."""
+    return [facts.at(now) for facts in queue_facts(state)]
+
+
+def queue_facts(state: AdmissionState) -> list[QueueFacts]:
+    """One row per configured queue, sorted by name, as of no particular time (what admission publishes)."""
     book = state._book
     lent = _lent(book)
     pending: dict[str, list[float]] = {}
@@ -21,7 +26,7 @@ def queue_summaries(state: AdmissionState, now: float) -> list[QueueSummary]:
     for q in sorted(book.queues):
         qq = book.queues[q]
         waits = pending.get(q, [])
-        rows.append(QueueSummary(
+        rows.append(QueueFacts(
             queue=q,
             cohort=qq.cohort,
             weight=qq.weight,
@@ -34,7 +39,7 @@ def queue_summaries(state: AdmissionState, now: float) -> list[QueueSummary]:
             inadmissible=inadmissible.get(q, 0),
             running=book.running.get(q, 0),
             max_running_jobs=qq.max_running,
-            oldest_wait_s=max(0.0, now - min(waits)) if waits else None,
+            oldest_submitted_at=min(waits) if waits else None,
         ))
     return rows
 
