@@ -422,7 +422,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
         return [{**r, "at": r["at"].isoformat()} for r in rows]
 
     _document_submission_body(app)
-    portal.mount(app)  # the web UI under /ui (services/api/portal)
+    portal.mount(app, principal)  # the web UI under /ui (services/api/portal)
     return app
 
 

@@ -19,7 +19,7 @@ import hashlib
 import hmac
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -85,8 +85,13 @@ _env.filters["duration"] = _duration
 _env.tests["changing"] = _changing
 
 
-def mount(app: FastAPI) -> None:
-    """The portal under /ui of the API's app (services/api/app.py)."""
+Authenticate = Callable[[Request, HTTPAuthorizationCredentials], Awaitable[Principal]]
+
+
+def mount(app: FastAPI, authenticate: Authenticate) -> None:
+    """The portal under /ui of the API's app (services/api/app.py), which signs its sessions in by `authenticate`:
+    the API's own check, handed down so that this module never imports the API's (which imports this one)."""
+    app.state.portal_authenticate = authenticate
     app.include_router(router(), prefix=PREFIX, include_in_schema=False)
     app.mount(f"{PREFIX}/static", StaticFiles(directory=HERE / "static"), name="portal-static")
 
@@ -133,10 +138,9 @@ def _detail(r: httpx.Response) -> str:
 
 async def _principal(request: Request, token: str) -> Principal | str:
     """Who the token is, by the API's own check (gpuq or Kubernetes token); the API's refusal as text if none."""
-    from services.api.app import principal  # the API's module imports this one: importing it back at call time
-
+    authenticate: Authenticate = request.app.state.portal_authenticate  # set by `mount`
     try:
-        return await principal(request, HTTPAuthorizationCredentials(scheme="Bearer", credentials=token))
+        return await authenticate(request, HTTPAuthorizationCredentials(scheme="Bearer", credentials=token))
     except HTTPException as exc:
         return str(exc.detail)
 

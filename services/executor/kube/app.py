@@ -40,6 +40,7 @@ from services.executor.kube.client import NODE, POD, KubeApi, status_code, workl
 from services.executor.kube.core import dcgm_view
 from services.executor.kube.core import names as n
 from services.executor.kube.core.intake import Refusal, job_spec, policy_refusal
+from services.executor.kube.core.kinds import all_kinds, kind_of
 from services.executor.kube.core.placement import (
     assign_pods,
     event_pod_sets,
@@ -64,8 +65,6 @@ from services.executor.kube.core.workload import (
     Finish,
     PodSetTemplate,
     WorkloadKind,
-    all_kinds,
-    kind_of,
 )
 from services.executor.kube.informer import Informer, key_of
 from services.executor.kube.notices import Notices

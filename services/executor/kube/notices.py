@@ -12,8 +12,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from services.executor.kube.client import EVENT, KubeApi, workload_resource
+from services.executor.kube.core.kinds import kind_of
 from services.executor.kube.core.names import STATUS_ANNOTATION
-from services.executor.kube.core.workload import kind_of
 
 log = logging.getLogger("gpuq.executor.kube")
 COMPONENT = "gpuq"

@@ -23,9 +23,9 @@ from services.executor.kube import inventory
 from services.executor.kube.client import KubeApi, load_config, workload_resource
 from services.executor.kube.core.dcgm_view import RunningJob, placements
 from services.executor.kube.core.intake import Refusal, job_spec
+from services.executor.kube.core.kinds import kind_of
 from services.executor.kube.core.names import JOB_LABEL, job_label
 from services.executor.kube.core.placement import placed_templates
-from services.executor.kube.core.workload import kind_of
 from shared.config import DcgmLabels, DcgmSettings, load_cluster, load_queues, parse_queues
 from shared.domain import GpuBinding, NodeHealth
 from shared.events import UtilizationSourceChecked

@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 
 from services.executor.kube.core.intake import Refusal, job_spec
-from services.executor.kube.core.workload import kind_of
+from services.executor.kube.core.kinds import kind_of
 from shared.config import ClusterSource, load_cluster, load_queues
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "deploy" / "examples"

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from services.executor.kube.core import names as n
+from services.executor.kube.core.kinds import kind_of
 from services.executor.kube.core.placement import (
     assign_pods,
     event_pod_sets,
     placed_templates,
     ungate_patch,
 )
-from services.executor.kube.core.workload import kind_of
 from shared.domain import (
     EnvVar,
     GpuBinding,

@@ -12,7 +12,7 @@ import pytest
 
 from services.executor.kube.core.admission import Review, WebhookPolicy, mutate, response, validate
 from services.executor.kube.core.intake import Refusal, job_spec, policy_refusal
-from services.executor.kube.core.workload import kind_of
+from services.executor.kube.core.kinds import kind_of
 from shared.config import KubernetesSource, QueuesConfig, parse_queues
 from tests.unit.executor_kube.conftest import QUEUES, container, job, pod_template, pytorchjob
 

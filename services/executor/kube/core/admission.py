@@ -30,9 +30,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.executor.kube.core import names as n
+from services.executor.kube.core.kinds import all_kinds, kind_of
 from services.executor.kube.core.policy import workload_violation
 from services.executor.kube.core.quantity import count
-from services.executor.kube.core.workload import Obj, WorkloadKind, all_kinds, kind_of
+from services.executor.kube.core.workload import Obj, WorkloadKind
 from shared.config import NamespaceMapping, QueuesConfig
 
 # gpuq.io/ keys a workload's author may write (docs/kubernetes.md, "Labels and annotations"); every other gpuq.io/

@@ -163,13 +163,11 @@ def register(kind: WorkloadKind) -> WorkloadKind:
     return kind
 
 
-def kind_of(api_version: str, kind: str) -> WorkloadKind | None:
-    from services.executor.kube.core import kinds  # noqa: F401  (registers the kinds)
-
+def registered(api_version: str, kind: str) -> WorkloadKind | None:
+    """A kind registered so far (services/executor/kube/core/kinds: importing that package registers them all,
+    and its `kind_of` and `all_kinds` are what callers use)."""
     return _KINDS.get((api_version, kind))
 
 
-def all_kinds() -> list[WorkloadKind]:
-    from services.executor.kube.core import kinds  # noqa: F401
-
+def every_registered() -> list[WorkloadKind]:
     return [_KINDS[k] for k in sorted(_KINDS)]
