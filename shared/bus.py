@@ -13,7 +13,7 @@ told, `maximum bytes exceeded`, and an outbox relay retries it later) rather tha
 a consumer may not have read yet; streams whose old messages are superseded or kept elsewhere (utilisation
 samples, status news, dead letters and audit records, which their services store in Postgres) drop their oldest.
 Each service declares and may create the streams it uses; only a stream's owner (and admins) may update one
-(shared/natsauth.py grants exactly that).
+(shared/busroles.py says which, shared/natsauth.py grants exactly that).
 
 On a NATS cluster every stream is kept on `GPUQ_STREAM_REPLICAS` servers (default 1; 3 survives the loss of a
 server; the chart sets it from its values). gpuq never lowers what an operator raised: a stream found with more
@@ -38,6 +38,8 @@ from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfi
 from nats.js.errors import APIError, BadRequestError, NotFoundError
 
 from shared import namespace as namespaces
+from shared.busroles import inbox_prefix_for, redact_url, stream_rights
+from shared.busroles import matches as matches  # (bus.matches, as before)
 from shared.events import Payload
 
 log = logging.getLogger("gpuq.bus")
@@ -155,17 +157,6 @@ def pattern_name(pattern: str) -> str:
 
 def dlq_subject(service: str) -> str:
     return f"{namespaces.current()}.dlq.{service}"
-
-
-def matches(pattern: str, subject: str) -> bool:
-    """Does NATS subject `subject` match `pattern` (with `*` and `>` wildcards)?"""
-    p, s = pattern.split("."), subject.split(".")
-    for i, tok in enumerate(p):
-        if tok == ">":
-            return len(s) > i
-        if i >= len(s) or (tok != "*" and tok != s[i]):
-            return False
-    return len(p) == len(s)
 
 
 def stream_for_subject(subject: str) -> StreamDef:
@@ -322,13 +313,11 @@ async def ensure_streams(js: JetStreamContext, namespace: str | None = None, pur
     were created with). Idempotent.
 
     On an authenticated server a service's bus user declares only the streams it uses and updates only those it
-    owns (shared/natsauth.py): it creates one that is missing, leaves one that matches its declaration alone, and
+    owns (shared/busroles.py): it creates one that is missing, leaves one that matches its declaration alone, and
     logs, without failing, one that differs and is another service's to update (its owner brings it up to date
     when it starts)."""
     if purpose not in PURPOSES:
         raise ValueError(f"unknown stream purpose {purpose!r}; one of {PURPOSES}")
-    from shared.natsauth import stream_rights  # (natsauth builds its permissions from these streams)
-
     ns = namespaces.validate(namespace) if namespace is not None else namespaces.current()
     user = connection_user(js)
     for stream in streams(ns):
@@ -435,9 +424,7 @@ async def delete_streams(js: JetStreamContext, namespace: str, purpose: str) -> 
 
 
 async def connect(url: str, name: str) -> nats.NATS:
-    """Connect as the user of `url` (if any), replies on that user's own inbox prefix (shared/natsauth.py)."""
-    from shared.natsauth import inbox_prefix_for, redact_url
-
+    """Connect as the user of `url` (if any), replies on that user's own inbox prefix (shared/busroles.py)."""
     try:
         return await nats.connect(url, name=name, connect_timeout=5, max_reconnect_attempts=-1,
                                   allow_reconnect=True, inbox_prefix=inbox_prefix_for(url))
