@@ -23,6 +23,8 @@ COPY shared/ shared/
 COPY services/ services/
 COPY sim/ sim/
 COPY cli/ cli/
+# Not gpuq_tools/ (the benchmarks and the chaos harness): no service needs it, and the wheel built here is the
+# product's alone; `gpuq bench ...` and `gpuq chaos` in the image say so (cli/lazy.py).
 # gpuq itself without its dependencies: they are the locked ones above (pip refuses to go on if one is missing).
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /dist . \
  && /opt/gpuq/bin/pip install --no-cache-dir --no-deps /dist/gpuq-*.whl \

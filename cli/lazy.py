@@ -24,6 +24,9 @@ import typer.models
 from typer import _click
 
 DEBUG_ENV = "GPUQ_DEBUG"
+TOOLS_PACKAGE = "gpuq_tools"  # the benchmarks and the chaos harness (`gpuq bench ...`, `gpuq chaos`)
+TOOLS_HINT = ("The benchmarks and `gpuq chaos` are the gpuq_tools package, which the service image leaves out: run "
+              "them where gpuq is installed from its source (`pip install .`).")
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,7 @@ class LazyGroup(typer.core.TyperGroup):
             listed = _Listed(cmd_name, help=lazy.summary, short_help=lazy.summary)
             listed.rich_help_panel = lazy.panel  # read by typer's rich help
             return listed
-        command = self.load(cmd_name, lazy)
+        command = self.load(cmd_name, lazy, f"{ctx.command_path} {cmd_name}")
         self.commands[cmd_name] = command
         return command
 
@@ -87,9 +90,19 @@ class LazyGroup(typer.core.TyperGroup):
     def prepare(self, name: str) -> None:
         """Before the command `name` is loaded and parses its options."""
 
-    def load(self, name: str, lazy: Lazy) -> _click.Command:
+    def load(self, name: str, lazy: Lazy, path: str) -> _click.Command:
+        """The command `name` (`path`: as typed, e.g. `gpuq bench placement`), its module imported now."""
         module, _, attribute = lazy.target.partition(":")
-        target = getattr(importlib.import_module(module), attribute)
+        try:
+            loaded = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            # The command's own package is absent (the service image leaves out gpuq_tools): say which command
+            # needs what, rather than a bare "No module named". A module missing further down is a real error.
+            if exc.name is None or not (module == exc.name or module.startswith(exc.name + ".")):
+                raise
+            hint = f" {TOOLS_HINT}" if exc.name.partition(".")[0] == TOOLS_PACKAGE else ""
+            raise _click.ClickException(f"`{path}` is not installed here (no module {exc.name!r}).{hint}") from None
+        target = getattr(loaded, attribute)
         if isinstance(target, typer.Typer):
             command = typer.main.get_command(target)
             command.name = name

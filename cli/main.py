@@ -56,7 +56,7 @@ class Commands(GpuqGroup):
                                           "a synthetic Philly-shaped workload", OPERATE),
         "smoke": Lazy("cli.smoke:smoke", "Submit a 1-GPU job through the API with a token made for it",
                       OPERATE),  # helm test
-        "chaos": Lazy("services.chaos.cli:chaos", "Soak the platform under faults", OPERATE),  # services/chaos
+        "chaos": Lazy("gpuq_tools.chaos.cli:chaos", "Soak the platform under faults", OPERATE),  # gpuq_tools/chaos
         "simulate": Lazy("sim.cli:simulate", "Replay a GPU job trace through the same cores as production and "
                                              "compare policies.", OPERATE),  # sim
     }
@@ -77,23 +77,26 @@ class Commands(GpuqGroup):
 
 
 class Benchmarks(LazyGroup):
+    # The benchmarks are the tools package's (gpuq_tools/bench), which the service image leaves out.
     LAZY = {
-        "admission": Lazy("services.admission.bench:bench_admission", "Admissions per second of the admission core"),
-        "admission-e2e": Lazy("services.admission.bench_e2e:bench_admission_e2e",
+        "admission": Lazy("gpuq_tools.bench.admission:bench_admission",
+                          "Admissions per second of the admission core"),
+        "admission-e2e": Lazy("gpuq_tools.bench.admission_e2e:bench_admission_e2e",
                               "Admissions per second of the admission service with its database"),
         "cli": Lazy("cli.bench:bench_cli", "Start-up time of gpuq commands"),
-        "e2e": Lazy("services.bench_e2e:bench_e2e", "The running platform end to end"),
+        "e2e": Lazy("gpuq_tools.bench.e2e:bench_e2e", "The running platform end to end"),
         # scheduler and executor handlers
-        "jobpath": Lazy("services.bench_jobpath:bench_jobpath", "CPU per placed job of the scheduler's and the "
-                                                                "simulated executor's handlers"),
-        "dcgm": Lazy("services.executor.bench:bench_dcgm", "Time the DCGM source's work per poll"),  # executor
-        "metering": Lazy("services.metering.bench:bench_metering", "Sustained GPU samples/s into the metering ledger"),
-        "placement": Lazy("services.scheduler.bench:bench_placement", "Placement-core throughput"),
+        "jobpath": Lazy("gpuq_tools.bench.jobpath:bench_jobpath", "CPU per placed job of the scheduler's and the "
+                                                                  "simulated executor's handlers"),
+        "dcgm": Lazy("gpuq_tools.bench.dcgm:bench_dcgm", "Time the DCGM source's work per poll"),  # executor
+        "metering": Lazy("gpuq_tools.bench.metering:bench_metering",
+                         "Sustained GPU samples/s into the metering ledger"),
+        "placement": Lazy("gpuq_tools.bench.placement:bench_placement", "Placement-core throughput"),  # scheduler
         # shared runtime, per message
-        "runtime": Lazy("services.runtime_bench:bench_runtime", "CPU microseconds per step of the runtime's "
-                                                               "per-message path"),
-        "telemetry": Lazy("services.telemetry.bench:bench_telemetry", "Fold a synthetic event stream into the "
-                                                                     "telemetry core"),
+        "runtime": Lazy("gpuq_tools.bench.runtime:bench_runtime", "CPU microseconds per step of the runtime's "
+                                                                  "per-message path"),
+        "telemetry": Lazy("gpuq_tools.bench.telemetry:bench_telemetry", "Fold a synthetic event stream into the "
+                                                                        "telemetry core"),
     }
 
 

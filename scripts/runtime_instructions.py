@@ -4,7 +4,7 @@ of the two counts over the difference of the Ns is the instructions per message 
 
 import sys
 
-from services import runtime_bench as rb
+from gpuq_tools.bench import runtime as rb
 from shared.events import encode_event
 from shared.tracing import traced_event
 

@@ -1,6 +1,6 @@
 """The bounded chaos test: a few hundred jobs run while each service process is killed and restarted, NATS and
 Postgres are restarted, and the active scheduler is paused past its lease; then the invariants hold over the whole
-history (services/chaos/harness.py). The harness starts its own NATS and Postgres, so that it can kill them."""
+history (gpuq_tools/chaos/harness.py). The harness starts its own NATS and Postgres, so that it can kill them."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from services.chaos.harness import FAULTS, ChaosSettings, Recorded, check_history, run_chaos
+from gpuq_tools.chaos.harness import FAULTS, ChaosSettings, Recorded, check_history, run_chaos
 
 
 @pytest.mark.timeout(900)

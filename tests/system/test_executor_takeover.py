@@ -18,7 +18,7 @@ import asyncpg
 import httpx
 import pytest
 
-from services.chaos.harness import ServiceProcess
+from gpuq_tools.chaos.harness import ServiceProcess
 from services.stack import Stack, StackSettings
 from shared.config import parse_cluster, parse_queues
 from shared.servers import free_ports

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from rich.progress import Progress
 
-from services.bench_e2e import _run
+from gpuq_tools.bench.e2e import _run
 from services.executor.sim import SAMPLE_INTERVAL_ENV
 from shared import namespace as namespaces
 from shared.servers import Servers

@@ -16,7 +16,8 @@ import typer.models
 from cli.main import Benchmarks, Commands
 
 ROOT = Path(__file__).resolve().parents[3]
-HEAVY = ("asyncpg", "nats", "fastapi", "httpx", "services", "sim", "shared.bus", "shared.events", "shared.domain")
+HEAVY = ("asyncpg", "nats", "fastapi", "httpx", "services", "sim", "gpuq_tools", "shared.bus", "shared.events",
+         "shared.domain")
 
 
 def _gpuq(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

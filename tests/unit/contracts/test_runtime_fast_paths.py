@@ -14,7 +14,7 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from pydantic import ValidationError
 
-from services import runtime_bench
+from gpuq_tools.bench import runtime as runtime_bench
 from shared import bus, events, tracing
 from shared.domain import GpuBinding, JobSpec, NodeSpec, PodSet
 from shared.events import (

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
-PACKAGES = ("shared", "services", "sim", "cli")
+PACKAGES = ("shared", "services", "sim", "cli", "gpuq_tools")
 IGNORE = re.compile(r"#\s*type:\s*ignore(?P<codes>\[[^\]]*\])?(?P<rest>.*)$")
 
 

@@ -1,4 +1,4 @@
-"""`python -m services.admission.bench_lock`: CPU of what admission does under its handling lock, without Postgres.
+"""`python -m gpuq_tools.bench.admission_lock`: CPU of what admission does under its handling lock, without Postgres.
 
 The shape of `gpuq bench e2e steady` (docs/benchmarks.md section 4): 20 team queues and a `waiting` queue (no quota)
 in one cohort, `--waiting` jobs pending in it, and batches of `--batch` submissions that fit their queue's quota.

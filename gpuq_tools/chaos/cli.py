@@ -12,7 +12,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from services.chaos.harness import FAULTS, ChaosSettings, run_chaos
+from gpuq_tools.chaos.harness import FAULTS, ChaosSettings, run_chaos
 
 console = Console()
 

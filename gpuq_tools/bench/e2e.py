@@ -467,7 +467,7 @@ async def _start_processes(names: list[str], *, nats_url: str, database_url: str
     /readyz. The processes' logs stay in a temporary folder, named if they do not become ready."""
     import httpx
 
-    from services.chaos.harness import ServiceProcess
+    from gpuq_tools.chaos.harness import ServiceProcess
     from shared.servers import free_ports
 
     workdir = Path(tempfile.mkdtemp(prefix="gpuq-bench-e2e-procs-"))

@@ -189,5 +189,5 @@ def bench_jobpath(
         Console().print_json(json.dumps(result))
 
 
-if __name__ == "__main__":  # `python -m services.bench_jobpath` runs the tree it is started in (an A/B's base)
+if __name__ == "__main__":  # `python -m gpuq_tools.bench.jobpath` runs the tree it is started in (an A/B's base)
     typer.run(bench_jobpath)
