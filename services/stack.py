@@ -25,7 +25,8 @@ from shared.config import ClusterConfig, DcgmSettings, QueuesConfig, dcgm_settin
 from shared.db import create_pool
 from shared.health import CONFIG_STATE_KEY, ConfigInForce, HealthReport, ServiceHealth, combine
 from shared.service import ServiceRuntime, ServiceSpec
-from shared.tracing import EXPORTER_ENV, setup_tracing
+from shared.settings import settings as read_settings
+from shared.tracing import setup_tracing
 
 if TYPE_CHECKING:
     from services.admission.app import EtaFn
@@ -158,7 +159,7 @@ class Stack:
         self.bus_auth: BusAuth | None = None  # whether the bus takes clients without credentials (found at start)
 
     async def start(self) -> None:
-        setup_tracing("gpuq", exporter=os.environ.get(EXPORTER_ENV, "none"))
+        setup_tracing("gpuq", exporter=read_settings().trace_exporter)
         # Said at every start, loudly, where an operator looks (the log, /readyz): not a reason to refuse to run.
         self.bus_auth = await busauth.check_and_warn(self.settings.nats_url)
         self.pool = await create_pool(self.settings.database_url, max_size=20)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -41,6 +40,7 @@ from shared import namespace as namespaces
 from shared.busroles import inbox_prefix_for, redact_url, stream_rights
 from shared.busroles import matches as matches  # (bus.matches, as before)
 from shared.events import Payload
+from shared.settings import settings
 
 log = logging.getLogger("gpuq.bus")
 DUPLICATE_WINDOW_S = 120.0  # Nats-Msg-Id dedup window; the outbox relay republishes well within it
@@ -137,7 +137,8 @@ def streams(namespace: str | None = None) -> tuple[StreamDef, ...]:
     """The streams of a platform namespace (default: this process's, `GPUQ_NAMESPACE`), with their byte limits as
     `GPUQ_STREAM_MAX_BYTES` sets them and their replicas as `GPUQ_STREAM_REPLICAS` does."""
     ns = namespaces.validate(namespace) if namespace is not None else namespaces.current()
-    return _streams(ns, os.environ.get(LIMITS_ENV, ""), os.environ.get(REPLICAS_ENV, ""))
+    given = settings()
+    return _streams(ns, given.stream_max_bytes, str(given.stream_replicas))
 
 
 @lru_cache(maxsize=16)

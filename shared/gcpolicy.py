@@ -22,9 +22,10 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import os
 import time
 from typing import Any
+
+from shared.settings import settings
 
 log = logging.getLogger("gpuq.gc")
 
@@ -90,20 +91,8 @@ class SurvivorFreezing:
 def thaw_setting(environ: dict[str, str] | None = None) -> float | None:
     """The policy's setting from the environment: None when `GPUQ_GC_FREEZE` turns it off, else the thaw interval
     (`GPUQ_GC_THAW_S`, 0: never). Raises ValueError naming the variable for a value that is not one."""
-    env = os.environ if environ is None else environ
-    freeze = env.get("GPUQ_GC_FREEZE", "1").strip().lower()
-    if freeze in ("0", "false", "no", "off"):
-        return None
-    if freeze not in ("1", "true", "yes", "on"):
-        raise ValueError(f"GPUQ_GC_FREEZE must be 1 or 0 (on or off), not {env['GPUQ_GC_FREEZE']!r}")
-    raw = env.get("GPUQ_GC_THAW_S", str(THAW_EVERY_S))
-    try:
-        thaw_every_s = float(raw)
-    except ValueError:
-        raise ValueError(f"GPUQ_GC_THAW_S must be a number of seconds (0: never), not {raw!r}") from None
-    if not thaw_every_s >= 0:
-        raise ValueError(f"GPUQ_GC_THAW_S must be 0 (never) or a positive number of seconds, not {raw!r}")
-    return thaw_every_s
+    given = settings(environ)
+    return given.gc_thaw_s if given.gc_freeze else None
 
 
 _installed: SurvivorFreezing | None = None

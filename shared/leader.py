@@ -15,10 +15,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import os
 from collections.abc import Callable
 
 import asyncpg
+
+from shared.settings import settings
 
 log = logging.getLogger("gpuq.leader")
 
@@ -27,19 +28,11 @@ class LostLeadership(RuntimeError):
     pass
 
 
-DEFAULT_LEASE_TTL_S = 30.0
 
 
 def lease_ttl_from_env() -> float:
     """GPUQ_LEASE_TTL_S: how long a leader may stop answering before its lease lapses (default 30 s)."""
-    raw = os.environ.get("GPUQ_LEASE_TTL_S", "")
-    try:
-        ttl = float(raw) if raw else DEFAULT_LEASE_TTL_S
-    except ValueError:
-        raise ValueError(f"GPUQ_LEASE_TTL_S must be a number of seconds, not {raw!r}") from None
-    if ttl < 5:
-        raise ValueError(f"GPUQ_LEASE_TTL_S must be at least 5 s (the watcher checks every 2 s), not {raw!r}")
-    return ttl
+    return settings().lease_ttl_s
 
 
 def lock_key(scope: str) -> int:

@@ -18,6 +18,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from shared.settings import settings
+
 if TYPE_CHECKING:
     from shared.service import ServiceRuntime
 
@@ -38,19 +40,8 @@ class Window:
 
     def days(self, env: Mapping[str, str] = os.environ) -> int | None:
         """The window in days from the environment (default when unset); None: keep everything (0)."""
-        raw = env.get(self.env, "").strip()
-        if raw == "":
-            return self.default_days
-        try:
-            value = int(raw)
-        except ValueError:
-            raise ValueError(f"{self.env}={raw!r} is not a whole number of days (0 keeps everything)") from None
-        if value == 0:
-            return None
-        if value < self.floor_days:
-            raise ValueError(f"{self.env}={raw!r} is below its floor of {self.floor_days} days: {self.why_floor} "
-                             "(0 keeps everything)")
-        return value
+        value: int = getattr(settings(env), self.env.removeprefix("GPUQ_").lower())
+        return value or None
 
 
 # The utilisation stream keeps a sample two days (shared/bus.py); a sample published late is redelivered up to

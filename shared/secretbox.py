@@ -11,13 +11,13 @@ and is read as is until `gpuq webhooks reencrypt` encrypts it (docs/security.md)
 from __future__ import annotations
 
 import logging
-import os
 from functools import lru_cache
 from pathlib import Path
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
 from shared.natsauth import write_private
+from shared.settings import settings
 
 log = logging.getLogger("gpuq.secrets")
 KEY_ENV = "GPUQ_SECRETS_KEY"
@@ -30,15 +30,16 @@ class SecretsKeyError(RuntimeError):
 
 
 def _local_key_file() -> Path:
-    return Path(os.environ.get("GPUQ_HOME", ".gpuq")) / "secrets.key"
+    return settings().home / "secrets.key"
 
 
 def _key_text() -> str:
-    if os.environ.get(KEY_ENV):
-        return os.environ[KEY_ENV]
-    path = Path(os.environ[KEY_FILE_ENV]) if os.environ.get(KEY_FILE_ENV) else _local_key_file()
+    given = settings()
+    if given.secrets_key:
+        return given.secrets_key
+    path = given.secrets_key_file or _local_key_file()
     if not path.exists():
-        if os.environ.get(KEY_FILE_ENV):
+        if given.secrets_key_file:
             raise SecretsKeyError(f"{KEY_FILE_ENV} names {path}, which does not exist")
         log.warning("no %s: generating a local secrets key in %s (set %s or %s for a platform that lives)",
                     KEY_ENV, path, KEY_ENV, KEY_FILE_ENV)

@@ -68,6 +68,7 @@ from shared.health import CHECK_TIMEOUT_S, Check, ConsumerState, ServiceHealth, 
 from shared.jetstream import BatchPublisher, Puller
 from shared.leader import LeaderLease, LostLeadership, lock_key
 from shared.natsauth import inbox_prefix_for
+from shared.settings import settings
 from shared.tracing import (
     current_traceparent,
     outgoing_traceparent,
@@ -133,24 +134,9 @@ PRUNE_EVERY_S = 300.0
 PRUNE_BATCH = 10_000
 
 
-def _seconds_from_env(env: Mapping[str, str], name: str, default: float) -> tuple[float, str]:
-    """A number of seconds from `name` (its default when unset or empty), with the raw text for the caller's bounds
-    check. ValueError names the variable when it is not a number."""
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default, ""
-    try:
-        return float(raw), raw
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
-
-
 def stall_after_from_env(env: Mapping[str, str] = os.environ) -> float:
     """GPUQ_CONSUMER_STALL_S: seconds without progress, messages waiting, before a consumer counts as stalled."""
-    value, raw = _seconds_from_env(env, STALL_ENV, DEFAULT_STALL_S)
-    if value <= 0:
-        raise ValueError(f"{STALL_ENV}={raw!r} must be positive")
-    return value
+    return settings(env).consumer_stall_s
 
 
 def refused_data(exc: BaseException) -> bool:
@@ -176,11 +162,7 @@ def _storable_text(text: str, limit: int | None = None) -> str:
 
 def retention_from_env(env: Mapping[str, str] = os.environ) -> float:
     """The plumbing retention in seconds from GPUQ_PLUMBING_RETENTION_S (default 7 days, at least one hour)."""
-    value, raw = _seconds_from_env(env, RETENTION_ENV, DEFAULT_RETENTION_S)
-    if value < MIN_RETENTION_S:
-        raise ValueError(f"{RETENTION_ENV}={raw!r} is below the {MIN_RETENTION_S:.0f} s floor: the inbox must outlive "
-                         "every redelivery of an event")
-    return value
+    return settings(env).plumbing_retention_s
 # How often a singleton checks its lease connections; how long Postgres may stay unreachable while the runtime
 # takes its leases again before /healthz says "not live" (a supervisor then restarts the process: waiting longer
 # in-process would not bring Postgres back sooner, but a restart clears whatever else went wrong).

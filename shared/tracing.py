@@ -165,7 +165,9 @@ def command_span(name: str) -> Iterator[Span]:
     user submitted it. It continues the caller's context from the `TRACEPARENT` environment variable (the
     OpenTelemetry convention for passing context to a child process, e.g. from a CI job or pipeline step)."""
     if _provider is None:
-        setup_tracing("gpuq-cli", exporter=os.environ.get(EXPORTER_ENV, "none"))
+        from shared.settings import settings  # here: the CLI's start-up does not pay for pydantic-settings
+
+        setup_tracing("gpuq-cli", exporter=settings().trace_exporter)
     with start_span(name, traceparent=os.environ.get(TRACEPARENT_ENV)) as span:
         yield span
 

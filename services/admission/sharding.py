@@ -10,12 +10,12 @@ everything, whatever the configuration says, and behaves exactly like the single
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from shared.config import QueuesConfig
+from shared.settings import settings
 
 NO_COHORT = "-"  # the pseudo-cohort of queues without a cohort (and of unknown or deleted queues)
 ENV_VAR = "GPUQ_ADMISSION_COHORTS"
@@ -30,7 +30,7 @@ def parse_cohorts(text: str | None) -> tuple[str, ...]:
 
 
 def cohorts_from_env() -> tuple[str, ...]:
-    return parse_cohorts(os.environ.get(ENV_VAR))
+    return settings().admission_cohorts
 
 
 @dataclass(frozen=True)

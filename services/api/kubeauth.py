@@ -32,6 +32,7 @@ from lightkube.resources.authentication_v1 import TokenReview
 
 from services.api.tokens import Principal
 from shared.config import NamespaceMapping
+from shared.settings import settings
 
 log = logging.getLogger("gpuq.api.kubeauth")
 
@@ -44,10 +45,6 @@ SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
 CACHE_S = 30.0
 
 
-def _list(text: str | None) -> tuple[str, ...]:
-    return tuple(sorted({item.strip() for item in (text or "").split(",") if item.strip()}))
-
-
 @dataclass(frozen=True)
 class TokenReviewSettings:
     enabled: bool = False
@@ -58,12 +55,9 @@ class TokenReviewSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> TokenReviewSettings:
-        enabled = (env.get(ENABLED_ENV) or "").strip().lower()
-        if enabled not in ("", "0", "false", "no", "off", "1", "true", "yes", "on"):
-            raise ValueError(f"{ENABLED_ENV}={env[ENABLED_ENV]!r}: use true or false")
-        return cls(enabled=enabled in ("1", "true", "yes", "on"), audiences=_list(env.get(AUDIENCES_ENV)),
-                   admin_groups=_list(env.get(ADMIN_GROUPS_ENV)),
-                   team_group_prefix=env.get(TEAM_PREFIX_ENV, DEFAULT_TEAM_PREFIX))
+        given = settings(env)
+        return cls(enabled=given.api_token_review, audiences=given.api_token_audiences,
+                   admin_groups=given.api_admin_groups, team_group_prefix=given.api_team_group_prefix)
 
 
 @dataclass(frozen=True)

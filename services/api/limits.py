@@ -9,11 +9,12 @@ thousand-job submission of ordinary specs is well under it; one spec is capped a
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from starlette.exceptions import HTTPException
+
+from shared.settings import settings
 
 ENV_VAR = "GPUQ_API_MAX_BODY_BYTES"
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -26,16 +27,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 def max_body_bytes_from_env() -> int:
-    raw = os.environ.get(ENV_VAR, "").strip()
-    if not raw:
-        return DEFAULT_MAX_BODY_BYTES
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{ENV_VAR}={raw!r} is not a number of bytes") from None
-    if value < 1:
-        raise ValueError(f"{ENV_VAR}={raw!r}: the body cap must be at least 1 byte")
-    return value
+    return settings().api_max_body_bytes
 
 
 def too_large(max_bytes: int, size: int | None = None) -> str:

@@ -14,26 +14,18 @@ placements that waited for it (a job placed during the outage is not in its tabl
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 
 from shared.catchup import BusCatchUp
 from shared.events import ExecutorHeartbeat, utcnow_from
 from shared.service import ServiceRuntime, Tx
+from shared.settings import settings
 
 MAX_JOBS_PER_EVENT = 4000  # ~40 bytes per id: well under NATS's 1 MiB default payload limit
-DEFAULT_INTERVAL_S = 10.0
 
 
 def interval_from_env() -> float:
-    raw = os.environ.get("GPUQ_HEARTBEAT_INTERVAL_S", "")
-    try:
-        value = float(raw) if raw else DEFAULT_INTERVAL_S
-    except ValueError:
-        raise ValueError(f"GPUQ_HEARTBEAT_INTERVAL_S must be a number of seconds, not {raw!r}") from None
-    if value <= 0:
-        raise ValueError(f"GPUQ_HEARTBEAT_INTERVAL_S must be positive, not {raw!r}")
-    return value
+    return settings().heartbeat_interval_s
 
 
 class Heartbeat:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import re
 import uuid
 from collections.abc import Mapping
@@ -58,6 +57,7 @@ from shared.events import (
     utcnow_from,
 )
 from shared.service import Handler, ServiceRuntime, ServiceSpec, Tx
+from shared.settings import settings
 
 DURATION_LABEL = "sim.gpuq.io/duration-s"
 UTILIZATION_LABEL = "sim.gpuq.io/utilization"
@@ -106,19 +106,11 @@ class SimExecutorSettings:
 
 
 SAMPLE_INTERVAL_ENV = "GPUQ_SIM_SAMPLE_INTERVAL_S"
-DEFAULT_SAMPLE_INTERVAL_S = 1.0
 
 
 def sample_interval_from_env() -> float:
     """The simulated executor's sampling interval in seconds: GPUQ_SIM_SAMPLE_INTERVAL_S, else 1."""
-    raw = os.environ.get(SAMPLE_INTERVAL_ENV, "")
-    try:
-        value = float(raw) if raw else DEFAULT_SAMPLE_INTERVAL_S
-    except ValueError:
-        raise ValueError(f"{SAMPLE_INTERVAL_ENV} must be a number of seconds, not {raw!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise ValueError(f"{SAMPLE_INTERVAL_ENV} must be a positive number of seconds, not {raw!r}")
-    return value
+    return settings().sim_sample_interval_s
 
 
 def true_duration(spec: JobSpec) -> float:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -34,18 +33,9 @@ from services.scheduler.core.liveness import ExecutorRound, LivenessSettings, Wa
 from shared.catchup import BusCatchUp
 from shared.events import CloudEvent, ExecutorHeartbeat, ExitReason, JobFailed, utcnow_from
 from shared.service import ServiceRuntime, Tx
+from shared.settings import settings as read_settings
 
 log = logging.getLogger("gpuq.scheduler.liveness")
-
-
-def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be a number of seconds, not {raw!r}") from None
 
 
 @dataclass
@@ -63,11 +53,10 @@ class LivenessWatch:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LivenessWatch:
-        env = os.environ if env is None else env
-        settings = LivenessSettings(heartbeat_timeout_s=_env_float(env, "GPUQ_HEARTBEAT_TIMEOUT_S", 120.0),
-                                    runtime_grace_s=_env_float(env, "GPUQ_RUNTIME_GRACE_S", 900.0))
-        return cls(settings=settings, check_s=_env_float(env, "GPUQ_LIVENESS_CHECK_S", 5.0),
-                   grace_s=_env_float(env, "GPUQ_LIVENESS_GRACE_S", 10.0))
+        given = read_settings(env)
+        settings = LivenessSettings(heartbeat_timeout_s=given.heartbeat_timeout_s,
+                                    runtime_grace_s=given.runtime_grace_s)
+        return cls(settings=settings, check_s=given.liveness_check_s, grace_s=given.liveness_grace_s)
 
     def __post_init__(self) -> None:
         if self.grace_s < 0:

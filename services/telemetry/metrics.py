@@ -26,6 +26,7 @@ from services.telemetry.core.names import COUNTER, GAUGE, HISTOGRAM, JCT_BUCKETS
 from services.telemetry.core.state import Gauges
 from services.telemetry.core.state import Labels as CoreLabels
 from services.telemetry.core.state import Observation as CoreObservation
+from shared.settings import settings
 
 DEFAULT_PORT = 9464
 # Whether the per-job gauges (`gpuq_job_*`, labelled with job ids) are exported: off by default, since whoever can
@@ -39,12 +40,7 @@ _CARDINALITY: dict[Any, int] = {Counter: 50_000, ObservableCounter: 50_000, Hist
 
 
 def job_labels_from_env(env: Mapping[str, str] = os.environ) -> bool:
-    raw = env.get(JOB_LABELS_ENV, "").strip().lower()
-    if raw in ("", "0", "false", "no", "off"):
-        return False
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    raise ValueError(f"{JOB_LABELS_ENV} must be true or false, not {raw!r}")
+    return settings(env).metrics_job_labels
 
 
 class _SnapshotRefresher:

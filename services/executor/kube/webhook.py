@@ -36,13 +36,10 @@ from services.executor.kube.client import (
 )
 from services.executor.kube.core.admission import Answer, Review, WebhookPolicy, mutate, response, validate
 from shared.config import QueuesConfig
+from shared.settings import settings
 
 log = logging.getLogger("gpuq.executor.webhook")
 PORT_ENV = "GPUQ_WEBHOOK_PORT"
-
-
-def _split(value: str | None) -> tuple[str, ...]:
-    return tuple(v.strip() for v in (value or "").split(",") if v.strip())
 
 
 @dataclass
@@ -67,18 +64,15 @@ class WebhookSettings:
     @staticmethod
     def from_env(env: Mapping[str, str] = os.environ) -> WebhookSettings | None:
         """From GPUQ_WEBHOOK_* (the chart sets them); None when GPUQ_WEBHOOK_PORT is unset (no webhook)."""
-        if not env.get(PORT_ENV):
+        given = settings(env)
+        if given.webhook_port is None:
             return None
-        cert_dir = env.get("GPUQ_WEBHOOK_CERT_DIR")
         return WebhookSettings(
-            port=int(env[PORT_ENV]), bind=env.get("GPUQ_WEBHOOK_BIND", "0.0.0.0"),
-            service=env.get("GPUQ_WEBHOOK_SERVICE", "gpuq-webhook"),
-            namespace=env.get("GPUQ_WEBHOOK_NAMESPACE", "gpuq-system"),
-            secret=env.get("GPUQ_WEBHOOK_SECRET", "gpuq-webhook-tls"),
-            configurations=_split(env.get("GPUQ_WEBHOOK_CONFIGURATIONS", "gpuq")),
-            cert_dir=Path(cert_dir) if cert_dir else None, hosts=_split(env.get("GPUQ_WEBHOOK_HOSTS")),
-            trusted_users=_split(env.get("GPUQ_WEBHOOK_TRUSTED_USERS")),
-            renew_before=dt.timedelta(days=float(env.get("GPUQ_WEBHOOK_RENEW_BEFORE_DAYS", "30"))))
+            port=given.webhook_port, bind=given.webhook_bind, service=given.webhook_service,
+            namespace=given.webhook_namespace, secret=given.webhook_secret,
+            configurations=given.webhook_configurations, cert_dir=given.webhook_cert_dir, hosts=given.webhook_hosts,
+            trusted_users=given.webhook_trusted_users,
+            renew_before=dt.timedelta(days=given.webhook_renew_before_days))
 
     @property
     def all_hosts(self) -> list[str]:

@@ -8,10 +8,11 @@ endpoint that answers 410 Gone.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
+
+from shared.settings import Settings, settings
 
 DEFAULT_TIMEOUT_S = 20.0
 TIMEOUT_RANGE_S = (15.0, 30.0)
@@ -68,31 +69,28 @@ class RetryPolicy:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> RetryPolicy:
         """The default policy, with GPUQ_WEBHOOK_MAX_ATTEMPTS / _RETRY_BASE_S / _RETRY_CAP_S when set."""
-        env = os.environ if env is None else env
+        given = _settings(env)
         default = cls()
-        return cls(max_attempts=int(_number(env, ENV_MAX_ATTEMPTS, default.max_attempts)),
-                   base_s=_number(env, ENV_BASE_S, default.base_s), factor=default.factor,
-                   cap_s=_number(env, ENV_CAP_S, default.cap_s), jitter=default.jitter)
+        return cls(max_attempts=int(given.webhook_max_attempts), base_s=given.webhook_retry_base_s,
+                   factor=default.factor, cap_s=given.webhook_retry_cap_s, jitter=default.jitter)
 
 
 def timeout_from_env(env: Mapping[str, str] | None = None) -> float:
     """Each attempt's timeout: GPUQ_WEBHOOK_TIMEOUT_S (15-30 s, Standard Webhooks' advice), default 20 s."""
-    env = os.environ if env is None else env
-    value = _number(env, ENV_TIMEOUT_S, DEFAULT_TIMEOUT_S)
+    value = _settings(env).webhook_timeout_s
     low, high = TIMEOUT_RANGE_S
     if not low <= value <= high:
         raise RetrySettingsError(f"{ENV_TIMEOUT_S}={value:g}: a webhook timeout must be {low:g}-{high:g} s")
     return value
 
 
-def _number(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
+def _settings(env: Mapping[str, str] | None) -> Settings:
     try:
-        return float(raw)
-    except ValueError:
-        raise RetrySettingsError(f"{name}={raw!r} is not a number") from None
+        return settings(env)
+    except RetrySettingsError:
+        raise
+    except ValueError as exc:  # the webhook variables' errors have always been RetrySettingsErrors
+        raise RetrySettingsError(str(exc)) from None
 
 
 def retry_after_s(value: str | None, now: float) -> float | None:

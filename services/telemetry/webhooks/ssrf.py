@@ -11,11 +11,12 @@ request then goes to the checked address itself, so no second resolution happens
 from __future__ import annotations
 
 import ipaddress
-import os
 import socket
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
+
+from shared.settings import settings
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -73,7 +74,7 @@ class AllowList:
 
     @classmethod
     def from_env(cls) -> AllowList:
-        return cls.parse(os.environ.get(ALLOW_ENV, "").split(","))
+        return cls.parse(settings().webhook_allow_cidrs)
 
     def allows(self, ip: IPAddress) -> bool:
         return any(ip.version == n.version and ip in n for n in self.networks)
