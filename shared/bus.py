@@ -40,7 +40,6 @@ from shared import namespace as namespaces
 from shared.busroles import inbox_prefix_for, redact_url, stream_rights
 from shared.busroles import matches as matches  # (bus.matches, as before)
 from shared.events import Payload
-from shared.settings import settings
 
 log = logging.getLogger("gpuq.bus")
 DUPLICATE_WINDOW_S = 120.0  # Nats-Msg-Id dedup window; the outbox relay republishes well within it
@@ -137,6 +136,8 @@ def streams(namespace: str | None = None) -> tuple[StreamDef, ...]:
     """The streams of a platform namespace (default: this process's, `GPUQ_NAMESPACE`), with their byte limits as
     `GPUQ_STREAM_MAX_BYTES` sets them and their replicas as `GPUQ_STREAM_REPLICAS` does."""
     ns = namespaces.validate(namespace) if namespace is not None else namespaces.current()
+    from shared.settings import settings  # here: CLI commands import the bus, and this module costs them ~65 ms
+
     given = settings()
     return _streams(ns, given.stream_max_bytes, str(given.stream_replicas))
 

@@ -33,10 +33,9 @@ RETENTION_POLL_S = 5.0
 
 @dataclass(frozen=True)
 class Window:
+    """A retention window's variable; its default, floor and why are shared/settings.py's."""
+
     env: str
-    default_days: int
-    floor_days: int
-    why_floor: str  # what a shorter window would break
 
     def days(self, env: Mapping[str, str] = os.environ) -> int | None:
         """The window in days from the environment (default when unset); None: keep everything (0)."""
@@ -45,14 +44,12 @@ class Window:
 
 
 # The utilisation stream keeps a sample two days (shared/bus.py); a sample published late is redelivered up to
-# then, so a raw row is kept a day longer than that: its primary key is what makes a redelivery count once.
-METERING_RAW = Window("GPUQ_METERING_RAW_RETENTION_DAYS", default_days=30, floor_days=3,
-                      why_floor="a raw sample must outlive the utilisation stream's two days, or a redelivered "
-                                "sample would be counted again")
+# then, so a raw row is kept a day longer than that (floor: 3 days): its primary key is what makes a redelivery
+# count once.
+METERING_RAW = Window("GPUQ_METERING_RAW_RETENTION_DAYS")
 # The audit trail's legal window. The database refuses to drop a month that ended less than 30 days ago
-# (audit.drop_partitions_before), whatever a caller asks.
-AUDIT = Window("GPUQ_AUDIT_RETENTION_DAYS", default_days=400, floor_days=30,
-               why_floor="the database keeps every audit record at least 30 days")
+# (audit.drop_partitions_before), whatever a caller asks (floor: 30 days).
+AUDIT = Window("GPUQ_AUDIT_RETENTION_DAYS")
 
 
 async def periodically(runtime: ServiceRuntime, work: Callable[[float], Awaitable[object]], *,

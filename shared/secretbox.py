@@ -17,7 +17,6 @@ from pathlib import Path
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
 from shared.natsauth import write_private
-from shared.settings import settings
 
 log = logging.getLogger("gpuq.secrets")
 KEY_ENV = "GPUQ_SECRETS_KEY"
@@ -30,10 +29,14 @@ class SecretsKeyError(RuntimeError):
 
 
 def _local_key_file() -> Path:
+    from shared.settings import settings  # here, as in _key_text: `gpuq webhooks` starts without pydantic-settings
+
     return settings().home / "secrets.key"
 
 
 def _key_text() -> str:
+    from shared.settings import settings
+
     given = settings()
     if given.secrets_key:
         return given.secrets_key
