@@ -410,8 +410,15 @@ class AdmissionService:
         """The queues' read model (queuemodel.py) in the unit of work's transaction: the rows of this instance's
         queues that changed; after a configuration change, the rows of queues no longer configured go."""
         config = self.state.config
-        configured = None if config is self._queue_rows_config else [q.name for q in config.queues]
-        owned = [f for f in queue_facts(self.state) if self.shard.owns_queue(config, f.queue)]
+        touched = self.state.take_touched()
+        if config is self._queue_rows_config:
+            if not touched:
+                return
+            # only the touched queues' rows (and their lending pools'): a deep backlog elsewhere is not walked
+            facts, configured = queue_facts(self.state, touched), None
+        else:
+            facts, configured = queue_facts(self.state), [q.name for q in config.queues]
+        owned = [f for f in facts if self.shard.owns_queue(config, f.queue)]
         self._queue_rows = await queuemodel.write(tx.conn, owned, self._queue_rows, configured)
         self._queue_rows_config = config
 

@@ -44,11 +44,13 @@ async def queues(conn: Conn) -> list[QueueFacts] | None:
 
 async def write(conn: Conn, facts: Iterable[QueueFacts], written: Mapping[str, QueueFacts],
                 configured: Iterable[str] | None = None) -> dict[str, QueueFacts]:
-    """Admission's side: upsert the rows of `facts` that differ from `written` (what this instance wrote last)
-    and, given the names of every `configured` queue (after a configuration change), delete the rows of queues no
-    longer configured. Returns what is now written, by queue."""
-    now_written = {f.queue: f for f in facts}
-    changed = [f for q, f in now_written.items() if written.get(q) != f]
+    """Admission's side: upsert the rows of `facts` that differ from `written` (what this instance wrote last).
+    Given the names of every `configured` queue (after a configuration change), `facts` are all this instance's
+    rows and the rows of queues no longer configured are deleted; otherwise `facts` may be some rows only (the
+    queues a unit of work touched). Returns what is now written, by queue."""
+    given = {f.queue: f for f in facts}
+    changed = [f for q, f in given.items() if written.get(q) != f]
+    now_written = given if configured is not None else {**written, **given}
     if configured is not None:
         await conn.execute("DELETE FROM admission.queue_summaries WHERE NOT queue = ANY($1::text[])",
                            sorted(configured))

@@ -81,6 +81,7 @@ class AdmissionState:
         self._pending_by_queue: dict[str, list[Entry]] = {}
         self._admitted_by_queue: dict[str, dict[str, Entry]] = {}
         self._dirty: set[str] = set()  # queues whose pending list must be re-filtered/re-sorted
+        self._touched: set[str] = set()  # queues whose jobs changed since `take_touched` (summary rows to redo)
         # Per scope (a cohort, or a queue without one), the reclaims of the last full cycle in which nothing
         # was admitted there; the entries' reasons from that cycle are still on them. Valid until something in
         # the scope changes (`_stale`). A cycle without `capacity`/`max_admissions` reuses them: cohorts share
@@ -155,6 +156,31 @@ class AdmissionState:
             return None
         return Rejection(job_id, *e.verdict)
 
+    def take_touched(self) -> set[str]:
+        """The queues whose jobs came, went, were admitted or released since the last call (none after it): whose
+        summary rows (summary.py `queue_facts`) may have changed. A new configuration changes every row."""
+        touched, self._touched = self._touched, set()
+        return touched
+
+    def waiting(self, queue: str) -> tuple[int, int, float | None]:
+        """A queue's pending jobs: how many, how many the configuration in force cannot admit, and the oldest
+        one's submit time (None when none pend). Walks that queue's jobs only."""
+        current = self._entries.get
+        # A list may still hold a finished or replaced entry until its queue is re-filtered (it is dirty then).
+        dirty = queue in self._dirty
+        count = inadmissible = 0
+        oldest: float | None = None
+        for e in self._pending_by_queue.get(queue, ()):
+            if e.admitted is not None or (dirty and current(e.job_id) is not e):
+                continue
+            count += 1
+            if e.verdict is not None:
+                inadmissible += 1
+            at = e.workload.submitted_at
+            if oldest is None or at < oldest:
+                oldest = at
+        return count, inadmissible, oldest
+
     def copy(self) -> AdmissionState:
         """An independent copy (for what-if runs such as the ETA forward simulation, which takes it in the service's
         handler thread and reads it in a worker thread while the handlers go on changing this state): nothing a
@@ -184,6 +210,7 @@ class AdmissionState:
                                    for q, lst in self._pending_by_queue.items()}
         other._admitted_by_queue = {q: {j: entries[j] for j in m} for q, m in self._admitted_by_queue.items()}
         other._dirty = set(self._dirty)
+        other._touched = set(self._touched)
         other._aging = set(self._aging)
         # no cached cohorts: the entries' messages may still be written lazily from *this* state's numbers
         other._scope_cache = {}
@@ -443,6 +470,7 @@ class AdmissionState:
     def _touch(self, queue: str) -> None:
         """Something of `queue` changed (a job came, went, was admitted or re-keyed): its scope's cached cycle and
         its sealed reasons no longer hold."""
+        self._touched.add(queue)
         self._stale.add(self._scope_of(queue))
         if self._sealed:
             self._sealed.pop(queue, None)

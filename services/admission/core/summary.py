@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from services.admission.core.model import QueueFacts, QueueSummary
 from services.admission.core.quota import QuotaBook
 from services.admission.core.state import AdmissionState
@@ -12,36 +14,49 @@ def queue_summaries(state: AdmissionState, now: float) -> list[QueueSummary]:
     return [facts.at(now) for facts in queue_facts(state)]
 
 
-def queue_facts(state: AdmissionState) -> list[QueueFacts]:
-    """One row per configured queue, sorted by name, as of no particular time (what admission publishes)."""
+def queue_facts(state: AdmissionState, queues: Iterable[str] | None = None) -> list[QueueFacts]:
+    """One row per configured queue, sorted by name, as of no particular time (what admission publishes). Given
+    `queues` (those `AdmissionState.take_touched` names), only theirs and their lending pools' (a queue's lent share
+    moves with its pool's borrowing), each walking its own queue's jobs instead of every pending job."""
     book = state._book
     lent = _lent(book)
-    pending: dict[str, list[float]] = {}
-    inadmissible: dict[str, int] = {}
-    for w in state.pending.values():
-        pending.setdefault(w.spec.queue, []).append(w.submitted_at)
-        if state.inadmissible(w.spec.job_id) is not None:
-            inadmissible[w.spec.queue] = inadmissible.get(w.spec.queue, 0) + 1
-    rows = []
-    for q in sorted(book.queues):
-        qq = book.queues[q]
-        waits = pending.get(q, [])
-        rows.append(QueueFacts(
-            queue=q,
-            cohort=qq.cohort,
-            weight=qq.weight,
-            strategy=qq.config.queueing_strategy.value,
-            nominal=dict(sorted(qq.nominal.items())),
-            used=state.usage(q),
-            borrowed=state.borrowed(q),
-            lent={r: v for r, v in sorted(lent.get(q, {}).items()) if v},
-            pending=len(waits),
-            inadmissible=inadmissible.get(q, 0),
-            running=book.running.get(q, 0),
-            max_running_jobs=qq.max_running,
-            oldest_submitted_at=min(waits) if waits else None,
-        ))
-    return rows
+    if queues is None:
+        pending: dict[str, list[float]] = {}
+        inadmissible: dict[str, int] = {}
+        for w in state.pending.values():
+            pending.setdefault(w.spec.queue, []).append(w.submitted_at)
+            if state.inadmissible(w.spec.job_id) is not None:
+                inadmissible[w.spec.queue] = inadmissible.get(w.spec.queue, 0) + 1
+        return [_facts(state, book, lent, q, (len(pending.get(q, ())), inadmissible.get(q, 0),
+                                              min(pending[q]) if q in pending else None))
+                for q in sorted(book.queues)]
+    wanted: set[str] = set()
+    for q in queues:
+        qq = book.queues.get(q)
+        if qq is not None:
+            wanted.update(book.pool_members.get(qq.pool, (q,)) if qq.pool is not None else (q,))
+    return [_facts(state, book, lent, q, state.waiting(q)) for q in sorted(wanted)]
+
+
+def _facts(state: AdmissionState, book: QuotaBook, lent: dict[str, dict[str, int]], q: str,
+           waiting: tuple[int, int, float | None]) -> QueueFacts:
+    qq = book.queues[q]
+    count, inadmissible, oldest = waiting
+    return QueueFacts(
+        queue=q,
+        cohort=qq.cohort,
+        weight=qq.weight,
+        strategy=qq.config.queueing_strategy.value,
+        nominal=dict(sorted(qq.nominal.items())),
+        used=state.usage(q),
+        borrowed=state.borrowed(q),
+        lent={r: v for r, v in sorted(lent.get(q, {}).items()) if v},
+        pending=count,
+        inadmissible=inadmissible,
+        running=book.running.get(q, 0),
+        max_running_jobs=qq.max_running,
+        oldest_submitted_at=oldest,
+    )
 
 
 def _lent(book: QuotaBook) -> dict[str, dict[str, int]]:
