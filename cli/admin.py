@@ -176,7 +176,7 @@ def audit(since: str | None = typer.Option(None, "--since", help="From (ISO date
                                     "team": team, "job_id": job, "action": action, "limit": limit}.items() if v}
         rows: list[dict[str, Any]] = client.call("GET", "/v1/audit", params=params)
     else:
-        from services.audit.app import read_records
+        from services.audit.records import read_records
 
         async def load() -> list[dict[str, Any]]:
             conn = await asyncpg.connect(database_url())

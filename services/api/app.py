@@ -67,6 +67,7 @@ from services.api.models import (
     job_request_schemas,
 )
 from services.api.tokens import Principal
+from services.audit.records import read_records
 from services.metering.core.rollup import Granularity
 from services.scheduler import readmodel as scheduler_view
 from services.telemetry.webhooks import store as webhooks
@@ -414,8 +415,6 @@ def create_app(ctx: ApiContext) -> FastAPI:
     async def audit_records(who: Caller, since: datetime | None = None, until: datetime | None = None,
                             team: str | None = None, job_id: str | None = None, action: str | None = None,
                             limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> list[dict[str, Any]]:
-        from services.audit.app import read_records
-
         async with ctx.rt().pool.acquire() as conn:
             rows = await read_records(conn, since=since, until=until, team=team if who.admin else who.team,
                                       job_id=job_id, action=action, limit=limit)

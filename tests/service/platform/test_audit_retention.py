@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from services.audit import retention
-from services.audit.app import MIGRATIONS, audit_retention, build_spec, read_records
+from services.audit.app import MIGRATIONS, audit_retention, build_spec
+from services.audit.records import read_records
 from shared.clock import ManualClock
 from shared.db import apply_migrations, create_pool
 from shared.events import AuditRecorded, encode_event, make_event

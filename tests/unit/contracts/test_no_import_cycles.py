@@ -1,8 +1,9 @@
-"""No import cycles among the modules of services/, shared/ and cli/: a module's imports, at its top or inside a
-function (the CLI's lazy loading included), never lead back to it. A cycle is broken by moving the shared piece to
-its owner or by making one side depend downward (the API hands the portal its authentication; the workload kinds'
-package, not the registry below them, looks kinds up; who is who on the bus lives below both the bus and its
-credentials, shared/busroles.py), never by hiding an import inside a function."""
+"""No import cycles among the modules of services/, shared/ and cli/: a module's imports, at its top, inside a
+function (the CLI's lazy loading included) or for type checking only, never lead back to it. A cycle is broken by
+moving the shared piece to its owner or by making one side depend downward (the API hands the portal its
+authentication; the workload kinds' package, not the registry below them, looks kinds up; who is who on the bus
+lives below both the bus and its credentials, shared/busroles.py; the API reads audit records from audit's read
+side, services/audit/records.py, not from the audit service's app), never by hiding an import inside a function."""
 
 from __future__ import annotations
 
@@ -57,7 +58,8 @@ def cycles(graph: grimp.ImportGraph) -> list[frozenset[str]]:
 
 
 def test_no_import_cycle_among_the_products_modules() -> None:
-    graph = grimp.build_graph(*PACKAGES, include_external_packages=False, exclude_type_checking_imports=True)
+    # imports for type checking count too: a cycle through them is still a knot in the design
+    graph = grimp.build_graph(*PACKAGES, include_external_packages=False, exclude_type_checking_imports=False)
     found = sorted(sorted(c) for c in cycles(graph))
     assert found == [], f"import cycles: {found}"
 
