@@ -7,8 +7,9 @@ that needs a reservation, a job short enough to backfill in its shadow and longe
 preemptor inside the lender's queue, each preemptor placed on the capacity held for it while another admitted
 job of its priority waits (phase B, teams A and B of one cohort, and team C's c-wait).
 
-What is compared: the sequence of decisions, each (virtual time, "place", job, node+GPU bindings) or (virtual
-time, "preempt", victim, preemptor).
+What is compared: the sequence of decisions, each (virtual time, "admit", job, None), (virtual time, "place", job,
+node+GPU bindings) or (virtual time, "preempt", victim, preemptor): a job admitted again after its preemption,
+or placed again, is a decision again.
 
 - `GOLDEN` is the simulator's sequence, checked in: a change of behaviour shows as a diff to review.
 - The running services (real NATS and Postgres, the admission, scheduler and preemption services, the simulated
@@ -110,7 +111,8 @@ TRACE = [
     tj("a-urgent", "team-a", PHASE_B + 1500, 1, 500, priority="urgent"),
 ]
 
-Decision = tuple[float, str, str, Any]  # (virtual time, "place" | "preempt", job, bindings | preemptor)
+# (virtual time, "admit" | "place" | "preempt", job, None | bindings | preemptor)
+Decision = tuple[float, str, str, Any]
 ALL_GPUS = (0, 1, 2, 3, 4, 5, 6, 7)
 
 
@@ -119,24 +121,41 @@ def _on(*nodes: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
 
 
 GOLDEN: list[Decision] = [
+    (0.0, "admit", "c-f1", None),
+    (0.0, "admit", "c-f2", None),
+    (0.0, "admit", "c-f3", None),
     (0.0, "place", "c-f1", _on(0, 1)),
     (0.0, "place", "c-f2", _on(2)),
     (0.0, "place", "c-f3", _on(3)),
+    (100.0, "admit", "c-gang", None),
+    (100.0, "admit", "c1-normal", None),
+    (100.0, "admit", "c2-urgent", None),
+    (100.0, "admit", "c3-short", None),
+    (100.0, "admit", "c4-long", None),
     (500.0, "place", "c2-urgent", _on(2)),
     (1000.0, "place", "c3-short", _on(3)),
     (1300.0, "place", "c-gang", _on(2, 3)),
     (2300.0, "place", "c1-normal", _on(2)),
     (2300.0, "place", "c4-long", _on(3)),
+    (10000.0, "admit", "a-1", None),
+    (10000.0, "admit", "b-mid", None),
+    (10000.0, "admit", "b-old", None),
     (10000.0, "place", "a-1", _on(0)),
     (10000.0, "place", "b-mid", _on(1)),
     (10000.0, "place", "b-old", _on(2)),
+    (10500.0, "admit", "b-young", None),
     (10500.0, "place", "b-young", _on(3)),
+    (10600.0, "admit", "c-wait", None),
+    (11000.0, "admit", "a-reclaim", None),
     (11000.0, "preempt", "b-young", "a-reclaim"),
     (11000.0, "place", "a-reclaim", _on(3)),
+    (11500.0, "admit", "a-urgent", None),
     (11500.0, "preempt", "a-reclaim", "a-urgent"),
     (11500.0, "place", "a-urgent", _on(3)),
+    (12000.0, "admit", "a-reclaim", None),
     (12000.0, "place", "c-wait", _on(3)),
     (13000.0, "place", "a-reclaim", _on(3)),
+    (14000.0, "admit", "b-young", None),
     (14000.0, "place", "b-young", _on(3)),
 ]
 
@@ -152,12 +171,14 @@ def simulated(trace_jobs: Sequence[TraceJob] = TRACE) -> list[Decision]:
     class Recording(GpuqPolicy):
         def cycle(self, now: float) -> CycleOutput:
             nonlocal depth  # the policy cycles again, inside, after a preemption: record the outer result once
+            admitted = set(self.adm.admitted) if depth == 0 else set()
             depth += 1
             try:
                 out = super().cycle(now)
             finally:
                 depth -= 1
             if depth == 0:
+                decisions.extend((now, "admit", job_id, None) for job_id in sorted(set(self.adm.admitted) - admitted))
                 decisions.extend((now, "preempt", p.job_id, p.preemptor) for p in out.preempted)
                 for job_id in out.started:
                     p = self.cluster.placement_of(job_id)
@@ -166,7 +187,9 @@ def simulated(trace_jobs: Sequence[TraceJob] = TRACE) -> list[Decision]:
                                                                          for b in p.bindings))))
             return out
 
-    policy = Recording(preemption_hook=make_policy("gpuq").preemption_hook)  # type: ignore[attr-defined]
+    production = make_policy("gpuq")  # its hook: the production preemption core, as `gpuq-sim run gpuq` runs it
+    assert isinstance(production, GpuqPolicy)
+    policy = Recording(preemption_hook=production.preemption_hook)
     Engine(trace, policy).run()
     return decisions
 
@@ -235,9 +258,9 @@ def _priorities_zero(mp: pytest.MonkeyPatch) -> None:
 
 def _backfill_off(mp: pytest.MonkeyPatch) -> None:
     import services.pipeline.core.pipeline as pipeline
+    from services.scheduler.core import schedule_cycle
 
-    real = pipeline.schedule_cycle
-    mp.setattr(pipeline, "schedule_cycle", lambda *a, **kw: real(*a, **{**kw, "backfill": False}))
+    mp.setattr(pipeline, "schedule_cycle", lambda *a, **kw: schedule_cycle(*a, **{**kw, "backfill": False}))
 
 
 def _reservations_off(mp: pytest.MonkeyPatch) -> None:
@@ -250,23 +273,23 @@ def _victim_most_lost_work(mp: pytest.MonkeyPatch) -> None:
     """Victims ordered the wrong way round: most work lost, oldest first."""
     import services.preemption.core.select as select
 
-    real_set, real_candidate = select.set_key, select.candidate_key
-
     def set_key(jobs: Sequence[Any], now: float) -> tuple[object, ...]:
-        k = real_set(jobs, now)
-        return (-k[0], -k[3], *k[1:3], *k[4:])
+        return (-round(sum(j.lost_gpu_seconds(now) for j in jobs), 6), min((j.started_at for j in jobs), default=0.0),
+                len(jobs), tuple(sorted(j.job_id for j in jobs)))
+
+    def candidate_key(job: Any, now: float) -> tuple[float, float, str]:
+        return (-job.lost_gpu_seconds(now), job.started_at, job.job_id)
 
     mp.setattr(select, "set_key", set_key)
-    mp.setattr(select, "candidate_key", lambda j, now: tuple(-x if isinstance(x, float) else x
-                                                            for x in real_candidate(j, now)))
+    mp.setattr(select, "candidate_key", candidate_key)
 
 
 def _holds_off(mp: pytest.MonkeyPatch) -> None:
     """The capacity a preemption freed is not held for its preemptor."""
     import services.pipeline.core.pipeline as pipeline
+    from services.scheduler.core import schedule_cycle
 
-    real = pipeline.schedule_cycle
-    mp.setattr(pipeline, "schedule_cycle", lambda *a, **kw: real(*a, **{**kw, "holds": ()}))
+    mp.setattr(pipeline, "schedule_cycle", lambda *a, **kw: schedule_cycle(*a, **{**kw, "holds": ()}))
 
 
 MUTANTS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
@@ -299,8 +322,8 @@ SETTLE_S = 30.0  # wall seconds an instant may take to settle before the compari
 
 
 class Services:
-    """The running services on a manual clock, with the decisions they published (job.placed, job.preempted, in
-    the order the bus delivered them) and the committed state that says an instant has settled."""
+    """The running services on a manual clock, with the decisions they published (job.admitted, job.placed,
+    job.preempted, in the order the bus delivered them) and the committed state that says an instant has settled."""
 
     def __init__(self, nats_url: str, database_url: str) -> None:
         self.clock = ManualClock(ORIGIN)
@@ -323,11 +346,17 @@ class Services:
             self.decisions.append((at, "place", data["job_id"], tuple(sorted(
                 (b["node"], tuple(b["gpu_indices"])) for b in data["bindings"]))))
 
+        async def admitted(msg: Any) -> None:
+            data = json.loads(msg.data)["data"]
+            at = datetime.fromisoformat(data["admitted_at"]).timestamp() - ORIGIN
+            self.decisions.append((at, "admit", data["job_id"], None))
+
         async def preempted(msg: Any) -> None:
             data = json.loads(msg.data)["data"]
             at = datetime.fromisoformat(data["preempted_at"]).timestamp() - ORIGIN
             self.decisions.append((at, "preempt", data["job_id"], data["preemptor"]))
 
+        await self.js.subscribe(ns_subject("job.admitted"), cb=admitted, ordered_consumer=True)
         await self.js.subscribe(ns_subject("job.placed"), cb=placed, ordered_consumer=True)
         await self.js.subscribe(ns_subject("job.preempted"), cb=preempted, ordered_consumer=True)
         return self
@@ -356,7 +385,7 @@ class Services:
         want = {d for d in allowed if d[0] < now or arrived is None or d[2] in arrived or d[3] in arrived}
         started: dict[str, float] = {}  # job -> its last placement by `now` (a preempted job is placed again)
         last: dict[str, str] = {}  # job -> its last decision by `now`
-        for d in sorted(want, key=lambda d: (d[0], d[1] == "place")):
+        for d in sorted((d for d in want if d[1] != "admit"), key=lambda d: (d[0], d[1] == "place")):
             last[d[2]] = d[1]
             if d[1] == "place":
                 started[d[2]] = d[0]
@@ -408,9 +437,9 @@ async def run_services(nats_url: str, database_url: str, simulator: Sequence[Dec
     their instants, jobs, nodes, GPUs, victims and preemptors exactly.
     """
     ends = _ends(simulator)
-    arrivals: dict[int, list[TraceJob]] = {}
+    arrivals: dict[float, list[TraceJob]] = {}
     for job in sorted(TRACE, key=lambda j: j.job_id):
-        arrivals.setdefault(job.submit_time, []).append(job)
+        arrivals.setdefault(float(job.submit_time), []).append(job)
     instants = sorted({*arrivals, *(d[0] for d in simulator), *ends.values()})
     async with Services(nats_url, database_url) as services:
         for now in instants:
@@ -423,7 +452,7 @@ async def run_services(nats_url: str, database_url: str, simulator: Sequence[Dec
                 await services.admitted([j.job_id for j in arrivals[now]])
             else:
                 submitted: set[str] = set()
-                for job in arrivals.get(int(now), []):
+                for job in arrivals.get(now, []):
                     await services.submit(job)
                     submitted.add(job.job_id)
                     settled = settled and await services.settle(now, simulator, ends, submitted)
