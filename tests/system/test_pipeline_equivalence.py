@@ -20,11 +20,14 @@ or placed again, is a decision again.
   something the simulator did not (no sleep-and-hope: the wait is for committed state, and a divergence ends it).
   Where the two legitimately differ, the comparison says so at that spot (`run_services`).
 - The mutation check: named mutants of the shared pure cores (`MUTANTS`), applied by monkeypatching the core
-  functions both the services and the simulator look up at call time (`placement_key`, `schedule_cycle`'s
-  backfill and holds, reservations' `_earliest_slot`, victim choice's `set_key`/`candidate_key`), so one patch
-  mutates both paths. Under each, the simulator's decisions must leave `GOLDEN` and break at least one named
-  key decision (`KEY_DECISIONS`), and so must the services' (each services run takes ~3 s here, so every
-  mutant runs on both sides); a surviving mutant fails the test.
+  functions both the services and the simulator look up at call time (`placement_key`, `priority_value`,
+  `schedule_cycle`'s backfill and holds, reservations' `_earliest_slot`, victim choice's
+  `set_key`/`candidate_key`), so one patch mutates both paths (a function renamed or no longer looked up there
+  fails the check: monkeypatch refuses a missing name, and an unreached patch leaves its mutant alive). Under
+  each, the simulator's decisions must leave `GOLDEN` and break at least one named key decision
+  (`KEY_DECISIONS`), and so must the services' (a services run takes ~3 s here, so every mutant runs on both
+  sides, ~20 s in all); the services must also make the mutated simulator's decisions, except under the one
+  mutant where they legitimately differ (`DIVERGES_ON_THE_SERVICES`). A surviving mutant fails the test.
 """
 
 from __future__ import annotations
