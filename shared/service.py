@@ -1437,6 +1437,11 @@ class ServiceRuntime:
             except asyncio.CancelledError:
                 raise
             except Exception:
+                if self.pool.is_closing():
+                    # Its pool was closed under it (the runtime's owner shut down without stopping it): no pass can
+                    # succeed again, and retrying would log an error every second for the life of the process.
+                    log.warning("%s: outbox relay stops: its database pool is closed", self.spec.name)
+                    return
                 log.exception("%s: outbox relay failed; retrying", self.spec.name)
                 settled = 0
                 await asyncio.sleep(1.0)

@@ -195,3 +195,24 @@ async def test_the_relay_asks_again_at_once_only_after_a_full_batch(runtime: Ser
         relay.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await relay
+
+
+async def test_the_relay_stops_when_its_pool_is_closed_under_it(fresh: tuple[str, str],
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    """A runtime whose owner closed its pool without stopping it: its relay loop ends with one warning instead of
+    logging a failure every second for the life of the process (seen from a test's leftover runtime)."""
+    pool = await create_pool(fresh[1])
+    rt = ServiceRuntime(_spec(), nats_url=fresh[0], pool=pool, clock=ManualClock())
+    await rt.prepare()
+    rt.relay_poll_s = 0.05
+    relay = asyncio.create_task(rt._relay_loop())
+    try:
+        await pool.close()
+        await asyncio.wait_for(asyncio.shield(relay), timeout=30)  # it returns: a retrying loop would time out
+    finally:
+        relay.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await relay
+        await rt.stop()
+    assert [r.getMessage() for r in caplog.records if "relaytest: outbox relay" in r.getMessage()] == [
+        "relaytest: outbox relay stops: its database pool is closed"]

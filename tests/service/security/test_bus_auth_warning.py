@@ -59,7 +59,9 @@ async def test_a_bus_with_users_raises_no_warning(auth_server: AuthServer, datab
     async with Stack(settings) as stack:
         body = await readyz(stack)
     assert body["ready"] is True and body["warnings"] == {}
-    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    # (the bus-auth check's own records: the test loop is shared by the session, and what another test's leftover
+    # task logs meanwhile is not this check's warning)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and r.name == "gpuq.busauth"]
 
 
 async def test_an_unreachable_bus_is_not_called_insecure() -> None:
