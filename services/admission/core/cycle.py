@@ -221,7 +221,7 @@ class _Cycle:
                  max_admissions: int | None, explain: bool = True):
         self.state = state
         self.explain = explain
-        self.book = state._book
+        self.book = state.book
         self.now = now
         self.cap_left = dict(capacity) if capacity is not None else None
         self.max_admissions = max_admissions
@@ -277,14 +277,15 @@ class _Cycle:
     def run(self) -> AdmissionDecision:
         # 1 heads
         state = self.state
-        self.lists = state._ordered_pending(self.now)  # (with policy.max_age_s: aged to now first)
-        self.scopes = {q: state._scope_of(q) for q in self.lists}
+        self.lists = state.ordered_pending(self.now)  # (with policy.max_age_s: aged to now first)
+        self.scopes = {q: state.scope_of(q) for q in self.lists}
+        memo = state.cycle_memo
         if self.reuse:
             self.clean = {sc for sc in set(self.scopes.values())
-                          if sc in state._scope_cache and sc not in state._stale}
+                          if sc in memo.reclaims and sc not in memo.stale}
             self.sealed = self._still_sealed()
         else:
-            state._sealed.clear()  # this cycle's reasons are capped or cut short: the next one judges them again
+            memo.sealed.clear()  # this cycle's reasons are capped or cut short: the next one judges them again
         # 2 snapshot: the QuotaBook is the live snapshot; capacity was copied in __init__
         # 3a/5a within nominal first (Kueue's entry ordering puts entries that fit without borrowing before
         # those that borrow): every job that fits its queue's nominal quota, in the usual order, before any job
@@ -522,7 +523,7 @@ class _Cycle:
         w = e.workload
         a = AdmittedWorkload(spec=w.spec, submitted_at=w.submitted_at, admitted_at=self.now,
                              flavors=flavors, usage=dict(fit.usage), borrowing=fit.borrowing)
-        self.state._admit(e, a)
+        self.state.admit_entry(e, a)
         self.admitted_queues.add(qq.name)
         self.scope_admitted.add(qq.scope)
         if qq.pool is not None:
@@ -632,7 +633,7 @@ class _Cycle:
         inside its protection window, guarantees kept), so when their usage falls short no set of victims can make
         the room and the request fails; holding the free room for it would only keep that room idle, from every
         borrower of the cohort, for as long as the job waits. (The request itself is still made.)"""
-        admitted = self.state._admitted
+        admitted = self.state.admitted
         for candidates, need in needs:
             left = {r: n for r, n in need.items() if n > 0}
             for c in candidates:
@@ -694,7 +695,7 @@ class _Cycle:
         """The lowest priority among `q`'s admitted preemptible jobs (+inf when none); kept up to date by _admit."""
         low = self.lowest_own.get(q)
         if low is None:
-            low = min((float(e.priority) for e in self.state._admitted_by_queue.get(q, {}).values()
+            low = min((float(e.priority) for e in self.state.admitted_entries(q)
                        if e.preemptible), default=float("inf"))
             self.lowest_own[q] = low
         return low
@@ -763,11 +764,11 @@ class _Cycle:
         while nothing of the queue changed (AdmissionState._touch unseals it) a cycle would give each job the
         same reason again; only the cohort's numbers in their messages move, and those messages are written
         again when next read. Checked again here (cheap: per distinct request), not trusted from the last cycle."""
-        state = self.state
+        sealed = self.state.cycle_memo.sealed
         found: set[str] = set()
-        for q in sorted(state._sealed):
+        for q in sorted(sealed):
             lst = self.lists.get(q)
-            messages, sigs = state._sealed[q]
+            messages, sigs = sealed[q]
             if lst is not None and self.scopes[q] in self.clean:
                 found.add(q)  # its whole scope is reused anyway
             elif lst is not None and self._queue_alone(q, lst, sigs):
@@ -775,7 +776,7 @@ class _Cycle:
                 for message in messages:
                     _rewrite_when_read(message)
             else:
-                del state._sealed[q]
+                del sealed[q]
         return found
 
     def _seal(self) -> None:
@@ -783,25 +784,26 @@ class _Cycle:
         nothing this cycle (a job judged before the queue's last admission may carry a reason of the queue as it
         was then)."""
         state = self.state
+        sealed = state.cycle_memo.sealed
         for q in sorted(self.lists):
             if q in self.sealed or self.scopes[q] in self.clean:
                 continue
-            lst = state._pending_by_queue.get(q)
+            lst = state.pending_list(q)
             if lst is None or q in self.admitted_queues:
-                state._sealed.pop(q, None)
+                sealed.pop(q, None)
                 continue
             sigs = tuple({e.sid: e.sig for e in lst if e.verdict is None}.values())
             if not self._queue_alone(q, lst, sigs):
-                state._sealed.pop(q, None)
+                sealed.pop(q, None)
                 continue
             messages = {id(e.message): e.message for e in lst if isinstance(e.message, _LazyText)}
-            state._sealed[q] = (tuple(messages.values()), sigs)
+            sealed[q] = (tuple(messages.values()), sigs)
 
     def _settled(self, by_scope: dict[str, list[list[Entry]]]) -> frozenset[str]:
         """The sealed queues whose statuses equal the last explaining cycle's but for the numbers in their
         messages: their positions in the cohort moved only if another queue's pending jobs (or their order)
         did. Records this cycle's lists for the next."""
-        state = self.state
+        scope_ends = self.state.cycle_memo.scope_ends
         settled: set[str] = set()
         for sc in sorted(by_scope):
             if sc in self.clean:
@@ -809,11 +811,11 @@ class _Cycle:
             lists = by_scope[sc]
             ends = {lst[0].queue: [e.order for e in lst] for lst in lists if lst[0].queue not in self.sealed}
             here = [lst[0].queue for lst in lists if lst[0].queue in self.sealed]
-            before = state._scope_ends.get(sc)
+            before = scope_ends.get(sc)
             if here and before is not None and all(before.get(q) == ends.get(q) for q in sorted(set(before)
                                                                                                  | set(ends))):
                 settled.update(here)
-            state._scope_ends[sc] = ends
+            scope_ends[sc] = ends
         return frozenset(settled)
 
     def _version(self, qq: QueueQuota) -> int:
@@ -835,13 +837,11 @@ class _Cycle:
                         e.reason = Reason.WAITING_FOR_NEXT_CYCLE
                         e.message = f"this cycle admitted its maximum of {self.max_admissions} jobs"
             remaining = [e for e in lst if e.admitted is None] if q in self.admitted_queues else lst
-            if remaining:
-                state._pending_by_queue[q] = remaining
-                if self.explain:
-                    by_scope.setdefault(self.scopes[q], []).append(remaining.copy())
-            else:
-                state._pending_by_queue.pop(q, None)
-        cache = state._scope_cache
+            state.replace_pending_list(q, remaining)
+            if remaining and self.explain:
+                by_scope.setdefault(self.scopes[q], []).append(remaining.copy())
+        memo = state.cycle_memo
+        cache = memo.reclaims
         for sc in sorted(set(self.scopes.values()) | set(self.scope_reclaims)):
             self.decision.reclaims.extend(cache[sc] if sc in self.clean else self.scope_reclaims.get(sc, ()))
         if not self.reuse:
@@ -853,15 +853,15 @@ class _Cycle:
                     cache.pop(sc, None)
                 else:
                     cache[sc] = self.scope_reclaims.get(sc, [])
-                    state._stale.discard(sc)
+                    memo.stale.discard(sc)
         settled: frozenset[str] = frozenset()
         if self.reuse:
             self._seal()
             if self.explain:
                 settled = self._settled(by_scope)
         else:
-            state._scope_ends.clear()
-        state._generation += 1
+            memo.scope_ends.clear()
+        state.cycle_done()
         self.decision.pending = (PendingStatuses(state, by_scope, frozenset(by_scope) - self.clean, settled)
                                  if self.explain else PendingStatuses.empty())
 
@@ -1073,7 +1073,7 @@ class _Cycle:
         for victim in free:
             if all(freed[r] >= n for r, n in need.items()):
                 break
-            usage = self.state._admitted[victim].usage
+            usage = self.state.admitted[victim].usage
             pledge.victims.add(victim)
             for r in need:
                 got = usage.get(r, 0)
@@ -1231,7 +1231,7 @@ class _Cycle:
         Lower-priority jobs come after the preemptor whatever their share, higher-priority ones before it
         whatever the preemption does."""
         found: dict[str, list[dict[str, int]]] = {}
-        for q in sorted({self.state._admitted[c].spec.queue for c in candidates}):
+        for q in sorted({self.state.admitted[c].spec.queue for c in candidates}):
             qq = self.book.queues.get(q)
             if qq is None:
                 continue

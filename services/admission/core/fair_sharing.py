@@ -64,7 +64,7 @@ def _standing(state: AdmissionState, qq: QueueQuota) -> float:
     """What the admission order reads: the share plus the historic share when the caller gave usage history
     (core/history.py). Preemption judges by the same number, or the victim's queue would be admitted first
     again and take the room back."""
-    return state._book.share(qq, {}) + state.history_share(qq.name)
+    return state.book.share(qq, {}) + state.history_share(qq.name)
 
 
 def fair_victims(state: AdmissionState, qq: QueueQuota, request: Mapping[str, int], candidates: Sequence[str],
@@ -74,11 +74,11 @@ def fair_victims(state: AdmissionState, qq: QueueQuota, request: Mapping[str, in
     they cannot make it fit. `candidates` in candidate order (lowest priority, most recently admitted, id).
     `comeback`: per queue, the requests of its pending jobs of the preemptor's priority (what it would admit
     into freed room); with the victims themselves they must stay behind the preemptor (`_stays_behind`)."""
-    book = state._book
+    book = state.book
     by_queue: dict[str, list[str]] = {}
     rank = {job_id: i for i, job_id in enumerate(candidates)}
     for job_id in candidates:
-        by_queue.setdefault(state._admitted[job_id].spec.queue, []).append(job_id)
+        by_queue.setdefault(state.admitted[job_id].spec.queue, []).append(job_id)
     removed: list[tuple[str, Mapping[str, int]]] = []
     targets: list[str] = []
     returning: dict[str, dict[tuple[tuple[str, int], ...], Mapping[str, int]]] = {}
@@ -87,7 +87,7 @@ def fair_victims(state: AdmissionState, qq: QueueQuota, request: Mapping[str, in
     preemptor_at: list[float] = []  # the preemptor's standing with its job admitted, once known
 
     def remove(job_id: str) -> None:
-        a = state._admitted[job_id]
+        a = state.admitted[job_id]
         book.add(a.spec.queue, a.usage, -1)
         removed.append((a.spec.queue, a.usage))
         targets.append(job_id)
@@ -131,7 +131,7 @@ def fair_victims(state: AdmissionState, qq: QueueQuota, request: Mapping[str, in
 def _next_queue(state: AdmissionState, by_queue: Mapping[str, list[str]], rank: Mapping[str, int],
                 dropped: set[str]) -> str | None:
     """The borrowing queue with candidates left and the highest share (Kueue's target ordering)."""
-    book = state._book
+    book = state.book
     best: tuple[float, int, str] | None = None
     for queue in sorted(by_queue):
         left = by_queue[queue]
@@ -152,7 +152,7 @@ def _next_queue(state: AdmissionState, by_queue: Mapping[str, list[str]], rank: 
 def _first_strategy(state: AdmissionState, qq: QueueQuota, by_queue: dict[str, list[str]], rank: Mapping[str, int],
                     strategy: FairSharingStrategy, remove: Callable[[str], None], fits: Callable[[], bool],
                     stays_behind: Callable[[str, Mapping[str, int]], bool]) -> bool:
-    book = state._book
+    book = state.book
     preemptor = _standing(state, qq)
     if preemptor == INF:
         return False
@@ -164,7 +164,7 @@ def _first_strategy(state: AdmissionState, qq: QueueQuota, by_queue: dict[str, l
         left = by_queue[queue]
         while left:
             job_id = left.pop(0)
-            victim = state._admitted[job_id].usage
+            victim = state.admitted[job_id].usage
             if strategy is FairSharingStrategy.LESS_THAN_INITIAL_SHARE:
                 passed = preemptor < old
             else:  # the target's share without this victim
@@ -193,8 +193,8 @@ def _second_strategy(state: AdmissionState, qq: QueueQuota, by_queue: dict[str, 
     dropped: set[str] = set()
     while (queue := _next_queue(state, by_queue, rank, dropped)) is not None:
         job_id = by_queue[queue].pop(0)
-        if (preemptor < _standing(state, state._book.queues[queue])
-                and stays_behind(queue, state._admitted[job_id].usage)):
+        if (preemptor < _standing(state, state.book.queues[queue])
+                and stays_behind(queue, state.admitted[job_id].usage)):
             remove(job_id)
             if fits():
                 return True

@@ -25,7 +25,7 @@ def reclaim_candidates(state: AdmissionState, qq: QueueQuota, priority: int,
                        need: Mapping[str, int]) -> tuple[str, ...]:
     if qq.cohort is None or qq.reclaim_policy is PreemptionPolicy.NEVER:
         return ()
-    book = state._book
+    book = state.book
     lower_only = qq.reclaim_policy is PreemptionPolicy.LOWER_PRIORITY
     found = []
     for other in book.pool_members.get(qq.pool, ()) if qq.pool is not None else ():  # the whole cohort tree
@@ -34,7 +34,7 @@ def reclaim_candidates(state: AdmissionState, qq: QueueQuota, priority: int,
         over = [r for r in sorted(need) if book.used(other, r) > book.nominal(other, r)]
         if not over:
             continue
-        for e in state._admitted_by_queue.get(other, {}).values():
+        for e in state.admitted_entries(other):
             a = e.admitted
             if a is None or not e.preemptible or (lower_only and e.priority >= priority):
                 continue
@@ -52,7 +52,7 @@ def own_candidates(state: AdmissionState, qq: QueueQuota, priority: int,
     if qq.config.preemption.within_queue is PreemptionPolicy.NEVER:
         return ()
     found = []
-    for e in state._admitted_by_queue.get(qq.name, {}).values():
+    for e in state.admitted_entries(qq.name):
         a = e.admitted
         if a is None or not e.preemptible or e.priority >= priority:
             continue

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import copy
 from bisect import insort
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
+from services.admission.core.cycle_memo import CycleMemo
 from services.admission.core.history import historic_share
-from services.admission.core.model import AdmittedWorkload, Reason, ReclaimRequest, Rejection, Workload
+from services.admission.core.model import AdmittedWorkload, Reason, Rejection, Workload
 from services.admission.core.ordering import aged_order_time, order_time
 from services.admission.core.quota import QueueQuota, QuotaBook
 from services.admission.core.resources import (
@@ -82,22 +83,8 @@ class AdmissionState:
         self._admitted_by_queue: dict[str, dict[str, Entry]] = {}
         self._dirty: set[str] = set()  # queues whose pending list must be re-filtered/re-sorted
         self._touched: set[str] = set()  # queues whose jobs changed since `take_touched` (summary rows to redo)
-        # Per scope (a cohort, or a queue without one), the reclaims of the last full cycle in which nothing
-        # was admitted there; the entries' reasons from that cycle are still on them. Valid until something in
-        # the scope changes (`_stale`). A cycle without `capacity`/`max_admissions` reuses them: cohorts share
-        # nothing else, so an unchanged cohort would decide exactly the same again. This makes frequent small
-        # cycles cost O(changed cohorts).
-        self._scope_cache: dict[str, list[ReclaimRequest]] = {}  # scope -> reclaims
-        self._stale: set[str] = set()
-        # Queues whose pending jobs no change elsewhere in their cohort can affect (held, at max_running_jobs, or
-        # no job's request fits within nominal + borrowing limit, and no job could preempt within the queue:
-        # cycle.py `_queue_alone`), as a cycle that admitted nothing there left them, unchanged since (`_touch`).
-        # A cycle keeps their reasons instead of judging them again (cycle.py, "sealed queues"); the value holds
-        # their lazily written messages, whose numbers (the cohort's) are written again when next read.
-        self._sealed: dict[str, tuple[tuple[object, ...], tuple[Signature, ...]]] = {}  # and their distinct requests
-        # scope -> per queue not sealed, its pending jobs' order keys as the last explaining cycle left them (which
-        # positions in the cohort moved)
-        self._scope_ends: dict[str, dict[str, list[Order]]] = {}
+        # what the last cycle left for the next (cycle_memo.py): cleared per scope and queue by `_touch`
+        self._memo = CycleMemo()
         # Bumped by every change of jobs or config: a cycle's PendingStatuses view reads the entries lazily and
         # is valid only while this has not moved.
         self._generation = 0
@@ -213,10 +200,7 @@ class AdmissionState:
         other._touched = set(self._touched)
         other._aging = set(self._aging)
         # no cached cohorts: the entries' messages may still be written lazily from *this* state's numbers
-        other._scope_cache = {}
-        other._stale = set()
-        other._sealed = {}
-        other._scope_ends = {}
+        other._memo = CycleMemo()
         return other
 
     # ------------------------------------------------------------------ commands
@@ -341,14 +325,56 @@ class AdmissionState:
         self._aging = {j for j, e in self._entries.items()
                        if e.admitted is None and e.base_at > e.workload.submitted_at}
         self._dirty.update(self._pending_by_queue)
-        self._scope_cache.clear()
-        self._sealed.clear()
-        self._scope_ends.clear()
+        self._memo.forget_decisions()
         return sorted(messages)
 
-    # ------------------------------------------------------------------ internals used by the cycle
+    # ------------------------------------------------------------------ read and written by the cycle
 
-    def _ordered_pending(self, now: float | None = None) -> dict[str, list[Entry]]:
+    @property
+    def book(self) -> QuotaBook:
+        """The live quota book (usage per queue and cohort): the cycle's snapshot, which its admissions charge."""
+        return self._book
+
+    @property
+    def cycle_memo(self) -> CycleMemo:
+        """What the last cycle left for the next (cycle_memo.py)."""
+        return self._memo
+
+    @property
+    def generation(self) -> int:
+        """Moves with every change of jobs or config: a cycle's PendingStatuses view is valid while it holds."""
+        return self._generation
+
+    def entry(self, job_id: str) -> Entry | None:
+        """The job's internal record (pending or admitted), None for an unknown job."""
+        return self._entries.get(job_id)
+
+    def admitted_entries(self, queue: str) -> Iterable[Entry]:
+        """The records of `queue`'s admitted jobs, in admission order."""
+        by_queue = self._admitted_by_queue.get(queue)
+        return by_queue.values() if by_queue is not None else ()
+
+    def scope_of(self, queue: str) -> str:
+        """The scope whose queues share quota with `queue`: its cohort, or the queue alone."""
+        qq = self._book.queues.get(queue)
+        return qq.scope if qq is not None else f"queue/{queue}"
+
+    def pending_list(self, queue: str) -> list[Entry] | None:
+        """`queue`'s pending entries as the last cycle (or `ordered_pending`) left them, None when none pend."""
+        return self._pending_by_queue.get(queue)
+
+    def replace_pending_list(self, queue: str, entries: list[Entry]) -> None:
+        """After a cycle: `queue`'s pending entries, in order, without the jobs it admitted (none: forgotten)."""
+        if entries:
+            self._pending_by_queue[queue] = entries
+        else:
+            self._pending_by_queue.pop(queue, None)
+
+    def cycle_done(self) -> None:
+        """A cycle rewrote the entries' reasons: the statuses views of earlier cycles no longer hold."""
+        self._generation += 1
+
+    def ordered_pending(self, now: float | None = None) -> dict[str, list[Entry]]:
         """Per queue, its pending entries in order; lists are re-filtered and re-sorted only when touched. With
         `now` and policy.max_age_s, the order times of jobs that still age are moved to `now` first."""
         if now is not None and self._aging:
@@ -385,7 +411,7 @@ class AdmissionState:
                 self._touch(e.queue)
                 self._generation += 1
 
-    def _admit(self, e: Entry, a: AdmittedWorkload) -> None:
+    def admit_entry(self, e: Entry, a: AdmittedWorkload) -> None:
         """Move a pending entry to admitted. The caller rebuilds the queue's pending list afterwards."""
         self._forget_pending(e.job_id)
         self._mark_admitted(e, a)
@@ -471,13 +497,7 @@ class AdmissionState:
         """Something of `queue` changed (a job came, went, was admitted or re-keyed): its scope's cached cycle and
         its sealed reasons no longer hold."""
         self._touched.add(queue)
-        self._stale.add(self._scope_of(queue))
-        if self._sealed:
-            self._sealed.pop(queue, None)
-
-    def _scope_of(self, queue: str) -> str:
-        qq = self._book.queues.get(queue)
-        return qq.scope if qq is not None else f"queue/{queue}"
+        self._memo.touch(self.scope_of(queue), queue)
 
     def _reprioritise(self, e: Entry, value: int) -> None:
         e.priority = value

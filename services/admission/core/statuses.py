@@ -52,7 +52,7 @@ class PendingStatuses(Mapping[str, PendingStatus]):
         self._judged = frozenset(scopes) if judged is None else judged
         # queues (in judged scopes) whose statuses are the last cycle's but for the numbers in their messages
         self._settled = settled
-        self._generation = state._generation if state is not None else 0
+        self._generation = state.generation if state is not None else 0
         self._scopes = scopes  # scope -> its queues' pending lists (sorted, copies)
         self._by_queue: dict[str, tuple[list[Entry], list[list[Entry]]]] = {
             lst[0].queue: (lst, lists) for lists in scopes.values() for lst in lists}
@@ -62,7 +62,7 @@ class PendingStatuses(Mapping[str, PendingStatus]):
         return cls(None, {})
 
     def _check(self) -> None:
-        if self._state is not None and self._state._generation != self._generation:
+        if self._state is not None and self._state.generation != self._generation:
             raise StalePendingStatuses(
                 "these pending statuses belong to an earlier admission cycle and the state has changed since; "
                 "copy them (dict(decision.pending)) before changing the state")
@@ -71,7 +71,7 @@ class PendingStatuses(Mapping[str, PendingStatus]):
         state = self._state
         if state is None:
             return None
-        e = state._entries.get(job_id)
+        e = state.entry(job_id)
         if e is None or e.admitted is not None:
             return None
         found = self._by_queue.get(e.queue)

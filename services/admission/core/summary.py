@@ -18,7 +18,7 @@ def queue_facts(state: AdmissionState, queues: Iterable[str] | None = None) -> l
     """One row per configured queue, sorted by name, as of no particular time (what admission publishes). Given
     `queues` (those `AdmissionState.take_touched` names), only theirs and their lending pools' (a queue's lent share
     moves with its pool's borrowing), each walking its own queue's jobs instead of every pending job."""
-    book = state._book
+    book = state.book
     lent = _lent(book)
     if queues is None:
         pending: dict[str, list[float]] = {}

@@ -270,7 +270,7 @@ def test_fair_sharing_takes_only_from_queues_not_below_the_preemptor_and_settles
         case: tuple[QueuesConfig, list[tuple[int, int, str]]], waves: int) -> None:
     cfg, jobs = case
     s = AdmissionState(cfg)
-    book = s._book
+    book = s.book
     t = 0.0
     per_wave = -(-len(jobs) // waves)
     for w in range(waves):

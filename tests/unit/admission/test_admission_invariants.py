@@ -205,7 +205,7 @@ def test_reusing_unchanged_cohorts_decides_like_a_cycle_from_scratch(cfg: Queues
         elif o[0] == "cycle":
             for _ in range(2):  # the second cycle in a row is where unchanged cohorts are reused
                 scratch = s.copy()
-                scratch._scope_cache.clear()
+                scratch.cycle_memo.reclaims.clear()
                 got, want = admission_cycle(s, float(i)), admission_cycle(scratch, float(i))
                 assert got.admitted == want.admitted
                 assert got.pending == want.pending

@@ -26,7 +26,7 @@ def _state() -> AdmissionState:
 def _seen(s: AdmissionState) -> tuple[object, ...]:
     """Everything of a state the ETA's forward simulation reads, and what it would decide next."""
     lists = {q: [(e.job_id, e.order, e.admitted is not None) for e in lst]
-             for q, lst in s._ordered_pending(None).items()}
+             for q, lst in s.ordered_pending(None).items()}
     queues = [q.name for q in s.config.queues]
     book = ({q: s.usage(q) for q in queues}, {q: s.running(q) for q in queues}, {q: s.borrowed(q) for q in queues},
             {q: s.available(q, H100) for q in queues})
@@ -71,6 +71,6 @@ def test_the_snapshot_side_changes_nothing_of_the_live_state() -> None:
 def test_a_requeued_job_appears_once_in_the_snapshot() -> None:
     live = _state()
     snap = live.copy()
-    listed = [e.job_id for lst in snap._ordered_pending(None).values() for e in lst]
+    listed = [e.job_id for lst in snap.ordered_pending(None).values() for e in lst]
     assert len(listed) == len(set(listed)) == len(live.pending)
     assert set(listed) == set(live.pending)
