@@ -18,234 +18,29 @@ new generation token; a node or class shared with another index is cloned before
 Public read API (what the placer, the diagnosis, the reservation search and fragmentation use; nothing
 outside this module reads a private field): `refresh_index()`, `indexed_nodes`, `classes`, `rank_order`,
 `domain_members()`, `domain_ranks()`, `domain_order()`, `spec_memo()`, `holds()`, `placement_of()`, plus the
-summaries (`allocations()`, `nodes()`, `free_on()`, `free_gpus`, ...). `IndexedNode` and `NodeClass` are the
-read-only records those return: callers never write to them.
+summaries (`allocations()`, `nodes()`, `free_on()`, `free_gpus`, ...). `IndexedNode` and `NodeClass` (nodes.py)
+are the read-only records those return: callers never write to them. How a placement takes and gives back a
+node's resources is claims.py's; this module keeps the maps, the ranks, the copy-on-write and the memos.
 """
 
 from __future__ import annotations
 
-import re
-from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TypeVar
 
-from shared.domain import GpuBinding, JobSpec, NodeHealth, NodeSpec, Taint, TaintEffect, TopologyLevel
+from shared.domain import GpuBinding, JobSpec, NodeSpec, TopologyLevel
 
+from .claims import give_back, needs_of, retake, take
+from .nodes import CallableInt, ClassKey, IndexedNode, NodeClass, natural_key
 from .types import Placement, PlacementConflict
 
 STRATEGIES = ("binpack", "spread")
-_HARD_EFFECTS = (TaintEffect.NO_SCHEDULE, TaintEffect.NO_EXECUTE)
-_DIGITS = re.compile(r"(\d+)")
 _LEVELS = (TopologyLevel.RACK, TopologyLevel.BLOCK)
 
-ClassKey = tuple[object, ...]  # (gpu model, MIG profile or "", taints)
 T = TypeVar("T")
 _I = TypeVar("_I", bound="ClusterIndex")
 _MISSING = object()
 MISSING = _MISSING  # what `state_memo` returns for an answer it does not hold
-
-
-def natural_key(text: str) -> tuple[object, ...]:
-    """'node-10' sorts after 'node-9' (split on digit runs; str and int parts alternate, so they compare)."""
-    return tuple(int(part) if i % 2 else part for i, part in enumerate(_DIGITS.split(text)))
-
-
-class CallableInt(int):
-    """An int that can also be called: `state.free_gpus` and `state.free_gpus()` both work, so callers
-    written against either spelling of the helper agree."""
-
-    def __call__(self) -> int:
-        return int(self)
-
-
-class IndexedNode:
-    """One node as the index sees it: its spec, its free resources and the jobs on it. Read-only outside
-    this module (the `FreeResources` shape: `free_mask`, `slice_free`, `cpu`, `mem`)."""
-
-    __slots__ = ("block", "cls", "cpu", "free_mask", "gpus", "held_mask", "held_slices", "held_want", "jobs", "mem",
-                 "name", "owner", "rack", "rank", "ready", "slice_free", "slices_per_gpu", "spec", "units")
-
-    spec: NodeSpec
-    name: str
-    rank: int
-    rack: str
-    block: str
-    cls: ClassKey
-    ready: bool
-    gpus: int
-    slices_per_gpu: int  # 0 on a plain node
-    free_mask: int  # bit i set = whole GPU i free (plain nodes only)
-    slice_free: list[int] | None  # per GPU, bit s set = slice s free (MIG nodes only)
-    units: int  # free whole GPUs, or free slices on a MIG node
-    cpu: int
-    mem: int
-    jobs: set[str]
-    owner: object
-    # What pods gpuq does not manage hold (`NodeSpec.held`): `held_want` units, taken on the highest GPUs (slices)
-    # gpuq's placements leave; they are neither free nor any job's. Which ones is gpuq's bookkeeping only (the
-    # device plugin picks real devices), so a placement committed over them (one restored after a restart, made
-    # before the pods came) takes them and the held units move to other free ones, or go short while none is free.
-    held_want: int
-    held_mask: int  # plain nodes: bit i set = GPU i held
-    held_slices: list[int] | None  # MIG nodes: per GPU, bit s set = slice s held
-
-    @classmethod
-    def fresh(cls, spec: NodeSpec, owner: object) -> IndexedNode:
-        n = cls()
-        n.spec = spec
-        n.name = spec.name
-        n.rank = 0
-        n.rack = spec.rack
-        n.block = spec.block
-        n.cls = class_key(spec)
-        # Cordoned, failed and degraded (a GPU fault from the DCGM health checks) nodes take no new placements;
-        # allocations already there are kept (see upsert_node) until their jobs end.
-        n.ready = spec.health is NodeHealth.READY
-        n.gpus = spec.gpus
-        if spec.mig is not None:
-            n.slices_per_gpu = spec.mig.slices_per_gpu
-            n.free_mask = 0
-            n.slice_free = [(1 << spec.mig.slices_per_gpu) - 1] * spec.gpus
-            n.units = spec.gpus * spec.mig.slices_per_gpu
-        else:
-            n.slices_per_gpu = 0
-            n.free_mask = (1 << spec.gpus) - 1
-            n.slice_free = None
-            n.units = spec.gpus
-        n.cpu = spec.cpu_milli - spec.held.cpu_milli
-        n.mem = spec.memory_mib - spec.held.memory_mib
-        n.jobs = set()
-        n.owner = owner
-        n.held_want = spec.held.mig_slices if spec.mig is not None else spec.held.gpus
-        n.held_mask = 0
-        n.held_slices = [0] * spec.gpus if spec.mig is not None else None
-        if n.held_want:
-            n.rehold()
-        return n
-
-    def clone(self, owner: object) -> IndexedNode:
-        # every slot, written out (a loop of getattr/setattr over __slots__ cost twice as much, and a what-if
-        # copy clones each node it releases on)
-        n = IndexedNode()
-        n.spec, n.name, n.rank, n.rack, n.block = self.spec, self.name, self.rank, self.rack, self.block
-        n.cls = self.cls
-        n.ready, n.gpus, n.slices_per_gpu, n.free_mask = self.ready, self.gpus, self.slices_per_gpu, self.free_mask
-        n.slice_free = list(self.slice_free) if self.slice_free is not None else None
-        n.units, n.cpu, n.mem = self.units, self.cpu, self.mem
-        n.jobs = set(self.jobs)
-        n.owner = owner
-        n.held_want, n.held_mask = self.held_want, self.held_mask
-        n.held_slices = list(self.held_slices) if self.held_slices is not None else None
-        return n
-
-    @property
-    def held_units(self) -> int:
-        """Units held outside gpuq now (at most `held_want`: fewer while gpuq's own placements leave no room)."""
-        if self.held_slices is None:
-            return self.held_mask.bit_count()
-        return sum(h.bit_count() for h in self.held_slices)
-
-    def rehold(self) -> None:
-        """Place `held_want` held units on the highest GPUs (slices) gpuq's placements leave, and recount the free
-        units: after the node is built, and after a placement took held units or a release freed room for
-        units that were short."""
-        want = self.held_want
-        if self.slice_free is None:
-            full = (1 << self.gpus) - 1
-            avail = full & (self.free_mask | self.held_mask)  # everything no placement of gpuq holds
-            held = 0
-            while want and avail:
-                top = 1 << (avail.bit_length() - 1)
-                held |= top
-                avail ^= top
-                want -= 1
-            self.held_mask, self.free_mask, self.units = held, avail, avail.bit_count()
-            return
-        assert self.held_slices is not None
-        units = 0
-        for g in range(self.gpus - 1, -1, -1):
-            avail = self.slice_free[g] | self.held_slices[g]
-            held = 0
-            while want and avail:
-                top = 1 << (avail.bit_length() - 1)
-                held |= top
-                avail ^= top
-                want -= 1
-            self.held_slices[g], self.slice_free[g] = held, avail
-            units += avail.bit_count()
-        self.units = units
-
-    @property
-    def cap_units(self) -> int:
-        return self.gpus * self.slices_per_gpu if self.slices_per_gpu else self.gpus
-
-    @property
-    def free_whole_gpus(self) -> int:
-        """Free whole GPUs; a partitioned GPU counts when all of its slices are free."""
-        if self.slice_free is None:
-            return self.units
-        full = (1 << self.slices_per_gpu) - 1
-        return sum(1 for s in self.slice_free if s == full)
-
-    def domain(self, level: TopologyLevel) -> str:
-        if level is TopologyLevel.NODE:
-            return self.name
-        return self.rack if level is TopologyLevel.RACK else self.block
-
-
-def class_key(spec: NodeSpec) -> ClassKey:
-    taints = tuple(sorted((t.key, t.value, t.effect.value) for t in spec.taints))
-    return (spec.gpu_model, spec.mig.profile if spec.mig else "", taints)
-
-
-class NodeClass:
-    """Nodes interchangeable for eligibility: same model, MIG profile and taints. Aggregates count READY nodes.
-    Read-only outside this module."""
-
-    __slots__ = ("buckets", "cap", "dom_buckets", "dom_free", "ds_buckets", "free", "hard", "key", "max_units",
-                 "mig", "model", "owner", "ready_nodes", "soft", "total_nodes")
-
-    def __init__(self, key: ClassKey, spec: NodeSpec, owner: object):
-        self.key = key
-        self.model = spec.gpu_model
-        self.mig = spec.mig.profile if spec.mig else None
-        self.hard: tuple[Taint, ...] = tuple(t for t in spec.taints if t.effect in _HARD_EFFECTS)
-        self.soft: tuple[Taint, ...] = tuple(t for t in spec.taints if t.effect is TaintEffect.PREFER_NO_SCHEDULE)
-        self.buckets: dict[int, list[int]] = {}
-        # The same buckets restricted to the nodes caching each dataset: dataset preference without a scan.
-        self.ds_buckets: dict[str, dict[int, list[int]]] = {}
-        self.free = 0
-        self.cap = 0
-        self.max_units = 0
-        self.ready_nodes = 0
-        self.total_nodes = 0
-        self.dom_free: dict[TopologyLevel, dict[str, int]] = {TopologyLevel.RACK: {}, TopologyLevel.BLOCK: {}}
-        # Per level: free units -> sorted domain ranks, for best-fit domain search without a scan.
-        self.dom_buckets: dict[TopologyLevel, dict[int, list[int]]] = {TopologyLevel.RACK: {},
-                                                                        TopologyLevel.BLOCK: {}}
-        self.owner = owner
-
-    def clone(self, owner: object) -> NodeClass:
-        c = NodeClass.__new__(NodeClass)
-        for attr in NodeClass.__slots__:
-            setattr(c, attr, getattr(self, attr))
-        c.buckets = {k: list(v) for k, v in self.buckets.items()}
-        c.ds_buckets = {d: {k: list(v) for k, v in b.items()} for d, b in self.ds_buckets.items()}
-        c.dom_free = {lvl: dict(d) for lvl, d in self.dom_free.items()}
-        c.dom_buckets = {lvl: {k: list(v) for k, v in b.items()} for lvl, b in self.dom_buckets.items()}
-        c.owner = owner
-        return c
-
-
-@dataclass
-class _NodeNeed:
-    """What one placement takes on one node (commit's validation phase)."""
-
-    mask: int = 0
-    slices: dict[int, int] = field(default_factory=dict)  # gpu -> slice mask
-    cpu: int = 0
-    mem: int = 0
 
 
 class ClusterIndex:
@@ -298,39 +93,11 @@ class ClusterIndex:
             for job_id in sorted(old.jobs):
                 placement = self._alloc.get(job_id)
                 if placement is not None:
-                    self._reapply(fresh, placement)
+                    retake(fresh, placement)
         self._nodes[node.name] = fresh
         self._dirty = True
         self._state_cache.clear()
 
-    def _reapply(self, node: IndexedNode, placement: Placement) -> None:
-        took_held = False
-        for i, b in enumerate(placement.bindings):
-            if b.node != node.name:
-                continue
-            cpu, mem = placement.requests[i] if placement.requests else (0, 0)
-            if node.slice_free is not None and b.mig_slice is not None:
-                g, s = b.mig_slice
-                if g < node.gpus and s < node.slices_per_gpu:
-                    if node.slice_free[g] >> s & 1:
-                        node.slice_free[g] &= ~(1 << s)
-                        node.units -= 1
-                    elif node.held_slices is not None and node.held_slices[g] >> s & 1:
-                        node.held_slices[g] &= ~(1 << s)  # gpuq's placement first: the held slice moves
-                        took_held = True
-            elif node.slice_free is None:
-                for g in b.gpu_indices:
-                    if g < node.gpus and node.free_mask >> g & 1:
-                        node.free_mask &= ~(1 << g)
-                        node.units -= 1
-                    elif g < node.gpus and node.held_mask >> g & 1:
-                        node.held_mask &= ~(1 << g)  # gpuq's placement first: the held GPU moves
-                        took_held = True
-            node.cpu -= cpu
-            node.mem -= mem
-            node.jobs.add(placement.job_id)
-        if took_held:
-            node.rehold()
 
     def _rebuild(self) -> None:
         """Recompute ranks and every index from the nodes' current free state."""
@@ -423,32 +190,7 @@ class ClusterIndex:
     def _units_changed(self, node: IndexedNode, old_units: int) -> None:
         if not node.ready or node.units == old_units:
             return
-        c = self._own_class(node.cls)
-        bucket = c.buckets[old_units]
-        del bucket[bisect_left(bucket, node.rank)]
-        if not bucket:
-            del c.buckets[old_units]
-        insort(c.buckets.setdefault(node.units, []), node.rank)
-        for d in node.spec.datasets:
-            by_units = c.ds_buckets[d]
-            bucket = by_units[old_units]
-            del bucket[bisect_left(bucket, node.rank)]
-            if not bucket:
-                del by_units[old_units]
-            insort(by_units.setdefault(node.units, []), node.rank)
-        delta = node.units - old_units
-        c.free += delta
-        for lvl, d in ((TopologyLevel.RACK, node.rack), (TopologyLevel.BLOCK, node.block)):
-            frees = c.dom_free[lvl]
-            before = frees[d]
-            frees[d] = before + delta
-            by_free = c.dom_buckets[lvl]
-            rank = self._dom_rank[lvl][d]
-            bucket = by_free[before]
-            del bucket[bisect_left(bucket, rank)]
-            if not bucket:
-                del by_free[before]
-            insort(by_free.setdefault(before + delta, []), rank)
+        self._own_class(node.cls).move_node(node, old_units, self._dom_rank)
 
     # ------------------------------------------------------------------ commit / release
 
@@ -459,68 +201,11 @@ class ClusterIndex:
             raise PlacementConflict(f"job {placement.job_id} is already placed")
         if placement.requests and len(placement.requests) != len(placement.bindings):
             raise PlacementConflict(f"job {placement.job_id}: requests do not match bindings")
-        # Phase 1: aggregate per node and validate against the current free state (no mutation yet).
-        need: dict[str, _NodeNeed] = {}
-        for i, b in enumerate(placement.bindings):
-            n = self._nodes.get(b.node)
-            if n is None:
-                raise PlacementConflict(f"job {placement.job_id}: node {b.node} does not exist")
-            if not n.ready:
-                raise PlacementConflict(f"job {placement.job_id}: node {b.node} is {n.spec.health.value}")
-            entry = need.setdefault(b.node, _NodeNeed())
-            if b.mig_slice is not None:
-                g, s = b.mig_slice
-                if n.slice_free is None or g >= n.gpus or s >= n.slices_per_gpu:
-                    raise PlacementConflict(f"job {placement.job_id}: node {b.node} has no MIG slice {g}/{s}")
-                if entry.slices.get(g, 0) >> s & 1:
-                    raise PlacementConflict(f"job {placement.job_id}: MIG slice {g}/{s} on {b.node} bound twice")
-                entry.slices[g] = entry.slices.get(g, 0) | (1 << s)
-            for g in b.gpu_indices:
-                if n.slice_free is not None or g >= n.gpus:
-                    raise PlacementConflict(f"job {placement.job_id}: node {b.node} has no whole GPU {g}")
-                if entry.mask >> g & 1:
-                    raise PlacementConflict(f"job {placement.job_id}: GPU {g} on {b.node} bound twice")
-                entry.mask |= 1 << g
-            if placement.requests:
-                entry.cpu += placement.requests[i][0]
-                entry.mem += placement.requests[i][1]
-        # What gpuq's own placements hold is taken; what pods outside gpuq hold gives way (see IndexedNode.held_want):
-        # a placement the scheduler decides never uses it, only one restored or decided before they came.
-        for name, e in need.items():
-            n = self._nodes[name]
-            usable = n.free_mask | n.held_mask
-            if e.mask & ~usable:
-                raise PlacementConflict(f"job {placement.job_id}: GPUs {_bits(e.mask & ~usable)} on {name} "
-                                        "are taken")
-            for g, smask in e.slices.items():
-                if n.slice_free is None or smask & ~(n.slice_free[g] | _held_at(n, g)):
-                    raise PlacementConflict(f"job {placement.job_id}: MIG slices on GPU {g} of {name} are taken")
-            cpu, mem = n.cpu + n.spec.held.cpu_milli, n.mem + n.spec.held.memory_mib
-            if e.cpu > cpu or e.mem > mem:
-                raise PlacementConflict(f"job {placement.job_id}: {name} lacks CPU/memory "
-                                        f"(needs {e.cpu}m/{e.mem}MiB, free {n.cpu}m/{n.mem}MiB)")
-        # Phase 2: apply.
+        need = needs_of(placement, self._nodes)  # validates everything before anything changes
         for name, e in need.items():
             n = self._own_node(name)
             old = n.units
-            took_held = bool(e.mask & n.held_mask)
-            if e.mask:
-                n.units -= (e.mask & n.free_mask).bit_count()
-                n.free_mask &= ~e.mask
-                n.held_mask &= ~e.mask
-            if n.slice_free is not None:
-                for g, smask in e.slices.items():
-                    held = _held_at(n, g)
-                    if smask & held and n.held_slices is not None:
-                        n.held_slices[g] &= ~smask
-                        took_held = True
-                    n.units -= (smask & n.slice_free[g]).bit_count()
-                    n.slice_free[g] &= ~smask
-            if took_held:
-                n.rehold()
-            n.cpu -= e.cpu
-            n.mem -= e.mem
-            n.jobs.add(placement.job_id)
+            take(n, e, placement.job_id)
             self._units_changed(n, old)
         self._alloc[placement.job_id] = placement
         self._state_cache.clear()
@@ -567,24 +252,7 @@ class ClusterIndex:
             old = n.units
             if before is not None:
                 before.setdefault(name, old)
-            for i in per_node[name]:
-                b = placement.bindings[i]
-                if b.mig_slice is not None and n.slice_free is not None:
-                    g, s = b.mig_slice
-                    if g < n.gpus and s < n.slices_per_gpu and not (n.slice_free[g] | _held_at(n, g)) >> s & 1:
-                        n.slice_free[g] |= 1 << s
-                        n.units += 1
-                elif n.slice_free is None:
-                    for g in b.gpu_indices:
-                        if g < n.gpus and not (n.free_mask | n.held_mask) >> g & 1:
-                            n.free_mask |= 1 << g
-                            n.units += 1
-                if placement.requests:
-                    n.cpu += placement.requests[i][0]
-                    n.mem += placement.requests[i][1]
-            n.jobs.discard(job_id)
-            if n.held_want and n.held_units < n.held_want:
-                n.rehold()  # held units that had no room take what this release freed
+            give_back(n, placement, per_node[name])
             if before is None:
                 self._units_changed(n, old)
 
@@ -750,13 +418,6 @@ class ClusterIndex:
         other._rebuild()
         return other
 
-
-def _held_at(n: IndexedNode, gpu: int) -> int:
-    return n.held_slices[gpu] if n.held_slices is not None and gpu < len(n.held_slices) else 0
-
-
-def _bits(mask: int) -> list[int]:
-    return [i for i in range(mask.bit_length()) if mask >> i & 1]
 
 
 __all__ = ["MISSING", "STRATEGIES", "CallableInt", "ClassKey", "ClusterIndex", "IndexedNode", "NodeClass",
