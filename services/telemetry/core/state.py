@@ -9,15 +9,17 @@ after a restart (`load_*`); counters and histograms restart from zero, which Pro
 
 from __future__ import annotations
 
-from collections import defaultdict
-from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
-from services.telemetry.core.fragmentation import fragmented_gpus
+from services.telemetry.core.gauges import (
+    FLOPS_REPORT_MAX_AGE_S,
+    MIB,
+    STALE_SAMPLE_INTERVALS,
+    read_gauges,
+    sample_share,
+)
 from services.telemetry.core.names import JOB_SERIES_CAP
 from services.telemetry.core.records import (
-    DEFAULT_POOL,
     UNKNOWN,
     FlopsRecord,
     JobPhase,
@@ -26,11 +28,12 @@ from services.telemetry.core.records import (
     NodeSample,
     SourceRecord,
 )
-from shared.config import ConfigError, GpuFlavor, QueuesConfig, parse_queues
-from shared.domain import MILLI_GPU, JobSpec, NodeHealth, NodeSpec, Precision, mig_milli_gpus, node_shares
+from services.telemetry.core.series import Effects, Gauges, Labels, Observation, labels
+from services.telemetry.core.store import TelemetryRecords
+from shared.config import ConfigError, parse_queues
+from shared.domain import JobSpec, node_shares
 from shared.events import (
     ExitReason,
-    GpuSample,
     JobAdmitted,
     JobAttemptFailed,
     JobCancelled,
@@ -53,62 +56,15 @@ from shared.events import (
     UtilizationSampled,
     UtilizationSourceChecked,
 )
-from shared.mfu import mfu, peak_tflops
+from shared.mfu import mfu
 
-MIB = 1024 * 1024
-STALE_SAMPLE_INTERVALS = 3  # a node whose latest sample is older than this many intervals reports nothing
-# A job's MFU is shown from its latest JobFlopsReported for this long; a job that stopped reporting shows the
-# tensor-activity proxy only (reports are expected every few seconds to minutes).
-FLOPS_REPORT_MAX_AGE_S = 900.0
 # ETAs are scored for jobs that waited at least this long after their first ETA (the simulator's eta_* figures
 # use the same floor): below it a ratio of waits says nothing.
 ETA_CHECK_MIN_WAIT_S = 300.0
 
-Labels = tuple[tuple[str, str], ...]
-
-
-def labels(**kv: str) -> Labels:
-    return tuple(sorted(kv.items()))
-
-
-@dataclass(frozen=True)
-class Observation:
-    """A counter increment (`kind="counter"`) or a histogram observation (`kind="histogram"`)."""
-
-    kind: str
-    name: str
-    value: float
-    labels: Labels
-
-
-@dataclass
-class Effects:
-    """What one event changed: observations for the metrics layer, and which records to persist."""
-
-    observations: list[Observation] = field(default_factory=list)
-    jobs: set[str] = field(default_factory=set)  # upsert if still present, else delete
-    nodes: set[str] = field(default_factory=set)
-    samples: set[str] = field(default_factory=set)
-    sources: set[str] = field(default_factory=set)
-    quotas: bool = False
-
-    def count(self, name: str, value: float = 1.0, **kv: str) -> None:
-        self.observations.append(Observation("counter", name, value, labels(**kv)))
-
-    def observe(self, name: str, value: float, **kv: str) -> None:
-        self.observations.append(Observation("histogram", name, max(0.0, value), labels(**kv)))
-
-
-Gauges = dict[str, dict[Labels, float]]
-
 
 def _ts(dt: datetime | None) -> float | None:
     return dt.timestamp() if dt is not None else None
-
-
-def sample_share(s: GpuSample) -> float:
-    """The part of a physical GPU a sample covers: 1, or a MIG instance's slice of it."""
-    return mig_milli_gpus(s.mig_profile) / MILLI_GPU if s.gpu_instance is not None else 1.0
 
 
 _TEAM_FIELDS: dict[type[Payload], frozenset[str]] = {}
@@ -122,77 +78,14 @@ def _team_fields(cls: type[Payload]) -> frozenset[str]:
     return found
 
 
-class TelemetryState:
+class TelemetryState(TelemetryRecords):
+    """Folds events into the records (`apply`) and reads them as gauges (`gauges`); the records, their
+    persistence and the lookups both read are `TelemetryRecords`'."""
+
     def __init__(self, job_series_cap: int = JOB_SERIES_CAP):
-        self.jobs: dict[str, JobRecord] = {}
-        self.nodes: dict[str, NodeRecord] = {}
+        super().__init__(job_series_cap)
         # The node inventory announcement being received in parts: its id and the nodes its parts named so far.
         self._announcing: tuple[str, set[str]] = ("", set())
-        self.samples: dict[str, NodeSample] = {}
-        self.guaranteed: dict[str, int] = {}  # gpu model -> sum of nominal quotas
-        self.prices: dict[str, float] = {}  # gpu model -> cost per GPU-hour
-        self.flavors: dict[str, GpuFlavor] = {}  # gpu model -> flavor (peak TFLOP/s for MFU)
-        self.sources: dict[str, SourceRecord] = {}  # utilisation source -> its latest poll
-        self.job_series_cap = job_series_cap
-
-    # ------------------------------------------------------------------ configuration and rebuild
-
-    def set_queues(self, config: QueuesConfig) -> None:
-        guaranteed: dict[str, int] = defaultdict(int)
-        for q in config.queues:
-            for model, quota in q.quotas.items():
-                guaranteed[model] += quota.nominal
-        self.guaranteed = dict(sorted(guaranteed.items()))
-        self.prices = {m: f.cost_per_gpu_hour for m, f in sorted(config.gpu_flavors.items())}
-        self.flavors = dict(sorted(config.gpu_flavors.items()))
-
-    def load_job(self, doc: dict[str, Any]) -> None:
-        rec = JobRecord.model_validate(doc)
-        self.jobs[rec.job_id] = rec
-
-    def load_node(self, doc: dict[str, Any]) -> None:
-        rec = NodeRecord.model_validate(doc)
-        self.nodes[rec.node.name] = rec
-
-    def load_sample(self, doc: dict[str, Any]) -> None:
-        rec = NodeSample.model_validate(doc)
-        self.samples[rec.node] = rec
-
-    def load_source(self, doc: dict[str, Any]) -> None:
-        rec = SourceRecord.model_validate(doc)
-        self.sources[rec.source] = rec
-
-    def source_doc(self, name: str) -> dict[str, Any] | None:
-        rec = self.sources.get(name)
-        return rec.model_dump(mode="json") if rec is not None else None
-
-    # The records as JSON text, encoded by pydantic's serializer in one step (what the shell persists).
-    def job_json(self, job_id: str) -> str | None:
-        """A job's record without the fields at their defaults (the spec's included): a quarter of the full
-        document's size for a typical job, which is what Postgres parses and writes again at each of the job's
-        events; `load_job` gives the same record back (the defaults fill in)."""
-        rec = self.jobs.get(job_id)
-        return rec.model_dump_json(exclude_defaults=True) if rec is not None else None
-
-    def sample_json(self, name: str) -> str | None:
-        rec = self.samples.get(name)
-        return rec.model_dump_json() if rec is not None else None
-
-    def source_json(self, name: str) -> str | None:
-        rec = self.sources.get(name)
-        return rec.model_dump_json() if rec is not None else None
-
-    def job_doc(self, job_id: str) -> dict[str, Any] | None:
-        rec = self.jobs.get(job_id)
-        return rec.model_dump(mode="json") if rec is not None else None
-
-    def node_doc(self, name: str) -> dict[str, Any] | None:
-        rec = self.nodes.get(name)
-        return rec.model_dump(mode="json") if rec is not None else None
-
-    def sample_doc(self, name: str) -> dict[str, Any] | None:
-        rec = self.samples.get(name)
-        return rec.model_dump(mode="json") if rec is not None else None
 
     # ------------------------------------------------------------------ lookups the shell needs
 
@@ -482,7 +375,7 @@ class TelemetryState:
         reported = _ts(p.reported_at) or now
         if rec.flops is not None and rec.flops.reported_at > reported:
             return  # an older report arriving late
-        ratio = mfu(p.achieved_tflops, self._peak(rec, p.precision))
+        ratio = mfu(p.achieved_tflops, self.peak(rec, p.precision))
         if ratio is not None and ratio > 1.0:
             # More than the GPUs' peak: the report (or the configured peak) is wrong; showing it would mislead.
             fx.count("gpuq_flops_reports_rejected", reason="AbovePeak")
@@ -490,9 +383,6 @@ class TelemetryState:
         rec.flops = FlopsRecord(tflops=p.achieved_tflops, precision=p.precision, reported_at=reported)
         fx.jobs.add(p.job_id)
 
-    def _peak(self, rec: JobRecord, precision: Precision) -> float | None:
-        return peak_tflops([(self._node_labels(node)[1], milli) for node, milli in rec.shares], precision,
-                           self.flavors)
 
     def _on_NodeInventory(self, p: NodeInventory, now: float, fx: Effects) -> None:
         # A part's nodes are as given at once; "the nodes not announced are gone" waits for the last part of the
@@ -526,176 +416,10 @@ class TelemetryState:
 
     # ------------------------------------------------------------------ gauges
 
-    def _node_labels(self, name: str, fallback_model: str | None = None) -> tuple[str, str]:
-        rec = self.nodes.get(name)
-        if rec is None:
-            return DEFAULT_POOL, fallback_model or UNKNOWN
-        return rec.pool, rec.node.gpu_model
-
-    def _fresh_samples(self, now: float) -> list[NodeSample]:
-        return [s for _, s in sorted(self.samples.items())
-                if now - s.sampled_at <= STALE_SAMPLE_INTERVALS * s.interval_s]
-
     def gauges(self, now: float) -> Gauges:
-        """Every gauge's current series. Series with a value of zero are kept where their label set is
-        stable (capacity, quotas) and dropped where they would only accumulate (per job, per reason)."""
-        g: Gauges = defaultdict(lambda: defaultdict(float))
-        jobs = [self.jobs[j] for j in sorted(self.jobs)]
-        owner: dict[tuple[str, int], JobRecord] = {}
-        for rec in jobs:
-            if rec.holds_gpus:
-                g["gpuq_running_jobs"][labels(**rec.labels())] += 1
-                for node, gpu in rec.gpus:
-                    owner[(node, gpu)] = rec
-                    pool, model = self._node_labels(node)
-                    g["gpuq_gpus_allocated"][labels(**rec.labels(), pool=pool, gpu_model=model)] += 1
-                    g["gpuq_node_gpu_allocated"][labels(node=node, gpu=str(gpu), **rec.labels())] = 1
-            else:
-                g["gpuq_pending_jobs"][labels(**rec.labels(), stage=rec.stage, reason=rec.reason)] += 1
-        self._checkpoint_ages(jobs, now, g)
-        per_job = self._sample_gauges(now, owner, g)
-        self._capacity_gauges(g)
-        self._job_gauges(jobs, now, per_job, g)
-        self._mfu_gauges(jobs, now, g)
-        self._source_gauges(now, g)
-        for model, total in self.guaranteed.items():
-            g["gpuq_quota_guaranteed_gpus"][labels(gpu_model=model)] = total
-        for model, price in self.prices.items():
-            g["gpuq_gpu_hourly_cost"][labels(gpu_model=model)] = price
-        return {name: dict(series) for name, series in sorted(g.items())}
+        """Every gauge's current series (see `gauges.read_gauges`)."""
+        return read_gauges(self, now)
 
-    def _checkpoint_ages(self, jobs: list[JobRecord], now: float, g: Gauges) -> None:
-        for rec in jobs:
-            if rec.phase is not JobPhase.RUNNING or rec.spec is None or not rec.spec.checkpoint.supported:
-                continue
-            since = rec.last_checkpoint_at or rec.started_at
-            if since is None:
-                continue
-            key = labels(queue=rec.queue)
-            g["gpuq_checkpoint_age_max_seconds"][key] = max(g["gpuq_checkpoint_age_max_seconds"].get(key, 0.0),
-                                                             max(0.0, now - since))
 
-    def _sample_gauges(self, now: float, owner: dict[tuple[str, int], JobRecord],
-                       g: Gauges) -> dict[str, list[tuple[GpuSample, float]]]:
-        """Per-GPU and per-queue gauges from the fresh samples; returns each job's samples with their shares.
-
-        A MIG-partitioned GPU has one sample per instance: the physical GPU's utilisation is the instances' sum
-        weighted by their slices' shares (an unsampled slice counts as idle), and so is its memory."""
-        per_job: dict[str, list[tuple[GpuSample, float]]] = defaultdict(list)
-        for sample in self._fresh_samples(now):
-            pool, model = self._node_labels(sample.node, sample.gpu_model)
-            for s in sorted(sample.samples, key=lambda s: (s.gpu_index, s.gpu_instance or -1)):
-                share = sample_share(s)
-                gpu_key = labels(node=sample.node, gpu=str(s.gpu_index), pool=pool, gpu_model=model)
-                g["gpuq_node_gpu_utilization_ratio"][gpu_key] += share * s.utilization_pct / 100.0
-                g["gpuq_node_gpu_memory_used_bytes"][gpu_key] += float(s.memory_used_mib * MIB)
-                if s.tensor_active_pct is not None:
-                    g["gpuq_node_gpu_tensor_active_ratio"][gpu_key] += share * s.tensor_active_pct / 100.0
-                # Bindings say who holds the GPU; the sample's job id covers placements we never saw
-                # (e.g. after a restart mid-flight), but only while that job still holds GPUs. A sample's own
-                # job id wins; a MIG instance has only its own (the bindings know the GPU, not the instance).
-                rec = self.jobs.get(s.job_id) if s.job_id is not None else None
-                if rec is None and s.gpu_instance is None:
-                    rec = owner.get((sample.node, s.gpu_index))
-                if rec is None or not rec.holds_gpus:
-                    continue
-                per_job[rec.job_id].append((s, share))
-                key = labels(**rec.labels(), pool=pool, gpu_model=model)
-                g["gpuq_gpus_used"][key] += share * s.utilization_pct / 100.0
-                g["gpuq_gpu_memory_used_bytes"][key] += float(s.memory_used_mib * MIB)
-                if s.tensor_active_pct is not None:
-                    g["gpuq_gpus_tensor_active"][key] += share * s.tensor_active_pct / 100.0
-        return per_job
-
-    def _free_by_node(self) -> dict[str, int]:
-        held: dict[str, int] = defaultdict(int)
-        for rec in self.jobs.values():
-            if rec.holds_gpus:
-                for node, _ in rec.gpus:
-                    held[node] += 1
-        # what pods gpuq does not manage hold is not free to gpuq either (the scheduler places nothing there)
-        return {name: max(0, r.node.gpus - held.get(name, 0) - r.node.held.gpus)
-                for name, r in sorted(self.nodes.items())}
-
-    def _capacity_gauges(self, g: Gauges) -> None:
-        free = self._free_by_node()
-        waiting = [r.spec for _, r in sorted(self.jobs.items()) if not r.holds_gpus and r.spec is not None]
-        nodes: list[NodeSpec] = [r.node for _, r in sorted(self.nodes.items())]
-        fragmented = fragmented_gpus(nodes, free, waiting)
-        for rec in (self.nodes[n] for n in sorted(self.nodes)):
-            node = rec.node
-            key = labels(pool=rec.pool, gpu_model=node.gpu_model)
-            g["gpuq_nodes"][labels(pool=rec.pool, gpu_model=node.gpu_model, health=str(node.health))] += 1
-            if node.health is NodeHealth.DEGRADED:
-                g["gpuq_node_degraded"][labels(node=node.name, pool=rec.pool, gpu_model=node.gpu_model,
-                                               reason=rec.reason or UNKNOWN)] = 1
-            # Keep the pool's series present at zero so dashboards show 0 rather than "no data".
-            for name in ("gpuq_gpus_capacity", "gpuq_gpus_free", "gpuq_gpus_fragmented", "gpuq_gpus_held_outside"):
-                g[name][key] += 0
-            where = labels(node=node.name, pool=rec.pool, gpu_model=node.gpu_model)
-            if node.held.gpus:
-                g["gpuq_node_gpus_held_outside"][where] = node.held.gpus
-            if node.held.mig_slices:
-                g["gpuq_node_mig_slices_held_outside"][where] = node.held.mig_slices
-            if node.health is not NodeHealth.READY:
-                continue
-            g["gpuq_gpus_capacity"][key] += node.gpus
-            g["gpuq_gpus_held_outside"][key] += min(node.gpus, node.held.gpus)
-            g["gpuq_gpus_free"][key] += free[node.name]
-            g["gpuq_gpus_fragmented"][key] += fragmented.get(node.name, 0)
-
-    def _job_gauges(self, jobs: list[JobRecord], now: float, per_job: dict[str, list[tuple[GpuSample, float]]],
-                    g: Gauges) -> None:
-        chosen = sorted(jobs, key=lambda r: (r.queue, r.job_id))[: self.job_series_cap]
-        for rec in chosen:
-            key = labels(job_id=rec.job_id, **rec.labels())
-            if rec.holds_gpus:
-                g["gpuq_job_gpus_allocated"][key] = len(rec.gpus)
-                seen = per_job.get(rec.job_id, [])
-                if seen:  # each instance's utilisation is of its own slice: a plain mean over what the job holds
-                    g["gpuq_job_gpu_utilization_ratio"][key] = sum(s.utilization_pct for s, _ in seen) / 100 / len(seen)
-                    tensors = [s.tensor_active_pct for s, _ in seen if s.tensor_active_pct is not None]
-                    if tensors:
-                        g["gpuq_job_tensor_active_ratio"][key] = sum(tensors) / 100 / len(tensors)
-                continue
-            g["gpuq_job_pending_info"][labels(job_id=rec.job_id, **rec.labels(), stage=rec.stage,
-                                              reason=rec.reason)] = 1
-            if rec.position is not None:
-                g["gpuq_job_queue_position"][key] = rec.position
-            if rec.eta is not None:
-                g["gpuq_job_eta_timestamp_seconds"][key] = rec.eta
-            if rec.queued_at is not None:
-                g["gpuq_job_waiting_seconds"][key] = max(0.0, now - rec.queued_at)
-
-    def _mfu_gauges(self, jobs: list[JobRecord], now: float, g: Gauges) -> None:
-        """MFU per job (capped like every per-job series) and its GPU-weighted mean per queue/team."""
-        cap = {r.job_id for r in sorted(jobs, key=lambda r: (r.queue, r.job_id))[: self.job_series_cap]}
-        weighted: dict[Labels, list[float]] = defaultdict(lambda: [0.0, 0.0])
-        for rec in jobs:
-            f = rec.flops
-            if f is None or rec.phase is not JobPhase.RUNNING or now - f.reported_at > FLOPS_REPORT_MAX_AGE_S:
-                continue
-            ratio = mfu(f.tflops, self._peak(rec, f.precision))
-            if ratio is None:
-                continue
-            if rec.job_id in cap:
-                g["gpuq_job_mfu_ratio"][labels(job_id=rec.job_id, **rec.labels(), precision=str(f.precision))] = ratio
-            gpus = sum(m for _, m in rec.shares) / MILLI_GPU
-            acc = weighted[labels(**rec.labels())]
-            acc[0] += ratio * gpus
-            acc[1] += gpus
-        for key, (num, den) in sorted(weighted.items()):
-            if den > 0:
-                g["gpuq_mfu_ratio"][key] = num / den
-
-    def _source_gauges(self, now: float, g: Gauges) -> None:
-        for name, rec in sorted(self.sources.items()):
-            key = labels(source=name)
-            # A source that stopped reporting (its executor is gone) is down, not up forever.
-            fresh = rec.interval_s is None or now - rec.checked_at <= STALE_SAMPLE_INTERVALS * rec.interval_s
-            g["gpuq_utilization_source_up"][key] = 1.0 if rec.ok and fresh else 0.0
-            if rec.last_ok_at is not None:
-                g["gpuq_utilization_source_last_success_timestamp_seconds"][key] = rec.last_ok_at
-            for kind, count in (("exact", rec.gpus_exact), ("approximate", rec.gpus_approximate),
-                                ("unattributed", rec.gpus_unattributed)):
-                g["gpuq_utilization_source_gpus"][labels(source=name, attribution=kind)] = count
+__all__ = ["ETA_CHECK_MIN_WAIT_S", "FLOPS_REPORT_MAX_AGE_S", "MIB", "STALE_SAMPLE_INTERVALS", "Effects", "Gauges",
+           "Labels", "Observation", "TelemetryState", "labels", "sample_share"]
