@@ -1,0 +1,154 @@
+"""Placement carried out: a placed job's workload gets its templates restricted to the chosen nodes and is resumed;
+an event-submitted job first becomes a workload (an Indexed Job, or a JobSet for several pod sets)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from services.executor.kube.client import KubeApi, status_code, workload_resource
+from services.executor.kube.config_in_force import ConfigInForce
+from services.executor.kube.core import names as n
+from services.executor.kube.core.kinds import kind_of
+from services.executor.kube.core.placement import event_pod_sets, placed_templates
+from services.executor.kube.core.workload import PodSetTemplate
+from services.executor.kube.notices import Notices
+from services.executor.kube.outcomes import Outcomes
+from services.executor.kube.records import ACTIVE, bindings_of, ref_of, strip_nulls
+from services.executor.verify import SchedulerTables, verify_placement
+from shared.domain import JobSpec
+from shared.events import CloudEvent, ExitReason, JobFailed, JobPlaced, utcnow_from
+from shared.service import Tx
+
+log = logging.getLogger("gpuq.executor.kube")
+
+
+class Runner:
+    def __init__(self, api: KubeApi, notices: Notices, outcomes: Outcomes, config: ConfigInForce,
+                 scheduler_tables: SchedulerTables):
+        self.api = api
+        self.notices = notices
+        self.outcomes = outcomes
+        self.config = config
+        self.scheduler_tables = scheduler_tables  # placements are checked against the scheduler's table
+        # Event-submitted jobs whose workload this process is creating: a workload carrying one of their ids before
+        # its record commits is gpuq's own, not a claim. Forgotten once the workload is seen bound to the job.
+        self.creating: set[str] = set()
+
+    async def on_placed(self, tx: Tx, event: CloudEvent, placed: JobPlaced) -> None:
+        await verify_placement(tx.conn, placed, cancelled_table="executor.cancelled", tables=self.scheduler_tables)
+        spec = placed.spec
+        row = await tx.conn.fetchrow("SELECT * FROM executor.kube_jobs WHERE job_id = $1 FOR UPDATE", spec.job_id)
+        if row is None:
+            if spec.workload is None and spec.runnable:
+                await self._create_event_job(tx, placed)
+            else:
+                what = (f"its workload {spec.workload.key} is not known to this executor" if spec.workload
+                        else "it has neither a workload reference nor a pod template per pod set")
+                await tx.emit(JobFailed(job_id=spec.job_id, exit_reason=ExitReason.ERROR,
+                                        message=f"cannot run on Kubernetes: {what}", finished_at=utcnow_from(tx.now)))
+            return
+        if row["state"] in ACTIVE:
+            log.warning("%s is placed again while it runs; keeping the running placement", spec.job_id)
+            return
+        await tx.conn.execute(
+            "UPDATE executor.kube_jobs SET spec = $2, placement = $3, resume_from = $4, traceparent = $5 "
+            "WHERE job_id = $1", spec.job_id, spec.model_dump_json(),
+            json.dumps([b.model_dump(mode="json") for b in placed.bindings]), placed.resume_from, tx.traceparent)
+        if row["backoff_until"] is not None and tx.now < row["backoff_until"]:
+            await self.outcomes.set_state(tx, spec.job_id, "deferred")
+            return  # the timer runs it when the backoff ends (its GPUs stay reserved meanwhile)
+        await self.run(tx, spec.job_id)
+
+    async def run(self, tx: Tx, job_id: str) -> None:
+        """Write the placement into the workload's templates and resume it."""
+        row = await tx.conn.fetchrow("SELECT * FROM executor.kube_jobs WHERE job_id = $1 FOR UPDATE", job_id)
+        kind = kind_of(row["api_version"], row["kind"])
+        assert kind is not None
+        spec = JobSpec.model_validate_json(row["spec"])
+        res = workload_resource(kind)
+        try:
+            obj = await self.api.get(res, row["name"], namespace=row["namespace"])
+        except Exception as exc:
+            if status_code(exc) == 404:
+                await self.outcomes.emit_failed(tx, row, ExitReason.ERROR,
+                                                f"{row['kind']} {row['namespace']}/{row['name']} no longer exists")
+                return
+            raise
+        originals = [PodSetTemplate(name, 0, tmpl) for name, tmpl in json.loads(row["templates"]).items()]
+        templates = placed_templates(originals, spec, bindings_of(row), row["resume_from"])
+        await self.api.patch(res, row["name"], kind.run_patch(obj, templates), namespace=row["namespace"])
+        await tx.conn.execute(
+            "UPDATE executor.kube_jobs SET state = 'placed', placed_at = $2, started_at = NULL, attempt = attempt + 1, "
+            "failure = NULL, pull_problem_at = NULL, unbound_at = NULL, preemption_id = NULL WHERE job_id = $1",
+            job_id, tx.now)
+        nodes = sorted({b.node for b in bindings_of(row)})
+        await self.notices.event(ref_of(row), "Placed", f"placed on {', '.join(nodes)}"
+                                 + (f"; resuming from {row['resume_from']}" if row["resume_from"] else ""), tx.now)
+        await self.notices.status(ref_of(row), f"Placed on {len(nodes)} node(s)")
+
+    async def _create_event_job(self, tx: Tx, placed: JobPlaced) -> None:
+        """An event-submitted job becomes an Indexed Job (one pod set) or a JobSet (several), created already
+        placed (gated templates) and running."""
+        spec = placed.spec
+        mapped = self.config.queues.team_namespaces(spec.team)
+        if (spec.namespace not in mapped if spec.namespace else not mapped) and await self.config.newer(tx):
+            mapped = self.config.queues.team_namespaces(spec.team)
+        namespace = spec.namespace or next(iter(mapped), None)
+        if namespace is None:
+            await tx.emit(JobFailed(job_id=spec.job_id, exit_reason=ExitReason.ERROR, finished_at=utcnow_from(tx.now),
+                                    message=f"no namespace to run in: set spec.namespace or map a namespace to team "
+                                            f"{spec.team} in queues.yaml"))
+            return
+        if namespace not in mapped:
+            # Admission refuses such a job; this executor creates with its own rights, so it checks again with the
+            # version in force it runs on before creating anything.
+            await tx.emit(JobFailed(job_id=spec.job_id, exit_reason=ExitReason.ERROR, finished_at=utcnow_from(tx.now),
+                                    message=f"namespace {namespace} is not mapped to team {spec.team} in the "
+                                            f"queue configuration in force ({self.config.words()}; namespaces: "
+                                            f"{', '.join(mapped) or 'none'}); nothing was created"))
+            return
+        kind = kind_of("batch/v1", "Job") if len(spec.pod_sets) == 1 else kind_of("jobset.x-k8s.io/v1alpha2", "JobSet")
+        assert kind is not None
+        pod_sets = event_pod_sets(spec, self.config.queues.governance.for_team(spec.team).pod_security)
+        name = n.dns_name(spec.job_id)
+        labels = {n.QUEUE_LABEL: spec.queue}
+        annotations = {n.JOB_ID_ANNOTATION: spec.job_id}
+        await tx.conn.execute(
+            """INSERT INTO executor.kube_jobs(job_id, job_label, origin, api_version, kind, namespace, name, spec,
+                 templates, state, placement, resume_from, traceparent)
+               VALUES ($1, $2, 'event', $3, $4, $5, $6, $7, $8, 'queued', $9, $10, $11)""",
+            spec.job_id, n.job_label(spec.job_id), kind.api_version, kind.kind, namespace, name,
+            spec.model_dump_json(), json.dumps({ps.name: ps.template for ps in pod_sets}),
+            json.dumps([b.model_dump(mode="json") for b in placed.bindings]), placed.resume_from, tx.traceparent)
+        obj = kind.build(name, namespace, pod_sets, labels, annotations)
+        res = workload_resource(kind)
+        self.creating.add(spec.job_id)  # its workload may be seen before this commits: not a claim (WorkloadIntake)
+        try:
+            created = await self.api.create(res, strip_nulls(obj), namespace=namespace)
+        except Exception as exc:
+            code = status_code(exc)
+            if code in (403, 422):  # refused for good (no `create` in the executor's role, an invalid template)
+                reason = getattr(getattr(exc, "status", None), "message", None) or str(exc)
+                await self._creation_failed(tx, spec.job_id, f"cannot create {kind.kind} {namespace}/{name}: {reason}")
+                return
+            if code != 409:
+                raise
+            created = await self.api.get(res, name, namespace=namespace)  # created before a crash: adopt it
+            if ((created.get("metadata") or {}).get("annotations") or {}).get(n.JOB_ID_ANNOTATION) != spec.job_id:
+                await self._creation_failed(tx, spec.job_id, f"cannot create {kind.kind} {namespace}/{name}: one by "
+                                                             "that name exists there and is not this job's")
+                return
+        # The templates as the API server stored them (defaulted), which later patches must start from, under the
+        # spec's pod set names (the placement's bindings name them; a Job's one set is "main" to its kind).
+        stored = kind.pod_sets(created)
+        await tx.conn.execute("UPDATE executor.kube_jobs SET uid = $2, templates = $3 WHERE job_id = $1", spec.job_id,
+                              (created.get("metadata") or {}).get("uid"),
+                              json.dumps({wanted.name: ps.template
+                                          for wanted, ps in zip(spec.pod_sets, stored, strict=True)}))
+        await self.run(tx, spec.job_id)
+
+    async def _creation_failed(self, tx: Tx, job_id: str, message: str) -> None:
+        await tx.emit(JobFailed(job_id=job_id, exit_reason=ExitReason.ERROR, finished_at=utcnow_from(tx.now),
+                                message=message))
+        await self.outcomes.set_state(tx, job_id, "failed", outcome=ExitReason.ERROR.value)
