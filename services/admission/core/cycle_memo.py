@@ -6,13 +6,9 @@ something of it changes, and the cycle (cycle.py, reuse.py) reads and refreshes 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from services.admission.core.model import ReclaimRequest
+from services.admission.core.ordering import Order
 from services.admission.core.resources import Signature
-
-if TYPE_CHECKING:
-    from services.admission.core.state import Order
 
 
 class CycleMemo:

@@ -19,6 +19,9 @@ its true duration). Without a prediction the order time is the submit time, the 
 
 from __future__ import annotations
 
+# A pending job's order inside its queue (and cohort): higher priority first, then older, then job id.
+Order = tuple[int, float, str]
+
 
 def order_time(submitted_at: float, predicted_gpu_s: float | None, queue_nominal_gpus: float,
                job_gpus: float) -> float:

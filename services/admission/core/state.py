@@ -15,7 +15,7 @@ from types import MappingProxyType
 from services.admission.core.cycle_memo import CycleMemo
 from services.admission.core.history import historic_share
 from services.admission.core.model import AdmittedWorkload, Reason, Rejection, Workload
-from services.admission.core.ordering import aged_order_time, order_time
+from services.admission.core.ordering import Order, aged_order_time, order_time
 from services.admission.core.quota import QueueQuota, QuotaBook
 from services.admission.core.resources import (
     GpuOption,
@@ -28,9 +28,6 @@ from services.admission.core.resources import (
 from services.preemption.core.model import priority_of
 from shared.config import PriorityClass, QueuesConfig
 from shared.domain import JobSpec
-
-# A pending job's order inside its queue (and cohort): higher priority first, then older, then job id.
-Order = tuple[int, float, str]
 
 
 class Entry:
@@ -47,7 +44,7 @@ class Entry:
         self.queue = spec.queue
         self.priority = priority
         # as the preemption service judges it (services/preemption/core/model.py `priority_of`): a job it would never
-        # take is never a reclaim candidate here, and never borrows (cycle.py `_evaluate`: a loan nobody can take
+        # take is never a reclaim candidate here, and never borrows (fit.py `fit_key`: a loan nobody can take
         # back would keep its lender from its own quota)
         self.preemptible = preemptible
         # (-priority, order time, id): the order time is the submit time, or later for longer predicted work

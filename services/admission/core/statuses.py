@@ -161,7 +161,7 @@ class PendingStatuses(Mapping[str, PendingStatus]):
         positions first and reads a message only when it needs it.
 
         Left out unless `settled`: the queues whose jobs kept their reasons and positions since the last cycle
-        (a queue at its hard cap that nothing changed; cycle.py, "sealed queues"), where only the cohort's
+        (a queue at its hard cap that nothing changed; reuse.py, "sealed queues"), where only the cohort's
         numbers in the messages moved. A caller that rewrites such numbers now and then asks for them then.
         Rows come in scope order, then cohort order (queue by queue in a scope where some are left out)."""
         skip = frozenset() if settled else self._settled
