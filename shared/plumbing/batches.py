@@ -110,7 +110,7 @@ class Batches:
         await self._handle(work, [self.rt.prepare_or_verdict(m) for m in work])
 
     async def _handle(self, work: Sequence[Msg], prepared: Sequence[_Prepared | _DeadLetter | None], *,
-                            part: bool = False) -> None:
+                      part: bool = False) -> None:
         """One batch (or, `part`, a part of one being bisected: always with savepoints) handled and settled."""
         savepoints = part or not self.rt.spec.optimistic_batches or self._savepoint_batches > 0
         if self._savepoint_batches > 0 and not part:
@@ -145,8 +145,8 @@ class Batches:
         if result.emitted:
             self.rt.outbox.wake()
         for m, why in result.dead:
-            await self.rt.dead_letters.notify(m.data, m.subject, m.metadata.sequence.stream, m.metadata.num_delivered,
-                                           why.reason, why.message)
+            await self.rt.dead_letters.notify(m.data, m.subject, m.metadata.sequence.stream,
+                                              m.metadata.num_delivered, why.reason, why.message)
             await m.ack()
         for m, outcome, error in result.outcomes:
             if error is None:
@@ -172,7 +172,7 @@ class Batches:
         await self._handle(work[middle:], prepared[middle:], part=True)
 
     async def _run(self, conn: asyncpg.Connection, work: Sequence[Msg],
-                         prepared: Sequence[_Prepared | _DeadLetter | None], *, savepoints: bool) -> _BatchResult:
+                   prepared: Sequence[_Prepared | _DeadLetter | None], *, savepoints: bool) -> _BatchResult:
         """One attempt at a batch inside the caller's transaction. With `savepoints`, each handled message runs in a
         savepoint of its own and a failure rolls back only that message; without, the first failing handler
         raises _Optimism (the caller rolls the transaction back and tries again with savepoints)."""
@@ -192,12 +192,12 @@ class Batches:
             if isinstance(p, _DeadLetter):  # poison, known before any handler ran: nothing of it to roll back
                 result.dead.append((m, p))
                 await self.rt.dead_letters.record(conn, m.data, m.subject, m.metadata.sequence.stream,
-                                               m.metadata.num_delivered, p.reason, p.message)
+                                                  m.metadata.num_delivered, p.reason, p.message)
                 continue
             if not savepoints:
                 try:
                     outcome, wrote = await self.rt._unit(conn, m.data, m.subject, deferred, [], batch, p,
-                                                      scratch=result.scratch)
+                                                         scratch=result.scratch)
                 except Exception as exc:
                     raise _Optimism(f"{type(exc).__name__}: {exc}") from exc
                 result.emitted = result.emitted or wrote
@@ -210,7 +210,7 @@ class Batches:
             unit_traces: list[tuple[str, str]] = []
             try:
                 outcome, wrote = await self.rt._unit(conn, m.data, m.subject, deferred, unit_traces, batch, p,
-                                                  scratch=result.scratch, own_savepoint=True)
+                                                     scratch=result.scratch, own_savepoint=True)
                 result.emitted = result.emitted or wrote
                 result.outcomes.append((m, outcome, None))
             except _DeadLetter as verdict:
@@ -219,7 +219,7 @@ class Batches:
                     await self._reload_in(conn)
                 result.dead.append((m, verdict))
                 await self.rt.dead_letters.record(conn, m.data, m.subject, m.metadata.sequence.stream,
-                                               m.metadata.num_delivered, verdict.reason, verdict.message)
+                                                  m.metadata.num_delivered, verdict.reason, verdict.message)
             except Exception as exc:
                 await self._roll_back_message(conn, batch, p, unit_traces)
                 await self._reload_in(conn)

@@ -159,7 +159,7 @@ class Consumption:
             self.tasks.append(task)
 
     async def ensure(self, js: JetStreamContext, plan: ConsumerPlan, durable: str,
-                               wanted: tuple[str, ...]) -> None:
+                     wanted: tuple[str, ...]) -> None:
         """Create consumer `durable` filtering on `wanted`, or bring an existing one's filter to it in place."""
         stream = plan.stream.name
         try:

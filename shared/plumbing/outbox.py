@@ -159,7 +159,7 @@ class OutboxRelay:
                       row["subject"], reason, message)
             with contextlib.suppress(Exception):
                 await self.dead_letters.publish_notice(row["subject"], None, 0, reason, message, bytes(row["body"]),
-                                               f"dlq-{self.name}-outbox-{row['event_id']}")
+                                                       f"dlq-{self.name}-outbox-{row['event_id']}")
         return len(rows)
 
     def max_event_bytes(self) -> int:

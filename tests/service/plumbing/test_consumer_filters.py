@@ -1,4 +1,4 @@
-"""What a service's consumers filter on, by NATS version (shared/service.py `_start_consumers`).
+"""What a service's consumers filter on, by NATS version (shared/plumbing/consumers.py `Consumption.start`).
 
 On NATS >= 2.10 a consumer filters on exactly the subjects its service's handlers take (`filter_subjects`), so
 no event of another type is delivered; on 2.9 it filters on the stream's pattern and acks the others unread. The
