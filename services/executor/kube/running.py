@@ -91,22 +91,8 @@ class Runner:
         """An event-submitted job becomes an Indexed Job (one pod set) or a JobSet (several), created already
         placed (gated templates) and running."""
         spec = placed.spec
-        mapped = self.config.queues.team_namespaces(spec.team)
-        if (spec.namespace not in mapped if spec.namespace else not mapped) and await self.config.newer(tx):
-            mapped = self.config.queues.team_namespaces(spec.team)
-        namespace = spec.namespace or next(iter(mapped), None)
+        namespace = await self._namespace_for(tx, spec)
         if namespace is None:
-            await tx.emit(JobFailed(job_id=spec.job_id, exit_reason=ExitReason.ERROR, finished_at=utcnow_from(tx.now),
-                                    message=f"no namespace to run in: set spec.namespace or map a namespace to team "
-                                            f"{spec.team} in queues.yaml"))
-            return
-        if namespace not in mapped:
-            # Admission refuses such a job; this executor creates with its own rights, so it checks again with the
-            # version in force it runs on before creating anything.
-            await tx.emit(JobFailed(job_id=spec.job_id, exit_reason=ExitReason.ERROR, finished_at=utcnow_from(tx.now),
-                                    message=f"namespace {namespace} is not mapped to team {spec.team} in the "
-                                            f"queue configuration in force ({self.config.words()}; namespaces: "
-                                            f"{', '.join(mapped) or 'none'}); nothing was created"))
             return
         kind = kind_of("batch/v1", "Job") if len(spec.pod_sets) == 1 else kind_of("jobset.x-k8s.io/v1alpha2", "JobSet")
         assert kind is not None
@@ -147,6 +133,28 @@ class Runner:
                               json.dumps({wanted.name: ps.template
                                           for wanted, ps in zip(spec.pod_sets, stored, strict=True)}))
         await self.run(tx, spec.job_id)
+
+    async def _namespace_for(self, tx: Tx, spec: JobSpec) -> str | None:
+        """The namespace an event-submitted job's workload is created in: its own, or its team's first; None (the
+        job failed, said why) when the queue configuration in force maps none, or not that one, to its team."""
+        mapped = self.config.queues.team_namespaces(spec.team)
+        if (spec.namespace not in mapped if spec.namespace else not mapped) and await self.config.newer(tx):
+            mapped = self.config.queues.team_namespaces(spec.team)
+        namespace = spec.namespace or next(iter(mapped), None)
+        if namespace is None:
+            await tx.emit(JobFailed(job_id=spec.job_id, exit_reason=ExitReason.ERROR, finished_at=utcnow_from(tx.now),
+                                    message=f"no namespace to run in: set spec.namespace or map a namespace to team "
+                                            f"{spec.team} in queues.yaml"))
+            return None
+        if namespace not in mapped:
+            # Admission refuses such a job; this executor creates with its own rights, so it checks again with the
+            # version in force it runs on before creating anything.
+            await tx.emit(JobFailed(job_id=spec.job_id, exit_reason=ExitReason.ERROR, finished_at=utcnow_from(tx.now),
+                                    message=f"namespace {namespace} is not mapped to team {spec.team} in the "
+                                            f"queue configuration in force ({self.config.words()}; namespaces: "
+                                            f"{', '.join(mapped) or 'none'}); nothing was created"))
+            return None
+        return namespace
 
     async def _creation_failed(self, tx: Tx, job_id: str, message: str) -> None:
         await tx.emit(JobFailed(job_id=job_id, exit_reason=ExitReason.ERROR, finished_at=utcnow_from(tx.now),
