@@ -12,19 +12,11 @@ Pure: admission calls it on every submission it receives, whatever path it came 
 
 from __future__ import annotations
 
+from services.admission.core.admissibility import priority_class
 from services.admission.core.governance import needs_approval
 from services.preemption.core.model import priority_of
-from shared.config import PriorityClass, QueuesConfig, TeamPolicy
+from shared.config import QueuesConfig, TeamPolicy
 from shared.domain import JobSpec
-
-
-def _priority_class(config: QueuesConfig, spec: JobSpec) -> PriorityClass | None:
-    """The job's class as admission and the preemption service read it ("normal", JobSpec's built-in default,
-    stands for the configuration's default class when one is set)."""
-    klass = config.priority_class_map.get(spec.priority_class)
-    if klass is None and spec.priority_class == "normal" and config.default_priority_class:
-        klass = config.priority_class_map.get(config.default_priority_class)
-    return klass
 
 
 def opts_out_of_preemption(spec: JobSpec, config: QueuesConfig) -> bool:
@@ -33,7 +25,7 @@ def opts_out_of_preemption(spec: JobSpec, config: QueuesConfig) -> bool:
     if spec.preemptible is not False:
         return False
     class_preemptible = priority_of(config, spec.model_copy(update={"preemptible": None}))[1]
-    klass = _priority_class(config, spec)
+    klass = priority_class(config, spec)
     return class_preemptible and not (klass is not None and klass.allow_non_preemptible)
 
 

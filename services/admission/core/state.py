@@ -12,21 +12,28 @@ from bisect import insort
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
+from services.admission.core.admissibility import (
+    fit_verdict,
+    flavor_options,
+    over_quota_messages,
+    preemptible,
+    priority_class,
+    verdict,
+)
 from services.admission.core.cycle_memo import CycleMemo
 from services.admission.core.history import historic_share
 from services.admission.core.model import AdmittedWorkload, Reason, Rejection, Workload
 from services.admission.core.ordering import Order, aged_order_time, order_time
+from services.admission.core.pending import PendingWorkloads
 from services.admission.core.quota import QueueQuota, QuotaBook
 from services.admission.core.resources import (
     GpuOption,
     PodSetDemand,
     Signature,
     gpu_pod_set_names,
-    pod_set_options,
     request_signature,
 )
-from services.preemption.core.model import priority_of
-from shared.config import PriorityClass, QueuesConfig
+from shared.config import QueuesConfig
 from shared.domain import JobSpec
 
 
@@ -61,6 +68,11 @@ class Entry:
         self.reason = ""
         self.message: object = ""  # str, or the cycle's message object that writes itself when read
 
+    def reprioritise(self, value: int) -> None:
+        """Its class's value changed: same order time, new priority."""
+        self.priority = value
+        self.order = (-value, self.order[1], self.job_id)
+
 
 def _spec_key(spec: JobSpec) -> str:
     return spec.model_dump_json()
@@ -73,8 +85,7 @@ class AdmissionState:
         self._config = config
         self._book = QuotaBook(config)
         self._entries: dict[str, Entry] = {}
-        self._pending: dict[str, Workload] = {}
-        self._pending_per_team: dict[str, int] = {}  # team -> its jobs in _pending (the per-team cap, limits.py)
+        self._pending = PendingWorkloads()
         self._admitted: dict[str, AdmittedWorkload] = {}
         self._pending_by_queue: dict[str, list[Entry]] = {}
         self._admitted_by_queue: dict[str, dict[str, Entry]] = {}
@@ -99,11 +110,11 @@ class AdmissionState:
     @property
     def pending(self) -> Mapping[str, Workload]:
         """job_id -> Workload, every job waiting for admission (including inadmissible ones)."""
-        return MappingProxyType(self._pending)
+        return self._pending.view()
 
     def pending_of(self, team: str) -> int:
         """How many of `team`'s jobs wait for admission (in O(1): checked on every submission)."""
-        return self._pending_per_team.get(team, 0)
+        return self._pending.of_team(team)
 
     @property
     def admitted(self) -> Mapping[str, AdmittedWorkload]:
@@ -184,8 +195,7 @@ class AdmissionState:
         copy_entry = copy.copy
         entries = {j: copy_entry(e) for j, e in self._entries.items()}
         other._entries = entries
-        other._pending = dict(self._pending)
-        other._pending_per_team = dict(self._pending_per_team)
+        other._pending = self._pending.copy()
         other._admitted = dict(self._admitted)
         # A list may still hold a finished or replaced (requeued) job's old entry until its queue is re-filtered
         # (it is dirty then): only current entries are mapped, or a requeued job would appear twice in the copy.
@@ -244,12 +254,12 @@ class AdmissionState:
             return Rejection(spec.job_id, Reason.UNAUTHORIZED,
                              f"team {spec.team!r} may not submit to queue {spec.queue!r} "
                              f"(allowed: {', '.join(sorted(qq.teams))})")
-        klass = self._priority_class(spec)
+        klass = priority_class(self._config, spec)
         if klass is None:
             return Rejection(spec.job_id, Reason.UNKNOWN_PRIORITY_CLASS,
                              f"priority class {spec.priority_class!r} does not exist (classes: "
                              f"{', '.join(p.name for p in self._config.priority_classes)})")
-        verdict = self._fit_verdict(qq, request_signature(spec), may_borrow=self._preemptible(spec))
+        verdict = fit_verdict(self._book, qq, request_signature(spec), may_borrow=preemptible(self._config, spec))
         if verdict is not None:
             return Rejection(spec.job_id, *verdict)
         self._add_pending(w)
@@ -264,7 +274,7 @@ class AdmissionState:
         if e.admitted is not None:
             self._release(e)
         else:
-            self._forget_pending(job_id)
+            self._pending.pop(job_id)
             self._dirty.add(e.queue)
             self._touch(e.queue)
 
@@ -294,27 +304,20 @@ class AdmissionState:
             e = self._entries[j]
             k = klasses.get(e.workload.spec.priority_class)
             if k is not None and k.value != e.priority:
-                self._reprioritise(e, k.value)
+                e.reprioritise(k.value)
             # a class made (non-)preemptible changes whether the job may borrow and whether it may be reclaimed
-            e.preemptible = self._preemptible(e.workload.spec)
+            e.preemptible = preemptible(config, e.workload.spec)
             if e.admitted is not None:
                 self._book.add(e.queue, e.admitted.usage)
                 if e.queue not in self._book.queues:
                     messages.append(f"admitted job {j} stays admitted although its queue {e.queue} was deleted")
                 continue
-            e.verdict = self._verdict(e.workload.spec)
+            e.verdict = verdict(config, self._book, e.workload.spec)
             if e.verdict is not None and e.verdict != old_verdicts.get(j):
                 messages.append(f"pending job {j} is now inadmissible ({e.verdict[0]}): {e.verdict[1]}")
             elif e.verdict is None and old_verdicts.get(j) is not None:
                 messages.append(f"pending job {j} is admissible again")
-        for q in sorted(self._book.queues):
-            qq = self._book.queues[q]
-            for r in sorted(self._book.usage.get(q, {})):
-                u = self._book.used(q, r)
-                limit = self._book.max_available(qq, r)
-                if u > limit:
-                    messages.append(f"queue {q} now holds {u} {r}, above the {limit} its new quota allows: "
-                                    "admitted jobs stay admitted, new work waits until usage falls")
+        messages.extend(over_quota_messages(self._book))
         # aging restarts from the un-aged order times under the new policy (the next cycle ages them again)
         for j in sorted(self._aging):
             e = self._entries[j]
@@ -410,47 +413,31 @@ class AdmissionState:
 
     def admit_entry(self, e: Entry, a: AdmittedWorkload) -> None:
         """Move a pending entry to admitted. The caller rebuilds the queue's pending list afterwards."""
-        self._forget_pending(e.job_id)
+        self._pending.pop(e.job_id)
         self._mark_admitted(e, a)
 
     # ------------------------------------------------------------------ helpers
 
-    def _priority_class(self, spec: JobSpec) -> PriorityClass | None:
-        klasses = self._config.priority_class_map
-        k = klasses.get(spec.priority_class)
-        if k is None and spec.priority_class == "normal" and self._config.default_priority_class:
-            # "normal" is JobSpec's built-in default: honour the config's own default class instead
-            k = klasses.get(self._config.default_priority_class)
-        return k
-
-    def _preemptible(self, spec: JobSpec) -> bool:
-        """Whether the preemption service could ever take this job (its class, its spec's override, production)."""
-        return priority_of(self._config, spec)[1]
-
     def _new_entry(self, w: Workload) -> Entry:
-        k = self._priority_class(w.spec)
+        k = priority_class(self._config, w.spec)
         value = k.value if k is not None else 0
-        preemptible = self._preemptible(w.spec)
+        may_be_preempted = preemptible(self._config, w.spec)
         order_at = None
         if w.predicted_gpu_s is not None:
             qq = self._book.queues.get(w.spec.queue)
             nominal = sum(n for r, n in qq.nominal.items() if ":" not in r) if qq is not None else 0
             order_at = order_time(w.submitted_at, w.predicted_gpu_s, nominal, w.spec.total_gpus)
-        e = Entry(w, value, preemptible, order_at)
+        e = Entry(w, value, may_be_preempted, order_at)
         e.sid = self._sig_ids.setdefault(e.sig, len(self._sig_ids))
         return e
 
     def _add_pending(self, w: Workload) -> None:
         e = self._new_entry(w)
-        e.verdict = self._verdict(w.spec)
+        e.verdict = verdict(self._config, self._book, w.spec)
         self._entries[e.job_id] = e
         if e.base_at > w.submitted_at:
             self._aging.add(e.job_id)
-        previous = self._pending.get(e.job_id)
-        if previous is not None:
-            self._count_pending(previous.spec.team, -1)
-        self._pending[e.job_id] = w
-        self._count_pending(w.spec.team, 1)
+        self._pending.put(w)
         self._touch(e.queue)
         self._generation += 1
         lst = self._pending_by_queue.setdefault(e.queue, [])
@@ -458,18 +445,6 @@ class AdmissionState:
             insort(lst, e, key=_order_of)  # a binary search and a memmove, not a re-sort of the queue
         else:
             lst.append(e)
-
-    def _forget_pending(self, job_id: str) -> None:
-        w = self._pending.pop(job_id, None)
-        if w is not None:
-            self._count_pending(w.spec.team, -1)
-
-    def _count_pending(self, team: str, delta: int) -> None:
-        count = self._pending_per_team.get(team, 0) + delta
-        if count > 0:
-            self._pending_per_team[team] = count
-        else:
-            self._pending_per_team.pop(team, None)
 
     def _mark_admitted(self, e: Entry, a: AdmittedWorkload) -> None:
         self._generation += 1
@@ -496,61 +471,9 @@ class AdmissionState:
         self._touched.add(queue)
         self._memo.touch(self.scope_of(queue), queue)
 
-    def _reprioritise(self, e: Entry, value: int) -> None:
-        e.priority = value
-        e.order = (-value, e.order[1], e.job_id)
-
-    def _verdict(self, spec: JobSpec) -> tuple[str, str] | None:
-        """Why a pending job cannot be admitted under the current config (None = it can, some day)."""
-        qq = self._book.queues.get(spec.queue)
-        if qq is None:
-            return (Reason.QUEUE_DELETED,
-                    f"queue {spec.queue!r} no longer exists; the job waits until it is configured again")
-        if qq.teams and spec.team not in qq.teams:
-            return (Reason.INADMISSIBLE_UNAUTHORIZED,
-                    f"team {spec.team!r} may no longer submit to queue {spec.queue!r}")
-        if self._priority_class(spec) is None:
-            return (Reason.INADMISSIBLE_UNKNOWN_PRIORITY_CLASS,
-                    f"priority class {spec.priority_class!r} no longer exists")
-        return self._fit_verdict(qq, request_signature(spec), may_borrow=self._preemptible(spec))
-
-    def _fit_verdict(self, qq: QueueQuota, sig: Signature, *, may_borrow: bool = True) -> tuple[str, str] | None:
-        """No acceptable flavor, or more than the queue could hold even with the whole cohort idle (a job that is
-        not preemptible never borrows: more than the queue's nominal quota)."""
-        limit_of = self._book.max_available if may_borrow else self._book.nominal_of
-        taken: dict[str, int] = {}
-        for demand in sig:
-            options = self.options(qq, demand)
-            if not options:
-                amount, models, profile = demand
-                asked = ", ".join(models) if models else "any model"
-                kind = f" with MIG profile {profile}" if profile else ""
-                return (Reason.NO_FLAVOR,
-                        f"queue {qq.name} has no quota for {asked}{kind} "
-                        f"(it has: {', '.join(qq.quotas) or 'nothing'})")
-            for _model, r, amount in options:
-                if taken.get(r, 0) + amount <= limit_of(qq, r):
-                    taken[r] = taken.get(r, 0) + amount
-                    break
-            else:
-                limits = ", ".join(f"{r} at most {limit_of(qq, r)}" for _m, r, _a in options)
-                if not may_borrow:
-                    return (Reason.EXCEEDS_LIMITS,
-                            f"asks {options[0][2]} but is not preemptible, so it never borrows, and queue {qq.name}'s "
-                            f"nominal quota is smaller ({limits})")
-                return (Reason.EXCEEDS_LIMITS,
-                        f"asks {options[0][2]} but queue {qq.name} can never hold that much "
-                        f"(nominal + borrowing, with its cohort idle: {limits})")
-        return None
-
     def options(self, qq: QueueQuota, demand: PodSetDemand) -> tuple[GpuOption, ...]:
-        key = (qq.name, demand)
-        opts = self._book.options_cache.get(key)
-        if opts is None:
-            opts = pod_set_options(demand, qq.quotas, qq.models)
-            self._book.options_cache[key] = opts
-        return opts
-
+        """The flavor options of one pod set in `qq` (admissibility.py `flavor_options`, memoised)."""
+        return flavor_options(self._book, qq, demand)
 
 def _order_of(e: Entry) -> Order:
     return e.order
