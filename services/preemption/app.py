@@ -38,6 +38,7 @@ from services.preemption.core import (
     RECLAIM,
     Outcome,
     Preemptor,
+    Selection,
     cooldown_ends,
     cooldown_verdict,
     drain_plan,
@@ -75,6 +76,21 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 # The open protocols (one row per victim), with what `_reconcile` checks against the owners' read models.
 OPEN_PROTOCOLS = ("SELECT preemption_id, victim, preemptor, reason, victim_placed_at FROM preemption.preemptions "
                   "WHERE state = 'checkpointing'")
+
+
+def _preemptor(config: QueuesConfig, fact: admission_view.AdmissionFact, payload: PreemptionRequested) -> Preemptor:
+    """The pure core's view of the preemptor: admission's requests are about quota (`need`, and `own_need` for
+    within-queue preemption); the scheduler's priority requests are about room on the nodes."""
+    spec = fact.spec
+    allowed = fact.allowed_models
+    for_quota = payload.reason is PreemptionReason.RECLAIM or bool(payload.own_need)
+    if for_quota and not allowed:
+        allowed = tuple(sorted({r.split(":", 1)[0] for r in payload.need}))
+    return Preemptor(job_id=spec.job_id, queue=spec.queue, priority=priority_of(config, spec)[0],
+                     kind=spec.kind, spec=spec,
+                     reason=RECLAIM if payload.reason is PreemptionReason.RECLAIM else PRIORITY,
+                     allowed_models=allowed, need=dict(payload.need) if for_quota else {},
+                     own_need=dict(payload.own_need), max_victim_priority=payload.max_victim_priority)
 
 
 class PreemptionService:
@@ -165,62 +181,22 @@ class PreemptionService:
         if payload.reason is PreemptionReason.DRAIN:
             await self._drain(tx, pid, payload, origin=origin, attempt=attempt, record=record)
             return
-        if await tx.conn.fetchval("SELECT 1 FROM preemption.preemptions WHERE preemptor = $1 "
-                                  "AND state = 'checkpointing' LIMIT 1", payload.preemptor):
-            await record(Outcome.DUPLICATE, "a preemption for this job is already in progress")
-            return
-        # The preemptor is admission's fact: it committed the job before any request about it was sent (its own in
-        # the same transaction, the scheduler's after JobAdmitted), so an unknown preemptor is no waiting one.
-        fact = await admission_view.job(tx.conn, payload.preemptor)
+        fact = await self._waiting_preemptor(tx, payload, record)
         if fact is None:
-            await record(Outcome.NOT_WAITING, "admission has no record of the preemptor")
-            return
-        if fact.status not in admission_view.WAITING:
-            await record(Outcome.NOT_WAITING, f"the preemptor is {fact.status}")
             return
         config = self.config
         snap = await load_snapshot(tx.conn, config)
         if payload.preemptor in snap.placements:
             await record(Outcome.NOT_WAITING, "the preemptor is placed")
             return
-        last_preempted = await tx.conn.fetchval(
-            "SELECT max(preempted_at) FROM preemption.preemptions WHERE victim = $1 AND state = 'preempted'",
-            payload.preemptor)
-        why = cooldown_verdict(config, last_preempted, tx.now)
-        until = cooldown_ends(config, last_preempted)
-        if why is not None and until is not None:
-            # Admission sends a request once: run it again when the cool-down ends, as a request held back by a
-            # protection window is run again when that ends (else the job never preempts, and being at the head
-            # of its queue, holds back the queue's within-queue preemptions).
-            await record(Outcome.COOLDOWN, f"{why}; retry at {human_time(until)}")
-            await self._defer(tx, payload, origin, attempt, until)
+        if await self._cooling_down(tx, payload, config, origin=origin, attempt=attempt, record=record):
             return
         spec = fact.spec
-        allowed = fact.allowed_models
-        # admission's requests are about quota (`need`, and `own_need` for within-queue preemption); the
-        # scheduler's priority requests are about room on the nodes
-        for_quota = payload.reason is PreemptionReason.RECLAIM or bool(payload.own_need)
-        if for_quota and not allowed:
-            allowed = tuple(sorted({r.split(":", 1)[0] for r in payload.need}))
-        preemptor = Preemptor(job_id=spec.job_id, queue=spec.queue, priority=priority_of(config, spec)[0],
-                              kind=spec.kind, spec=spec,
-                              reason=RECLAIM if payload.reason is PreemptionReason.RECLAIM else PRIORITY,
-                              allowed_models=allowed, need=dict(payload.need) if for_quota else {},
-                              own_need=dict(payload.own_need), max_victim_priority=payload.max_victim_priority)
-        selection = select_victims(preemptor, snap.running, snap.cluster, config, tx.now, busy=snap.busy)
+        selection = select_victims(_preemptor(config, fact, payload), snap.running, snap.cluster, config, tx.now,
+                                   busy=snap.busy)
         if not selection.victims:
-            retry_at = None
-            if selection.why != "FitsWithoutPreemption":
-                retry_at = protection_ends(snap.running, selection.rejected, tx.now,
-                                           config.policy.protection_window_s)
-            if retry_at is not None:
-                # Only protection stands in the way: run it again when the earliest protection ends.
-                await record(Outcome.DEFERRED, f"{selection.why}: {selection.message}; retry at "
-                             f"{human_time(retry_at)} when protection ends")
-                await self._defer(tx, payload, origin, attempt, retry_at)
-                return
-            outcome = Outcome.FITS if selection.why == "FitsWithoutPreemption" else Outcome.NO_VICTIMS
-            await record(outcome, f"{selection.why}: {selection.message}")
+            await self._no_victims(tx, payload, config, selection, snap, origin=origin, attempt=attempt,
+                                   record=record)
             return
         recent = [r["requested_at"] for r in await tx.conn.fetch(
             "SELECT requested_at FROM preemption.preemptions WHERE queue = $1 AND state <> 'aborted' "
@@ -232,6 +208,59 @@ class PreemptionService:
         await record(Outcome.STARTED, f"{len(selection.victims)} victim(s), about "
                      f"{selection.lost_gpu_seconds:.0f} GPU-seconds of work at risk", selection.victims)
         await self._start(tx, pid, payload, spec.job_id, spec.queue, selection.victims, snap)
+
+    async def _waiting_preemptor(self, tx: Tx, payload: PreemptionRequested,
+                                 record: Callable[..., Awaitable[None]]) -> admission_view.AdmissionFact | None:
+        """Admission's fact of the preemptor when it may preempt now; None (the refusal recorded) when a protocol
+        for it is already open or it does not wait."""
+        if await tx.conn.fetchval("SELECT 1 FROM preemption.preemptions WHERE preemptor = $1 "
+                                  "AND state = 'checkpointing' LIMIT 1", payload.preemptor):
+            await record(Outcome.DUPLICATE, "a preemption for this job is already in progress")
+            return None
+        # The preemptor is admission's fact: it committed the job before any request about it was sent (its own in
+        # the same transaction, the scheduler's after JobAdmitted), so an unknown preemptor is no waiting one.
+        fact = await admission_view.job(tx.conn, payload.preemptor)
+        if fact is None:
+            await record(Outcome.NOT_WAITING, "admission has no record of the preemptor")
+            return None
+        if fact.status not in admission_view.WAITING:
+            await record(Outcome.NOT_WAITING, f"the preemptor is {fact.status}")
+            return None
+        return fact
+
+    async def _cooling_down(self, tx: Tx, payload: PreemptionRequested, config: QueuesConfig, *, origin: str,
+                            attempt: int, record: Callable[..., Awaitable[None]]) -> bool:
+        """Whether the preemptor, itself preempted lately, is in its cool-down (the request then deferred)."""
+        last_preempted = await tx.conn.fetchval(
+            "SELECT max(preempted_at) FROM preemption.preemptions WHERE victim = $1 AND state = 'preempted'",
+            payload.preemptor)
+        why = cooldown_verdict(config, last_preempted, tx.now)
+        until = cooldown_ends(config, last_preempted)
+        if why is None or until is None:
+            return False
+        # Admission sends a request once: run it again when the cool-down ends, as a request held back by a
+        # protection window is run again when that ends (else the job never preempts, and being at the head
+        # of its queue, holds back the queue's within-queue preemptions).
+        await record(Outcome.COOLDOWN, f"{why}; retry at {human_time(until)}")
+        await self._defer(tx, payload, origin, attempt, until)
+        return True
+
+    async def _no_victims(self, tx: Tx, payload: PreemptionRequested, config: QueuesConfig,
+                          selection: Selection, snap: Snapshot, *, origin: str, attempt: int,
+                          record: Callable[..., Awaitable[None]]) -> None:
+        """Record why the core chose no victim; a request that only protection windows hold back is deferred."""
+        retry_at = None
+        if selection.why != "FitsWithoutPreemption":
+            retry_at = protection_ends(snap.running, selection.rejected, tx.now,
+                                       config.policy.protection_window_s)
+        if retry_at is not None:
+            # Only protection stands in the way: run it again when the earliest protection ends.
+            await record(Outcome.DEFERRED, f"{selection.why}: {selection.message}; retry at "
+                         f"{human_time(retry_at)} when protection ends")
+            await self._defer(tx, payload, origin, attempt, retry_at)
+            return
+        outcome = Outcome.FITS if selection.why == "FitsWithoutPreemption" else Outcome.NO_VICTIMS
+        await record(outcome, f"{selection.why}: {selection.message}")
 
     async def _defer(self, tx: Tx, payload: PreemptionRequested, origin: str, attempt: int, retry_at: float) -> None:
         """Run the request again at `retry_at` (when a protection window ends); a newer request supersedes it."""
