@@ -114,12 +114,6 @@ def submit(
 ) -> None:
     """Submit jobs by publishing JobSubmitted events (what ML pipelines do too). Waits for admission's verdict on
     each: a rejected job is named with the reason, and the command exits 1."""
-    from pydantic import ValidationError
-
-    from cli.errors import validation_message
-    from shared.domain import JobSpec, PodSet, TopologyLevel, TopologyRequest
-    from shared.events import JobSubmitted
-
     client = api()
     # Through the API a team's token names its team, and the API picks the team's default queue and a job id
     # (`<team>::<random>`): what the command was not told is left out of the body for the API to fill in.
@@ -132,39 +126,63 @@ def submit(
         if team is None and client is None:
             raise typer.BadParameter("give a FILE or at least --team (through the API, with GPUQ_API_URL and "
                                      "GPUQ_TOKEN, a team's token implies its team)", param_hint="--team")
-        if not math.isfinite(gpus) or gpus != int(gpus) or gpus < 1:
-            # refused here, before anything is published (admission refuses a job without GPUs too)
-            raise typer.BadParameter(
-                f"{gpus:g} GPUs per pod: give a whole number of GPUs, at least 1 (gpuq schedules GPU jobs; for a "
-                "fraction of a GPU, submit a job file whose pod set names a MIG profile, mig_profile)",
-                param_hint="--gpus")
-        if pods < 1:
-            raise typer.BadParameter(f"{pods} pods: a job has at least 1 pod", param_hint="--pods")
-        labels = dict(item.split("=", 1) for item in label if "=" in item)
-        try:
-            specs = [JobSpec(
-                # (a stand-in team where the API fills it in: the spec is only validated here, not sent with it)
-                job_id=name or f"{team or 'team'}-{uuid.uuid4().hex[:8]}", team=team or "team",
-                queue=queue or team or "team",
-                priority_class=priority, max_runtime_s=max_runtime, labels=labels,
-                pod_sets=(PodSet(count=pods, gpus_per_pod=int(gpus), gpu_models=tuple(gpu_model)),),
-                topology=TopologyRequest(required_level=TopologyLevel.RACK) if rack else TopologyRequest())]
-        except ValidationError as exc:
-            raise typer.BadParameter(validation_message(exc)) from None
-    if client is not None:
-        body = [{k: v for k, v in s.model_dump(mode="json").items() if k not in implied} for s in specs]
-        results = client.call("POST", "/v1/jobs", json={"jobs": body}, params={"wait": wait})
-        refused = 0
-        for r in results:
-            if r["verdict"] == "rejected":
-                refused += 1
-                console.print(f"[red]refused[/] {r['job_id']}: {r['reason']}: {r['message']}")
-            else:
-                console.print(f"submitted [bold]{r['job_id']}[/]: {r['verdict']}"
-                              + (f" ({r['reason']}: {r['message']})" if r.get("reason") else ""))
-        if refused:
-            raise typer.Exit(1)
-        return
+        specs = [_spec_from_flags(team=team, queue=queue, gpus=gpus, pods=pods, gpu_model=gpu_model,
+                                  priority=priority, max_runtime=max_runtime, rack=rack, name=name, label=label)]
+    refused = (_submit_through_api(client, specs, implied, wait) if client is not None
+               else _submit_as_admin(specs, wait))
+    if refused:
+        raise typer.Exit(1)
+
+
+def _spec_from_flags(*, team: str | None, queue: str | None, gpus: float, pods: int, gpu_model: list[str],
+                     priority: str, max_runtime: int, rack: bool, name: str | None, label: list[str]) -> JobSpec:
+    """`gpuq submit`'s one job described by its options (no FILE), validated here before anything is sent."""
+    from pydantic import ValidationError
+
+    from cli.errors import validation_message
+    from shared.domain import JobSpec, PodSet, TopologyLevel, TopologyRequest
+
+    if not math.isfinite(gpus) or gpus != int(gpus) or gpus < 1:
+        # refused here, before anything is published (admission refuses a job without GPUs too)
+        raise typer.BadParameter(
+            f"{gpus:g} GPUs per pod: give a whole number of GPUs, at least 1 (gpuq schedules GPU jobs; for a "
+            "fraction of a GPU, submit a job file whose pod set names a MIG profile, mig_profile)",
+            param_hint="--gpus")
+    if pods < 1:
+        raise typer.BadParameter(f"{pods} pods: a job has at least 1 pod", param_hint="--pods")
+    labels = dict(item.split("=", 1) for item in label if "=" in item)
+    try:
+        return JobSpec(
+            # (a stand-in team where the API fills it in: the spec is only validated here, not sent with it)
+            job_id=name or f"{team or 'team'}-{uuid.uuid4().hex[:8]}", team=team or "team",
+            queue=queue or team or "team",
+            priority_class=priority, max_runtime_s=max_runtime, labels=labels,
+            pod_sets=(PodSet(count=pods, gpus_per_pod=int(gpus), gpu_models=tuple(gpu_model)),),
+            topology=TopologyRequest(required_level=TopologyLevel.RACK) if rack else TopologyRequest())
+    except ValidationError as exc:
+        raise typer.BadParameter(validation_message(exc)) from None
+
+
+def _submit_through_api(client: Any, specs: list[JobSpec], implied: list[str], wait: float) -> int:
+    """POST the jobs to the API (which waits up to `wait` s for the verdicts), print each; how many were refused."""
+    body = [{k: v for k, v in s.model_dump(mode="json").items() if k not in implied} for s in specs]
+    results = client.call("POST", "/v1/jobs", json={"jobs": body}, params={"wait": wait})
+    refused = 0
+    for r in results:
+        if r["verdict"] == "rejected":
+            refused += 1
+            console.print(f"[red]refused[/] {r['job_id']}: {r['reason']}: {r['message']}")
+        else:
+            console.print(f"submitted [bold]{r['job_id']}[/]: {r['verdict']}"
+                          + (f" ({r['reason']}: {r['message']})" if r.get("reason") else ""))
+    return refused
+
+
+def _submit_as_admin(specs: list[JobSpec], wait: float) -> int:
+    """Publish JobSubmitted events on the bus (admin mode), wait up to `wait` s for admission's verdicts in its
+    table, print each; how many were refused."""
+    from shared.events import JobSubmitted
+
     now = datetime.now(UTC)
     event_ids = asyncio.run(_publish([(JobSubmitted(spec=spec, submitted_at=now, submitted_by="gpuq-cli"),
                                        JobSubmitted.scoped_subject(spec.team)) for spec in specs]))
@@ -182,8 +200,7 @@ def submit(
         else:
             console.print(f"submitted {what}: {verdict['verdict']}"
                           + (f" ({verdict['reason']}: {verdict['message']})" if verdict["reason"] else ""))
-    if refused:
-        raise typer.Exit(1)
+    return refused
 
 
 async def _admin_verdicts(event_ids: list[str], wait_s: float) -> dict[str, dict[str, Any]]:
