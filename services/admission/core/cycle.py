@@ -57,6 +57,9 @@ def admission_cycle(state: AdmissionState, now: float, *, capacity: Mapping[str,
 
 
 class _Cycle:
+    """One cycle: the phases and their order (heads, nominations, the heap, admissions, requeue); fit checks,
+    lending, preemption requests and reuse are its collaborators'."""
+
     def __init__(self, state: AdmissionState, now: float, capacity: Mapping[str, int] | None,
                  max_admissions: int | None, explain: bool = True):
         self.state = state

@@ -40,7 +40,7 @@ class Fit:
         self.borrowing = borrowing
         self.version = -1  # the memo version it was computed at (the memo stores results, not tuples)
         self.usage_id: int | None = None  # set by the lending-refusal memo when first needed
-        # the queue's fair share after admitting `usage` (`_key`), set when first needed: it reads the queue's
+        # the queue's fair share after admitting `usage` (`FitChecker.key`), set when first needed: it reads the queue's
         # usage, which only an admission in its scope changes, and that retires this fit (a new memo version)
         self.share: float | None = None
 
@@ -60,9 +60,9 @@ class NoFit:
         # within-queue preemption (with, under nominal, a reclaim in the same decision) would have to make room for
         self.own = own
         self.borrow = borrow  # set when it must borrow and the cohort lends too little: its request
-        # priority -> (reason, message) once _fail found that every later job of that priority failing this
-        # way ends the same (no reclaim candidates; or behind this queue's reclaims, which only grow in a
-        # cycle): the scan then skips _fail for them
+        # priority -> (reason, message) once PreemptionAsks.fail found that every later job of that priority
+        # failing this way ends the same (no reclaim candidates; or behind this queue's reclaims, which only grow
+        # in a cycle): the scan then skips `fail` for them
         self.settled: dict[int, tuple[str, str | LazyText]] | None = None
         self.version = -1
 

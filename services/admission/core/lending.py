@@ -43,7 +43,7 @@ class LendingGuard:
         self.lender_unused.clear()
 
     def refusal(self, qq: QueueQuota, e: Entry, fit: Fit, version: int) -> str | None:
-        """`_lending_refused`, memoised per (queue, usage, priority, preemptible) until the scope changes: a
+        """`lending_refused`, memoised per (queue, usage, priority, preemptible) until the scope changes: a
         deep queue of borrowing jobs a lender holds its quota back from costs one lookup per job. Keyed by the
         fit's usage, not the job's request: the refusal reads nothing else of the job, and many different
         requests (pod counts, any-of models) end with the same usage."""
@@ -127,7 +127,7 @@ class LendingGuard:
 
     def hold_if_coverable(self, qq: QueueQuota, request: Mapping[str, int], first: str,
                            *needs: tuple[tuple[str, ...], Mapping[str, int]]) -> None:
-        """`_hold`, but only when the request can be met: for each (candidates, what they must free) in `needs`,
+        """`hold`, but only when the request can be met: for each (candidates, what they must free) in `needs`,
         the candidates' admitted usage covers it. Preempting a job gives back what admission charged it, and the
         preemption core frees a quota request only from such candidates (fewer of them: only running jobs, none
         inside its protection window, guarantees kept), so when their usage falls short no set of victims can make

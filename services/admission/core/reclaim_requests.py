@@ -80,7 +80,7 @@ class PreemptionAsks:
                 self.fair_preempt(qq, e, result, request, self.fair_strategies)
 
     def lowest_preemptible(self, q: str) -> float:
-        """The lowest priority among `q`'s admitted preemptible jobs (+inf when none); kept up to date by _admit."""
+        """The lowest priority among `q`'s admitted preemptible jobs (+inf when none); kept up to date by `admitted`."""
         low = self.lowest_own.get(q)
         if low is None:
             low = min((float(e.priority) for e in self.state.admitted_entries(q)
