@@ -88,24 +88,49 @@ def up(
     By default the executor is simulated (jobs "run" on the nodes of cluster.yaml and nothing is started);
     `--executor kube` runs them on the Kubernetes cluster of `--kubeconfig` (docs/kubernetes.md)."""
     from services.admission.sharding import parse_cohorts
-    from services.stack import Stack, StackSettings
-    from shared import gcpolicy, retention
-    from shared import namespace as namespaces
+    from services.stack import StackSettings
     from shared.clock import ScaledClock, SystemClock
-    from shared.config import ClusterSource, ConfigError, dcgm_settings, load_cluster, load_queues, parse_cluster
-    from shared.health import HealthServer
-    from shared.servers import EmbeddedServerError, Servers, resolve_servers
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if executor not in ("sim", "kube"):
         console.print(f"[red]--executor must be sim or kube, not {executor!r}[/]")
         raise typer.Exit(2)
+    wanted = [s.strip() for s in services.split(",") if s.strip()]
+    health_addr = _check_listeners(wanted, bind=bind, health_addr=health_addr, api_port=api_port,
+                                   metrics_port=metrics_port, health_port=health_port)
+    runs_executor = "executor" in wanted
+    if executor == "sim":
+        cluster = cluster or EXAMPLES / "cluster.yaml"
+    _announce_exposure(executor, runs_executor, cluster, kubeconfig, bind, health_addr)
+    cluster_cfg, queues_cfg, dcgm = _load_configs(cluster, queues)
+    _check_kubernetes_and_retention(wanted, executor, runs_executor, kubeconfig)
+    servers = _servers(data_dir, queues_cfg)
+    pointed = record_servers(servers.nats_url, servers.database_url) and _point_config_here()
+    settings = StackSettings(
+        nats_url=servers.nats_url, database_url=servers.database_url, queues=queues_cfg, cluster=cluster_cfg,
+        cluster_dir=cluster.parent if cluster is not None else None, executor=executor, kubeconfig=kubeconfig,
+        services=wanted,
+        clock=ScaledClock(speedup) if speedup != 1.0 else SystemClock(), metrics_port=metrics_port, bind=bind,
+        metrics_job_labels=metrics_job_labels,
+        admission_cohorts=parse_cohorts(admission_cohorts), instance=instance, api_port=api_port,
+        nats_urls=_service_urls(servers, executor), dcgm=dcgm)
+    try:
+        asyncio.run(_run_stack(settings, servers, health_addr=health_addr, health_port=health_port,
+                               wanted=wanted, bind=bind, api_port=api_port, pointed=pointed))
+    finally:
+        servers.close()
+        forget_servers()
+
+
+def _check_listeners(wanted: list[str], *, bind: str, health_addr: str, api_port: int, metrics_port: int,
+                     health_port: int) -> str:
+    """The addresses and ports the services run here would listen on, checked before anything starts (exit 2
+    naming the option); the health endpoints' address (default: --bind's)."""
     for option, address in (("--bind", bind), ("--health-addr", health_addr)):
         if address and not _is_ip(address):
             console.print(f"[red]{option} must be an IP address (127.0.0.1, 0.0.0.0, ::1, ...), not {address!r}[/]")
             raise typer.Exit(2)
     health_addr = health_addr or bind
-    wanted = [s.strip() for s in services.split(",") if s.strip()]
     busy = _busy_port(bind, health_addr, [
         (api_port, "the API", "--api-port") if "api" in wanted else None,
         (metrics_port, "telemetry's /metrics", "--metrics-port") if "telemetry" in wanted and metrics_port else None,
@@ -113,9 +138,13 @@ def up(
     if busy is not None:
         console.print(f"[red]error:[/] {busy}", soft_wrap=True)
         raise typer.Exit(2)
-    runs_executor = "executor" in wanted
+    return health_addr
+
+
+def _announce_exposure(executor: str, runs_executor: bool, cluster: Path | None, kubeconfig: Path | None,
+                       bind: str, health_addr: str) -> None:
+    """Say what `gpuq up` runs jobs on, and when its endpoints are reachable from other machines."""
     if executor == "sim":
-        cluster = cluster or EXAMPLES / "cluster.yaml"
         if runs_executor:
             console.print(f"gpuq up: SIMULATED executor: jobs run on the simulated nodes of {cluster}, not on a "
                           "real cluster (use --executor kube for Kubernetes)", soft_wrap=True)
@@ -126,6 +155,13 @@ def up(
         what = "the API, /metrics and the health endpoints" if health_addr == bind else "the API and /metrics"
         console.print(f"gpuq up: {what} listen on {bind}, reachable from other machines (--bind 127.0.0.1 keeps "
                       "them to this one)", soft_wrap=True)
+
+
+def _load_configs(cluster: Path | None, queues: Path) -> tuple[Any, Any, Any]:
+    """cluster.yaml (or the built-in Kubernetes mapping), queues.yaml and the DCGM settings, checked before anything
+    starts (exit 2 naming what is wrong); prints queues.yaml's capacity warnings."""
+    from shared.config import ClusterSource, ConfigError, dcgm_settings, load_cluster, load_queues, parse_cluster
+
     try:
         cluster_cfg = load_cluster(cluster) if cluster is not None else parse_cluster(
             {"source": "kubernetes"}, "built-in Kubernetes mapping")
@@ -137,6 +173,14 @@ def up(
     # Capacity warnings need the nodes, which a `source: kubernetes` cluster.yaml does not list.
     for warning in queues_cfg.warnings(cluster_cfg if cluster_cfg.source is ClusterSource.STATIC else None):
         console.print(f"[yellow]warning:[/] {warning}")
+    return cluster_cfg, queues_cfg, dcgm
+
+
+def _check_kubernetes_and_retention(wanted: list[str], executor: str, runs_executor: bool,
+                                    kubeconfig: Path | None) -> None:
+    """The settings read from the environment and the kubeconfig, checked before anything starts (exit 2)."""
+    from shared import gcpolicy, retention
+
     reviews_tokens = False
     if "api" in wanted:
         from services.api.kubeauth import TokenReviewSettings
@@ -162,71 +206,69 @@ def up(
     except ValueError as exc:
         console.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(2) from None
+
+
+def _servers(data_dir: Path, queues_cfg: Any) -> Any:
+    """NATS and Postgres: NATS_URL / DATABASE_URL, another `gpuq up`'s, or embedded ones started here."""
+    from shared.servers import EmbeddedServerError, Servers, resolve_servers
+
     active = active_instance()
     if active is not None and not os.environ.get("NATS_URL") and not os.environ.get("DATABASE_URL"):
         # Another `gpuq up` runs with this state directory: share its servers (starting embedded ones on the same
         # data directories would corrupt them) and leave its servers file alone.
         console.print(f"gpuq up: another gpuq up (pid {active['pid']}) runs with {STATE_DIR}; using its NATS and "
                       "Postgres", soft_wrap=True)
-        servers = Servers(nats_url=str(active["nats_url"]), database_url=str(active["database_url"]),
-                          origin={"nats": f"of pid {active['pid']}", "postgres": f"of pid {active['pid']}"})
-    else:
-        try:
-            servers = resolve_servers(data_dir, teams=_teams(queues_cfg))
-        except EmbeddedServerError as exc:
-            console.print(f"[red]{escape(str(exc))}[/]")
-            raise typer.Exit(2) from None
-    pointed = record_servers(servers.nats_url, servers.database_url) and _point_config_here()
-    settings = StackSettings(
-        nats_url=servers.nats_url, database_url=servers.database_url, queues=queues_cfg, cluster=cluster_cfg,
-        cluster_dir=cluster.parent if cluster is not None else None, executor=executor, kubeconfig=kubeconfig,
-        services=wanted,
-        clock=ScaledClock(speedup) if speedup != 1.0 else SystemClock(), metrics_port=metrics_port, bind=bind,
-        metrics_job_labels=metrics_job_labels,
-        admission_cohorts=parse_cohorts(admission_cohorts), instance=instance, api_port=api_port,
-        nats_urls=_service_urls(servers, executor), dcgm=dcgm)
-
-    async def run() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        stack = Stack(settings)
-        # Health first: a standby waits for its lease inside the stack's start-up, and reports so meanwhile.
-        health = HealthServer(stack.health, host=health_addr, port=health_port) if health_port else None
-        async with health or contextlib.nullcontext():
-            # A signal must stop a standby too, which is still inside start-up (waiting for the lease): a pod
-            # would otherwise be killed only at the end of its termination grace period.
-            starting = asyncio.create_task(stack.start())
-            stopping = asyncio.create_task(stop.wait())
-            announcing = asyncio.create_task(_announce_standby(stack))
-            try:
-                await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-                if starting.done():
-                    starting.result()  # start-up errors end the command here
-                    gcpolicy.install()  # services started: their long-lived heap is loaded (shared/gcpolicy.py)
-                    names = ", ".join(r.spec.name for r in stack.runtimes)
-                    console.print(f"gpuq up: {names} in namespace {namespaces.current()} "
-                                  f"(NATS {servers.origin['nats']}, Postgres {servers.origin['postgres']})")
-                    for line in _ready_lines(wanted, bind, api_port, pointed):
-                        console.print(f"gpuq up: {line}", soft_wrap=True)
-                    await stopping
-            finally:
-                for task in (starting, stopping, announcing):
-                    task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await stopping
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await starting  # its error, if any, was raised above
-                await stack.stop()
-                gcpolicy.uninstall()
-        console.print("stopped")
-
+        return Servers(nats_url=str(active["nats_url"]), database_url=str(active["database_url"]),
+                       origin={"nats": f"of pid {active['pid']}", "postgres": f"of pid {active['pid']}"})
     try:
-        asyncio.run(run())
-    finally:
-        servers.close()
-        forget_servers()
+        return resolve_servers(data_dir, teams=_teams(queues_cfg))
+    except EmbeddedServerError as exc:
+        console.print(f"[red]{escape(str(exc))}[/]")
+        raise typer.Exit(2) from None
+
+
+async def _run_stack(settings: Any, servers: Any, *, health_addr: str, health_port: int, wanted: list[str],
+                     bind: str, api_port: int, pointed: bool) -> None:
+    """Run the stack (and the health endpoints) until SIGINT or SIGTERM, then stop it."""
+    from services.stack import Stack
+    from shared import gcpolicy
+    from shared import namespace as namespaces
+    from shared.health import HealthServer
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    stack = Stack(settings)
+    # Health first: a standby waits for its lease inside the stack's start-up, and reports so meanwhile.
+    health = HealthServer(stack.health, host=health_addr, port=health_port) if health_port else None
+    async with health or contextlib.nullcontext():
+        # A signal must stop a standby too, which is still inside start-up (waiting for the lease): a pod
+        # would otherwise be killed only at the end of its termination grace period.
+        starting = asyncio.create_task(stack.start())
+        stopping = asyncio.create_task(stop.wait())
+        announcing = asyncio.create_task(_announce_standby(stack))
+        try:
+            await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if starting.done():
+                starting.result()  # start-up errors end the command here
+                gcpolicy.install()  # services started: their long-lived heap is loaded (shared/gcpolicy.py)
+                names = ", ".join(r.spec.name for r in stack.runtimes)
+                console.print(f"gpuq up: {names} in namespace {namespaces.current()} "
+                              f"(NATS {servers.origin['nats']}, Postgres {servers.origin['postgres']})")
+                for line in _ready_lines(wanted, bind, api_port, pointed):
+                    console.print(f"gpuq up: {line}", soft_wrap=True)
+                await stopping
+        finally:
+            for task in (starting, stopping, announcing):
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await stopping
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await starting  # its error, if any, was raised above
+            await stack.stop()
+            gcpolicy.uninstall()
+    console.print("stopped")
 
 
 async def _announce_standby(stack: Stack) -> None:
