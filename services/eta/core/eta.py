@@ -89,103 +89,155 @@ def estimate_starts(cluster: Any, admission: Any, running: Mapping[str, float], 
     """
     if horizon_s <= 0 or not 0.0 <= resolution < 1.0:
         raise ValueError(f"need horizon_s > 0 and 0 <= resolution < 1, got {horizon_s}, {resolution}")
-    from services.admission.core import Workload
-    from services.pipeline.core import cycle, hold_until, waiting_job
-    from services.scheduler.core import Hold, RunningJob
+    # (imported when called: the pipeline core is imported late, and tests count its cycles through the module)
+    from services.pipeline.core import cycle
 
-    run_for: Duration = duration or (lambda spec: float(spec.max_runtime_s))
-    cl = cluster.copy()
-    adm = admission.copy()
-    placed_now = set(cl.allocations())
-    ends: list[tuple[float, str]] = sorted((max(end, now + MIN_REMAINING_S if end <= now else end), job_id)
-                                           for job_id, end in running.items())
-    heapq.heapify(ends)
-    # The scheduler's running list, one RunningJob per job (made once: this loop runs hundreds of cycles).
-    believed = {j: RunningJob(job_id=j, expected_end=e)
-                for j, e in (believed_ends.items() if believed_ends is not None else ((j, e) for e, j in ends))}
-    # Admitted but not yet placed: the scheduler's pending list (the pipeline orders it).
-    waiting = {job_id: waiting_job(adm.config, a) for job_id, a in sorted(adm.admitted.items())
-               if job_id not in placed_now and job_id not in running}
-    starts: dict[str, float] = {}
-    current = {job_id: end for end, job_id in ends}  # each running job's end (a preempted one's entry goes stale)
-    preempt = ReplayPreemption(adm, started, preempted_at or {}) if started is not None else None
-    left_s: dict[str, float] = {}  # a job preempted in the replay -> the run time it had left
-    # a victim of the replay -> its capacity, held for its preemptor as the scheduler holds it (docs/preemption.md)
-    holds: dict[str, Hold] = {}
+    replay = _StartsReplay(cluster, admission, running, now, cycle=cycle, backfill=backfill,
+                           run_for=duration or (lambda spec: float(spec.max_runtime_s)),
+                           believed_ends=believed_ends, started=started, preempted_at=preempted_at)
     t = now
     for _ in range(max_cycles):
-        if waiting or adm.pending:
-            # A cycle, then the preemptions its requests allow and a cycle again in the same instant (the victims'
-            # GPUs are free at once, as in the simulator's policy), until a cycle preempts nothing. Each round
-            # takes a victim or stops, so there are at most as many rounds as jobs hold GPUs.
-            for _round in range(len(current) + 1):
-                # (schedule_cycle orders the running list itself)
-                out = cycle(adm, cl, waiting, list(believed.values()), t, backfill=backfill,
-                            run_admission=bool(adm.pending),
-                            lowest_preemptible_running=preempt.lowest_preemptible() if preempt else None,
-                            holds=tuple(h for h in holds.values() if h.until > t))
-                for w in out.admitted:
-                    waiting[w.job_id] = w
-                if holds and out.placement.result.placed:
-                    placed = {p.job_id for p in out.placement.result.placed}
-                    holds = {v: h for v, h in holds.items() if h.preemptor not in placed and h.until > t}
-                for p in out.placement.result.placed:
-                    w = waiting.pop(p.job_id)
-                    if p.job_id not in running:  # (a running job preempted in the replay and restarted: no ETA)
-                        starts.setdefault(p.job_id, t)  # a job preempted in the replay keeps its first start
-                    believed[p.job_id] = RunningJob(job_id=p.job_id, expected_end=t + w.spec.max_runtime_s)
-                    end = t + max(1.0, left_s.pop(p.job_id) if p.job_id in left_s else run_for(w.spec))
-                    current[p.job_id] = end
-                    heapq.heappush(ends, (end, p.job_id))
-                    if preempt is not None:
-                        preempt.started(p.job_id, w.spec, t)
-                if preempt is None:
-                    break
-                # admission's reclaims, and the scheduler's asks: an admitted job that cannot be placed asks for
-                # a lower-priority job's GPUs (held outside gpuq, fragmented), which the platform takes when that
-                # job's protection ends, not when it ends
-                asks = set(out.placement.preemption_asks)
-                victims = preempt(cl, out.admission.reclaims, t,
-                                  [u for u in out.placement.result.unplaceable if u.job_id in asks])
-                for v in victims:  # back to admission; their GPUs are free now: admit and place again
-                    preemptor, placement = preempt.preemptor_of.pop(v, None), cl.placement_of(v)
-                    if preemptor is not None and placement is not None:
-                        holds[v] = Hold(preemptor=preemptor, victim=v, placement=placement,
-                                        until=hold_until(t, adm.config.policy.checkpoint_grace_s))
-                    left_s[v] = max(1.0, current.pop(v) - t)
-                    believed.pop(v, None)
-                    cl.release(v)
-                    held = adm.admitted[v]
-                    adm.requeue(Workload(spec=held.spec, submitted_at=held.submitted_at))
-                if not victims:
-                    break
-        if not waiting and not adm.pending:
+        if replay.anything_waiting():
+            replay.settle(t)
+        if not replay.anything_waiting():
             break
-        while ends and current.get(ends[0][1]) != ends[0][0]:
+        step = replay.next_step(t, horizon_s, resolution)
+        if step is None:
+            break
+        t = step
+    return dict(sorted(replay.starts.items()))
+
+
+class _StartsReplay:
+    """The memory of one `estimate_starts` replay on its own copies of the snapshots: the scheduler's view of the
+    running jobs, the waiting jobs, the ends to come, the replay's preemptions and the starts planned so far.
+    Split in two steps, what happens at one instant (`settle`) and where the replay goes next (`next_step`)."""
+
+    def __init__(self, cluster: Any, admission: Any, running: Mapping[str, float], now: float, *,
+                 cycle: Callable[..., Any], backfill: bool, run_for: Duration,
+                 believed_ends: Mapping[str, float] | None, started: Mapping[str, float] | None,
+                 preempted_at: Mapping[str, float] | None):
+        from services.pipeline.core import waiting_job
+        from services.scheduler.core import Hold, RunningJob
+
+        self._cycle = cycle
+        self._running_job = RunningJob
+        self._hold = Hold
+        self.backfill = backfill
+        self.run_for = run_for
+        self.now = now
+        self.running = running
+        self.cl = cluster.copy()
+        self.adm = admission.copy()
+        placed_now = set(self.cl.allocations())
+        self.ends: list[tuple[float, str]] = sorted((max(end, now + MIN_REMAINING_S if end <= now else end), job_id)
+                                                    for job_id, end in running.items())
+        heapq.heapify(self.ends)
+        # The scheduler's running list, one RunningJob per job (made once: this loop runs hundreds of cycles).
+        self.believed = {j: RunningJob(job_id=j, expected_end=e)
+                         for j, e in (believed_ends.items() if believed_ends is not None
+                                      else ((j, e) for e, j in self.ends))}
+        # Admitted but not yet placed: the scheduler's pending list (the pipeline orders it).
+        self.waiting = {job_id: waiting_job(self.adm.config, a) for job_id, a in sorted(self.adm.admitted.items())
+                        if job_id not in placed_now and job_id not in running}
+        self.starts: dict[str, float] = {}
+        # each running job's end (a preempted one's entry goes stale)
+        self.current = {job_id: end for end, job_id in self.ends}
+        self.preempt = (ReplayPreemption(self.adm, started, preempted_at or {}) if started is not None else None)
+        self.left_s: dict[str, float] = {}  # a job preempted in the replay -> the run time it had left
+        # a victim of the replay -> its capacity, held for its preemptor as the scheduler holds it
+        # (docs/preemption.md)
+        self.holds: dict[str, Any] = {}
+
+    def anything_waiting(self) -> bool:
+        return bool(self.waiting or self.adm.pending)
+
+    def settle(self, t: float) -> None:
+        """A cycle, then the preemptions its requests allow and a cycle again in the same instant (the victims'
+        GPUs are free at once, as in the simulator's policy), until a cycle preempts nothing. Each round takes a
+        victim or stops, so there are at most as many rounds as jobs hold GPUs."""
+        preempt = self.preempt
+        for _round in range(len(self.current) + 1):
+            # (schedule_cycle orders the running list itself)
+            out = self._cycle(self.adm, self.cl, self.waiting, list(self.believed.values()), t,
+                              backfill=self.backfill, run_admission=bool(self.adm.pending),
+                              lowest_preemptible_running=preempt.lowest_preemptible() if preempt else None,
+                              holds=tuple(h for h in self.holds.values() if h.until > t))
+            self._take(out, t)
+            if preempt is None:
+                break
+            # admission's reclaims, and the scheduler's asks: an admitted job that cannot be placed asks for
+            # a lower-priority job's GPUs (held outside gpuq, fragmented), which the platform takes when that
+            # job's protection ends, not when it ends
+            asks = set(out.placement.preemption_asks)
+            victims = preempt(self.cl, out.admission.reclaims, t,
+                              [u for u in out.placement.result.unplaceable if u.job_id in asks])
+            self._requeue(preempt, victims, t)
+            if not victims:
+                break
+
+    def _take(self, out: Any, t: float) -> None:
+        """A cycle's admissions join the waiting jobs; its placements start, each with its end to come."""
+        for w in out.admitted:
+            self.waiting[w.job_id] = w
+        if self.holds and out.placement.result.placed:
+            placed = {p.job_id for p in out.placement.result.placed}
+            self.holds = {v: h for v, h in self.holds.items() if h.preemptor not in placed and h.until > t}
+        for p in out.placement.result.placed:
+            w = self.waiting.pop(p.job_id)
+            if p.job_id not in self.running:  # (a running job preempted in the replay and restarted: no ETA)
+                self.starts.setdefault(p.job_id, t)  # a job preempted in the replay keeps its first start
+            self.believed[p.job_id] = self._running_job(job_id=p.job_id, expected_end=t + w.spec.max_runtime_s)
+            end = t + max(1.0, self.left_s.pop(p.job_id) if p.job_id in self.left_s else self.run_for(w.spec))
+            self.current[p.job_id] = end
+            heapq.heappush(self.ends, (end, p.job_id))
+            if self.preempt is not None:
+                self.preempt.started(p.job_id, w.spec, t)
+
+    def _requeue(self, preempt: ReplayPreemption, victims: Sequence[str], t: float) -> None:
+        """The replay's victims go back to admission; their GPUs are free now: admit and place again."""
+        from services.admission.core import Workload
+        from services.pipeline.core import hold_until
+
+        for v in victims:
+            preemptor, placement = preempt.preemptor_of.pop(v, None), self.cl.placement_of(v)
+            if preemptor is not None and placement is not None:
+                self.holds[v] = self._hold(preemptor=preemptor, victim=v, placement=placement,
+                                           until=hold_until(t, self.adm.config.policy.checkpoint_grace_s))
+            self.left_s[v] = max(1.0, self.current.pop(v) - t)
+            self.believed.pop(v, None)
+            self.cl.release(v)
+            held = self.adm.admitted[v]
+            self.adm.requeue(Workload(spec=held.spec, submitted_at=held.submitted_at))
+
+    def next_step(self, t: float, horizon_s: float, resolution: float) -> float | None:
+        """The next instant the replay decides at (the jobs ending by then have ended), or None: nothing
+        happens within the horizon."""
+        ends, preempt = self.ends, self.preempt
+        while ends and self.current.get(ends[0][1]) != ends[0][0]:
             heapq.heappop(ends)  # a preempted job's old end
         wake = preempt.wake_at(t) if preempt is not None else None
         first = min(ends[0][0] if ends else math.inf, wake if wake is not None else math.inf)
-        if first > now + horizon_s:
-            break
+        if first > self.now + horizon_s:
+            return None
         if wake is not None and wake < (ends[0][0] if ends else math.inf):
-            t = wake  # a protection window ends before any job: the preemptions it allows are decided then
-            continue
+            return wake  # a protection window ends before any job: the preemptions it allows are decided then
         # Every job ending at this instant or within `resolution` of the look-ahead after it, then one cycle at
         # the latest of those ends (never before a job's end: a start is planned late by at most that fraction).
-        until = min(now + horizon_s, ends[0][0] + resolution * (ends[0][0] - now))
+        until = min(self.now + horizon_s, ends[0][0] + resolution * (ends[0][0] - self.now))
         if wake is not None:
             until = min(until, wake)
         while ends and ends[0][0] <= until:
             t, job_id = heapq.heappop(ends)
-            if current.get(job_id) != t:
+            if self.current.get(job_id) != t:
                 continue
-            del current[job_id]
-            believed.pop(job_id, None)
-            cl.release(job_id)
-            adm.finish(job_id)
+            del self.current[job_id]
+            self.believed.pop(job_id, None)
+            self.cl.release(job_id)
+            self.adm.finish(job_id)
             if preempt is not None:
                 preempt.ended(job_id)
-    return dict(sorted(starts.items()))
+        return t
 
 
 class ReplayPreemption:
