@@ -169,16 +169,33 @@ def create_app(ctx: ApiContext) -> FastAPI:
     _offline_docs(app)
     app.include_router(safety.router(principal))  # the configuration check and the dead letters
 
-    def admin_only(who: Principal) -> None:
-        if not who.admin:
-            raise HTTPException(403, "this needs a platform admin's token")
+    # The routes, by area, in the order FastAPI matches them and the OpenAPI document lists them.
+    _add_job_routes(app, ctx)
+    _add_job_request_routes(app, ctx)
+    _add_queue_routes(app, ctx)
+    _add_report_routes(app, ctx)
+    _add_webhook_routes(app, ctx)
+    _add_audit_routes(app, ctx)
 
-    async def visible_job(who: Principal, job_id: str) -> dict[str, Any]:
-        rows = await readmodel.fetch_status(ctx.database_url, job_id, team=None if who.admin else who.team)
-        if not rows:
-            raise HTTPException(404, f"no job {job_id!r}")  # another team's job is not found, not forbidden
-        return rows[0]
+    _document_submission_body(app)
+    portal.mount(app, principal)  # the web UI under /ui (services/api/portal)
+    return app
 
+
+def _admin_only(who: Principal) -> None:
+    if not who.admin:
+        raise HTTPException(403, "this needs a platform admin's token")
+
+
+async def _visible_job(ctx: ApiContext, who: Principal, job_id: str) -> dict[str, Any]:
+    rows = await readmodel.fetch_status(ctx.database_url, job_id, team=None if who.admin else who.team)
+    if not rows:
+        raise HTTPException(404, f"no job {job_id!r}")  # another team's job is not found, not forbidden
+    return rows[0]
+
+
+def _add_job_routes(app: FastAPI, ctx: ApiContext) -> None:
+    """The health probe, submission and the jobs' status and explanation."""
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:
@@ -227,14 +244,18 @@ def create_app(ctx: ApiContext) -> FastAPI:
 
     @app.get("/v1/jobs/{job_id}", summary="One job's status", response_model=JobStatus)
     async def get_job(who: Caller, job_id: str) -> dict[str, Any]:
-        return readmodel.public(await visible_job(who, job_id), ctx.rt().clock.now())
+        return readmodel.public(await _visible_job(ctx, who, job_id), ctx.rt().clock.now())
 
     @app.get("/v1/jobs/{job_id}/explain", summary="Why a job waits, where it stands, when it should start",
              response_model=Explanation)
     async def explain(who: Caller, job_id: str) -> dict[str, Any]:
-        row = await visible_job(who, job_id)
+        row = await _visible_job(ctx, who, job_id)
         return {"job_id": job_id, "state": row["state"],
                 "lines": readmodel.explain_lines(row, ctx.rt().clock.now())}
+
+
+def _add_job_request_routes(app: FastAPI, ctx: ApiContext) -> None:
+    """Requests about one job: cancel (its team, or an admin) and approve (an admin)."""
 
     @app.post("/v1/jobs/{job_id}/cancel", status_code=202, summary="Cancel a job of the token's team (any: admin)",
               response_model=JobRequestSent)
@@ -258,14 +279,18 @@ def create_app(ctx: ApiContext) -> FastAPI:
     @app.post("/v1/jobs/{job_id}/approve", status_code=202, summary="Approve a job awaiting approval (admin)",
               response_model=JobRequestSent)
     async def approve(who: Caller, job_id: str) -> dict[str, str]:
-        admin_only(who)
-        row = await visible_job(who, job_id)
+        _admin_only(who)
+        row = await _visible_job(ctx, who, job_id)
         if row.get("reason") != governance.AWAITING_APPROVAL:
             raise HTTPException(409, f"job {job_id} is not awaiting approval ({row['state']})")
         async with ctx.rt().transaction() as tx:
             event = await tx.emit(JobApproved(job_id=job_id, approved_by=who.name, approved_at=utcnow_from(tx.now)))
             await audit.record(tx, "approve_request", who.actor, job_id=job_id, team=row["team"], event_id=event.id)
         return {"job_id": job_id, "event_id": event.id, "status": "approval sent"}
+
+
+def _add_queue_routes(app: FastAPI, ctx: ApiContext) -> None:
+    """The queues (admission's read model), the GPUs held outside gpuq, and the queue configuration."""
 
     @app.get("/v1/queues", summary="Per queue: nominal, used, borrowed, lent, pending, running",
              response_model=list[QueueRow])
@@ -289,7 +314,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
     @app.put("/v1/queues/config", status_code=202, summary="Change teams, quotas and policy (admin)",
              response_model=ConfigProposed)
     async def apply_queues(who: Caller, body: ConfigBody) -> dict[str, Any]:
-        admin_only(who)
+        _admin_only(who)
         try:
             config = parse_queues(body.config, "request body")
         except ConfigError as exc:
@@ -322,6 +347,10 @@ def create_app(ctx: ApiContext) -> FastAPI:
             body["config"] = queues_document(current.config)
         return body
 
+
+def _add_report_routes(app: FastAPI, ctx: ApiContext) -> None:
+    """Usage and cost reports (metering)."""
+
     @app.get("/v1/report", summary="GPU usage and cost of the token's team (every team for an admin)",
              response_model=Report)
     async def report(who: Caller, by: str = "team", since: str | None = None, until: str | None = None,
@@ -342,6 +371,9 @@ def create_app(ctx: ApiContext) -> FastAPI:
         with _report_errors():
             return await focus_document(ctx.database_url, since=since, until=until, granularity=granularity,
                                         team=team if who.admin else who.team, now=datetime.now(UTC))
+
+def _add_webhook_routes(app: FastAPI, ctx: ApiContext) -> None:
+    """A team's webhook subscriptions: list, add, remove, rotate the secret, re-enable."""
 
     @app.get("/v1/webhooks", summary="Webhook subscriptions of the token's team (all: admin)",
              response_model=list[Webhook])
@@ -410,6 +442,10 @@ def create_app(ctx: ApiContext) -> FastAPI:
             await audit.record(tx, "webhook_enable", who.actor, team=sub.team, subscription=sub_id)
         return {"id": sub_id, "status": "enabled"}
 
+
+def _add_audit_routes(app: FastAPI, ctx: ApiContext) -> None:
+    """The audit records (the token's team's; every team's for an admin)."""
+
     @app.get("/v1/audit", summary="Audit records (the token's team's; all for an admin)",
              response_model=list[AuditRecord])
     async def audit_records(who: Caller, since: datetime | None = None, until: datetime | None = None,
@@ -419,10 +455,6 @@ def create_app(ctx: ApiContext) -> FastAPI:
             rows = await read_records(conn, since=since, until=until, team=team if who.admin else who.team,
                                       job_id=job_id, action=action, limit=limit)
         return [{**r, "at": r["at"].isoformat()} for r in rows]
-
-    _document_submission_body(app)
-    portal.mount(app, principal)  # the web UI under /ui (services/api/portal)
-    return app
 
 
 def _offline_docs(app: FastAPI) -> None:

@@ -181,8 +181,17 @@ def _secure(request: Request) -> bool:
 
 
 def router() -> APIRouter:
+    # The routes are added in this order (sign-in, jobs and templates, queues and costs): it is the order FastAPI
+    # matches them in.
     r = APIRouter()
-    catalogue = load_catalogue()
+    _add_sign_in_routes(r)
+    _add_job_routes(r, load_catalogue())
+    _add_overview_routes(r)
+    return r
+
+
+def _add_sign_in_routes(r: APIRouter) -> None:
+    """The home page's redirect, sign-in (a pasted API token, kept in an HttpOnly cookie) and sign-out."""
 
     @r.get("", response_class=HTMLResponse)
     @r.get("/", response_class=HTMLResponse)
@@ -220,6 +229,11 @@ def router() -> APIRouter:
         response = _redirect("/login")
         response.delete_cookie(SESSION_COOKIE, path=PREFIX)
         return response
+
+
+
+def _add_job_routes(r: APIRouter, catalogue: Mapping[str, JobTemplate]) -> None:
+    """The team's jobs (each with the API's explanation) and the job templates: their forms and submission."""
 
     @r.get("/jobs", response_class=HTMLResponse)
     async def jobs(request: Request) -> Response:
@@ -280,6 +294,11 @@ def router() -> APIRouter:
             return await _template_page(s, template, form, error=_detail(r), status=r.status_code)
         return _page("submitted.html", s=s, results=r.json(), template=template, tab="templates")
 
+
+
+def _add_overview_routes(r: APIRouter) -> None:
+    """The queues and the cost report, as the API shows them to the session's token."""
+
     @r.get("/queues", response_class=HTMLResponse)
     async def queues(request: Request) -> Response:
         s = await _session(request)
@@ -303,7 +322,6 @@ def router() -> APIRouter:
             return _page("error.html", exc.status, s=s, message=exc.detail, tab="costs")
         return _page("costs.html", s=s, report=report, tab="costs")
 
-    return r
 
 
 def _login_page(request: Request, error: str | None = None, status: int = 200) -> Response:
