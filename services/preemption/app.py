@@ -278,6 +278,12 @@ class PreemptionService:
         their window ends (the request is deferred until then)."""
         config = self.config
         q = config.queue_map.get(payload.queue)
+        if (q is None or q.stop_policy is not StopPolicy.HOLD_AND_DRAIN) and await self.follower.refresh(tx.conn):
+            # Admission asks for a drain once it has recorded the version that holds the queue, but that version's
+            # announcement travels on another stream and may not have reached this service yet: the version in
+            # force (admission's read model, committed before the request) decides, not the one last heard of.
+            config = self.config
+            q = config.queue_map.get(payload.queue)
         if q is None or q.stop_policy is not StopPolicy.HOLD_AND_DRAIN:
             await record(Outcome.NO_VICTIMS, f"queue {payload.queue} is not HoldAndDrain (any more): nothing drained")
             return
