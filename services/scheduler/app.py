@@ -325,7 +325,8 @@ class SchedulerService:
         outcome = place_ordered(self.cluster, book.pending, book.priority, book.timeline, tx.now,
                                 backfill=self.backfill,
                                 lowest_preemptible_running=book.lowest_preemptible if self.queues is not None else None,
-                                holds=list(self.holds.values()))
+                                # by victim, as loaded at start: the same holds give the same decisions after a restart
+                                holds=[self.holds[v] for v in sorted(self.holds)])
         result = outcome.result
         asks = set(outcome.preemption_asks)
         if result.placed and self.runtime is not None and self.runtime.lease is not None:
