@@ -29,7 +29,7 @@ from cli.output import (
 from cli.runtime import database_url, nats_url
 
 if TYPE_CHECKING:
-    from services.admission.core import QueueSummary
+    from services.core.admission import QueueSummary
     from shared.domain import JobSpec, NodeSpec
     from shared.events import Payload
 
@@ -44,7 +44,7 @@ def _specs_from_file(path: Path) -> list[JobSpec]:
     import yaml
     from pydantic import ValidationError
 
-    from services.admission.core.governance import size_violation
+    from services.core.admission.governance import size_violation
     from shared.domain import JobSpec
 
     try:
@@ -340,7 +340,7 @@ def queues(output: OutputFormat = output_option("--format")) -> None:
     and the GPUs pods gpuq does not manage hold on its nodes (read from the platform's database)."""
     import asyncpg
 
-    from services.admission.core import QueueSummary
+    from services.core.admission import QueueSummary
 
     client = api()
     if client is not None:
@@ -472,8 +472,8 @@ def approve(job_id: str = typer.Argument(..., help="A job waiting with reason Aw
     if client is not None:
         client.call("POST", f"/v1/jobs/{job_id}/approve")
     else:
-        from services.admission.core.governance import AWAITING_APPROVAL
         from services.api.readmodel import fetch_status
+        from services.core.admission.governance import AWAITING_APPROVAL
         from shared.events import JobApproved
 
         # as the API refuses it: admission would drop an approval of a job that does not wait for one, unseen

@@ -8,8 +8,8 @@ CPU of one cycle and of the walk of its judged statuses (`PendingStatuses.judged
 import sys
 import time
 
-from services.admission.core import AdmissionState, Workload, admission_cycle
-from services.admission.core.statuses import PendingStatuses
+from services.core.admission import AdmissionState, Workload, admission_cycle
+from services.core.admission.statuses import PendingStatuses
 from shared.config import parse_queues
 from shared.domain import JobSpec, PodSet
 

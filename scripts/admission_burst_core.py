@@ -7,7 +7,7 @@ judged, as the service does. Prints the CPU of each part.
 import sys
 import time
 
-from services.admission.core import AdmissionState, Workload, admission_cycle
+from services.core.admission import AdmissionState, Workload, admission_cycle
 from shared.config import parse_queues
 from shared.domain import JobSpec, PodSet
 

@@ -8,7 +8,7 @@ from a copy-on-write snapshot of the process as it is at the fork, so the comput
 without copying or pickling it, runs on another core when one is free, and sends back only its (pickled) result.
 
 The child must only compute: it inherits the parent's sockets and must never use them, so the function given must
-do no I/O (a pure core, sim/ or services/*/core). It resets the signal handlers the parent installed, never runs
+do no I/O (a pure core, sim/ or services/core). It resets the signal handlers the parent installed, never runs
 the parent's event loop, and leaves with os._exit (no atexit hooks, no buffered writes of the parent's, no clean-up
 of sockets it shares with the parent). Python 3.12 and later warn (DeprecationWarning) on a fork of a process with
 threads: a lock another thread held at the fork stays held in the child. The child here takes none of the parent's

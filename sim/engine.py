@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 # A victim of preemption: the type the production preemption driver returns (the ETA's replay uses it too).
-from services.eta.core.preemption import Preempted
+from services.core.eta.preemption import Preempted
 from sim.failures import NodeFailure, lost_work_s
 from sim.model import Trace, TraceJob
 

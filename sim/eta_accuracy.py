@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from services.eta.core import ETA_REFRESH_S, EtaModel, EtaRange, RunningView, estimate_ranges, refresh_due
+from services.core.eta import ETA_REFRESH_S, EtaModel, EtaRange, RunningView, estimate_ranges, refresh_due
 from sim.engine import CycleOutput, SimResult
 from sim.model import Trace, TraceJob
 

@@ -39,7 +39,7 @@ class _Preemption:
 
     def __call__(self, ctx: Any) -> list[Any]:
         if self.inner is None:
-            from services.eta.core.preemption import SimPreemption
+            from services.core.eta.preemption import SimPreemption
 
             self.inner = SimPreemption(ctx.admission.config, checkpointing=self.checkpointing)
         return self.inner(ctx)
@@ -52,7 +52,7 @@ class _Preemption:
 def make_policy(name: str) -> Policy:
     if name.startswith("gpuq"):
         if not cores_available():
-            raise TraceError("policy gpuq needs services.admission.core and services.scheduler.core")
+            raise TraceError("policy gpuq needs services.core.admission and services.core.scheduler")
         if name in ("gpuq", "gpuq-duration", "gpuq-fairtime", "gpuq-evict", "gpuq-nopreempt"):
             policy = (GpuqPolicy() if name == "gpuq-nopreempt"
                       else GpuqPolicy(preemption_hook=_Preemption(checkpointing=name != "gpuq-evict"),
@@ -207,7 +207,7 @@ def run_policies(trace: Trace, policies: Sequence[str],
         policy = make_policy(name)
         tracked = None
         if eta != "off" and name.startswith("gpuq"):
-            from services.eta.core import EtaModel
+            from services.core.eta import EtaModel
             from sim.eta_accuracy import EtaTracked
 
             predict = eta == "predicted"

@@ -21,7 +21,7 @@ import typer
 from rich.console import Console
 from rich.progress import Progress
 
-from services.admission.core import AdmissionState, Workload, admission_cycle
+from services.core.admission import AdmissionState, Workload, admission_cycle
 from shared.config import QueuesConfig, parse_queues
 from shared.domain import JobSpec, PodSet
 

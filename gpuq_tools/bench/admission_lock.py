@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from services.admission.app import AdmissionService
-from services.admission.core import Workload
+from services.core.admission import Workload
 from shared.config import parse_queues
 from shared.domain import JobSpec, PodSet
 from shared.service import Tx

@@ -13,12 +13,12 @@ import typer
 from rich.console import Console
 from rich.progress import Progress
 
-from services.executor.core.attribution import JobShare, Placements, attribute
-from services.executor.core.dcgm_series import DcgmField, Device, parse_results
-from services.executor.core.gpu_health import HealthMemory, HealthPolicy, assess
+from services.core.executor.attribution import JobShare, Placements, attribute
+from services.core.executor.dcgm_series import DcgmField, Device, parse_results
+from services.core.executor.gpu_health import HealthMemory, HealthPolicy, assess
+from services.core.kube import dcgm_view
+from services.core.kube.names import job_label
 from services.executor.kube import inventory
-from services.executor.kube.core import dcgm_view
-from services.executor.kube.core.names import job_label
 from shared.config import APPLICATION_XIDS, DcgmLabels, KubernetesSource
 from shared.domain import GpuBinding, NodeSpec
 from shared.events import UtilizationSampled, make_event, utcnow_from

@@ -22,7 +22,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from services.scheduler.core import ClusterState, PendingJob, Placement, RunningJob, schedule_cycle
+from services.core.scheduler import ClusterState, PendingJob, Placement, RunningJob, schedule_cycle
 from shared.domain import (
     JobKind,
     JobSpec,

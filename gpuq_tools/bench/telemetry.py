@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.progress import Progress
 
-from services.telemetry.core.state import TelemetryState
+from services.core.telemetry.state import TelemetryState
 from services.telemetry.metrics import TelemetryMetrics
 from shared.domain import GpuBinding, JobSpec, NodeSpec, PodSet
 from shared.events import (

@@ -31,9 +31,6 @@ from pydantic import ValidationError
 
 from services.admission import configmodel, prefetch, queuemodel
 from services.admission.changecheck import check_proposal
-from services.admission.core import AdmissionState, AdmittedWorkload, QueueFacts, Workload, queue_facts
-from services.admission.core.configcheck import QueueJobs
-from services.admission.core.statuses import PendingStatuses
 from services.admission.etas import (  # re-exported: the ETA's injection point (services/stack.py) and tests
     ETA_DUTY_FACTOR,
     ETA_INTERVAL_S,
@@ -50,7 +47,10 @@ from services.admission.memory import Body, Memory, UnitOfWork
 from services.admission.sharding import Shard
 from services.admission.statuses import PreemptionRequester, StatusRows
 from services.admission.usage import UsageHistory
-from services.pipeline.core import admit
+from services.core.admission import AdmissionState, AdmittedWorkload, QueueFacts, Workload, queue_facts
+from services.core.admission.configcheck import QueueJobs
+from services.core.admission.statuses import PendingStatuses
+from services.core.pipeline import admit
 from shared import audit
 from shared.audit import service_actor
 from shared.config import ConfigError, QueuesConfig, parse_queues, queues_document, queues_hash

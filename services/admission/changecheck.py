@@ -1,4 +1,4 @@
-"""Reading what a proposed queue configuration is checked against (services/admission/core/configcheck.py): the
+"""Reading what a proposed queue configuration is checked against (services/core/admission/configcheck.py): the
 version in force, the live cluster (the nodes the executors announced, from the scheduler's read model) and the
 jobs each queue holds (admission's read model). Admission, `gpuq apply-queues --dry-run` (admin mode) and the API
 read the same facts through this module, so the CLI's dry run says what admission will decide.
@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from services.admission import configmodel
-from services.admission.core.configcheck import ConfigCheck, QueueJobs, check_change, inventory_of
 from services.admission.readmodel import JOBS_VIEW, Conn
 from services.admission.readmodel import published as jobs_published
+from services.core.admission.configcheck import ConfigCheck, QueueJobs, check_change, inventory_of
 from services.scheduler import readmodel as cluster
 from shared.config import QueuesConfig
 

@@ -16,12 +16,12 @@ from typing import Any, Protocol
 
 import asyncpg
 
-from services.admission.core import AdmissionState
 from services.admission.memory import Memory
 from services.admission.publish import Published
 from services.admission.sharding import Shard
+from services.core.admission import AdmissionState
+from services.core.scheduler import ClusterState
 from services.scheduler import readmodel
-from services.scheduler.core import ClusterState
 from shared import forked
 from shared.domain import JobSpec
 from shared.events import JobPending, utcnow_from

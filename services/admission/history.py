@@ -11,7 +11,7 @@ import asyncpg
 
 from services.admission.etas import EtaFn
 from services.admission.memory import Memory
-from services.pipeline.core.predict import DurationPredictor, JobKey
+from services.core.pipeline.predict import DurationPredictor, JobKey
 from shared.domain import JobSpec
 
 log = logging.getLogger("gpuq.admission")

@@ -9,10 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from services.admission import prefetch
-from services.admission.core import Rejection, Workload, approval, governance, identity
-from services.admission.core.limits import Bucket, pending_refusal, rate_refusal
 from services.admission.held import held_rows, hold_rows, write_held
 from services.admission.memory import Memory, UnitOfWork
+from services.core.admission import Rejection, Workload, approval, governance, identity
+from services.core.admission.limits import Bucket, pending_refusal, rate_refusal
 from shared import audit
 from shared.audit import team_actor
 from shared.config import TeamPolicy

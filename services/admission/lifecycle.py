@@ -13,13 +13,13 @@ from datetime import UTC
 
 import asyncpg
 
-from services.admission.core import Workload
 from services.admission.etas import EtaFn
 from services.admission.held import AFTER_EVENTS_KEY as HELD_KEY
 from services.admission.held import hold_rows, write_held
 from services.admission.history import RAN_TO_THE_END, RunHistory
 from services.admission.memory import Memory, UnitOfWork
 from services.admission.sharding import Shard
+from services.core.admission import Workload
 from shared import audit
 from shared.audit import service_actor, team_actor
 from shared.config import StopPolicy

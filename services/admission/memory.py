@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
-from services.admission.core import AdmissionState
 from services.admission.publish import Published
+from services.core.admission import AdmissionState
 from shared.config import QueuesConfig
 from shared.service import Tx
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 
-from services.admission.core.model import QueueFacts
 from services.admission.readmodel import Conn
+from services.core.admission.model import QueueFacts
 
 QUEUES_VIEW = "admission.v1_queues"
 _COLUMNS = ("queue, cohort, weight, strategy, nominal, used, borrowed, lent, pending, inadmissible, running, "

@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from operator import itemgetter
 
-from services.admission.core import Reason, ReclaimRequest
-from services.admission.core.statuses import PendingStatuses, message_text
 from services.admission.etas import eta_fields
 from services.admission.memory import Memory
 from services.admission.publish import MESSAGE_EVERY_S, Published, worth_publishing
-from services.preemption.core import priority_of
+from services.core.admission import Reason, ReclaimRequest
+from services.core.admission.statuses import PendingStatuses, message_text
+from services.core.preemption import priority_of
 from shared import audit
 from shared.audit import service_actor
 from shared.config import StopPolicy

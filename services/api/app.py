@@ -40,7 +40,6 @@ from pydantic import ValidationError
 
 from services.admission import configmodel, queuemodel
 from services.admission.changecheck import check_proposal
-from services.admission.core import governance, identity
 from services.api import portal, readmodel, safety, tokens
 from services.api.kubeauth import NoTeam, ReviewUnavailable, TokenReviewer, TokenReviewSettings, principal_for
 from services.api.limits import BodyLimit, max_body_bytes_from_env
@@ -68,7 +67,8 @@ from services.api.models import (
 )
 from services.api.tokens import Principal
 from services.audit.records import read_records
-from services.metering.core.rollup import Granularity
+from services.core.admission import governance, identity
+from services.core.metering.rollup import Granularity
 from services.scheduler import readmodel as scheduler_view
 from services.telemetry.webhooks import store as webhooks
 from shared import audit

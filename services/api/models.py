@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.metering.core.focus import FOCUS_COLUMNS
+from services.core.metering.focus import FOCUS_COLUMNS
 from shared.domain import JobSpec
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import asyncpg
 
-from services.eta.core.words import eta_words
+from services.core.eta.words import eta_words
 from shared.timefmt import human_time
 
 STATUS_SQL = """
@@ -188,7 +188,7 @@ def eta_text(row: dict[str, Any], now: float | None = None) -> str:
             return (f"overdue: it was expected by {fmt_time(view['eta_expected'])}; any time now "
                     "(the estimate is being recomputed)")
         row = {**row, **view}
-    # the words the Pending Event on a Kubernetes workload says too (services/eta/core/words.py)
+    # the words the Pending Event on a Kubernetes workload says too (services/core/eta/words.py)
     return eta_words(row.get("eta") or None, row.get("eta_low"), row.get("eta_high"))
 
 

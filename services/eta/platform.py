@@ -1,4 +1,4 @@
-"""The admission service's ETA: the pure forward simulation (services/eta/core) with the memory a running service
+"""The admission service's ETA: the pure forward simulation (services/core/eta) with the memory a running service
 keeps between refreshes (what it learnt of run times and arrivals, what it told each waiting job), behind a lock
 because the service replays in a worker thread (or a forked child) while its handlers report starts and ends.
 
@@ -13,7 +13,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from services.eta.core import (
+from services.core.eta import (
     Arrival,
     EtaModel,
     EtaRange,
@@ -21,7 +21,7 @@ from services.eta.core import (
     replay_reserved,
     waiting_queues,
 )
-from services.pipeline.core.predict import JobKey
+from services.core.pipeline.predict import JobKey
 from shared.domain import JobSpec
 
 

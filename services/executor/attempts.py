@@ -2,13 +2,13 @@
 
 The executor that observes a failure owns the count of the job's failed attempts (a column of its own table,
 written in the transaction that emits the event), and applies the one retry rule of the pipeline core
-(`services.pipeline.core.decide_retry`) to the job's `retry` policy. A redelivered or replayed observation
+(`services.core.pipeline.decide_retry`) to the job's `retry` policy. A redelivered or replayed observation
 cannot count twice: the count and the event are one transaction, and the run's status leaves 'running' in it.
 """
 
 from __future__ import annotations
 
-from services.pipeline.core import RetryDecision, decide_retry
+from services.core.pipeline import RetryDecision, decide_retry
 from shared.domain import JobSpec
 from shared.events import ExitReason, JobAttemptFailed, JobFailed, utcnow_from
 from shared.service import Tx

@@ -30,9 +30,9 @@ from typing import Any, Protocol
 import asyncpg
 import httpx
 
-from services.executor.core.attribution import Attribution, Placements, attribute
-from services.executor.core.dcgm_series import DcgmField, ParsedSeries, parse_results, queries
-from services.executor.core.gpu_health import HealthChange, HealthMemory, HealthPolicy, assess
+from services.core.executor.attribution import Attribution, Placements, attribute
+from services.core.executor.dcgm_series import DcgmField, ParsedSeries, parse_results, queries
+from services.core.executor.gpu_health import HealthChange, HealthMemory, HealthPolicy, assess
 from shared.config import DcgmSettings
 from shared.domain import NodeHealth, NodeSpec
 from shared.events import NodeChanged, UtilizationSampled, UtilizationSourceChecked, utcnow_from

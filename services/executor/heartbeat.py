@@ -6,7 +6,7 @@ that the process that runs the jobs is alive and still has them. A long list is 
 event nears NATS's payload limit.
 
 A heartbeat is the executor's word that it runs these jobs and no others, and the scheduler fails a placed job that
-heartbeats leave out for long enough (services/scheduler/core/liveness.py). So the executor speaks only when it is
+heartbeats leave out for long enough (services/core/scheduler/liveness.py). So the executor speaks only when it is
 connected and current (shared/catchup.py): not while its bus connection is down (a heartbeat written then would be
 published late, listing what it ran long ago), and after each (re)connection, not before it has consumed the
 placements that waited for it (a job placed during the outage is not in its tables yet).

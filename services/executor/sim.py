@@ -31,10 +31,10 @@ from typing import Any
 
 import asyncpg
 
+from services.core.executor.attribution import Placements, units_by_node
+from services.core.executor.dcgm_series import Device
 from services.executor import fence
 from services.executor.attempts import report_failure
-from services.executor.core.attribution import Placements, units_by_node
-from services.executor.core.dcgm_series import Device
 from services.executor.dcgm import DcgmSource, degraded_nodes, ensure_health_table, with_health
 from services.executor.heartbeat import Heartbeat
 from services.executor.verify import SchedulerTables, placement_prefetch, placement_prefetched, verify_placement

@@ -12,8 +12,8 @@ from typing import Any, Protocol
 
 import asyncpg
 
+from services.core.metering.segments import FactKind
 from services.metering import store
-from services.metering.core.segments import FactKind
 from shared.config import ConfigError, parse_queues
 from shared.events import (
     CloudEvent,

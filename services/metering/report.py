@@ -16,8 +16,8 @@ import typer
 from rich.console import Console
 
 from cli.output import FORMAT_HELP, Column, OutputFormat, print_machine, render_table, stdout_console, when
-from services.metering.core.focus import FOCUS_COLUMNS, focus_rows
-from services.metering.core.rollup import (
+from services.core.metering.focus import FOCUS_COLUMNS, focus_rows
+from services.core.metering.rollup import (
     ALL_DIMENSIONS,
     Granularity,
     RollupRow,
@@ -27,7 +27,7 @@ from services.metering.core.rollup import (
     grand_total,
     rollup,
 )
-from services.metering.core.units import HOUR_MS, from_ms, mj_to_kwh, to_ms
+from services.core.metering.units import HOUR_MS, from_ms, mj_to_kwh, to_ms
 
 _RELATIVE = re.compile(r"^-?(\d+)\s*([smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}

@@ -17,10 +17,10 @@ from typing import Any, TypeAlias
 
 import asyncpg
 
-from services.metering.core.rollup import UNKNOWN, AllocationRow, JobDims, UsageRow, team_summary_table
-from services.metering.core.samples import sample_columns
-from services.metering.core.segments import Fact, FactKind, build_segments
-from services.metering.core.units import HOUR_MS, from_ms, model_hint, node_shares, to_ms
+from services.core.metering.rollup import UNKNOWN, AllocationRow, JobDims, UsageRow, team_summary_table
+from services.core.metering.samples import sample_columns
+from services.core.metering.segments import Fact, FactKind, build_segments
+from services.core.metering.units import HOUR_MS, from_ms, model_hint, node_shares, to_ms
 from services.scheduler import readmodel
 from shared.db import apply_migrations
 from shared.events import JobPlaced, UtilizationSampled

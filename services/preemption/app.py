@@ -33,7 +33,7 @@ import asyncpg
 
 from services.admission import readmodel as admission_view
 from services.admission.follow import ConfigFollower
-from services.preemption.core import (
+from services.core.preemption import (
     PRIORITY,
     RECLAIM,
     Outcome,

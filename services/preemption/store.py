@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 import asyncpg
 
 from services.admission import configmodel
-from services.preemption.core import RunningJob, priority_of
+from services.core.preemption import RunningJob, priority_of
+from services.core.scheduler import ClusterState
 from services.scheduler import readmodel
-from services.scheduler.core import ClusterState
 from services.scheduler.readmodel import PlacementFact
 from shared.config import QueuesConfig
 from shared.domain import GpuBinding, JobSpec, NodeSpec

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from services.admission import readmodel as admission_view
-from services.preemption.core import RunningJob, class_verdict, is_borrowing, protection, usage_by_queue
+from services.core.preemption import RunningJob, class_verdict, is_borrowing, protection, usage_by_queue
 from services.preemption.store import Snapshot, load_config, load_snapshot
 from services.scheduler import readmodel as scheduler_view
 from shared.config import PreemptionPolicy, QueuesConfig

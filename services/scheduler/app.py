@@ -19,10 +19,10 @@ from collections.abc import Awaitable, Callable
 import asyncpg
 
 from services.admission.follow import ConfigFollower
-from services.pipeline.core import PlacementBook, WaitingJob, hold_until, place_ordered, priority_value
-from services.preemption.core import priority_of
+from services.core.pipeline import PlacementBook, WaitingJob, hold_until, place_ordered, priority_value
+from services.core.preemption import priority_of
+from services.core.scheduler import ClusterState, Hold, Placement
 from services.scheduler import held
-from services.scheduler.core import ClusterState, Hold, Placement
 from services.scheduler.liveness import LivenessWatch
 from services.scheduler.nodes import MIGRATIONS, record_node
 from shared import audit

@@ -1,7 +1,7 @@
 """The scheduler's liveness watch: executor heartbeats in, `JobFailed(Lost)` out for placed jobs nobody runs.
 
 The scheduler owns placements, so it is the one to say a placement is dead, and it says so only on the executor's
-word (services/scheduler/core/liveness.py): a job is lost for silence when the executor, heard and current, has left
+word (services/core/scheduler/liveness.py): a job is lost for silence when the executor, heard and current, has left
 it out of its heartbeats for longer than the timeout; an executor not heard at all condemns nothing.
 
 The watch acts only while it hears the bus itself (shared/catchup.py): while the scheduler's NATS connection is down,
@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from services.scheduler.core.liveness import ExecutorRound, LivenessSettings, WatchedJob, lost_jobs
+from services.core.scheduler.liveness import ExecutorRound, LivenessSettings, WatchedJob, lost_jobs
 from shared.catchup import BusCatchUp
 from shared.events import CloudEvent, ExecutorHeartbeat, ExitReason, JobFailed, utcnow_from
 from shared.service import ServiceRuntime, Tx

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
+from services.core.telemetry.names import JOB_SERIES_CAP
+from services.core.telemetry.state import Effects, Gauges, TelemetryState
 from services.scheduler import readmodel
-from services.telemetry.core.names import JOB_SERIES_CAP
-from services.telemetry.core.state import Effects, Gauges, TelemetryState
 from services.telemetry.metrics import DEFAULT_PORT, TelemetryMetrics, job_labels_from_env
 from services.telemetry.webhooks import store
 from services.telemetry.webhooks.backoff import RetryPolicy

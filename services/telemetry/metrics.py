@@ -22,10 +22,10 @@ from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, V
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 
-from services.telemetry.core.names import COUNTER, GAUGE, HISTOGRAM, JCT_BUCKETS_S, METRICS, WAIT_BUCKETS_S
-from services.telemetry.core.state import Gauges
-from services.telemetry.core.state import Labels as CoreLabels
-from services.telemetry.core.state import Observation as CoreObservation
+from services.core.telemetry.names import COUNTER, GAUGE, HISTOGRAM, JCT_BUCKETS_S, METRICS, WAIT_BUCKETS_S
+from services.core.telemetry.state import Gauges
+from services.core.telemetry.state import Labels as CoreLabels
+from services.core.telemetry.state import Observation as CoreObservation
 from shared.settings import settings
 
 DEFAULT_PORT = 9464

@@ -3,8 +3,8 @@
 # gpuq: everything on, preemption checkpoints its victims first. gpuq-evict: the same, but victims are evicted
 # without a checkpoint (what Kueue/Volcano do), to measure what checkpoint-before-preempt saves.
 # gpuq-nopreempt: no preemption at all. gpuq-duration: gpuq with duration-aware ordering (predicted GPU-time,
-# shortest first within a priority and fair-share standing, aged; services/admission/core/ordering.py).
+# shortest first within a priority and fair-share standing, aged; services/core/admission/ordering.py).
 # gpuq-fairtime: gpuq with fair share over time (usage decayed with a 7-day half-life, Slurm's default
-# PriorityDecayHalfLife; services/admission/core/history.py).
+# PriorityDecayHalfLife; services/core/admission/history.py).
 POLICIES = ("gpuq", "gpuq-duration", "gpuq-fairtime", "gpuq-evict", "gpuq-nopreempt", "kueue", "slurm", "volcano",
             "quota-fifo", "pod-fifo")

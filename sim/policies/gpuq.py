@@ -1,6 +1,6 @@
 """`gpuq`: the production pipeline, driven through the SAME pure pipeline core the services use.
 
-Each cycle is `services.pipeline.core.cycle`: (1) admission — the admission core (quotas, borrowing, fair
+Each cycle is `services.core.pipeline.cycle`: (1) admission — the admission core (quotas, borrowing, fair
 share, priorities), capped by quota only; (2) placement of every admitted-but-unplaced job in the pipeline's
 order — the scheduler core (gang, topology, binpack, backfill with reservations from `max_runtime_s`);
 (3) preemption — a hook called with the jobs the pipeline says ask for preemption and admission's reclaims.
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 # The preemption hook's types live with the production driver of the preemption core (the ETA's replay runs it).
-from services.eta.core.preemption import Preempted, PreemptionContext, PreemptionHook, RunningInfo
+from services.core.eta.preemption import Preempted, PreemptionContext, PreemptionHook, RunningInfo
 from shared.domain import JobSpec
 from sim.engine import CycleOutput
 from sim.model import Trace, TraceJob
@@ -22,8 +22,8 @@ from sim.model import Trace, TraceJob
 
 def cores_available() -> bool:
     try:
-        import services.admission.core
-        import services.scheduler.core  # noqa: F401
+        import services.core.admission
+        import services.core.scheduler  # noqa: F401
     except ImportError:
         return False
     return True
@@ -46,7 +46,7 @@ class GpuqPolicy:
                  duration_aware: bool = False, history_half_life_s: float | None = None):
         self.preemption_hook = preemption_hook
         self.backfill = backfill
-        # Duration-aware ordering: each arrival's GPU-time is predicted (services.pipeline.core.predict) from its
+        # Duration-aware ordering: each arrival's GPU-time is predicted (services.core.pipeline.predict) from its
         # limit and the history of similar jobs that ended, the history the metering ledger keeps: the run time
         # this policy saw them take (starts and ends it reported), never the trace's true duration field.
         self.duration_aware = self._duration_asked = duration_aware
@@ -56,8 +56,8 @@ class GpuqPolicy:
         self.history_half_life_s = self._half_life_asked = history_half_life_s
 
     def setup(self, trace: Trace) -> None:
-        from services.admission.core import AdmissionState
-        from services.scheduler.core import ClusterState
+        from services.core.admission import AdmissionState
+        from services.core.scheduler import ClusterState
 
         self.trace = trace
         # The queues' own policy turns these on as it does in the services (a what-if of a production config);
@@ -100,7 +100,7 @@ class GpuqPolicy:
         # sent again when the first protection or cool-down ends (the hook's `next_wake`, as the preemption
         # service defers it): reclaiming nominal quota must succeed within the protection window
         self._resend_at: float | None = None
-        from services.pipeline.core.predict import DurationPredictor
+        from services.core.pipeline.predict import DurationPredictor
 
         self.predictor = DurationPredictor()
         from sim.history import DecayedUsage
@@ -116,8 +116,8 @@ class GpuqPolicy:
 
     # -- engine hooks
     def on_arrival(self, job: TraceJob, now: float) -> str | None:
-        from services.admission.core import Workload
-        from services.scheduler.core import Unplaceable
+        from services.core.admission import Workload
+        from services.core.scheduler import Unplaceable
 
         spec = job.spec()
         shape = (job.pods, job.gpus_per_pod, job.mig_profile, job.gpu_models, job.cpu_milli, job.memory_mib,
@@ -138,7 +138,7 @@ class GpuqPolicy:
         return None
 
     def _predict(self, spec: JobSpec, gpus: float) -> float:
-        from services.pipeline.core.predict import JobKey
+        from services.core.pipeline.predict import JobKey
 
         median = self.predictor.predict(JobKey.of(spec), float(spec.max_runtime_s)).median_s
         self.predicted[spec.job_id] = median * gpus
@@ -146,7 +146,7 @@ class GpuqPolicy:
 
     def on_completion(self, job_id: str, now: float) -> None:
         if self.duration_aware:
-            from services.pipeline.core.predict import JobKey
+            from services.core.pipeline.predict import JobKey
 
             info = self.running.get(job_id)
             if info is not None:  # what the ledger knows: the run times it recorded, summed over the job's runs
@@ -164,9 +164,9 @@ class GpuqPolicy:
         self._allocated -= self.milli.pop(job_id, 0)
 
     def cycle(self, now: float) -> CycleOutput:
-        from services.pipeline.core import cycle
-        from services.preemption.core import priority_of
-        from services.scheduler.core import RunningJob
+        from services.core.pipeline import cycle
+        from services.core.preemption import priority_of
+        from services.core.scheduler import RunningJob
 
         if not self._pending_admission and not self.waiting:
             return CycleOutput()
@@ -256,8 +256,8 @@ class GpuqPolicy:
 
     def _hold_for(self, victim: Preempted, now: float, grace_s: float) -> None:
         """The victim's capacity is held for its preemptor, as services/scheduler/app.py holds it on JobPreempted."""
-        from services.pipeline.core import hold_until
-        from services.scheduler.core import Hold
+        from services.core.pipeline import hold_until
+        from services.core.scheduler import Hold
 
         placement = self.cluster.placement_of(victim.job_id)
         if victim.preemptor is None or placement is None or victim.preemptor.startswith("drain:"):
@@ -297,7 +297,7 @@ class GpuqPolicy:
             self.usage_history.hold(key, -n, now)
 
     def _requeue(self, job_id: str, now: float) -> None:
-        from services.admission.core import Workload
+        from services.core.admission import Workload
 
         info = self.running.pop(job_id, None)
         if info is None:
@@ -337,7 +337,7 @@ class GpuqPolicy:
         return self._allocated
 
     def fragmentation(self) -> int:
-        from services.scheduler.core import fragmentation
+        from services.core.scheduler import fragmentation
 
         waiting = [w.spec for _, w in sorted(self.waiting.items())]
         # the first 200 of the jobs not yet admitted, in job id order (filtered before sorting: a deep backlog)

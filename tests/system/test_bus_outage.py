@@ -5,7 +5,7 @@ The outage test runs on a NATS server of its own (it stops it) and on a database
 timeout at 5 s and the outage at 15 s: a scheduler that held the silence of its own outage against the jobs would
 declare them all Lost (JobFailed, which the executor obeys by stopping them) as soon as the bus is back. An executor
 that is not heard at all says nothing about its jobs either: they are failed for silence only on its word, when it is
-back, connected and current (services/scheduler/core/liveness.py)."""
+back, connected and current (services/core/scheduler/liveness.py)."""
 
 from __future__ import annotations
 

@@ -240,8 +240,8 @@ def broken_keys(decisions: Sequence[Decision]) -> list[str]:
 
 def _priority_order_broken(mp: pytest.MonkeyPatch) -> None:
     """Placement order ignores priority (admission time, then id)."""
-    import services.pipeline.core.book as book
-    import services.pipeline.core.pipeline as pipeline
+    import services.core.pipeline.book as book
+    import services.core.pipeline.pipeline as pipeline
 
     def key(job: Any) -> tuple[int, float, str]:
         return (0, job.admitted_at, job.spec.job_id)
@@ -252,7 +252,7 @@ def _priority_order_broken(mp: pytest.MonkeyPatch) -> None:
 
 def _priorities_zero(mp: pytest.MonkeyPatch) -> None:
     """Every waiting job's priority read as 0 (the scheduler service holds its own reference to the function)."""
-    import services.pipeline.core.pipeline as pipeline
+    import services.core.pipeline.pipeline as pipeline
     import services.scheduler.app as scheduler_app
 
     mp.setattr(pipeline, "priority_value", lambda config, spec: 0)
@@ -260,21 +260,21 @@ def _priorities_zero(mp: pytest.MonkeyPatch) -> None:
 
 
 def _backfill_off(mp: pytest.MonkeyPatch) -> None:
-    import services.pipeline.core.pipeline as pipeline
-    from services.scheduler.core import schedule_cycle
+    import services.core.pipeline.pipeline as pipeline
+    from services.core.scheduler import schedule_cycle
 
     mp.setattr(pipeline, "schedule_cycle", lambda *a, **kw: schedule_cycle(*a, **{**kw, "backfill": False}))
 
 
 def _reservations_off(mp: pytest.MonkeyPatch) -> None:
-    import services.scheduler.core.cycle as cycle
+    import services.core.scheduler.cycle as cycle
 
     mp.setattr(cycle, "_earliest_slot", lambda *a, **kw: None)
 
 
 def _victim_most_lost_work(mp: pytest.MonkeyPatch) -> None:
     """Victims ordered the wrong way round: most work lost, oldest first."""
-    import services.preemption.core.select as select
+    import services.core.preemption.select as select
 
     def set_key(jobs: Sequence[Any], now: float) -> tuple[object, ...]:
         return (-round(sum(j.lost_gpu_seconds(now) for j in jobs), 6), min((j.started_at for j in jobs), default=0.0),
@@ -289,8 +289,8 @@ def _victim_most_lost_work(mp: pytest.MonkeyPatch) -> None:
 
 def _holds_off(mp: pytest.MonkeyPatch) -> None:
     """The capacity a preemption freed is not held for its preemptor."""
-    import services.pipeline.core.pipeline as pipeline
-    from services.scheduler.core import schedule_cycle
+    import services.core.pipeline.pipeline as pipeline
+    from services.core.scheduler import schedule_cycle
 
     mp.setattr(pipeline, "schedule_cycle", lambda *a, **kw: schedule_cycle(*a, **{**kw, "holds": ()}))
 

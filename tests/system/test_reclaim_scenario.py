@@ -11,7 +11,7 @@ import asyncpg
 import nats
 
 from services.api.readmodel import fetch_status
-from services.preemption.core import preemption_chains
+from services.core.preemption import preemption_chains
 from services.stack import Stack, StackSettings
 from shared.clock import ScaledClock
 from shared.domain import JobSpec, PodSet

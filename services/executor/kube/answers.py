@@ -7,8 +7,8 @@ from typing import Any
 
 import asyncpg
 
-from services.admission.core import identity
-from services.eta.core.words import eta_words
+from services.core.admission import identity
+from services.core.eta.words import eta_words
 from services.executor.kube.notices import Notices
 from services.executor.kube.outcomes import Outcomes
 from services.executor.kube.records import ref_of

@@ -21,14 +21,14 @@ from pathlib import Path
 
 import asyncpg
 
+from services.core.executor.attribution import Placements
+from services.core.kube import dcgm_view
 from services.executor import fence
-from services.executor.core.attribution import Placements
 from services.executor.dcgm import DcgmSource, ensure_health_table
 from services.executor.heartbeat import Heartbeat
 from services.executor.kube.answers import Answers
 from services.executor.kube.client import KubeApi
 from services.executor.kube.config_in_force import ConfigInForce
-from services.executor.kube.core import dcgm_view
 from services.executor.kube.leadership import Seat
 from services.executor.kube.nodes import NodeWatch
 from services.executor.kube.notices import Notices

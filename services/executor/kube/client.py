@@ -23,7 +23,7 @@ from lightkube.generic_resource import (
 )
 from lightkube.types import PatchType
 
-from services.executor.kube.core.workload import WorkloadKind
+from services.core.kube.workload import WorkloadKind
 
 FIELD_MANAGER = "gpuq-executor"
 

@@ -21,10 +21,10 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from services.core.kube import names as n
+from services.core.kube.nodes import node_spec, selected
+from services.core.kube.usage import NodeLoads, still_refused, with_refusal
 from services.executor.dcgm import with_health
-from services.executor.kube.core import names as n
-from services.executor.kube.core.nodes import node_spec, selected
-from services.executor.kube.core.usage import NodeLoads, still_refused, with_refusal
 from shared.config import KubernetesSource
 from shared.domain import NO_USAGE, NodeHealth, NodeSpec, PlacementRefusal, PodShape
 from shared.events import INVENTORY_CHUNK, NodeChanged, NodeInventory

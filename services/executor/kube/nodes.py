@@ -11,10 +11,10 @@ from typing import Any
 
 from lightkube import operators
 
+from services.core.kube.usage import TERMINAL_PHASES, NodeLoads, pod_load
 from services.executor.dcgm import degraded_nodes
 from services.executor.kube import inventory
 from services.executor.kube.client import NODE, POD, KubeApi
-from services.executor.kube.core.usage import TERMINAL_PHASES, NodeLoads, pod_load
 from services.executor.kube.informer import Informer, key_of
 from services.executor.kube.leadership import Seat
 from services.executor.kube.outcomes import Outcomes

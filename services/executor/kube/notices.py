@@ -11,9 +11,9 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
+from services.core.kube.kinds import kind_of
+from services.core.kube.names import STATUS_ANNOTATION
 from services.executor.kube.client import EVENT, KubeApi, workload_resource
-from services.executor.kube.core.kinds import kind_of
-from services.executor.kube.core.names import STATUS_ANNOTATION
 
 log = logging.getLogger("gpuq.executor.kube")
 COMPONENT = "gpuq"

@@ -12,12 +12,12 @@ from typing import Any
 
 import asyncpg
 
+from services.core.kube.kinds import kind_of
+from services.core.kube.placement import restored_template, template_gated
+from services.core.kube.pods import requeue_delay_s
+from services.core.kube.workload import Conclusion, Finish, WorkloadKind
 from services.executor.attempts import report_failure
 from services.executor.kube.client import KubeApi, status_code, workload_resource
-from services.executor.kube.core.kinds import kind_of
-from services.executor.kube.core.placement import restored_template, template_gated
-from services.executor.kube.core.pods import requeue_delay_s
-from services.executor.kube.core.workload import Conclusion, Finish, WorkloadKind
 from services.executor.kube.notices import Notices
 from services.executor.kube.records import ENDED, ref_of, rfc3339
 from shared.config import KubernetesSource

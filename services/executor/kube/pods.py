@@ -10,11 +10,11 @@ from typing import Any
 import asyncpg
 from lightkube import operators
 
+from services.core.kube import names as n
+from services.core.kube.placement import assign_pods, gated, pod_node, ungate_patch
+from services.core.kube.pods import failure, image_pull_problem, ready_count, rejected, unschedulable
 from services.executor.kube import inventory
 from services.executor.kube.client import POD, KubeApi
-from services.executor.kube.core import names as n
-from services.executor.kube.core.placement import assign_pods, gated, pod_node, ungate_patch
-from services.executor.kube.core.pods import failure, image_pull_problem, ready_count, rejected, unschedulable
 from services.executor.kube.informer import Informer
 from services.executor.kube.leadership import Seat
 from services.executor.kube.nodes import NodeWatch

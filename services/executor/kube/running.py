@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import logging
 
+from services.core.kube import names as n
+from services.core.kube.kinds import kind_of
+from services.core.kube.placement import event_pod_sets, placed_templates
+from services.core.kube.workload import PodSetTemplate
 from services.executor.kube.client import KubeApi, status_code, workload_resource
 from services.executor.kube.config_in_force import ConfigInForce
-from services.executor.kube.core import names as n
-from services.executor.kube.core.kinds import kind_of
-from services.executor.kube.core.placement import event_pod_sets, placed_templates
-from services.executor.kube.core.workload import PodSetTemplate
 from services.executor.kube.notices import Notices
 from services.executor.kube.outcomes import Outcomes
 from services.executor.kube.records import ACTIVE, bindings_of, ref_of, strip_nulls

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from datetime import UTC
 
+from services.core.kube import names as n
 from services.executor.kube.client import POD, KubeApi
-from services.executor.kube.core import names as n
 from services.executor.kube.notices import Notices
 from services.executor.kube.outcomes import Outcomes
 from services.executor.kube.pods import PodWatch

@@ -8,8 +8,8 @@ import json
 
 import asyncpg
 
+from services.core.kube.pods import ready_count, unschedulable
 from services.executor.heartbeat import Heartbeat
-from services.executor.kube.core.pods import ready_count, unschedulable
 from services.executor.kube.leadership import Seat
 from services.executor.kube.outcomes import Outcomes
 from services.executor.kube.pods import PodWatch

@@ -26,6 +26,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from services.core.kube.admission import Answer, Review, WebhookPolicy, mutate, response, validate
 from services.executor.kube import certs
 from services.executor.kube.client import (
     MUTATING_WEBHOOKS,
@@ -34,7 +35,6 @@ from services.executor.kube.client import (
     KubeApi,
     status_code,
 )
-from services.executor.kube.core.admission import Answer, Review, WebhookPolicy, mutate, response, validate
 from shared.config import QueuesConfig
 from shared.settings import settings
 

@@ -10,12 +10,12 @@ from typing import Any
 
 from lightkube import operators
 
+from services.core.kube import names as n
+from services.core.kube.intake import Refusal, job_spec, policy_refusal
+from services.core.kube.kinds import all_kinds
+from services.core.kube.workload import WorkloadKind
 from services.executor.kube.client import KubeApi, workload_resource
 from services.executor.kube.config_in_force import ConfigInForce
-from services.executor.kube.core import names as n
-from services.executor.kube.core.intake import Refusal, job_spec, policy_refusal
-from services.executor.kube.core.kinds import all_kinds
-from services.executor.kube.core.workload import WorkloadKind
 from services.executor.kube.informer import Informer
 from services.executor.kube.leadership import Seat
 from services.executor.kube.notices import Notices

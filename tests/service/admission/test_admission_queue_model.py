@@ -13,7 +13,7 @@ import nats
 
 from services.admission import queuemodel
 from services.admission.app import AdmissionService, load_state
-from services.admission.core import queue_summaries
+from services.core.admission import queue_summaries
 from shared.clock import ManualClock
 from shared.config import parse_queues
 from shared.db import create_pool

@@ -16,16 +16,16 @@ import pytest
 import yaml
 from lightkube.generic_resource import create_namespaced_resource
 
-from services.executor.core.attribution import attribute
-from services.executor.core.dcgm_series import parse_results
+from services.core.executor.attribution import attribute
+from services.core.executor.dcgm_series import parse_results
+from services.core.kube.dcgm_view import RunningJob, placements
+from services.core.kube.intake import Refusal, job_spec
+from services.core.kube.kinds import kind_of
+from services.core.kube.names import JOB_LABEL, job_label
+from services.core.kube.placement import placed_templates
 from services.executor.dcgm import degraded_nodes
 from services.executor.kube import inventory
 from services.executor.kube.client import KubeApi, load_config, workload_resource
-from services.executor.kube.core.dcgm_view import RunningJob, placements
-from services.executor.kube.core.intake import Refusal, job_spec
-from services.executor.kube.core.kinds import kind_of
-from services.executor.kube.core.names import JOB_LABEL, job_label
-from services.executor.kube.core.placement import placed_templates
 from shared.config import DcgmLabels, DcgmSettings, load_cluster, load_queues, parse_queues
 from shared.domain import GpuBinding, NodeHealth
 from shared.events import UtilizationSourceChecked

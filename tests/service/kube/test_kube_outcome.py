@@ -17,7 +17,7 @@ import pytest
 from lightkube.generic_resource import create_namespaced_resource
 
 from services.api.readmodel import explain_lines, fetch_status
-from services.eta.core.words import eta_words
+from services.core.eta.words import eta_words
 from shared.config import parse_queues
 from tests.kube_support import H100, bus_events, eventually, kube_cluster, kube_stack, workload_events
 

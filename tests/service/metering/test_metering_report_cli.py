@@ -10,7 +10,7 @@ import pytest_asyncio
 from typer.testing import CliRunner
 
 from cli.main import app
-from services.metering.core.focus import FOCUS_COLUMNS
+from services.core.metering.focus import FOCUS_COLUMNS
 from services.metering.testing import deliver, scenario
 from tests.service.metering.focus_conformance import KNOWN_VALIDATOR_BUGS, own_checks, run_focus_validator
 

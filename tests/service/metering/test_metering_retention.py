@@ -12,9 +12,9 @@ from typing import Any
 import asyncpg
 import pytest
 
+from services.core.metering.rollup import Granularity
 from services.metering import store
 from services.metering.app import SPEC, build_spec, report_usage, sample_retention
-from services.metering.core.rollup import Granularity
 from services.metering.report import focus_document, report_document
 from services.metering.testing import QUEUES_DOC, T0, at, deliver, event, placed, sampled, spec
 from shared.clock import ManualClock

@@ -1,4 +1,4 @@
-"""The scheduler keeps its waiting order and running timeline in memory, event by event (services/pipeline/core/
+"""The scheduler keeps its waiting order and running timeline in memory, event by event (services/core/pipeline/
 book.py): after a random run of admissions, re-admissions, starts, requeues, ends and cancellations, what it holds
 is what a scheduler rebuilding from the tables holds, and its placements are written whole (one statement per
 cycle)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.admission.core import AdmissionState, AdmittedWorkload, Workload
+from services.core.admission import AdmissionState, AdmittedWorkload, Workload
 from shared.config import QueuesConfig, parse_queues
 from shared.domain import JobSpec, PodSet
 

@@ -1,4 +1,4 @@
-"""Wait-time aging within a priority (services/admission/core/ordering.py, aged_order_time; policy.max_age_s):
+"""Wait-time aging within a priority (services/core/admission/ordering.py, aged_order_time; policy.max_age_s):
 a job's duration offset shrinks with its wait, so a long job that waited is no longer passed by shorter jobs
 that arrive later, and once it waited max_age_s nothing submitted after it passes it. Off (null): unchanged."""
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.admission.core import AdmissionState, Workload, admission_cycle
-from services.admission.core.ordering import aged_order_time
+from services.core.admission import AdmissionState, Workload, admission_cycle
+from services.core.admission.ordering import aged_order_time
 from shared.config import QueuesConfig
 from tests.unit.admission.admission_core_builders import H100, config, job, queue
 

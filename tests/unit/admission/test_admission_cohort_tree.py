@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tests.unit.admission.test_admission_invariants as invariants
-from services.admission.core import AdmissionState, Reason, Workload, admission_cycle
-from services.admission.core.cohort_tree import CohortTree
+from services.core.admission import AdmissionState, Reason, Workload, admission_cycle
+from services.core.admission.cohort_tree import CohortTree
 from shared.config import ConfigError, QueuesConfig, parse_queues
 from tests.unit.admission.admission_core_builders import CLASSES, H100, job, queue, quota, submit, submit_many
 from tests.unit.admission.test_admission_invariants import configs, op, run

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.admission.core import AdmissionState, Reason, Workload, admission_cycle, queue_summaries
+from services.core.admission import AdmissionState, Reason, Workload, admission_cycle, queue_summaries
 from tests.unit.admission.admission_core_builders import A100, H100, config, job, queue, quota, submit, submit_many
 
 

@@ -1,12 +1,12 @@
-"""Duration-aware ordering (services/admission/core/ordering.py): among jobs of the same priority, shorter
+"""Duration-aware ordering (services/core/admission/ordering.py): among jobs of the same priority, shorter
 predicted GPU-time first; a longer job is passed only by jobs submitted within its own offset (aging)."""
 
 from __future__ import annotations
 
 import pytest
 
-from services.admission.core import AdmissionState, Workload, admission_cycle
-from services.admission.core.ordering import order_time
+from services.core.admission import AdmissionState, Workload, admission_cycle
+from services.core.admission.ordering import order_time
 from tests.unit.admission.admission_core_builders import H100, config, job, queue
 
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from services.admission.core import AdmissionState, Reason, Workload, admission_cycle
-from services.admission.core.fair_sharing import share
+from services.core.admission import AdmissionState, Reason, Workload, admission_cycle
+from services.core.admission.fair_sharing import share
 from shared.config import ConfigError, QueuesConfig, parse_queues
 from tests.unit.admission.admission_core_builders import CLASSES, H100, job, queue, restore_borrower, submit_many
 from tests.unit.admission.test_admission_invariants import configs, op, run

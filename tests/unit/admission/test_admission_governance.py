@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from services.admission.core.governance import POLICY_VIOLATION, policy_violation
+from services.core.admission.governance import POLICY_VIOLATION, policy_violation
 from shared.config import TeamPolicy
 from shared.domain import JobSpec, PodSet, PodTemplate
 

@@ -1,4 +1,4 @@
-"""Fair share over time (services/admission/core/history.py): a queue that borrowed in the past waits behind one
+"""Fair share over time (services/core/admission/history.py): a queue that borrowed in the past waits behind one
 that did not, at equal priority; the memory fades with the half-life; no history changes nothing."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from services.admission.core import AdmissionState, admission_cycle
+from services.core.admission import AdmissionState, admission_cycle
 from tests.unit.admission.admission_core_builders import H100, config, job, queue, submit
 
 DAY = 86_400.0

@@ -5,7 +5,7 @@ idle room put gpuq behind Kueue on average and p99 wait)."""
 
 from __future__ import annotations
 
-from services.admission.core import AdmissionState, admission_cycle
+from services.core.admission import AdmissionState, admission_cycle
 from shared.config import QueuesConfig
 from tests.unit.admission.admission_core_builders import H100, config, job, queue, submit
 

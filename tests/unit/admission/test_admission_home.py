@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from services.admission.core.governance import POLICY_VIOLATION, home_violation, submission_violation
+from services.core.admission.governance import POLICY_VIOLATION, home_violation, submission_violation
 from shared.config import TeamPolicy, parse_queues
 from shared.domain import EnvVar, JobSpec, PodSet, PodTemplate, WorkloadRef
 

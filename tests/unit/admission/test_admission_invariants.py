@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.admission.core import AdmissionState, Workload, admission_cycle
+from services.core.admission import AdmissionState, Workload, admission_cycle
 from shared.config import QueuesConfig
 from tests.unit.admission.admission_core_builders import A100, H100, config, job, quota
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.admission.core import AdmissionState, Reason, Workload, admission_cycle
+from services.core.admission import AdmissionState, Reason, Workload, admission_cycle
 from tests.unit.admission.admission_core_builders import H100, config, job, queue, submit
 
 

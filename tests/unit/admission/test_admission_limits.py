@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.admission.core import AdmissionState, Workload, admission_cycle
-from services.admission.core.limits import RATE_LIMITED, TOO_MANY_PENDING, Bucket, pending_refusal, rate_refusal, take
+from services.core.admission import AdmissionState, Workload, admission_cycle
+from services.core.admission.limits import RATE_LIMITED, TOO_MANY_PENDING, Bucket, pending_refusal, rate_refusal, take
 from shared.config import TeamPolicy, parse_queues
 from tests.unit.admission.admission_core_builders import H100, config, job, queue
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from services.admission.core import AdmissionDecision, AdmissionState, Reason, Workload, admission_cycle
-from services.admission.core.approval import approval_reason, opts_out_of_preemption
+from services.core.admission import AdmissionDecision, AdmissionState, Reason, Workload, admission_cycle
+from services.core.admission.approval import approval_reason, opts_out_of_preemption
 from shared.config import QueuesConfig, TeamPolicy, parse_queues
 from shared.domain import CheckpointSpec
 from tests.unit.admission.admission_core_builders import CLASSES, H100, config, job, queue, submit

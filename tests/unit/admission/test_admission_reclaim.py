@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.admission.core import AdmissionState, Reason, admission_cycle
+from services.core.admission import AdmissionState, Reason, admission_cycle
 from shared.domain import CheckpointSpec
 from tests.unit.admission.admission_core_builders import (
     H100,

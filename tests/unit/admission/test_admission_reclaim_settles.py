@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.admission.core import AdmissionState, Workload, admission_cycle
+from services.core.admission import AdmissionState, Workload, admission_cycle
 from shared.config import QueuesConfig
 from tests.unit.admission.admission_core_builders import H100, config, job, queue, submit
 
@@ -125,7 +125,7 @@ def cohorts(draw: st.DrawFn) -> tuple[QueuesConfig, list[tuple[int, int, str, bo
 
 def requeue_needed(s: AdmissionState, d: Any) -> int:
     """The preemption service: per request, its candidates in order until the need is covered, `own_need` of it
-    by the preemptor's own queue; nothing when they cannot cover it (as services/preemption/core/select.py)."""
+    by the preemptor's own queue; nothing when they cannot cover it (as services/core/preemption/select.py)."""
     taken = 0
     for r in d.reclaims:
         freed: dict[str, int] = {}

@@ -3,7 +3,7 @@ finishes the named candidates and requeues them, as the preemption service would
 
 from __future__ import annotations
 
-from services.admission.core import (
+from services.core.admission import (
     AdmissionDecision,
     AdmissionState,
     Reason,

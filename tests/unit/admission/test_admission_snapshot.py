@@ -3,7 +3,7 @@ on changing the live state, so nothing either side changes may show on the other
 
 from __future__ import annotations
 
-from services.admission.core import AdmissionState, Workload, admission_cycle
+from services.core.admission import AdmissionState, Workload, admission_cycle
 from tests.unit.admission.admission_core_builders import H100, config, job, queue, submit, submit_many
 
 

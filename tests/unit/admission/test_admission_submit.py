@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.admission.core import AdmissionState, Reason, Workload
+from services.core.admission import AdmissionState, Reason, Workload
 from shared.domain import PodSet
 from tests.unit.admission.admission_core_builders import A100, H100, config, job, queue, quota, submit
 

@@ -1,12 +1,12 @@
-"""The check of a proposed queue configuration (services/admission/core/configcheck.py): its diff, and which
+"""The check of a proposed queue configuration (services/core/admission/configcheck.py): its diff, and which
 mistakes it refuses against the live cluster and the jobs each queue holds."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from services.admission.core.configcheck import Inventory, QueueJobs, check_change, inventory_of
-from services.admission.core.governance import gpu_request_violation, size_violation
+from services.core.admission.configcheck import Inventory, QueueJobs, check_change, inventory_of
+from services.core.admission.governance import gpu_request_violation, size_violation
 from shared.config import QueuesConfig, parse_queues
 from shared.domain import JobSpec, MigLayout, NodeSpec, PodSet
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 
-from services.admission.core import AdmissionState, QueueFacts, Workload, admission_cycle, queue_facts
+from services.core.admission import AdmissionState, QueueFacts, Workload, admission_cycle, queue_facts
 from tests.unit.admission.admission_core_builders import H100, config, job, queue
 
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 from pydantic import ValidationError
 
-from services.telemetry.core.state import TelemetryState
+from services.core.telemetry.state import TelemetryState
 from shared.domain import NodeSpec
 from shared.events import INVENTORY_CHUNK, NodeInventory, encode_event, make_event, parse_event
 

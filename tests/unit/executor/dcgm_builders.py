@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.executor.core.dcgm_series import DcgmField
+from services.core.executor.dcgm_series import DcgmField
 from shared.domain import MigLayout, NodeSpec
 
 T = 1_767_225_600.0

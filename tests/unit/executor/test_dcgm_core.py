@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.executor.core.attribution import JobShare, Placements, attribute
-from services.executor.core.dcgm_series import DcgmField, Device, parse_results, queries
-from services.executor.core.gpu_health import HealthChange, HealthMemory, HealthPolicy, assess
+from services.core.executor.attribution import JobShare, Placements, attribute
+from services.core.executor.dcgm_series import DcgmField, Device, parse_results, queries
+from services.core.executor.gpu_health import HealthChange, HealthMemory, HealthPolicy, assess
 from shared.config import DcgmLabels, DcgmSettings
 from shared.domain import MigLayout, NodeHealth, NodeSpec
 from tests.unit.executor.dcgm_builders import busy, gpu, node, results, series
@@ -252,7 +252,7 @@ def test_a_job_holding_every_mig_slice_of_its_node_owns_each_one_exactly() -> No
 
 
 def test_units_by_node_counts_whole_gpus_and_mig_slices() -> None:
-    from services.executor.core.attribution import units_by_node
+    from services.core.executor.attribution import units_by_node
     from shared.domain import GpuBinding
 
     placed = [("b", [GpuBinding(pod="main-0", node="n1", gpu_indices=(0, 1)),

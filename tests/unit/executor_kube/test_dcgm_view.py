@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.executor.core.attribution import JobShare, attribute
-from services.executor.core.dcgm_series import parse_results
-from services.executor.kube.core.dcgm_view import RunningJob, placements
-from services.executor.kube.core.names import job_label
+from services.core.executor.attribution import JobShare, attribute
+from services.core.executor.dcgm_series import parse_results
+from services.core.kube.dcgm_view import RunningJob, placements
+from services.core.kube.names import job_label
 from shared.config import DcgmLabels
 from shared.domain import GpuBinding
 from tests.unit.executor.dcgm_builders import busy, gpu, node, results

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from services.executor.kube.core.placement import event_pod_sets
+from services.core.kube.placement import event_pod_sets
 from shared.config import PodSecurity
 from shared.domain import EnvVar, JobSpec, PodSet, PodTemplate
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import yaml
 
-from services.executor.kube.core.intake import Refusal, job_spec
-from services.executor.kube.core.kinds import kind_of
+from services.core.kube.intake import Refusal, job_spec
+from services.core.kube.kinds import kind_of
 from shared.config import ClusterSource, load_cluster, load_queues
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "deploy" / "examples"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from services.executor.kube.core.intake import Refusal, job_spec
-from services.executor.kube.core.kinds import kind_of
+from services.core.kube.intake import Refusal, job_spec
+from services.core.kube.kinds import kind_of
 from shared.config import KubernetesSource, QueuesConfig
 from shared.domain import TopologyLevel
 from tests.unit.executor_kube.conftest import job, pod_template, pytorchjob

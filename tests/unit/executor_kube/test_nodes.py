@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.executor.kube.core.nodes import node_spec, selected
+from services.core.kube.nodes import node_spec, selected
 from shared.config import KubernetesSource
 from shared.domain import MigLayout, NodeHealth, Taint, TaintEffect
 from tests.unit.executor_kube.conftest import node

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from services.executor.kube.core import names as n
-from services.executor.kube.core.kinds import kind_of
-from services.executor.kube.core.placement import (
+from services.core.kube import names as n
+from services.core.kube.kinds import kind_of
+from services.core.kube.placement import (
     assign_pods,
     event_pod_sets,
     placed_templates,
@@ -89,7 +89,7 @@ def test_event_submitted_pod_template_creates_an_indexed_job() -> None:
 
 
 def test_suspending_restores_the_templates_as_written() -> None:
-    from services.executor.kube.core.placement import restored_template
+    from services.core.kube.placement import restored_template
 
     obj = job()
     original = JOB.pod_sets(obj)[0].template

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.executor.kube.core.pods import (
+from services.core.kube.pods import (
     failure,
     image_pull_problem,
     ready_count,

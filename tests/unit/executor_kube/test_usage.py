@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from services.executor.kube.core.usage import NodeLoads, pod_load, still_refused, with_refusal
+from services.core.kube.usage import NodeLoads, pod_load, still_refused, with_refusal
 from shared.domain import NodeUsage, PlacementRefusal, PodShape
 
 

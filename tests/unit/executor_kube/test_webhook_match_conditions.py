@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from services.executor.kube.core.admission import Review, WebhookPolicy, mutate, validate
-from services.executor.kube.core.kinds import kind_of
+from services.core.kube.admission import Review, WebhookPolicy, mutate, validate
+from services.core.kube.kinds import kind_of
 from shared.config import parse_queues
 from tests.kube.kubefake import cel
 from tests.kube_support import POD_CONDITION, kind_body, template, workload_condition

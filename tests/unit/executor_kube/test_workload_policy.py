@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from services.executor.kube.core.admission import Review, WebhookPolicy, mutate, response, validate
-from services.executor.kube.core.intake import Refusal, job_spec, policy_refusal
-from services.executor.kube.core.kinds import kind_of
+from services.core.kube.admission import Review, WebhookPolicy, mutate, response, validate
+from services.core.kube.intake import Refusal, job_spec, policy_refusal
+from services.core.kube.kinds import kind_of
 from shared.config import KubernetesSource, QueuesConfig, parse_queues
 from tests.unit.executor_kube.conftest import QUEUES, container, job, pod_template, pytorchjob
 

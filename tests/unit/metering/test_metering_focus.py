@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from services.metering.core.focus import FOCUS_COLUMNS, focus_rows
-from services.metering.core.rollup import AllocationRow, Granularity, JobDims, UsageRow, build_cells
-from services.metering.core.units import HOUR_MS
+from services.core.metering.focus import FOCUS_COLUMNS, focus_rows
+from services.core.metering.rollup import AllocationRow, Granularity, JobDims, UsageRow, build_cells
+from services.core.metering.units import HOUR_MS
 from services.metering.testing import T0_MS, ms
 
 H = 3600

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.metering.core.segments import Fact, FactKind, build_segments
+from services.core.metering.segments import Fact, FactKind, build_segments
 from services.metering.testing import ms
 
 

@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.metering.core.rollup import (
+from services.core.metering.rollup import (
     AllocationRow,
     Granularity,
     JobDims,
@@ -13,7 +13,7 @@ from services.metering.core.rollup import (
     split_hours,
     team_summary_table,
 )
-from services.metering.core.units import HOUR_MS
+from services.core.metering.units import HOUR_MS
 from services.metering.testing import T0_MS, ms
 
 H = 3600

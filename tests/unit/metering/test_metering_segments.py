@@ -3,7 +3,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.metering.core.segments import Fact, FactKind, build_segments
+from services.core.metering.segments import Fact, FactKind, build_segments
 from services.metering.testing import ms
 
 SHARES = (("n1", 8000), ("n2", 8000))

@@ -3,8 +3,8 @@ from datetime import UTC, datetime, timedelta, timezone
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.metering.core.samples import sample_columns
-from services.metering.core.units import (
+from services.core.metering.samples import sample_columns
+from services.core.metering.units import (
     binding_milli_gpus,
     ceil_to,
     floor_to,

@@ -1,4 +1,4 @@
-"""The placement book (services/pipeline/core/book.py): kept up to date event by event, it reads exactly as the
+"""The placement book (services/core/pipeline/book.py): kept up to date event by event, it reads exactly as the
 dictionaries it replaced, sorted again, would; and a cycle placing from it decides what `place` decides from them."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.pipeline.core import PlacementBook, WaitingJob, place, place_ordered, placement_key
-from services.scheduler.core import ClusterState, PendingJob, RunningJob
+from services.core.pipeline import PlacementBook, WaitingJob, place, place_ordered, placement_key
+from services.core.scheduler import ClusterState, PendingJob, RunningJob
 from shared.domain import JobSpec, NodeSpec, PodSet
 
 JOBS = [f"j{i}" for i in range(8)]  # few ids: re-admissions, placements of waiting jobs and ends of unknown ones

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.pipeline.core.predict import (
+from services.core.pipeline.predict import (
     BISECT_TOLERANCE_S,
     COHORT_MAX,
     COHORT_MIN_WEIGHT,
@@ -158,7 +158,7 @@ def test_a_quantile_between_equal_values_is_that_value_exactly() -> None:
     """`v·(1 − f) + v·f` is an ulp above v for some v and f (47214.79940255588 at f ≈ 0.1): a p10 then came out
     above its median and the hypothesis property above failed now and then. Interpolation stays within its two
     neighbours."""
-    from services.pipeline.core.predict import quantile
+    from services.core.pipeline.predict import quantile
 
     v = 47214.79940255588
     values = [v] * 10 + [2 * v]

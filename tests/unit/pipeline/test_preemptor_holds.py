@@ -3,8 +3,8 @@ preemptor, and another team's admitted job, first in the placement order, is pla
 
 from __future__ import annotations
 
-from services.pipeline.core import PlacementBook, WaitingJob, place_ordered
-from services.scheduler.core import ClusterState, Hold, Placement, Reason
+from services.core.pipeline import PlacementBook, WaitingJob, place_ordered
+from services.core.scheduler import ClusterState, Hold, Placement, Reason
 from tests.unit.scheduler.scheduler_builders import job, nodes
 
 NOW = 10_000.0

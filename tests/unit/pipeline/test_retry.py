@@ -1,4 +1,4 @@
-"""The retry rule every executor applies (services/pipeline/core/retry.py) and the policy's validation."""
+"""The retry rule every executor applies (services/core/pipeline/retry.py) and the policy's validation."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from services.pipeline.core import decide_retry, retry_delay_s
+from services.core.pipeline import decide_retry, retry_delay_s
 from shared.domain import DEFAULT_RETRY_ON, JobSpec, PodSet, RetryPolicy
 from shared.events import ExitReason
 

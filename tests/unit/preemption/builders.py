@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from services.preemption.core import PRIORITY, Preemptor, RunningJob, priority_of
-from services.scheduler.core import ClusterState
+from services.core.preemption import PRIORITY, Preemptor, RunningJob, priority_of
+from services.core.scheduler import ClusterState
 from shared.config import QueuesConfig, parse_queues
 from shared.domain import JobKind, JobSpec, NodeSpec, PodSet
 

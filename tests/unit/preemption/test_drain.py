@@ -1,4 +1,4 @@
-"""Draining a HoldAndDrain queue (services/preemption/core/drain.py): preemptible running jobs of the queue are
+"""Draining a HoldAndDrain queue (services/core/preemption/drain.py): preemptible running jobs of the queue are
 evicted; production and non-preemptible ones never; protected ones when their window ends; other queues never."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.preemption.core import RunningJob, Why, drain_plan
+from services.core.preemption import RunningJob, Why, drain_plan
 from shared.domain import JobKind
 
 

@@ -1,10 +1,10 @@
-"""Hops per preemption, followed by ids over an event history (services/preemption/core/hops.py)."""
+"""Hops per preemption, followed by ids over an event history (services/core/preemption/hops.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from services.preemption.core import preemption_chains
+from services.core.preemption import preemption_chains
 
 
 def ev(kind: str, t: int, event_id: str = "", **data: Any) -> dict[str, Any]:

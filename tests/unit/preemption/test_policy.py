@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-import services.preemption.core.policy as policy_module
-from services.preemption.core import (
+import services.core.preemption.policy as policy_module
+from services.core.preemption import (
     PRIORITY,
     RECLAIM,
     Preemptor,

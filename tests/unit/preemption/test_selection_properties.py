@@ -8,7 +8,7 @@ from itertools import combinations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.preemption.core import (
+from services.core.preemption import (
     PRIORITY,
     RECLAIM,
     Preemptor,
@@ -20,9 +20,9 @@ from services.preemption.core import (
     usage_by_queue,
     victim_verdict,
 )
-from services.preemption.core.model import summed_usage
-from services.preemption.core.policy import victim_verdicts
-from services.scheduler.core import Placement
+from services.core.preemption.model import summed_usage
+from services.core.preemption.policy import victim_verdicts
+from services.core.scheduler import Placement
 from shared.config import QueuesConfig, parse_queues
 from shared.domain import JobKind
 from tests.unit.preemption.builders import MODEL, World, queues, spec

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.scheduler.core.liveness import ExecutorRound, LivenessSettings, WatchedJob, lost_jobs
+from services.core.scheduler.liveness import ExecutorRound, LivenessSettings, WatchedJob, lost_jobs
 
 SETTINGS = LivenessSettings(heartbeat_timeout_s=60.0, runtime_grace_s=300.0)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.scheduler.core import (
+from services.core.scheduler import (
     ClusterState,
     PendingJob,
     Placement,

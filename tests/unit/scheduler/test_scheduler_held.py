@@ -4,7 +4,7 @@ frees later."""
 
 from __future__ import annotations
 
-from services.scheduler.core import ClusterState, Placement, Reason, Unplaceable
+from services.core.scheduler import ClusterState, Placement, Reason, Unplaceable
 from shared.domain import GpuBinding, MigLayout, NodeSpec, NodeUsage
 from tests.unit.scheduler.scheduler_builders import job, nodes
 

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import services.scheduler.core.cycle as cycle_mod
-from services.scheduler.core import ClusterState, CycleResult, PendingJob, Placement, RunningJob, schedule_cycle
-from services.scheduler.core.index import MISSING, ClusterIndex
+import services.core.scheduler.cycle as cycle_mod
+from services.core.scheduler import ClusterState, CycleResult, PendingJob, Placement, RunningJob, schedule_cycle
+from services.core.scheduler.index import MISSING, ClusterIndex
 from shared.domain import NodeHealth
 from tests.unit.scheduler.scheduler_builders import job, nodes
 from tests.unit.scheduler.scheduler_strategies import SETTINGS

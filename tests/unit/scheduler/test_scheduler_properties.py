@@ -9,7 +9,7 @@ from collections import Counter
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.scheduler.core import (
+from services.core.scheduler import (
     ClusterState,
     PendingJob,
     Placement,
@@ -18,7 +18,7 @@ from services.scheduler.core import (
     may_fit_if_released,
     schedule_cycle,
 )
-from services.scheduler.core.staging import placement_shape, resolve, trim
+from services.core.scheduler.staging import placement_shape, resolve, trim
 from shared.domain import JobSpec, NodeHealth, NodeSpec, TaintEffect
 from tests.unit.scheduler.scheduler_strategies import MODELS, SETTINGS, clusters, jobs
 

@@ -4,7 +4,7 @@ which node refused what."""
 
 from __future__ import annotations
 
-from services.scheduler.core import ClusterState, PendingJob, Placement, Reason, Unplaceable, schedule_cycle
+from services.core.scheduler import ClusterState, PendingJob, Placement, Reason, Unplaceable, schedule_cycle
 from shared.domain import NodeSpec, PlacementRefusal, PodSet, PodShape
 from tests.unit.scheduler.scheduler_builders import job, nodes
 

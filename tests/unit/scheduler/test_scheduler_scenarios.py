@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.scheduler.core import ClusterState, Placement, Reason, Unplaceable, fragmentation
+from services.core.scheduler import ClusterState, Placement, Reason, Unplaceable, fragmentation
 from shared.domain import MigLayout, NodeHealth, Taint, TaintEffect
 from tests.unit.scheduler.scheduler_builders import INFERENCE_TAINT, TOLERATE_INFERENCE, job, nodes
 

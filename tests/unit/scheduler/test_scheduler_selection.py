@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from services.scheduler.core import ClusterState, Placement, Reason, Unplaceable, schedule_cycle
-from services.scheduler.core.types import PendingJob
+from services.core.scheduler import ClusterState, Placement, Reason, Unplaceable, schedule_cycle
+from services.core.scheduler.types import PendingJob
 from shared.domain import (
     NodeAffinity,
     NodeSelectorRequirement,

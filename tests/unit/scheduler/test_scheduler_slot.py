@@ -9,9 +9,9 @@ from unittest import mock
 from hypothesis import given
 from hypothesis import strategies as st
 
-import services.scheduler.core.slot as slot
-from services.scheduler.core import ClusterState, PendingJob, Placement, Reservation, earliest_slot
-from services.scheduler.core.placer import exclusions_for, place_job, resolve, trim, try_place
+import services.core.scheduler.slot as slot
+from services.core.scheduler import ClusterState, PendingJob, Placement, Reservation, earliest_slot
+from services.core.scheduler.placer import exclusions_for, place_job, resolve, trim, try_place
 from shared.domain import NodeHealth, NodeSpec
 from tests.unit.scheduler.scheduler_builders import job, nodes
 from tests.unit.scheduler.scheduler_strategies import MODELS, SETTINGS, clusters, jobs

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.core import ClusterState, Placement, PlacementConflict, Reason, Unplaceable
+from services.core.scheduler import ClusterState, Placement, PlacementConflict, Reason, Unplaceable
 from shared.domain import GpuBinding, MigLayout, NodeHealth
 from tests.unit.scheduler.scheduler_builders import job, nodes
 

@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from services.admission.core import AdmissionState, Workload, admission_cycle
-from services.eta.core import (
+from services.core.admission import AdmissionState, Workload, admission_cycle
+from services.core.eta import (
     IDLE_REFRESH_S,
     EtaCalibration,
     EtaModel,
@@ -20,8 +20,8 @@ from services.eta.core import (
     estimate_starts,
     refresh_due,
 )
-from services.pipeline.core.predict import JobKey
-from services.scheduler.core import ClusterState, PendingJob, schedule_cycle
+from services.core.pipeline.predict import JobKey
+from services.core.scheduler import ClusterState, PendingJob, schedule_cycle
 from sim.engine import Engine
 from sim.eta_accuracy import EtaTracked, eta_metrics
 from sim.loaders import queues_for_teams
@@ -121,7 +121,7 @@ def test_a_waiting_job_preempted_recently_gets_the_preemptors_cool_down_in_the_r
 
 def _count_cycles(monkeypatch) -> list[int]:
     """Count the pipeline cycles a replay runs (estimate_starts imports `cycle` when called)."""
-    import services.pipeline.core as pipeline
+    import services.core.pipeline as pipeline
 
     calls = [0]
     real = pipeline.cycle
@@ -270,7 +270,7 @@ def test_conformal_range_holds_the_nominal_share_whatever_the_replayed_range_say
 
 
 def test_conformal_quantile_is_the_finite_sample_one():
-    from services.eta.core import conformal_quantile
+    from services.core.eta import conformal_quantile
 
     scores = [float(i) for i in range(1, 10)]  # n = 9: ceil(10 * 0.8) = 8th smallest
     assert conformal_quantile(scores, 0.8) == 8.0
@@ -437,7 +437,7 @@ def test_a_refresh_forked_in_steps_learns_and_answers_as_one_in_a_single_call():
 def _stream(model: EtaModel, queue: str, priority: int, every_s: float, until: float, span_s: float,
             gpu_s: float) -> float:
     """Arrivals of `queue` every `every_s` over (until - span_s, until]; returns their GPU-seconds in all."""
-    from services.eta.core import Arrival
+    from services.core.eta import Arrival
 
     n = int(span_s // every_s)
     for i in range(n):
@@ -486,7 +486,7 @@ def test_only_the_share_of_an_arrivals_work_on_a_jobs_gpu_models_delays_it():
     one that accepts any model spreads over the 32 GPUs, so a quarter of its work lands on A; one for A only
     counts whole. A job that accepts any model meets all of them over the 32 GPUs. The silence weight counts
     the arrivals that compete (two for the A job, three for the any-model one)."""
-    from services.eta.core import Arrival, ArrivalHistory
+    from services.core.eta import Arrival, ArrivalHistory
 
     pools, now, wait = {"A": 8, "B": 24}, 1000.0, 600.0
     hist = ArrivalHistory()
@@ -508,7 +508,7 @@ def test_an_arrivals_work_counts_its_mig_slices_as_their_share_of_a_gpu():
     whole GPUs count as they are."""
     from dataclasses import replace
 
-    from services.eta.core import gpu_share
+    from services.core.eta import gpu_share
     from shared.domain import MIG_COMPUTE_SLICES
 
     sliced = replace(job("m", 0, 60, pods=4), mig_profile="3g.40gb").spec()
@@ -521,7 +521,7 @@ def test_the_arrival_history_learns_each_job_once_from_refreshes_and_stays_bound
     """observe_arrivals records every job admission holds (pending and admitted), with its priority and
     predicted work, once however many refreshes see it; entries older than the horizon are forgotten, and a
     queue keeps at most `max_entries`."""
-    from services.eta.core import Arrival, ArrivalHistory
+    from services.core.eta import Arrival, ArrivalHistory
     from services.eta.platform import PlatformEta
 
     cluster, adm, _ = _low_job_waiting(5.0)
@@ -558,7 +558,7 @@ def test_the_replay_gives_the_freed_gpus_to_the_preemptor_as_the_scheduler_holds
     priority, admitted earlier, waits for GPUs. The scheduler holds the freed node for the preemptor
     (docs/preemption.md), so the replay starts a-high at once and b-job after it; without the hold it gave the node
     to b-job, first in the placement order, and told a-high it would wait for b-job's end."""
-    from services.scheduler.core import ClusterState, PendingJob, schedule_cycle
+    from services.core.scheduler import ClusterState, PendingJob, schedule_cycle
 
     cluster = ClusterState.from_nodes(nodes(1))
     adm = AdmissionState(queues_for_teams(["a", "b"], {"gpu": 8}, nominal={"a": 8, "b": 8}))

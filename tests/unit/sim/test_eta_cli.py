@@ -7,9 +7,9 @@ import json
 from typer.testing import CliRunner
 
 from cli.main import app
-from services.admission.core import AdmissionState, Workload, admission_cycle
-from services.eta.core import estimate_starts
-from services.scheduler.core import ClusterState, PendingJob, RunningJob, schedule_cycle
+from services.core.admission import AdmissionState, Workload, admission_cycle
+from services.core.eta import estimate_starts
+from services.core.scheduler import ClusterState, PendingJob, RunningJob, schedule_cycle
 from shared.config import load_queues
 from sim.loaders import queues_for_teams
 

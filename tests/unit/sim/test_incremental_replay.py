@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from services.eta.core.preemption import SimPreemption
-from services.preemption.core import RunningJob, priority_of, usage_by_queue
-from services.scheduler.core.index import MISSING, ClusterIndex
+from services.core.eta.preemption import SimPreemption
+from services.core.preemption import RunningJob, priority_of, usage_by_queue
+from services.core.scheduler.index import MISSING, ClusterIndex
 from sim.engine import CycleOutput, Engine
 from sim.model import Trace, TraceJob
 from sim.policies.gpuq import GpuqPolicy

@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.telemetry.core.names import METRICS
-from services.telemetry.core.state import Observation, TelemetryState, labels
+from services.core.telemetry.names import METRICS
+from services.core.telemetry.state import Observation, TelemetryState, labels
 from shared.config import parse_queues
 from shared.domain import NodeHealth, NodeUsage
 from shared.events import (

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from services.telemetry.core.names import METRICS
+from services.core.telemetry.names import METRICS
 
 GRAFANA = Path(__file__).resolve().parents[3] / "deploy" / "grafana"
 DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))

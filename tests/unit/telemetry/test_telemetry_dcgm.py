@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.telemetry.core.state import FLOPS_REPORT_MAX_AGE_S, Observation, TelemetryState, labels
+from services.core.telemetry.state import FLOPS_REPORT_MAX_AGE_S, Observation, TelemetryState, labels
 from shared.config import parse_queues
 from shared.domain import GpuBinding, JobSpec, MigLayout, NodeHealth, PodSet, Precision
 from shared.events import (

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.telemetry.core.fragmentation import fragmented_gpus
+from services.core.telemetry.fragmentation import fragmented_gpus
 from shared.domain import JobSpec, NodeHealth, PodSet, Taint, Toleration
 from tests.unit.telemetry.telemetry_builders import node, spec
 

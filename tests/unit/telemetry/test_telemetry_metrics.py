@@ -8,8 +8,8 @@ import re
 import httpx
 import pytest
 
-from services.telemetry.core.names import COUNTER, METRICS
-from services.telemetry.core.state import TelemetryState
+from services.core.telemetry.names import COUNTER, METRICS
+from services.core.telemetry.state import TelemetryState
 from services.telemetry.metrics import JOB_LABELS_ENV, TelemetryMetrics, job_labels_from_env
 from shared.events import ExitReason, JobCancelled
 from tests.unit.telemetry.telemetry_builders import T0, inventory, life, node, spec

@@ -1,0 +1,479 @@
+"""The admission core's state: pending and admitted workloads, with usage kept incrementally in a QuotaBook.
+
+`submit` validates and authorises; `finish` releases quota; `requeue` puts a job back with its original submit
+time; `set_config` swaps the configuration keeping every job. The admission cycle (cycle.py) reads and updates
+this state; nothing here reads a clock or does I/O.
+"""
+
+from __future__ import annotations
+
+import copy
+from bisect import insort
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+
+from services.core.admission.admissibility import (
+    fit_verdict,
+    flavor_options,
+    over_quota_messages,
+    preemptible,
+    priority_class,
+    verdict,
+)
+from services.core.admission.cycle_memo import CycleMemo
+from services.core.admission.history import historic_share
+from services.core.admission.model import AdmittedWorkload, Reason, Rejection, Workload
+from services.core.admission.ordering import Order, aged_order_time, order_time
+from services.core.admission.pending import PendingWorkloads
+from services.core.admission.quota import QueueQuota, QuotaBook
+from services.core.admission.resources import (
+    GpuOption,
+    PodSetDemand,
+    Signature,
+    gpu_pod_set_names,
+    request_signature,
+)
+from shared.config import QueuesConfig
+from shared.domain import JobSpec
+
+
+class Entry:
+    """Internal record of one job (pending or admitted). Mutable and slotted because the cycle touches every
+    pending job every cycle; never handed out."""
+
+    __slots__ = ("admitted", "base_at", "gpu_pod_sets", "job_id", "message", "order", "preemptible", "priority",
+                 "queue", "reason", "sid", "sig", "unsaved_runtime_s", "verdict", "workload")
+
+    def __init__(self, workload: Workload, priority: int, preemptible: bool, order_at: float | None = None):
+        spec = workload.spec
+        self.workload = workload
+        self.job_id = spec.job_id
+        self.queue = spec.queue
+        self.priority = priority
+        # as the preemption service judges it (services/core/preemption/model.py `priority_of`): a job it would never
+        # take is never a reclaim candidate here, and never borrows (fit.py `fit_key`: a loan nobody can take
+        # back would keep its lender from its own quota)
+        self.preemptible = preemptible
+        # (-priority, order time, id): the order time is the submit time, or later for longer predicted work
+        self.order: Order = (-priority, workload.submitted_at if order_at is None else order_at, spec.job_id)
+        self.base_at = self.order[1]  # the order time before aging (ordering.aged_order_time)
+        self.sig: Signature = request_signature(spec)
+        self.sid = 0  # small int standing for `sig` (cheap memo keys); set by AdmissionState
+        self.gpu_pod_sets = gpu_pod_set_names(spec)
+        # the work a reclaim could throw away, bounded by the job's limit: 0 when it can checkpoint
+        self.unsaved_runtime_s = 0 if spec.checkpoint.supported else spec.max_runtime_s
+        self.verdict: tuple[str, str] | None = None  # static inadmissibility under the current config
+        self.admitted: AdmittedWorkload | None = None
+        # written by the cycle: why it waits (positions are computed when a status is read)
+        self.reason = ""
+        self.message: object = ""  # str, or the cycle's message object that writes itself when read
+
+    def reprioritise(self, value: int) -> None:
+        """Its class's value changed: same order time, new priority."""
+        self.priority = value
+        self.order = (-value, self.order[1], self.job_id)
+
+
+def _spec_key(spec: JobSpec) -> str:
+    return spec.model_dump_json()
+
+
+class AdmissionState:
+    """The core's snapshot of queues: pending + admitted workloads, usage per queue kept incrementally."""
+
+    def __init__(self, config: QueuesConfig):
+        self._config = config
+        self._book = QuotaBook(config)
+        self._entries: dict[str, Entry] = {}
+        self._pending = PendingWorkloads()
+        self._admitted: dict[str, AdmittedWorkload] = {}
+        self._pending_by_queue: dict[str, list[Entry]] = {}
+        self._admitted_by_queue: dict[str, dict[str, Entry]] = {}
+        self._dirty: set[str] = set()  # queues whose pending list must be re-filtered/re-sorted
+        self._touched: set[str] = set()  # queues whose jobs changed since `take_touched` (summary rows to redo)
+        # what the last cycle left for the next (cycle_memo.py): cleared per scope and queue by `_touch`
+        self._memo = CycleMemo()
+        # Bumped by every change of jobs or config: a cycle's PendingStatuses view reads the entries lazily and
+        # is valid only while this has not moved.
+        self._generation = 0
+        self._sig_ids: dict[Signature, int] = {}  # interned request signatures (bounded by distinct shapes)
+        self._history_share: dict[str, float] = {}  # queue -> historic borrowing score (core/history.py)
+        # pending jobs whose order time still ages (a duration offset, waited less than policy.max_age_s)
+        self._aging: set[str] = set()
+
+    # ------------------------------------------------------------------ views
+
+    @property
+    def config(self) -> QueuesConfig:
+        return self._config
+
+    @property
+    def pending(self) -> Mapping[str, Workload]:
+        """job_id -> Workload, every job waiting for admission (including inadmissible ones)."""
+        return self._pending.view()
+
+    def pending_of(self, team: str) -> int:
+        """How many of `team`'s jobs wait for admission (in O(1): checked on every submission)."""
+        return self._pending.of_team(team)
+
+    @property
+    def admitted(self) -> Mapping[str, AdmittedWorkload]:
+        """job_id -> AdmittedWorkload, every job holding quota (placed, running or about to be)."""
+        return MappingProxyType(self._admitted)
+
+    def usage(self, queue: str) -> dict[str, int]:
+        """Resource -> amount reserved by the queue's admitted jobs (zeros omitted)."""
+        return {r: v for r, v in sorted(self._book.usage.get(queue, {}).items()) if v}
+
+    def running(self, queue: str) -> int:
+        return self._book.running.get(queue, 0)
+
+    def borrowed(self, queue: str) -> dict[str, int]:
+        return {r: b for r in sorted(self._book.usage.get(queue, {})) if (b := self._book.borrowed(queue, r))}
+
+    def available(self, queue: str, resource: str) -> int:
+        """What one more job of `queue` could take of `resource` right now (0 for an unknown queue)."""
+        qq = self._book.queues.get(queue)
+        return max(0, self._book.available(qq, resource)) if qq is not None else 0
+
+    def priority(self, job_id: str) -> int | None:
+        e = self._entries.get(job_id)
+        return e.priority if e is not None else None
+
+    def preemptible(self, job_id: str) -> bool | None:
+        e = self._entries.get(job_id)
+        return e.preemptible if e is not None else None
+
+    def inadmissible(self, job_id: str) -> Rejection | None:
+        """Why a pending job cannot be admitted under the current config, if it cannot."""
+        e = self._entries.get(job_id)
+        if e is None or e.admitted is not None or e.verdict is None:
+            return None
+        return Rejection(job_id, *e.verdict)
+
+    def take_touched(self) -> set[str]:
+        """The queues whose jobs came, went, were admitted or released since the last call (none after it): whose
+        summary rows (summary.py `queue_facts`) may have changed. A new configuration changes every row."""
+        touched, self._touched = self._touched, set()
+        return touched
+
+    def waiting(self, queue: str) -> tuple[int, int, float | None]:
+        """A queue's pending jobs: how many, how many the configuration in force cannot admit, and the oldest
+        one's submit time (None when none pend). Walks that queue's jobs only."""
+        current = self._entries.get
+        # A list may still hold a finished or replaced entry until its queue is re-filtered (it is dirty then).
+        dirty = queue in self._dirty
+        count = inadmissible = 0
+        oldest: float | None = None
+        for e in self._pending_by_queue.get(queue, ()):
+            if e.admitted is not None or (dirty and current(e.job_id) is not e):
+                continue
+            count += 1
+            if e.verdict is not None:
+                inadmissible += 1
+            at = e.workload.submitted_at
+            if oldest is None or at < oldest:
+                oldest = at
+        return count, inadmissible, oldest
+
+    def copy(self) -> AdmissionState:
+        """An independent copy (for what-if runs such as the ETA forward simulation, which takes it in the service's
+        handler thread and reads it in a worker thread while the handlers go on changing this state): nothing a
+        command or a cycle on either changes is shared. Workloads, admitted workloads, specs, the config and the
+        quota book's static part (queues, cohort tree, lendable pools) are immutable and shared; every mutable
+        container and entry is copied. An entry's message may be a lazy text that reads the numbers of the
+        quota book of the cycle that wrote it (this state's): what-if runs overwrite messages, never read them.
+        O(jobs) shallow copies, no spec copied: a fraction of a deep copy (docs/admission.md, "Performance")."""
+        other = copy.copy(self)
+        other._book = copy.copy(self._book)
+        other._book.usage = {q: dict(u) for q, u in self._book.usage.items()}
+        other._book.running = dict(self._book.running)
+        other._book.cohort_used = {c: dict(u) for c, u in self._book.cohort_used.items()}
+        other._book.options_cache = dict(self._book.options_cache)  # a memo both sides add to
+        other._sig_ids = dict(self._sig_ids)  # interned as new shapes arrive, on either side
+        other._history_share = dict(self._history_share)
+        copy_entry = copy.copy
+        entries = {j: copy_entry(e) for j, e in self._entries.items()}
+        other._entries = entries
+        other._pending = self._pending.copy()
+        other._admitted = dict(self._admitted)
+        # A list may still hold a finished or replaced (requeued) job's old entry until its queue is re-filtered
+        # (it is dirty then): only current entries are mapped, or a requeued job would appear twice in the copy.
+        current = self._entries.get
+        other._pending_by_queue = {q: [entries[e.job_id] for e in lst if current(e.job_id) is e]
+                                   for q, lst in self._pending_by_queue.items()}
+        other._admitted_by_queue = {q: {j: entries[j] for j in m} for q, m in self._admitted_by_queue.items()}
+        other._dirty = set(self._dirty)
+        other._touched = set(self._touched)
+        other._aging = set(self._aging)
+        # no cached cohorts: the entries' messages may still be written lazily from *this* state's numbers
+        other._memo = CycleMemo()
+        return other
+
+    # ------------------------------------------------------------------ commands
+
+    def set_usage_history(self, decayed_gpu_s: Mapping[str, Mapping[str, float]], half_life_s: float) -> None:
+        """Fair share over time: per queue and quota resource, usage in GPU-seconds decayed with `half_life_s`
+        (from the metering ledger). Queues are then ordered by current + historic share (core/history.py)."""
+        if half_life_s <= 0:
+            raise ValueError(f"half_life_s must be > 0, got {half_life_s}")
+        shares = {}
+        for q in sorted(decayed_gpu_s):
+            qq = self._book.queues.get(q)
+            if qq is not None:
+                v = historic_share(self._book, qq, decayed_gpu_s[q], half_life_s)
+                if v:
+                    shares[q] = v
+        if shares != self._history_share:
+            # the cross-queue order changed: no cohort may reuse a cycle decided under the old one
+            for q in sorted(set(shares) | set(self._history_share)):
+                if shares.get(q) != self._history_share.get(q):
+                    self._touch(q)
+            self._history_share = shares
+
+    def history_share(self, queue: str) -> float:
+        return self._history_share.get(queue, 0.0)
+
+    def submit(self, w: Workload) -> Rejection | None:
+        """Validate and authorise a new job; None = queued. Re-submitting the same spec is a no-op (handlers
+        see events at least once); another spec under a known job id is rejected."""
+        spec = w.spec
+        known = self._entries.get(spec.job_id)
+        if known is not None:
+            if _spec_key(known.workload.spec) == _spec_key(spec):
+                return None
+            return Rejection(spec.job_id, Reason.DUPLICATE_JOB_ID,
+                             f"job id {spec.job_id} is already {'admitted' if known.admitted else 'pending'} "
+                             "with a different spec")
+        qq = self._book.queues.get(spec.queue)
+        if qq is None:
+            known_queues = ", ".join(sorted(self._book.queues)) or "none"
+            return Rejection(spec.job_id, Reason.UNKNOWN_QUEUE,
+                             f"queue {spec.queue!r} does not exist (queues: {known_queues})")
+        if qq.teams and spec.team not in qq.teams:
+            return Rejection(spec.job_id, Reason.UNAUTHORIZED,
+                             f"team {spec.team!r} may not submit to queue {spec.queue!r} "
+                             f"(allowed: {', '.join(sorted(qq.teams))})")
+        klass = priority_class(self._config, spec)
+        if klass is None:
+            return Rejection(spec.job_id, Reason.UNKNOWN_PRIORITY_CLASS,
+                             f"priority class {spec.priority_class!r} does not exist (classes: "
+                             f"{', '.join(p.name for p in self._config.priority_classes)})")
+        verdict = fit_verdict(self._book, qq, request_signature(spec), may_borrow=preemptible(self._config, spec))
+        if verdict is not None:
+            return Rejection(spec.job_id, *verdict)
+        self._add_pending(w)
+        return None
+
+    def finish(self, job_id: str) -> None:
+        """Completed, failed, cancelled or preempted: forget the job and release its quota. Idempotent."""
+        e = self._entries.pop(job_id, None)
+        if e is None:
+            return
+        self._generation += 1
+        if e.admitted is not None:
+            self._release(e)
+        else:
+            self._pending.pop(job_id)
+            self._dirty.add(e.queue)
+            self._touch(e.queue)
+
+    def requeue(self, w: Workload) -> None:
+        """Back to pending (after preemption or a failed placement) with its original submit time."""
+        self.finish(w.spec.job_id)
+        self._add_pending(w)
+
+    def restore_admitted(self, a: AdmittedWorkload) -> None:
+        """Rebuild after a restart: record a job admitted earlier (from the store) without a cycle."""
+        self.finish(a.spec.job_id)
+        e = self._new_entry(Workload(a.spec, a.submitted_at))
+        self._entries[e.job_id] = e
+        self._mark_admitted(e, a)
+
+    def set_config(self, config: QueuesConfig) -> list[str]:
+        """Swap to a new configuration keeping every job. Admitted jobs stay admitted even if their queue is
+        now over quota or gone; pending jobs are re-judged (a deleted queue makes them inadmissible until it
+        returns). Returns one human message per affected job or queue, sorted."""
+        old_verdicts = {j: e.verdict for j, e in self._entries.items() if e.admitted is None}
+        self._generation += 1
+        self._config = config
+        self._book = QuotaBook(config)
+        messages: list[str] = []
+        klasses = config.priority_class_map
+        for j in sorted(self._entries):
+            e = self._entries[j]
+            k = klasses.get(e.workload.spec.priority_class)
+            if k is not None and k.value != e.priority:
+                e.reprioritise(k.value)
+            # a class made (non-)preemptible changes whether the job may borrow and whether it may be reclaimed
+            e.preemptible = preemptible(config, e.workload.spec)
+            if e.admitted is not None:
+                self._book.add(e.queue, e.admitted.usage)
+                if e.queue not in self._book.queues:
+                    messages.append(f"admitted job {j} stays admitted although its queue {e.queue} was deleted")
+                continue
+            e.verdict = verdict(config, self._book, e.workload.spec)
+            if e.verdict is not None and e.verdict != old_verdicts.get(j):
+                messages.append(f"pending job {j} is now inadmissible ({e.verdict[0]}): {e.verdict[1]}")
+            elif e.verdict is None and old_verdicts.get(j) is not None:
+                messages.append(f"pending job {j} is admissible again")
+        messages.extend(over_quota_messages(self._book))
+        # aging restarts from the un-aged order times under the new policy (the next cycle ages them again)
+        for j in sorted(self._aging):
+            e = self._entries[j]
+            e.order = (e.order[0], e.base_at, e.job_id)
+        self._aging = {j for j, e in self._entries.items()
+                       if e.admitted is None and e.base_at > e.workload.submitted_at}
+        self._dirty.update(self._pending_by_queue)
+        self._memo.forget_decisions()
+        return sorted(messages)
+
+    # ------------------------------------------------------------------ read and written by the cycle
+
+    @property
+    def book(self) -> QuotaBook:
+        """The live quota book (usage per queue and cohort): the cycle's snapshot, which its admissions charge."""
+        return self._book
+
+    @property
+    def cycle_memo(self) -> CycleMemo:
+        """What the last cycle left for the next (cycle_memo.py)."""
+        return self._memo
+
+    @property
+    def generation(self) -> int:
+        """Moves with every change of jobs or config: a cycle's PendingStatuses view is valid while it holds."""
+        return self._generation
+
+    def entry(self, job_id: str) -> Entry | None:
+        """The job's internal record (pending or admitted), None for an unknown job."""
+        return self._entries.get(job_id)
+
+    def admitted_entries(self, queue: str) -> Iterable[Entry]:
+        """The records of `queue`'s admitted jobs, in admission order."""
+        by_queue = self._admitted_by_queue.get(queue)
+        return by_queue.values() if by_queue is not None else ()
+
+    def scope_of(self, queue: str) -> str:
+        """The scope whose queues share quota with `queue`: its cohort, or the queue alone."""
+        qq = self._book.queues.get(queue)
+        return qq.scope if qq is not None else f"queue/{queue}"
+
+    def pending_list(self, queue: str) -> list[Entry] | None:
+        """`queue`'s pending entries as the last cycle (or `ordered_pending`) left them, None when none pend."""
+        return self._pending_by_queue.get(queue)
+
+    def replace_pending_list(self, queue: str, entries: list[Entry]) -> None:
+        """After a cycle: `queue`'s pending entries, in order, without the jobs it admitted (none: forgotten)."""
+        if entries:
+            self._pending_by_queue[queue] = entries
+        else:
+            self._pending_by_queue.pop(queue, None)
+
+    def cycle_done(self) -> None:
+        """A cycle rewrote the entries' reasons: the statuses views of earlier cycles no longer hold."""
+        self._generation += 1
+
+    def ordered_pending(self, now: float | None = None) -> dict[str, list[Entry]]:
+        """Per queue, its pending entries in order; lists are re-filtered and re-sorted only when touched. With
+        `now` and policy.max_age_s, the order times of jobs that still age are moved to `now` first."""
+        if now is not None and self._aging:
+            self._age(now)
+        for q in sorted(self._dirty):
+            lst = [e for e in self._pending_by_queue.get(q, ()) if e.admitted is None
+                   and self._entries.get(e.job_id) is e]
+            lst.sort(key=_order_of)
+            if lst:
+                self._pending_by_queue[q] = lst
+            else:
+                self._pending_by_queue.pop(q, None)
+        self._dirty.clear()
+        return self._pending_by_queue
+
+    def _age(self, now: float) -> None:
+        """Wait-time aging (ordering.aged_order_time): re-key the jobs whose order time moved; a job that waited
+        max_age_s is keyed by its submit time for good and leaves the aging set."""
+        max_age = self._config.policy.max_age_s
+        if max_age is None:
+            return
+        for j in sorted(self._aging):
+            e = self._entries.get(j)
+            if e is None or e.admitted is not None:
+                self._aging.discard(j)
+                continue
+            submitted = e.workload.submitted_at
+            at = aged_order_time(submitted, e.base_at, now, max_age)
+            if at == submitted:
+                self._aging.discard(j)
+            if at != e.order[1]:
+                e.order = (e.order[0], at, e.job_id)
+                self._dirty.add(e.queue)
+                self._touch(e.queue)
+                self._generation += 1
+
+    def admit_entry(self, e: Entry, a: AdmittedWorkload) -> None:
+        """Move a pending entry to admitted. The caller rebuilds the queue's pending list afterwards."""
+        self._pending.pop(e.job_id)
+        self._mark_admitted(e, a)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _new_entry(self, w: Workload) -> Entry:
+        k = priority_class(self._config, w.spec)
+        value = k.value if k is not None else 0
+        may_be_preempted = preemptible(self._config, w.spec)
+        order_at = None
+        if w.predicted_gpu_s is not None:
+            qq = self._book.queues.get(w.spec.queue)
+            nominal = sum(n for r, n in qq.nominal.items() if ":" not in r) if qq is not None else 0
+            order_at = order_time(w.submitted_at, w.predicted_gpu_s, nominal, w.spec.total_gpus)
+        e = Entry(w, value, may_be_preempted, order_at)
+        e.sid = self._sig_ids.setdefault(e.sig, len(self._sig_ids))
+        return e
+
+    def _add_pending(self, w: Workload) -> None:
+        e = self._new_entry(w)
+        e.verdict = verdict(self._config, self._book, w.spec)
+        self._entries[e.job_id] = e
+        if e.base_at > w.submitted_at:
+            self._aging.add(e.job_id)
+        self._pending.put(w)
+        self._touch(e.queue)
+        self._generation += 1
+        lst = self._pending_by_queue.setdefault(e.queue, [])
+        if lst and _order_of(lst[-1]) > e.order:
+            insort(lst, e, key=_order_of)  # a binary search and a memmove, not a re-sort of the queue
+        else:
+            lst.append(e)
+
+    def _mark_admitted(self, e: Entry, a: AdmittedWorkload) -> None:
+        self._generation += 1
+        e.admitted = a
+        self._admitted[e.job_id] = a
+        self._admitted_by_queue.setdefault(e.queue, {})[e.job_id] = e
+        self._book.add(e.queue, a.usage)
+        self._touch(e.queue)
+
+    def _release(self, e: Entry) -> None:
+        assert e.admitted is not None
+        self._generation += 1
+        self._book.add(e.queue, e.admitted.usage, -1)
+        self._admitted.pop(e.job_id, None)
+        by_queue = self._admitted_by_queue.get(e.queue)
+        if by_queue is not None:
+            by_queue.pop(e.job_id, None)
+        e.admitted = None
+        self._touch(e.queue)
+
+    def _touch(self, queue: str) -> None:
+        """Something of `queue` changed (a job came, went, was admitted or re-keyed): its scope's cached cycle and
+        its sealed reasons no longer hold."""
+        self._touched.add(queue)
+        self._memo.touch(self.scope_of(queue), queue)
+
+    def options(self, qq: QueueQuota, demand: PodSetDemand) -> tuple[GpuOption, ...]:
+        """The flavor options of one pod set in `qq` (admissibility.py `flavor_options`, memoised)."""
+        return flavor_options(self._book, qq, demand)
+
+def _order_of(e: Entry) -> Order:
+    return e.order

@@ -1,0 +1,805 @@
+"""Expected start times (ETA): forward simulation with the production pipeline core, predicted durations, a
+calibrated range. The admission service and the simulator run this same code.
+
+`estimate_starts` copies the admission and cluster snapshots, then replays the future the platform expects:
+running jobs end at their predicted end, and after each end the pipeline's cycle
+(`services.core.pipeline.cycle`: admission, then placement in the pipeline's order) runs as in production. The
+scheduler inside the replay still believes what the real one believes (reservations from `max_runtime_s`), so
+it decides as the real one will; only time advances by the predictions. The replay also preempts as the platform
+does (`ReplayPreemption`: admission's reclaim and within-queue priority requests, the production preemption
+core's victims, protection windows and cool-downs), so a job waiting behind a lower-priority job's quota is shown
+the end of that job's protection, not of its run. Nothing new arrives in the replay;
+`estimate_ranges` then moves each start later by what the higher-priority arrivals expected from the queue's
+recent history would take (`ArrivalHistory`).
+
+`estimate_ranges` is what users see: the most likely start from predicted durations
+(`services.core.pipeline.predict`) and expected arrivals, and a p10-p90 range from two more replays with every
+duration at its own p10 and p90, widened or narrowed by the per-queue record of ETAs given against actual starts
+(`EtaCalibration`, conformal).
+
+Pure: no I/O, no clock, the states passed in are never mutated (`EtaModel` is the caller's memory, changed only
+through its methods).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.core.pipeline.predict import (
+    DEFAULT_WINDOW,
+    HIGH_Q,
+    LOW_Q,
+    DurationPredictor,
+    JobKey,
+)
+from services.core.preemption import priority_of
+from shared.domain import MILLI_GPU, JobSpec, mig_milli_gpus
+
+from .preemption import PreemptionContext, RunningInfo, SimPreemption
+
+# How far ahead a replay looks. An ETA assumes nothing new arrives; a week ahead that assumption says nothing (a
+# week of arrivals reorders any queue), so a job the replay does not start within it is reported as beyond the
+# horizon (no ETA) rather than given a date. Also bounds the replay of a job that can never start.
+DEFAULT_HORIZON_S = 7 * 86_400.0
+# Ends closer together than this fraction of the look-ahead are replayed as one (the cycle runs at the latest of
+# them): a planned start moves later by at most this fraction of its wait, far inside the ±20% users are promised,
+# and a replay runs O(log(horizon) / RESOLUTION) cycles however many jobs hold GPUs.
+RESOLUTION = 0.02
+IDLE_REFRESH_S = RESOLUTION * DEFAULT_HORIZON_S  # time-only refreshes while no waiting job starts within it
+MIN_REMAINING_S = 60.0  # an overrunning job (past its estimate) is assumed to end this soon
+MIN_WAIT_S = 60.0  # waits are compared as ratios; below a minute the ratio says nothing
+ALL_QUEUES = "*"  # the calibration record of every queue together (the fallback of a queue without one)
+ETA_REFRESH_S = 300.0  # platform seconds between ETA refreshes when nothing changed
+ETA_MIN_REFRESH_S = 30.0  # platform seconds at least between two refreshes: a burst of changes is one refresh
+# The arrival history's bound per queue (ArrivalHistory): its look-back never exceeds the horizon, and a queue
+# receiving more than this many jobs within a horizon has its rate measured over the span these cover.
+ARRIVAL_HISTORY = 10_000
+
+Duration = Callable[[JobSpec], float]
+
+
+def estimate_starts(cluster: Any, admission: Any, running: Mapping[str, float], now: float, *,
+                    horizon_s: float = DEFAULT_HORIZON_S, max_cycles: int = 10_000,
+                    backfill: bool = True, duration: Duration | None = None,
+                    believed_ends: Mapping[str, float] | None = None,
+                    resolution: float = RESOLUTION,
+                    started: Mapping[str, float] | None = None,
+                    preempted_at: Mapping[str, float] | None = None) -> dict[str, float]:
+    """{job_id: planned start (same clock as `now`, e.g. epoch seconds)} for every admitted-but-unplaced and
+    pending job that would start within `horizon_s`; jobs that would not are left out (beyond the horizon).
+
+    cluster:   services.core.scheduler.ClusterState (running jobs' allocations committed)
+    admission: services.core.admission.AdmissionState (pending + admitted workloads)
+    running:   job_id -> when each job holding GPUs is expected to end (predicted, or started_at + limit)
+    duration:  how long a job that starts in the replay runs (default: its `max_runtime_s`)
+    believed_ends: job_id -> the end the scheduler reserves by (started_at + max_runtime_s; default `running`)
+    resolution: ends within this fraction of the look-ahead of the first one are replayed together (0: each)
+    started:   job_id -> when each running job whose spec `admission` holds started: given, the replay also
+               preempts as the platform does (`ReplayPreemption`: admission's reclaims and within-queue priority
+               preemptions, decided by the production preemption core with its protection window and guard
+               rails); a victim waits again with the run time it had left. None: nothing is preempted.
+    preempted_at: job_id -> when each waiting job was last preempted (its cool-down as a preemptor runs from
+               then, as the preemption service's does)
+    """
+    if horizon_s <= 0 or not 0.0 <= resolution < 1.0:
+        raise ValueError(f"need horizon_s > 0 and 0 <= resolution < 1, got {horizon_s}, {resolution}")
+    # (imported when called: the pipeline core is imported late, and tests count its cycles through the module)
+    from services.core.pipeline import cycle
+
+    replay = _StartsReplay(cluster, admission, running, now, cycle=cycle, backfill=backfill,
+                           run_for=duration or (lambda spec: float(spec.max_runtime_s)),
+                           believed_ends=believed_ends, started=started, preempted_at=preempted_at)
+    t = now
+    for _ in range(max_cycles):
+        if replay.anything_waiting():
+            replay.settle(t)
+        if not replay.anything_waiting():
+            break
+        step = replay.next_step(t, horizon_s, resolution)
+        if step is None:
+            break
+        t = step
+    return dict(sorted(replay.starts.items()))
+
+
+class _StartsReplay:
+    """The memory of one `estimate_starts` replay on its own copies of the snapshots: the scheduler's view of the
+    running jobs, the waiting jobs, the ends to come, the replay's preemptions and the starts planned so far.
+    Split in two steps, what happens at one instant (`settle`) and where the replay goes next (`next_step`)."""
+
+    def __init__(self, cluster: Any, admission: Any, running: Mapping[str, float], now: float, *,
+                 cycle: Callable[..., Any], backfill: bool, run_for: Duration,
+                 believed_ends: Mapping[str, float] | None, started: Mapping[str, float] | None,
+                 preempted_at: Mapping[str, float] | None):
+        from services.core.pipeline import waiting_job
+        from services.core.scheduler import Hold, RunningJob
+
+        self._cycle = cycle
+        self._running_job = RunningJob
+        self._hold = Hold
+        self.backfill = backfill
+        self.run_for = run_for
+        self.now = now
+        self.running = running
+        self.cl = cluster.copy()
+        self.adm = admission.copy()
+        placed_now = set(self.cl.allocations())
+        self.ends: list[tuple[float, str]] = sorted((max(end, now + MIN_REMAINING_S if end <= now else end), job_id)
+                                                    for job_id, end in running.items())
+        heapq.heapify(self.ends)
+        # The scheduler's running list, one RunningJob per job (made once: this loop runs hundreds of cycles).
+        self.believed = {j: RunningJob(job_id=j, expected_end=e)
+                         for j, e in (believed_ends.items() if believed_ends is not None
+                                      else ((j, e) for e, j in self.ends))}
+        # Admitted but not yet placed: the scheduler's pending list (the pipeline orders it).
+        self.waiting = {job_id: waiting_job(self.adm.config, a) for job_id, a in sorted(self.adm.admitted.items())
+                        if job_id not in placed_now and job_id not in running}
+        self.starts: dict[str, float] = {}
+        # each running job's end (a preempted one's entry goes stale)
+        self.current = {job_id: end for end, job_id in self.ends}
+        self.preempt = (ReplayPreemption(self.adm, started, preempted_at or {}) if started is not None else None)
+        self.left_s: dict[str, float] = {}  # a job preempted in the replay -> the run time it had left
+        # a victim of the replay -> its capacity, held for its preemptor as the scheduler holds it
+        # (docs/preemption.md)
+        self.holds: dict[str, Any] = {}
+
+    def anything_waiting(self) -> bool:
+        return bool(self.waiting or self.adm.pending)
+
+    def settle(self, t: float) -> None:
+        """A cycle, then the preemptions its requests allow and a cycle again in the same instant (the victims'
+        GPUs are free at once, as in the simulator's policy), until a cycle preempts nothing. Each round takes a
+        victim or stops, so there are at most as many rounds as jobs hold GPUs."""
+        preempt = self.preempt
+        for _round in range(len(self.current) + 1):
+            # (schedule_cycle orders the running list itself)
+            out = self._cycle(self.adm, self.cl, self.waiting, list(self.believed.values()), t,
+                              backfill=self.backfill, run_admission=bool(self.adm.pending),
+                              lowest_preemptible_running=preempt.lowest_preemptible() if preempt else None,
+                              holds=tuple(h for h in self.holds.values() if h.until > t))
+            self._take(out, t)
+            if preempt is None:
+                break
+            # admission's reclaims, and the scheduler's asks: an admitted job that cannot be placed asks for
+            # a lower-priority job's GPUs (held outside gpuq, fragmented), which the platform takes when that
+            # job's protection ends, not when it ends
+            asks = set(out.placement.preemption_asks)
+            victims = preempt(self.cl, out.admission.reclaims, t,
+                              [u for u in out.placement.result.unplaceable if u.job_id in asks])
+            self._requeue(preempt, victims, t)
+            if not victims:
+                break
+
+    def _take(self, out: Any, t: float) -> None:
+        """A cycle's admissions join the waiting jobs; its placements start, each with its end to come."""
+        for w in out.admitted:
+            self.waiting[w.job_id] = w
+        if self.holds and out.placement.result.placed:
+            placed = {p.job_id for p in out.placement.result.placed}
+            self.holds = {v: h for v, h in self.holds.items() if h.preemptor not in placed and h.until > t}
+        for p in out.placement.result.placed:
+            w = self.waiting.pop(p.job_id)
+            if p.job_id not in self.running:  # (a running job preempted in the replay and restarted: no ETA)
+                self.starts.setdefault(p.job_id, t)  # a job preempted in the replay keeps its first start
+            self.believed[p.job_id] = self._running_job(job_id=p.job_id, expected_end=t + w.spec.max_runtime_s)
+            end = t + max(1.0, self.left_s.pop(p.job_id) if p.job_id in self.left_s else self.run_for(w.spec))
+            self.current[p.job_id] = end
+            heapq.heappush(self.ends, (end, p.job_id))
+            if self.preempt is not None:
+                self.preempt.started(p.job_id, w.spec, t)
+
+    def _requeue(self, preempt: ReplayPreemption, victims: Sequence[str], t: float) -> None:
+        """The replay's victims go back to admission; their GPUs are free now: admit and place again."""
+        from services.core.admission import Workload
+        from services.core.pipeline import hold_until
+
+        for v in victims:
+            preemptor, placement = preempt.preemptor_of.pop(v, None), self.cl.placement_of(v)
+            if preemptor is not None and placement is not None:
+                self.holds[v] = self._hold(preemptor=preemptor, victim=v, placement=placement,
+                                           until=hold_until(t, self.adm.config.policy.checkpoint_grace_s))
+            self.left_s[v] = max(1.0, self.current.pop(v) - t)
+            self.believed.pop(v, None)
+            self.cl.release(v)
+            held = self.adm.admitted[v]
+            self.adm.requeue(Workload(spec=held.spec, submitted_at=held.submitted_at))
+
+    def next_step(self, t: float, horizon_s: float, resolution: float) -> float | None:
+        """The next instant the replay decides at (the jobs ending by then have ended), or None: nothing
+        happens within the horizon."""
+        ends, preempt = self.ends, self.preempt
+        while ends and self.current.get(ends[0][1]) != ends[0][0]:
+            heapq.heappop(ends)  # a preempted job's old end
+        wake = preempt.wake_at(t) if preempt is not None else None
+        first = min(ends[0][0] if ends else math.inf, wake if wake is not None else math.inf)
+        if first > self.now + horizon_s:
+            return None
+        if wake is not None and wake < (ends[0][0] if ends else math.inf):
+            return wake  # a protection window ends before any job: the preemptions it allows are decided then
+        # Every job ending at this instant or within `resolution` of the look-ahead after it, then one cycle at
+        # the latest of those ends (never before a job's end: a start is planned late by at most that fraction).
+        until = min(self.now + horizon_s, ends[0][0] + resolution * (ends[0][0] - self.now))
+        if wake is not None:
+            until = min(until, wake)
+        while ends and ends[0][0] <= until:
+            t, job_id = heapq.heappop(ends)
+            if self.current.get(job_id) != t:
+                continue
+            del self.current[job_id]
+            self.believed.pop(job_id, None)
+            self.cl.release(job_id)
+            self.adm.finish(job_id)
+            if preempt is not None:
+                preempt.ended(job_id)
+        return t
+
+
+class ReplayPreemption:
+    """Preemption inside a replay, as the platform would preempt: after each cycle, admission's reclaim and
+    within-queue priority requests go to the production preemption core through its driver (preemption.py,
+    `SimPreemption`: victims chosen by `select_victims`, never a production or non-preemptible job nor one
+    inside its protection window, with the per-queue hourly limit and the cool-down), and the replay wakes
+    when a protection window or a preemptor's cool-down that held a request back ends. A request is sent once,
+    and again only after such a wake-up, as the simulator's policy sends it (sim/policies/gpuq.py). Without it
+    a job that waits for a lower-priority job's quota is shown the end of that job, where the platform starts
+    it when the job's protection ends. Replay-only memory: what the real preemption service did before `now`
+    (its hourly counts, the requests it already refused) is not known here and starts empty; the waiting jobs'
+    last preemptions are (`preempted_at`: their cool-downs as preemptors)."""
+
+    def __init__(self, admission: Any, started: Mapping[str, float], preempted_at: Mapping[str, float]):
+        self.config = admission.config
+        self.core = SimPreemption(admission.config, checkpointing=True)
+        self.core.last_preempted.update(preempted_at)  # the cool-downs running at the replay's start
+        self.admission = admission
+        self.running: dict[str, Any] = {}
+        # priority -> how many preemptible jobs of it run (a replay runs hundreds of cycles: the lowest is read
+        # from the few priority values, not from every running job)
+        self._preemptible: dict[int, int] = {}
+        for job_id, at in sorted(started.items()):
+            held = admission.admitted.get(job_id)
+            if held is not None:
+                self._add(job_id, RunningInfo(held.spec, at, at + held.spec.max_runtime_s))
+        self.log: list[str] = list(self.running)
+        self.sent: set[str] = set()
+        self._wake: float | None = None
+        self.preemptor_of: dict[str, str] = {}  # a victim of the last call -> the job it was preempted for
+
+    def _add(self, job_id: str, info: RunningInfo) -> None:
+        self.ended(job_id, log=False)
+        self.running[job_id] = info
+        value, preemptible, _ = priority_of(self.config, info.spec)
+        if preemptible:
+            self._preemptible[value] = self._preemptible.get(value, 0) + 1
+
+    def started(self, job_id: str, spec: JobSpec, at: float) -> None:
+        self._add(job_id, RunningInfo(spec, at, at + spec.max_runtime_s))
+        self.log.append(job_id)
+
+    def ended(self, job_id: str, *, log: bool = True) -> None:
+        info = self.running.pop(job_id, None)
+        if info is None:
+            return
+        value, preemptible, _ = priority_of(self.config, info.spec)
+        if preemptible:
+            left = self._preemptible[value] - 1
+            if left:
+                self._preemptible[value] = left
+            else:
+                del self._preemptible[value]
+        if log:
+            self.log.append(job_id)
+
+    def lowest_preemptible(self) -> int | None:
+        """The lowest priority of a preemptible job running in the replay (the scheduler's
+        `lowest_preemptible_running`: an unplaceable job asks for preemption only above it)."""
+        return min(self._preemptible) if self._preemptible else None
+
+    def __call__(self, cluster: Any, reclaims: Sequence[Any], now: float, unplaceable: Sequence[Any] = ()
+                 ) -> list[str]:
+        """The victims of this cycle's requests: admission's `reclaims` and the scheduler's asks for the admitted
+        jobs it could not place (`unplaceable`, the pipeline's `preemption_asks`); their jobs left the running
+        set."""
+        if self._wake is not None and now >= self._wake:
+            self._wake = None
+            self.sent.clear()
+        new = [r for r in reclaims if r.preemptor not in self.sent]
+        asks = [u for u in unplaceable if u.job_id not in self.sent]
+        if not new and not asks:
+            return []
+        self.sent.update(r.preemptor for r in new)
+        self.sent.update(u.job_id for u in asks)
+        policy = self.config.policy
+        ctx = PreemptionContext(now=now, cluster=cluster, admission=self.admission, unplaceable=asks, reclaims=new,
+                                running=self.running, protection_window_s=policy.protection_window_s,
+                                checkpoint_grace_s=policy.checkpoint_grace_s, running_log=self.log)
+        chosen = self.core(ctx)
+        victims = sorted({v.job_id for v in chosen})
+        self.preemptor_of = {v.job_id: v.preemptor for v in chosen if v.preemptor is not None}
+        wake = self.core.next_wake
+        if wake is not None and wake > now:
+            self._wake = wake if self._wake is None else min(self._wake, wake)
+        for v in victims:
+            self.ended(v)
+        return victims
+
+    def wake_at(self, now: float) -> float | None:
+        """When a request held back by a protection window or a cool-down is decided again (None: none is)."""
+        return self._wake if self._wake is not None and self._wake > now else None
+
+
+@dataclass(frozen=True)
+class EtaRange:
+    """An ETA: the most likely start and the p10-p90 interval (same clock as the `now` it was made at), the start
+    the replay planned and the range of the p10 / p90 replays before calibration (what the calibration record
+    compares with the actual start)."""
+
+    start: float
+    low: float
+    high: float
+    planned: float = float("nan")
+    replay_low: float = float("nan")
+    replay_high: float = float("nan")
+
+    @property
+    def replayed(self) -> float:
+        return self.start if math.isnan(self.planned) else self.planned
+
+    @property
+    def replayed_range(self) -> tuple[float, float]:
+        return (self.low if math.isnan(self.replay_low) else self.replay_low,
+                self.high if math.isnan(self.replay_high) else self.replay_high)
+
+
+@dataclass(frozen=True)
+class RunningView:
+    """What the ETA knows of a job holding GPUs: its spec, when it started, its checkpoint progress if reported."""
+
+    spec: JobSpec
+    started_at: float
+    progress: float | None = None  # fraction of its work done, 0-1
+
+
+def stratum(waited_s: float) -> str:
+    """The calibration stratum of an ETA given to a job that has waited `waited_s` already: whether it just
+    arrived (a first ETA meets every later arrival ahead of it) or has waited (a later ETA has seen some of them,
+    and running jobs have run longer: its replay errs differently)."""
+    return "f" if waited_s < MIN_WAIT_S else "r"
+
+
+def conformal_quantile(scores: list[float], level: float) -> float | None:
+    """The split-conformal quantile of `scores` at `level`: the ceil((n + 1) level)-th smallest, which a new
+    exchangeable score stays under with probability at least `level` for any n; None when n is too small."""
+    n = len(scores)
+    k = math.ceil((n + 1) * level - 1e-9)
+    if n == 0 or k > n:
+        return None
+    return sorted(scores)[max(k, 1) - 1]
+
+
+def _log_wait(t: float, given_at: float) -> float:
+    return math.log(max(MIN_WAIT_S, t - given_at))
+
+
+class EtaCalibration:
+    """The record of ETAs given against actual starts, per queue (and over all queues), first ETAs apart from
+    later ones; it turns the replays' p10-p90 range into an interval that holds the nominal share of starts.
+
+    The replays' range (every duration at its own p10, then p90) is a range of durations, not of starts: what
+    arrives later and the order in which similar jobs end are not in it, so it covers some other share than 80%.
+    Conformalized quantile regression (Romano, Patterson and Candès, 2019) corrects it from the record: each
+    start scores how far outside the replayed range it fell, in log wait (waits floored at a minute), negative
+    inside: s = max(log(low / actual), log(actual / high)). With Q the split-conformal quantile of the last
+    `window` scores at the nominal level (`conformal_quantile`), [low·e^-Q, high·e^Q] holds a new start with at
+    least that probability when the record is exchangeable with it; Q < 0 narrows a range that covers too much.
+    From the records of the same queue and stratum (else all queues' of that stratum, else the queue's, else
+    all), once one has `min_samples` entries (a quarter of the window: the 80% quantile of fewer is noisy);
+    before that, the replayed range as is. The most likely start is the replay's, not shifted by the record's
+    median error: that error follows the load (bursts) and a record of past ones corrects the wrong way as often
+    as the right one. `accuracy` gives the figures the admission service exports, from what users were shown.
+    """
+
+    def __init__(self, window: int = DEFAULT_WINDOW, min_samples: int = DEFAULT_WINDOW // 4,
+                 low_q: float = LOW_Q, high_q: float = HIGH_Q, min_wait_s: float = 0.0):
+        if window < 1 or not 1 <= min_samples <= window or not 0.0 <= low_q < high_q <= 1.0:
+            raise ValueError(f"need 1 <= min_samples <= window and 0 <= low_q < high_q <= 1, got {window}, "
+                             f"{min_samples}, {low_q}, {high_q}")
+        self.min_wait_s = min_wait_s
+        self.min_samples = min_samples
+        self.level = high_q - low_q  # the nominal coverage of the range (p10-p90: 80%)
+        self._scores: dict[str, deque[float]] = {}  # stratum key -> conformity scores, the last `window`
+        self._checks: dict[str, deque[tuple[float, bool]]] = {}  # queue -> (|err| as a fraction, in range)
+        self.window = window
+
+    def record(self, queue: str, given_at: float, eta: EtaRange, started_at: float, submitted_at: float) -> None:
+        """A job of `queue` submitted at `submitted_at` was given `eta` at `given_at` and started at `started_at`."""
+        if started_at - given_at < self.min_wait_s:
+            return  # a start this soon says little about a forecast: neither scored nor recorded
+        actual = _log_wait(started_at, given_at)
+        low, high = eta.replayed_range
+        score = max(_log_wait(low, given_at) - actual, actual - _log_wait(high, given_at))
+        band = stratum(given_at - submitted_at)
+        for key in (f"{queue}|{band}", f"{ALL_QUEUES}|{band}", queue, ALL_QUEUES):
+            self._scores.setdefault(key, deque(maxlen=self.window)).append(score)
+        shown = max(MIN_WAIT_S, eta.start - given_at)
+        wait = max(MIN_WAIT_S, started_at - given_at)
+        covered = eta.low - 1.0 <= started_at <= eta.high + 1.0
+        for key in (queue, ALL_QUEUES):
+            self._checks.setdefault(key, deque(maxlen=self.window)).append((abs(shown - wait) / wait, covered))
+
+    def margin(self, queue: str, waited_s: float) -> float | None:
+        """Q, the log-wait margin to add on both sides of a replayed range given to a job of `queue` that has
+        waited `waited_s`; None while no record stands in."""
+        band = stratum(waited_s)
+        for key in (f"{queue}|{band}", f"{ALL_QUEUES}|{band}", queue, ALL_QUEUES):
+            scores = self._scores.get(key, ())
+            if len(scores) >= self.min_samples:
+                return conformal_quantile(list(scores), self.level)
+        return None
+
+    def calibrated(self, queue: str, now: float, start: float, low: float, high: float,
+                   submitted_at: float) -> EtaRange:
+        """The ETA of a job of `queue` submitted at `submitted_at` whose replays planned `start` and the range
+        `low`-`high`: the range widened (or narrowed) by the record's conformal margin, the start as planned."""
+        q = self.margin(queue, now - submitted_at)
+        lo, hi = min(low, start), max(high, start)
+        if q is None:
+            return EtaRange(start, lo, hi, planned=start, replay_low=low, replay_high=high)
+        cal_lo = now + math.exp(_log_wait(lo, now) - q)
+        cal_hi = now + math.exp(_log_wait(hi, now) + q)
+        # (waits are floored at a minute: a margin moves a bound only the way it means to)
+        cal_lo, cal_hi = (min(lo, cal_lo), max(hi, cal_hi)) if q >= 0 else (max(lo, cal_lo), min(hi, cal_hi))
+        return EtaRange(start, min(cal_lo, start), max(cal_hi, start), planned=start, replay_low=low,
+                        replay_high=high)
+
+    def accuracy(self, queue: str) -> dict[str, float]:
+        """Over the queue's last `window` ETAs: how many, the fraction within ±20% and ±50% of the actual wait,
+        the fraction whose start fell in its range, and the median signed error (late positive) as a fraction."""
+        checks = list(self._checks.get(queue, ()))
+        if not checks:
+            return {"count": 0.0}
+        n = len(checks)
+        return {"count": float(n), "within_20pct": sum(e <= 0.2 for e, _ in checks) / n,
+                "within_50pct": sum(e <= 0.5 for e, _ in checks) / n,
+                "interval_coverage": sum(c for _, c in checks) / n}
+
+    def queues(self) -> list[str]:
+        return sorted(q for q in self._checks if q != ALL_QUEUES)
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """A job the ETA saw arrive: when it was submitted, its priority value, its expected work (its GPU share,
+    whole GPUs and MIG slices, x the predicted median run time when it was seen) and the GPU models it accepts
+    (empty: any)."""
+
+    at: float
+    job_id: str
+    priority: int
+    gpu_s: float
+    gpu_models: tuple[str, ...] = ()
+
+
+def gpu_share(spec: JobSpec) -> float:
+    """The GPUs a job holds while it runs: whole GPUs plus each MIG slice's share of a GPU."""
+    return spec.total_gpus + sum(p.mig_slices * mig_milli_gpus(p.mig_profile) / MILLI_GPU for p in spec.pod_sets)
+
+
+def _pool(pools: Mapping[str, int], models: Sequence[str]) -> int:
+    """GPUs of the models in `models` (empty: every model)."""
+    return sum(n for m, n in pools.items() if not models or m in models)
+
+
+def _overlap(pools: Mapping[str, int], theirs: Sequence[str], mine: Sequence[str]) -> float:
+    """The share of an arrival's work that lands on the GPUs of `mine`: an arrival accepting the models `theirs`
+    spreads over their GPUs in proportion to each model's count (the fluid view), so only the part on models
+    both accept competes (all of it when both accept any model)."""
+    if not theirs and not mine:
+        return 1.0
+    pool = _pool(pools, theirs)
+    if pool <= 0:
+        return 0.0
+    both = sum(n for m, n in pools.items() if (not theirs or m in theirs) and (not mine or m in mine))
+    return both / pool
+
+
+class ArrivalHistory:
+    """The jobs each queue received (bounded, in memory), and the delay the arrivals still to come are expected
+    to add to a waiting job's start.
+
+    The replay assumes nothing new arrives, yet a job of the queue with a higher priority, submitted while a job
+    waits, is admitted and placed before it (the pipeline orders by priority first) and takes GPU-seconds it
+    would have had. The forecast is "the next `wait` looks like the last `wait`": for a job the replay starts in
+    `wait` seconds, the higher-priority jobs its queue received over the last `wait` (n jobs, A GPU-seconds of
+    predicted work on the GPUs of the models it can use, the last one d seconds ago) are expected again, and
+    take A / capacity seconds from it (the fluid view: those GPUs drain A GPU-seconds that much later). An
+    arrival that accepts other models too counts with the share of its work that falls on this job's models
+    (`_overlap`); one that accepts none of them does not count. Streams of submissions end (a sweep is
+    submitted in minutes, then nothing): the forecast is weighted by exp(-n d / wait), the
+    chance that a stream still arriving at its look-back rate n / wait leaves a silence as long as the one seen
+    since its last job (Poisson), so a sweep that ended long before adds nothing. One step: arrivals during the
+    added delay itself are not counted again (the streams end). Lower- and equal-priority arrivals of the queue
+    come after the job (submission order), and other queues' arrivals are served from their own quota first,
+    so neither is counted (a queue borrowing another's idle quota loses it to that queue's arrivals: not
+    modelled).
+    """
+
+    def __init__(self, max_age_s: float = DEFAULT_HORIZON_S, max_entries: int = ARRIVAL_HISTORY):
+        if max_age_s <= 0 or max_entries < 1:
+            raise ValueError(f"need max_age_s > 0 and max_entries >= 1, got {max_age_s}, {max_entries}")
+        self.max_age_s = max_age_s
+        self.max_entries = max_entries
+        self._queues: dict[str, list[tuple[float, str, Arrival]]] = {}  # queue -> sorted (at, job_id, arrival)
+        self._seen: dict[str, float] = {}  # job_id -> when it was submitted (each job counts once)
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._seen
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ArrivalHistory:
+        """An independent copy (PlatformEta replays on a copy of its model, under its lock): the lists are
+        copied, the arrivals (immutable) shared, so a week of them copies in a fraction of a deep copy's time."""
+        other = ArrivalHistory(self.max_age_s, self.max_entries)
+        other._queues = {q: list(entries) for q, entries in self._queues.items()}
+        other._seen = dict(self._seen)
+        return other
+
+    def observe(self, queue: str, arrival: Arrival, now: float) -> None:
+        """A job of `queue` seen waiting or holding quota at `now` (again: ignored); forgets arrivals older than
+        `max_age_s`."""
+        self.observe_many([(queue, arrival)], now)
+
+    def observe_many(self, arrivals: Iterable[tuple[str, Arrival]], now: float) -> None:
+        """`observe` for many (queue, arrival) at once: what is too old or too many is forgotten once, after all
+        (a refresh sees thousands of new jobs; forgetting after each one was most of the refresh's work in the
+        service's event loop)."""
+        cutoff = now - self.max_age_s
+        added = False
+        for queue, arrival in arrivals:
+            if arrival.job_id in self._seen or arrival.at < cutoff:
+                continue  # (a job older than the history, still waiting or running, is never counted)
+            self._seen[arrival.job_id] = arrival.at
+            bisect.insort(self._queues.setdefault(queue, []), (arrival.at, arrival.job_id, arrival))
+            added = True
+        if added:
+            self._forget(now)
+
+    def _forget(self, now: float) -> None:
+        cutoff = now - self.max_age_s
+        for queue in sorted(self._queues):
+            entries = self._queues[queue]
+            drop = bisect.bisect_left(entries, (cutoff,))
+            drop = max(drop, len(entries) - self.max_entries)
+            for _, job_id, _ in entries[:drop]:
+                self._seen.pop(job_id, None)
+            del entries[:drop]
+            if not entries:
+                del self._queues[queue]
+
+    def overtaking(self, queue: str, priority: int, since: float, now: float) -> list[Arrival]:
+        """The arrivals of `queue` with a priority above `priority` submitted in (since, now]."""
+        entries = self._queues.get(queue, [])
+        lo = bisect.bisect_right(entries, (since, "\uffff"))
+        hi = bisect.bisect_right(entries, (now, "\uffff"))
+        return [a for _, _, a in entries[lo:hi] if a.priority > priority]
+
+    def expected_delay(self, queue: str, priority: int, now: float, wait_s: float, pools: Mapping[str, int],
+                       models: Sequence[str] = ()) -> float:
+        """Seconds the arrivals still to come are expected to add to the start of a job of `queue` with
+        `priority` that the replay starts `wait_s` from `now`, on the GPUs of `models` (empty: any), `pools`
+        giving each model's GPUs (class doc)."""
+        capacity = _pool(pools, models)
+        lookback = max(MIN_WAIT_S, wait_s)
+        ahead = self.overtaking(queue, priority, now - lookback, now)
+        if not ahead or capacity <= 0:
+            return 0.0
+        work, last, n = 0.0, -math.inf, 0
+        shares: dict[tuple[str, ...], float] = {}  # an arrival's models -> its share here (a few model sets)
+        for a in ahead:
+            share = shares.get(a.gpu_models)
+            if share is None:
+                share = shares[a.gpu_models] = _overlap(pools, a.gpu_models, models)
+            if share > 0.0:
+                work, last, n = work + share * a.gpu_s, max(last, a.at), n + 1
+        if not n:
+            return 0.0
+        still_arriving = math.exp(-n * max(0.0, now - last) / lookback)
+        return still_arriving * work / capacity
+
+
+@dataclass
+class EtaModel:
+    """What ETAs learn online: how long finished jobs ran (the predictor) and how ETAs fared (calibration).
+
+    `predict=False` is the old behaviour (every job runs for its whole limit), kept to measure against."""
+
+    predictor: DurationPredictor = field(default_factory=DurationPredictor)
+    calibration: EtaCalibration = field(default_factory=EtaCalibration)
+    arrivals: ArrivalHistory = field(default_factory=ArrivalHistory)
+    predict: bool = True
+    calibrate: bool = True
+    expect_arrivals: bool = True  # False: the replay alone ("nothing new arrives"), kept to measure against
+    # False: nothing is preempted in the replay (jobs wait for the ends of the lower-priority jobs holding their
+    # quota), kept to measure against
+    expect_preemption: bool = True
+
+    def observe_arrivals(self, admission: Any, now: float) -> None:
+        """Every job waiting or holding quota in `admission` goes to the arrival history (once per job), with its
+        predicted work as of now. Called before each refresh: a job is seen unless it arrived, ran and ended
+        between two refreshes (minutes of platform time)."""
+        self.arrivals.observe_many(self.new_arrivals(admission, now), now)
+
+    def new_arrivals(self, admission: Any, now: float) -> list[tuple[str, Arrival]]:
+        """What `observe_arrivals` would add: (queue, arrival) of the jobs in `admission` the history has not seen.
+        Changes nothing (a forked child finds them, the service's process only adds them)."""
+        cutoff = now - self.arrivals.max_age_s
+        seen = self.arrivals
+        new = sorted((j, v) for j, v in _known(admission).items() if j not in seen and v[1] >= cutoff)
+        found: list[tuple[str, Arrival]] = []
+        for job_id, (spec, submitted_at) in new:
+            priority = admission.priority(job_id)
+            if priority is None:
+                from services.core.pipeline import priority_value
+
+                priority = priority_value(admission.config, spec)
+            found.append((spec.queue, Arrival(submitted_at, job_id, priority, gpu_share(spec) * self.duration(spec),
+                                              spec.gpu_models)))
+        return found
+
+    def job_finished(self, spec: JobSpec, ran_s: float, ended_at: float | None = None) -> None:
+        """A job ended after running `ran_s` seconds in all (at `ended_at`, when known: its start, the end less
+        the run time, makes it cohort evidence for the running jobs of its group): history for the predictor."""
+        ran = max(0.0, ran_s)
+        self.predictor.observe(JobKey.of(spec), float(spec.max_runtime_s), ran,
+                               started_at=None if ended_at is None else ended_at - ran)
+
+    def job_started(self, queue: str, given_at: float, eta: EtaRange, started_at: float,
+                    submitted_at: float) -> None:
+        """A job submitted at `submitted_at`, given `eta` at `given_at`, started at `started_at`: one more record
+        for calibration."""
+        self.calibration.record(queue, given_at, eta, started_at, submitted_at)
+
+    def duration(self, spec: JobSpec) -> float:
+        if not self.predict:
+            return float(spec.max_runtime_s)
+        return self.predictor.predict(JobKey.of(spec), float(spec.max_runtime_s)).median_s
+
+    def expected_end(self, job: RunningView, now: float, which: str = "median") -> float:
+        return self.expected_ends(job, now)[{"low": 0, "high": 2}.get(which, 1)]
+
+    def expected_ends(self, job: RunningView, now: float) -> tuple[float, float, float]:
+        """When a job holding GPUs is expected to end: (p10, median, p90). Its cohort's running jobs are the ones
+        the last `all_expected_ends` handed the predictor."""
+        limit = float(job.spec.max_runtime_s)
+        if not self.predict:
+            return (job.started_at + limit,) * 3
+        p = self.predictor.remaining(JobKey.of(job.spec), limit, now - job.started_at, job.progress,
+                                     started_at=job.started_at)
+        return now + p.low_s, now + p.median_s, now + p.high_s
+
+    def all_expected_ends(self, running: Mapping[str, RunningView], now: float
+                          ) -> dict[str, tuple[float, float, float]]:
+        """`expected_ends` of every running job. The running jobs go to the predictor first (`running_now`), so
+        that each job hears the others of its group started near it: how long they have run, and their limits
+        (`pooled_prior`)."""
+        if self.predict:
+            self.predictor.running_now([(JobKey.of(r.spec), float(r.spec.max_runtime_s), r.started_at)
+                                        for _, r in sorted(running.items())])
+        return {job_id: self.expected_ends(r, now) for job_id, r in sorted(running.items())}
+
+
+def estimate_ranges(cluster: Any, admission: Any, running: Mapping[str, RunningView], now: float,
+                    model: EtaModel, *, horizon_s: float = DEFAULT_HORIZON_S, backfill: bool = True,
+                    fixed_ends: Mapping[str, float] | None = None,
+                    preempted_at: Mapping[str, float] | None = None) -> dict[str, EtaRange]:
+    """{job_id: EtaRange} for every waiting job that would start within `horizon_s` (see the module doc).
+    `fixed_ends`: jobs holding GPUs whose spec is not known here (another admission instance's), by the end the
+    scheduler reserves for them (started_at + limit). `preempted_at`: when waiting jobs were last preempted
+    (`estimate_starts`; the replay preempts unless `model.expect_preemption` is off)."""
+    fixed = dict(fixed_ends or {})
+    believed = {**fixed, **{j: r.started_at + r.spec.max_runtime_s for j, r in running.items()}}
+
+    expected = model.all_expected_ends(running, now)  # once for all replays
+    started = {j: r.started_at for j, r in running.items()} if model.expect_preemption else None
+
+    def replay(which: str) -> dict[str, float]:
+        pick = {"low": 0, "high": 2}.get(which, 1)
+        ends = {**fixed, **{j: e[pick] for j, e in expected.items()}}
+        if which == "median" or not model.predict:
+            duration: Duration = model.duration
+        else:
+            def duration(spec: JobSpec) -> float:
+                p = model.predictor.predict(JobKey.of(spec), float(spec.max_runtime_s))
+                return p.low_s if which == "low" else p.high_s
+        return estimate_starts(cluster, admission, ends, now, horizon_s=horizon_s, backfill=backfill,
+                               duration=duration, believed_ends=believed, started=started,
+                               preempted_at=preempted_at)
+
+    starts = replay("median")
+    # The range of the replays with every duration at its p10, then its p90: the base the record calibrates.
+    low = replay("low") if model.predict else {}
+    high = replay("high") if model.predict else {}
+    queued = waiting_queues(admission)
+    if model.expect_arrivals:  # each replay's start, later by what the arrivals to come are expected to take
+        later = _arrival_delays(cluster, admission, now, model)
+        starts, low, high = (later(starts), later(low), later(high))
+    out: dict[str, EtaRange] = {}
+    for job_id, start in starts.items():
+        lo, hi = min(start, low.get(job_id, start)), max(start, high.get(job_id, start))
+        if model.calibrate:
+            queue, submitted_at = queued.get(job_id, ("", now))
+            out[job_id] = model.calibration.calibrated(queue, now, start, lo, hi, submitted_at)
+        else:
+            out[job_id] = EtaRange(start, lo, hi, planned=start, replay_low=lo, replay_high=hi)
+    return dict(sorted(out.items()))
+
+
+def _arrival_delays(cluster: Any, admission: Any, now: float, model: EtaModel
+                    ) -> Callable[[Mapping[str, float]], dict[str, float]]:
+    """Planned starts -> the same, each later by its expected delay from arrivals (ArrivalHistory)."""
+    pools = cluster.total_gpus_by_model()
+    known = _known(admission)
+
+    def later(planned: Mapping[str, float]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for job_id, start in planned.items():
+            spec = known[job_id][0] if job_id in known else None
+            priority = admission.priority(job_id)
+            if spec is None or priority is None:
+                out[job_id] = start
+                continue
+            out[job_id] = start + model.arrivals.expected_delay(spec.queue, priority, now, start - now, pools,
+                                                                spec.gpu_models)
+        return out
+
+    return later
+
+
+def _known(admission: Any) -> dict[str, tuple[JobSpec, float]]:
+    """job_id -> (spec, submitted at) of every job pending or holding quota."""
+    return {**{j: (w.spec, w.submitted_at) for j, w in admission.pending.items()},
+            **{j: (a.spec, a.submitted_at) for j, a in admission.admitted.items()}}
+
+
+def waiting_queues(admission: Any) -> dict[str, tuple[str, float]]:
+    """job_id -> (queue, submitted at) of every waiting job (pending and admitted)."""
+    return {**{j: (w.spec.queue, w.submitted_at) for j, w in admission.pending.items()},
+            **{j: (a.spec.queue, a.submitted_at) for j, a in admission.admitted.items()}}
+
+
+def refresh_due(last_refresh: float | None, now: float, changed: bool, interval_s: float = ETA_REFRESH_S,
+                min_interval_s: float = ETA_MIN_REFRESH_S, all_beyond: bool = False) -> bool:
+    """Whether ETAs are recomputed now, in platform time: after a change (a job ended, started, arrived or left
+    the queue) once `min_interval_s` passed since the last refresh, and otherwise every `interval_s` of the
+    platform clock (elapsed times move on). Never paced by wall seconds: at 400x a wall second is 400 s.
+    `all_beyond`: the last refresh started no waiting job within the horizon (a pod no node can hold, a queue
+    days long); time alone then refreshes every IDLE_REFRESH_S, the replay's resolution at the horizon: a start
+    that time brings within the horizon is shown by then, as late as the replay's own rounding."""
+    if last_refresh is None:
+        return True
+    elapsed = now - last_refresh
+    if all_beyond and not changed:
+        return elapsed >= max(interval_s, IDLE_REFRESH_S)
+    return elapsed >= interval_s or (changed and elapsed >= min_interval_s)
+
+
+def replay_reserved(model: EtaModel, cluster: Any, admission: Any, reserved_ends: Mapping[str, float], now: float,
+                    preempted_at: Mapping[str, float] | None = None) -> dict[str, EtaRange]:
+    """The forward simulation of a refresh (it may change `model` and `admission`: callers pass copies): every job
+    holding GPUs ends by `reserved_ends`, predicted where admission holds its spec (services/eta/platform.py)."""
+    running: dict[str, RunningView] = {}
+    fixed: dict[str, float] = {}
+    for job_id, end in sorted(reserved_ends.items()):
+        held = admission.admitted.get(job_id)
+        if held is None:
+            fixed[job_id] = end
+        else:
+            running[job_id] = RunningView(held.spec, started_at=end - held.spec.max_runtime_s)
+    return estimate_ranges(cluster, admission, running, now, model, fixed_ends=fixed, preempted_at=preempted_at)

@@ -1,0 +1,78 @@
+"""Kubeflow `kubeflow.org/v1` PyTorchJob: one pod set per replica type (Master, Worker), suspended through
+`runPolicy.suspend`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from services.core.kube.workload import (
+    Conclusion,
+    Finish,
+    Obj,
+    PodSetTemplate,
+    WorkloadKind,
+    condition_reason,
+    conditions,
+    register,
+    true_condition,
+)
+
+ORDER = {"master": 0, "worker": 1}
+
+
+class PyTorchJob(WorkloadKind):
+    api_version, kind, plural = "kubeflow.org/v1", "PyTorchJob", "pytorchjobs"
+
+    def pod_sets(self, obj: Obj) -> list[PodSetTemplate]:
+        replicas = (obj.get("spec") or {}).get("pytorchReplicaSpecs") or {}
+        sets = [PodSetTemplate(rtype.lower(), max(1, int(r.get("replicas", 1))), dict(r.get("template") or {}))
+                for rtype, r in replicas.items()]
+        return sorted(sets, key=lambda p: (ORDER.get(p.name, 2), p.name))
+
+    def with_templates(self, spec: dict[str, Any], templates: Mapping[str, dict[str, Any]]) -> None:
+        for rtype, r in (spec.get("pytorchReplicaSpecs") or {}).items():
+            if rtype.lower() in templates:
+                r["template"] = templates[rtype.lower()]
+
+    def suspended(self, obj: Obj) -> bool:
+        return bool(((obj.get("spec") or {}).get("runPolicy") or {}).get("suspend"))
+
+    def suspend_patch(self, suspend: bool) -> dict[str, Any]:
+        return {"spec": {"runPolicy": {"suspend": suspend}}}
+
+    def finished(self, obj: Obj) -> Finish | None:
+        if (c := true_condition(obj, "Succeeded")) is not None:
+            return Finish(True, c.get("reason") or "Succeeded", c.get("message") or "")
+        if (c := true_condition(obj, "Failed")) is not None:
+            return Finish(False, c.get("reason") or "Failed", c.get("message") or "")
+        return None
+
+    def stopped(self, obj: Obj) -> bool:
+        """Suspended, and the training operator has deleted its pods (condition Suspended)."""
+        return self.suspended(obj) and true_condition(obj, "Suspended") is not None
+
+    def conclusion(self, obj: Obj, reason: str, message: str, now: str) -> Conclusion:
+        """Condition Failed, last (kubectl's STATE column reads the last condition), Running set False and the
+        completion time, as the training operator writes a failed job (which it then only cleans up)."""
+        kept = []
+        for c in conditions(obj):
+            if c.get("type") == "Failed":
+                continue
+            c = dict(c)
+            if c.get("type") == "Running" and c.get("status") != "False":
+                c.update(status="False", lastUpdateTime=now, lastTransitionTime=now)
+            kept.append(c)
+        kept.append({"type": "Failed", "status": "True", "reason": condition_reason(reason), "message": message,
+                     "lastUpdateTime": now, "lastTransitionTime": now})
+        status: dict[str, Any] = {"conditions": kept}
+        if not (obj.get("status") or {}).get("completionTime"):
+            status["completionTime"] = now
+        return Conclusion({"status": status}, status=True)
+
+    def active_deadline_s(self, obj: Obj) -> int | None:
+        value = ((obj.get("spec") or {}).get("runPolicy") or {}).get("activeDeadlineSeconds")
+        return int(value) if value is not None else None
+
+
+PYTORCHJOB = register(PyTorchJob())
