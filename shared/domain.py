@@ -332,6 +332,19 @@ class PodTemplate(Frozen):
     run_as_user: int | None = Field(default=None, ge=1, exclude_if=unset)  # added since v1
 
 
+class SharingMode(StrEnum):
+    """How several pods share one GPU (docs/scheduler.md, "Sharing GPUs"). TIME_SLICING: the device plugin's
+    time-slicing replicas (`nvidia.com/gpu` or the renamed `nvidia.com/gpu.shared`): the pods take turns, with no
+    isolation of memory or faults. MPS: the device plugin's MPS sharing, each client limited to a share of the
+    threads (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE) and of the memory. A GPU shared one way is never used the other way."""
+
+    TIME_SLICING = "time-slicing"
+    MPS = "mps"
+
+
+MIN_SHARE_MILLI = 1  # the smallest compute share a pod may ask, in milli-GPUs
+
+
 class PodSet(Frozen):
     name: str = "main"
     count: int = Field(default=1, ge=1, le=4096)
@@ -346,11 +359,54 @@ class PodSet(Frozen):
     node_selector: dict[str, str] = Field(default_factory=dict, exclude_if=unset)  # these three: added since v1
     affinity: NodeAffinity | None = Field(default=None, exclude_if=unset)
     tolerations: tuple[Toleration, ...] = Field(default=(), exclude_if=unset)
+    # Part of one GPU (these three: added since v1). `gpu_fraction` (0 < x < 1): the share of one GPU's compute each
+    # pod needs, counted in milli-GPUs (`share_milli`); `gpu_memory_mib`: the GPU memory each pod needs on the GPU it
+    # shares; `gpu_sharing`: the isolation it needs (None: whichever the node offers). A pod set with a fraction or a
+    # GPU memory request shares a GPU (`shared`): it takes no whole GPU (`gpus` counts 0), one pod per GPU slot of a
+    # node whose GPUs are shared (NodeSpec.sharing). A job file may write `gpus_per_pod: 0.25` for the fraction.
+    gpu_fraction: float | None = Field(default=None, exclude_if=unset)
+    gpu_memory_mib: int | None = Field(default=None, exclude_if=unset)
+    gpu_sharing: SharingMode | None = Field(default=None, exclude_if=unset)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fraction_as_gpus(cls, data: Any) -> Any:
+        """`gpus_per_pod: 0.25` (a job file, the CLI's --gpus 0.25) means one shared GPU slot, gpu_fraction 0.25."""
+        if isinstance(data, dict):
+            gpus = data.get("gpus_per_pod")
+            if (isinstance(gpus, float) and 0 < gpus < 1 and data.get("gpu_fraction") is None
+                    and not data.get("mig_profile")):
+                data = {**data, "gpus_per_pod": 1, "gpu_fraction": gpus}
+        return data
 
     @model_validator(mode="after")
     def _mig_pods_take_one_slice(self) -> PodSet:
         if self.mig_profile is not None and self.gpus_per_pod not in (0, 1):
             raise ValueError("a pod with mig_profile takes exactly one slice: set gpus_per_pod to 1")
+        return self
+
+    @model_validator(mode="after")
+    def _shared_pods_take_one_gpu(self) -> PodSet:
+        name = f"pod set {self.name}"
+        if self.gpu_fraction is not None:
+            f = self.gpu_fraction
+            if not (0 < f < 1) or f != f:
+                raise ValueError(f"{name}: gpu_fraction must be above 0 and below 1 (a share of one GPU), got {f!r}; "
+                                 "for whole GPUs set gpus_per_pod")
+            if round(f * MILLI_GPU) < MIN_SHARE_MILLI or round(f * MILLI_GPU) >= MILLI_GPU:
+                raise ValueError(f"{name}: gpu_fraction {f!r} rounds to {round(f * MILLI_GPU)} milli-GPUs: "
+                                 f"it must be between 0.001 and 0.999")
+        if self.gpu_memory_mib is not None and self.gpu_memory_mib < 1:
+            raise ValueError(f"{name}: gpu_memory_mib must be at least 1 MiB, got {self.gpu_memory_mib}")
+        if self.gpu_sharing is not None and not self.shared:
+            raise ValueError(f"{name}: gpu_sharing needs gpu_fraction or gpu_memory_mib (the part of a GPU to share)")
+        if self.shared:
+            field = "gpu_fraction" if self.gpu_fraction is not None else "gpu_memory_mib"
+            if self.mig_profile is not None:
+                raise ValueError(f"{name}: {field} and mig_profile are exclusive (a MIG slice is not shared)")
+            if self.gpus_per_pod != 1:
+                raise ValueError(f"{name}: {field} shares one GPU per pod: set gpus_per_pod to 1, "
+                                 f"got {self.gpus_per_pod}")
         return self
 
     @model_validator(mode="after")
@@ -378,8 +434,19 @@ class PodSet(Frozen):
 
     @property
     def gpus(self) -> int:
-        """Whole GPUs this pod set asks for (MIG pods count as 0 whole GPUs)."""
-        return 0 if self.mig_profile else self.count * self.gpus_per_pod
+        """Whole GPUs this pod set asks for (MIG pods and pods sharing a GPU count as 0 whole GPUs)."""
+        return 0 if self.mig_profile or self.shared else self.count * self.gpus_per_pod
+
+    @property
+    def shared(self) -> bool:
+        """Whether its pods share a GPU (they ask a fraction of one, or GPU memory on one)."""
+        return self.gpu_fraction is not None or self.gpu_memory_mib is not None
+
+    @property
+    def share_milli(self) -> int:
+        """Compute share of one pod in milli-GPUs: its gpu_fraction (rounded to the milli-GPU); a pod asking only GPU
+        memory counts 0 here and takes what the node gives it (`shared_share_milli`); 0 for a pod not sharing."""
+        return round(self.gpu_fraction * MILLI_GPU) if self.gpu_fraction is not None else 0
 
     @property
     def mig_slices(self) -> int:
@@ -533,6 +600,16 @@ class JobSpec(Frozen):
         return sum(p.mig_slices for p in self.pod_sets)
 
     @property
+    def total_share_milli(self) -> int:
+        """Milli-GPUs of compute its pods sharing a GPU ask for (their gpu_fraction; 0 when none shares)."""
+        return sum(p.count * p.share_milli for p in self.pod_sets)
+
+    @property
+    def total_gpu_memory_mib(self) -> int:
+        """GPU memory its pods sharing a GPU ask for (their gpu_memory_mib)."""
+        return sum(p.count * (p.gpu_memory_mib or 0) for p in self.pod_sets)
+
+    @property
     def gpu_models(self) -> tuple[str, ...]:
         """Models acceptable to every pod set (intersection of any-of lists; empty = any)."""
         acceptable: list[str] | None = None
@@ -582,6 +659,22 @@ def mig_milli_gpus(profile: str | None) -> int:
 class MigLayout(Frozen):
     profile: str
     slices_per_gpu: int = Field(ge=1, le=7)
+
+
+class GpuSharing(Frozen):
+    """How a node shares its GPUs between pods (GFD: `nvidia.com/gpu.replicas`, `nvidia.com/mps.capable`).
+
+    `replicas`: pods per GPU the device plugin advertises (at least 2), a cap of pods on one GPU; `resource`: the
+    extended resource a shared pod asks for (`nvidia.com/gpu`, or `nvidia.com/gpu.shared` when the device plugin
+    renames it); `gpu_memory_mib`: the memory of one GPU (0 = unknown: GPU memory requests cannot be checked there,
+    and such pods are not placed); `shared_gpus`: how many of the node's GPUs are shared (None = all; the others, the
+    highest indices, stay whole GPUs for pods that ask whole GPUs)."""
+
+    mode: SharingMode
+    replicas: int = Field(ge=2, le=1024)
+    resource: str = Field(default="nvidia.com/gpu", min_length=1)
+    gpu_memory_mib: int = Field(default=0, ge=0)
+    shared_gpus: int | None = Field(default=None, ge=0)
 
 
 class NodeUsage(Frozen):
@@ -656,6 +749,35 @@ class NodeSpec(Frozen):
     datasets: tuple[str, ...] = ()
     held: NodeUsage = Field(default=NO_USAGE, exclude_if=lambda v: v == NO_USAGE)  # these two: added since v1
     refused: tuple[PlacementRefusal, ...] = Field(default=(), exclude_if=unset)
+    # GPU sharing and mixed MIG (these two: added since v1). `sharing`: its GPUs (all, or `sharing.shared_gpus` of
+    # them) take pods asking part of a GPU. `mig_profiles`: the MIG strategy `mixed`, the slices per profile the node
+    # advertises (`nvidia.com/mig-<profile>`), beside `gpus` whole GPUs that are not partitioned (a node with the
+    # single strategy uses `mig` instead; the two are exclusive).
+    sharing: GpuSharing | None = Field(default=None, exclude_if=unset)
+    mig_profiles: dict[str, int] = Field(default_factory=dict, exclude_if=unset)
+
+    @model_validator(mode="after")
+    def _sharing_fits(self) -> NodeSpec:
+        if self.mig is not None and self.mig_profiles:
+            raise ValueError(f"node {self.name}: mig (the single strategy) and mig_profiles (mixed) are exclusive")
+        bad = sorted(p for p, n in self.mig_profiles.items() if n < 0 or not _MIG_PROFILE_RE.match(p))
+        if bad:
+            raise ValueError(f"node {self.name}: mig_profiles: {', '.join(shown(p) for p in bad)}: a profile is "
+                             "named like 1g.10gb and has 0 or more slices")
+        if self.sharing is not None:
+            if self.mig is not None:
+                raise ValueError(f"node {self.name}: sharing and mig are exclusive (a MIG node shares by slices)")
+            if self.sharing.shared_gpus is not None and self.sharing.shared_gpus > self.gpus:
+                raise ValueError(f"node {self.name}: sharing.shared_gpus={self.sharing.shared_gpus} exceeds its "
+                                 f"{self.gpus} GPUs")
+        return self
+
+    @property
+    def shared_gpus(self) -> int:
+        """How many of its GPUs are shared (the lowest indices): 0 without sharing."""
+        if self.sharing is None:
+            return 0
+        return self.gpus if self.sharing.shared_gpus is None else self.sharing.shared_gpus
 
     def refuses(self, gpus: int, mig_profile: str | None, cpu_milli: int, memory_mib: int) -> PlacementRefusal | None:
         """The refusal that covers a pod of this shape, if any."""
@@ -670,18 +792,36 @@ class NodeSpec(Frozen):
 
 
 class GpuBinding(Frozen):
-    """Where one pod runs: node, whole-GPU indices, or one MIG slice (gpu index + slice index)."""
+    """Where one pod runs: node, whole-GPU indices, one MIG slice (gpu index + slice index), or part of one shared
+    GPU: `shared_gpu` its index on the node, `share_milli` the compute share it holds there in milli-GPUs (its
+    gpu_fraction; a pod asking only GPU memory holds its memory's part of the GPU, at least 1), `gpu_memory_mib` the
+    GPU memory it holds there (0: none asked), `sharing` the node's mode (which isolation the executor sets up)."""
 
     pod: str  # "<pod_set>-<index>"
     node: str
     gpu_indices: tuple[int, ...] = ()
     mig_slice: tuple[int, int] | None = None
+    shared_gpu: int | None = Field(default=None, ge=0, exclude_if=unset)  # these four: added since v1
+    share_milli: int | None = Field(default=None, ge=1, le=MILLI_GPU, exclude_if=unset)
+    gpu_memory_mib: int | None = Field(default=None, ge=0, exclude_if=unset)
+    sharing: SharingMode | None = Field(default=None, exclude_if=unset)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> GpuBinding:
+        if self.shared_gpu is not None and (self.gpu_indices or self.mig_slice is not None):
+            raise ValueError(f"binding {self.pod}: shared_gpu excludes gpu_indices and mig_slice")
+        if (self.shared_gpu is None) != (self.share_milli is None):
+            raise ValueError(f"binding {self.pod}: shared_gpu and share_milli go together")
+        return self
 
 
 def binding_milli_gpus(binding: GpuBinding, spec: JobSpec) -> int:
-    """Milli-GPUs one pod binding holds: whole GPUs ×1000, or the MIG share of its pod set's profile."""
+    """Milli-GPUs one pod binding holds: whole GPUs ×1000, the MIG share of its pod set's profile, or the share of a
+    shared GPU it holds."""
     if binding.gpu_indices:
         return len(binding.gpu_indices) * MILLI_GPU
+    if binding.share_milli is not None:
+        return binding.share_milli
     if binding.mig_slice is not None:
         pod_set = binding.pod.rsplit("-", 1)[0]
         profile = next((p.mig_profile for p in spec.pod_sets if p.name == pod_set), None)
