@@ -20,7 +20,8 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from shared.domain import NAME_RE, MigLayout, NodeSpec, Precision, Taint
+from shared.domain import NAME_RE, JobKind, MigLayout, NodeSpec, Precision, Taint, unset
+from shared.interactive import NO_CLASS_POLICY, NOTEBOOK_DEFAULT, Budget, JobClassPolicy, UserLimits
 
 
 class ConfigError(ValueError):
@@ -98,6 +99,9 @@ class KubernetesSource(_Strict):
     # preempted job's pods are free only after their termination grace period, so a short wait is normal).
     bind_timeout_s: float = Field(default=120.0, gt=0)
     namespace: str | None = None  # watch one namespace only (tests, single-tenant installs); None = all
+    # Scale-down (off by default): gpuq annotates the nodes it holds a job on, or held one on less than this long
+    # ago, cluster-autoscaler.kubernetes.io/scale-down-disabled=true, and releases the others to the autoscaler.
+    scale_down_cooldown_s: float | None = Field(default=None, ge=0)
 
 
 LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -435,6 +439,25 @@ class StopPolicy(StrEnum):
     HOLD_AND_DRAIN = "HoldAndDrain"
 
 
+class ProvisioningClass(StrEnum):
+    """The cluster-autoscaler's ProvisioningRequest classes gpuq asks with (docs/kubernetes.md, "Capacity")."""
+
+    CHECK_CAPACITY = "check-capacity.autoscaling.x-k8s.io"  # is the capacity there now? (booked, not added)
+    BEST_EFFORT_ATOMIC_SCALE_UP = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"  # add all of it, or none
+
+
+class Provisioning(_Strict):
+    """A queue's opt-in to ask the cluster-autoscaler for capacity (Kueue's ProvisioningRequest admission check):
+    the job at the head of the queue that waits for capacity the cluster lacks gets a ProvisioningRequest."""
+
+    class_name: ProvisioningClass = ProvisioningClass.BEST_EFFORT_ATOMIC_SCALE_UP
+    flavors: tuple[str, ...] = ()  # only jobs on these GPU flavors; () = every flavor of the queue
+    parameters: dict[str, str] = Field(default_factory=dict)  # spec.parameters, e.g. ValidUntilSeconds
+    # A Failed request is asked again after backoff_s * 2^(n-1) (at most 30 min), at most retry_limit times.
+    retry_limit: int = Field(default=3, ge=0)
+    backoff_s: float = Field(default=60.0, ge=0)
+
+
 class QueueConfig(_Strict):
     name: str
     cohort: str | None = None
@@ -450,6 +473,7 @@ class QueueConfig(_Strict):
     # 0 = such jobs never borrow; null = no limit.
     max_borrow_runtime_without_checkpoint_s: int | None = Field(default=None, ge=0)
     stop_policy: StopPolicy = StopPolicy.NONE
+    provisioning: Provisioning | None = Field(default=None, exclude_if=unset)  # off by default: none asked
 
     @field_validator("name")
     @classmethod
@@ -547,6 +571,8 @@ class TeamPolicy(_Strict):
     max_pending_jobs: int | None = Field(default=20_000, ge=1)
     # Priority classes whose jobs wait, reason AwaitingApproval, until an admin runs `gpuq approve JOB`.
     approval_required_classes: tuple[str, ...] = ()
+    # Limits on one user inside the team (shared/interactive.py, UserLimits); null = none.
+    per_user: UserLimits | None = Field(default=None, exclude_if=unset)
 
 
 class Governance(_Strict):
@@ -586,6 +612,10 @@ class QueuesConfig(_Strict):
     # Kubernetes: namespace -> team and queues; a pod template's priorityClassName -> gpuq priority class.
     namespaces: tuple[NamespaceMapping, ...] = ()
     kubernetes_priority_classes: dict[str, str] = Field(default_factory=dict)
+    # Interactive work and budgets (shared/interactive.py): per job kind, its class policy (notebook has defaults);
+    # per team, its GPU-hour budget.
+    job_classes: dict[JobKind, JobClassPolicy] = Field(default_factory=dict, exclude_if=unset)
+    budgets: dict[str, Budget] = Field(default_factory=dict, exclude_if=unset)
 
     @model_validator(mode="after")
     def _references(self) -> QueuesConfig:
@@ -600,6 +630,10 @@ class QueuesConfig(_Strict):
         for i, q in enumerate(self.queues):
             if q.cohort is not None and q.cohort not in cohorts:
                 problems.append(f"queues[{i}] ({q.name}): cohort {q.cohort!r} is not declared under cohorts")
+            unknown_flavors = [f for f in (q.provisioning.flavors if q.provisioning else ()) if f not in q.quotas]
+            if unknown_flavors:
+                problems.append(f"queues[{i}] ({q.name}): provisioning.flavors {', '.join(unknown_flavors)} not in "
+                                "its quotas")
         problems.extend(_cohort_tree_problems(self.cohorts))
         if self.default_priority_class and self.default_priority_class not in self.priority_class_map:
             problems.append(f"default_priority_class {self.default_priority_class!r} is not a priority class")
@@ -622,6 +656,9 @@ class QueuesConfig(_Strict):
                 elif declared.teams and ns.team not in declared.teams:
                     problems.append(f"namespaces[{i}] ({ns.name}): team {ns.team!r} may not use queue {queue!r} "
                                     f"(allowed: {', '.join(sorted(declared.teams))})")
+        bad_teams = sorted(t for t in self.budgets if not NAME_RE.match(t))
+        if bad_teams:
+            problems.append(f"budgets: {', '.join(map(repr, bad_teams))} not a valid team name")
         for k8s_name, cls in sorted(self.kubernetes_priority_classes.items()):
             if cls not in self.priority_class_map:
                 problems.append(f"kubernetes_priority_classes.{k8s_name}: {cls!r} is not a priority class")
@@ -663,6 +700,14 @@ class QueuesConfig(_Strict):
     def team_namespaces(self, team: str) -> tuple[str, ...]:
         """The namespaces mapped to `team` (where its Kubernetes jobs may run), in the order listed."""
         return tuple(n.name for n in self.namespaces if n.team == team)
+
+    def job_class(self, kind: JobKind) -> JobClassPolicy:
+        """The class policy of a job kind: its own under `job_classes`, else the notebook defaults for notebooks,
+        else none (no cap, no TTL, no idle reclaim)."""
+        own = self.job_classes.get(kind)
+        if own is not None:
+            return own
+        return NOTEBOOK_DEFAULT if kind is JobKind.NOTEBOOK else NO_CLASS_POLICY
 
     def flavor(self, gpu_model: str) -> GpuFlavor:
         return self.gpu_flavors.get(gpu_model, GpuFlavor())
