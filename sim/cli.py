@@ -169,4 +169,8 @@ def _print_table(console: Console, runs: list[PolicyRun]) -> None:
                          "failure_lost_gpu_hours") if any(r.metrics.get(k) for r in runs)]  # only when they happened
     for k in (*keys[:-2], *extra, *keys[-2:]):
         table.add_row(k, *[f"{r.metrics[k]:,}" for r in runs])
+    if any(r.metrics.get("lost_gpu_hours") or r.metrics.get("failure_lost_gpu_hours") for r in runs):
+        for cause in runs[0].metrics["lost_gpu_hours_by_cause"]:  # lost work per cause, when any was lost
+            table.add_row(f"lost:{cause}", *[f"{r.metrics['lost_gpu_hours_by_cause'][cause]:,}" for r in runs])
+        table.add_row("lost_work_share", *[f"{r.metrics['lost_work_share']:.3%}" for r in runs])
     console.print(table)

@@ -19,6 +19,23 @@ from services.core.eta.preemption import Preempted
 from sim.failures import NodeFailure, lost_work_s
 from sim.model import Trace, TraceJob
 
+# Causes of lost work the metrics report (`lost_gpu_hours_by_cause`); node failures are counted apart
+# (`JobRecord.failure_lost_gpu_s`).
+LOSS_CAUSES = ("reclaim", "priority", "defragmentation", "other")
+
+
+def loss_cause(reason: str) -> str:
+    """The cause a preemption's reason stands for: a reclaim of lent quota, a higher priority (within a queue or
+    asked by the scheduler), a defragmentation move, or anything else a baseline reports."""
+    if reason == "ReclaimQuota":
+        return "reclaim"
+    if reason == "PriorityPreemption":
+        return "priority"
+    if reason.startswith("Defragment"):
+        return "defragmentation"
+    return "other"
+
+
 # Event kinds; at equal times completions are applied before arrivals so freed GPUs are visible to the
 # cycle of that instant either way (all events of an instant precede its cycle).
 # A node that comes back is usable by that instant's cycle; a node that fails kills its jobs before it.
@@ -60,6 +77,8 @@ class JobRecord:
     last_start: float | None = None
     node_failures: int = 0  # times a node failure stopped it
     failure_lost_gpu_s: float = 0.0  # GPU-seconds of work lost to node failures
+    # GPU-seconds lost to preemption per cause (`loss_cause` of the victim's reason): reclaim, priority, other
+    lost_by_cause: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -187,6 +206,8 @@ class Engine:
                 rec.remaining = max(1.0, rec.remaining - (ran - lost_s))
                 rec.preemptions += 1
                 rec.lost_gpu_s += p.lost_gpu_s
+                cause = loss_cause(p.reason)
+                rec.lost_by_cause[cause] = rec.lost_by_cause.get(cause, 0.0) + p.lost_gpu_s
             for job_id, reason in out.rejected.items():
                 records[job_id].rejected = reason
                 pending -= 1

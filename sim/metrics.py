@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.engine import JobRecord, SimResult
+from sim.engine import LOSS_CAUSES, JobRecord, SimResult
 from sim.model import Trace, TraceJob
 
 
@@ -187,6 +187,11 @@ def compute_metrics(res: SimResult, sim_wall_s: float, isolated: dict[str, float
         "node_failures": res.node_failures,
         "jobs_stopped_by_node_failures": sum(r.node_failures for r in recs),
         "failure_lost_gpu_hours": _r(sum(r.failure_lost_gpu_s for r in recs) / 3600),
+        # work lost per cause (preemptions by their reason, and node failures), and all of it as a share of the
+        # delivered GPU-hours
+        "lost_gpu_hours_by_cause": _lost_by_cause(recs),
+        "lost_work_share": _r((sum(r.lost_gpu_s + r.failure_lost_gpu_s for r in recs) / 3600) / delivered
+                              if delivered else 0.0, 5),
         "idle_partial_gang_gpu_hours": _r(max(0.0, alloc_all - busy_all) / 1000 / 3600),
         "replay_window_s": _r(window),
         "gpu_utilization_to_makespan": _r(alloc_all / (capacity_milli * end) if capacity_milli else 0.0, 4),
@@ -204,6 +209,16 @@ def compute_metrics(res: SimResult, sim_wall_s: float, isolated: dict[str, float
         "sim_wall_s": _r(sim_wall_s),
         "events_per_s": _r(res.events / sim_wall_s if sim_wall_s > 0 else 0.0, 1),
     }
+
+
+def _lost_by_cause(recs: Sequence[JobRecord]) -> dict[str, float]:
+    """GPU-hours lost per cause: every preemption cause (sim.engine.LOSS_CAUSES), then node failures."""
+    out = dict.fromkeys(LOSS_CAUSES, 0.0)
+    for r in recs:
+        for cause, lost in r.lost_by_cause.items():
+            out[cause] = out.get(cause, 0.0) + lost
+    out["node_failure"] = sum(r.failure_lost_gpu_s for r in recs)
+    return {cause: _r(lost / 3600) for cause, lost in out.items()}
 
 
 # Fields that depend on the machine, not on the inputs (excluded when checking determinism).

@@ -113,6 +113,19 @@ def _fmt(v: object) -> str:
     return str(v)
 
 
+def _lost_work_lines(runs: Sequence[PolicyRun]) -> list[str]:
+    """Work lost per cause (GPU-hours), and all of it as a share of the delivered GPU-hours."""
+    causes = sorted({c for r in runs for c in r.metrics.get("lost_gpu_hours_by_cause", {})})
+    lines = ["", "## Work lost per cause (GPU-hours)", "",
+             "| cause | " + " | ".join(r.metrics["policy"] for r in runs) + " |", "|---|" + "---:|" * len(runs)]
+    for c in causes:
+        lines.append(f"| {c} | " + " | ".join(_fmt(r.metrics["lost_gpu_hours_by_cause"].get(c, 0.0)) for r in runs)
+                     + " |")
+    lines.append("| share of delivered | " + " | ".join(f"{100 * r.metrics.get('lost_work_share', 0.0):.3f}%"
+                                                       for r in runs) + " |")
+    return lines
+
+
 def write_report(runs: Sequence[PolicyRun], out_dir: Path, command: str = "") -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     files = [out_dir / "utilisation.png", out_dir / "wait_cdf.png", out_dir / "team_shares.png"]
@@ -139,6 +152,7 @@ def write_report(runs: Sequence[PolicyRun], out_dir: Path, command: str = "") ->
             m = r.metrics["per_priority_class"].get(c)
             cells.append(f"{_fmt(m['avg_wait_s'])} / {_fmt(m['p99_wait_s'])}" if m else "-")
         lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    lines += _lost_work_lines(runs)
     lines += ["", "## Plots", "", *[f"![{f.stem}]({f.name})" for f in files], ""]
     md = out_dir / "report.md"
     md.write_text("\n".join(lines))

@@ -125,6 +125,7 @@ class Kueue(QuotaFifo):
         """Preempt for the queue's first pending workload if that makes it fit; admit it on the freed quota."""
         job_id = q.heap[0][2]
         gang = self.gangs[job_id]
+        job_queue = self.original[job_id].queue
         priority = -q.heap[0][0]
         req = gang.job.pods * gang.units * 1000
         for model in self._models(q.config, gang.job):
@@ -133,8 +134,8 @@ class Kueue(QuotaFifo):
             victims = self._victims(q, model, req, priority)
             if victims is None:
                 continue
-            for v in victims:
-                self._evict(v, now)
+            for v in victims:  # a borrower of another queue is reclaimed; one of its own, preempted by priority
+                self._evict(v, now, "PriorityPreemption" if self.original[v].queue == job_queue else "ReclaimQuota")
             flavor = self._choose_flavor(q, gang)
             if flavor is not None:
                 self._admit_one(q, q.heap.index(self._entry(self.original[job_id])), flavor, now)
@@ -189,13 +190,12 @@ class Kueue(QuotaFifo):
         q = self.queues[self.original[job_id].queue]
         q.usage[model] = q.usage.get(model, 0) + sign * milli
 
-    def _evict(self, job_id: str, now: float) -> None:
+    def _evict(self, job_id: str, now: float, reason: str = "ReclaimQuota") -> None:
         gang = self.running.pop(job_id, None)
         if gang is not None:
             ran = now - self.run_start.pop(job_id)
             lost = lost_work_s(ran, gang.job.checkpoint_interval_s)
-            self._evicted.append(Preempted(job_id, lost * self.trace.gpu_milli(gang.job) / 1000,
-                                           "KueueInCohortReclaimOrPriority"))
+            self._evicted.append(Preempted(job_id, lost * self.trace.gpu_milli(gang.job) / 1000, reason))
         else:
             gang = self.placing.pop(job_id)
         self._release(gang)
