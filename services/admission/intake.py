@@ -12,7 +12,9 @@ from services.admission import prefetch
 from services.admission.held import held_rows, hold_rows, write_held
 from services.admission.memory import Memory, UnitOfWork
 from services.core.admission import Rejection, Workload, approval, governance, identity
+from services.core.admission.governance import Violation
 from services.core.admission.limits import Bucket, pending_refusal, rate_refusal
+from services.core.admission.user_limits import user_limit_refusal
 from shared import audit
 from shared.audit import team_actor
 from shared.config import TeamPolicy
@@ -143,7 +145,21 @@ class SubmissionIntake:
         crowded = pending_refusal(team, spec.job_id, await self._waiting(sub.tx, spec, team, policy), policy)
         if crowded is not None:
             return (crowded.reason, crowded.message, False), tombstoned  # no row: the id stays free for later
+        over = self._user_limit(spec)
+        if over is not None:
+            return (over.reason, over.message, False), tombstoned  # no row: the id stays free for later
         return None, tombstoned
+
+    def _user_limit(self, spec: JobSpec) -> Violation | None:
+        """Whether the job takes its user past a per-user limit (core/user_limits.py), counted over the core's
+        waiting and admitted jobs (this batch's earlier submissions included: the core has them already)."""
+        state = self.memory.state
+        config = state.config
+        if not spec.user or (config.governance.for_team(spec.team).per_user is None
+                             and config.job_class(spec.kind).max_per_user is None):
+            return None
+        others = [w.spec for w in state.pending.values()] + [a.spec for a in state.admitted.values()]
+        return user_limit_refusal(spec, config, others)
 
     async def _identity_refusal(self, sub: Submission) -> tuple[Refusal | None, bool]:
         """Whether the job id is taken (by which team): an id another team holds, or one reserved for another team

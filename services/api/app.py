@@ -533,10 +533,22 @@ def _specs_from_body(doc: Any, who: Principal, config: QueuesConfig | None) -> l
     if len(items) > 1000:
         raise HTTPException(422, f"at most 1000 jobs in one submission, got {len(items)}")
     try:
-        return Submission(jobs=[_with_id(_with_team_and_queue(item, who, config), who.team) for item in items]).jobs
+        jobs = Submission(jobs=[_with_id(_with_team_and_queue(item, who, config), who.team) for item in items]).jobs
     except ValidationError as exc:
         first = exc.errors()[0]
         raise HTTPException(422, f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
+    return [_with_user(spec, who) for spec in jobs]
+
+
+def _with_user(spec: JobSpec, who: Principal) -> JobSpec:
+    """The job's user is the authenticated caller (the token's name, or the Kubernetes user the API server vouched
+    for): per-user limits count it (docs/admission.md, "Per-user limits"). A team's token naming another user is
+    refused; an admin may submit on a user's behalf."""
+    if not spec.user:
+        return spec.model_copy(update={"user": who.name})
+    if not who.admin and spec.user != who.name:
+        raise HTTPException(403, f"job {spec.job_id} names user {spec.user!r}; this token submits as {who.name!r} only")
+    return spec
 
 
 def _with_team_and_queue(item: Any, who: Principal, config: QueuesConfig | None) -> Any:
