@@ -36,10 +36,19 @@ LAST_CHECKPOINT_ANNOTATION = "gpuq.io/last-checkpoint"  # on a pod, set by the S
 LAST_CHECKPOINT_STEP_ANNOTATION = "gpuq.io/last-checkpoint-step"
 RESUME_FROM_ANNOTATION = "gpuq.io/resume-from"  # on pod templates: the checkpoint to resume from
 
+# On the pods of a pod set sharing GPUs (issue 47): the node's sharing mode (time-slicing | mps), and what isolation
+# its pods have from the others on the same GPU, said in words (time-slicing has none).
+GPU_SHARING_LABEL = "gpuq.io/gpu-sharing"
+GPU_ISOLATION_ANNOTATION = "gpuq.io/gpu-isolation"
+# MPS: the client's share of the GPU's threads (percent) and its pinned device memory limit ("0=<MiB>M").
+MPS_THREADS_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+MPS_MEMORY_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+
 PLACEMENT_GATE = "gpuq.io/placement"  # scheduling gate held until gpuq gives the pod its node
 RESUME_ENV = "GPUQ_RESUME_FROM"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 GPU_RESOURCE = "nvidia.com/gpu"
+SHARED_GPU_RESOURCE = "nvidia.com/gpu.shared"  # the device plugin's shared replicas, renamed (renameByDefault)
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 
 _DNS_INVALID = re.compile(r"[^a-z0-9-]+")

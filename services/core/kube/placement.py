@@ -20,12 +20,14 @@ from services.core.kube.workload import PodSetTemplate
 from shared.config import PodSecurity
 from shared.domain import (
     GpuBinding,
+    GpuSharing,
     JobSpec,
     NodeAffinity,
     NodeSelectorRequirement,
     NodeSelectorTerm,
     PodSet,
     PodTemplate,
+    SharingMode,
     Toleration,
 )
 
@@ -216,19 +218,60 @@ RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"dro
                         "seccompProfile": {"type": "RuntimeDefault"}}
 
 
+ISOLATION = {
+    SharingMode.TIME_SLICING: "none: time-slicing shares the GPU's memory and faults with every pod on it",
+    SharingMode.MPS: "mps: a share of the GPU's threads and a GPU memory limit per pod (CUDA MPS); faults are shared",
+}
+
+
+def isolation_note(pod_set: str, sharing: GpuSharing, nodes: Iterable[str]) -> str:
+    """What an Event on the workload says of a pod set sharing GPUs (time-slicing has no isolation)."""
+    return (f"pod set {pod_set} shares GPUs by {sharing.mode.value} ({sharing.resource}, {sharing.replicas} pods per "
+            f"GPU) on {', '.join(sorted(nodes))}; isolation {ISOLATION[sharing.mode]}")
+
+
+def _mps_env(ps: PodSet) -> list[dict[str, Any]]:
+    """MPS client limits: the thread share from gpu_fraction (percent, at least 1), the pinned memory limit of the
+    container's one device (index 0) from gpu_memory_mib."""
+    env = []
+    if ps.share_milli:
+        env.append({"name": n.MPS_THREADS_ENV, "value": str(max(1, min(100, round(ps.share_milli / 10))))})
+    if ps.gpu_memory_mib:
+        env.append({"name": n.MPS_MEMORY_ENV, "value": f"0={ps.gpu_memory_mib}M"})
+    return env
+
+
 def pod_template(ps: PodSet, tmpl: PodTemplate, *, restart_policy: str = "Never",
-                 security: PodSecurity = PodSecurity.RESTRICTED) -> dict[str, Any]:
+                 security: PodSecurity = PodSecurity.RESTRICTED, sharing: GpuSharing | None = None
+                 ) -> dict[str, Any]:
     """A PodTemplateSpec from an event's pod template: resources from the pod set, GPUQ_RESUME_FROM from the
     `gpuq.io/resume-from` annotation (so a later placement can change it without touching the container), and the
-    `security` profile's settings (the team's policy, `pod_security`)."""
+    `security` profile's settings (the team's policy, `pod_security`).
+
+    A pod set sharing GPUs (gpu_fraction / gpu_memory_mib) asks one replica of `sharing`'s resource (the node gpuq
+    placed it on: `nvidia.com/gpu` or `nvidia.com/gpu.shared`) and is labelled `gpuq.io/gpu-sharing` with its mode
+    and annotated `gpuq.io/gpu-isolation` with what isolation it has; under MPS it gets the client limits
+    CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT. Raises ValueError when a shared pod set
+    has no node sharing GPUs."""
     limits: dict[str, Any] = dict(tmpl.resources)
     requests: dict[str, Any] = {"cpu": f"{ps.cpu_milli}m", "memory": f"{ps.memory_mib}Mi"}
-    if ps.mig_profile:
+    env: list[dict[str, Any]] = [{"name": e.name, "valueFrom": copy.deepcopy(e.value_from)} if e.value_from
+                                 else {"name": e.name, "value": e.value} for e in tmpl.env
+                                 if e.name not in (n.RESUME_ENV, n.MPS_THREADS_ENV, n.MPS_MEMORY_ENV)]
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    if ps.shared:
+        if sharing is None:
+            raise ValueError(f"pod set {ps.name} shares a GPU but was placed on no node sharing GPUs")
+        limits[sharing.resource] = "1"
+        labels[n.GPU_SHARING_LABEL] = sharing.mode.value
+        annotations[n.GPU_ISOLATION_ANNOTATION] = ISOLATION[sharing.mode]
+        if sharing.mode is SharingMode.MPS:
+            env.extend(_mps_env(ps))
+    elif ps.mig_profile:
         limits[f"{n.MIG_RESOURCE_PREFIX}{ps.mig_profile}"] = "1"
     elif ps.gpus_per_pod:
         limits[n.GPU_RESOURCE] = str(ps.gpus_per_pod)
-    env: list[dict[str, Any]] = [{"name": e.name, "valueFrom": copy.deepcopy(e.value_from)} if e.value_from
-                                 else {"name": e.name, "value": e.value} for e in tmpl.env if e.name != n.RESUME_ENV]
     env.append({"name": n.RESUME_ENV, "valueFrom": {"fieldRef": {
         "fieldPath": f"metadata.annotations['{n.RESUME_FROM_ANNOTATION}']"}}})
     container: dict[str, Any] = {"name": ps.name.replace("_", "-").replace(".", "-"), "image": tmpl.image,
@@ -260,16 +303,36 @@ def pod_template(ps: PodSet, tmpl: PodTemplate, *, restart_policy: str = "Never"
         spec["serviceAccountName"] = tmpl.service_account_name
     if tmpl.termination_grace_period_s is not None:
         spec["terminationGracePeriodSeconds"] = tmpl.termination_grace_period_s
-    return {"metadata": {"labels": {}, "annotations": {}}, "spec": spec}
+    return {"metadata": {"labels": labels, "annotations": annotations}, "spec": spec}
 
 
-def event_pod_sets(spec: JobSpec, security: PodSecurity = PodSecurity.RESTRICTED) -> list[PodSetTemplate]:
-    """The pod sets of an event-submitted job, with Kubernetes templates under the `security` profile."""
+def set_sharing(spec: JobSpec, bindings: Iterable[GpuBinding], sharing_of: Mapping[str, GpuSharing | None]
+                ) -> dict[str, tuple[GpuSharing, list[str]]]:
+    """Each shared pod set's sharing (its nodes' `sharing_of`, by node name) and its nodes. One template serves
+    every pod of a set, so its nodes must ask the same resource in the same mode: the first node's (by name) is
+    taken, and a pod on a node advertising another cannot bind there (the placement is then refused and retried)."""
+    by_set = nodes_by_pod_set(bindings)
+    out = {}
+    for ps in spec.pod_sets:
+        if not ps.shared:
+            continue
+        nodes = by_set.get(ps.name, [])
+        found = [s for node in nodes if (s := sharing_of.get(node)) is not None]
+        if found:
+            out[ps.name] = (found[0], nodes)
+    return out
+
+
+def event_pod_sets(spec: JobSpec, security: PodSecurity = PodSecurity.RESTRICTED,
+                   sharing: Mapping[str, tuple[GpuSharing, list[str]]] | None = None) -> list[PodSetTemplate]:
+    """The pod sets of an event-submitted job, with Kubernetes templates under the `security` profile (`sharing`:
+    `set_sharing`'s answer, for the pod sets sharing GPUs)."""
     out = []
     for ps in spec.pod_sets:
         if ps.template is None:
             raise ValueError(f"pod set {ps.name} of {spec.job_id} has no template")
-        tmpl = pod_template(ps, ps.template, security=security)
+        shared = (sharing or {}).get(ps.name)
+        tmpl = pod_template(ps, ps.template, security=security, sharing=shared[0] if shared else None)
         tmpl["spec"]["tolerations"] = _union(tmpl["spec"].get("tolerations") or [], toleration_dicts(spec.tolerations))
         if not tmpl["spec"]["tolerations"]:
             del tmpl["spec"]["tolerations"]

@@ -103,6 +103,16 @@ class NodeLoads:
         """What the pods gpuq does not manage hold on `node` (MIG slices: those of the node's profile)."""
         return self._sum(node, mig_profile, lambda load: load.job_label is None)
 
+    def held_slices(self, node: str) -> dict[str, int]:
+        """MIG slices per profile the pods gpuq does not manage hold on `node` (a mixed-strategy node's profiles)."""
+        out: dict[str, int] = {}
+        for key in sorted(self._by_node.get(node, ())):
+            load = self._pods[key]
+            if load.job_label is None:
+                for profile, n in load.mig:
+                    out[profile] = out.get(profile, 0) + n
+        return out
+
     def usage(self, node: str, mig_profile: str | None, *, but: str | None = None) -> NodeUsage:
         """What every pod on `node` holds, but the pods of the job labelled `but`."""
         return self._sum(node, mig_profile, lambda load: but is None or load.job_label != but)

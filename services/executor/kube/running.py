@@ -8,15 +8,16 @@ import logging
 
 from services.core.kube import names as n
 from services.core.kube.kinds import kind_of
-from services.core.kube.placement import event_pod_sets, placed_templates
+from services.core.kube.placement import event_pod_sets, isolation_note, placed_templates, set_sharing
 from services.core.kube.workload import PodSetTemplate
 from services.executor.kube.client import KubeApi, status_code, workload_resource
 from services.executor.kube.config_in_force import ConfigInForce
 from services.executor.kube.notices import Notices
 from services.executor.kube.outcomes import Outcomes
+from services.executor.kube.provisioning import consumed
 from services.executor.kube.records import ACTIVE, bindings_of, ref_of, strip_nulls
 from services.executor.verify import SchedulerTables, verify_placement
-from shared.domain import JobSpec
+from shared.domain import GpuSharing, JobSpec, NodeSpec, SharingMode
 from shared.events import CloudEvent, ExitReason, JobFailed, JobPlaced, utcnow_from
 from shared.service import Tx
 
@@ -77,6 +78,7 @@ class Runner:
             raise
         originals = [PodSetTemplate(name, 0, tmpl) for name, tmpl in json.loads(row["templates"]).items()]
         templates = placed_templates(originals, spec, bindings_of(row), row["resume_from"])
+        templates = await consumed(tx, job_id, templates)  # the autoscaler's booked capacity, when it provisioned
         await self.api.patch(res, row["name"], kind.run_patch(obj, templates), namespace=row["namespace"])
         await tx.conn.execute(
             "UPDATE executor.kube_jobs SET state = 'placed', placed_at = $2, started_at = NULL, attempt = attempt + 1, "
@@ -96,7 +98,13 @@ class Runner:
             return
         kind = kind_of("batch/v1", "Job") if len(spec.pod_sets) == 1 else kind_of("jobset.x-k8s.io/v1alpha2", "JobSet")
         assert kind is not None
-        pod_sets = event_pod_sets(spec, self.config.queues.governance.for_team(spec.team).pod_security)
+        sharing = set_sharing(spec, placed.bindings, await self._sharing_of(tx, placed))
+        try:
+            pod_sets = event_pod_sets(spec, self.config.queues.governance.for_team(spec.team).pod_security, sharing)
+        except ValueError as exc:  # a shared pod set placed where no node (as this executor knows it) shares GPUs
+            await tx.emit(JobFailed(job_id=spec.job_id, exit_reason=ExitReason.ERROR, finished_at=utcnow_from(tx.now),
+                                    message=f"cannot run on Kubernetes: {exc}"))
+            return
         name = n.dns_name(spec.job_id)
         labels = {n.QUEUE_LABEL: spec.queue}
         annotations = {n.JOB_ID_ANNOTATION: spec.job_id}
@@ -132,7 +140,22 @@ class Runner:
                               (created.get("metadata") or {}).get("uid"),
                               json.dumps({wanted.name: ps.template
                                           for wanted, ps in zip(spec.pod_sets, stored, strict=True)}))
+        ref = {"apiVersion": kind.api_version, "kind": kind.kind, "namespace": namespace, "name": name,
+               "uid": (created.get("metadata") or {}).get("uid")}
+        for pod_set, (how, nodes) in sorted(sharing.items()):
+            # Said where `kubectl describe` shows it: time-slicing gives no isolation at all.
+            await self.notices.event(ref, "GpuNotIsolated" if how.mode is SharingMode.TIME_SLICING else "GpuShared",
+                                     isolation_note(pod_set, how, nodes), tx.now,
+                                     warning=how.mode is SharingMode.TIME_SLICING)
         await self.run(tx, spec.job_id)
+
+    async def _sharing_of(self, tx: Tx, placed: JobPlaced) -> dict[str, GpuSharing | None]:
+        """How the nodes of a placement share their GPUs, as this executor last announced them."""
+        if not any(ps.shared for ps in placed.spec.pod_sets):
+            return {}
+        rows = await tx.conn.fetch("SELECT name, spec FROM executor.kube_nodes WHERE name = ANY($1::text[]) "
+                                   "ORDER BY name", sorted({b.node for b in placed.bindings}))
+        return {r["name"]: NodeSpec.model_validate_json(r["spec"]).sharing for r in rows}
 
     async def _namespace_for(self, tx: Tx, spec: JobSpec) -> str | None:
         """The namespace an event-submitted job's workload is created in: its own, or its team's first; None (the

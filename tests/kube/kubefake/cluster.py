@@ -347,6 +347,9 @@ class FakeCluster(KubeCluster):
         gpu_product: str | None = None,
         gpu_memory_mib: int | None = None,
         mig: dict[str, int] | None = None,
+        sharing: str | None = None,
+        replicas: int = 0,
+        renamed: bool = False,
         labels: dict[str, str] | None = None,
         taints: list[Obj] | None = None,
         cpu: str = "128",
@@ -357,18 +360,35 @@ class FakeCluster(KubeCluster):
     ) -> Obj:
         """A node as a GPU node looks with the NVIDIA device plugin and GPU Feature Discovery: allocatable
         nvidia.com/gpu (and nvidia.com/mig-<profile> for the mixed MIG strategy), nvidia.com/gpu.product,
-        nvidia.com/gpu.count, nvidia.com/gpu.memory labels, plus kubernetes.io/hostname."""
+        nvidia.com/gpu.count, nvidia.com/gpu.memory labels, plus kubernetes.io/hostname.
+
+        `sharing` ("time-slicing" or "mps") with `replicas`: the device plugin's sharing config, as GFD labels it
+        (nvidia.com/gpu.replicas, nvidia.com/gpu.sharing-strategy, nvidia.com/mps.capable, the product suffixed
+        -SHARED unless renamed); each GPU is advertised `replicas` times as nvidia.com/gpu, or as
+        nvidia.com/gpu.shared when `renamed`. `mig` beside `gpus`: the mixed strategy (nvidia.com/mig.strategy=mixed,
+        `gpus` whole GPUs advertised beside the slices). Only the advertising is emulated: no device plugin hands
+        out devices, no MPS daemon limits anything."""
         node_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
         if gpus or mig:
             node_labels["nvidia.com/gpu.present"] = "true"
             node_labels["nvidia.com/gpu.count"] = str(gpus)
         if gpu_product:
-            node_labels["nvidia.com/gpu.product"] = gpu_product
+            shared_product = sharing is not None and not renamed
+            node_labels["nvidia.com/gpu.product"] = gpu_product + ("-SHARED" if shared_product else "")
         if gpu_memory_mib:
             node_labels["nvidia.com/gpu.memory"] = str(gpu_memory_mib)
+        if sharing is not None:
+            assert sharing in ("time-slicing", "mps") and replicas >= 2, "sharing needs a mode and replicas >= 2"
+            node_labels["nvidia.com/gpu.replicas"] = str(replicas)
+            node_labels["nvidia.com/gpu.sharing-strategy"] = sharing
+            node_labels["nvidia.com/mps.capable"] = "true" if sharing == "mps" else "false"
+        if mig:
+            node_labels["nvidia.com/mig.strategy"] = "mixed"
         node_labels.update(labels or {})
         resources = {"cpu": cpu, "memory": memory, "pods": str(pods), "ephemeral-storage": "1Ti"}
-        if gpus:
+        if gpus and sharing is not None:
+            resources["nvidia.com/gpu.shared" if renamed else "nvidia.com/gpu"] = str(gpus * replicas)
+        elif gpus:
             resources["nvidia.com/gpu"] = str(gpus)
         for profile, count in sorted((mig or {}).items()):
             resources[f"nvidia.com/mig-{profile}"] = str(count)
