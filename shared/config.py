@@ -428,6 +428,14 @@ class QueueingStrategy(StrEnum):
     BEST_EFFORT_FIFO = "BestEffortFIFO"
 
 
+class PlacementStrategy(StrEnum):
+    """How the scheduler picks nodes for a queue's pods (docs/scheduler.md, "Placement strategy per queue"):
+    `binpack` fills the fullest nodes that fit first (keeps whole nodes free for gangs); `spread` the emptiest."""
+
+    BINPACK = "binpack"
+    SPREAD = "spread"
+
+
 class StopPolicy(StrEnum):
     """Kueue's ClusterQueue `stopPolicy`: `None` admits as usual; `Hold` admits nothing more (jobs already
     admitted keep running and their quota); `HoldAndDrain` admits nothing and also evicts the queue's admitted jobs
@@ -474,6 +482,8 @@ class QueueConfig(_Strict):
     max_borrow_runtime_without_checkpoint_s: int | None = Field(default=None, ge=0)
     stop_policy: StopPolicy = StopPolicy.NONE
     provisioning: Provisioning | None = Field(default=None, exclude_if=unset)  # off by default: none asked
+    # The node order for this queue's jobs; null = the scheduler's own (binpack unless started otherwise).
+    placement_strategy: PlacementStrategy | None = Field(default=None, exclude_if=unset)
 
     @field_validator("name")
     @classmethod
@@ -481,6 +491,13 @@ class QueueConfig(_Strict):
         if not NAME_RE.match(v):
             raise ValueError(f"{v!r} is not a valid name (lower-case letters, digits, '.', '_', '-')")
         return v
+
+
+def placement_strategies(config: QueuesConfig | None) -> dict[str, str]:
+    """Queue -> the placement strategy it sets (only the queues that set one), for the scheduler core's index."""
+    if config is None:
+        return {}
+    return {q.name: str(q.placement_strategy) for q in config.queues if q.placement_strategy is not None}
 
 
 class GpuFlavor(_Strict):

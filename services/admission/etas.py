@@ -23,6 +23,7 @@ from services.core.admission import AdmissionState
 from services.core.scheduler import ClusterState
 from services.scheduler import readmodel
 from shared import forked
+from shared.config import placement_strategies
 from shared.domain import JobSpec
 from shared.events import JobPending, utcnow_from
 from shared.service import ServiceRuntime, Tx
@@ -73,11 +74,14 @@ def eta_fields(memory: Memory, job_id: str) -> dict[str, datetime | None]:
     return {"eta": utcnow_from(eta[0]), "eta_low": utcnow_from(eta[1]), "eta_high": utcnow_from(eta[2])}
 
 
-def cluster_view(rows: readmodel.ClusterRows) -> tuple[ClusterState, dict[str, float]]:
+def cluster_view(rows: readmodel.ClusterRows, queue_strategies: Mapping[str, str] | None = None
+                 ) -> tuple[ClusterState, dict[str, float]]:
     """The cluster for ETAs, read from its owner at refresh time (the scheduler's read model, `rows`): the nodes,
     every job holding GPUs where it holds them (every cohort's), and when the scheduler expects each to end. Pure:
-    the ETA loop runs it in its worker thread."""
-    cluster = ClusterState.from_nodes(f.spec for f in readmodel.node_facts_of(rows.nodes))
+    the ETA loop runs it in its worker thread. `queue_strategies`: the queues' placement strategies (queues.yaml),
+    so the replay places as the scheduler does."""
+    cluster = ClusterState.from_nodes((f.spec for f in readmodel.node_facts_of(rows.nodes)),
+                                      queue_strategies=queue_strategies)
     expected: dict[str, float] = {}
     for p in readmodel.placements_of(rows.placements):
         try:
@@ -164,7 +168,7 @@ class EtaPublisher:
             def replay() -> tuple[Mapping[str, EtaRange], Any, Mapping[str, tuple[str, float]]]:
                 # in the child: its own copy of everything, changed or not; it finds the arrivals too (walking
                 # every job held), and this process only adds the ones it found
-                cluster, ends = cluster_view(rows)
+                cluster, ends = cluster_view(rows, placement_strategies(state.config))
                 return eta.replay_forked(cluster, state, ends, now)
 
             try:
@@ -180,7 +184,7 @@ class EtaPublisher:
 
     def _estimate_rows(self, rows: readmodel.ClusterRows, state: AdmissionState, now: float
                        ) -> Mapping[str, EtaRange]:
-        cluster, ends = cluster_view(rows)
+        cluster, ends = cluster_view(rows, placement_strategies(state.config))
         return self._estimate(cluster, state, ends, now)
 
     def _estimate(self, cluster: ClusterState, state: AdmissionState, expected_end: Mapping[str, float],
@@ -195,7 +199,8 @@ class EtaPublisher:
         if etas is None:
             if not self.shard.serves_all:
                 await self._enter_config_epoch(tx.conn)  # publish only for the jobs this instance owns now
-            cluster, ends = cluster_view(await readmodel.cluster_rows(tx.conn))
+            cluster, ends = cluster_view(await readmodel.cluster_rows(tx.conn),
+                                         placement_strategies(memory.state.config))
             etas = self._estimate(cluster, memory.state, ends, tx.now)
         previous, self._published_at = self._published_at, tx.now
         waiting = [j for j in memory.state.pending] + [j for j in memory.state.admitted if j not in memory.expected_end]

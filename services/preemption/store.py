@@ -18,7 +18,7 @@ from services.core.preemption import RunningJob, priority_of
 from services.core.scheduler import ClusterState
 from services.scheduler import readmodel
 from services.scheduler.readmodel import PlacementFact
-from shared.config import QueuesConfig
+from shared.config import QueuesConfig, placement_strategies
 from shared.domain import GpuBinding, JobSpec, NodeSpec
 
 log = logging.getLogger("gpuq.preemption")
@@ -91,7 +91,7 @@ async def load_snapshot(conn: asyncpg.Connection, config: QueuesConfig) -> Snaps
     an open protocol are `busy`."""
     rows = await readmodel.cluster_rows(conn)
     nodes = {f.name: f.spec for f in readmodel.node_facts_of(rows.nodes)}
-    cluster = ClusterState.from_nodes(nodes.values())
+    cluster = ClusterState.from_nodes(nodes.values(), queue_strategies=placement_strategies(config))
     placements = readmodel.placements_of(rows.placements)
     ids = [p.job_id for p in placements]
     busy: set[str] = set()

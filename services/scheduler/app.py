@@ -27,7 +27,7 @@ from services.scheduler.liveness import LivenessWatch
 from services.scheduler.nodes import MIGRATIONS, record_node
 from shared import audit
 from shared.audit import service_actor
-from shared.config import QueuesConfig
+from shared.config import QueuesConfig, placement_strategies
 from shared.domain import GpuBinding, JobSpec, NodeHealth, NodeSpec
 from shared.events import (
     CloudEvent,
@@ -125,7 +125,9 @@ class SchedulerService:
     async def _rebuild(self, conn: asyncpg.Connection) -> None:
         nodes = [NodeSpec.model_validate_json(r["spec"]) for r in
                  await conn.fetch("SELECT spec FROM scheduler.nodes WHERE NOT removed ORDER BY name")]
-        cluster = ClusterState.from_nodes(nodes, strategy=self.strategy)
+        # each queue's own placement strategy (queues.yaml), of the version in force
+        cluster = ClusterState.from_nodes(nodes, strategy=self.strategy,
+                                          queue_strategies=placement_strategies(self.queues))
         for r in await conn.fetch("SELECT spec, bindings FROM scheduler.jobs WHERE status = 'placed' "
                                   "ORDER BY placed_at, job_id"):
             spec = JobSpec.model_validate_json(r["spec"])

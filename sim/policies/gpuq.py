@@ -15,6 +15,7 @@ from typing import Any
 
 # The preemption hook's types live with the production driver of the preemption core (the ETA's replay runs it).
 from services.core.eta.preemption import Preempted, PreemptionContext, PreemptionHook, RunningInfo
+from shared.config import placement_strategies
 from shared.domain import JobSpec
 from sim.engine import CycleOutput
 from sim.model import Trace, TraceJob
@@ -68,7 +69,8 @@ class GpuqPolicy:
         if self.history_half_life_s is None and policy.usage_half_life_s is not None:
             self.history_half_life_s = float(policy.usage_half_life_s)
         self.adm = AdmissionState(trace.queues)
-        self.cluster = ClusterState.from_nodes(trace.nodes)
+        # each queue's own placement strategy (queues.yaml `placement_strategy`), as the scheduler service sets it
+        self.cluster = ClusterState.from_nodes(trace.nodes, queue_strategies=placement_strategies(trace.queues))
         # An empty copy answers "could this job ever be placed here?" at arrival: a job no empty cluster
         # can hold is refused (as the baselines refuse it) instead of being retried, and reserved for, forever.
         self._empty = ClusterState.from_nodes(trace.nodes)

@@ -131,7 +131,7 @@ def _place(state: ClusterIndex, pj: PendingJob) -> Placement | Unplaceable:
         seen, got = cast(_PlaceMemo, hit)
         if seen is spec or seen == spec:
             return got
-    shape = ("refused", placement_shape(spec), pj.allowed_models)
+    shape = ("refused", placement_shape(spec), pj.allowed_models, state.strategy_for(spec.queue))
     refused = state.state_memo(shape)
     if refused is not MISSING:
         same = cast(Unplaceable, refused)

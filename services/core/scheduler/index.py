@@ -50,6 +50,9 @@ class ClusterIndex:
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         self.strategy = strategy
+        # queue -> its own strategy (queues.yaml `placement_strategy`), used for that queue's jobs instead of
+        # `strategy` (`strategy_for`); set with `set_queue_strategies`
+        self.queue_strategies: Mapping[str, str] = {}
         self._gen: object = object()
         self._nodes: dict[str, IndexedNode] = {}
         self._classes: dict[ClassKey, NodeClass] = {}
@@ -70,8 +73,11 @@ class ClusterIndex:
     # ------------------------------------------------------------------ construction
 
     @classmethod
-    def from_nodes(cls: type[_I], nodes: Iterable[NodeSpec], *, strategy: str = "binpack") -> _I:
+    def from_nodes(cls: type[_I], nodes: Iterable[NodeSpec], *, strategy: str = "binpack",
+                   queue_strategies: Mapping[str, str] | None = None) -> _I:
         state = cls(strategy)
+        if queue_strategies:
+            state.set_queue_strategies(queue_strategies)
         for spec in nodes:
             if spec.name in state._nodes:
                 raise ValueError(f"duplicate node name {spec.name!r}")
@@ -149,6 +155,21 @@ class ClusterIndex:
         if self._dirty:
             self._rebuild()
 
+    def set_queue_strategies(self, strategies: Mapping[str, str]) -> None:
+        """Per queue, the strategy its jobs are placed with (binpack or spread); other queues' jobs use `strategy`.
+        Decisions remembered on the state are dropped (a placement depends on the strategy)."""
+        bad = sorted(f"{q}: {s!r}" for q, s in strategies.items() if s not in STRATEGIES)
+        if bad:
+            raise ValueError(f"placement strategy must be one of {STRATEGIES}; got {', '.join(bad)}")
+        own = {q: s for q, s in sorted(strategies.items()) if s != self.strategy}
+        if own != dict(self.queue_strategies):
+            self.queue_strategies = own
+            self._state_cache.clear()
+
+    def strategy_for(self, queue: str) -> str:
+        """The strategy a job of `queue` is placed with."""
+        return self.queue_strategies.get(queue, self.strategy) if self.queue_strategies else self.strategy
+
     # ------------------------------------------------------------------ copy-on-write
 
     def copy(self: _I) -> _I:
@@ -156,6 +177,7 @@ class ClusterIndex:
         self.refresh_index()
         other = type(self).__new__(type(self))
         other.strategy = self.strategy
+        other.queue_strategies = self.queue_strategies
         other._nodes = dict(self._nodes)
         other._classes = dict(self._classes)
         other._alloc = dict(self._alloc)

@@ -327,13 +327,27 @@ def _search(state: ClusterIndex, spec: JobSpec, reqs: list[PodReq], exclude: Map
     return got
 
 
+def _search_as_queue(state: ClusterIndex, spec: JobSpec, reqs: list[PodReq],
+                     exclude: Mapping[str, Exclusion] | None) -> Staged | None:
+    """`_search` with the strategy of the job's queue (queues.yaml `placement_strategy`), the index's otherwise:
+    the node orders read `state.strategy`, which is the queue's for the length of this search only."""
+    own = state.strategy_for(spec.queue)
+    if own == state.strategy:
+        return _search(state, spec, reqs, exclude)
+    default, state.strategy = state.strategy, own
+    try:
+        return _search(state, spec, reqs, exclude)
+    finally:
+        state.strategy = default
+
+
 def place_job(state: ClusterIndex, spec: JobSpec, allowed: tuple[str, ...],
               exclude: Mapping[str, Exclusion] | None = None) -> Placement | Unplaceable:
     state.refresh_index()
     reqs = resolve(spec, allowed)
     if isinstance(reqs, Unplaceable):
         return reqs
-    got = _search(state, spec, reqs, exclude)
+    got = _search_as_queue(state, spec, reqs, exclude)
     if got is None:
         return diagnose(state, spec, prepare(state, spec, trim(reqs, spec.gang_size)), exclude)
     bindings, requests = got
@@ -347,7 +361,7 @@ def try_place(state: ClusterIndex, spec: JobSpec, reqs: list[PodReq],
     For callers that only need to know whether (and where) the gang fits, e.g. the reservation search,
     which asks at many instants and would otherwise pay for a message it discards each time."""
     state.refresh_index()
-    got = _search(state, spec, reqs, exclude)
+    got = _search_as_queue(state, spec, reqs, exclude)
     if got is None:
         return None
     bindings, requests = got

@@ -105,32 +105,3 @@ def test_malformed_node_affinity_is_refused_naming_it(queues: QueuesConfig, kube
     refused = job_spec(JOB, obj, queues, kube_cfg)
     assert isinstance(refused, Refusal) and refused.reason == "InvalidWorkload"
     assert "gen Gt needs exactly one integer value" in refused.message
-
-
-def test_a_part_of_a_gpu_is_read_from_annotations_and_the_shared_resource(queues: QueuesConfig,
-                                                                          kube_cfg: KubernetesSource) -> None:
-    from shared.domain import SharingMode
-
-    # the renamed replica resource, the fraction on the template, the memory and isolation on the workload
-    obj = job(annotations={"gpuq.io/gpu-memory-mib": "20480", "gpuq.io/gpu-sharing": "mps"})
-    obj["spec"]["template"]["metadata"]["annotations"] = {"gpuq.io/gpu-fraction": "0.25"}
-    obj["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu.shared": "1"}
-    spec = job_spec(JOB, obj, queues, kube_cfg)
-    assert not isinstance(spec, Refusal)
-    (ps,) = spec.pod_sets
-    assert (ps.gpu_fraction, ps.gpu_memory_mib, ps.gpu_sharing, ps.gpus) == (0.25, 20480, SharingMode.MPS, 0)
-    assert ps.shared and spec.total_gpus == 0
-    # nvidia.com/gpu: 1 (a time-sliced node advertises its replicas so) with a fraction is shared too
-    obj = job(annotations={"gpuq.io/gpu-fraction": "0.5"})
-    obj["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu": "1"}
-    spec = job_spec(JOB, obj, queues, kube_cfg)
-    assert not isinstance(spec, Refusal) and spec.pod_sets[0].gpu_fraction == 0.5
-    # the shared resource without saying which part, a malformed fraction, a fraction of 8 GPUs: refused, named
-    obj = job()
-    obj["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu.shared": "1"}
-    refused = job_spec(JOB, obj, queues, kube_cfg)
-    assert isinstance(refused, Refusal) and "asks nvidia.com/gpu.shared" in refused.message
-    refused = job_spec(JOB, job(annotations={"gpuq.io/gpu-fraction": "quarter"}), queues, kube_cfg)
-    assert isinstance(refused, Refusal) and "gpuq.io/gpu-fraction='quarter' is not a number" in refused.message
-    refused = job_spec(JOB, job(annotations={"gpuq.io/gpu-fraction": "0.5"}), queues, kube_cfg)
-    assert isinstance(refused, Refusal) and "set gpus_per_pod to 1" in refused.message
