@@ -701,8 +701,8 @@ class PodShape(Frozen):
 
     @classmethod
     def of(cls, ps: PodSet) -> PodShape:
-        """The shape of one pod of `ps` (a MIG pod asks one slice, no whole GPU)."""
-        return cls(gpus=0 if ps.mig_profile else ps.gpus_per_pod, mig_profile=ps.mig_profile,
+        """The shape of one pod of `ps` (a MIG pod asks one slice, a pod sharing a GPU no whole GPU)."""
+        return cls(gpus=0 if ps.mig_profile or ps.shared else ps.gpus_per_pod, mig_profile=ps.mig_profile,
                    cpu_milli=ps.cpu_milli, memory_mib=ps.memory_mib)
 
     def covers(self, gpus: int, mig_profile: str | None, cpu_milli: int, memory_mib: int) -> bool:

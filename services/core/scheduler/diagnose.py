@@ -15,7 +15,17 @@ from collections.abc import Iterable, Iterator, Mapping
 from shared.domain import JobSpec, Taint, TopologyLevel
 
 from .index import ClusterIndex, IndexedNode, NodeClass
-from .staging import Eligibility, Exclusion, GangRequest, PodReq, Stage, domain_free, excluded, unmatched
+from .staging import (
+    Eligibility,
+    Exclusion,
+    GangRequest,
+    PodReq,
+    Stage,
+    domain_free,
+    excluded,
+    shared_fits,
+    unmatched,
+)
 from .types import Reason, Unplaceable
 
 
@@ -28,7 +38,17 @@ def _what(req: PodReq) -> str:
         return f"{req.need}×{req.mig} MIG slices ({_models(req.models)})"
     if req.gpus:
         return f"{req.need}×{_models(req.models)}" if req.models else f"{req.need} GPUs"
+    if req.shared:
+        return f"{req.count} pod(s) sharing a GPU ({_share(req)}, {_models(req.models)})"
     return f"{req.count} CPU-only pod(s)"
+
+
+def _share(req: PodReq) -> str:
+    parts = [f"{req.share / 1000:g} GPU"] if req.share else []
+    if req.gmem:
+        parts.append(f"{req.gmem} MiB GPU memory")
+    parts.append(f"{req.sharing.value} only" if req.sharing is not None else "any isolation")
+    return ", ".join(parts)
 
 
 def _inventory(state: ClusterIndex) -> str:
@@ -57,12 +77,21 @@ def _check_pod_set(state: ClusterIndex, spec: JobSpec, req: PodReq, elig: Eligib
     classes = sorted(state.classes.values(), key=lambda c: repr(c.key))
     of_model = [c for c in classes if not req.models or c.model in req.models]
     if req.mig:
-        shaped = [c for c in of_model if c.mig == req.mig]
+        shaped = [c for c in of_model if c.mig == req.mig or req.mig in c.profiles]
         if not shaped:
-            profiles = sorted({c.mig for c in classes if c.mig})
+            profiles = sorted({c.mig for c in classes if c.mig} | {p for c in classes for p in c.profiles})
             have = f"partitioned nodes offer {', '.join(profiles)}" if profiles else "no node is MIG-partitioned"
             return Unplaceable(jid, Reason.NO_MIG_SLICES,
                                f"pod set {req.pod_set} needs {req.mig} MIG slices on {_models(req.models)}; {have}")
+    elif req.shared:
+        shaped = [c for c in of_model if c.sharing is not None and (req.sharing is None or c.sharing == req.sharing)]
+        if not shaped:
+            modes = sorted({c.sharing.value for c in of_model if c.sharing is not None})
+            which = f"{_models(req.models)} " if req.models else ""
+            have = (f"the {which}nodes share GPUs by {', '.join(modes)} only" if modes
+                    else f"no {which}node shares its GPUs")
+            return Unplaceable(jid, Reason.NO_SHARED_GPU, f"pod set {req.pod_set} needs part of a GPU "
+                               f"({_share(req)}); {have}")
     elif req.gpus:
         shaped = [c for c in of_model if c.mig is None]
         if not shaped:
@@ -103,6 +132,13 @@ def _check_pod_set(state: ClusterIndex, spec: JobSpec, req: PodReq, elig: Eligib
         return Unplaceable(jid, Reason.NO_READY_NODES,
                            f"none of the {total} node(s) with {_models(req.models)} usable by the job is ready: "
                            f"{states}{hint}")
+    if req.shared:
+        nodes = state.indexed_nodes
+        room = sum(shared_fits(nodes[name].spec, nodes[name], req, False) for c in tolerated
+                   for name in _class_nodes(state, c) if nodes[name].ready)
+        if room < req.count:
+            return Unplaceable(jid, Reason.NO_SHARED_GPU, f"needs {_what(req)}; the shared GPUs have room for "
+                               f"{room} such pod(s) (compute, GPU memory and pods per GPU left)")
     free = sum(c.free for c in tolerated)
     cap = sum(c.cap for c in tolerated)
     if req.unit and free < req.need:
@@ -192,6 +228,11 @@ def _check_counts(state: ClusterIndex, spec: JobSpec, req: PodReq, usable: list[
     if req.unit and free < req.need:
         reason = Reason.NO_MIG_SLICES if req.mig else Reason.INSUFFICIENT_GPUS
         return Unplaceable(jid, reason, f"needs {_what(req)}; {free} free of {cap} {where}{_held_note(usable)}")
+    if req.shared:
+        room = sum(shared_fits(n.spec, n, req, False) for n in usable)
+        if room < req.count:
+            return Unplaceable(jid, Reason.NO_SHARED_GPU, f"needs {_what(req)}; the shared GPUs {where} have room "
+                               f"for {room} such pod(s)")
     if req.gpus > 1:
         pods = sum(n.units // req.gpus for n in usable)
         if pods < req.count:

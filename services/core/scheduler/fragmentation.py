@@ -9,7 +9,7 @@ A free whole GPU counts as usable when some waiting gang (a) can be placed now a
 pods fit on that GPU's node: the node is eligible (model, taints, health), the GPUs counted are whole
 multiples of the pod's GPUs (5 free GPUs and 4-GPU pods leave 1 stranded), CPU and memory allow the pods,
 and, for `required_level`, the node's domain has enough free GPUs for the whole gang.
-MIG-partitioned capacity is not counted (it is sliced on purpose).
+MIG-partitioned capacity is not counted (it is sliced on purpose), nor are shared GPUs (NodeSpec.sharing).
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ from .types import Unplaceable
 
 
 def _is_gang(spec: JobSpec) -> bool:
-    return any(ps.gpus_per_pod > 0 and ps.mig_profile is None for ps in spec.pod_sets)
+    return any(ps.gpus > 0 for ps in spec.pod_sets)  # whole GPUs (not MIG slices, not a share of a GPU)
 
 
 def fragmented_gpus(state: ClusterIndex, waiting: Sequence[JobSpec]) -> dict[str, int]:
     """Per READY plain node with free whole GPUs: how many of them no waiting gang can use."""
     state.refresh_index()
-    free = {name: n.units for name, n in sorted(state.indexed_nodes.items())
-            if n.ready and n.slice_free is None and n.units > 0}
+    free = {name: n.free_whole_gpus for name, n in sorted(state.indexed_nodes.items())
+            if n.ready and n.slice_free is None and n.free_whole_gpus > 0}
     gangs = [s for s in waiting if _is_gang(s)]
     if not gangs:
         return dict.fromkeys(free, 0)

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
-from shared.domain import GpuBinding, JobSpec, NodeSpec, TopologyLevel
+from shared.domain import MILLI_GPU, GpuBinding, JobSpec, NodeSpec, TopologyLevel
 
 from .claims import give_back, needs_of, retake, take
 from .nodes import CallableInt, ClassKey, IndexedNode, NodeClass, natural_key
@@ -376,8 +376,12 @@ class ClusterIndex:
     def free_on(self, name: str) -> dict[str, int]:
         """Free resources of one node: whole GPUs (or slices), CPU, memory."""
         n = self._nodes[name]
-        return {"gpus": n.free_mask.bit_count(), "mig_slices": sum(s.bit_count() for s in n.slice_free or ()),
-                "cpu_milli": n.cpu, "memory_mib": n.mem}
+        out = {"gpus": n.free_mask.bit_count(),
+               "mig_slices": sum(s.bit_count() for s in n.slice_free or ()) + n.free_slices,
+               "cpu_milli": n.cpu, "memory_mib": n.mem}
+        if n.sh_share is not None:
+            out["shared_milli_gpus"] = sum(MILLI_GPU - used for used in n.sh_share)
+        return out
 
     @property
     def total_gpus(self) -> CallableInt:
@@ -408,6 +412,10 @@ class ClusterIndex:
             if n.ready and n.slice_free is not None and n.spec.mig is not None:
                 key = f"{n.spec.gpu_model}:{n.spec.mig.profile}"
                 out[key] = out.get(key, 0) + sum(s.bit_count() for s in n.slice_free)
+            elif n.ready and n.prof_free is not None:
+                for prof, free in n.prof_free.items():
+                    key = f"{n.spec.gpu_model}:{prof}"
+                    out[key] = out.get(key, 0) + free.bit_count()
         return dict(sorted(out.items()))
 
     def total_gpus_by_model(self) -> dict[str, int]:
@@ -420,10 +428,24 @@ class ClusterIndex:
     def used_gpus(self) -> int:
         return int(self.total_gpus) - int(self.free_gpus)
 
+    def shared_usage(self) -> dict[str, int]:
+        """On READY nodes' shared GPUs: `gpus` shared, `in_use` of them some pod shares, `milli_gpus` of compute
+        the pods there hold."""
+        gpus = in_use = milli = 0
+        for n in self._nodes.values():
+            if n.ready and n.sh_share is not None and n.sh_pods is not None:
+                gpus += len(n.sh_share)
+                in_use += sum(1 for p in n.sh_pods if p)
+                milli += sum(n.sh_share)
+        return {"gpus": gpus, "in_use": in_use, "milli_gpus": milli}
+
     def fingerprint(self) -> tuple[object, ...]:
         """Everything observable about the state, for equality checks in tests and what-if proofs."""
         nodes = tuple((n.name, n.ready, n.free_mask, tuple(n.slice_free or ()), n.cpu, n.mem, n.units,
                        tuple(sorted(n.jobs)), n.held_mask, tuple(n.held_slices or ()))
+                      + ((tuple(n.sh_share or ()), tuple(n.sh_mem or ()), tuple(n.sh_pods or ()),
+                          tuple(sorted((n.prof_free or {}).items())))
+                         if n.sh_share is not None or n.prof_free is not None else ())
                       for n in (self._nodes[k] for k in sorted(self._nodes)))
         return nodes, tuple(sorted(self._alloc.items(), key=lambda kv: kv[0]))
 

@@ -8,12 +8,12 @@ import re
 from bisect import bisect_left, insort
 from collections.abc import Mapping
 
-from shared.domain import NodeHealth, NodeSpec, Taint, TaintEffect, TopologyLevel
+from shared.domain import MILLI_GPU, NodeHealth, NodeSpec, PodSet, SharingMode, Taint, TaintEffect, TopologyLevel
 
 _HARD_EFFECTS = (TaintEffect.NO_SCHEDULE, TaintEffect.NO_EXECUTE)
 _DIGITS = re.compile(r"(\d+)")
 
-ClassKey = tuple[object, ...]  # (gpu model, MIG profile or "", taints)
+ClassKey = tuple[object, ...]  # (gpu model, MIG profile or "", taints[, (sharing mode or "", mixed MIG profiles)])
 
 
 def natural_key(text: str) -> tuple[object, ...]:
@@ -34,7 +34,8 @@ class IndexedNode:
     this module (the `FreeResources` shape: `free_mask`, `slice_free`, `cpu`, `mem`)."""
 
     __slots__ = ("block", "cls", "cpu", "free_mask", "gpus", "held_mask", "held_slices", "held_want", "jobs", "mem",
-                 "name", "owner", "rack", "rank", "ready", "slice_free", "slices_per_gpu", "spec", "units")
+                 "name", "owner", "prof_free", "rack", "rank", "ready", "sh_mem", "sh_pods", "sh_share", "slice_free",
+                 "slices_per_gpu", "spec", "units")
 
     spec: NodeSpec
     name: str
@@ -59,6 +60,15 @@ class IndexedNode:
     held_want: int
     held_mask: int  # plain nodes: bit i set = GPU i held
     held_slices: list[int] | None  # MIG nodes: per GPU, bit s set = slice s held
+    # Shared GPUs (NodeSpec.sharing: the node's first `spec.shared_gpus` GPUs): per shared GPU, the compute share
+    # (milli-GPUs), the GPU memory (MiB) and the pods gpuq's placements hold there; None on a node without sharing.
+    # Shared GPUs are never in `free_mask`: whole-GPU pods never use them, and `units` counts whole GPUs only.
+    sh_share: list[int] | None
+    sh_mem: list[int] | None
+    sh_pods: list[int] | None
+    # Mixed MIG (NodeSpec.mig_profiles): per profile, bit s set = its slice s free; None on other nodes. Those free
+    # slices count in `units` beside the free whole GPUs (an upper bound either kind of pod may use).
+    prof_free: dict[str, int] | None
 
     @classmethod
     def fresh(cls, spec: NodeSpec, owner: object) -> IndexedNode:
@@ -73,6 +83,11 @@ class IndexedNode:
         # allocations already there are kept (see upsert_node) until their jobs end.
         n.ready = spec.health is NodeHealth.READY
         n.gpus = spec.gpus
+        shared = spec.shared_gpus
+        n.sh_share = [0] * shared if spec.sharing is not None else None
+        n.sh_mem = [0] * shared if spec.sharing is not None else None
+        n.sh_pods = [0] * shared if spec.sharing is not None else None
+        n.prof_free = {p: (1 << k) - 1 for p, k in sorted(spec.mig_profiles.items())} if spec.mig_profiles else None
         if spec.mig is not None:
             n.slices_per_gpu = spec.mig.slices_per_gpu
             n.free_mask = 0
@@ -80,9 +95,9 @@ class IndexedNode:
             n.units = spec.gpus * spec.mig.slices_per_gpu
         else:
             n.slices_per_gpu = 0
-            n.free_mask = (1 << spec.gpus) - 1
+            n.free_mask = ((1 << spec.gpus) - 1) & ~((1 << shared) - 1)
             n.slice_free = None
-            n.units = spec.gpus
+            n.units = spec.gpus - shared + n.free_slices
         n.cpu = spec.cpu_milli - spec.held.cpu_milli
         n.mem = spec.memory_mib - spec.held.memory_mib
         n.jobs = set()
@@ -107,7 +122,17 @@ class IndexedNode:
         n.owner = owner
         n.held_want, n.held_mask = self.held_want, self.held_mask
         n.held_slices = list(self.held_slices) if self.held_slices is not None else None
+        if self.sh_share is not None:
+            n.sh_share, n.sh_mem, n.sh_pods = list(self.sh_share), list(self.sh_mem or ()), list(self.sh_pods or ())
+        else:
+            n.sh_share = n.sh_mem = n.sh_pods = None
+        n.prof_free = dict(self.prof_free) if self.prof_free is not None else None
         return n
+
+    @property
+    def free_slices(self) -> int:
+        """Free slices of a mixed-MIG node's profiles (0 on other nodes)."""
+        return sum(m.bit_count() for m in self.prof_free.values()) if self.prof_free is not None else 0
 
     @property
     def held_units(self) -> int:
@@ -130,7 +155,7 @@ class IndexedNode:
                 held |= top
                 avail ^= top
                 want -= 1
-            self.held_mask, self.free_mask, self.units = held, avail, avail.bit_count()
+            self.held_mask, self.free_mask, self.units = held, avail, avail.bit_count() + self.free_slices
             return
         assert self.held_slices is not None
         units = 0
@@ -148,13 +173,15 @@ class IndexedNode:
 
     @property
     def cap_units(self) -> int:
-        return self.gpus * self.slices_per_gpu if self.slices_per_gpu else self.gpus
+        if self.slices_per_gpu:
+            return self.gpus * self.slices_per_gpu
+        return self.gpus - self.spec.shared_gpus + sum(self.spec.mig_profiles.values())
 
     @property
     def free_whole_gpus(self) -> int:
-        """Free whole GPUs; a partitioned GPU counts when all of its slices are free."""
+        """Free whole GPUs; a partitioned GPU counts when all of its slices are free (shared GPUs never count)."""
         if self.slice_free is None:
-            return self.units
+            return self.units if self.prof_free is None else self.free_mask.bit_count()
         full = (1 << self.slices_per_gpu) - 1
         return sum(1 for s in self.slice_free if s == full)
 
@@ -166,7 +193,42 @@ class IndexedNode:
 
 def class_key(spec: NodeSpec) -> ClassKey:
     taints = tuple(sorted((t.key, t.value, t.effect.value) for t in spec.taints))
-    return (spec.gpu_model, spec.mig.profile if spec.mig else "", taints)
+    if spec.sharing is None and not spec.mig_profiles:
+        return (spec.gpu_model, spec.mig.profile if spec.mig else "", taints)
+    mode = spec.sharing.mode.value if spec.sharing is not None else ""
+    return (spec.gpu_model, spec.mig.profile if spec.mig else "", taints, (mode, tuple(sorted(spec.mig_profiles))))
+
+
+def share_of(spec: NodeSpec, ps_share: int, gpu_memory_mib: int) -> int:
+    """The compute share (milli-GPUs) one pod asking `ps_share` milli-GPUs (0: none) and `gpu_memory_mib` takes on
+    a shared GPU of `spec`: its fraction, else its memory's part of the GPU (rounded up, at least 1); 0 when it
+    cannot be told (memory only, on a node whose GPU memory is unknown)."""
+    if ps_share:
+        return ps_share
+    cap = spec.sharing.gpu_memory_mib if spec.sharing is not None else 0
+    if not cap or not gpu_memory_mib:
+        return 0
+    return max(1, min(MILLI_GPU, -(-gpu_memory_mib * MILLI_GPU // cap)))
+
+
+def shared_room(spec: NodeSpec, share: int, gpu_memory_mib: int, used_share: int, used_mem: int, pods: int) -> int:
+    """How many more pods of (`share` milli-GPUs, `gpu_memory_mib`) one shared GPU of `spec` holds with `used_share`,
+    `used_mem` and `pods` already there: bounded by the compute left, the memory left (a memory request needs the
+    GPU's memory known) and the device plugin's replicas."""
+    sharing = spec.sharing
+    if sharing is None or share <= 0:
+        return 0
+    k = min(sharing.replicas - pods, (MILLI_GPU - used_share) // share)
+    if gpu_memory_mib:
+        if not sharing.gpu_memory_mib:
+            return 0
+        k = min(k, (sharing.gpu_memory_mib - used_mem) // gpu_memory_mib)
+    return max(k, 0)
+
+
+def pod_share(ps: PodSet) -> tuple[int, int, SharingMode | None]:
+    """(milli-GPUs, GPU memory MiB, isolation asked) of one pod of a pod set sharing a GPU."""
+    return ps.share_milli, ps.gpu_memory_mib or 0, ps.gpu_sharing
 
 
 class NodeClass:
@@ -174,12 +236,14 @@ class NodeClass:
     Read-only outside this module."""
 
     __slots__ = ("buckets", "cap", "dom_buckets", "dom_free", "ds_buckets", "free", "hard", "key", "max_units",
-                 "mig", "model", "owner", "ready_nodes", "soft", "total_nodes")
+                 "mig", "model", "owner", "profiles", "ready_nodes", "sharing", "soft", "total_nodes")
 
     def __init__(self, key: ClassKey, spec: NodeSpec, owner: object):
         self.key = key
         self.model = spec.gpu_model
         self.mig = spec.mig.profile if spec.mig else None
+        self.sharing: SharingMode | None = spec.sharing.mode if spec.sharing is not None else None
+        self.profiles: frozenset[str] = frozenset(spec.mig_profiles)  # mixed MIG: the profiles its nodes advertise
         self.hard: tuple[Taint, ...] = tuple(t for t in spec.taints if t.effect in _HARD_EFFECTS)
         self.soft: tuple[Taint, ...] = tuple(t for t in spec.taints if t.effect is TaintEffect.PREFER_NO_SCHEDULE)
         self.buckets: dict[int, list[int]] = {}
@@ -247,4 +311,5 @@ def bits(mask: int) -> list[int]:
     return [i for i in range(mask.bit_length()) if mask >> i & 1]
 
 
-__all__ = ["CallableInt", "ClassKey", "IndexedNode", "NodeClass", "bits", "class_key", "held_at", "natural_key"]
+__all__ = ["CallableInt", "ClassKey", "IndexedNode", "NodeClass", "bits", "class_key", "held_at", "natural_key",
+           "pod_share", "share_of", "shared_room"]

@@ -46,8 +46,25 @@ Staged = tuple[list[GpuBinding], list[tuple[int, int]]]
 
 def _fill(stage: Stage, req: PodReq, names: Iterable[str], out: list[GpuBinding],
           reqs_out: list[tuple[int, int]]) -> bool:
-    """Place the `count` pods of `req` on `names` in order, as many per node as fit. True when all placed."""
-    placed = 0
+    """Place the `count` pods of `req` on `names` in order, as many per node as fit. True when all placed.
+
+    Pods sharing a GPU go in two passes over the same nodes: first onto GPUs some pod shares already, then onto
+    idle shared GPUs (opened to sharing only when the GPUs already shared cannot hold them all)."""
+    if req.shared:
+        names = list(names)
+        stage.opened_only = True
+        try:
+            placed = _fill_some(stage, req, names, out, reqs_out, 0)
+        finally:
+            stage.opened_only = False
+        return placed == req.count or _fill_some(stage, req, names, out, reqs_out, placed) == req.count
+    return _fill_some(stage, req, names, out, reqs_out, 0) == req.count
+
+
+def _fill_some(stage: Stage, req: PodReq, names: Iterable[str], out: list[GpuBinding],
+               reqs_out: list[tuple[int, int]], placed: int) -> int:
+    """`_fill`'s pass: pods `placed`.. of `req` on `names` in order, as many per node as fit; how many are placed
+    after it."""
     for name in names:
         k = stage.fits(name, req)
         if k <= 0:
@@ -56,8 +73,8 @@ def _fill(stage: Stage, req: PodReq, names: Iterable[str], out: list[GpuBinding]
         stage.take(name, req, placed, k, out, reqs_out)
         placed += k
         if placed == req.count:
-            return True
-    return placed == req.count
+            return placed
+    return placed
 
 
 # ---------------------------------------------------------------------------------- node orders

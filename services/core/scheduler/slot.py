@@ -40,7 +40,19 @@ from shared.domain import JobSpec, TopologyLevel
 
 from .index import ClassKey, ClusterIndex
 from .placer import try_place
-from .staging import BIG, Exclusion, Free, PodReq, Stage, eligible, excluded, exclusions_for, resolve, trim
+from .staging import (
+    BIG,
+    Exclusion,
+    Free,
+    PodReq,
+    Stage,
+    eligible,
+    excluded,
+    exclusions_for,
+    resolve,
+    shared_capacity,
+    trim,
+)
 from .types import PendingJob, Placement, Unplaceable
 
 
@@ -92,9 +104,18 @@ class _Gate:
                 continue
             f = self.free.get(b.node)
             if f is None:
-                f = self.free[b.node] = Free(n.free_mask, list(n.slice_free) if n.slice_free is not None else None,
-                                              n.cpu, n.mem)
-            if b.mig_slice is not None and f.slice_free is not None:
+                f = self.free[b.node] = Free.of(n)
+            if b.shared_gpu is not None:
+                if f.sh_share is not None and f.sh_mem is not None and f.sh_pods is not None \
+                        and b.shared_gpu < len(f.sh_share):
+                    f.sh_share[b.shared_gpu] -= b.share_milli or 0
+                    f.sh_mem[b.shared_gpu] -= b.gpu_memory_mib or 0
+                    f.sh_pods[b.shared_gpu] -= 1
+            elif b.mig_slice is not None and f.prof_free is not None:
+                names = sorted(f.prof_free)
+                if b.mig_slice[0] < len(names):
+                    f.prof_free[names[b.mig_slice[0]]] |= 1 << b.mig_slice[1]
+            elif b.mig_slice is not None and f.slice_free is not None:
                 g, s = b.mig_slice
                 if g < n.gpus and s < n.slices_per_gpu:
                     f.slice_free[g] |= 1 << s
@@ -160,9 +181,11 @@ def _fits_empty(state: ClusterIndex, spec: JobSpec, starting: list[PodReq], leve
                         continue
                     k = BIG
                     if req.gpus:
-                        k = n.cap_units // req.gpus
+                        k = (n.gpus - n.spec.shared_gpus) // req.gpus
                     elif req.mig:
-                        k = n.cap_units
+                        k = n.spec.mig_profiles.get(req.mig, 0) if n.spec.mig_profiles else n.cap_units
+                    elif req.shared:
+                        k = shared_capacity(n.spec, req)
                     if req.cpu:
                         k = min(k, n.spec.cpu_milli // req.cpu)
                     if req.mem:

@@ -16,9 +16,20 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from shared.domain import GpuBinding, JobSpec, NodeAffinity, NodeSpec, PodSet, Toleration, TopologyLevel
+from shared.domain import (
+    MILLI_GPU,
+    GpuBinding,
+    JobSpec,
+    NodeAffinity,
+    NodeSpec,
+    PodSet,
+    SharingMode,
+    Toleration,
+    TopologyLevel,
+)
 
 from .index import ClassKey, ClusterIndex
+from .nodes import share_of, shared_room
 from .types import Placement, Reason, Unplaceable
 
 BIG = 1 << 62  # "no limit" for a pod that asks for none of a resource
@@ -89,10 +100,17 @@ class PodReq:
     models: tuple[str, ...]  # empty = any model
     tolerations: tuple[Toleration, ...] = ()  # the pod set's own, on top of the job's
     select: Selection | None = None  # None: any node of an eligible class
+    # A pod sharing a GPU (PodSet.shared): its compute share (milli-GPUs, 0: memory only), its GPU memory (MiB, 0:
+    # none asked), the isolation it asks (None: any). `gpus` is 0 for it.
+    shared: bool = False
+    share: int = 0
+    gmem: int = 0
+    sharing: SharingMode | None = None
 
     @property
     def unit(self) -> int:
-        """Units per pod: whole GPUs on plain nodes, one slice on MIG nodes, none for CPU-only pods."""
+        """Units per pod: whole GPUs on plain nodes, one slice on MIG nodes, none for CPU-only pods and pods sharing
+        a GPU (shared GPUs are not units)."""
         return 1 if self.mig else self.gpus
 
     @property
@@ -108,6 +126,8 @@ class Exclusion:
     slices: tuple[tuple[int, int], ...]  # (gpu, slice mask)
     cpu: int
     mem: int
+    shares: tuple[tuple[int, int, int, int], ...] = ()  # (shared gpu, milli-GPUs, GPU memory MiB, pods)
+    profs: tuple[tuple[int, int], ...] = ()  # mixed MIG: (profile index, slice mask)
 
 
 def exclusions_for(placements: Iterable[Placement]) -> dict[str, Exclusion]:
@@ -115,6 +135,7 @@ def exclusions_for(placements: Iterable[Placement]) -> dict[str, Exclusion]:
     slices: dict[str, dict[int, int]] = {}
     cpu: dict[str, int] = {}
     mem: dict[str, int] = {}
+    shares: dict[str, dict[int, tuple[int, int, int]]] = {}
     for p in placements:
         for i, b in enumerate(p.bindings):
             m = masks.get(b.node, 0)
@@ -124,10 +145,18 @@ def exclusions_for(placements: Iterable[Placement]) -> dict[str, Exclusion]:
             sl = slices.setdefault(b.node, {})
             if b.mig_slice is not None:
                 sl[b.mig_slice[0]] = sl.get(b.mig_slice[0], 0) | (1 << b.mig_slice[1])
+            sh = shares.setdefault(b.node, {})
+            if b.shared_gpu is not None:
+                used, gm, pods = sh.get(b.shared_gpu, (0, 0, 0))
+                sh[b.shared_gpu] = (used + (b.share_milli or 0), gm + (b.gpu_memory_mib or 0), pods + 1)
             c, r = p.requests[i] if p.requests else (0, 0)
             cpu[b.node] = cpu.get(b.node, 0) + c
             mem[b.node] = mem.get(b.node, 0) + r
-    return {n: Exclusion(masks[n], tuple(sorted(slices[n].items())), cpu[n], mem[n]) for n in masks}
+    # A MIG slice binding excludes the slice on a single-profile node and the profile's slice on a mixed one (the
+    # stage applies whichever the node has).
+    return {n: Exclusion(masks[n], tuple(sorted(slices[n].items())), cpu[n], mem[n],
+                         tuple((g, *v) for g, v in sorted(shares[n].items())), tuple(sorted(slices[n].items())))
+            for n in masks}
 
 
 def models_text(models: Iterable[str]) -> str:
@@ -145,9 +174,10 @@ def resolve(job: JobSpec, allowed: tuple[str, ...]) -> list[PodReq] | Unplaceabl
                 return Unplaceable(job.job_id, Reason.NO_GPU_MODEL,
                                    f"pod set {ps.name} accepts {models_text(ps.gpu_models)} but admission allowed "
                                    f"{models_text(allowed)}")
-        gpus = 0 if ps.mig_profile else ps.gpus_per_pod
+        gpus = 0 if ps.mig_profile or ps.shared else ps.gpus_per_pod
         reqs.append(PodReq(ps.name, ps.count, gpus, ps.mig_profile, ps.cpu_milli, ps.memory_mib, tuple(models),
-                           ps.own_tolerations, selection_of(ps)))
+                           ps.own_tolerations, selection_of(ps), ps.shared, ps.share_milli, ps.gpu_memory_mib or 0,
+                           ps.gpu_sharing))
     return reqs
 
 
@@ -156,7 +186,7 @@ def placement_shape(spec: JobSpec) -> tuple[object, ...]:
     pod sets as `resolve` reads them (with their node selection), `min_members` (the gang size), topology,
     tolerations and datasets. Two specs of one shape get the same answer on the same state, but for the job id in it."""
     return (tuple((ps.name, ps.count, ps.gpus_per_pod, ps.gpu_models, ps.mig_profile, ps.cpu_milli, ps.memory_mib,
-                   ps.own_tolerations, selection_of(ps))
+                   ps.own_tolerations, selection_of(ps), ps.gpu_fraction, ps.gpu_memory_mib, ps.gpu_sharing)
                   for ps in spec.pod_sets), spec.min_members, spec.topology.required_level,
             spec.topology.preferred_level, spec.tolerations, spec.datasets)
 
@@ -185,7 +215,11 @@ def eligible(state: ClusterIndex, req: PodReq, tolerations: tuple[Toleration, ..
             if req.models and c.model not in req.models:
                 continue
             if req.mig is not None:
-                if c.mig != req.mig:
+                if c.mig != req.mig and req.mig not in c.profiles:
+                    continue
+            elif req.shared:
+                # a pod sharing a GPU goes to nodes sharing theirs, the way it asks (isolation classes never mix)
+                if c.sharing is None or (req.sharing is not None and c.sharing != req.sharing):
                     continue
             elif req.gpus > 0 and c.mig is not None:
                 continue  # whole-GPU pods never land on a partitioned node
@@ -195,7 +229,8 @@ def eligible(state: ClusterIndex, req: PodReq, tolerations: tuple[Toleration, ..
             out.append((penalty, key))
         return tuple(sorted(out, key=lambda pk: (pk[0], repr(pk[1]))))
 
-    return state.spec_memo(("eligible", req.models, req.mig, req.gpus > 0, tolerations), compute)
+    return state.spec_memo(("eligible", req.models, req.mig, req.gpus > 0, req.shared, req.sharing, tolerations),
+                           compute)
 
 
 NO_NODES: frozenset[str] = frozenset()
@@ -265,26 +300,81 @@ class FreeResources(Protocol):
     slice_free: list[int] | None
     cpu: int
     mem: int
+    sh_share: list[int] | None
+    sh_mem: list[int] | None
+    sh_pods: list[int] | None
+    prof_free: dict[str, int] | None
 
 
 class Free:
     """A node's free resources as a scratch copy (a `FreeResources`): what is left on the stage, or what the
-    reservation search's replay has freed."""
+    reservation search's replay has freed. The shared GPUs' lists count what is used there (as IndexedNode's)."""
 
-    __slots__ = ("cpu", "free_mask", "mem", "slice_free")
+    __slots__ = ("cpu", "free_mask", "mem", "prof_free", "sh_mem", "sh_pods", "sh_share", "slice_free")
 
-    def __init__(self, free_mask: int, slice_free: list[int] | None, cpu: int, mem: int):
+    def __init__(self, free_mask: int, slice_free: list[int] | None, cpu: int, mem: int,
+                 sh_share: list[int] | None = None, sh_mem: list[int] | None = None,
+                 sh_pods: list[int] | None = None, prof_free: dict[str, int] | None = None):
         self.free_mask = free_mask
         self.slice_free = slice_free
         self.cpu = cpu
         self.mem = mem
+        self.sh_share = sh_share
+        self.sh_mem = sh_mem
+        self.sh_pods = sh_pods
+        self.prof_free = prof_free
+
+    @classmethod
+    def of(cls, n: FreeResources) -> Free:
+        """A scratch copy of `n`'s free resources."""
+        if n.sh_share is None and n.prof_free is None:
+            return cls(n.free_mask, list(n.slice_free) if n.slice_free is not None else None, n.cpu, n.mem)
+        return cls(n.free_mask, list(n.slice_free) if n.slice_free is not None else None, n.cpu, n.mem,
+                   list(n.sh_share) if n.sh_share is not None else None,
+                   list(n.sh_mem) if n.sh_mem is not None else None,
+                   list(n.sh_pods) if n.sh_pods is not None else None,
+                   dict(n.prof_free) if n.prof_free is not None else None)
+
+
+def shared_fits(spec: NodeSpec, s: FreeResources, req: PodReq, opened_only: bool) -> int:
+    """How many pods of `req` (sharing a GPU) the shared GPUs of a node with free resources `s` still hold;
+    `opened_only`: on GPUs some pod shares already (none opened)."""
+    if s.sh_share is None or s.sh_mem is None or s.sh_pods is None:
+        return 0
+    share = share_of(spec, req.share, req.gmem)
+    k = 0
+    for g in range(len(s.sh_share)):
+        if opened_only and not s.sh_pods[g]:
+            continue
+        k += shared_room(spec, share, req.gmem, s.sh_share[g], s.sh_mem[g], s.sh_pods[g])
+    return k
+
+
+def shared_capacity(spec: NodeSpec, req: PodReq) -> int:
+    """How many pods of `req` (sharing a GPU) the node's shared GPUs hold when nothing else is there."""
+    share = share_of(spec, req.share, req.gmem)
+    return spec.shared_gpus * shared_room(spec, share, req.gmem, 0, 0, 0)
+
+
+def pick_shared_gpu(spec: NodeSpec, s: FreeResources, share: int, gmem: int) -> int | None:
+    """The shared GPU one more pod goes to: a GPU already shared before an idle one (packing), the one left with
+    the least compute after it first (best fit), the lowest index on ties; None when none holds it."""
+    best: tuple[int, int, int] | None = None
+    assert s.sh_share is not None and s.sh_mem is not None and s.sh_pods is not None
+    for g in range(len(s.sh_share)):
+        if shared_room(spec, share, gmem, s.sh_share[g], s.sh_mem[g], s.sh_pods[g]) <= 0:
+            continue
+        key = (0 if s.sh_pods[g] else 1, MILLI_GPU - s.sh_share[g] - share, g)
+        if best is None or key < best:
+            best = key
+    return best[2] if best is not None else None
 
 
 class Stage:
     """Scratch copy of the free resources of the nodes a placement touches; the index is never written.
     `nodes` defaults to the index's own records; the reservation search passes its private view of them."""
 
-    __slots__ = ("barred", "exclude", "nodes", "refusals", "slots", "state")
+    __slots__ = ("barred", "exclude", "nodes", "opened_only", "refusals", "slots", "state")
 
     def __init__(self, state: ClusterIndex, exclude: Mapping[str, Exclusion] | None,
                  nodes: Mapping[str, FreeResources] | None = None):
@@ -294,6 +384,9 @@ class Stage:
         self.nodes: Mapping[str, FreeResources] = state.indexed_nodes if nodes is None else nodes
         self.barred: dict[int, frozenset[str]] = {}  # id(req) -> `excluded(state, req)`, for the reqs staged here
         self.refusals = bool(state.refusing_nodes)  # some node refused a pod shape: every req is checked
+        # While True, pods sharing a GPU go only to shared GPUs already in use (the placer's first pass: pack them
+        # before a GPU is opened to sharing).
+        self.opened_only = False
 
     def barred_for(self, req: PodReq) -> frozenset[str]:
         """`excluded(state, req)`, looked up once per req on this stage (a req outlives the stage that reads it)."""
@@ -307,7 +400,7 @@ class Stage:
         s = self.slots.get(name)
         if s is None:
             n = self.nodes[name]
-            s = Free(n.free_mask, list(n.slice_free) if n.slice_free is not None else None, n.cpu, n.mem)
+            s = Free.of(n)
             e = self.exclude.get(name) if self.exclude else None
             if e is not None:
                 s.free_mask &= ~e.mask
@@ -315,6 +408,17 @@ class Stage:
                     for g, smask in e.slices:
                         if g < len(s.slice_free):
                             s.slice_free[g] &= ~smask
+                if s.sh_share is not None and s.sh_mem is not None and s.sh_pods is not None:
+                    for g, share, gmem, pods in e.shares:
+                        if g < len(s.sh_share):
+                            s.sh_share[g] += share
+                            s.sh_mem[g] += gmem
+                            s.sh_pods[g] += pods
+                if s.prof_free is not None:
+                    names = sorted(s.prof_free)
+                    for row, smask in e.profs:
+                        if row < len(names):
+                            s.prof_free[names[row]] &= ~smask
                 s.cpu -= e.cpu
                 s.mem -= e.mem
             self.slots[name] = s
@@ -330,7 +434,12 @@ class Stage:
         if req.gpus:
             k = s.free_mask.bit_count() // req.gpus
         elif req.mig:
-            k = sum(x.bit_count() for x in s.slice_free or ())
+            if s.prof_free is not None:
+                k = s.prof_free.get(req.mig, 0).bit_count()
+            else:
+                k = sum(x.bit_count() for x in s.slice_free or ())
+        elif req.shared:
+            k = shared_fits(self.state.indexed_nodes[name].spec, s, req, self.opened_only)
         if req.cpu:
             k = min(k, s.cpu // req.cpu)
         elif s.cpu < 0:
@@ -355,6 +464,22 @@ class Stage:
                     mask ^= low
                 s.free_mask = mask
                 out.append(GpuBinding(pod=pod, node=name, gpu_indices=tuple(picked)))
+            elif req.mig and s.prof_free is not None:
+                names = sorted(s.prof_free)
+                free = s.prof_free[req.mig]
+                low = free & -free
+                s.prof_free[req.mig] = free ^ low
+                out.append(GpuBinding(pod=pod, node=name, mig_slice=(names.index(req.mig), low.bit_length() - 1)))
+            elif req.shared and s.sh_share is not None and s.sh_mem is not None and s.sh_pods is not None:
+                spec = self.state.indexed_nodes[name].spec
+                share = share_of(spec, req.share, req.gmem)
+                g = pick_shared_gpu(spec, s, share, req.gmem)
+                assert g is not None and spec.sharing is not None  # `fits` counted room for it
+                s.sh_share[g] += share
+                s.sh_mem[g] += req.gmem
+                s.sh_pods[g] += 1
+                out.append(GpuBinding(pod=pod, node=name, shared_gpu=g, share_milli=share,
+                                      gpu_memory_mib=req.gmem or None, sharing=spec.sharing.mode))
             elif req.mig and s.slice_free is not None:
                 sl = s.slice_free
                 # Pack slices: the GPU with the fewest free slices left (lowest index on ties).
@@ -418,12 +543,15 @@ __all__ = [
     "excluded",
     "exclusions_for",
     "models_text",
+    "pick_shared_gpu",
     "placement_shape",
     "preference",
     "prepare",
     "refusing",
     "resolve",
     "selection_of",
+    "shared_capacity",
+    "shared_fits",
     "trim",
     "unmatched",
 ]

@@ -12,6 +12,8 @@ class Reason:
 
     NO_GPU_MODEL = "NoGpuModel"
     NO_MIG_SLICES = "NoMigSlices"
+    # No shared GPU (NodeSpec.sharing) of the isolation asked has room for a pod asking part of a GPU.
+    NO_SHARED_GPU = "NoSharedGpu"
     UNTOLERATED = "Untolerated"
     NO_MATCHING_NODE = "NoMatchingNode"  # no node's labels match a pod set's nodeSelector / required node affinity
     NO_READY_NODES = "NoReadyNodes"
