@@ -38,7 +38,9 @@ SERVICE_PUBLISHES: dict[str, tuple[str, ...]] = {
     "scheduler": ("job.placed", "status.job.pending", "preemption.requested", "job.failed"),
     "preemption": ("job.checkpoint_requested", "job.preempted"),
     "metering": ("queue.usage_reported",),  # its read model of decayed usage per queue (fair share over time)
-    "telemetry": (),
+    # idle reclaim (services/telemetry/idle.py): a job idle past its grace is requeued through the preemption
+    # protocol, or its cancel asked for (ended by its class's policy or its TTL)
+    "telemetry": ("preemption.requested", "job.cancel_requested.*"),
     "executor": ("job.started", "job.completed", "job.failed", "job.attempt_failed", "job.checkpointed",
                  "utilization.sampled",
                  "utilization.source_checked", "node.inventory", "node.changed", "utilization.heartbeat"),

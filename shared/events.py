@@ -140,6 +140,10 @@ class PreemptionReason(StrEnum):
     # The job's queue has stop_policy HoldAndDrain: admission asks the preemption service to evict its preemptible
     # running jobs (PreemptionRequested with this reason and preemptor `drain:<queue>`; docs/admission.md).
     DRAIN = "QueueDrained"
+    # Idle reclaim (queues.yaml `job_classes`, docs/admission.md "Interactive work"): telemetry saw the job's GPUs idle
+    # past its class's warning and grace, and asks the preemption service (preemptor `idle:<job>`, the job the only
+    # candidate) to checkpoint and requeue it. Never a job of a class that is never preempted.
+    IDLE = "IdleReclaim"
     NODE_FAILURE = "NodeFailure"
     PODS_READY_TIMEOUT = "PodsReadyTimeout"
     PLACEMENT_FAILED = "PlacementFailed"

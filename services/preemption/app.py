@@ -47,6 +47,7 @@ from services.core.preemption import (
     rate_limit_verdict,
     select_victims,
 )
+from services.core.preemption.idle import idle_victims
 from services.preemption.store import Snapshot, last_checkpoints, load_snapshot, run_started
 from services.scheduler import readmodel as scheduler_view
 from services.scheduler.readmodel import PlacementFact
@@ -92,6 +93,10 @@ def _preemptor(config: QueuesConfig, fact: admission_view.AdmissionFact, payload
                      allowed_models=allowed, need=dict(payload.need) if for_quota else {},
                      own_need=dict(payload.own_need), max_victim_priority=payload.max_victim_priority)
 
+# Requests with no waiting job behind them (a drain, an idle reclaim): their protocols end with the victim only.
+_NO_PREEMPTOR = frozenset({PreemptionReason.DRAIN.value, PreemptionReason.IDLE.value})
+
+
 
 class PreemptionService:
     def __init__(self, config: QueuesConfig, *, tick_s: float = 0.2):
@@ -131,7 +136,7 @@ class PreemptionService:
         (admission's read model; a drain has no preemptor). Returns the others, each with its victim's placement."""
         if not rows:
             return []
-        preemptor_ids = [r["preemptor"] for r in rows if r["reason"] != PreemptionReason.DRAIN.value]
+        preemptor_ids = [r["preemptor"] for r in rows if r["reason"] not in _NO_PREEMPTOR]
         placed = {p.job_id: p for p in await scheduler_view.placements(
             tx.conn, [r["victim"] for r in rows] + preemptor_ids)}
         preemptors = await admission_view.jobs(tx.conn, preemptor_ids)
@@ -143,7 +148,7 @@ class PreemptionService:
                 why = "victim ended (it holds no GPUs any more)"
             elif r["victim_placed_at"] is not None and victim.placed_at != r["victim_placed_at"]:
                 why = "victim ended (it runs again under a new placement)"
-            elif r["reason"] != PreemptionReason.DRAIN.value:
+            elif r["reason"] not in _NO_PREEMPTOR:
                 if r["preemptor"] in placed:
                     why = "preemptor placed before the checkpoint"
                 elif (fact := preemptors.get(r["preemptor"])) is None or fact.status not in admission_view.WAITING:
@@ -180,6 +185,9 @@ class PreemptionService:
         await self._reconcile(tx, await tx.conn.fetch(OPEN_PROTOCOLS))
         if payload.reason is PreemptionReason.DRAIN:
             await self._drain(tx, pid, payload, origin=origin, attempt=attempt, record=record)
+        if payload.reason is PreemptionReason.IDLE:
+            await self._idle(tx, pid, payload, record=record)
+            return
             return
         fact = await self._waiting_preemptor(tx, payload, record)
         if fact is None:
@@ -284,6 +292,19 @@ class PreemptionService:
             # force (admission's read model, committed before the request) decides, not the one last heard of.
             config = self.config
             q = config.queue_map.get(payload.queue)
+
+    async def _idle(self, tx: Tx, pid: str, payload: PreemptionRequested,
+                    record: Callable[..., Awaitable[None]]) -> None:
+        """Idle reclaim (core/idle.py): the idle job named as the candidate is checkpointed and requeued, unless a
+        class that is never preempted keeps it running."""
+        snap = await load_snapshot(tx.conn, self.config)
+        victims, kept = idle_victims(payload.candidates, snap.running, snap.busy)
+        why = ", ".join(f"{j} ({w})" for j, w in sorted(kept.items())) or "none"
+        if not victims:
+            await record(Outcome.NO_VICTIMS, f"idle reclaim: nothing to requeue; kept: {why}")
+            return
+        await record(Outcome.STARTED, f"idle reclaim requeues {', '.join(victims)}; kept: {why}", victims)
+        await self._start(tx, pid, payload, payload.preemptor, payload.queue, victims, snap)
         if q is None or q.stop_policy is not StopPolicy.HOLD_AND_DRAIN:
             await record(Outcome.NO_VICTIMS, f"queue {payload.queue} is not HoldAndDrain (any more): nothing drained")
             return

@@ -269,11 +269,12 @@ class SchedulerService:
         """The victim's capacity is held for its preemptor until the preemptor is placed or ends, for at most the
         checkpoint grace from now: admission admits the preemptor only once this preemption released its quota, so
         without the hold this cycle gave the freed GPUs to another admitted job first in the order (another
-        team's, in issue 51) and the preemptor waited for something unrelated to end. A drain has no preemptor;
-        a preemptor already placed or ended needs nothing."""
+        team's, in issue 51) and the preemptor waited for something unrelated to end. A drain and an idle reclaim
+        have no preemptor; a preemptor already placed or ended needs nothing."""
         preemptor = payload.preemptor
         placement = self.cluster.placement_of(payload.job_id)
-        if (not preemptor or payload.reason == PreemptionReason.DRAIN or preemptor.startswith("drain:")
+        if (not preemptor or payload.reason in (PreemptionReason.DRAIN, PreemptionReason.IDLE)
+                or preemptor.startswith(("drain:", "idle:"))
                 or placement is None or preemptor in self.book.placed):
             return
         await held.write_held(tx)  # (its own statement reads job rows: the batch's held ones first)

@@ -25,6 +25,7 @@ import asyncpg
 from services.core.telemetry.names import JOB_SERIES_CAP
 from services.core.telemetry.state import Effects, Gauges, TelemetryState
 from services.scheduler import readmodel
+from services.telemetry.idle import IdleReclaimer
 from services.telemetry.metrics import DEFAULT_PORT, TelemetryMetrics, job_labels_from_env
 from services.telemetry.webhooks import store
 from services.telemetry.webhooks.backoff import RetryPolicy
@@ -96,11 +97,12 @@ class TelemetryService:
         self.allow = allow if allow is not None else AllowList.from_env()
         self.retry = retry or RetryPolicy.from_env()
         self.webhook_worker = webhook_worker
+        self.idle = IdleReclaimer(queues)  # idle reclaim and TTLs of interactive work (services/telemetry/idle.py)
 
     # ------------------------------------------------------------------ wiring
 
     def spec(self) -> ServiceSpec:
-        background = [self._serve_metrics]
+        background = [self._serve_metrics, self._idle_reclaim]
         if self.webhook_worker:
             background.append(self._deliver_webhooks)
         return ServiceSpec(name="telemetry", schema="telemetry", migrations=MIGRATIONS,
@@ -127,6 +129,8 @@ class TelemetryService:
         with self.lock:
             team = self.state.team_of(payload, scope)
             fx = self.state.apply(payload, now, scope)
+            if isinstance(payload, UtilizationSampled):
+                self.idle.sample(payload, self.state)
         if record:
             self.metrics.record(fx.observations)
         return fx, team
@@ -222,6 +226,9 @@ class TelemetryService:
         finally:
             with contextlib.suppress(Exception):
                 self.metrics.shutdown()
+
+    async def _idle_reclaim(self, runtime: ServiceRuntime) -> None:
+        await self.idle.run(runtime, lambda: (self.state, self.lock))
 
     async def _deliver_webhooks(self, runtime: ServiceRuntime) -> None:
         worker = DeliveryWorker(runtime.pool, runtime.clock, allow=self.allow, policy=self.retry)

@@ -1,0 +1,161 @@
+"""Idle reclaim and TTLs of interactive work, telemetry's side (docs/admission.md, "Interactive work"; issue 48).
+
+Telemetry already receives every GPU's utilisation with the job it belongs to (UtilizationSampled from DCGM, the
+source of the GpuqAllocatedGpuIdle alert) and knows which jobs run. `IdleReclaimer` feeds those samples to the pure
+core (services/core/idle `IdleWatch`) and, every `check_s` of platform time, executes what it says is due under the
+configuration in force (admission's read model), each in one transaction with its audit record:
+
+- WARN: a `job.idle_warned` webhook to the team's subscriptions (JobIdleWarned, with the deadline);
+- RECLAIM with action `requeue`: PreemptionRequested, reason IdleReclaim, preemptor `idle:<job>`, the job the only
+  candidate: the preemption service checkpoints and requeues it (the checkpoint-before-preempt protocol; a class that
+  is never preempted keeps running);
+- RECLAIM with action `end`, and TTL: JobCancelRequested on the job's team's subject: admission ends it (Cancelled),
+  the executor stops it.
+
+The watch lives in memory: after a restart the idle clocks start again from the next samples (a job is reclaimed
+later, never sooner).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from datetime import datetime
+from typing import ClassVar
+
+from pydantic import Field
+
+from services.admission import configmodel
+from services.core.idle import Decision, DecisionKind, IdleWatch, RunningJob
+from services.core.telemetry.records import JobPhase
+from services.core.telemetry.state import TelemetryState
+from services.telemetry.webhooks import store as webhooks
+from shared import audit
+from shared.audit import service_actor
+from shared.config import QueuesConfig
+from shared.events import (
+    JobCancelRequested,
+    Payload,
+    PreemptionReason,
+    PreemptionRequested,
+    UtilizationSampled,
+    make_event,
+    utcnow_from,
+)
+from shared.service import ServiceRuntime, Tx
+
+log = logging.getLogger("gpuq.telemetry")
+
+IDLE_CHECK_S = 60.0  # platform time between looks
+POLL_S = 0.5
+ACTOR = service_actor("telemetry")
+# What the loop reads of the service: its core and the lock that guards it (the service replaces its core when it
+# reloads, so the loop asks each time).
+StateSource = Callable[[], tuple[TelemetryState, threading.Lock]]
+
+
+class JobIdleWarned(Payload):
+    """Webhook `job.idle_warned`: the job's GPUs have stayed below its class's threshold for `idle_for_s`; it is
+    reclaimed (`action`: requeued or ended) at `deadline` unless they are used. Sent to webhooks only (telemetry's
+    notification, not a fact on the bus)."""
+
+    aggregate, fact = "job", "idle_warned"
+    version: ClassVar[int] = 1
+    job_id: str
+    team: str
+    user: str | None = None
+    idle_since: datetime
+    deadline: datetime
+    action: str
+    message: str = Field(default="")
+
+
+class IdleReclaimer:
+    def __init__(self, config: QueuesConfig | None, check_s: float = IDLE_CHECK_S):
+        self.watch: IdleWatch | None = IdleWatch(config) if config is not None else None
+        self.check_s = check_s
+
+    def configure(self, config: QueuesConfig) -> None:
+        if self.watch is None:
+            self.watch = IdleWatch(config)
+        else:
+            self.watch.configure(config)
+
+    def sample(self, payload: UtilizationSampled, state: TelemetryState) -> None:
+        """Feed one node's samples of running jobs to the watch (the caller holds the state's lock)."""
+        if self.watch is None:
+            return
+        at = payload.sampled_at.timestamp()
+        for s in payload.samples:
+            job = _running(state, s.job_id) if s.job_id else None
+            if job is not None:
+                gpu = f"{payload.node}/{s.gpu_index}" + (f"/{s.gpu_instance}" if s.gpu_instance is not None else "")
+                self.watch.sample(job, gpu, at, s.utilization_pct)
+
+    def due(self, state: TelemetryState, now: float) -> list[Decision]:
+        if self.watch is None:
+            return []
+        running = [j for j in (_running(state, job_id) for job_id in sorted(state.jobs)) if j is not None]
+        return self.watch.due(running, now)
+
+    async def execute(self, tx: Tx, decision: Decision, queue: str) -> None:
+        """One decision, with its audit record, in `tx`."""
+        d = decision
+        if d.kind is DecisionKind.WARN:
+            assert d.idle_since is not None and d.deadline is not None
+            warned = JobIdleWarned(job_id=d.job_id, team=d.team, user=d.user, idle_since=utcnow_from(d.idle_since),
+                                   deadline=utcnow_from(d.deadline), action=_action(d), message=d.message)
+            event = make_event(warned, source="gpuq/telemetry", time=utcnow_from(tx.now))
+            await webhooks.enqueue_many(tx.conn, [(event, d.team, tx.now)])
+            await audit.record(tx, "idle_warn", ACTOR, job_id=d.job_id, team=d.team, user=d.user, message=d.message,
+                               deadline=warned.deadline.isoformat())
+            return
+        if d.kind is DecisionKind.RECLAIM and d.action.value == "requeue":
+            await tx.emit(PreemptionRequested(preemptor=f"idle:{d.job_id}", queue=queue, reason=PreemptionReason.IDLE,
+                                              candidates=(d.job_id,), message=d.message))
+            await audit.record(tx, "idle_reclaim", ACTOR, job_id=d.job_id, team=d.team, user=d.user,
+                               reclaim_by="requeue", checkpoint=d.checkpoint, message=d.message)
+            return
+        await tx.emit(JobCancelRequested(job_id=d.job_id, requested_by=ACTOR, reason=f"{d.reason}: {d.message}",
+                                         requested_at=utcnow_from(tx.now)), subject_suffix=d.team)
+        await audit.record(tx, "idle_reclaim" if d.kind is DecisionKind.RECLAIM else "ttl_expired", ACTOR,
+                           job_id=d.job_id, team=d.team, user=d.user, reclaim_by="end", message=d.message)
+
+    async def run(self, runtime: ServiceRuntime, state_of: StateSource) -> None:
+        """The loop: every `check_s` of platform time, take the configuration in force and execute what is due."""
+        last: float | None = None
+        while True:
+            now = runtime.clock.now()
+            if last is None or now - last >= self.check_s:
+                last = now
+                await self.check(runtime, state_of, now)
+            await asyncio.sleep(POLL_S)
+
+    async def check(self, runtime: ServiceRuntime, state_of: StateSource, now: float) -> list[Decision]:
+        async with runtime.pool.acquire() as conn:
+            version = await configmodel.in_force(conn)
+        if version is not None:
+            self.configure(version.config)
+        state, lock = state_of()
+        with lock:
+            decisions = self.due(state, now)
+            queues = {d.job_id: (state.jobs[d.job_id].queue if d.job_id in state.jobs else "") for d in decisions}
+        for d in decisions:
+            async with runtime.transaction() as tx:
+                await self.execute(tx, d, queues[d.job_id])
+            log.info("telemetry: %s %s (%s): %s", d.kind.value, d.job_id, d.team, d.message)
+        return decisions
+
+
+def _action(d: Decision) -> str:
+    return str(d.action.value)
+
+
+def _running(state: TelemetryState, job_id: str) -> RunningJob | None:
+    rec = state.jobs.get(job_id)
+    if rec is None or rec.phase is not JobPhase.RUNNING or rec.spec is None or rec.started_at is None:
+        return None
+    return RunningJob(job_id=job_id, team=rec.team, kind=rec.spec.kind, started_at=rec.started_at,
+                      user=rec.spec.user, can_checkpoint=rec.spec.checkpoint.supported)
