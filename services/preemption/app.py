@@ -93,9 +93,9 @@ def _preemptor(config: QueuesConfig, fact: admission_view.AdmissionFact, payload
                      allowed_models=allowed, need=dict(payload.need) if for_quota else {},
                      own_need=dict(payload.own_need), max_victim_priority=payload.max_victim_priority)
 
+
 # Requests with no waiting job behind them (a drain, an idle reclaim): their protocols end with the victim only.
 _NO_PREEMPTOR = frozenset({PreemptionReason.DRAIN.value, PreemptionReason.IDLE.value})
-
 
 
 class PreemptionService:
@@ -185,9 +185,9 @@ class PreemptionService:
         await self._reconcile(tx, await tx.conn.fetch(OPEN_PROTOCOLS))
         if payload.reason is PreemptionReason.DRAIN:
             await self._drain(tx, pid, payload, origin=origin, attempt=attempt, record=record)
+            return
         if payload.reason is PreemptionReason.IDLE:
             await self._idle(tx, pid, payload, record=record)
-            return
             return
         fact = await self._waiting_preemptor(tx, payload, record)
         if fact is None:
@@ -292,19 +292,6 @@ class PreemptionService:
             # force (admission's read model, committed before the request) decides, not the one last heard of.
             config = self.config
             q = config.queue_map.get(payload.queue)
-
-    async def _idle(self, tx: Tx, pid: str, payload: PreemptionRequested,
-                    record: Callable[..., Awaitable[None]]) -> None:
-        """Idle reclaim (core/idle.py): the idle job named as the candidate is checkpointed and requeued, unless a
-        class that is never preempted keeps it running."""
-        snap = await load_snapshot(tx.conn, self.config)
-        victims, kept = idle_victims(payload.candidates, snap.running, snap.busy)
-        why = ", ".join(f"{j} ({w})" for j, w in sorted(kept.items())) or "none"
-        if not victims:
-            await record(Outcome.NO_VICTIMS, f"idle reclaim: nothing to requeue; kept: {why}")
-            return
-        await record(Outcome.STARTED, f"idle reclaim requeues {', '.join(victims)}; kept: {why}", victims)
-        await self._start(tx, pid, payload, payload.preemptor, payload.queue, victims, snap)
         if q is None or q.stop_policy is not StopPolicy.HOLD_AND_DRAIN:
             await record(Outcome.NO_VICTIMS, f"queue {payload.queue} is not HoldAndDrain (any more): nothing drained")
             return
@@ -322,6 +309,19 @@ class PreemptionService:
         await record(Outcome.STARTED, f"queue {payload.queue} drains {len(plan.victims)} job(s); kept: {kept}",
                      plan.victims)
         await self._start(tx, pid, payload, payload.preemptor, payload.queue, plan.victims, snap)
+
+    async def _idle(self, tx: Tx, pid: str, payload: PreemptionRequested,
+                    record: Callable[..., Awaitable[None]]) -> None:
+        """Idle reclaim (core/idle.py): the idle job named as the candidate is checkpointed and requeued, unless a
+        class that is never preempted keeps it running."""
+        snap = await load_snapshot(tx.conn, self.config)
+        victims, kept = idle_victims(payload.candidates, snap.running, snap.busy)
+        why = ", ".join(f"{j} ({w})" for j, w in sorted(kept.items())) or "none"
+        if not victims:
+            await record(Outcome.NO_VICTIMS, f"idle reclaim: nothing to requeue; kept: {why}")
+            return
+        await record(Outcome.STARTED, f"idle reclaim requeues {', '.join(victims)}; kept: {why}", victims)
+        await self._start(tx, pid, payload, payload.preemptor, payload.queue, victims, snap)
 
     async def _start(self, tx: Tx, pid: str, payload: PreemptionRequested, preemptor: str, queue: str,
                      victims: tuple[str, ...], snap: Snapshot) -> None:
