@@ -13,15 +13,17 @@ from typing import Any
 import asyncpg
 
 from services.core.eta.words import eta_words
+from services.core.kube.provisioning import words as provisioning_words
 from shared.timefmt import human_time
 
 STATUS_SQL = """
 SELECT a.job_id, a.team, a.queue, a.status AS admission_status, a.reason, a.message, a.position_in_queue,
        a.position_in_cohort, a.eta, a.eta_low, a.eta_high, a.submitted_at, a.admitted_at, a.finished_at,
-       a.outcome, a.borrowing, a.spec, {sched} , {run}
+       a.outcome, a.borrowing, a.spec, {sched} , {run}, {prov}
 FROM admission.jobs a
 {sched_join}
 {run_join}
+{prov_join}
 {where}
 ORDER BY a.submitted_at, a.job_id
 """
@@ -32,6 +34,11 @@ SCHED_NULL = ("NULL AS sched_status, NULL AS sched_reason, NULL AS sched_message
               "NULL AS bindings, NULL AS racks_spanned, NULL AS blocks_spanned, NULL AS placed_at")
 RUN_COLS = "r.status AS run_status, r.nodes AS run_nodes, r.started_at"
 RUN_NULL = "NULL AS run_status, NULL AS run_nodes, NULL AS started_at"
+# Capacity asked of the cluster-autoscaler for a waiting job (services/executor/kube/provisioning.py).
+PROV_COLS = ("CASE WHEN p.job_id IS NULL OR p.state = 'released' THEN NULL ELSE json_build_object('namespace', "
+             "p.namespace, 'name', p.name, 'class_name', p.class_name, 'state', p.state, 'reason', p.reason, "
+             "'message', p.message, 'retry_at', p.retry_at) END AS provisioning")
+PROV_NULL = "NULL AS provisioning"
 
 
 def derive_state(row: dict[str, Any]) -> str:
@@ -63,10 +70,13 @@ async def fetch_status(database_url: str, job_id: str | None, *, limit: int | No
             return []
         has_sched = await _exists(conn, "scheduler.jobs")
         has_run = await _exists(conn, "executor.runs")
+        has_prov = await _exists(conn, "executor.kube_provisioning")
         sql = STATUS_SQL.format(
             sched=SCHED_COLS if has_sched else SCHED_NULL, run=RUN_COLS if has_run else RUN_NULL,
             sched_join="LEFT JOIN scheduler.jobs s USING (job_id)" if has_sched else "",
             run_join="LEFT JOIN executor.runs r USING (job_id)" if has_run else "",
+            prov=PROV_COLS if has_prov else PROV_NULL,
+            prov_join="LEFT JOIN executor.kube_provisioning p USING (job_id)" if has_prov else "",
             where="WHERE ($1::text IS NULL OR a.job_id = $1) AND ($2::text IS NULL OR a.team = $2)")
         if limit:
             sql += f" LIMIT {int(limit)}"
@@ -80,6 +90,8 @@ async def fetch_status(database_url: str, job_id: str | None, *, limit: int | No
         bindings = json.loads(d["bindings"]) if d.get("bindings") else []
         d["nodes"] = sorted({b["node"] for b in bindings}, key=_natural)
         d["spec"] = json.loads(d["spec"]) if isinstance(d["spec"], str) else d["spec"]
+        if isinstance(d.get("provisioning"), str):
+            d["provisioning"] = json.loads(d["provisioning"])
         out.append(d)
     return out
 
@@ -164,6 +176,8 @@ def explain_lines(row: dict[str, Any], now: float) -> list[str]:
                          f"({row.get('racks_spanned')} rack(s), {row.get('blocks_spanned')} block(s))")
         if state in ("completed", "failed", "cancelled"):
             lines.append(f"  finished {fmt_time(row['finished_at'])}: {row.get('outcome')}")
+    if row.get("provisioning") and state in ("pending", "admitted"):
+        lines.append("  " + provisioning_words(row["provisioning"]))
     if row.get("borrowing") and state in ("admitted", "placed", "running"):
         lines.append(borrowing_risk(spec))
     return lines

@@ -11,6 +11,7 @@ from services.core.admission import identity
 from services.core.eta.words import eta_words
 from services.executor.kube.notices import Notices
 from services.executor.kube.outcomes import Outcomes
+from services.executor.kube.provisioning import Capacity
 from services.executor.kube.records import ref_of
 from shared.domain import JobSpec
 from shared.events import CloudEvent, JobAdmitted, JobPending, JobQueued, JobRejected, JobRequeued
@@ -18,9 +19,10 @@ from shared.service import Tx
 
 
 class Answers:
-    def __init__(self, notices: Notices, outcomes: Outcomes):
+    def __init__(self, notices: Notices, outcomes: Outcomes, capacity: Capacity | None = None):
         self.notices = notices
         self.outcomes = outcomes
+        self.capacity = capacity  # asks the cluster-autoscaler for a job waiting for nodes
 
     async def on_status(self, tx: Tx, event: CloudEvent,
                         payload: JobQueued | JobPending | JobAdmitted | JobRejected | JobRequeued) -> None:
@@ -29,6 +31,8 @@ class Answers:
             return
         if isinstance(payload, JobRejected) and not _refuses_this_job(payload, row):
             return  # a refusal of somebody's later submission of this id, not this job's fate
+        if isinstance(payload, JobPending) and self.capacity is not None:
+            await self.capacity.on_pending(tx, row, payload)
         reason, message, warning = _notice(payload)
         if isinstance(payload, JobRejected):
             await self.outcomes.set_state(tx, row["job_id"], "rejected")

@@ -29,11 +29,13 @@ from services.executor.heartbeat import Heartbeat
 from services.executor.kube.answers import Answers
 from services.executor.kube.client import KubeApi
 from services.executor.kube.config_in_force import ConfigInForce
+from services.executor.kube.informer import Informer
 from services.executor.kube.leadership import Seat
 from services.executor.kube.nodes import NodeWatch
 from services.executor.kube.notices import Notices
 from services.executor.kube.outcomes import Outcomes
 from services.executor.kube.pods import PodWatch
+from services.executor.kube.provisioning import Capacity
 from services.executor.kube.records import bindings_of
 from services.executor.kube.running import Runner
 from services.executor.kube.settings import KubeExecutorSettings
@@ -88,12 +90,14 @@ class KubeExecutor:
         self.runner = Runner(api, self.notices, self.outcomes, self.config, self.scheduler_tables)
         self.intake = WorkloadIntake(api, settings, self.seat, self.notices, self.outcomes, self.config, self.runner)
         self.stops = Stops(api, self.notices, self.outcomes, self.pods)
-        self.answers = Answers(self.notices, self.outcomes)
+        self.capacity = Capacity(api, self.cfg, self.seat, self.notices, self.config, self.nodes, settings.tick_s)
+        self.answers = Answers(self.notices, self.outcomes, self.capacity)
         self.timers = Timers(settings, self.seat, self.heartbeat, self.outcomes, self.pods, self.runner)
 
     def spec(self) -> ServiceSpec:
-        background = (self.watch_cluster, self.timers.timer_loop) + ((self.poll_gpus,) if self.dcgm is not None else ())
-        background += (self.webhook.serve,) if self.webhook is not None else ()
+        background = [self.watch_cluster, self.timers.timer_loop, self.capacity.loop]
+        background += [self.poll_gpus] if self.dcgm is not None else []
+        background += [self.webhook.serve] if self.webhook is not None else []
         stops, answers = self.stops, self.answers
         return ServiceSpec(
             name="executor", schema="executor", migrations=MIGRATIONS, singleton=True,  # leader + hot standby
@@ -103,7 +107,7 @@ class KubeExecutor:
                 JobPending: answers.on_status, JobAdmitted: answers.on_status, JobRejected: answers.on_status,
                 JobRequeued: answers.on_status, JobCheckpointed: stops.on_checkpointed, JobFailed: stops.on_lost},
                 lambda: self.runtime) | {QueueConfigChanged: self.config.on_config_changed},
-            on_start=self.start, background=background,
+            on_start=self.start, background=tuple(background),
         )
 
     @property
@@ -169,13 +173,18 @@ class KubeExecutor:
             tasks.append(asyncio.create_task(self.nodes.informer.run(), name="kube-nodes"))
             await self.nodes.informer.synced.wait()
             tasks += [asyncio.create_task(i.run(), name=f"kube-{i.name}")
-                      for i in (self.pods.informer, *self.intake.informers)]
+                      for i in (self.pods.informer, *self.intake.informers, *self._capacity_informers())]
             await asyncio.gather(*tasks)
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self.api.close()  # its connections; a leader that takes the lease again watches on new ones
+
+    def _capacity_informers(self) -> tuple[Informer, ...]:
+        """The ProvisioningRequests gpuq made, watched only where a queue may ask for capacity (a cluster without
+        the autoscaler's CRD is not asked to list them otherwise)."""
+        return (self.capacity.informer,) if any(q.provisioning for q in self.queues.queues) else ()
 
 
 def build_executor(settings: KubeExecutorSettings, kubeconfig: str | Path | None) -> KubeExecutor:

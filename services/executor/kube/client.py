@@ -43,6 +43,10 @@ MUTATING_WEBHOOKS = _resource("admissionregistration.k8s.io", "v1", "MutatingWeb
                               "mutatingwebhookconfigurations", namespaced=False)
 VALIDATING_WEBHOOKS = _resource("admissionregistration.k8s.io", "v1", "ValidatingWebhookConfiguration",
                                 "validatingwebhookconfigurations", namespaced=False)
+# Capacity asked of the cluster-autoscaler (services/executor/kube/provisioning.py).
+PROVISIONING_REQUEST = _resource("autoscaling.x-k8s.io", "v1", "ProvisioningRequest", "provisioningrequests",
+                                 namespaced=True)
+POD_TEMPLATE = _resource("", "v1", "PodTemplate", "podtemplates", namespaced=True)
 _WORKLOADS: dict[str, type] = {}
 
 

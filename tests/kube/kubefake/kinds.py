@@ -6,7 +6,7 @@ from typing import Any
 
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.batch_v1 import Job
-from lightkube.resources.core_v1 import ConfigMap, Event, Namespace, Node, Pod, Service
+from lightkube.resources.core_v1 import ConfigMap, Event, Namespace, Node, Pod, PodTemplate, Service
 from lightkube.resources.events_v1 import Event as EventV1
 
 from . import resources as r
@@ -15,6 +15,8 @@ JobSet = create_namespaced_resource("jobset.x-k8s.io", "v1alpha2", "JobSet", "jo
 PyTorchJob = create_namespaced_resource("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs")
 RayJob = create_namespaced_resource("ray.io", "v1", "RayJob", "rayjobs")
 RayCluster = create_namespaced_resource("ray.io", "v1", "RayCluster", "rayclusters")
+ProvisioningRequest = create_namespaced_resource("autoscaling.x-k8s.io", "v1", "ProvisioningRequest",
+                                                 "provisioningrequests")
 
 LIGHTKUBE_KINDS: dict[r.ResourceType, Any] = {
     r.NAMESPACES: Namespace,
@@ -29,4 +31,6 @@ LIGHTKUBE_KINDS: dict[r.ResourceType, Any] = {
     r.PYTORCHJOBS: PyTorchJob,
     r.RAYJOBS: RayJob,
     r.RAYCLUSTERS: RayCluster,
+    r.POD_TEMPLATES: PodTemplate,
+    r.PROVISIONING_REQUESTS: ProvisioningRequest,
 }

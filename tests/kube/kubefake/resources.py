@@ -116,6 +116,11 @@ JOBSETS = ResourceType("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet", True,
 PYTORCHJOBS = ResourceType("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob", True, custom=True)
 RAYJOBS = ResourceType("ray.io", "v1", "rayjobs", "RayJob", True, custom=True)
 RAYCLUSTERS = ResourceType("ray.io", "v1", "rayclusters", "RayCluster", True, custom=True)
+POD_TEMPLATES = ResourceType("", "v1", "podtemplates", "PodTemplate", True, ())
+PROVISIONING_REQUESTS = ResourceType(
+    "autoscaling.x-k8s.io", "v1", "provisioningrequests", "ProvisioningRequest", True, short_names=("provreq",),
+    custom=True
+)
 
 ALL_RESOURCES: tuple[ResourceType, ...] = (
     NAMESPACES,
@@ -142,6 +147,8 @@ ALL_RESOURCES: tuple[ResourceType, ...] = (
     PYTORCHJOBS,
     RAYJOBS,
     RAYCLUSTERS,
+    POD_TEMPLATES,
+    PROVISIONING_REQUESTS,
 )
 BY_PATH: dict[tuple[str, str, str], ResourceType] = {(r.group, r.version, r.plural): r for r in ALL_RESOURCES}
 CUSTOM_RESOURCES = tuple(r for r in ALL_RESOURCES if r.custom)
