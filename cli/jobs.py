@@ -101,7 +101,8 @@ def submit(
                                                "the token's team)"),
     queue: str | None = typer.Option(None, help="Queue to submit to (default: the team's name; through the API "
                                                 "without --team, the token's team's default queue)"),
-    gpus: float = typer.Option(1, help="GPUs per pod: a whole number, at least 1"),
+    gpus: float = typer.Option(1, help="GPUs per pod: a whole number, at least 1, or a part of one GPU (0.25) that "
+                                       "the pod shares with others (time-slicing or MPS nodes)"),
     pods: int = typer.Option(1, help="Pods in the gang"),
     gpu_model: list[str] = typer.Option([], "--gpu-model", help="Acceptable GPU model (repeat for any-of)"),
     priority: str = typer.Option("normal", help="Priority class"),
@@ -142,11 +143,13 @@ def _spec_from_flags(*, team: str | None, queue: str | None, gpus: float, pods: 
     from cli.errors import validation_message
     from shared.domain import JobSpec, PodSet, TopologyLevel, TopologyRequest
 
-    if not math.isfinite(gpus) or gpus != int(gpus) or gpus < 1:
+    fraction = math.isfinite(gpus) and 0 < gpus < 1
+    if not fraction and (not math.isfinite(gpus) or gpus != int(gpus) or gpus < 1):
         # refused here, before anything is published (admission refuses a job without GPUs too)
         raise typer.BadParameter(
-            f"{gpus:g} GPUs per pod: give a whole number of GPUs, at least 1 (gpuq schedules GPU jobs; for a "
-            "fraction of a GPU, submit a job file whose pod set names a MIG profile, mig_profile)",
+            f"{gpus:g} GPUs per pod: give a whole number of GPUs, at least 1, or a part of one GPU between 0 and 1 "
+            "(e.g. 0.25: the pod shares a GPU; gpuq schedules GPU jobs; for a MIG slice, submit a job file whose "
+            "pod set names a mig_profile)",
             param_hint="--gpus")
     if pods < 1:
         raise typer.BadParameter(f"{pods} pods: a job has at least 1 pod", param_hint="--pods")
@@ -157,7 +160,8 @@ def _spec_from_flags(*, team: str | None, queue: str | None, gpus: float, pods: 
             job_id=name or f"{team or 'team'}-{uuid.uuid4().hex[:8]}", team=team or "team",
             queue=queue or team or "team",
             priority_class=priority, max_runtime_s=max_runtime, labels=labels,
-            pod_sets=(PodSet(count=pods, gpus_per_pod=int(gpus), gpu_models=tuple(gpu_model)),),
+            pod_sets=(PodSet(count=pods, gpus_per_pod=1 if fraction else int(gpus),
+                             gpu_fraction=gpus if fraction else None, gpu_models=tuple(gpu_model)),),
             topology=TopologyRequest(required_level=TopologyLevel.RACK) if rack else TopologyRequest())
     except ValidationError as exc:
         raise typer.BadParameter(validation_message(exc)) from None

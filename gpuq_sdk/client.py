@@ -74,16 +74,19 @@ class Submitted:
     message: str | None = None
 
 
-def job_spec(spec: Mapping[str, Any] | None = None, *, gpus: int | None = None, pods: int | None = None,
+def job_spec(spec: Mapping[str, Any] | None = None, *, gpus: float | None = None, pods: int | None = None,
              gpu_models: tuple[str, ...] | list[str] = (), queue: str | None = None, team: str | None = None,
              job_id: str | None = None, priority_class: str | None = None, max_runtime_s: int | None = None,
              labels: Mapping[str, str] | None = None) -> dict[str, Any]:
     """A job spec as the API takes it: `spec` (a dict as in a job file) with the keyword arguments laid over it; a
     spec with no pod sets gets one pod set of `pods` pods with `gpus` GPUs each (1 and 1 by default). Fields left
-    out are the platform's to fill (team, queue, job id) or default (priority class, runtime limit)."""
+    out are the platform's to fill (team, queue, job id) or default (priority class, runtime limit). `gpus` between 0
+    and 1 (0.25) asks that part of one GPU, shared with other pods (`gpu_fraction`)."""
     out: dict[str, Any] = dict(spec or {})
     if "pod_sets" not in out or gpus is not None or pods is not None or gpu_models:
         pod_set: dict[str, Any] = {"count": 1 if pods is None else pods, "gpus_per_pod": 1 if gpus is None else gpus}
+        if gpus is not None and 0 < gpus < 1:  # part of one GPU: one shared GPU per pod
+            pod_set.update(gpus_per_pod=1, gpu_fraction=gpus)
         if gpu_models:
             pod_set["gpu_models"] = list(gpu_models)
         out["pod_sets"] = [pod_set]

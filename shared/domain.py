@@ -792,10 +792,14 @@ class NodeSpec(Frozen):
 
 
 class GpuBinding(Frozen):
-    """Where one pod runs: node, whole-GPU indices, one MIG slice (gpu index + slice index), or part of one shared
-    GPU: `shared_gpu` its index on the node, `share_milli` the compute share it holds there in milli-GPUs (its
+    """Where one pod runs: node, whole-GPU indices, one MIG slice, or part of one shared GPU.
+
+    `mig_slice`: (gpu index, slice index) on a node with one MIG profile (`NodeSpec.mig`); on a mixed-MIG node
+    (`NodeSpec.mig_profiles`) it is (the profile's index in the sorted profile names, slice number among that
+    profile's slices): gpuq's bookkeeping only, the device plugin picks the real instance. Part of a shared GPU:
+    `shared_gpu` its index on the node, `share_milli` the compute share it holds there in milli-GPUs (its
     gpu_fraction; a pod asking only GPU memory holds its memory's part of the GPU, at least 1), `gpu_memory_mib` the
-    GPU memory it holds there (0: none asked), `sharing` the node's mode (which isolation the executor sets up)."""
+    GPU memory it holds there (None: none asked), `sharing` the node's mode (which isolation the executor sets up)."""
 
     pod: str  # "<pod_set>-<index>"
     node: str

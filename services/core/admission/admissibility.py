@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from services.core.admission.model import Reason
 from services.core.admission.quota import QueueQuota, QuotaBook
-from services.core.admission.resources import GpuOption, PodSetDemand, Signature, pod_set_options, request_signature
+from services.core.admission.resources import (
+    GPU_MEMORY,
+    GPU_SHARE,
+    GpuOption,
+    PodSetDemand,
+    Signature,
+    pod_set_options,
+    request_signature,
+)
 from services.core.preemption.model import priority_of
 from shared.config import PriorityClass, QueuesConfig
 from shared.domain import JobSpec
@@ -65,6 +73,10 @@ def fit_verdict(book: QuotaBook, qq: QueueQuota, sig: Signature, *, may_borrow: 
             amount, models, profile = demand
             asked = ", ".join(models) if models else "any model"
             kind = f" with MIG profile {profile}" if profile else ""
+            if profile == GPU_MEMORY:  # no fallback: a share of GPU memory is no number of whole GPUs
+                kind = f" GPU memory (a pod set asking only gpu_memory_mib is charged `<model>:{GPU_MEMORY}`)"
+            elif profile == GPU_SHARE:
+                kind = f" as {GPU_SHARE} or whole GPUs"
             return (Reason.NO_FLAVOR,
                     f"queue {qq.name} has no quota for {asked}{kind} "
                     f"(it has: {', '.join(qq.quotas) or 'nothing'})")

@@ -31,7 +31,7 @@ class Inventory:
     repaired still counts toward what the platform team bought)."""
 
     gpus: Mapping[str, int] = field(default_factory=dict)  # GPUs per model (MIG-partitioned ones included)
-    slices: Mapping[str, int] = field(default_factory=dict)  # MIG slices per `model:profile`
+    slices: Mapping[str, int] = field(default_factory=dict)  # MIG slices per `model:profile`, shares (gpu-share)
     nodes: int = 0
 
     @property
@@ -62,6 +62,15 @@ def inventory_of(nodes: Iterable[NodeSpec]) -> Inventory:
         if n.mig is not None:
             key = f"{n.gpu_model}:{n.mig.profile}"
             slices[key] = slices.get(key, 0) + n.gpus * n.mig.slices_per_gpu
+        for profile, count in sorted(n.mig_profiles.items()):  # mixed MIG
+            key = f"{n.gpu_model}:{profile}"
+            slices[key] = slices.get(key, 0) + count
+        if n.sharing is not None:  # shared GPUs: milli-GPUs of compute and MiB of GPU memory (when known)
+            key = f"{n.gpu_model}:gpu-share"
+            slices[key] = slices.get(key, 0) + n.shared_gpus * 1000
+            if n.sharing.gpu_memory_mib:
+                key = f"{n.gpu_model}:gpu-memory"
+                slices[key] = slices.get(key, 0) + n.shared_gpus * n.sharing.gpu_memory_mib
         # a MIG node's GPUs count as whole GPUs too: a slice pod without a slice quota is charged whole GPUs
         gpus[n.gpu_model] = gpus.get(n.gpu_model, 0) + n.gpus
     return Inventory(gpus=dict(sorted(gpus.items())), slices=dict(sorted(slices.items())), nodes=count)

@@ -48,10 +48,11 @@ def gpu_request_violation(spec: JobSpec) -> Violation | None:
     GPU jobs: such a job would hold a node's CPU and memory, be placed on a GPU node and be counted as GPU work.
     A pod set with no GPU inside a job that has GPU pods (a launcher, a parameter server) is legitimate: it takes
     no quota and is bound to no GPU."""
-    if spec.total_gpus == 0 and spec.total_mig_slices == 0:
+    if spec.total_gpus == 0 and spec.total_mig_slices == 0 and not any(ps.shared for ps in spec.pod_sets):
         return Violation(NO_GPU_REQUESTED, f"job {spec.job_id} asks for no GPU (gpus_per_pod is 0 in every pod set): "
-                                           "gpuq schedules GPU jobs; ask for at least 1 GPU, or a MIG slice "
-                                           "(mig_profile) for a fraction of one", "gpus_per_pod")
+                                           "gpuq schedules GPU jobs; ask for at least 1 GPU, a part of one "
+                                           "(gpu_fraction, gpu_memory_mib) or a MIG slice (mig_profile)",
+                         "gpus_per_pod")
     return None
 
 

@@ -5,8 +5,9 @@ defines is present, null (an empty CSV field) where gpuq has nothing to say. gpu
 internal showback: there are no discounts or commitments (the CommitmentDiscount* columns are null), no regions
 or zones (RegionId, RegionName, AvailabilityZone are null), so ListCost = ContractedCost = EffectiveCost =
 BilledCost = allocated GPU-hours × the model's cost_per_gpu_hour. Consumption is measured in allocated
-GPU-hours (what the team held, used or not); gpuq's own figures are in `x_`-prefixed columns, the FOCUS
-convention for custom columns.
+GPU-hours (what the team held, used or not: a pod holding a quarter of a shared GPU is charged a quarter of the
+hours it held it); gpuq's own figures are in `x_`-prefixed columns, the FOCUS convention for custom columns
+(`x_GpuShare`: the GPUs held at once, a fraction for a job sharing a GPU).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ FOCUS_1_0_COLUMNS: tuple[str, ...] = (
 )
 GPUQ_COLUMNS: tuple[str, ...] = (
     "x_UsedGpuHours", "x_IdleGpuHours", "x_IdleCost", "x_LostGpuHours", "x_EnergyKwh", "x_Queue", "x_PriorityClass",
+    "x_GpuShare",
 )
 FOCUS_COLUMNS: tuple[str, ...] = FOCUS_1_0_COLUMNS + GPUQ_COLUMNS
 # Columns gpuq has no value for: null in every row (commitment discounts, regions and zones do not exist here;
@@ -103,5 +105,7 @@ def focus_rows(cells: Sequence[Cell], dims: Mapping[str, JobDims], *, since_ms: 
             "x_LostGpuHours": f"{t.lost_gpu_ms / HOUR_MS:.6f}",
             "x_EnergyKwh": f"{mj_to_kwh(t.energy_mj):.6f}",
             "x_Queue": job.queue, "x_PriorityClass": job.priority_class,
+            # GPUs the job held at once in the period: a fraction for a pod sharing a GPU (0.250), 8.000 for 8 GPUs
+            "x_GpuShare": f"{t.held_milli / 1000:.3f}",
         })
     return out

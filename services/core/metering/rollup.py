@@ -88,6 +88,7 @@ class Totals:
     cost: float = 0.0
     idle_cost: float = 0.0
     jobs: set[str] = field(default_factory=set)
+    held_milli: int = 0  # the most milli-GPUs held at once by one placement (a job sharing a GPU: its fraction)
 
     def add(self, other: Totals) -> None:
         self.allocated_gpu_ms += other.allocated_gpu_ms
@@ -100,6 +101,7 @@ class Totals:
         self.cost += other.cost
         self.idle_cost += other.idle_cost
         self.jobs |= other.jobs
+        self.held_milli = max(self.held_milli, other.held_milli)
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,9 @@ class Cell:
     sampled_gpu_ms: int
     energy_mj: int
     samples: int
+    # The most milli-GPUs one placement of the job held on that model in the hour (its parts on every node added
+    # up): 250 for a pod holding a quarter of a shared GPU, 8000 for 8 whole GPUs.
+    held_milli: int = 0
 
     @property
     def idle_gpu_ms(self) -> int:
@@ -151,15 +156,18 @@ def build_cells(allocations: Iterable[AllocationRow], usage: Iterable[UsageRow],
     """Per (job, model, hour) figures inside the hour-aligned window, sorted."""
     since_ms, until_ms = aligned_window(since_ms, until_ms)
     acc: dict[tuple[str, str, int], list[int]] = {}
+    held: dict[tuple[str, str, int, int], int] = {}  # (job, model, hour, placed at) -> milli-GPUs of that placement
 
     def slot(job: str, model: str, hour: int) -> list[int]:
-        return acc.setdefault((job, model, hour), [0, 0, 0, 0, 0, 0])
+        return acc.setdefault((job, model, hour), [0, 0, 0, 0, 0, 0, 0])
 
     for a in allocations:
         end = a.ended_at_ms if a.ended_at_ms is not None else max(a.placed_at_ms, horizon_ms)
         start, stop = max(a.placed_at_ms, since_ms), min(end, until_ms)
         for hour, ms in split_hours(start, stop):
             slot(a.job_id, a.gpu_model, hour)[0] += a.milli_gpus * ms // 1000
+            key = (a.job_id, a.gpu_model, hour, a.placed_at_ms)
+            held[key] = held.get(key, 0) + a.milli_gpus
         # Lost work belongs to the hour the job was preempted in.
         if a.lost_ms and a.ended_at_ms is not None and since_ms <= a.ended_at_ms < until_ms:
             slot(a.job_id, a.gpu_model, floor_to(a.ended_at_ms, HOUR_MS))[2] += a.lost_ms
@@ -170,6 +178,9 @@ def build_cells(allocations: Iterable[AllocationRow], usage: Iterable[UsageRow],
             s[3] += u.sampled_gpu_ms
             s[4] += u.energy_mj
             s[5] += u.samples
+    for (job, model, hour, _), milli in held.items():
+        s = acc[(job, model, hour)]
+        s[6] = max(s[6], milli)
     return [Cell(job, model, hour, *vals) for (job, model, hour), vals in sorted(acc.items())]
 
 
@@ -196,7 +207,7 @@ def rollup(cells: Sequence[Cell], dims: Mapping[str, JobDims], *, by: Sequence[s
         rate = rates.get(c.gpu_model, default_rate)
         t.add(Totals(allocated_gpu_ms=c.allocated_gpu_ms, used_gpu_ms=c.used_gpu_ms,
                      idle_gpu_ms=c.idle_gpu_ms, lost_gpu_ms=c.lost_gpu_ms, sampled_gpu_ms=c.sampled_gpu_ms,
-                     energy_mj=c.energy_mj, samples=c.samples, jobs={c.job_id},
+                     energy_mj=c.energy_mj, samples=c.samples, jobs={c.job_id}, held_milli=c.held_milli,
                      cost=c.allocated_gpu_ms * rate / HOUR_MS, idle_cost=c.idle_gpu_ms * rate / HOUR_MS))
     return [RollupRow(key, start, end, t) for (key, start, end), t in sorted(groups.items())]
 

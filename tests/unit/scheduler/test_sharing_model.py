@@ -83,3 +83,11 @@ def test_a_shared_binding_holds_its_share() -> None:
         GpuBinding(pod="main-0", node="n1", gpu_indices=(0,), shared_gpu=1, share_milli=300)
     with pytest.raises(ValidationError, match="shared_gpu and share_milli go together"):
         GpuBinding(pod="main-0", node="n1", shared_gpu=1)
+
+
+def test_the_sdk_writes_a_fraction_as_a_shared_pod_set() -> None:
+    from gpuq_sdk.client import job_spec
+
+    doc = job_spec(gpus=0.5, pods=2, team="t", queue="t", job_id="j")
+    (ps,) = JobSpec.model_validate(doc).pod_sets
+    assert ps.gpu_fraction == 0.5 and ps.gpus_per_pod == 1 and ps.count == 2
