@@ -46,6 +46,8 @@ class Commands(GpuqGroup):
                           ADMIN),
         "apply-queues": Lazy("cli.jobs:apply_queues", "Change teams, quotas and policy at runtime", ADMIN),
         "dead-letters": Lazy("cli.deadletters:dead_letters", "Recent dead letters with their reasons", ADMIN),
+        "export-trace": Lazy("cli.export_trace:export_trace", "Write the platform's own finished jobs as a "
+                                                              "simulator trace", ADMIN),  # what-if
         "preemptible": Lazy("services.preemption.cli:preemptible", "List the running jobs that could be preempted "
                                                                    "now", ADMIN),  # preemption
         # after a restore: the bus brought in line with the restored database

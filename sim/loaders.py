@@ -112,9 +112,12 @@ GENERIC_COLUMNS = ("job_id", "submit_time", "duration", "gpus", "team")
 
 def load_generic_csv(path: Path, nodes: Sequence[NodeSpec], queues: QueuesConfig | None, *,
                      window: Window = Window(), seed: int = 0) -> Trace:
-    """`job_id,submit_time,duration,gpus,team[,priority_class,gpu_model,max_runtime_s]` (seconds).
-    `team` doubles as the queue; `gpu_model` is an any-of list separated by `|`. Without `queues`, each team
-    gets a queue with an equal share of every GPU model, all in one cohort (so idle quota is borrowable)."""
+    """`job_id,submit_time,duration,gpus,team[,priority_class,gpu_model,max_runtime_s]` (seconds), and the columns
+    an exported trace adds (sim/export.py: `queue,pods,gpus_per_pod,mig_profile,checkpoint_interval_s`).
+    `team` doubles as the queue unless `queue` names one; `gpu_model` is an any-of list separated by `|`; `pods`
+    and `gpus_per_pod` give the gang's shape (else whole nodes of `gpus`); `checkpoint_interval_s` empty: the job
+    cannot checkpoint (the column absent: synthesised). Without `queues`, each queue gets an equal share of every
+    GPU model, all in one cohort (so idle quota is borrowable)."""
     per_node = max((n.gpus for n in nodes), default=PHILLY_GPUS_PER_NODE) or PHILLY_GPUS_PER_NODE
     jobs: list[TraceJob] = []
     with _open(path) as fh:
@@ -135,21 +138,39 @@ def load_generic_csv(path: Path, nodes: Sequence[NodeSpec], queues: QueuesConfig
                 models = tuple(m for m in (row.get("gpu_model") or "").split("|") if m)
                 est = row.get("max_runtime_s") or ""
                 pods, per_pod = gang_shape(gpus, per_node)
+                if row.get("pods"):  # an exported trace (sim/export.py) says the shape
+                    pods, per_pod = int(row["pods"]), int(row.get("gpus_per_pod") or 1)
+                mig = (row.get("mig_profile") or "").strip() or None
+                # the column given: its value (empty: the job cannot checkpoint); absent: synthesised
+                ckpt = (checkpoint_interval(job_id, seed) if "checkpoint_interval_s" not in row
+                        else int(float(row["checkpoint_interval_s"])) if row["checkpoint_interval_s"] else None)
                 jobs.append(TraceJob(
-                    job_id=job_id, submit_time=round(submit), duration=duration, team=team, queue=team,
-                    pods=pods, gpus_per_pod=per_pod, gpu_models=models,
+                    job_id=job_id, submit_time=round(submit), duration=duration, team=team,
+                    queue=(row.get("queue") or "").strip() or team,
+                    pods=pods, gpus_per_pod=per_pod, mig_profile=mig, gpu_models=models,
                     priority_class=(row.get("priority_class") or "").strip() or priority_class(job_id, seed),
                     max_runtime_s=int(float(est)) if est else estimate_runtime(duration, job_id, seed),
-                    checkpoint_interval_s=checkpoint_interval(job_id, seed),
+                    checkpoint_interval_s=ckpt,
                     preferred_level=_topology_for(pods),
                 ))
             except (KeyError, ValueError) as exc:
                 raise TraceError(f"{path}: line {lineno}: {exc}") from None
     jobs, t0 = _rebase(jobs)
     if queues is None:
-        queues = queues_for_teams(sorted({j.team for j in jobs}), _capacity_by_model(nodes))
+        queues = queues_for_teams(sorted({j.queue for j in jobs}), _capacity_by_model(nodes),
+                                  extra_teams=_teams_of_queues(jobs))
     return Trace(name=path.stem, jobs=jobs, nodes=list(nodes), queues=queues, epoch0=float(t0),
                  info={"format": "generic", "rows_kept": len(jobs)})
+
+
+def _teams_of_queues(jobs: Sequence[TraceJob]) -> dict[str, list[str]] | None:
+    """queue -> the teams submitting to it, where a queue is not just its team's (None: every queue is)."""
+    teams: dict[str, set[str]] = {}
+    for j in jobs:
+        teams.setdefault(j.queue, set()).add(j.team)
+    if all(t == {q} for q, t in teams.items()):
+        return None
+    return {q: sorted(t | {q}) for q, t in sorted(teams.items())}
 
 
 def queues_for_teams(teams: Sequence[str], capacity: Mapping[str, int], *,
