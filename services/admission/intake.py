@@ -15,6 +15,9 @@ from services.core.admission import Rejection, Workload, approval, governance, i
 from services.core.admission.governance import Violation
 from services.core.admission.limits import Bucket, pending_refusal, rate_refusal
 from services.core.admission.user_limits import user_limit_refusal
+from services.core.metering.budget import exhausted_verdict
+from services.core.preemption.model import priority_of
+from services.metering import budgetmodel
 from shared import audit
 from shared.audit import team_actor
 from shared.config import TeamPolicy
@@ -77,6 +80,8 @@ class Submission:
         await self.verdict("rejected", reason, message)
 
 
+BUDGET_EXHAUSTED = "BudgetExhausted"
+
 # A refusal: (reason, message, whether the refused job gets a row)
 Refusal = tuple[str, str, bool]
 
@@ -105,6 +110,9 @@ class SubmissionIntake:
 
     async def _judge(self, sub: Submission) -> None:
         refusal, tombstoned = await self._refusal(sub)
+        budget = await self._budget_verdict(sub) if refusal is None else None
+        if budget is not None and budget[0] == "refuse":
+            refusal = (BUDGET_EXHAUSTED, budget[1], False)  # no row: the id stays free (preemptible, or next period)
         if refusal is not None:
             await sub.reject(*refusal)
             return
@@ -117,6 +125,8 @@ class SubmissionIntake:
         if tombstoned and await self._cancelled_before_it_came(sub):
             return
         awaits = approval.approval_reason(spec, state.config.governance.for_team(sub.team), state.config)
+        if awaits is None and budget is not None:
+            awaits = budget[1]
         if awaits is not None:
             await self._await_approval(sub, awaits, predicted)
             return
@@ -149,6 +159,19 @@ class SubmissionIntake:
         if over is not None:
             return (over.reason, over.message, False), tombstoned  # no row: the id stays free for later
         return None, tombstoned
+
+    async def _budget_verdict(self, sub: Submission) -> tuple[str, str] | None:
+        """What the team's spent GPU-hour budget says of the job (core/metering/budget.py): refuse it, hold it for an
+        admin's approval, or nothing. Read from metering's read model (metering.v1_budgets), only for a team with a
+        budget in the configuration in force."""
+        config = self.memory.state.config
+        if sub.team not in config.budgets:
+            return None
+        row = await budgetmodel.exhausted(sub.tx.conn, sub.team, utcnow_from(sub.received_at))
+        if row is None:
+            return None
+        preemptible = priority_of(config, sub.spec)[1]
+        return exhausted_verdict(config.budgets[sub.team].on_exhausted, preemptible, sub.team, row.period)
 
     def _user_limit(self, spec: JobSpec) -> Violation | None:
         """Whether the job takes its user past a per-user limit (core/user_limits.py), counted over the core's

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from services.metering import store
 from services.metering.batch import handle_sample_batch
+from services.metering.budgets import report_budgets
 from services.metering.handlers import HANDLERS
 from services.metering.store import MIGRATIONS, SCHEMA
 from shared.events import QueueUsageReported, UtilizationSampled, utcnow_from
@@ -47,7 +48,8 @@ def build_spec(settings: Any) -> ServiceSpec:
     # and a sample with no handler there would be acked as ignored, i.e. lost.
     return ServiceSpec(name="metering", schema=SCHEMA, migrations=MIGRATIONS, handlers=dict(HANDLERS),
                        batch_handlers={UtilizationSampled: handle_sample_batch}, on_start=seed_prices,
-                       background=(report_usage, *([] if raw_days is None else [sample_retention(raw_days)])),
+                       background=(report_usage, report_budgets,
+                                   *([] if raw_days is None else [sample_retention(raw_days)])),
                        optimistic_batches=True,  # no memory: its facts are tables
                        batch_linger_s=READER_LINGER_S)
 
