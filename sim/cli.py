@@ -83,6 +83,9 @@ def simulate(
                                          "(e.g. lingjun_topo.csv) overriding the generated topology."),
     seed: int = typer.Option(0, "--seed", help="Seed of the synthesised estimates and priority classes."),
     max_jobs: int | None = typer.Option(None, "--max-jobs", help="Replay only the first N jobs of the window."),
+    gpu_sharing: str = typer.Option("round", "--gpu-sharing", help="openb's fractional pods: 'round' (half-GPU "
+                                    "slices or whole GPUs, the old replay), or replayed as fractions on nodes "
+                                    "sharing their GPUs by 'time-slicing' or 'mps'."),
     write_queues: Path | None = typer.Option(None, "--write-queues", help="Also write the queues the replay "
                                              "used as a queues.yaml (a starting point for a what-if)."),
     node_mtbf_h: float | None = typer.Option(None, "--node-mtbf-h", help="Fail nodes: mean hours between one "
@@ -107,11 +110,15 @@ def simulate(
     names = [p.strip() for p in policy.split(",") if p.strip()]
     opts = TraceOptions(trace=trace, fmt=fmt, cluster=cluster, queues=queues, start=start, end=end, month=month,
                         cluster_scale=cluster_scale, load=load, arrival_scale=arrival_scale, topology=topology,
-                        seed=seed, max_jobs=max_jobs)
+                        seed=seed, max_jobs=max_jobs, gpu_sharing=gpu_sharing)
     try:
         unknown = [n for n in names if n not in POLICIES]
         if unknown or not names:
             raise TraceError(f"unknown policy {', '.join(unknown) or '(none)'}; choose from {', '.join(POLICIES)}")
+        rounding = [n for n in names if not n.startswith("gpuq") and n != "volcano-hami"]
+        if gpu_sharing != "round" and rounding:
+            raise TraceError(f"--gpu-sharing {gpu_sharing}: {', '.join(rounding)} cannot share a GPU; replay them "
+                             "with --gpu-sharing round (fractions rounded up), or compare with volcano-hami")
         tr = load_trace(opts)
         console.print(f"[bold]{tr.name}[/]: {len(tr.jobs):,} jobs, {len(tr.nodes):,} nodes, "
                       f"{tr.capacity_gpus:,} GPUs, offered load {tr.offered_load():.2f}")

@@ -25,7 +25,7 @@ from shared.config import (
     apply_topology,
     load_topology_csv,
 )
-from shared.domain import MigLayout, NodeSpec, TopologyLevel
+from shared.domain import GpuSharing, MigLayout, NodeSpec, SharingMode, TopologyLevel
 from sim.model import Trace, TraceJob
 from sim.synth import checkpoint_interval, estimate_runtime, priority_class
 
@@ -296,16 +296,26 @@ OPENB_SLICES_PER_GPU = 2
 QOS_PRIORITY = {"LS": "high", "Guaranteed": "high", "Burstable": "normal", "BE": "low"}
 
 
+OPENB_SHARING = ("round", "time-slicing", "mps")
+
+
 def load_openb(pods_path: Path, *, nodes_path: Path | None = None, topology_path: Path | None = None,
-               window: Window = Window(), seed: int = 0) -> Trace:
+               window: Window = Window(), seed: int = 0, sharing: str = "round") -> Trace:
     """Alibaba openb pod list (one pod = one job) with its node list.
 
-    Fractional GPUs (`gpu_milli` < 1000) become MIG-like slices: a pod asking <= 500 milli-GPU takes one
-    half-GPU slice (profile `half`) on a shared node; a larger fraction takes a whole GPU (two halves cannot
-    be combined). Per model, nodes are set aside as shared nodes (2 slices per GPU) in proportion to the
-    slice demand of the trace (GPU-seconds asked as slices ÷ all GPU-seconds), rounded. CPU-only pods are
-    dropped. Duration = deletion - scheduled time (creation time when never scheduled). qos -> priority:
-    LS/Guaranteed = high, Burstable = normal, BE = low. `gpu_spec` is the any-of model list."""
+    `sharing` "round" (the default, the old replay): fractional GPUs (`gpu_milli` < 1000) become MIG-like slices:
+    a pod asking <= 500 milli-GPU takes one half-GPU slice (profile `half`) on a shared node; a larger fraction
+    takes a whole GPU (two halves cannot be combined). Per model, nodes are set aside as shared nodes (2 slices per
+    GPU) in proportion to the slice demand of the trace (GPU-seconds asked as slices ÷ all GPU-seconds), rounded.
+    `sharing` "time-slicing" or "mps": a fractional pod asks its fraction (`gpu_fraction` = gpu_milli / 1000), and
+    the nodes set aside the same way (in proportion to the GPU-seconds asked as fractions) share their GPUs in
+    that mode, with as many replicas per GPU as the smallest fraction of the trace allows (1000 // its
+    gpu_milli); quotas get `<model>:gpu-share` (the shared GPUs × 1000). CPU-only pods are dropped. Duration =
+    deletion - scheduled time (creation time when never scheduled). qos -> priority: LS/Guaranteed = high,
+    Burstable = normal, BE = low. `gpu_spec` is the any-of model list."""
+    if sharing not in OPENB_SHARING:
+        raise TraceError(f"unknown GPU sharing {sharing!r} for openb; choose from {', '.join(OPENB_SHARING)}")
+    fractions = sharing != "round"
     nodes_path = nodes_path or pods_path.with_name("openb_node_list_gpu_node.csv")
     jobs: list[TraceJob] = []
     cpu_only = 0
@@ -328,10 +338,12 @@ def load_openb(pods_path: Path, *, nodes_path: Path | None = None, topology_path
                 duration = max(1, int(row["deletion_time"]) - started)
                 job_id = row["name"].strip()
                 fractional = num_gpu == 1 and milli <= 1000 // OPENB_SLICES_PER_GPU
+                shared = fractions and num_gpu == 1 and milli < 1000
                 jobs.append(TraceJob(
                     job_id=job_id, submit_time=created, duration=duration, team=OPENB_QUEUE, queue=OPENB_QUEUE,
                     pods=1, gpus_per_pod=1 if fractional else num_gpu,
-                    mig_profile=OPENB_SLICE_PROFILE if fractional else None,
+                    mig_profile=OPENB_SLICE_PROFILE if fractional and not fractions else None,
+                    share_milli=milli if shared else 0,
                     gpu_models=tuple(sorted(m for m in row["gpu_spec"].split("|") if m)),
                     priority_class=QOS_PRIORITY.get(row["qos"].strip(), "normal"),
                     max_runtime_s=estimate_runtime(duration, job_id, seed),
@@ -341,20 +353,25 @@ def load_openb(pods_path: Path, *, nodes_path: Path | None = None, topology_path
             except (KeyError, ValueError) as exc:
                 raise TraceError(f"{pods_path}: line {lineno}: {exc}") from None
     jobs, _t0 = _rebase(jobs)
-    slice_demand = sum(j.duration for j in jobs if j.mig_profile) / OPENB_SLICES_PER_GPU
+    if fractions:
+        slice_demand = sum(j.duration * j.share_milli for j in jobs) / 1000
+    else:
+        slice_demand = sum(j.duration for j in jobs if j.mig_profile) / OPENB_SLICES_PER_GPU
     whole_demand = sum(j.duration * j.gpus for j in jobs)
     shared_fraction = slice_demand / (slice_demand + whole_demand) if jobs else 0.0
-    nodes = _openb_nodes(nodes_path, shared_fraction)
+    smallest = min((j.share_milli for j in jobs if j.share_milli), default=500)
+    mode = SharingMode(sharing) if fractions else None
+    nodes = _openb_nodes(nodes_path, shared_fraction, mode, max(2, 1000 // smallest))
     # A fractional pod may only land on a model that has shared nodes: its any-of list is narrowed to those
     # models (empty list = any of them); when none is left it takes a whole GPU instead.
-    shared_models = tuple(sorted({n.gpu_model for n in nodes if n.mig is not None}))
+    shared_models = tuple(sorted({n.gpu_model for n in nodes if n.mig is not None or n.sharing is not None}))
     narrowed = 0
     for i, j in enumerate(jobs):
-        if j.mig_profile is None:
+        if j.mig_profile is None and not j.share_milli:
             continue
         models = tuple(m for m in (j.gpu_models or shared_models) if m in shared_models)
         if not models:
-            jobs[i] = replace(j, mig_profile=None)
+            jobs[i] = replace(j, mig_profile=None, share_milli=0)
             narrowed += 1
         elif models != (j.gpu_models or shared_models):
             jobs[i] = replace(j, gpu_models=models)
@@ -367,16 +384,21 @@ def load_openb(pods_path: Path, *, nodes_path: Path | None = None, topology_path
     # nodes under "<model>:<profile>" (so a fractional pod is charged one slice, not a whole GPU).
     capacity: dict[str, int] = {}
     for n in nodes:
+        if n.sharing is not None:
+            key = f"{n.gpu_model}:gpu-share"
+            capacity[key] = capacity.get(key, 0) + n.shared_gpus * 1000
+            continue
         key = f"{n.gpu_model}:{n.mig.profile}" if n.mig else n.gpu_model
         capacity[key] = capacity.get(key, 0) + n.gpus * (n.mig.slices_per_gpu if n.mig else 1)
     queues = queues_for_teams([OPENB_QUEUE], dict(sorted(capacity.items())), cohort="openb")
     info: dict[str, object] = {"format": "openb", "rows_kept": len(jobs), "cpu_only_dropped": cpu_only,
                                "shared_node_fraction": round(shared_fraction, 4),
-                               "fractional_pods_narrowed": narrowed}
+                               "fractional_pods_narrowed": narrowed, "gpu_sharing": sharing}
     return Trace(name=pods_path.stem, jobs=jobs, nodes=nodes, queues=queues, epoch0=0.0, info=info)
 
 
-def _openb_nodes(path: Path, shared_fraction: float) -> list[NodeSpec]:
+def _openb_nodes(path: Path, shared_fraction: float, mode: SharingMode | None = None,
+                 replicas: int = 2) -> list[NodeSpec]:
     rows: list[tuple[str, int, int, int, str]] = []
     with _open(path) as fh:
         reader = csv.DictReader(fh)
@@ -398,8 +420,12 @@ def _openb_nodes(path: Path, shared_fraction: float) -> list[NodeSpec]:
         shared = round(len(group) * shared_fraction)
         for i, (sn, cpu, mem, gpus, _) in enumerate(group):
             # The last `shared` nodes of each model (by serial number) are partitioned into half-GPU slices.
+            # (or, with a sharing mode, share their GPUs by it)
+            part = i >= len(group) - shared
             mig = MigLayout(profile=OPENB_SLICE_PROFILE, slices_per_gpu=OPENB_SLICES_PER_GPU) \
-                if i >= len(group) - shared else None
+                if part and mode is None else None
+            sharing = GpuSharing(mode=mode, replicas=replicas) if part and mode is not None else None
             nodes.append(NodeSpec(name=sn, gpus=gpus, gpu_model=model, cpu_milli=cpu, memory_mib=mem, mig=mig,
-                                  rack=f"{model.lower()}-rack{i // 8}", block=f"{model.lower()}-block{i // 64}"))
+                                  sharing=sharing, rack=f"{model.lower()}-rack{i // 8}",
+                                  block=f"{model.lower()}-block{i // 64}"))
     return nodes

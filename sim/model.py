@@ -30,11 +30,12 @@ class TraceJob:
     memory_mib: int = 0  # per pod
     preferred_level: TopologyLevel | None = None
     checkpoint_interval_s: int | None = None  # None = the job cannot checkpoint (loses all work on eviction)
+    share_milli: int = 0  # > 0: each pod asks this part of one shared GPU, in milli-GPUs (openb's gpu_milli)
 
     @property
     def gpus(self) -> int:
-        """Whole GPUs of the gang (MIG-slice pods count 0)."""
-        return 0 if self.mig_profile else self.pods * self.gpus_per_pod
+        """Whole GPUs of the gang (MIG-slice pods and pods sharing a GPU count 0)."""
+        return 0 if self.mig_profile or self.share_milli else self.pods * self.gpus_per_pod
 
     @property
     def slices(self) -> int:
@@ -50,7 +51,8 @@ class TraceJob:
                 PodSet(
                     name="main",
                     count=self.pods,
-                    gpus_per_pod=1 if self.mig_profile else self.gpus_per_pod,
+                    gpus_per_pod=1 if self.mig_profile or self.share_milli else self.gpus_per_pod,
+                    gpu_fraction=self.share_milli / 1000 if self.share_milli else None,
                     gpu_models=self.gpu_models,
                     mig_profile=self.mig_profile,
                     cpu_milli=self.cpu_milli,
@@ -80,7 +82,9 @@ class Trace:
         return sum(n.gpus for n in self.nodes)
 
     def gpu_milli(self, job: TraceJob) -> int:
-        """A job's footprint in milli-GPUs: whole GPUs, or slices as their fraction of a GPU."""
+        """A job's footprint in milli-GPUs: whole GPUs, slices as their fraction of a GPU, or its shares of GPUs."""
+        if job.share_milli:
+            return job.pods * job.share_milli
         if not job.mig_profile:
             return job.gpus * 1000
         return job.slices * self.slice_milli()

@@ -6,5 +6,6 @@
 # shortest first within a priority and fair-share standing, aged; services/core/admission/ordering.py).
 # gpuq-fairtime: gpuq with fair share over time (usage decayed with a 7-day half-life, Slurm's default
 # PriorityDecayHalfLife; services/core/admission/history.py).
+# volcano-hami: Volcano with HAMi-like GPU sharing (any GPU takes fractions; sim/policies/hami.py).
 POLICIES = ("gpuq", "gpuq-duration", "gpuq-fairtime", "gpuq-evict", "gpuq-nopreempt", "kueue", "slurm", "volcano",
-            "quota-fifo", "pod-fifo")
+            "volcano-hami", "quota-fifo", "pod-fifo")
