@@ -66,6 +66,10 @@ def make_policy(name: str) -> Policy:
         return Slurm()
     if name == "volcano":
         return Volcano()
+    if name == "volcano-hami":
+        from sim.policies.hami import VolcanoHami
+
+        return VolcanoHami()
     if name == "quota-fifo":
         return QuotaFifo()
     if name == "pod-fifo":
@@ -88,6 +92,7 @@ class TraceOptions:
     topology: Path | None = None
     seed: int = 0
     max_jobs: int | None = None
+    gpu_sharing: str = "round"  # openb: round fractions up (round) or replay them as fractions (time-slicing|mps)
 
 
 def detect_format(path: Path) -> str:
@@ -121,7 +126,8 @@ def _load_once(opts: TraceOptions, fmt: str, scale: float) -> Trace:
     elif fmt == "openb":
         if scale != 1.0:
             raise TraceError("--cluster-scale/--load are not supported for the openb trace (a fixed real cluster)")
-        trace = load_openb(opts.trace, topology_path=opts.topology, window=window, seed=opts.seed)
+        trace = load_openb(opts.trace, topology_path=opts.topology, window=window, seed=opts.seed,
+                           sharing=opts.gpu_sharing)
     else:
         if opts.cluster is None:
             raise TraceError("the generic CSV needs --cluster cluster.yaml")
