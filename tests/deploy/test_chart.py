@@ -46,6 +46,7 @@ EXECUTOR_CLUSTER_RULES = {
     ("jobset.x-k8s.io", "jobsets"): {"list", "watch"},
     ("kubeflow.org", "pytorchjobs"): {"list", "watch"},
     ("ray.io", "rayjobs"): {"list", "watch"},
+    ("resource.k8s.io", "resourceslices"): {"list", "watch"},  # DRA devices (issue 47)
 }
 # What it changes, only in the namespaces gpuq manages (a RoleBinding in each).
 EXECUTOR_NAMESPACED_RULES = {
@@ -59,7 +60,14 @@ EXECUTOR_NAMESPACED_RULES = {
     ("jobset.x-k8s.io", "jobsets/status"): {"patch"},
     ("kubeflow.org", "pytorchjobs/status"): {"patch"},
     ("ray.io", "rayjobs/status"): {"patch"},
+    # DRA: an event-submitted pod set's claim template, and the allocation written into each pod's claim (issue 47)
+    ("resource.k8s.io", "resourceclaimtemplates"): {"create"},
+    ("resource.k8s.io", "resourceclaims"): {"get"},
+    ("resource.k8s.io", "resourceclaims/status"): {"patch"},
 }
+DRA_RULES = {k: v for k, v in {**EXECUTOR_CLUSTER_RULES, **EXECUTOR_NAMESPACED_RULES}.items()
+             if k[0] == "resource.k8s.io"}
+DRA_WRITES = {k for k in EXECUTOR_NAMESPACED_RULES if k[0] == "resource.k8s.io"}
 EXECUTOR_RULES = {k: EXECUTOR_CLUSTER_RULES.get(k, set()) | EXECUTOR_NAMESPACED_RULES.get(k, set())
                   for k in {*EXECUTOR_CLUSTER_RULES, *EXECUTOR_NAMESPACED_RULES}}
 READ_VERBS = {"get", "list", "watch"}
@@ -123,13 +131,15 @@ def test_rbac_grants_the_executor_and_the_api_exactly_their_verbs_and_nothing_wi
     executor = {k: EXECUTOR_CLUSTER_RULES.get(k, set()) | workloads.get(k, set())
                 for k in {*EXECUTOR_CLUSTER_RULES, *workloads}}
     beyond = {k: v - CEILING.get(k, set()) for k, v in executor.items() if v - CEILING.get(k, set())}
-    # ... and `patch` on the status of the three custom kinds (STATUS_RULES)
+    # ... and `patch` on the status of the three custom kinds (STATUS_RULES), and DRA's objects (DRA_RULES)
     assert beyond == {("batch", "jobs"): {"create"}, ("jobset.x-k8s.io", "jobsets"): {"create"},
-                      **{k: {"patch"} for k in STATUS_RULES}}
+                      **{k: {"patch"} for k in STATUS_RULES}, **DRA_RULES}
     narrow_docs = render(CI_VALUES, sets=["rbac.eventSubmittedJobs=false"])
     narrow = granted_by(of_kind(narrow_docs, "ClusterRole")["gpuq-executor-workloads"])
     assert all(verbs <= CEILING[k] for k, verbs in narrow.items() if k not in STATUS_RULES)
-    assert narrow == {k: v - {"create"} if k in WORKLOADS else v for k, v in EXECUTOR_NAMESPACED_RULES.items()}
+    # the claims DRA writes are event-submitted jobs' only: the switch takes them away too
+    assert narrow == {k: v - {"create"} if k in WORKLOADS else v for k, v in EXECUTOR_NAMESPACED_RULES.items()
+                      if k not in DRA_WRITES}
     assert granted_by(of_kind(narrow_docs, "ClusterRole")["gpuq-executor"]) == EXECUTOR_CLUSTER_RULES
     assert granted_by(roles["gpuq-api"]) == API_RULES
 

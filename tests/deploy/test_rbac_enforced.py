@@ -94,9 +94,10 @@ ENDING_WORKLOADS = [
 ]
 
 
-def event_job(job_id: str, pod_sets: int) -> JobSpec:
+def event_job(job_id: str, pod_sets: int, node: str | None = None) -> JobSpec:
     return JobSpec(job_id=job_id, team="team-a", queue="team-a", pod_sets=tuple(
         PodSet(name=f"set{i}", count=1, gpus_per_pod=1, cpu_milli=1000, memory_mib=1024,
+               node_selector={"kubernetes.io/hostname": node} if node else {},
                template=PodTemplate(image="ghcr.io/example/eval:3", command=("python", "eval.py")))
         for i in range(pod_sets)))
 
@@ -130,6 +131,9 @@ async def as_service_account(kube_api: KubeCluster, name: str, tmp_path: Path) -
 async def setup_cluster(kube_api: KubeCluster) -> None:
     for i in range(1, 4):
         kube_api.fake.add_node(f"n{i}", gpus=8, gpu_product=H100, labels={BLOCK: "b1", RACK: "r1"})
+    # a node whose GPUs are DRA devices (resource.k8s.io/v1 ResourceSlices), where an event job claims one
+    kube_api.fake.add_node("dra", labels={BLOCK: "b1", RACK: "r1"})
+    kube_api.fake.add_gpu_slice("dra", gpus=2)
     if await kube_api.read(_namespaces(), NS) is None:
         await kube_api.create_namespace(NS)
 
@@ -167,10 +171,11 @@ async def test_the_executor_and_the_api_run_with_exactly_the_charts_roles(
     async with kube_api.autopilot(), executor_stack(nats_url, database_url, executor_config):
         for workload in CLUSTER_WORKLOADS:
             await client.create(workload)
-        await submit(nats_url, event_job("event-job", 1), event_job("event-jobset", 2))
-        started = await eventually("every job started", lambda: _at_least(bus_events(nats_url, "job.started"), 5),
+        await submit(nats_url, event_job("event-job", 1), event_job("event-jobset", 2),
+                     event_job("event-dra", 1, node="dra"))
+        started = await eventually("every job started", lambda: _at_least(bus_events(nats_url, "job.started"), 6),
                                    timeout_s=90)
-        assert len({e["job_id"] for e in started}) == 5
+        assert len({e["job_id"] for e in started}) == 6
         assert await bus_events(nats_url, "job.failed") == []
         for workload in ENDING_WORKLOADS:
             await client.create(workload)

@@ -6,7 +6,9 @@ Priority: the `gpuq.io/priority-class` label, else the pod templates' `priorityC
 `gpuq.io/max-runtime-s` annotation. Checkpoint support: the `gpuq.io/checkpoint` annotation. Retries:
 `gpuq.io/retry-backoff-limit` (with `gpuq.io/retry-backoff-s` and `gpuq.io/retry-reasons`), the spec's `retry`.
 Where each pod set may run: its template's nodeSelector, node affinity and tolerations, which the scheduler
-honours (the job's own tolerations are those every pod set shares).
+honours (the job's own tolerations are those every pod set shares). Part of a GPU (issue 47): a template asking
+one GPU (`nvidia.com/gpu`, or the renamed `nvidia.com/gpu.shared`) with `gpuq.io/gpu-fraction`,
+`gpuq.io/gpu-memory-mib` and optionally `gpuq.io/gpu-sharing` (time-slicing | mps) on the template or the workload.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from shared.domain import (
     PodSet,
     PreferredSchedulingTerm,
     RetryPolicy,
+    SelectorOperator,
     Toleration,
     TopologyLevel,
     TopologyRequest,
@@ -55,18 +58,65 @@ def wants_gpuq(obj: Obj) -> bool:
 
 def _resources(template: Mapping[str, Any]) -> tuple[int, str | None, int, int]:
     """GPUs per pod, MIG profile, milli-CPU and MiB of one pod template (limits for extended resources, requests
-    for CPU and memory, falling back to limits as Kubernetes does)."""
+    for CPU and memory, falling back to limits as Kubernetes does). A replica of `nvidia.com/gpu.shared` counts as
+    one GPU (which `_sharing` makes a shared one)."""
     gpus, mig, cpu, mem = 0, None, 0, 0
     for c in (template.get("spec") or {}).get("containers") or []:
         res = c.get("resources") or {}
         limits, requests = res.get("limits") or {}, res.get("requests") or {}
         gpus += count(limits.get(n.GPU_RESOURCE, requests.get(n.GPU_RESOURCE, 0)))
+        gpus += count(limits.get(n.SHARED_GPU_RESOURCE, requests.get(n.SHARED_GPU_RESOURCE, 0)))
         for key in sorted(limits):
             if key.startswith(n.MIG_RESOURCE_PREFIX) and count(limits[key]) > 0:
                 mig = key.removeprefix(n.MIG_RESOURCE_PREFIX)
         cpu += milli(requests.get("cpu", limits.get("cpu", 0)))
         mem += mebibytes(requests.get("memory", limits.get("memory", 0)))
     return gpus, mig, cpu, mem
+
+
+def _asks_shared_resource(template: Mapping[str, Any]) -> bool:
+    return any(n.SHARED_GPU_RESOURCE in {**((c.get("resources") or {}).get("limits") or {}),
+                                         **((c.get("resources") or {}).get("requests") or {})}
+               for c in (template.get("spec") or {}).get("containers") or [])
+
+
+def _sharing(template: Mapping[str, Any], workload: Mapping[str, str], gpus: int) -> dict[str, Any]:
+    """The part of a GPU each pod of the template asks (PodSet fields): gpuq.io/gpu-fraction, gpuq.io/gpu-memory-mib
+    and gpuq.io/gpu-sharing on the template, else on the workload, for a template asking one GPU. Raises ValueError
+    naming what is wrong (a replica of nvidia.com/gpu.shared without a part of a GPU said, a malformed value)."""
+    own = ((template.get("metadata") or {}).get("annotations")) or {}
+    keys = (n.GPU_FRACTION_ANNOTATION, n.GPU_MEMORY_ANNOTATION, n.GPU_SHARING_ANNOTATION)
+    said = {k: own[k] if k in own else workload[k] for k in keys if k in own or k in workload}
+    if not said or gpus == 0:
+        if _asks_shared_resource(template):
+            raise ValueError(f"a pod template asks {n.SHARED_GPU_RESOURCE}: say the part of the GPU each pod needs "
+                             f"with the annotation {n.GPU_FRACTION_ANNOTATION} (e.g. 0.25) or "
+                             f"{n.GPU_MEMORY_ANNOTATION}")
+        return {}
+    out: dict[str, Any] = {}
+    if n.GPU_FRACTION_ANNOTATION in said:
+        try:
+            out["gpu_fraction"] = float(said[n.GPU_FRACTION_ANNOTATION])
+        except ValueError:
+            raise ValueError(f"annotation {n.GPU_FRACTION_ANNOTATION}={said[n.GPU_FRACTION_ANNOTATION]!r} is not a "
+                             "number") from None
+    if n.GPU_MEMORY_ANNOTATION in said:
+        out["gpu_memory_mib"] = _int_annotation(said, n.GPU_MEMORY_ANNOTATION)
+    if n.GPU_SHARING_ANNOTATION in said:
+        out["gpu_sharing"] = said[n.GPU_SHARING_ANNOTATION]
+    return out
+
+
+def _off_dra_nodes(affinity: NodeAffinity | None) -> NodeAffinity:
+    """The affinity with `gpuq.io/dra-driver DoesNotExist` ANDed into every required term: a workload created in the
+    cluster asks its GPUs from the device plugin, which a node whose GPUs are DRA devices does not advertise (gpuq
+    cannot give a suspended workload's template claims). The label is on gpuq's NodeSpec only, so kube-scheduler
+    never sees this requirement."""
+    off = NodeSelectorRequirement(key=n.DRA_NODE_LABEL, operator=SelectorOperator.DOES_NOT_EXIST)
+    base = affinity or NodeAffinity()
+    terms = base.required or (NodeSelectorTerm(),)
+    return base.model_copy(update={"required": tuple(
+        t.model_copy(update={"match_expressions": (*t.match_expressions, off)}) for t in terms)})
 
 
 def _requirement(expr: Mapping[str, Any]) -> NodeSelectorRequirement:
@@ -123,10 +173,11 @@ def _int_annotation(annotations: Mapping[str, str], key: str) -> int | None:
 
 
 def job_spec(kind: WorkloadKind, obj: Obj, queues: QueuesConfig, cfg: KubernetesSource, *,
-             user_of_record: bool = False) -> JobSpec | Refusal:
+             user_of_record: bool = False, dra_nodes: bool = False) -> JobSpec | Refusal:
     """The JobSpec of a workload, or a Refusal naming what is wrong. `user_of_record`: the `gpuq.io/user`
     annotation was written by gpuq's admission webhook from the creating request's user (which refuses a user's own
-    value), so it is the job's user; otherwise it is whatever the author wrote and is not used."""
+    value), so it is the job's user; otherwise it is whatever the author wrote and is not used. `dra_nodes`: the
+    cluster has nodes whose GPUs are DRA devices, which the workload's GPU pod sets are kept off (`_off_dra_nodes`)."""
     meta = obj.get("metadata") or {}
     namespace, name = meta.get("namespace") or "default", meta["name"]
     labels: dict[str, str] = dict(meta.get("labels") or {})
@@ -158,7 +209,9 @@ def job_spec(kind: WorkloadKind, obj: Obj, queues: QueuesConfig, cfg: Kubernetes
             sets.append(PodSet(name=ps.name, count=ps.count, gpus_per_pod=1 if mig else gpus,
                                gpu_models=_models(ps.template, models_annotation, cfg), mig_profile=mig,
                                cpu_milli=cpu, memory_mib=mem, node_selector=_node_selector(ps.template),
-                               affinity=_affinity(ps.template), tolerations=_sorted(_tolerations(ps.template))))
+                               affinity=_off_dra_nodes(_affinity(ps.template)) if dra_nodes and (gpus or mig)
+                               else _affinity(ps.template), tolerations=_sorted(_tolerations(ps.template)),
+                               **_sharing(ps.template, annotations, 0 if mig else gpus)))
         common = set.intersection(*(_tolerations(ps.template) for ps in pod_sets))
         deadline = kind.active_deadline_s(obj) or _int_annotation(annotations, n.MAX_RUNTIME_ANNOTATION)
         interval = _int_annotation(annotations, n.CHECKPOINT_INTERVAL_ANNOTATION)

@@ -39,10 +39,20 @@ RESUME_FROM_ANNOTATION = "gpuq.io/resume-from"  # on pod templates: the checkpoi
 # On the pods of a pod set sharing GPUs (issue 47): the node's sharing mode (time-slicing | mps), and what isolation
 # its pods have from the others on the same GPU, said in words (time-slicing has none).
 GPU_SHARING_LABEL = "gpuq.io/gpu-sharing"
+# How a workload's pods ask part of a GPU (on a pod template, else on the workload): the compute share (0 < x < 1),
+# the GPU memory in MiB, and the isolation required (time-slicing | mps). Its containers ask one replica of the
+# sharing resource (nvidia.com/gpu, or nvidia.com/gpu.shared where the device plugin renames it).
+GPU_FRACTION_ANNOTATION = "gpuq.io/gpu-fraction"
+GPU_MEMORY_ANNOTATION = "gpuq.io/gpu-memory-mib"
+GPU_SHARING_ANNOTATION = "gpuq.io/gpu-sharing"
 GPU_ISOLATION_ANNOTATION = "gpuq.io/gpu-isolation"
 # MPS: the client's share of the GPU's threads (percent) and its pinned device memory limit ("0=<MiB>M").
 MPS_THREADS_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 MPS_MEMORY_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+
+# On the NodeSpec (not the Node) of a node whose GPUs are DRA devices: the driver. A workload created in the cluster
+# asks device-plugin resources, which such a node does not advertise: its GPU pod sets are kept off it.
+DRA_NODE_LABEL = "gpuq.io/dra-driver"
 
 PLACEMENT_GATE = "gpuq.io/placement"  # scheduling gate held until gpuq gives the pod its node
 RESUME_ENV = "GPUQ_RESUME_FROM"

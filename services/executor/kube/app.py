@@ -87,7 +87,7 @@ class KubeExecutor:
         self.outcomes = Outcomes(api, self.notices, self.cfg)
         self.nodes = NodeWatch(api, self.cfg, self.seat, self.outcomes, degrades=self.dcgm is not None)
         self.pods = PodWatch(api, self.cfg, self.seat, self.notices, self.outcomes, self.nodes)
-        self.runner = Runner(api, self.notices, self.outcomes, self.config, self.scheduler_tables)
+        self.runner = Runner(api, self.notices, self.outcomes, self.config, self.scheduler_tables, nodes=self.nodes)
         self.intake = WorkloadIntake(api, settings, self.seat, self.notices, self.outcomes, self.config, self.runner)
         self.stops = Stops(api, self.notices, self.outcomes, self.pods)
         self.capacity = Capacity(api, self.cfg, self.seat, self.notices, self.config, self.nodes, settings.tick_s)
@@ -161,8 +161,8 @@ class KubeExecutor:
     # ------------------------------------------------------------------ informers
 
     async def watch_cluster(self, runtime: ServiceRuntime) -> None:
-        """The pods bound to nodes (what others hold there), then nodes (the scheduler needs them before anything
-        can run), then gpuq's pods and workloads."""
+        """The pods bound to nodes (what others hold there) and the DRA devices, then nodes (the scheduler needs
+        them before anything can run), then gpuq's pods and workloads."""
         tasks = [asyncio.create_task(self.nodes.bound_pod_informer.run(), name="kube-bound-pods")]
         try:
             try:  # nodes are first announced with what others hold on them, unless listing pods keeps failing
@@ -170,6 +170,7 @@ class KubeExecutor:
             except TimeoutError:
                 log.warning("the pods bound to nodes are not listed after %.0f s: the nodes are announced without "
                             "what pods gpuq does not manage hold there until they are", BOUND_PODS_WAIT_S)
+            tasks += await self.nodes.watch_devices(BOUND_PODS_WAIT_S)  # DRA, where the API serves it
             tasks.append(asyncio.create_task(self.nodes.informer.run(), name="kube-nodes"))
             await self.nodes.informer.synced.wait()
             tasks += [asyncio.create_task(i.run(), name=f"kube-{i.name}")

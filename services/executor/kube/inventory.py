@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from services.core.kube import names as n
+from services.core.kube.dra import Device, with_devices
 from services.core.kube.nodes import node_spec, selected
 from services.core.kube.usage import NodeLoads, still_refused, with_refusal
 from services.executor.dcgm import with_health
@@ -34,6 +35,7 @@ log = logging.getLogger("gpuq.executor.kube")
 SOURCE = "kubernetes"
 
 Verdicts = Mapping[str, tuple[str, str]]  # node -> (reason, message) of the DCGM source's degraded nodes
+Devices = Mapping[str, tuple[Device, ...]]  # node -> its DRA GPU devices (core/kube/dra.py)
 NO_VERDICTS: Verdicts = {}
 
 
@@ -51,7 +53,7 @@ def _chunk(texts: list[str]) -> int:
 
 
 def _map(obj: dict[str, Any], cfg: KubernetesSource, degraded: Verdicts = NO_VERDICTS, *,
-         quiet: bool = False, loads: NodeLoads | None = None) -> NodeSpec | None:
+         quiet: bool = False, loads: NodeLoads | None = None, devices: Devices | None = None) -> NodeSpec | None:
     if not selected(obj, cfg):
         return None
     try:
@@ -60,6 +62,8 @@ def _map(obj: dict[str, Any], cfg: KubernetesSource, degraded: Verdicts = NO_VER
         if not quiet:
             log.error("ignoring node: %s", exc)
         return None
+    if devices:  # DRA: a node whose GPUs are the ResourceSlices' devices
+        spec = with_devices(spec, devices.get(spec.name, ()), cfg)
     if loads is not None:  # what the pods gpuq does not manage hold there
         spec = spec.model_copy(update={"held": loads.held(spec.name, spec.mig.profile if spec.mig else None)})
         if spec.mig_profiles:  # a mixed-strategy node: the slices of each profile others hold are not gpuq's
@@ -86,14 +90,15 @@ def _bare(spec: NodeSpec) -> NodeSpec:
 
 
 async def refuse(tx: Tx, obj: dict[str, Any], cfg: KubernetesSource, *, job_id: str, shape: PodShape, reason: str,
-                 message: str, loads: NodeLoads, degraded: Verdicts = NO_VERDICTS) -> NodeSpec | None:
+                 message: str, loads: NodeLoads, degraded: Verdicts = NO_VERDICTS, devices: Devices | None = None
+                 ) -> NodeSpec | None:
     """The node `obj` refused a pod of `job_id` gpuq placed there: announce it with the refusal (NodeChanged, reason
     PlacementRefused) and what its other pods hold now, so that the scheduler places no such pod there until that
     changes. None when the node is not one gpuq announces."""
     name = (obj.get("metadata") or {})["name"]
     known = await tx.conn.fetchval("SELECT spec FROM executor.kube_nodes WHERE name = $1", name)
     before = NodeSpec.model_validate_json(known) if known else None
-    current = _map(obj, cfg, degraded, loads=loads)
+    current = _map(obj, cfg, degraded, loads=loads, devices=devices)
     if current is None:
         return None
     current = _refusals_kept(current, before, loads)
@@ -107,10 +112,11 @@ async def refuse(tx: Tx, obj: dict[str, Any], cfg: KubernetesSource, *, job_id: 
     return after
 
 
-def specs(objects: Iterable[dict[str, Any]], cfg: KubernetesSource, loads: NodeLoads | None = None
-          ) -> dict[str, NodeSpec]:
+def specs(objects: Iterable[dict[str, Any]], cfg: KubernetesSource, loads: NodeLoads | None = None,
+          devices: Devices | None = None) -> dict[str, NodeSpec]:
     """gpuq's nodes as the cluster reports them (without the DCGM verdicts), by name."""
-    return {spec.name: spec for obj in objects if (spec := _map(obj, cfg, quiet=True, loads=loads)) is not None}
+    return {spec.name: spec for obj in objects
+            if (spec := _map(obj, cfg, quiet=True, loads=loads, devices=devices)) is not None}
 
 
 async def _known(tx: Tx) -> dict[str, NodeSpec]:
@@ -138,13 +144,14 @@ def _unusable(before: NodeSpec | None, after: NodeSpec | None) -> bool:
 
 
 async def publish_all(tx: Tx, objects: Iterable[dict[str, Any]], cfg: KubernetesSource, *, first: bool,
-                      degraded: Verdicts = NO_VERDICTS, loads: NodeLoads | None = None) -> list[str]:
+                      degraded: Verdicts = NO_VERDICTS, loads: NodeLoads | None = None,
+                      devices: Devices | None = None) -> list[str]:
     """The whole node list. On this process's first sync, a NodeInventory of every node (when anything differs
     from what was announced before); afterwards, a NodeChanged per difference. Nodes gone are removed.
     `loads`: the pods bound to the nodes, whose holdings outside gpuq each node is announced with."""
     known = await _known(tx)
     current = {spec.name: _refusals_kept(spec, known.get(spec.name), loads)
-               for obj in objects if (spec := _map(obj, cfg, degraded, loads=loads)) is not None}
+               for obj in objects if (spec := _map(obj, cfg, degraded, loads=loads, devices=devices)) is not None}
     changed = sorted(name for name in current if known.get(name) != current[name])
     removed = sorted(known.keys() - current.keys())
     if first and (changed or not known):
@@ -166,12 +173,13 @@ async def publish_all(tx: Tx, objects: Iterable[dict[str, Any]], cfg: Kubernetes
 
 
 async def publish_node(tx: Tx, obj: dict[str, Any], cfg: KubernetesSource, *, deleted: bool,
-                       degraded: Verdicts = NO_VERDICTS, loads: NodeLoads | None = None) -> list[str]:
+                       degraded: Verdicts = NO_VERDICTS, loads: NodeLoads | None = None,
+                       devices: Devices | None = None) -> list[str]:
     """One node's watch event (or a change of what its pods hold): NodeChanged when gpuq's view of it changed."""
     name = (obj.get("metadata") or {})["name"]
     known = await tx.conn.fetchval("SELECT spec FROM executor.kube_nodes WHERE name = $1", name)
     before = NodeSpec.model_validate_json(known) if known else None
-    after = None if deleted else _map(obj, cfg, degraded, loads=loads)
+    after = None if deleted else _map(obj, cfg, degraded, loads=loads, devices=devices)
     if after is not None:
         after = _refusals_kept(after, before, loads)
     if after == before:

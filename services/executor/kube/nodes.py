@@ -4,6 +4,7 @@ are requeued or failed."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Mapping
@@ -11,10 +12,12 @@ from typing import Any
 
 from lightkube import operators
 
+from services.core.kube.dra import Device, node_devices
 from services.core.kube.usage import TERMINAL_PHASES, NodeLoads, pod_load
 from services.executor.dcgm import degraded_nodes
 from services.executor.kube import inventory
 from services.executor.kube.client import NODE, POD, KubeApi
+from services.executor.kube.devices import RESOURCE_SLICE, serves_dra
 from services.executor.kube.informer import Informer, key_of
 from services.executor.kube.leadership import Seat
 from services.executor.kube.outcomes import Outcomes
@@ -29,6 +32,7 @@ log = logging.getLogger("gpuq.executor.kube")
 
 class NodeWatch:
     def __init__(self, api: KubeApi, cfg: KubernetesSource, seat: Seat, outcomes: Outcomes, *, degrades: bool):
+        self.api = api
         self.cfg = cfg
         self.seat = seat
         self.outcomes = outcomes
@@ -42,6 +46,47 @@ class NodeWatch:
                                                  "status.phase": operators.not_in(sorted(TERMINAL_PHASES))},
             everywhere=True, resync_s=cfg.resync_s, name="bound-pods")
         self.announced = False  # the first list has been announced whole
+        # DRA (where the API serves resource.k8s.io/v1): each node's GPU devices from the ResourceSlices.
+        self.devices: dict[str, tuple[Device, ...]] = {}
+        self.slice_informer = Informer(api, RESOURCE_SLICE, self.on_slice, on_synced=self.on_slices_synced,
+                                       resync_s=cfg.resync_s, name="resourceslices")
+
+    async def watch_devices(self, wait_s: float) -> list[asyncio.Task[None]]:
+        """DRA: the ResourceSlices' devices, listed (up to `wait_s`) before the nodes are first announced; no task
+        where the API does not serve them."""
+        if not await serves_dra(self.api):
+            return []
+        task = asyncio.create_task(self.slice_informer.run(), name="kube-resourceslices")
+        try:
+            await asyncio.wait_for(self.slice_informer.synced.wait(), wait_s)
+        except TimeoutError:
+            log.warning("the ResourceSlices are not listed after %.0f s: nodes are announced without their DRA "
+                        "devices until they are", wait_s)
+        return [task]
+
+    async def on_slices_synced(self, cache: dict[str, dict[str, Any]]) -> None:
+        await self._devices_changed(cache)
+
+    async def on_slice(self, kind: str, obj: dict[str, Any]) -> None:
+        await self._devices_changed(self.slice_informer.cache)
+
+    async def _devices_changed(self, cache: Mapping[str, dict[str, Any]]) -> None:
+        """The nodes whose devices changed are announced again (once the nodes were first announced)."""
+        devices = node_devices(cache.values())
+        changed = sorted(name for name in devices.keys() | self.devices.keys()
+                         if devices.get(name) != self.devices.get(name))
+        self.devices = devices
+        if not changed or not self.announced:
+            return
+        async with self.seat.transaction() as tx:
+            degraded = await self.verdicts(tx)
+            for name in changed:
+                obj = self.informer.cache.get(f"/{name}")
+                if obj is None:
+                    continue
+                for failed in await inventory.publish_node(tx, obj, self.cfg, deleted=False, degraded=degraded,
+                                                           loads=self.loads, devices=self.devices):
+                    await self.node_failed(tx, failed)
 
     async def on_bound_pod(self, kind: str, pod: dict[str, Any]) -> None:
         """A pod bound to a node changed (bound, finished, gone): the nodes whose load it changed are announced
@@ -61,7 +106,7 @@ class NodeWatch:
                 if obj is None:
                     continue  # not a node this executor announces (yet)
                 for failed in await inventory.publish_node(tx, obj, self.cfg, deleted=False, degraded=degraded,
-                                                           loads=self.loads):
+                                                           loads=self.loads, devices=self.devices):
                     await self.node_failed(tx, failed)
 
     async def on_node(self, kind: str, obj: dict[str, Any]) -> None:
@@ -69,14 +114,16 @@ class NodeWatch:
             return  # the first list is announced whole by on_nodes_synced
         async with self.seat.transaction() as tx:
             changed = await inventory.publish_node(tx, obj, self.cfg, deleted=kind == "DELETED",
-                                                   degraded=await self.verdicts(tx), loads=self.loads)
+                                                   degraded=await self.verdicts(tx), loads=self.loads,
+                                                   devices=self.devices)
             for name in changed:
                 await self.node_failed(tx, name)
 
     async def on_nodes_synced(self, cache: dict[str, dict[str, Any]]) -> None:
         async with self.seat.transaction() as tx:
             failed = await inventory.publish_all(tx, list(cache.values()), self.cfg, first=not self.announced,
-                                                 degraded=await self.verdicts(tx), loads=self.loads)
+                                                 degraded=await self.verdicts(tx), loads=self.loads,
+                                                 devices=self.devices)
             for name in failed:
                 await self.node_failed(tx, name)
         self.announced = True
@@ -100,7 +147,7 @@ class NodeWatch:
         return await degraded_nodes(tx.conn, tx.schema) if self.degrades else inventory.NO_VERDICTS
 
     def node_specs(self) -> Mapping[str, NodeSpec]:
-        return inventory.specs(list(self.informer.cache.values()), self.cfg, self.loads)
+        return inventory.specs(list(self.informer.cache.values()), self.cfg, self.loads, self.devices)
 
     async def node_announced(self, tx: Tx, node: NodeSpec) -> None:
         for name in await inventory.record(tx, node):

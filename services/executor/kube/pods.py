@@ -10,11 +10,13 @@ from typing import Any
 import asyncpg
 from lightkube import operators
 
+from services.core.kube import dra
 from services.core.kube import names as n
 from services.core.kube.placement import assign_pods, gated, pod_node, ungate_patch
 from services.core.kube.pods import failure, image_pull_problem, ready_count, rejected, unschedulable
 from services.executor.kube import inventory
 from services.executor.kube.client import POD, KubeApi
+from services.executor.kube.devices import RESOURCE_CLAIM
 from services.executor.kube.informer import Informer
 from services.executor.kube.leadership import Seat
 from services.executor.kube.nodes import NodeWatch
@@ -22,7 +24,7 @@ from services.executor.kube.notices import Notices
 from services.executor.kube.outcomes import Outcomes
 from services.executor.kube.records import ACTIVE, BINDING_ANNOTATION, bindings_of, ref_of
 from shared.config import KubernetesSource
-from shared.domain import JobSpec, PodShape
+from shared.domain import GpuBinding, JobSpec, PodShape
 from shared.events import ExitReason, JobCheckpointed, JobStarted, PreemptionReason, utcnow_from
 from shared.service import Tx
 
@@ -78,9 +80,25 @@ class PodWatch:
         by_name = {p["metadata"]["name"]: p for p in pods}
         waiting = [name for name, p in by_name.items() if gated(p)]
         for a in assign_pods(waiting, pod_set, bindings_of(row), taken):
+            if dra.asks_claim(by_name[a.pod]) and not await self._allocate(row, by_name[a.pod], a.binding):
+                continue  # its claim is not made yet: ungated when the controller has made it (a pod update)
             patch = ungate_patch(by_name[a.pod], a.binding.node, spec.tolerations)
             patch["metadata"] = {"annotations": {BINDING_ANNOTATION: f"{attempt}/{a.binding.pod}"}}
             self.informer.remember(await self.api.patch(POD, a.pod, patch, namespace=row["namespace"]))
+
+    async def _allocate(self, row: asyncpg.Record, pod: dict[str, Any], binding: GpuBinding) -> bool:
+        """DRA: the devices of the pod's binding written into the pod's own ResourceClaim as its allocation result,
+        before its gate is removed (kube-scheduler then binds it where they are). False while the resourceclaim
+        controller has not made the claim yet."""
+        claim_name = dra.pod_claim(pod)
+        if claim_name is None:
+            return False
+        claim = await self.api.get(RESOURCE_CLAIM, claim_name, namespace=row["namespace"])
+        if not dra.allocated(claim):
+            await self.api.patch_status(RESOURCE_CLAIM, claim_name,
+                                        dra.allocation(binding, self.nodes.devices.get(binding.node, ())),
+                                        namespace=row["namespace"])
+        return True
 
     async def _observe(self, tx: Tx, row: asyncpg.Record, pod: dict[str, Any]) -> None:
         job_id = row["job_id"]
@@ -147,7 +165,8 @@ class PodWatch:
             if node is None or ps is None or obj is None:
                 continue
             if await inventory.refuse(tx, obj, self.cfg, job_id=row["job_id"], shape=PodShape.of(ps), reason=reason,
-                                      message=why, loads=self.nodes.loads, degraded=degraded) is not None:
+                                      message=why, loads=self.nodes.loads, degraded=degraded,
+                                      devices=self.nodes.devices) is not None:
                 nodes.add(node)
         note = f"; {', '.join(sorted(nodes))} gets no such pod until what runs there changes" if nodes else ""
         await self.outcomes.requeue(tx, row, PreemptionReason.PLACEMENT_FAILED, message + note, count=False)

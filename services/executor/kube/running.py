@@ -6,12 +6,21 @@ from __future__ import annotations
 import json
 import logging
 
+from services.core.kube import dra
 from services.core.kube import names as n
 from services.core.kube.kinds import kind_of
-from services.core.kube.placement import event_pod_sets, isolation_note, placed_templates, set_sharing
+from services.core.kube.placement import (
+    event_pod_sets,
+    isolation_note,
+    nodes_by_pod_set,
+    placed_templates,
+    set_sharing,
+)
 from services.core.kube.workload import PodSetTemplate
 from services.executor.kube.client import KubeApi, status_code, workload_resource
 from services.executor.kube.config_in_force import ConfigInForce
+from services.executor.kube.devices import RESOURCE_CLAIM_TEMPLATE
+from services.executor.kube.nodes import NodeWatch
 from services.executor.kube.notices import Notices
 from services.executor.kube.outcomes import Outcomes
 from services.executor.kube.provisioning import consumed
@@ -26,8 +35,9 @@ log = logging.getLogger("gpuq.executor.kube")
 
 class Runner:
     def __init__(self, api: KubeApi, notices: Notices, outcomes: Outcomes, config: ConfigInForce,
-                 scheduler_tables: SchedulerTables):
+                 scheduler_tables: SchedulerTables, nodes: NodeWatch | None = None):
         self.api = api
+        self.nodes = nodes  # the nodes' DRA devices
         self.notices = notices
         self.outcomes = outcomes
         self.config = config
@@ -106,6 +116,10 @@ class Runner:
                                     message=f"cannot run on Kubernetes: {exc}"))
             return
         name = n.dns_name(spec.job_id)
+        dra_sets = self._dra_pod_sets(spec, placed)  # their GPUs from a claim each pod gets, not nvidia.com/gpu
+        pod_sets = [PodSetTemplate(ps.name, ps.count, dra.with_claim(ps.template,
+                                                                     dra.claim_template_name(name, ps.name)))
+                    if ps.name in dra_sets else ps for ps in pod_sets]
         labels = {n.QUEUE_LABEL: spec.queue}
         annotations = {n.JOB_ID_ANNOTATION: spec.job_id}
         await tx.conn.execute(
@@ -142,12 +156,28 @@ class Runner:
                                           for wanted, ps in zip(spec.pod_sets, stored, strict=True)}))
         ref = {"apiVersion": kind.api_version, "kind": kind.kind, "namespace": namespace, "name": name,
                "uid": (created.get("metadata") or {}).get("uid")}
+        for pod_set, gpus in sorted(dra_sets.items()):  # DRA: each pod's claim is made from its set's template
+            owner = {"apiVersion": kind.api_version, "kind": kind.kind, "name": name, "uid": ref["uid"],
+                     "controller": False, "blockOwnerDeletion": False}
+            body = dra.claim_template(dra.claim_template_name(name, pod_set), namespace, gpus, owner)
+            try:
+                await self.api.create(RESOURCE_CLAIM_TEMPLATE, body, namespace=namespace)
+            except Exception as exc:
+                if status_code(exc) != 409:  # made before a crash: kept
+                    raise
         for pod_set, (how, nodes) in sorted(sharing.items()):
             # Said where `kubectl describe` shows it: time-slicing gives no isolation at all.
             await self.notices.event(ref, "GpuNotIsolated" if how.mode is SharingMode.TIME_SLICING else "GpuShared",
                                      isolation_note(pod_set, how, nodes), tx.now,
                                      warning=how.mode is SharingMode.TIME_SLICING)
         await self.run(tx, spec.job_id)
+
+    def _dra_pod_sets(self, spec: JobSpec, placed: JobPlaced) -> dict[str, int]:
+        """The whole-GPU pod sets placed on nodes whose GPUs are DRA devices (by name: GPUs per pod)."""
+        devices = self.nodes.devices if self.nodes is not None else {}
+        by_set = nodes_by_pod_set(placed.bindings)
+        return {ps.name: ps.gpus_per_pod for ps in spec.pod_sets
+                if ps.gpus and not ps.shared and any(devices.get(node) for node in by_set.get(ps.name, []))}
 
     async def _sharing_of(self, tx: Tx, placed: JobPlaced) -> dict[str, GpuSharing | None]:
         """How the nodes of a placement share their GPUs, as this executor last announced them."""

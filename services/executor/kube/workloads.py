@@ -101,9 +101,13 @@ class WorkloadIntake:
                 "NotSuspended", f"{kind.kind} was created unsuspended, so Kubernetes runs it without gpuq; create it "
                                 "with suspend: true to queue it in gpuq"))
             return
-        result = job_spec(kind, obj, self.config.queues, self.cfg, user_of_record=self.settings.webhook is not None)
+        # DRA nodes known: the workload's GPU pod sets (device-plugin resources) are kept off them
+        dra_nodes = bool(self.runner.nodes is not None and self.runner.nodes.devices)
+        result = job_spec(kind, obj, self.config.queues, self.cfg, user_of_record=self.settings.webhook is not None,
+                          dra_nodes=dra_nodes)
         if isinstance(result, Refusal) and await self.config.newer(tx):
-            result = job_spec(kind, obj, self.config.queues, self.cfg, user_of_record=self.settings.webhook is not None)
+            result = job_spec(kind, obj, self.config.queues, self.cfg,
+                              user_of_record=self.settings.webhook is not None, dra_nodes=dra_nodes)
         if isinstance(result, Refusal):
             await self._refuse(tx, ref, result)
             return

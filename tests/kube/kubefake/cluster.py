@@ -25,7 +25,7 @@ from .auth import ADMIN_USER
 from .controllers import RayJobController, all_controllers
 from .kinds import LIGHTKUBE_KINDS
 from .kubelet import FakeKubelet
-from .resources import NAMESPACES, NODES, PODS, ResourceType
+from .resources import DEVICE_CLASSES, NAMESPACES, NODES, PODS, RESOURCE_SLICES, ResourceType
 from .scheduler import FakeScheduler
 from .selectors import make_matcher, parse_label_selector
 from .server import FakeKubeServer, KubeAccess
@@ -426,6 +426,31 @@ class FakeCluster(KubeCluster):
         if not ready:
             self.kubelet.set_node_ready(name, False)
         return self.store.get(NODES, None, created["metadata"]["name"])
+
+    def add_gpu_slice(
+        self, node: str, *, gpus: int, product: str = "NVIDIA H100 80GB HBM3", memory: str = "80Gi",
+        driver: str = "gpu.nvidia.com", migs: dict[str, int] | None = None
+    ) -> Obj:
+        """The ResourceSlice NVIDIA's DRA driver (k8s-dra-driver-gpu) publishes for a node: one pool named after the
+        node, devices gpu-<minor> of type gpu with productName, uuid and index attributes and their memory capacity,
+        and MIG devices (type mig, with a profile) when `migs` (profile -> count) is given. Also the DeviceClass
+        `gpu.nvidia.com` its chart installs. Nothing allocates them but their claims' writers (see scheduler.py)."""
+        if self.store.find(DEVICE_CLASSES, None, "gpu.nvidia.com") is None:
+            self.store.create(DEVICE_CLASSES, None, {"metadata": {"name": "gpu.nvidia.com"}, "spec": {"selectors": [
+                {"cel": {"expression": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com']"
+                                       ".type == 'gpu'"}}]}})
+        devices: list[Obj] = [{"name": f"gpu-{i}", "attributes": {
+            "type": {"string": "gpu"}, "uuid": {"string": f"GPU-{node}-{i}"}, "productName": {"string": product},
+            "index": {"int": i}, "architecture": {"string": "Hopper"}, "cudaComputeCapability": {"version": "9.0.0"}},
+            "capacity": {"memory": {"value": memory}}} for i in range(gpus)]
+        for profile, count in sorted((migs or {}).items()):
+            devices += [{"name": f"gpu-{gpus}-mig-{profile.replace('.', '')}-{j}", "attributes": {
+                "type": {"string": "mig"}, "profile": {"string": profile}, "productName": {"string": product}}}
+                for j in range(count)]
+        body = {"metadata": {"name": f"{node}-{driver}"}, "spec": {
+            "driver": driver, "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices}}
+        return self.store.create(RESOURCE_SLICES, None, body)
 
     async def run_pods_to_ready(
         self, namespace: str, labels: str | None = None, count: int | None = None, timeout_s: float = 60

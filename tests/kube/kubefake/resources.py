@@ -121,6 +121,16 @@ PROVISIONING_REQUESTS = ResourceType(
     "autoscaling.x-k8s.io", "v1", "provisioningrequests", "ProvisioningRequest", True, short_names=("provreq",),
     custom=True
 )
+# Dynamic Resource Allocation (resource.k8s.io/v1, Kubernetes 1.34+): the objects are stored and served; the fake
+# allocates nothing itself (kube-scheduler's DRA plugin is not emulated: see scheduler.py and docs/kubernetes.md).
+RESOURCE_GROUP = "resource.k8s.io"
+DEVICE_CLASSES = ResourceType(RESOURCE_GROUP, "v1", "deviceclasses", "DeviceClass", False, ())
+RESOURCE_SLICES = ResourceType(RESOURCE_GROUP, "v1", "resourceslices", "ResourceSlice", False, (),
+                               fields=frozenset({"spec.nodeName", "spec.driver"}))
+RESOURCE_CLAIMS = ResourceType(RESOURCE_GROUP, "v1", "resourceclaims", "ResourceClaim", True, ("status",))
+RESOURCE_CLAIM_TEMPLATES = ResourceType(RESOURCE_GROUP, "v1", "resourceclaimtemplates", "ResourceClaimTemplate",
+                                        True, ())
+DRA_RESOURCES = (DEVICE_CLASSES, RESOURCE_SLICES, RESOURCE_CLAIMS, RESOURCE_CLAIM_TEMPLATES)
 
 ALL_RESOURCES: tuple[ResourceType, ...] = (
     NAMESPACES,
@@ -150,6 +160,7 @@ ALL_RESOURCES: tuple[ResourceType, ...] = (
     POD_TEMPLATES,
     PROVISIONING_REQUESTS,
 )
+ALL_RESOURCES += DRA_RESOURCES
 BY_PATH: dict[tuple[str, str, str], ResourceType] = {(r.group, r.version, r.plural): r for r in ALL_RESOURCES}
 CUSTOM_RESOURCES = tuple(r for r in ALL_RESOURCES if r.custom)
 

@@ -3,7 +3,12 @@
 Filters as kube-scheduler's default plugins do for what gpuq relies on: scheduling gates (SchedulingGated),
 node unschedulable, nodeSelector and required node affinity, NoSchedule/NoExecute taints against tolerations,
 and resources (cpu, memory, pods, nvidia.com/gpu, nvidia.com/mig-*, any extended resource) against allocatable
-minus the requests of the pods already bound there. No scoring, no preemption, no pod affinity, no topology spread."""
+minus the requests of the pods already bound there. No scoring, no preemption, no pod affinity, no topology spread.
+
+Dynamic Resource Allocation: a pod's ResourceClaims must exist and be allocated already (status.allocation, written
+by whoever allocated them: gpuq), and the node must match each allocation's nodeSelector; binding the pod reserves
+its claims for it (status.reservedFor). The fake never allocates devices itself: a pod whose claim nobody allocated
+stays Unschedulable."""
 
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ from typing import Any
 
 from lightkube.utils.quantity import parse_quantity
 
-from .resources import NODES, PODS
+from .resources import NODES, PODS, RESOURCE_CLAIMS
 from .selectors import labels_match
 from .store import TERMINAL_POD_PHASES, Obj, Store, set_condition
 
@@ -127,9 +132,47 @@ class FakeScheduler:
                 self._condition(pod, "Unschedulable", f"0/{len(nodes)} nodes are available: {summary}.")
                 continue
             self.store.bind(meta["namespace"], meta["name"], node)
+            self._reserve(pod)
             used.setdefault(node, Counter()).update(pod_requests(pod))
             used[node]["pods"] += 1
         return self.store.resource_version != before
+
+    def _claims(self, pod: Obj) -> list[tuple[str, Obj | None]]:
+        """(name, claim or None when it does not exist yet) of each ResourceClaim the pod names."""
+        made = {s.get("name"): s.get("resourceClaimName") for s in pod["status"].get("resourceClaimStatuses") or []}
+        out = []
+        for ref in pod["spec"].get("resourceClaims") or []:
+            name = ref.get("resourceClaimName") or made.get(ref.get("name"))
+            claim = self.store.find(RESOURCE_CLAIMS, pod["metadata"]["namespace"], name) if name else None
+            out.append((name or ref.get("name") or "?", claim))
+        return out
+
+    def _claims_reject(self, pod: Obj, node: Obj) -> str | None:
+        for name, claim in self._claims(pod):
+            if claim is None:
+                return f"pod's resource claim {name} does not exist yet"
+            allocation = (claim.get("status") or {}).get("allocation")
+            if not allocation:
+                return f"resource claim {name} is not allocated (the fake allocates no device itself)"
+            selector = allocation.get("nodeSelector")
+            required = {"requiredDuringSchedulingIgnoredDuringExecution": selector}
+            if selector and not node_affinity_matches({"spec": {"affinity": {"nodeAffinity": required}}}, node):
+                return f"node(s) didn't match the allocation of resource claim {name}"
+        return None
+
+    def _reserve(self, pod: Obj) -> None:
+        meta = pod["metadata"]
+        consumer = {"resource": "pods", "name": meta["name"], "uid": meta["uid"]}
+        for _, claim in self._claims(pod):
+            if claim is None:
+                continue
+
+            def reserve(c: Obj) -> None:
+                reserved = c.setdefault("status", {}).setdefault("reservedFor", [])
+                if consumer not in reserved:
+                    reserved.append(consumer)
+
+            self.store.mutate(RESOURCE_CLAIMS, meta["namespace"], claim["metadata"]["name"], reserve)
 
     def _condition(self, pod: Obj, reason: str, message: str) -> None:
         meta = pod["metadata"]
@@ -169,6 +212,10 @@ class FakeScheduler:
             return "node(s) were unschedulable"
         if not node_affinity_matches(pod, node):
             return "node(s) didn't match Pod's node affinity/selector"
+        if pod["spec"].get("resourceClaims"):
+            claims = self._claims_reject(pod, node)
+            if claims is not None:
+                return claims
         for taint in (node.get("spec") or {}).get("taints") or []:
             if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(tolerations, taint):
                 return f"node(s) had untolerated taint {{{taint.get('key')}: {taint.get('value') or ''}}}"

@@ -93,6 +93,14 @@ def test_each_pod_sets_node_selector_affinity_and_tolerations_reach_the_spec(que
     (first, by_name) = ps.affinity.required
     assert [r.describe() for r in first.match_expressions] == ["zone In [z1, z2]", "spot DoesNotExist"]
     assert by_name.matches({}, "gpu-9") and not by_name.matches({}, "gpu-1")
+    # where the cluster has DRA nodes, each required term gets gpuq's own `gpuq.io/dra-driver DoesNotExist`: a GPU
+    # pod set of a workload written in the cluster asks device-plugin GPUs, which such a node does not have
+    spec = job_spec(JOB, obj, queues, kube_cfg, dra_nodes=True)
+    assert not isinstance(spec, Refusal) and spec.pod_sets[0].affinity is not None
+    (first, by_name) = spec.pod_sets[0].affinity.required
+    assert [r.describe() for r in first.match_expressions] == ["zone In [z1, z2]", "spot DoesNotExist",
+                                                               "gpuq.io/dra-driver DoesNotExist"]
+    assert not by_name.matches({"gpuq.io/dra-driver": "gpu.nvidia.com"}, "gpu-9")
     assert [(p.weight, p.preference.describe()) for p in ps.affinity.preferred] == [(20, "gen Gt 3")]
     assert [t.key for t in ps.tolerations] == ["dedicated"] and spec.tolerations == ps.tolerations
 
@@ -105,3 +113,47 @@ def test_malformed_node_affinity_is_refused_naming_it(queues: QueuesConfig, kube
     refused = job_spec(JOB, obj, queues, kube_cfg)
     assert isinstance(refused, Refusal) and refused.reason == "InvalidWorkload"
     assert "gen Gt needs exactly one integer value" in refused.message
+
+
+def test_a_part_of_a_gpu_is_read_from_annotations_and_the_shared_resource(queues: QueuesConfig,
+                                                                          kube_cfg: KubernetesSource) -> None:
+    from shared.domain import SharingMode
+
+    # the renamed replica resource, the fraction on the template, the memory and isolation on the workload
+    obj = job(annotations={"gpuq.io/gpu-memory-mib": "20480", "gpuq.io/gpu-sharing": "mps"})
+    obj["spec"]["template"]["metadata"]["annotations"] = {"gpuq.io/gpu-fraction": "0.25"}
+    obj["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu.shared": "1"}
+    spec = job_spec(JOB, obj, queues, kube_cfg)
+    assert not isinstance(spec, Refusal)
+    (ps,) = spec.pod_sets
+    assert (ps.gpu_fraction, ps.gpu_memory_mib, ps.gpu_sharing, ps.gpus) == (0.25, 20480, SharingMode.MPS, 0)
+    assert ps.shared and spec.total_gpus == 0
+    # nvidia.com/gpu: 1 (a time-sliced node advertises its replicas so) with a fraction is shared too
+    obj = job(annotations={"gpuq.io/gpu-fraction": "0.5"})
+    obj["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu": "1"}
+    spec = job_spec(JOB, obj, queues, kube_cfg)
+    assert not isinstance(spec, Refusal) and spec.pod_sets[0].gpu_fraction == 0.5
+    # the shared resource without saying which part, a malformed fraction, a fraction of 8 GPUs: refused, named
+    obj = job()
+    obj["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu.shared": "1"}
+    refused = job_spec(JOB, obj, queues, kube_cfg)
+    assert isinstance(refused, Refusal) and "asks nvidia.com/gpu.shared" in refused.message
+    refused = job_spec(JOB, job(annotations={"gpuq.io/gpu-fraction": "quarter"}), queues, kube_cfg)
+    assert isinstance(refused, Refusal) and "gpuq.io/gpu-fraction='quarter' is not a number" in refused.message
+    refused = job_spec(JOB, job(annotations={"gpuq.io/gpu-fraction": "0.5"}), queues, kube_cfg)
+    assert isinstance(refused, Refusal) and "set gpus_per_pod to 1" in refused.message
+
+
+def test_gpu_pod_sets_of_cluster_workloads_stay_off_dra_nodes(queues: QueuesConfig, kube_cfg: KubernetesSource) -> None:
+    spec = job_spec(JOB, job(), queues, kube_cfg, dra_nodes=True)
+    assert not isinstance(spec, Refusal)
+    (ps,) = spec.pod_sets
+    assert ps.affinity is not None
+    assert ps.affinity.required_matches({}, "n1")
+    assert not ps.affinity.required_matches({"gpuq.io/dra-driver": "gpu.nvidia.com"}, "dra-1")
+    cpu_only = job()
+    cpu_only["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] = {}
+    spec = job_spec(JOB, cpu_only, queues, kube_cfg, dra_nodes=True)
+    assert not isinstance(spec, Refusal) and spec.pod_sets[0].affinity is None  # CPU pods may run there
+    plain = job_spec(JOB, job(), queues, kube_cfg)  # no DRA node known: nothing added
+    assert not isinstance(plain, Refusal) and plain.pod_sets[0].affinity is None

@@ -1,4 +1,5 @@
-"""The workload controllers the tests play: batch/v1 Job, JobSet, PyTorchJob, RayJob."""
+"""The controllers the tests play: batch/v1 Job, JobSet, PyTorchJob, RayJob, and the resourceclaim controller
+(a pod's ResourceClaims from its ResourceClaimTemplates)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from .job import JobController
 from .jobset import JobSetController
 from .pytorchjob import PyTorchJobController
 from .rayjob import RayJobController
+from .resourceclaim import ResourceClaimController
 
 
 class Controller(Protocol):
@@ -18,8 +20,10 @@ class Controller(Protocol):
 
 
 def all_controllers(store: Store) -> list[Controller]:
-    """In dependency order: JobSet makes Jobs, Jobs make pods; RayJob makes a RayCluster, which makes pods."""
-    return [JobSetController(store), JobController(store), PyTorchJobController(store), RayJobController(store)]
+    """In dependency order: JobSet makes Jobs, Jobs make pods; RayJob makes a RayCluster, which makes pods; pods'
+    ResourceClaims come last."""
+    return [JobSetController(store), JobController(store), PyTorchJobController(store), RayJobController(store),
+            ResourceClaimController(store)]
 
 
 __all__ = [
@@ -28,5 +32,6 @@ __all__ = [
     "JobSetController",
     "PyTorchJobController",
     "RayJobController",
+    "ResourceClaimController",
     "all_controllers",
 ]
