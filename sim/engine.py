@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-# A victim of preemption: the type the production preemption driver returns (the ETA's replay uses it too).
-from services.core.eta.preemption import Preempted
+# A victim of preemption: the type the decision loop returns (services/core/pipeline: the ETA replay uses it too).
+from services.core.pipeline import Preempted
 from sim.failures import NodeFailure, lost_work_s
 from sim.model import Trace, TraceJob
 

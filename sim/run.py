@@ -30,23 +30,15 @@ from sim.policies.slurm import Slurm
 from sim.policies.volcano import Volcano
 
 
-class _Preemption:
-    """The production preemption core as the simulator's hook; built on first use from the trace's queues."""
+def _chooser(checkpointing: bool) -> Callable[[Any], Any]:
+    """The production victim chooser of the decision loop's preemption stage, for the trace's queues."""
 
-    def __init__(self, checkpointing: bool):
-        self.checkpointing = checkpointing
-        self.inner: Any = None
+    def make(queues: Any) -> Any:
+        from services.core.pipeline import VictimChooser
 
-    def __call__(self, ctx: Any) -> list[Any]:
-        if self.inner is None:
-            from services.core.eta.preemption import SimPreemption
+        return VictimChooser(queues, checkpointing=checkpointing)
 
-            self.inner = SimPreemption(ctx.admission.config, checkpointing=self.checkpointing)
-        return self.inner(ctx)
-
-    @property
-    def next_wake(self) -> float | None:
-        return self.inner.next_wake if self.inner is not None else None
+    return make
 
 
 def make_policy(name: str) -> Policy:
@@ -55,7 +47,7 @@ def make_policy(name: str) -> Policy:
             raise TraceError("policy gpuq needs services.core.admission and services.core.scheduler")
         if name in ("gpuq", "gpuq-duration", "gpuq-fairtime", "gpuq-evict", "gpuq-nopreempt"):
             policy = (GpuqPolicy() if name == "gpuq-nopreempt"
-                      else GpuqPolicy(preemption_hook=_Preemption(checkpointing=name != "gpuq-evict"),
+                      else GpuqPolicy(preemption=_chooser(checkpointing=name != "gpuq-evict"),
                                       duration_aware=name == "gpuq-duration",
                                       history_half_life_s=7 * 86_400.0 if name == "gpuq-fairtime" else None))
             policy.name = name

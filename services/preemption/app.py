@@ -1,10 +1,14 @@
 """The preemption service: checkpoint before preempt, as a state machine persisted in the `preemption` schema.
 
-  PreemptionRequested ──select victims (pure core)──▶ per victim: row `checkpointing` + CheckpointRequested
+  PreemptionRequested ──choose victims (pure core)──▶ per victim: row `checkpointing` + CheckpointRequested
   JobCheckpointed (or the deadline = requested + checkpoint_grace_s, checked by a background loop on the
   runtime clock) ──▶ row `preempted` + JobPreempted(reason, preemptor, lost GPU-seconds, checkpoint URI)
   The scheduler frees the GPUs on JobPreempted; admission requeues the victim (JobRequeued) to resume from
   the checkpoint, keeping its original submit time.
+
+Victims are chosen by the decision loop's rule for one request (services/core/pipeline `choose_victims`: the
+cool-down, victim selection, the protection window's retry time, the hourly limit), the rule the simulator and the
+ETA's replay apply in the pass that found their preemptor unplaceable.
 
 Exactly-once per victim: every transition is a guarded UPDATE (`WHERE state = 'checkpointing'`) and a
 partial unique index allows one open protocol per job, so a restart of any service mid-protocol (events
@@ -33,19 +37,14 @@ import asyncpg
 
 from services.admission import readmodel as admission_view
 from services.admission.follow import ConfigFollower
+from services.core.pipeline import Choice, choose_victims
 from services.core.preemption import (
     PRIORITY,
     RECLAIM,
     Outcome,
     Preemptor,
-    Selection,
-    cooldown_ends,
-    cooldown_verdict,
     drain_plan,
     priority_of,
-    protection_ends,
-    rate_limit_verdict,
-    select_victims,
 )
 from services.core.preemption.idle import idle_victims
 from services.preemption.store import Snapshot, last_checkpoints, load_snapshot, run_started
@@ -197,25 +196,25 @@ class PreemptionService:
         if payload.preemptor in snap.placements:
             await record(Outcome.NOT_WAITING, "the preemptor is placed")
             return
-        if await self._cooling_down(tx, payload, config, origin=origin, attempt=attempt, record=record):
-            return
         spec = fact.spec
-        selection = select_victims(_preemptor(config, fact, payload), snap.running, snap.cluster, config, tx.now,
-                                   busy=snap.busy)
-        if not selection.victims:
-            await self._no_victims(tx, payload, config, selection, snap, origin=origin, attempt=attempt,
-                                   record=record)
-            return
+        # The guard rails' memory is this schema's: when the preemptor was itself last preempted (its cool-down),
+        # and its queue's victims of the last hour (the hourly limit)
+        last_preempted = await tx.conn.fetchval(
+            "SELECT max(preempted_at) FROM preemption.preemptions WHERE victim = $1 AND state = 'preempted'",
+            payload.preemptor)
         recent = [r["requested_at"] for r in await tx.conn.fetch(
             "SELECT requested_at FROM preemption.preemptions WHERE queue = $1 AND state <> 'aborted' "
             "AND requested_at > $2", spec.queue, tx.now - 3600.0)]
-        why = rate_limit_verdict(config, spec.queue, recent, tx.now, len(selection.victims))
-        if why is not None:
-            await record(Outcome.RATE_LIMITED, why, selection.victims)
+        # The decision loop's rule for one request (services/core/pipeline: the simulator and the ETA's replay
+        # choose their victims with it too)
+        choice = choose_victims(_preemptor(config, fact, payload), snap.running, snap.cluster, config, tx.now,
+                                last_preempted=last_preempted, recent_victim_times=recent, busy=snap.busy)
+        if choice.outcome == Outcome.STARTED:
+            await record(Outcome.STARTED, f"{len(choice.victims)} victim(s), about "
+                         f"{choice.lost_gpu_seconds:.0f} GPU-seconds of work at risk", choice.victims)
+            await self._start(tx, pid, payload, spec.job_id, spec.queue, choice.victims, snap)
             return
-        await record(Outcome.STARTED, f"{len(selection.victims)} victim(s), about "
-                     f"{selection.lost_gpu_seconds:.0f} GPU-seconds of work at risk", selection.victims)
-        await self._start(tx, pid, payload, spec.job_id, spec.queue, selection.victims, snap)
+        await self._not_started(tx, payload, choice, origin=origin, attempt=attempt, record=record)
 
     async def _waiting_preemptor(self, tx: Tx, payload: PreemptionRequested,
                                  record: Callable[..., Awaitable[None]]) -> admission_view.AdmissionFact | None:
@@ -236,39 +235,23 @@ class PreemptionService:
             return None
         return fact
 
-    async def _cooling_down(self, tx: Tx, payload: PreemptionRequested, config: QueuesConfig, *, origin: str,
-                            attempt: int, record: Callable[..., Awaitable[None]]) -> bool:
-        """Whether the preemptor, itself preempted lately, is in its cool-down (the request then deferred)."""
-        last_preempted = await tx.conn.fetchval(
-            "SELECT max(preempted_at) FROM preemption.preemptions WHERE victim = $1 AND state = 'preempted'",
-            payload.preemptor)
-        why = cooldown_verdict(config, last_preempted, tx.now)
-        until = cooldown_ends(config, last_preempted)
-        if why is None or until is None:
-            return False
-        # Admission sends a request once: run it again when the cool-down ends, as a request held back by a
-        # protection window is run again when that ends (else the job never preempts, and being at the head
-        # of its queue, holds back the queue's within-queue preemptions).
-        await record(Outcome.COOLDOWN, f"{why}; retry at {human_time(until)}")
-        await self._defer(tx, payload, origin, attempt, until)
-        return True
-
-    async def _no_victims(self, tx: Tx, payload: PreemptionRequested, config: QueuesConfig,
-                          selection: Selection, snap: Snapshot, *, origin: str, attempt: int,
-                          record: Callable[..., Awaitable[None]]) -> None:
-        """Record why the core chose no victim; a request that only protection windows hold back is deferred."""
-        retry_at = None
-        if selection.why != "FitsWithoutPreemption":
-            retry_at = protection_ends(snap.running, selection.rejected, tx.now,
-                                       config.policy.protection_window_s)
-        if retry_at is not None:
-            # Only protection stands in the way: run it again when the earliest protection ends.
-            await record(Outcome.DEFERRED, f"{selection.why}: {selection.message}; retry at "
-                         f"{human_time(retry_at)} when protection ends")
-            await self._defer(tx, payload, origin, attempt, retry_at)
-            return
-        outcome = Outcome.FITS if selection.why == "FitsWithoutPreemption" else Outcome.NO_VICTIMS
-        await record(outcome, f"{selection.why}: {selection.message}")
+    async def _not_started(self, tx: Tx, payload: PreemptionRequested, choice: Choice, *, origin: str,
+                           attempt: int, record: Callable[..., Awaitable[None]]) -> None:
+        """Record why the request took no victim. One held back by the preemptor's cool-down (it was itself
+        preempted lately: no cascades) or only by protection windows is deferred until that ends: admission sends a
+        request once, and the lender's guarantee is "nominal quota back within the protection window"."""
+        sel = choice.selection
+        if choice.outcome == Outcome.COOLDOWN and choice.retry_at is not None:
+            await record(Outcome.COOLDOWN, f"{choice.why}; retry at {human_time(choice.retry_at)}")
+            await self._defer(tx, payload, origin, attempt, choice.retry_at)
+        elif choice.outcome == Outcome.DEFERRED and choice.retry_at is not None and sel is not None:
+            await record(Outcome.DEFERRED, f"{sel.why}: {sel.message}; retry at "
+                         f"{human_time(choice.retry_at)} when protection ends")
+            await self._defer(tx, payload, origin, attempt, choice.retry_at)
+        elif choice.outcome == Outcome.RATE_LIMITED:
+            await record(Outcome.RATE_LIMITED, choice.why, choice.victims)
+        else:  # FITS, NO_VICTIMS
+            await record(choice.outcome, f"{sel.why}: {sel.message}" if sel is not None else choice.why)
 
     async def _defer(self, tx: Tx, payload: PreemptionRequested, origin: str, attempt: int, retry_at: float) -> None:
         """Run the request again at `retry_at` (when a protection window ends); a newer request supersedes it."""

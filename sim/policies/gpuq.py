@@ -1,21 +1,21 @@
 """`gpuq`: the production pipeline, driven through the SAME pure pipeline core the services use.
 
-Each cycle is `services.core.pipeline.cycle`: (1) admission — the admission core (quotas, borrowing, fair
-share, priorities), capped by quota only; (2) placement of every admitted-but-unplaced job in the pipeline's
-order — the scheduler core (gang, topology, binpack, backfill with reservations from `max_runtime_s`);
-(3) preemption — a hook called with the jobs the pipeline says ask for preemption and admission's reclaims.
-No scheduling logic lives here: only the bookkeeping that the services' shells do with events.
+Each cycle is `services.core.pipeline.decide`, the one decision loop: admission (the admission core: quotas,
+borrowing, fair share, priorities, capped by quota only), placement of every admitted-but-unplaced job in the
+pipeline's order (the scheduler core: gang, topology, binpack, backfill with reservations from `max_runtime_s`)
+and, in the same pass, the victims of the jobs it found unplaceable and of admission's reclaims (the preemption
+core's rules, `PreemptionStage`). No scheduling logic lives here: only the bookkeeping that the services' shells
+do with events (a victim stopped and requeued, its capacity held for its preemptor, a decision again).
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable
 from typing import Any
 
-# The preemption hook's types live with the production driver of the preemption core (the ETA's replay runs it).
-from services.core.eta.preemption import Preempted, PreemptionContext, PreemptionHook, RunningInfo
-from shared.config import placement_strategies
+from services.core.pipeline import Preempted, PreemptionStage, RunningInfo, ServiceAsks, VictimChooser
+from shared.config import QueuesConfig, placement_strategies
 from shared.domain import JobSpec
 from sim.engine import CycleOutput
 from sim.model import Trace, TraceJob
@@ -35,17 +35,16 @@ def cores_available() -> bool:
 HISTORY_PERIOD_S = 300.0
 
 
-def no_preemption(ctx: PreemptionContext) -> list[Preempted]:
-    """The hook until the preemption core lands: never preempts (preemptions and lost work stay 0)."""
-    return []
+# The preemption stage's victim chooser, made from the trace's queues at setup (None: nothing is preempted).
+ChooserFactory = Callable[[QueuesConfig], VictimChooser]
 
 
 class GpuqPolicy:
     name = "gpuq"
 
-    def __init__(self, preemption_hook: PreemptionHook = no_preemption, *, backfill: bool = True,
+    def __init__(self, preemption: ChooserFactory | None = None, *, backfill: bool = True,
                  duration_aware: bool = False, history_half_life_s: float | None = None):
-        self.preemption_hook = preemption_hook
+        self.preemption = preemption
         self.backfill = backfill
         # Duration-aware ordering: each arrival's GPU-time is predicted (services.core.pipeline.predict) from its
         # limit and the history of similar jobs that ended, the history the metering ledger keeps: the run time
@@ -78,7 +77,6 @@ class GpuqPolicy:
         self.submitted: dict[str, tuple[JobSpec, float]] = {}
         self.waiting: dict[str, Any] = {}  # admitted but not placed: job -> pipeline WaitingJob
         self.running: dict[str, RunningInfo] = {}
-        self.running_log: list[str] = []  # job ids, each time one enters or leaves `running`
         self._running_jobs: dict[str, Any] = {}  # job_id -> scheduler RunningJob
         # their (expected end, job id), kept sorted for the scheduler (sorting them all again every cycle grew
         # with the cluster)
@@ -92,16 +90,11 @@ class GpuqPolicy:
         self._allocated = 0
         self._pending_admission = 0
         self._down: dict[str, Any] = {}  # failed node -> its spec, restored when it comes back
-        # What the services' shells send, mirrored so the hook sees the requests the preemption service would:
-        # the scheduler asks for a job's preemption when its pending (reason, message) changes, not every cycle
-        # (forgotten when the job is placed); admission sends a job's reclaim once (forgotten when it is
-        # preempted and requeued).
-        self._published: dict[str, tuple[str, str]] = {}
-        self._reclaims_sent: set[str] = set()
-        # ... except that a request that found only protected victims, or whose preemptor was cooling down, is
-        # sent again when the first protection or cool-down ends (the hook's `next_wake`, as the preemption
-        # service defers it): reclaiming nominal quota must succeed within the protection window
-        self._resend_at: float | None = None
+        # The preemption stage of the decision loop: requests asked as the services' shells send them
+        # (`ServiceAsks`), and asked again when a protection window or a cool-down that held one back ends
+        # (reclaiming nominal quota must succeed within the protection window)
+        self.stage = (PreemptionStage(self.preemption(trace.queues), ServiceAsks())
+                      if self.preemption is not None else None)
         from services.core.pipeline.predict import DurationPredictor
 
         self.predictor = DurationPredictor()
@@ -156,19 +149,17 @@ class GpuqPolicy:
                 self.predictor.observe(JobKey.of(info.spec), float(info.spec.max_runtime_s), ran)
         self._release_history(job_id, now)
         self._forget_class(job_id)
-        self._reclaims_sent.discard(job_id)
+        if self.stage is not None:
+            self.stage.stopped(job_id)
         self.cluster.release(job_id)
         self.adm.finish(job_id)
-        if self.running.pop(job_id, None) is not None:
-            self.running_log.append(job_id)
+        self.running.pop(job_id, None)
         self._stop_running(job_id)
         self.submitted.pop(job_id, None)
         self._allocated -= self.milli.pop(job_id, 0)
 
     def cycle(self, now: float) -> CycleOutput:
-        from services.core.pipeline import cycle
-        from services.core.preemption import priority_of
-        from services.core.scheduler import RunningJob
+        from services.core.pipeline import decide
 
         if not self._pending_admission and not self.waiting:
             return CycleOutput()
@@ -179,30 +170,48 @@ class GpuqPolicy:
             self._holds = {v: h for v, h in self._holds.items() if h.until > now}
         # Expected ends come from estimates; an overrunning job's end is in the past, which the scheduler
         # reads as "ends any moment" (Slurm does the same). RunningJob objects are made once per start.
-        out = cycle(self.adm, self.cluster, self.waiting, list(self._running_jobs.values()), now,
-                    lowest_preemptible_running=lowest, backfill=self.backfill,
-                    run_admission=bool(self._pending_admission), timeline=self._timeline,
-                    holds=tuple(self._holds.values()))
+        out = decide(self.adm, self.cluster, self.waiting, list(self._running_jobs.values()), now, stage=self.stage,
+                     lowest_preemptible_running=lowest, backfill=self.backfill,
+                     run_admission=bool(self._pending_admission), timeline=self._timeline,
+                     holds=tuple(self._holds.values()))
         self._pending_admission -= len(out.admitted)
         for w in out.admitted:
             self.waiting[w.job_id] = w
-        if self._resend_at is not None and now >= self._resend_at:
-            self._resend_at = None
-            self._reclaims_sent.clear()
-            self._published.clear()
-        reclaims: Sequence[Any] = [r for r in out.admission.reclaims if r.preemptor not in self._reclaims_sent]
-        self._reclaims_sent.update(r.preemptor for r in reclaims)
-        result = out.placement.result
+        started = self._start(out.placement.result.placed, now)
+        # The decision's preemptions: each victim stops and goes back to admission; its capacity is held for its
+        # preemptor (as the scheduler service holds it on JobPreempted)
+        victims = out.preemptions
+        grace = self.trace.queues.policy.checkpoint_grace_s
+        for v in victims:
+            self._hold_for(v, now, grace)
+            self._requeue(v.job_id, now)
+        # a request that found only protected borrowers (or a cooling-down preemptor) is decided again then
+        wake = out.wake_at
+        if victims:
+            # the victims' GPUs are free in this instant (the checkpoint is folded into it): admit and place
+            # their preemptors now, as the services do when JobPreempted arrives
+            again = self.cycle(now)
+            started = [j for j in started + again.started if j in self.running]
+            victims = victims + again.preempted
+            wake = again.wake_at if wake is None or (again.wake_at is not None and again.wake_at < wake) else wake
+        if self._holds:  # a hold that expires unused frees its capacity for the others: a cycle then
+            first = min(h.until for h in self._holds.values())
+            wake = first if wake is None or first < wake else wake
+        return CycleOutput(started=started, preempted=victims, wake_at=wake)
+
+    def _start(self, placed: Any, now: float) -> list[str]:
+        """The decision's placements start running (each with its expected end on the timeline)."""
+        from services.core.preemption import priority_of
+        from services.core.scheduler import RunningJob
+
         started: list[str] = []
-        if self._holds and result.placed:
-            placed = {p.job_id for p in result.placed}
-            self._holds = {v: h for v, h in self._holds.items() if h.preemptor not in placed}
-        for placement in result.placed:
+        if self._holds and placed:
+            ids = {p.job_id for p in placed}
+            self._holds = {v: h for v, h in self._holds.items() if h.preemptor not in ids}
+        for placement in placed:
             job_id = placement.job_id
             w = self.waiting.pop(job_id)
-            self._published.pop(job_id, None)
             self.running[job_id] = RunningInfo(w.spec, now, now + w.spec.max_runtime_s)
-            self.running_log.append(job_id)
             self._running_jobs[job_id] = RunningJob(job_id=job_id, expected_end=now + w.spec.max_runtime_s)
             bisect.insort(self._timeline, (now + w.spec.max_runtime_s, job_id))
             value, preemptible, _ = priority_of(self.trace.queues, w.spec)
@@ -218,43 +227,7 @@ class GpuqPolicy:
                 for account, n in held:
                     self.usage_history.hold(account, n, now)
                 self._held[job_id] = held
-        # 3. preemption hook: the jobs the pipeline says ask for preemption, and queues reclaiming their quota
-        victims: list[Preempted] = []
-        wants = set(out.placement.preemption_asks)
-        asks: set[str] = set()
-        for u in result.unplaceable:
-            key = (u.reason, u.message)
-            if self._published.get(u.job_id) != key:
-                self._published[u.job_id] = key
-                if u.job_id in wants:
-                    asks.add(u.job_id)
-        if asks or reclaims:
-            policy = self.trace.queues.policy
-            ctx = PreemptionContext(now=now, cluster=self.cluster, admission=self.adm,
-                                    unplaceable=[u for u in result.unplaceable if u.job_id in asks],
-                                    reclaims=reclaims, running=self.running,
-                                    protection_window_s=policy.protection_window_s,
-                                    checkpoint_grace_s=policy.checkpoint_grace_s, running_log=self.running_log)
-            victims = self.preemption_hook(ctx)
-            for v in victims:
-                self._hold_for(v, now, policy.checkpoint_grace_s)
-                self._requeue(v.job_id, now)
-            resend = getattr(self.preemption_hook, "next_wake", None)
-            if resend is not None and (self._resend_at is None or resend < self._resend_at):
-                self._resend_at = resend
-        # a request that found only protected borrowers (or a cooling-down preemptor) is decided again then
-        wake = getattr(self.preemption_hook, "next_wake", None)
-        if victims:
-            # the victims' GPUs are free in this instant (the checkpoint is folded into it): admit and place
-            # their preemptors now, as the services do when JobPreempted arrives
-            again = self.cycle(now)
-            started = [j for j in started + again.started if j in self.running]
-            victims = victims + again.preempted
-            wake = again.wake_at if wake is None or (again.wake_at is not None and again.wake_at < wake) else wake
-        if self._holds:  # a hold that expires unused frees its capacity for the others: a cycle then
-            first = min(h.until for h in self._holds.values())
-            wake = first if wake is None or first < wake else wake
-        return CycleOutput(started=started, preempted=victims, wake_at=wake)
+        return started
 
     def _hold_for(self, victim: Preempted, now: float, grace_s: float) -> None:
         """The victim's capacity is held for its preemptor, as services/scheduler/app.py holds it on JobPreempted."""
@@ -304,10 +277,10 @@ class GpuqPolicy:
         info = self.running.pop(job_id, None)
         if info is None:
             return
-        self.running_log.append(job_id)
         self._stop_running(job_id)
         self._forget_class(job_id)
-        self._reclaims_sent.discard(job_id)
+        if self.stage is not None:
+            self.stage.stopped(job_id)
         self.cluster.release(job_id)
         self.adm.finish(job_id)
         self._ran[job_id] = self._ran.get(job_id, 0.0) + (now - info.started_at)

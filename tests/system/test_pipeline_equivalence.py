@@ -21,10 +21,10 @@ or placed again, is a decision again.
   Where the two legitimately differ, the comparison says so at that spot (`run_services`).
 - The mutation check: named mutants of the shared pure cores (`MUTANTS`), applied by monkeypatching the core
   functions both the services and the simulator look up at call time (`placement_key`, `priority_value`,
-  `schedule_cycle`'s backfill and holds, reservations' `_earliest_slot`, victim choice's
-  `set_key`/`candidate_key`), so one patch mutates both paths (a function renamed or no longer looked up there
-  fails the check: monkeypatch refuses a missing name, and an unreached patch leaves its mutant alive). Under
-  each, the simulator's decisions must leave `GOLDEN` and break at least one named key decision
+  `schedule_cycle`'s backfill and holds, reservations' `_earliest_slot`, victim choice through the decision loop's
+  seam, `choose_victims`' `select_victims`), so one patch mutates both paths (a function renamed or no longer
+  looked up there fails the check: monkeypatch refuses a missing name, and an unreached patch leaves its mutant
+  alive). Under each, the simulator's decisions must leave `GOLDEN` and break at least one named key decision
   (`KEY_DECISIONS`), and so must the services' (a services run takes ~3 s here, so every mutant runs on both
   sides, ~20 s in all); the services must also make the mutated simulator's decisions, except under the one
   mutant where they legitimately differ (`DIVERGES_ON_THE_SERVICES`). A surviving mutant fails the test.
@@ -192,7 +192,7 @@ def simulated(trace_jobs: Sequence[TraceJob] = TRACE) -> list[Decision]:
 
     production = make_policy("gpuq")  # its hook: the production preemption core, as `gpuq-sim run gpuq` runs it
     assert isinstance(production, GpuqPolicy)
-    policy = Recording(preemption_hook=production.preemption_hook)
+    policy = Recording(preemption=production.preemption)
     Engine(trace, policy).run()
     return decisions
 
@@ -273,7 +273,11 @@ def _reservations_off(mp: pytest.MonkeyPatch) -> None:
 
 
 def _victim_most_lost_work(mp: pytest.MonkeyPatch) -> None:
-    """Victims ordered the wrong way round: most work lost, oldest first."""
+    """Victims ordered the wrong way round: most work lost, oldest first. Patched at the decision loop's seam:
+    `choose_victims` (services/core/pipeline/preempt.py) reads `select_victims` there, and the simulator's pass,
+    the ETA's replay and the preemption service all choose through it (a path that selected victims some other
+    way would escape this mutant, and the services' run of it would fail)."""
+    import services.core.pipeline.preempt as preempt
     import services.core.preemption.select as select
 
     def set_key(jobs: Sequence[Any], now: float) -> tuple[object, ...]:
@@ -283,8 +287,15 @@ def _victim_most_lost_work(mp: pytest.MonkeyPatch) -> None:
     def candidate_key(job: Any, now: float) -> tuple[float, float, str]:
         return (-job.lost_gpu_seconds(now), job.started_at, job.job_id)
 
-    mp.setattr(select, "set_key", set_key)
-    mp.setattr(select, "candidate_key", candidate_key)
+    real = preempt.select_victims
+
+    def reversed_choice(*args: Any, **kwargs: Any) -> Any:
+        with pytest.MonkeyPatch.context() as inner:
+            inner.setattr(select, "set_key", set_key)
+            inner.setattr(select, "candidate_key", candidate_key)
+            return real(*args, **kwargs)
+
+    mp.setattr(preempt, "select_victims", reversed_choice)
 
 
 def _holds_off(mp: pytest.MonkeyPatch) -> None:

@@ -2,12 +2,13 @@
 calibrated range. The admission service and the simulator run this same code.
 
 `estimate_starts` copies the admission and cluster snapshots, then replays the future the platform expects:
-running jobs end at their predicted end, and after each end the pipeline's cycle
-(`services.core.pipeline.cycle`: admission, then placement in the pipeline's order) runs as in production. The
+running jobs end at their predicted end, and after each end the pipeline's decision loop
+(`services.core.pipeline.decide`: admission, placement in the pipeline's order, preemption) runs as in production. The
 scheduler inside the replay still believes what the real one believes (reservations from `max_runtime_s`), so
 it decides as the real one will; only time advances by the predictions. The replay also preempts as the platform
-does (`ReplayPreemption`: admission's reclaim and within-queue priority requests, the production preemption
-core's victims, protection windows and cool-downs), so a job waiting behind a lower-priority job's quota is shown
+does (`ReplayPreemption`: the decision loop's preemption stage, `services.core.pipeline.decide`: admission's
+reclaims and the unplaceable jobs' requests, the production preemption core's victims, protection windows and
+cool-downs), so a job waiting behind a lower-priority job's quota is shown
 the end of that job's protection, not of its run. Nothing new arrives in the replay;
 `estimate_ranges` then moves each start later by what the higher-priority arrivals expected from the queue's
 recent history would take (`ArrivalHistory`).
@@ -31,6 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.core.pipeline.loop import PreemptionStage, ReplayAsks
 from services.core.pipeline.predict import (
     DEFAULT_WINDOW,
     HIGH_Q,
@@ -38,10 +40,8 @@ from services.core.pipeline.predict import (
     DurationPredictor,
     JobKey,
 )
-from services.core.preemption import priority_of
+from services.core.pipeline.preempt import VictimChooser
 from shared.domain import MILLI_GPU, JobSpec, mig_milli_gpus
-
-from .preemption import PreemptionContext, RunningInfo, SimPreemption
 
 # How far ahead a replay looks. An ETA assumes nothing new arrives; a week ahead that assumption says nothing (a
 # week of arrivals reorders any queue), so a job the replay does not start within it is reported as beyond the
@@ -89,10 +89,10 @@ def estimate_starts(cluster: Any, admission: Any, running: Mapping[str, float], 
     """
     if horizon_s <= 0 or not 0.0 <= resolution < 1.0:
         raise ValueError(f"need horizon_s > 0 and 0 <= resolution < 1, got {horizon_s}, {resolution}")
-    # (imported when called: the pipeline core is imported late, and tests count its cycles through the module)
-    from services.core.pipeline import cycle
+    # (imported when called: the pipeline core is imported late, and tests count its passes through the module)
+    from services.core.pipeline import decide
 
-    replay = _StartsReplay(cluster, admission, running, now, cycle=cycle, backfill=backfill,
+    replay = _StartsReplay(cluster, admission, running, now, decide=decide, backfill=backfill,
                            run_for=duration or (lambda spec: float(spec.max_runtime_s)),
                            believed_ends=believed_ends, started=started, preempted_at=preempted_at)
     t = now
@@ -114,13 +114,13 @@ class _StartsReplay:
     Split in two steps, what happens at one instant (`settle`) and where the replay goes next (`next_step`)."""
 
     def __init__(self, cluster: Any, admission: Any, running: Mapping[str, float], now: float, *,
-                 cycle: Callable[..., Any], backfill: bool, run_for: Duration,
+                 decide: Callable[..., Any], backfill: bool, run_for: Duration,
                  believed_ends: Mapping[str, float] | None, started: Mapping[str, float] | None,
                  preempted_at: Mapping[str, float] | None):
         from services.core.pipeline import waiting_job
         from services.core.scheduler import Hold, RunningJob
 
-        self._cycle = cycle
+        self._decide = decide
         self._running_job = RunningJob
         self._hold = Hold
         self.backfill = backfill
@@ -153,28 +153,22 @@ class _StartsReplay:
         return bool(self.waiting or self.adm.pending)
 
     def settle(self, t: float) -> None:
-        """A cycle, then the preemptions its requests allow and a cycle again in the same instant (the victims'
-        GPUs are free at once, as in the simulator's policy), until a cycle preempts nothing. Each round takes a
-        victim or stops, so there are at most as many rounds as jobs hold GPUs."""
+        """A pass of the decision loop (`decide`: admission, placement, and the victims of the jobs it found
+        unplaceable and of admission's reclaims), then, when it preempted, a pass again in the same instant (the
+        victims' GPUs are free at once, as in the simulator's policy), until a pass preempts nothing. Each round
+        takes a victim or stops, so there are at most as many rounds as jobs hold GPUs."""
         preempt = self.preempt
         for _round in range(len(self.current) + 1):
             # (schedule_cycle orders the running list itself)
-            out = self._cycle(self.adm, self.cl, self.waiting, list(self.believed.values()), t,
-                              backfill=self.backfill, run_admission=bool(self.adm.pending),
-                              lowest_preemptible_running=preempt.lowest_preemptible() if preempt else None,
-                              holds=tuple(h for h in self.holds.values() if h.until > t))
+            # (preemption: admission's reclaims, and the scheduler's asks: an admitted job that cannot be placed
+            # asks for a lower-priority job's GPUs, which the platform takes when that job's protection ends)
+            out = self._decide(self.adm, self.cl, self.waiting, list(self.believed.values()), t, stage=preempt,
+                               backfill=self.backfill, run_admission=bool(self.adm.pending),
+                               holds=tuple(h for h in self.holds.values() if h.until > t))
             self._take(out, t)
-            if preempt is None:
+            if not out.preemptions:
                 break
-            # admission's reclaims, and the scheduler's asks: an admitted job that cannot be placed asks for
-            # a lower-priority job's GPUs (held outside gpuq, fragmented), which the platform takes when that
-            # job's protection ends, not when it ends
-            asks = set(out.placement.preemption_asks)
-            victims = preempt(self.cl, out.admission.reclaims, t,
-                              [u for u in out.placement.result.unplaceable if u.job_id in asks])
-            self._requeue(preempt, victims, t)
-            if not victims:
-                break
+            self._requeue({v.job_id: v.preemptor for v in out.preemptions}, t)
 
     def _take(self, out: Any, t: float) -> None:
         """A cycle's admissions join the waiting jobs; its placements start, each with its end to come."""
@@ -191,16 +185,15 @@ class _StartsReplay:
             end = t + max(1.0, self.left_s.pop(p.job_id) if p.job_id in self.left_s else self.run_for(w.spec))
             self.current[p.job_id] = end
             heapq.heappush(self.ends, (end, p.job_id))
-            if self.preempt is not None:
-                self.preempt.started(p.job_id, w.spec, t)
 
-    def _requeue(self, preempt: ReplayPreemption, victims: Sequence[str], t: float) -> None:
-        """The replay's victims go back to admission; their GPUs are free now: admit and place again."""
+    def _requeue(self, preemptors: Mapping[str, str | None], t: float) -> None:
+        """The replay's victims (-> their preemptors) go back to admission; their GPUs are free now: admit and
+        place again."""
         from services.core.admission import Workload
         from services.core.pipeline import hold_until
 
-        for v in victims:
-            preemptor, placement = preempt.preemptor_of.pop(v, None), self.cl.placement_of(v)
+        for v in sorted(preemptors):
+            preemptor, placement = preemptors[v], self.cl.placement_of(v)
             if preemptor is not None and placement is not None:
                 self.holds[v] = self._hold(preemptor=preemptor, victim=v, placement=placement,
                                            until=hold_until(t, self.adm.config.policy.checkpoint_grace_s))
@@ -240,97 +233,32 @@ class _StartsReplay:
         return t
 
 
-class ReplayPreemption:
-    """Preemption inside a replay, as the platform would preempt: after each cycle, admission's reclaim and
-    within-queue priority requests go to the production preemption core through its driver (preemption.py,
-    `SimPreemption`: victims chosen by `select_victims`, never a production or non-preemptible job nor one
-    inside its protection window, with the per-queue hourly limit and the cool-down), and the replay wakes
-    when a protection window or a preemptor's cool-down that held a request back ends. A request is sent once,
-    and again only after such a wake-up, as the simulator's policy sends it (sim/policies/gpuq.py). Without it
-    a job that waits for a lower-priority job's quota is shown the end of that job, where the platform starts
-    it when the job's protection ends. Replay-only memory: what the real preemption service did before `now`
-    (its hourly counts, the requests it already refused) is not known here and starts empty; the waiting jobs'
-    last preemptions are (`preempted_at`: their cool-downs as preemptors)."""
+class ReplayPreemption(PreemptionStage):
+    """Preemption inside a replay, as the platform would preempt: the decision loop's preemption stage
+    (services/core/pipeline/loop.py) with the production victim chooser (`VictimChooser`: victims chosen by
+    `select_victims`, never a production or non-preemptible job nor one inside its protection window, with the
+    per-queue hourly limit and the cool-down) and `ReplayAsks`: a request is asked once, and again only after a
+    protection window or a preemptor's cool-down that held one back ends, when the replay wakes
+    (`wake_at`). Without it a job that waits for a lower-priority job's quota is shown the end of that job,
+    where the platform starts it when the job's protection ends. Replay-only memory: what the real preemption
+    service did before `now` (its hourly counts, the requests it already refused) is not known here and starts
+    empty; the waiting jobs' last preemptions are (`preempted_at`: their cool-downs as preemptors)."""
 
     def __init__(self, admission: Any, started: Mapping[str, float], preempted_at: Mapping[str, float]):
-        self.config = admission.config
-        self.core = SimPreemption(admission.config, checkpointing=True)
-        self.core.last_preempted.update(preempted_at)  # the cool-downs running at the replay's start
-        self.admission = admission
-        self.running: dict[str, Any] = {}
-        # priority -> how many preemptible jobs of it run (a replay runs hundreds of cycles: the lowest is read
-        # from the few priority values, not from every running job)
-        self._preemptible: dict[int, int] = {}
+        self.replay_asks = ReplayAsks()
+        super().__init__(VictimChooser(admission.config, checkpointing=True), self.replay_asks)
+        self.chooser.last_preempted.update(preempted_at)  # the cool-downs running at the replay's start
         for job_id, at in sorted(started.items()):
             held = admission.admitted.get(job_id)
             if held is not None:
-                self._add(job_id, RunningInfo(held.spec, at, at + held.spec.max_runtime_s))
-        self.log: list[str] = list(self.running)
-        self.sent: set[str] = set()
-        self._wake: float | None = None
-        self.preemptor_of: dict[str, str] = {}  # a victim of the last call -> the job it was preempted for
+                self.started(job_id, held.spec, at)
 
-    def _add(self, job_id: str, info: RunningInfo) -> None:
-        self.ended(job_id, log=False)
-        self.running[job_id] = info
-        value, preemptible, _ = priority_of(self.config, info.spec)
-        if preemptible:
-            self._preemptible[value] = self._preemptible.get(value, 0) + 1
-
-    def started(self, job_id: str, spec: JobSpec, at: float) -> None:
-        self._add(job_id, RunningInfo(spec, at, at + spec.max_runtime_s))
-        self.log.append(job_id)
-
-    def ended(self, job_id: str, *, log: bool = True) -> None:
-        info = self.running.pop(job_id, None)
-        if info is None:
-            return
-        value, preemptible, _ = priority_of(self.config, info.spec)
-        if preemptible:
-            left = self._preemptible[value] - 1
-            if left:
-                self._preemptible[value] = left
-            else:
-                del self._preemptible[value]
-        if log:
-            self.log.append(job_id)
-
-    def lowest_preemptible(self) -> int | None:
-        """The lowest priority of a preemptible job running in the replay (the scheduler's
-        `lowest_preemptible_running`: an unplaceable job asks for preemption only above it)."""
-        return min(self._preemptible) if self._preemptible else None
-
-    def __call__(self, cluster: Any, reclaims: Sequence[Any], now: float, unplaceable: Sequence[Any] = ()
-                 ) -> list[str]:
-        """The victims of this cycle's requests: admission's `reclaims` and the scheduler's asks for the admitted
-        jobs it could not place (`unplaceable`, the pipeline's `preemption_asks`); their jobs left the running
-        set."""
-        if self._wake is not None and now >= self._wake:
-            self._wake = None
-            self.sent.clear()
-        new = [r for r in reclaims if r.preemptor not in self.sent]
-        asks = [u for u in unplaceable if u.job_id not in self.sent]
-        if not new and not asks:
-            return []
-        self.sent.update(r.preemptor for r in new)
-        self.sent.update(u.job_id for u in asks)
-        policy = self.config.policy
-        ctx = PreemptionContext(now=now, cluster=cluster, admission=self.admission, unplaceable=asks, reclaims=new,
-                                running=self.running, protection_window_s=policy.protection_window_s,
-                                checkpoint_grace_s=policy.checkpoint_grace_s, running_log=self.log)
-        chosen = self.core(ctx)
-        victims = sorted({v.job_id for v in chosen})
-        self.preemptor_of = {v.job_id: v.preemptor for v in chosen if v.preemptor is not None}
-        wake = self.core.next_wake
-        if wake is not None and wake > now:
-            self._wake = wake if self._wake is None else min(self._wake, wake)
-        for v in victims:
-            self.ended(v)
-        return victims
+    def ended(self, job_id: str) -> None:
+        self.stopped(job_id)
 
     def wake_at(self, now: float) -> float | None:
         """When a request held back by a protection window or a cool-down is decided again (None: none is)."""
-        return self._wake if self._wake is not None and self._wake > now else None
+        return self.replay_asks.wake_at(now)
 
 
 @dataclass(frozen=True)

@@ -12,14 +12,19 @@ forward simulation):
    static reason no victim can cure) while a running preemptible job of strictly lower priority exists
    (`asks_for_preemption`).
 
-`cycle` runs the whole pipeline once on one snapshot (admit, then place in order), which is what the simulator
-and the ETA do; the services run its two halves on their own events (admission's `admit`, the scheduler's
-`place_ordered` over a `PlacementBook`, which keeps the order and the running timeline event by event). Pure: no
-I/O, no clock; the rules of admission (quota, borrowing, fair share) stay in the admission core, those of
-placement (gang, topology, backfill) in the scheduler core, and they plug in here unchanged.
+`decide` (loop.py) is the one decision loop: on one snapshot it admits, places in order and, in the same pass,
+chooses the victims for the jobs found unplaceable for a curable reason and for admission's reclaims
+(`choose_victims`, preempt.py: the preemption core's rules and guard rails), returning one `Decision`. The
+simulator and the ETA's replay call it; the preemption service chooses each request's victims with the same
+`choose_victims`. `cycle` is its admit-and-place half; the services run its two halves on their own events
+(admission's `admit`, the scheduler's `place_ordered` over a `PlacementBook`, which keeps the order and the
+running timeline event by event). Pure: no I/O, no clock; the rules of admission (quota, borrowing, fair share)
+stay in the admission core, those of placement (gang, topology, backfill) in the scheduler core, and they plug
+in here unchanged.
 """
 
 from .book import BookView, PlacementBook
+from .loop import Decision, PreemptionStage, ReplayAsks, ServiceAsks, decide
 from .pipeline import (
     MIN_HOLD_S,
     CycleOutcome,
@@ -35,19 +40,40 @@ from .pipeline import (
     priority_value,
     waiting_job,
 )
+from .preempt import (
+    Choice,
+    Preempted,
+    PreemptionContext,
+    PreemptionHook,
+    RunningInfo,
+    VictimChooser,
+    choose_victims,
+)
 from .retry import RetryDecision, decide_retry, retry_delay_s
 
 __all__ = [
     "MIN_HOLD_S",
     "BookView",
+    "Choice",
     "CycleOutcome",
+    "Decision",
     "PlacementBook",
     "PlacementOutcome",
+    "Preempted",
+    "PreemptionContext",
+    "PreemptionHook",
+    "PreemptionStage",
+    "ReplayAsks",
     "RetryDecision",
+    "RunningInfo",
+    "ServiceAsks",
+    "VictimChooser",
     "WaitingJob",
     "admit",
     "asks_for_preemption",
+    "choose_victims",
     "cycle",
+    "decide",
     "decide_retry",
     "hold_until",
     "place",

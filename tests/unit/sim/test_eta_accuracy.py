@@ -120,17 +120,17 @@ def test_a_waiting_job_preempted_recently_gets_the_preemptors_cool_down_in_the_r
 
 
 def _count_cycles(monkeypatch) -> list[int]:
-    """Count the pipeline cycles a replay runs (estimate_starts imports `cycle` when called)."""
+    """Count the decision passes a replay runs (estimate_starts imports `decide` when called)."""
     import services.core.pipeline as pipeline
 
     calls = [0]
-    real = pipeline.cycle
+    real = pipeline.decide
 
     def counting(*args, **kwargs):
         calls[0] += 1
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "cycle", counting)
+    monkeypatch.setattr(pipeline, "decide", counting)
     return calls
 
 

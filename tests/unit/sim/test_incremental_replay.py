@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from services.core.eta.preemption import SimPreemption
+from services.core.pipeline import VictimChooser as SimPreemption
 from services.core.preemption import RunningJob, priority_of, usage_by_queue
 from services.core.scheduler.index import MISSING, ClusterIndex
 from sim.engine import CycleOutput, Engine

@@ -151,18 +151,22 @@ def test_plain_gpuq_follows_the_queues_policy_as_the_services_do():
 def test_gpuq_sends_a_reclaim_once_as_the_admission_service_does():
     # Teams a and b, 4 GPUs of quota each, one 8-GPU node. a's 8 jobs borrow b's half from t=0; b's job at
     # t=10 asks to reclaim while a's jobs are inside their protection window (600 s), so no victim is found.
-    # Later arrivals make more cycles: the hook still hears b's reclaim once (the service sends it once; this
-    # hook reports no `next_wake`, so nothing is sent again when the protection ends).
+    # Later arrivals make more passes: the decision loop's victim chooser still hears b's reclaim once (the
+    # service sends it once; this chooser reports no `next_wake`, so nothing is asked again when the protection
+    # ends).
+    from services.core.pipeline import VictimChooser
     from sim.policies.gpuq import GpuqPolicy
 
     seen: list[str] = []
 
-    def hook(ctx):
-        seen.extend(r.preemptor for r in ctx.reclaims)
-        return []
+    class Hearing(VictimChooser):
+        def __call__(self, ctx):
+            seen.extend(r.preemptor for r in ctx.reclaims)
+            self.next_wake = None
+            return []
 
     jobs = [job(f"a{i}", 0, 5000, team="a", priority="low") for i in range(8)]
     jobs += [job("b", 10, 50, team="b")] + [job(f"late{i}", 20 + i, 10, team="a") for i in range(5)]
-    Engine(trace(jobs), GpuqPolicy(preemption_hook=hook)).run()
+    Engine(trace(jobs), GpuqPolicy(preemption=Hearing)).run()
     # (a's later normal jobs may ask admission for preemption within their own queue: once each too)
     assert seen.count("b") == 1 and len(seen) == len(set(seen))

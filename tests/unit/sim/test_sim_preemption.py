@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.core.eta.preemption import SimPreemption
+from services.core.pipeline import VictimChooser as SimPreemption
 from shared.domain import CheckpointSpec
 from tests.unit.preemption.builders import World, queues, spec
 
