@@ -25,6 +25,7 @@ import asyncpg
 from services.core.telemetry.names import JOB_SERIES_CAP
 from services.core.telemetry.state import Effects, Gauges, TelemetryState
 from services.scheduler import readmodel
+from services.telemetry.budgets import BudgetWatch
 from services.telemetry.idle import IdleReclaimer
 from services.telemetry.metrics import DEFAULT_PORT, TelemetryMetrics, job_labels_from_env
 from services.telemetry.webhooks import store
@@ -98,11 +99,12 @@ class TelemetryService:
         self.retry = retry or RetryPolicy.from_env()
         self.webhook_worker = webhook_worker
         self.idle = IdleReclaimer(queues)  # idle reclaim and TTLs of interactive work (services/telemetry/idle.py)
+        self.budgets = BudgetWatch()  # GPU-hour budgets' gauges and webhooks (services/telemetry/budgets.py)
 
     # ------------------------------------------------------------------ wiring
 
     def spec(self) -> ServiceSpec:
-        background = [self._serve_metrics, self._idle_reclaim]
+        background = [self._serve_metrics, self._idle_reclaim, self.budgets.run]
         if self.webhook_worker:
             background.append(self._deliver_webhooks)
         return ServiceSpec(name="telemetry", schema="telemetry", migrations=MIGRATIONS,
@@ -114,7 +116,7 @@ class TelemetryService:
 
     def snapshot(self) -> Gauges:
         with self.lock:
-            return self.state.gauges(self.clock.now())
+            return {**self.state.gauges(self.clock.now()), **self.budgets.gauges}
 
     # ------------------------------------------------------------------ events
 

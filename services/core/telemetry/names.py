@@ -118,6 +118,12 @@ _DEFS = (
     MetricDef("gpuq_utilization_source_gpus", GAUGE, "1", ("source", "attribution"),
               "GPUs in the latest poll by attribution: exact (pod labels or GPU placement), approximate "
               "(node-level split), unattributed."),
+    MetricDef("gpuq_team_budget_used_ratio", GAUGE, "1", ("team", "period"),
+              "GPU-hours a budgeted team used in its current period ÷ its budget (queues.yaml budgets; metering's read "
+              "model): GpuqBudgetNearlySpent fires at 0.8."),
+    MetricDef("gpuq_team_budget_gpu_hours", GAUGE, "h", ("team", "period", "kind"),
+              "A budgeted team's GPU-hours in its current period: kind budget, used, or forecast (at the period's "
+              "end, if the rate so far holds)."),
     # ---- short-lived per-job gauges (only while the job waits or runs)
     MetricDef("gpuq_job_pending_info", GAUGE, "1", ("job_id", "queue", "team", "stage", "reason"),
               "1 for each waiting job, with why it waits."),

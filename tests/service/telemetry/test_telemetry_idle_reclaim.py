@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import asyncpg
 import nats
@@ -59,7 +60,7 @@ def notebook(job_id: str) -> JobSpec:
                    checkpoint=CheckpointSpec(supported=True, interval_s=3600))
 
 
-async def until(check: Callable[[], Awaitable[bool]], timeout: float = 30.0) -> None:
+async def until(check: Callable[[], Awaitable[bool]], timeout: float = 60.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not await check():
         assert asyncio.get_running_loop().time() < deadline, "timed out"
@@ -84,10 +85,18 @@ async def test_an_idle_notebook_is_warned_then_checkpointed_and_requeued(fresh: 
         await publish_event(js, make_event(payload, source="test", time=utcnow_from(clock.now())),
                             subject or default_subject(payload))
 
-    async def emitted(schema: str, payload_type: type[Payload]) -> list[dict]:
+    async def emitted(schema: str, payload_type: type[Payload]) -> list[dict[str, Any]]:
         rows = await conn.fetch(f"SELECT body FROM {schema}.outbox ORDER BY seq")
         events = [json.loads(bytes(r["body"])) for r in rows]
         return [e["data"] for e in events if e["type"] == payload_type.event_type()]
+
+    async def sampled_since(at: float) -> bool:
+        return bool(await conn.fetchval(
+            "SELECT count(*) = 3 FROM telemetry.samples WHERE (doc->>'sampled_at')::float8 >= $1", at))
+
+    async def placed(job_id: str) -> bool:
+        return bool(await conn.fetchval("SELECT doc->>'phase' = 'placed' FROM telemetry.jobs WHERE job_id = $1",
+                                        job_id))
 
     async def sample_minutes(minutes: int) -> None:
         """Each minute of platform time, DCGM's samples of every job's GPUs (telemetry consumed them before the
@@ -99,9 +108,7 @@ async def test_an_idle_notebook_is_warned_then_checkpointed_and_requeued(fresh: 
                                               interval_s=60, source="dcgm",
                                               samples=tuple(GpuSample(job_id=job_id, gpu_index=i, utilization_pct=util)
                                                             for i in range(8))))
-            at = clock.now()
-            await until(lambda at=at: conn.fetchval(
-                "SELECT count(*) = 3 FROM telemetry.samples WHERE (doc->>'sampled_at')::float8 >= $1", at))
+            await until(lambda: sampled_since(clock.now()))
 
     for rt in runtimes:
         await rt.start()
@@ -113,8 +120,8 @@ async def test_an_idle_notebook_is_warned_then_checkpointed_and_requeued(fresh: 
         for job_id in JOBS:
             await send(JobSubmitted(spec=notebook(job_id), submitted_at=utcnow_from(clock.now())),
                        ns_subject("job.submitted.team-a"))
-            await until(lambda job_id=job_id: conn.fetchval(
-                "SELECT true FROM scheduler.v1_placements WHERE job_id = $1", job_id))
+            # telemetry heard of its placement (the scheduler's JobPlaced) before the executor's start
+            await until(lambda: placed(job_id))  # noqa: B023 (awaited within the iteration)
             await send(JobStarted(job_id=job_id, started_at=utcnow_from(clock.now())))
         await until(lambda: conn.fetchval("SELECT count(*) = 3 FROM telemetry.jobs WHERE doc->>'phase' = 'running'"))
 
@@ -138,6 +145,7 @@ async def test_an_idle_notebook_is_warned_then_checkpointed_and_requeued(fresh: 
         await until(checkpoint_asked)
         asked = await emitted("preemption", CheckpointRequested)
         assert [a["job_id"] for a in asked] == ["nb-idle"]  # production is never preempted
+        await until(lambda: conn.fetchval("SELECT true FROM preemption.requests WHERE preemptor = 'idle:nb-prod'"))
         kept = await conn.fetchval("SELECT message FROM preemption.requests WHERE preemptor = 'idle:nb-prod'")
         assert "production" in kept.lower() or "not preemptible" in kept.lower() or "never" in kept.lower(), kept
         await send(JobCheckpointed(job_id="nb-idle", uri="s3://ckpt/nb-idle/1", step=3,

@@ -38,7 +38,8 @@ def test_every_alert_has_a_unit_test() -> None:
     alerts = {r["alert"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "alert" in r}
     assert alerts == {"GpuqAllocatedGpuIdle", "GpuqRepeatedOOMKills", "GpuqQueueWaitP95Rising",
                       "GpuqPreemptionRateHigh", "GpuqQuotaGuaranteesAboveCapacity", "GpuqNodeDegraded",
-                      "GpuqUtilizationSourceDown", "GpuqEtaRangeMiscalibrated", "GpuqGpusHeldOutsideGpuq"}
+                      "GpuqUtilizationSourceDown", "GpuqEtaRangeMiscalibrated", "GpuqGpusHeldOutsideGpuq",
+                      "GpuqBudgetNearlySpent"}
     tested: set[str] = set()
     for path in (DEPLOY / "tests").glob("*.yml"):
         for case in yaml.safe_load(path.read_text())["tests"]:
