@@ -534,6 +534,11 @@ class Policy(_Strict):
     # Wait-time aging (docs/admission.md, "Aging"): a job's duration offset shrinks with its wait and is gone after
     # this many seconds (Slurm's PriorityMaxAge), after which no later job passes it. null = no aging.
     max_age_s: int | None = Field(default=None, gt=0)
+    # No starvation (services/core/admission/starvation.py): a pending job that waited K x its class's median
+    # admission wait (and at least starvation_min_wait_s) while its queue is under its nominal quota turns its
+    # queue StrictFIFO until it is admitted. K = starvation_factor; null = off.
+    starvation_factor: float | None = Field(default=10.0, gt=0)
+    starvation_min_wait_s: int = Field(default=3600, ge=0)
 
 
 class PodSecurity(StrEnum):

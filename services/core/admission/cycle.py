@@ -70,6 +70,8 @@ class _Cycle:
         # 1 heads: the state's own pending lists, in order (with policy.max_age_s: aged to now first); a retried
         # queue's list is swapped in and out during the cycle, and phase 6 leaves each without the admitted
         self.lists: dict[str, list[Entry]] = state.ordered_pending(now)
+        # queues whose oldest pending job has starved (starvation.py): admitted in strict order this cycle
+        self.starving: Mapping[str, str] = state.starving_queues(now)
         self.idx: dict[str, int] = {}
         self.heap: list[tuple[tuple[int, float, float, str], str]] = []
         self.decision = AdmissionDecision()
@@ -134,7 +136,7 @@ class _Cycle:
                 # only the refused jobs can fit now (every other failure stays one: usage only grew), and in a
                 # StrictFIFO queue the jobs its refused head blocked
                 lst = self.lists[q]
-                again = lst[retry[q]:] if self.book.queues[q].strict_fifo else refused[q]
+                again = lst[retry[q]:] if self._strict(self.book.queues[q]) else refused[q]
                 saved.setdefault(q, lst)
                 self.lists[q], self.idx[q] = again, 0
                 self._nominate(q)
@@ -167,7 +169,7 @@ class _Cycle:
                     self.refused_at.setdefault(q, self.idx[q])
                     self.refused.setdefault(q, []).append(e)
                     self.idx[q] += 1
-                    if qq.strict_fifo:
+                    if self._strict(qq):
                         self._block_rest(q, Reason.WAITING_IN_STRICT_FIFO, self._strict_message(qq, e))
                         continue
                     self._nominate(q)
@@ -179,7 +181,7 @@ class _Cycle:
             else:
                 self.asks.fail(qq, e, result)
                 self.idx[q] += 1
-                if qq.strict_fifo:
+                if self._strict(qq):
                     self._block_rest(q, Reason.WAITING_IN_STRICT_FIFO, self._strict_message(qq, e))
                     continue
             self._nominate(q)
@@ -217,6 +219,7 @@ class _Cycle:
             self.idx[q] = len(lst)  # every GPU request would borrow (a job asking for none fits in the full pass)
             return
         i, n = self.idx[q], len(lst)
+        strict = self._strict(qq)
         # the priority of the first job passed over that would fit by borrowing and could preempt within its
         # queue: no job of lower priority goes ahead of it, since it could preempt that job (within_queue) and the
         # room would change hands every cycle
@@ -234,7 +237,7 @@ class _Cycle:
                         return
                     if floor is None and qq.can_preempt_within and self.fits.nominal_request(qq, e.sig) is not None:
                         floor = e.priority
-                if qq.strict_fifo:
+                if strict:
                     break
             i += 1
         self.idx[q] = n
@@ -259,6 +262,7 @@ class _Cycle:
             memo = fits.memo[q] = {}
         version = fits.version_of(qq)
         limit = qq.unsafe_borrow_limit
+        strict = self._strict(qq)
         n = len(lst)
         while i < n:
             e = lst[i]
@@ -289,7 +293,7 @@ class _Cycle:
                         self.refused_at.setdefault(q, i)
                         self.refused.setdefault(q, []).append(e)
                         i += 1
-                        if qq.strict_fifo:
+                        if strict:
                             self.idx[q] = i
                             self._block_rest(q, Reason.WAITING_IN_STRICT_FIFO, self._strict_message(qq, e))
                             return
@@ -309,7 +313,7 @@ class _Cycle:
                 else:
                     self.asks.fail(qq, e, result)  # type: ignore[arg-type]  # `type(result) is Fit` above (hot path)
             i += 1
-            if qq.strict_fifo:
+            if strict:
                 self.idx[q] = i
                 self._block_rest(q, Reason.WAITING_IN_STRICT_FIFO, self._strict_message(qq, e))
                 return
@@ -379,6 +383,12 @@ class _Cycle:
                 e.reason, e.message = reason, message
         self.idx[q] = len(lst)
 
-    @staticmethod
-    def _strict_message(qq: QueueQuota, head: Entry) -> str:
+    def _strict(self, qq: QueueQuota) -> bool:
+        """Whether `qq` is admitted in strict order this cycle: StrictFIFO, or its oldest job has starved."""
+        return qq.strict_fifo or qq.name in self.starving
+
+    def _strict_message(self, qq: QueueQuota, head: Entry) -> str:
+        if not qq.strict_fifo:
+            return (f"queue {qq.name} admits in order until {self.starving[qq.name]} is admitted (it waited past "
+                    f"the starvation bound, policy.starvation_factor); blocked by {head.job_id} ({head.reason})")
         return f"StrictFIFO queue {qq.name} is blocked by its head {head.job_id} ({head.reason})"

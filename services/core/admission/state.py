@@ -33,6 +33,7 @@ from services.core.admission.resources import (
     gpu_pod_set_names,
     request_signature,
 )
+from services.core.admission.starvation import StarvationWatch, under_guarantee
 from shared.config import QueuesConfig
 from shared.domain import JobSpec
 
@@ -100,6 +101,8 @@ class AdmissionState:
         self._history_share: dict[str, float] = {}  # queue -> historic borrowing score (core/history.py)
         # pending jobs whose order time still ages (a duration offset, waited less than policy.max_age_s)
         self._aging: set[str] = set()
+        # no starvation (starvation.py): recent admission waits per class, each queue's pending jobs by submit time
+        self._starvation = StarvationWatch()
 
     # ------------------------------------------------------------------ views
 
@@ -206,6 +209,7 @@ class AdmissionState:
         other._dirty = set(self._dirty)
         other._touched = set(self._touched)
         other._aging = set(self._aging)
+        other._starvation = self._starvation.copy()
         # no cached cohorts: the entries' messages may still be written lazily from *this* state's numbers
         other._memo = CycleMemo()
         return other
@@ -281,7 +285,7 @@ class AdmissionState:
     def requeue(self, w: Workload) -> None:
         """Back to pending (after preemption or a failed placement) with its original submit time."""
         self.finish(w.spec.job_id)
-        self._add_pending(w)
+        self._add_pending(w, requeued=True)
 
     def restore_admitted(self, a: AdmittedWorkload) -> None:
         """Rebuild after a restart: record a job admitted earlier (from the store) without a cycle."""
@@ -415,6 +419,30 @@ class AdmissionState:
         """Move a pending entry to admitted. The caller rebuilds the queue's pending list afterwards."""
         self._pending.pop(e.job_id)
         self._mark_admitted(e, a)
+        self._starvation.admitted(e.job_id, e.priority, a.admitted_at - a.submitted_at)
+
+    def starving_queues(self, now: float) -> Mapping[str, str]:
+        """Queue -> its oldest pending job, for the queues where that job has starved (starvation.py): the cycle
+        admits those queues in strict order. A queue whose verdict changed since the last call is touched (its
+        cached cycle and sealed reasons no longer hold)."""
+        policy = self._config.policy
+
+        def pending(job_id: str) -> tuple[int, float] | None:
+            e = self._entries.get(job_id)
+            if e is None or e.admitted is not None or e.verdict is not None:
+                return None
+            return e.priority, e.workload.submitted_at
+
+        def under(queue: str) -> bool:
+            qq = self._book.queues.get(queue)
+            return qq is not None and under_guarantee(self._book.usage.get(queue, {}), qq.nominal)
+
+        found, changed = self._starvation.judge(now, policy.starvation_factor, policy.starvation_min_wait_s,
+                                                pending, under)
+        for q in sorted(changed):
+            self._touch(q)
+            self._generation += 1
+        return found
 
     # ------------------------------------------------------------------ helpers
 
@@ -431,10 +459,11 @@ class AdmissionState:
         e.sid = self._sig_ids.setdefault(e.sig, len(self._sig_ids))
         return e
 
-    def _add_pending(self, w: Workload) -> None:
+    def _add_pending(self, w: Workload, *, requeued: bool = False) -> None:
         e = self._new_entry(w)
         e.verdict = verdict(self._config, self._book, w.spec)
         self._entries[e.job_id] = e
+        self._starvation.pending(e.queue, e.job_id, w.submitted_at, requeued=requeued)
         if e.base_at > w.submitted_at:
             self._aging.add(e.job_id)
         self._pending.put(w)
