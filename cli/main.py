@@ -36,6 +36,8 @@ class Commands(GpuqGroup):
                                             "approval", JOBS),
         "report": Lazy("cli.remote:report", "GPU usage and cost: allocated, used, idle and lost GPU-hours, energy "
                                             "and cost", JOBS),  # metering
+        "budget": Lazy("cli.budget:budget", "GPU-hour budgets: use in the current month or quarter, the forecast to "
+                                            "its end, and what happens at 100%", JOBS),  # metering's read model
         "webhooks": Lazy("cli.remote:webhooks_app", "Webhook subscriptions: signed CloudEvents POSTed to your URL "
                                                     "when your jobs change state.", JOBS),  # telemetry
         "audit": Lazy("cli.admin:audit", "Who did what: submits, cancels, admissions, placements, preemptions", ADMIN),

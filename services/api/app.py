@@ -36,7 +36,7 @@ from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from services.admission import configmodel, queuemodel
 from services.admission.changecheck import check_proposal
@@ -69,6 +69,7 @@ from services.api.tokens import Principal
 from services.audit.records import read_records
 from services.core.admission import governance, identity
 from services.core.metering.rollup import Granularity
+from services.metering import budgetmodel
 from services.scheduler import readmodel as scheduler_view
 from services.telemetry.webhooks import store as webhooks
 from shared import audit
@@ -371,6 +372,37 @@ def _add_report_routes(app: FastAPI, ctx: ApiContext) -> None:
         with _report_errors():
             return await focus_document(ctx.database_url, since=since, until=until, granularity=granularity,
                                         team=team if who.admin else who.team, now=datetime.now(UTC))
+
+    @app.get("/v1/budgets", summary="GPU-hour budgets: the token's team's (every team's for an admin), with use and "
+                                    "forecast in the current period", response_model=list[BudgetStatusOut])
+    async def budgets(who: Caller) -> list[BudgetStatusOut]:
+        async with ctx.rt().pool.acquire() as conn:
+            rows = await budgetmodel.budgets(conn, None if who.admin else who.team)
+        return [BudgetStatusOut.of(r) for r in rows if who.admin or r.team == who.team]
+
+class BudgetStatusOut(BaseModel):
+    """A team's GPU-hour budget in its current period (metering's read model, metering.v1_budgets)."""
+
+    team: str
+    period: str
+    period_start: datetime
+    period_end: datetime
+    budget_gpu_hours: float
+    used_gpu_hours: float
+    forecast_gpu_hours: float
+    used_ratio: float
+    warn_at: float
+    on_exhausted: str
+    state: str  # ok | warning | exhausted
+    reported_at: datetime
+
+    @classmethod
+    def of(cls, r: budgetmodel.BudgetRow) -> BudgetStatusOut:
+        return cls(team=r.team, period=r.period, period_start=r.period_start, period_end=r.period_end,
+                   budget_gpu_hours=r.budget_gpu_hours, used_gpu_hours=r.used_gpu_hours,
+                   forecast_gpu_hours=r.forecast_gpu_hours, used_ratio=r.used_ratio, warn_at=r.warn_at,
+                   on_exhausted=r.on_exhausted, state=r.state, reported_at=r.reported_at)
+
 
 def _add_webhook_routes(app: FastAPI, ctx: ApiContext) -> None:
     """A team's webhook subscriptions: list, add, remove, rotate the secret, re-enable."""
