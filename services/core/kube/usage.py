@@ -6,7 +6,9 @@ scheduler's placements; the others (another scheduler's, a DaemonSet's, an infer
 `nodeName`) are what a node holds outside gpuq (`NodeSpec.held`), which the scheduler does not place onto.
 
 A pod is gpuq's when it carries the `gpuq.io/job` label (gpuq writes it into the templates it runs). Extended
-resources other than `nvidia.com/gpu` and the node's MIG profile (`nvidia.com/mig-<profile>`) are not modelled.
+resources other than `nvidia.com/gpu` (and its shared replicas, `nvidia.com/gpu.shared`: each replica another pod
+holds takes a whole GPU out, since the device plugin picks which GPU it is on) and MIG slices
+(`nvidia.com/mig-<profile>`) are not modelled.
 
 A node that refused a pod gpuq placed there (`PlacementRefusal`) keeps refusing that shape while its usage is what
 it was then: what every pod but the refused job's holds there (`NodeLoads.usage`). `still_refused` keeps the
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from services.core.kube.names import GPU_RESOURCE, JOB_LABEL, MIG_RESOURCE_PREFIX
+from services.core.kube.names import GPU_RESOURCE, JOB_LABEL, MIG_RESOURCE_PREFIX, SHARED_GPU_RESOURCE
 from services.core.kube.quantity import count, mebibytes, milli, parse_quantity
 from shared.domain import NodeUsage, PlacementRefusal
 
@@ -72,7 +74,10 @@ def pod_load(pod: Mapping[str, Any]) -> PodLoad | None:
     mig = tuple(sorted((k.removeprefix(MIG_RESOURCE_PREFIX), count(v)) for k, v in total.items()
                        if k.startswith(MIG_RESOURCE_PREFIX) and v > 0))
     labels = (pod.get("metadata") or {}).get("labels") or {}
-    return PodLoad(node=node, job_label=labels.get(JOB_LABEL), gpus=count(total.get(GPU_RESOURCE, 0)), mig=mig,
+    # A replica of a shared GPU (nvidia.com/gpu on a time-sliced or MPS node, or the renamed nvidia.com/gpu.shared)
+    # counts as the GPU it may be on: the device plugin, not gpuq, picks which, so each is taken out whole.
+    gpus = count(total.get(GPU_RESOURCE, 0)) + count(total.get(SHARED_GPU_RESOURCE, 0))
+    return PodLoad(node=node, job_label=labels.get(JOB_LABEL), gpus=gpus, mig=mig,
                    cpu_milli=milli(total.get("cpu", 0)), memory_mib=mebibytes(total.get("memory", 0)))
 
 

@@ -65,10 +65,13 @@ def _map(obj: dict[str, Any], cfg: KubernetesSource, degraded: Verdicts = NO_VER
     if devices:  # DRA: a node whose GPUs are the ResourceSlices' devices
         spec = with_devices(spec, devices.get(spec.name, ()), cfg)
     if loads is not None:  # what the pods gpuq does not manage hold there
-        spec = spec.model_copy(update={"held": loads.held(spec.name, spec.mig.profile if spec.mig else None)})
+        held = loads.held(spec.name, spec.mig.profile if spec.mig else None)
+        if spec.sharing is not None and held.gpus > spec.gpus:  # replicas of shared GPUs: at most every GPU
+            held = held.model_copy(update={"gpus": spec.gpus})
+        spec = spec.model_copy(update={"held": held})
         if spec.mig_profiles:  # a mixed-strategy node: the slices of each profile others hold are not gpuq's
-            held = loads.held_slices(spec.name)
-            spec = spec.model_copy(update={"mig_profiles": {p: max(0, n - held.get(p, 0))
+            slices = loads.held_slices(spec.name)
+            spec = spec.model_copy(update={"mig_profiles": {p: max(0, n - slices.get(p, 0))
                                                             for p, n in spec.mig_profiles.items()}})
     return with_health([spec], degraded)[0]
 

@@ -135,3 +135,22 @@ def test_a_mixed_nodes_slices_held_by_others_are_not_offered(kube_cfg: Kubernete
     loads = NodeLoads()
     loads.put("serving/infer", pod_load(foreign))
     assert specs([mixed], kube_cfg, loads)["mixed"].mig_profiles == {"1g.10gb": 5}
+
+
+def test_replicas_other_pods_hold_on_a_shared_node_take_gpus_out(kube_cfg: KubernetesSource) -> None:
+    from services.core.kube.usage import NodeLoads, pod_load
+    from services.executor.kube.inventory import specs
+
+    renamed = node("mps", gpus=2, labels={"nvidia.com/gpu.replicas": "4", "nvidia.com/gpu.sharing-strategy": "mps"},
+                   allocatable={"nvidia.com/gpu.shared": "8", "cpu": "64", "memory": "512Gi"})
+
+    def foreign(name: str, replicas: int) -> dict[str, object]:
+        return {"metadata": {"name": name, "namespace": "serving"}, "spec": {"nodeName": "mps", "containers": [
+            {"name": "c", "resources": {"limits": {"nvidia.com/gpu.shared": str(replicas)}}}]},
+            "status": {"phase": "Running"}}
+
+    loads = NodeLoads()
+    loads.put("serving/a", pod_load(foreign("a", 1)))
+    assert specs([renamed], kube_cfg, loads)["mps"].held.gpus == 1  # the device plugin picks the GPU: one is out
+    loads.put("serving/b", pod_load(foreign("b", 3)))
+    assert specs([renamed], kube_cfg, loads)["mps"].held.gpus == 2  # never more than the node has
