@@ -89,6 +89,7 @@ class Benchmarks(LazyGroup):
                               "Admissions per second of the admission service with its database"),
         "cli": Lazy("cli.bench:bench_cli", "Start-up time of gpuq commands"),
         "e2e": Lazy("gpuq_tools.bench.e2e:bench_e2e", "The running platform end to end"),
+        "eta": Lazy("gpuq_tools.bench.eta:bench_eta", "Wall time of one ETA refresh with a deep queue"),  # eta
         # scheduler and executor handlers
         "jobpath": Lazy("gpuq_tools.bench.jobpath:bench_jobpath", "CPU per placed job of the scheduler's and the "
                                                                   "simulated executor's handlers"),

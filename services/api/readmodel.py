@@ -135,8 +135,11 @@ def eta_view(row: dict[str, Any], now: float) -> dict[str, Any]:
     while the job still waits is stale, so it is shown as `now` with `eta_overdue` true and the time that was
     expected in `eta_expected` (the next refresh gives a new value). The p10-p90 range is clamped alike."""
     eta, low, high = row.get("eta"), row.get("eta_low"), row.get("eta_high")
-    if eta is None or row.get("state") not in WAITING_STATES or eta >= now:
+    if eta is None or row.get("state") not in WAITING_STATES:
         return {"eta": eta, "eta_low": low, "eta_high": high, "eta_overdue": False, "eta_expected": None}
+    if eta >= now:  # (the start ahead, its range's low end may have passed: the start cannot be earlier than now)
+        return {"eta": eta, "eta_low": None if low is None else max(low, now), "eta_high": high,
+                "eta_overdue": False, "eta_expected": None}
     return {"eta": now, "eta_low": None if low is None else max(low, now),
             "eta_high": None if high is None else max(high, now), "eta_overdue": True, "eta_expected": eta}
 

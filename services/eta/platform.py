@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from services.core.eta import (
+    DEFAULT_BUDGET,
     Arrival,
     EtaModel,
     EtaRange,
@@ -34,8 +35,9 @@ class PlatformEta:
     it does not (another cohort's, when sharded) keeps its reserved end.
     """
 
-    def __init__(self, model: EtaModel | None = None):
+    def __init__(self, model: EtaModel | None = None, budget: int | None = DEFAULT_BUDGET):
         self.model = model or EtaModel()
+        self.budget = budget  # each replay's work (services.core.eta.DEFAULT_BUDGET): a refresh's cost is bounded
         self._given: dict[str, list[tuple[float, EtaRange]]] = {}  # waiting job -> first ETA and the latest ones
         self._queued: dict[str, tuple[str, float]] = {}  # waiting job -> (queue, submitted at)
         self._preempted: dict[str, float] = {}  # waiting job -> when it was last preempted (its cool-down)
@@ -52,7 +54,7 @@ class PlatformEta:
         with self._lock:
             model = copy.deepcopy(self.model)
             preempted = dict(self._preempted)
-        etas = replay_reserved(model, cluster, state, reserved_ends, now, preempted)
+        etas = replay_reserved(model, cluster, state, reserved_ends, now, preempted, budget=self.budget)
         self.remember(etas, queued, now)
         return etas
 
@@ -73,7 +75,8 @@ class PlatformEta:
         arrivals = self.model.new_arrivals(state, now)
         self.model.arrivals.observe_many(arrivals, now)
         queued = waiting_queues(state)
-        return replay_reserved(self.model, cluster, state, reserved_ends, now, self._preempted), arrivals, queued
+        return (replay_reserved(self.model, cluster, state, reserved_ends, now, self._preempted, budget=self.budget),
+                arrivals, queued)
 
     def learn(self, arrivals: Iterable[tuple[str, Arrival]], now: float) -> None:
         """Add the arrivals a forked refresh found (`replay_forked`) to the history."""

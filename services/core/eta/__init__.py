@@ -6,6 +6,7 @@ No I/O, no clock, no randomness: callers pass `now` and snapshots, and keep the 
 
 from .eta import (
     ALL_QUEUES,
+    DEFAULT_BUDGET,
     DEFAULT_HORIZON_S,
     ETA_MIN_REFRESH_S,
     ETA_REFRESH_S,
@@ -21,6 +22,7 @@ from .eta import (
     estimate_ranges,
     estimate_starts,
     gpu_share,
+    plan_starts,
     refresh_due,
     replay_reserved,
     waiting_queues,
@@ -29,6 +31,7 @@ from .preemption import Preempted, PreemptionContext, PreemptionHook, RunningInf
 
 __all__ = [
     "ALL_QUEUES",
+    "DEFAULT_BUDGET",
     "DEFAULT_HORIZON_S",
     "ETA_MIN_REFRESH_S",
     "ETA_REFRESH_S",
@@ -49,6 +52,7 @@ __all__ = [
     "estimate_ranges",
     "estimate_starts",
     "gpu_share",
+    "plan_starts",
     "refresh_due",
     "replay_reserved",
     "waiting_queues",

@@ -28,7 +28,7 @@ import bisect
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +39,7 @@ from services.core.pipeline.predict import (
     LOW_Q,
     DurationPredictor,
     JobKey,
+    Prediction,
 )
 from services.core.pipeline.preempt import VictimChooser
 from shared.domain import MILLI_GPU, JobSpec, mig_milli_gpus
@@ -60,6 +61,21 @@ ETA_MIN_REFRESH_S = 30.0  # platform seconds at least between two refreshes: a b
 # The arrival history's bound per queue (ArrivalHistory): its look-back never exceeds the horizon, and a queue
 # receiving more than this many jobs within a horizon has its rate measured over the span these cover.
 ARRIVAL_HISTORY = 10_000
+# The work budget of one replay (`estimate_starts`), in job-cycles: each pipeline cycle of the replay costs the
+# jobs it looks at (waiting and holding GPUs), and the replay stops once it has spent the budget. The exact replay
+# takes the first budget // HEAD_CYCLES waiting jobs in the platform's order (the head of the queue), at a
+# resolution its budget affords (MAX_RESOLUTION); every job after them, and any the exact replay had not started
+# when the budget ran out, gets a coarse start (`_StartsReplay.coarse`: list scheduling by GPU count on each
+# model's GPUs as the jobs holding them end, no quota or topology) and a range wider by TAIL_WIDEN on each side.
+# A refresh therefore costs about the same whatever the queue's depth beyond the head, plus one pass over the
+# tail (`gpuq bench eta`: 20,000 waiting on 1,280 GPUs). Not tuned to a trace: the budget is a cost.
+DEFAULT_BUDGET = 60_000
+HEAD_CYCLES = 60
+# A replay whose budget does not cover its cycles at RESOLUTION over the horizon (about log(horizon / a minute) /
+# resolution cycles of its jobs each) groups the ends more coarsely: the resolution that fits the budget, at most
+# this (a start planned late by at most a quarter of its wait).
+MAX_RESOLUTION = 0.25
+TAIL_WIDEN = 1.5  # a coarse start's range: its wait divided by this at the low end, multiplied at the high end
 
 Duration = Callable[[JobSpec], float]
 
@@ -70,7 +86,8 @@ def estimate_starts(cluster: Any, admission: Any, running: Mapping[str, float], 
                     believed_ends: Mapping[str, float] | None = None,
                     resolution: float = RESOLUTION,
                     started: Mapping[str, float] | None = None,
-                    preempted_at: Mapping[str, float] | None = None) -> dict[str, float]:
+                    preempted_at: Mapping[str, float] | None = None,
+                    budget: int | None = None) -> dict[str, float]:
     """{job_id: planned start (same clock as `now`, e.g. epoch seconds)} for every admitted-but-unplaced and
     pending job that would start within `horizon_s`; jobs that would not are left out (beyond the horizon).
 
@@ -86,26 +103,93 @@ def estimate_starts(cluster: Any, admission: Any, running: Mapping[str, float], 
                rails); a victim waits again with the run time it had left. None: nothing is preempted.
     preempted_at: job_id -> when each waiting job was last preempted (its cool-down as a preemptor runs from
                then, as the preemption service's does)
+    budget:    the replay's work in job-cycles (DEFAULT_BUDGET); None: the whole queue replayed exactly, however
+               long that takes. With a budget, the far tail of the queue gets coarse starts (`plan_starts`).
     """
+    return plan_starts(cluster, admission, running, now, horizon_s=horizon_s, max_cycles=max_cycles,
+                       backfill=backfill, duration=duration, believed_ends=believed_ends, resolution=resolution,
+                       started=started, preempted_at=preempted_at, budget=budget)[0]
+
+
+def plan_starts(cluster: Any, admission: Any, running: Mapping[str, float], now: float, *,
+                horizon_s: float = DEFAULT_HORIZON_S, max_cycles: int = 10_000,
+                backfill: bool = True, duration: Duration | None = None,
+                believed_ends: Mapping[str, float] | None = None,
+                resolution: float = RESOLUTION,
+                started: Mapping[str, float] | None = None,
+                preempted_at: Mapping[str, float] | None = None,
+                budget: int | None = None, tail: Sequence[TailJob] | None = None
+                ) -> tuple[dict[str, float], frozenset[str]]:
+    """`estimate_starts`, and which of the starts are coarse (the tail beyond the budget's exact replay).
+    `tail`: `admission` is already cut to the head of the queue and these are the rest (`cut_queue`, done once
+    for several replays); None: cut here when there is a budget."""
+    if budget is not None and budget < 1:
+        raise ValueError(f"need budget >= 1 (or None), got {budget}")
     if horizon_s <= 0 or not 0.0 <= resolution < 1.0:
         raise ValueError(f"need horizon_s > 0 and 0 <= resolution < 1, got {horizon_s}, {resolution}")
     # (imported when called: the pipeline core is imported late, and tests count its passes through the module)
     from services.core.pipeline import decide
 
+    if budget is not None and tail is None:
+        admission, tail = cut_queue(cluster, admission, running, budget)
     replay = _StartsReplay(cluster, admission, running, now, decide=decide, backfill=backfill,
                            run_for=duration or (lambda spec: float(spec.max_runtime_s)),
-                           believed_ends=believed_ends, started=started, preempted_at=preempted_at)
+                           believed_ends=believed_ends, started=started, preempted_at=preempted_at,
+                           tail=tail or ())
+    if budget is not None:  # a replay that cannot afford cycles at `resolution` over the horizon takes coarser ones
+        per_cycle = max(1, len(replay.waiting) + len(replay.adm.pending) + len(replay.believed))
+        resolution = min(MAX_RESOLUTION, max(resolution, math.log1p(horizon_s / MIN_REMAINING_S) * per_cycle
+                                             / budget))
     t = now
+    spent_all = False
     for _ in range(max_cycles):
         if replay.anything_waiting():
             replay.settle(t)
         if not replay.anything_waiting():
             break
+        if budget is not None and replay.spent >= budget:
+            spent_all = True
+            break
         step = replay.next_step(t, horizon_s, resolution)
         if step is None:
             break
         t = step
-    return dict(sorted(replay.starts.items()))
+    coarse = replay.coarse(t, horizon_s, everything_left=spent_all) if replay.tail or spent_all else frozenset()
+    return dict(sorted(replay.starts.items())), coarse
+
+
+@dataclass(frozen=True)
+class TailJob:
+    """A waiting job beyond the head of the queue (`cut_queue`): replayed coarsely, by its GPU count."""
+
+    job_id: str
+    spec: JobSpec
+    gpus: float  # whole GPUs it needs at once (MIG slices rounded up to a GPU)
+    models: tuple[str, ...]  # the GPU models it accepts (empty: any)
+
+    @classmethod
+    def of(cls, spec: JobSpec, models: tuple[str, ...] | None = None) -> TailJob:
+        return cls(spec.job_id, spec, max(1.0, float(math.ceil(gpu_share(spec)))),
+                   spec.gpu_models if models is None else models)
+
+
+def cut_queue(cluster: Any, admission: Any, running: Collection[str], budget: int
+              ) -> tuple[Any, list[TailJob]]:
+    """(a copy of `admission` holding only the head of the queue, the rest in order) for a replay of `budget`
+    job-cycles: the head is the first budget // HEAD_CYCLES waiting jobs, every admitted one (the scheduler's
+    list) then the pending ones in the platform's order (priority, then order time, then id, across queues).
+    With no more waiting than that, `admission` itself and no tail. Never changes `admission`."""
+    head = max(1, budget // HEAD_CYCLES)
+    placed = cluster.allocations()
+    keep = head - sum(1 for j in admission.admitted if j not in placed and j not in running)
+    if len(admission.pending) <= keep:
+        return admission, []
+    adm = admission.copy()
+    order = heapq.merge(*(lst for _q, lst in sorted(adm.ordered_pending().items())), key=lambda e: e.order)
+    tail = [TailJob.of(adm.pending[e.job_id].spec) for i, e in enumerate(order) if i >= max(0, keep)]
+    for t in tail:
+        adm.finish(t.job_id)
+    return adm, tail
 
 
 class _StartsReplay:
@@ -116,7 +200,7 @@ class _StartsReplay:
     def __init__(self, cluster: Any, admission: Any, running: Mapping[str, float], now: float, *,
                  decide: Callable[..., Any], backfill: bool, run_for: Duration,
                  believed_ends: Mapping[str, float] | None, started: Mapping[str, float] | None,
-                 preempted_at: Mapping[str, float] | None):
+                 preempted_at: Mapping[str, float] | None, tail: Sequence[TailJob] = ()):
         from services.core.pipeline import waiting_job
         from services.core.scheduler import Hold, RunningJob
 
@@ -148,6 +232,9 @@ class _StartsReplay:
         # a victim of the replay -> its capacity, held for its preemptor as the scheduler holds it
         # (docs/preemption.md)
         self.holds: dict[str, Any] = {}
+        self.spent = 0  # job-cycles so far (the budget's unit)
+        # the pending jobs beyond the head, in the platform's order, left out of the exact replay (`cut_queue`)
+        self.tail: Sequence[TailJob] = tail
 
     def anything_waiting(self) -> bool:
         return bool(self.waiting or self.adm.pending)
@@ -159,6 +246,7 @@ class _StartsReplay:
         takes a victim or stops, so there are at most as many rounds as jobs hold GPUs."""
         preempt = self.preempt
         for _round in range(len(self.current) + 1):
+            self.spent += len(self.waiting) + len(self.adm.pending) + len(self.believed)
             # (schedule_cycle orders the running list itself)
             # (preemption: admission's reclaims, and the scheduler's asks: an admitted job that cannot be placed
             # asks for a lower-priority job's GPUs, which the platform takes when that job's protection ends)
@@ -202,6 +290,59 @@ class _StartsReplay:
             self.cl.release(v)
             held = self.adm.admitted[v]
             self.adm.requeue(Workload(spec=held.spec, submitted_at=held.submitted_at))
+
+    def coarse(self, t: float, horizon_s: float, everything_left: bool) -> frozenset[str]:
+        """Coarse starts, from `t` on, for the tail (and, `everything_left`, for the jobs the exact replay had not
+        started when its budget ran out: first the admitted ones in placement order, then the pending ones in the
+        platform's order): list scheduling on each GPU model's count, FIFO, as the jobs holding GPUs at `t` end
+        and the tail's own jobs end after running `run_for`; a job accepting several models goes where it starts
+        first; no quota, topology or fragmentation. One pass: O(tail log running). Returns the jobs given one."""
+        from services.core.pipeline import placement_key
+
+        left: list[TailJob] = []
+        if everything_left:
+            left += [TailJob.of(w.spec, w.allowed_models) for w in sorted(self.waiting.values(), key=placement_key)]
+            order = heapq.merge(*(lst for _q, lst in sorted(self.adm.ordered_pending().items())),
+                                key=lambda e: e.order)
+            left += [TailJob.of(self.adm.pending[e.job_id].spec) for e in order]
+        left += self.tail
+        total = self.cl.total_gpus_by_model()
+        free = {m: float(n) for m, n in self.cl.free_gpus_by_model().items()}
+        clock = dict.fromkeys(total, t)
+        ends: dict[str, list[tuple[float, float]]] = {m: [] for m in total}
+        for job_id, end in sorted(self.current.items()):
+            placement = self.cl.placement_of(job_id)
+            if placement is not None and placement.bindings:
+                model = self.cl.node(placement.bindings[0].node).gpu_model
+                ends.setdefault(model, []).append((end, float(placement.gpus)))
+        for heap in ends.values():
+            heapq.heapify(heap)
+        last = self.now + horizon_s
+        given: set[str] = set()
+        for job in left:
+            need, models = job.gpus, job.models
+            best: tuple[float, str] | None = None
+            for m in sorted(total):
+                if (models and m not in models) or total[m] < need:
+                    continue
+                heap = ends[m]
+                at = clock[m] if free[m] >= need else (max(clock[m], heap[0][0]) if heap else math.inf)
+                if best is None or at < best[0]:
+                    best = (at, m)
+            if best is None:
+                continue  # no model of the cluster can ever hold it: no ETA
+            m = best[1]
+            heap = ends[m]
+            while free[m] < need and heap:
+                end, gpus = heapq.heappop(heap)
+                clock[m], free[m] = max(clock[m], end), free[m] + gpus
+            if free[m] < need or clock[m] > last:
+                continue  # beyond the horizon
+            free[m] -= need
+            heapq.heappush(heap, (clock[m] + max(1.0, self.run_for(job.spec)), need))
+            self.starts[job.job_id] = clock[m]
+            given.add(job.job_id)
+        return frozenset(given)
 
     def next_step(self, t: float, horizon_s: float, resolution: float) -> float | None:
         """The next instant the replay decides at (the jobs ending by then have ended), or None: nothing
@@ -464,6 +605,10 @@ class ArrivalHistory:
         self.max_entries = max_entries
         self._queues: dict[str, list[tuple[float, str, Arrival]]] = {}  # queue -> sorted (at, job_id, arrival)
         self._seen: dict[str, float] = {}  # job_id -> when it was submitted (each job counts once)
+        # queue -> (priority, models) -> (arrival times, prefix sums of their work): `expected_delay` in
+        # O(groups x log n) instead of a walk over the look-back (a refresh asks it once per waiting job);
+        # rebuilt per queue after the history changed
+        self._index: dict[str, list[tuple[int, tuple[str, ...], list[float], list[float]]]] = {}
 
     def __len__(self) -> int:
         return len(self._seen)
@@ -477,6 +622,7 @@ class ArrivalHistory:
         other = ArrivalHistory(self.max_age_s, self.max_entries)
         other._queues = {q: list(entries) for q, entries in self._queues.items()}
         other._seen = dict(self._seen)
+        other._index = dict(self._index)  # (rebuilt, never changed in place: shared safely)
         return other
 
     def observe(self, queue: str, arrival: Arrival, now: float) -> None:
@@ -497,7 +643,19 @@ class ArrivalHistory:
             bisect.insort(self._queues.setdefault(queue, []), (arrival.at, arrival.job_id, arrival))
             added = True
         if added:
+            self._index = {}
             self._forget(now)
+
+    def _groups(self, queue: str) -> list[tuple[int, tuple[str, ...], list[float], list[float]]]:
+        groups = self._index.get(queue)
+        if groups is None:
+            by: dict[tuple[int, tuple[str, ...]], tuple[list[float], list[float]]] = {}
+            for at, _, a in self._queues.get(queue, ()):
+                times, sums = by.setdefault((a.priority, a.gpu_models), ([], [0.0]))
+                times.append(at)
+                sums.append(sums[-1] + a.gpu_s)
+            groups = self._index[queue] = [(p, m, times, sums) for (p, m), (times, sums) in sorted(by.items())]
+        return groups
 
     def _forget(self, now: float) -> None:
         cutoff = now - self.max_age_s
@@ -524,18 +682,20 @@ class ArrivalHistory:
         `priority` that the replay starts `wait_s` from `now`, on the GPUs of `models` (empty: any), `pools`
         giving each model's GPUs (class doc)."""
         capacity = _pool(pools, models)
-        lookback = max(MIN_WAIT_S, wait_s)
-        ahead = self.overtaking(queue, priority, now - lookback, now)
-        if not ahead or capacity <= 0:
+        if capacity <= 0:
             return 0.0
+        lookback = max(MIN_WAIT_S, wait_s)
+        since = now - lookback
         work, last, n = 0.0, -math.inf, 0
-        shares: dict[tuple[str, ...], float] = {}  # an arrival's models -> its share here (a few model sets)
-        for a in ahead:
-            share = shares.get(a.gpu_models)
-            if share is None:
-                share = shares[a.gpu_models] = _overlap(pools, a.gpu_models, models)
+        for prio, theirs, times, sums in self._groups(queue):  # (priority, models) groups, arrivals by time
+            if prio <= priority:
+                continue
+            lo, hi = bisect.bisect_right(times, since), bisect.bisect_right(times, now)
+            if hi <= lo:
+                continue
+            share = _overlap(pools, theirs, models)
             if share > 0.0:
-                work, last, n = work + share * a.gpu_s, max(last, a.at), n + 1
+                work, last, n = work + share * (sums[hi] - sums[lo]), max(last, times[hi - 1]), n + hi - lo
         if not n:
             return 0.0
         still_arriving = math.exp(-n * max(0.0, now - last) / lookback)
@@ -626,29 +786,55 @@ class EtaModel:
 def estimate_ranges(cluster: Any, admission: Any, running: Mapping[str, RunningView], now: float,
                     model: EtaModel, *, horizon_s: float = DEFAULT_HORIZON_S, backfill: bool = True,
                     fixed_ends: Mapping[str, float] | None = None,
-                    preempted_at: Mapping[str, float] | None = None) -> dict[str, EtaRange]:
+                    preempted_at: Mapping[str, float] | None = None,
+                    budget: int | None = DEFAULT_BUDGET) -> dict[str, EtaRange]:
     """{job_id: EtaRange} for every waiting job that would start within `horizon_s` (see the module doc).
     `fixed_ends`: jobs holding GPUs whose spec is not known here (another admission instance's), by the end the
     scheduler reserves for them (started_at + limit). `preempted_at`: when waiting jobs were last preempted
-    (`estimate_starts`; the replay preempts unless `model.expect_preemption` is off)."""
+    (`estimate_starts`; the replay preempts unless `model.expect_preemption` is off). `budget`: each replay's work
+    (DEFAULT_BUDGET; None: exact whatever the depth); a job the median replay gave a coarse start gets a range
+    wider by TAIL_WIDEN on each side (in wait: low / TAIL_WIDEN, high x TAIL_WIDEN) before calibration."""
     fixed = dict(fixed_ends or {})
     believed = {**fixed, **{j: r.started_at + r.spec.max_runtime_s for j, r in running.items()}}
 
     expected = model.all_expected_ends(running, now)  # once for all replays
     started = {j: r.started_at for j, r in running.items()} if model.expect_preemption else None
 
+    coarse: frozenset[str] = frozenset()
+    # the head of the queue and the tail beyond it, once for the three replays (their ends differ, not the queue)
+    head, tail = (cut_queue(cluster, admission, set(fixed) | set(expected), budget) if budget is not None
+                  else (admission, None))
+    # job_id -> its prediction (the replays and the tail ask for each job), made once per (group, limit): the
+    # predictor does not change during a refresh, and a deep queue is mostly sweeps of a few groups
+    predicted: dict[str, Prediction] = {}
+    by_key: dict[tuple[JobKey, int], Prediction] = {}
+
+    def prediction(spec: JobSpec) -> Prediction:
+        p = predicted.get(spec.job_id)
+        if p is None:
+            key = (JobKey.of(spec), spec.max_runtime_s)
+            p = by_key.get(key)
+            if p is None:
+                p = by_key[key] = model.predictor.predict(key[0], float(spec.max_runtime_s))
+            predicted[spec.job_id] = p
+        return p
+
     def replay(which: str) -> dict[str, float]:
+        nonlocal coarse
         pick = {"low": 0, "high": 2}.get(which, 1)
         ends = {**fixed, **{j: e[pick] for j, e in expected.items()}}
-        if which == "median" or not model.predict:
+        if not model.predict:
             duration: Duration = model.duration
         else:
             def duration(spec: JobSpec) -> float:
-                p = model.predictor.predict(JobKey.of(spec), float(spec.max_runtime_s))
-                return p.low_s if which == "low" else p.high_s
-        return estimate_starts(cluster, admission, ends, now, horizon_s=horizon_s, backfill=backfill,
-                               duration=duration, believed_ends=believed, started=started,
-                               preempted_at=preempted_at)
+                p = prediction(spec)
+                return p.median_s if which == "median" else p.low_s if which == "low" else p.high_s
+        planned, rough = plan_starts(cluster, head, ends, now, horizon_s=horizon_s, backfill=backfill,
+                                     duration=duration, believed_ends=believed, started=started,
+                                     preempted_at=preempted_at, budget=budget, tail=tail)
+        if which == "median":
+            coarse = rough
+        return planned
 
     starts = replay("median")
     # The range of the replays with every duration at its p10, then its p90: the base the record calibrates.
@@ -661,6 +847,8 @@ def estimate_ranges(cluster: Any, admission: Any, running: Mapping[str, RunningV
     out: dict[str, EtaRange] = {}
     for job_id, start in starts.items():
         lo, hi = min(start, low.get(job_id, start)), max(start, high.get(job_id, start))
+        if job_id in coarse:
+            lo, hi = now + (lo - now) / TAIL_WIDEN, now + (hi - now) * TAIL_WIDEN
         if model.calibrate:
             queue, submitted_at = queued.get(job_id, ("", now))
             out[job_id] = model.calibration.calibrated(queue, now, start, lo, hi, submitted_at)
@@ -719,7 +907,8 @@ def refresh_due(last_refresh: float | None, now: float, changed: bool, interval_
 
 
 def replay_reserved(model: EtaModel, cluster: Any, admission: Any, reserved_ends: Mapping[str, float], now: float,
-                    preempted_at: Mapping[str, float] | None = None) -> dict[str, EtaRange]:
+                    preempted_at: Mapping[str, float] | None = None, budget: int | None = DEFAULT_BUDGET
+                    ) -> dict[str, EtaRange]:
     """The forward simulation of a refresh (it may change `model` and `admission`: callers pass copies): every job
     holding GPUs ends by `reserved_ends`, predicted where admission holds its spec (services/eta/platform.py)."""
     running: dict[str, RunningView] = {}
@@ -730,4 +919,5 @@ def replay_reserved(model: EtaModel, cluster: Any, admission: Any, reserved_ends
             fixed[job_id] = end
         else:
             running[job_id] = RunningView(held.spec, started_at=end - held.spec.max_runtime_s)
-    return estimate_ranges(cluster, admission, running, now, model, fixed_ends=fixed, preempted_at=preempted_at)
+    return estimate_ranges(cluster, admission, running, now, model, fixed_ends=fixed, preempted_at=preempted_at,
+                           budget=budget)

@@ -12,10 +12,13 @@ def when(ts: float) -> str:
 
 
 def eta_words(eta: float | None, low: float | None = None, high: float | None = None) -> str:
-    """The expected start: most likely, then the p10-p90 range when admission gave one ("unknown" without)."""
+    """The expected start: most likely, then the p10-p90 range when admission gave one ("unknown" without). A range
+    that reads as one time (both ends the same to the second, or both the start itself) is not repeated: one time."""
     if eta is None:
         return "unknown"
     text = when(eta)
     if low is not None and high is not None:
-        text += f" (likely between {when(low)} and {when(high)})"
+        first, last = when(min(low, eta)), when(max(high, eta))
+        if first != last:
+            text += f" (likely between {first} and {last})"
     return text

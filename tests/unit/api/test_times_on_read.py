@@ -40,3 +40,20 @@ def test_a_passed_eta_is_clamped_to_now_and_flagged() -> None:
     assert "overdue" in words and "1970-01-01 00:23:20 UTC" in words
     lines = "\n".join(explain_lines(row, 1500.0))
     assert "overdue" in lines and "waited 500 s so far" in lines
+
+
+def test_explain_never_shows_a_time_in_the_past_and_a_range_of_nothing_as_one_time() -> None:
+    """Issue 49 item 5: the start ahead but its range's low end passed: the range starts now, not in the past; a
+    degenerate range (low = high = the start, or equal to the second) reads as one time, not 'between X and X'."""
+    row = _row("pending", eta=1600.0, eta_low=1200.0, eta_high=1900.0)
+    view = eta_view(row, 1500.0)
+    assert (view["eta"], view["eta_low"], view["eta_high"], view["eta_overdue"]) == (1600.0, 1500.0, 1900.0, False)
+    words = eta_text(row, 1500.0)
+    assert "00:20:00" not in words and "likely between 1970-01-01 00:25:00 UTC" in words  # now, not 1200
+    one = eta_text(_row("pending", eta=1600.0, eta_low=1600.0, eta_high=1600.0), 1500.0)
+    assert one == "1970-01-01 00:26:40 UTC"
+    same_second = eta_text(_row("pending", eta=1600.2, eta_low=1600.0, eta_high=1600.4), 1500.0)
+    assert "between" not in same_second
+    lines = "\n".join(explain_lines(_row("pending", eta=1600.0, eta_low=1600.0, eta_high=1600.0, reason="Quota",
+                                          message=""), 1500.0))
+    assert "expected start 1970-01-01 00:26:40 UTC" in lines and "between" not in lines
