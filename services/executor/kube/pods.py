@@ -5,6 +5,7 @@ is Ready and the job has started."""
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import asyncpg
@@ -27,6 +28,8 @@ from shared.config import KubernetesSource
 from shared.domain import GpuBinding, JobSpec, PodShape
 from shared.events import ExitReason, JobCheckpointed, JobStarted, PreemptionReason, utcnow_from
 from shared.service import Tx
+
+log = logging.getLogger("gpuq.executor.kube")
 
 
 class PodWatch:
@@ -94,10 +97,18 @@ class PodWatch:
         if claim_name is None:
             return False
         claim = await self.api.get(RESOURCE_CLAIM, claim_name, namespace=row["namespace"])
-        if not dra.allocated(claim):
-            await self.api.patch_status(RESOURCE_CLAIM, claim_name,
-                                        dra.allocation(binding, self.nodes.devices.get(binding.node, ())),
-                                        namespace=row["namespace"])
+        if dra.allocated(claim):
+            return True
+        try:
+            status = dra.allocation(binding, self.nodes.devices.get(binding.node, ()))
+        except ValueError as exc:
+            # The node no longer publishes those devices (or never did: a later attempt placed elsewhere). The pod
+            # is ungated with its claim unallocated: kube-scheduler allocates it there or leaves the pod
+            # unschedulable, which requeues the job and makes the node refuse such pods (bind_timeout_s).
+            log.warning("pod %s: %s; its claim %s is left to kube-scheduler", pod["metadata"]["name"], exc,
+                        claim_name)
+            return True
+        await self.api.patch_status(RESOURCE_CLAIM, claim_name, status, namespace=row["namespace"])
         return True
 
     async def _observe(self, tx: Tx, row: asyncpg.Record, pod: dict[str, Any]) -> None:
