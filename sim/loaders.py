@@ -308,7 +308,8 @@ def load_openb(pods_path: Path, *, nodes_path: Path | None = None, topology_path
     takes a whole GPU (two halves cannot be combined). Per model, nodes are set aside as shared nodes (2 slices per
     GPU) in proportion to the slice demand of the trace (GPU-seconds asked as slices ÷ all GPU-seconds), rounded.
     `sharing` "time-slicing" or "mps": a fractional pod asks its fraction (`gpu_fraction` = gpu_milli / 1000), and
-    the nodes set aside the same way (in proportion to the GPU-seconds asked as fractions) share their GPUs in
+    the nodes set aside the same way (in proportion to the GPU-seconds the fractions need: a fraction above one half
+    counts a whole GPU, as no two such pods share one) share their GPUs in
     that mode, with as many replicas per GPU as the smallest fraction of the trace allows (1000 // its
     gpu_milli); quotas get `<model>:gpu-share` (the shared GPUs × 1000). CPU-only pods are dropped. Duration =
     deletion - scheduled time (creation time when never scheduled). qos -> priority: LS/Guaranteed = high,
@@ -354,7 +355,9 @@ def load_openb(pods_path: Path, *, nodes_path: Path | None = None, topology_path
                 raise TraceError(f"{pods_path}: line {lineno}: {exc}") from None
     jobs, _t0 = _rebase(jobs)
     if fractions:
-        slice_demand = sum(j.duration * j.share_milli for j in jobs) / 1000
+        # GPU-seconds the fractions need: a pod above half a GPU shares its GPU with no other such pod, so it
+        # counts whole (two never fit one GPU); the smaller ones count their fraction
+        slice_demand = sum(j.duration * (1000 if j.share_milli > 500 else j.share_milli) for j in jobs) / 1000
     else:
         slice_demand = sum(j.duration for j in jobs if j.mig_profile) / OPENB_SLICES_PER_GPU
     whole_demand = sum(j.duration * j.gpus for j in jobs)
