@@ -7,19 +7,21 @@ from __future__ import annotations
 
 from services.core.admission import AdmissionState, Workload
 from services.core.pipeline import (
+    Choice,
     Decision,
     PreemptionStage,
     ServiceAsks,
     VictimChooser,
     WaitingJob,
+    choose_victims,
     decide,
 )
-from services.core.preemption import PRIORITY, RECLAIM
+from services.core.preemption import PRIORITY, RECLAIM, Outcome
 from services.core.scheduler import ClusterState
 from services.core.scheduler import RunningJob as Believed
 from shared.config import QueuesConfig
 from shared.domain import CheckpointSpec, JobSpec, PodSet
-from tests.unit.preemption.builders import MODEL, nodes, queues
+from tests.unit.preemption.builders import MODEL, World, nodes, queues
 
 
 def spec(job_id: str, queue: str = "team-a", gpus: int = 8, klass: str = "low", **kw: object) -> JobSpec:
@@ -115,3 +117,50 @@ def test_without_a_stage_nothing_is_preempted() -> None:
                lowest_preemptible_running=0)
     assert d.preemptions == [] and d.wake_at is None
     assert d.placement.preemption_asks == ["boss"]  # it asks; nobody decides without a stage
+
+
+# ------------------------------------------------------------------ one request's rule (`choose_victims`)
+# The rule the loop's pass applies to each request and the preemption service to each PreemptionRequested.
+
+NOW = 50_000.0
+
+
+def _choose(world: World, boss: JobSpec, *, last_preempted: float | None = None,
+            recent: tuple[float, ...] = ()) -> Choice:
+    return choose_victims(world.preemptor(boss), world.running, world.cluster, world.config, NOW,
+                          last_preempted=last_preempted, recent_victim_times=recent)
+
+
+def test_one_request_takes_the_unprotected_lower_priority_job() -> None:
+    w = World(queues(), node_count=1)
+    w.run(spec("low", gpus=8), NOW - 5000)
+    c = _choose(w, spec("boss", gpus=8, klass="normal"))
+    assert (c.outcome, c.victims, c.lost_gpu_seconds) == (Outcome.STARTED, ("low",), 8 * 5000.0)
+
+
+def test_one_request_is_deferred_to_the_end_of_the_protection_window_or_of_the_cool_down() -> None:
+    w = World(queues(window=600), node_count=1)
+    w.run(spec("young", gpus=8), NOW - 100)
+    c = _choose(w, spec("boss", gpus=8, klass="normal"))
+    assert (c.outcome, c.victims, c.retry_at) == (Outcome.DEFERRED, (), NOW + 500)
+    old = World(queues(window=600), node_count=1)
+    old.run(spec("low", gpus=8), NOW - 5000)
+    # the preemptor was itself preempted 100 s ago: no cascade before its cool-down (the window) ends
+    c = _choose(old, spec("boss", gpus=8, klass="normal"), last_preempted=NOW - 100)
+    assert (c.outcome, c.victims, c.retry_at) == (Outcome.COOLDOWN, (), NOW + 500)
+
+
+def test_one_request_respects_its_queues_hourly_limit() -> None:
+    w = World(queues(max_preemptions_per_hour=1), node_count=1)
+    w.run(spec("low", gpus=8), NOW - 5000)
+    boss = spec("boss", gpus=8, klass="normal")
+    limited = _choose(w, boss, recent=(NOW - 10,))
+    assert (limited.outcome, limited.victims, limited.retry_at) == (Outcome.RATE_LIMITED, ("low",), None)
+    assert _choose(w, boss, recent=(NOW - 4000,)).outcome == Outcome.STARTED  # out of the sliding hour
+
+
+def test_one_request_never_takes_production_and_says_when_it_fits_without_preemption() -> None:
+    w = World(queues(), node_count=2)
+    w.run(spec("prod", gpus=8, klass="production"), NOW - 5000)
+    assert _choose(w, spec("boss", gpus=16, klass="normal")).outcome == Outcome.NO_VICTIMS
+    assert _choose(w, spec("small", gpus=8, klass="normal")).outcome == Outcome.FITS
