@@ -93,6 +93,16 @@ def simulate(
                                              "policy). A failure stops the node's jobs, which lose the work "
                                              "since their last checkpoint and wait again."),
     node_repair_h: float = typer.Option(2.0, "--node-repair-h", help="Mean hours a failed node stays down."),
+    spot_mtbi_h: float | None = typer.Option(None, "--spot-mtbi-h", help="Interrupt spot nodes: mean hours "
+                                             "between one spot node's interruptions (seeded by --seed)."),
+    spot_share: float = typer.Option(0.5, "--spot-share", help="Share of the nodes that are spot (when no node "
+                                     "is labelled gpuq.io/spot=true)."),
+    spot_notice_s: int = typer.Option(120, "--spot-notice-s", help="Interruption notice, seconds (0: none): "
+                                      "jobs there are asked for a checkpoint at once."),
+    spot_checkpoint_s: int = typer.Option(60, "--spot-checkpoint-s", help="Seconds a job takes to write the "
+                                          "checkpoint asked for on a notice."),
+    spot_replace_h: float = typer.Option(0.25, "--spot-replace-h", help="Mean hours until a replacement "
+                                         "spot node is up."),
     eta: str = typer.Option("off", "--eta", help="Give waiting jobs ETAs with the production ETA code (gpuq "
                             "policies) and report their accuracy (eta_* in the JSON): 'predicted' (predicted "
                             "durations, calibrated range), 'limits' (every job runs its whole limit: the old "
@@ -140,6 +150,19 @@ def simulate(
             if failures:
                 console.print(f"{len(failures):,} node failures (mean {node_mtbf_h} h between failures per node, "
                               f"{node_repair_h} h repair)")
+            if spot_mtbi_h is not None:
+                from sim.failures import spot_nodes, synth_spot_interruptions
+
+                horizon = float(tr.jobs[-1].submit_time) if tr.jobs else 0.0
+                try:
+                    spot = spot_nodes(tr.nodes, spot_share, seed)
+                    interruptions = synth_spot_interruptions(spot, horizon, spot_mtbi_h, spot_replace_h,
+                                                             spot_notice_s, spot_checkpoint_s, seed)
+                except ValueError as exc:
+                    raise TraceError(str(exc).replace("--node-mtbf-h", "--spot-mtbi-h")) from None
+                console.print(f"{len(interruptions):,} spot interruptions of {len(spot):,} spot nodes (mean "
+                              f"{spot_mtbi_h} h apart per node, {spot_notice_s} s notice)")
+                failures = sorted([*failures, *interruptions])
             runs = run_policies(tr, names, progress=tick, failures=failures, eta=eta)
     except (TraceError, ConfigError) as exc:
         console.print(f"[red]error:[/] {exc}")

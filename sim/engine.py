@@ -126,6 +126,7 @@ class Engine:
             heap.append((float(f.up_at), NODE_UP, seq + 1, f.node, 0))
             seq += 2
         heapq.heapify(heap)
+        notices = {(f.down_at, f.node): f for f in self.failures if f.notice_s}  # spot interruptions
         running: dict[str, float] = {}  # job_id -> milli-GPUs of a running gang
         busy = 0
         samples: list[Sample] = []
@@ -175,7 +176,7 @@ class Engine:
                         if stopped is None:
                             continue
                         rec, ran, milli = stopped
-                        lost = lost_work_s(ran, rec.job.checkpoint_interval_s)
+                        lost = lost_work_s(ran, rec.job.checkpoint_interval_s, notices.get((int(now), job_id)))
                         rec.remaining = max(1.0, rec.remaining - (ran - lost))
                         rec.node_failures += 1
                         rec.failure_lost_gpu_s += lost * milli / 1000
