@@ -102,6 +102,12 @@ class KubernetesSource(_Strict):
     # Scale-down (off by default): gpuq annotates the nodes it holds a job on, or held one on less than this long
     # ago, cluster-autoscaler.kubernetes.io/scale-down-disabled=true, and releases the others to the autoscaler.
     scale_down_cooldown_s: float | None = Field(default=None, ge=0)
+    # Spot interruption notices (docs/kubernetes.md, "Spot"): a node that gets one of these taints, as the cloud's
+    # termination handlers set them, is about to be reclaimed; the jobs there that can checkpoint are asked for one
+    # at once and requeued from it (at the latest interruption_checkpoint_s after the notice).
+    interruption_taints: tuple[str, ...] = ("aws-node-termination-handler/spot-itn",
+                                            "cloud.google.com/impending-node-termination")
+    interruption_checkpoint_s: float = Field(default=90.0, gt=0)
 
 
 LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")

@@ -30,6 +30,7 @@ from services.executor.kube.answers import Answers
 from services.executor.kube.client import KubeApi
 from services.executor.kube.config_in_force import ConfigInForce
 from services.executor.kube.informer import Informer
+from services.executor.kube.interruptions import Interruptions
 from services.executor.kube.leadership import Seat
 from services.executor.kube.nodes import NodeWatch
 from services.executor.kube.notices import Notices
@@ -91,11 +92,14 @@ class KubeExecutor:
         self.intake = WorkloadIntake(api, settings, self.seat, self.notices, self.outcomes, self.config, self.runner)
         self.stops = Stops(api, self.notices, self.outcomes, self.pods)
         self.capacity = Capacity(api, self.cfg, self.seat, self.notices, self.config, self.nodes, settings.tick_s)
+        self.interruptions = Interruptions(api, self.cfg, self.seat, self.notices, self.outcomes, self.pods,
+                                           settings.tick_s)
+        self.nodes.on_notice = self.interruptions.on_node
         self.answers = Answers(self.notices, self.outcomes, self.capacity)
         self.timers = Timers(settings, self.seat, self.heartbeat, self.outcomes, self.pods, self.runner)
 
     def spec(self) -> ServiceSpec:
-        background = [self.watch_cluster, self.timers.timer_loop, self.capacity.loop]
+        background = [self.watch_cluster, self.timers.timer_loop, self.capacity.loop, self.interruptions.loop]
         background += [self.poll_gpus] if self.dcgm is not None else []
         background += [self.webhook.serve] if self.webhook is not None else []
         stops, answers = self.stops, self.answers

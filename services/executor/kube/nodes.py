@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from lightkube import operators
@@ -37,6 +37,8 @@ class NodeWatch:
         self.seat = seat
         self.outcomes = outcomes
         self.degrades = degrades  # the DCGM source runs, and may degrade nodes
+        # Told of every node seen (a spot interruption notice; services/executor/kube/interruptions.py)
+        self.on_notice: Callable[[Tx, dict[str, Any]], Awaitable[None]] | None = None
         self.informer = Informer(api, NODE, self.on_node, on_synced=self.on_nodes_synced, resync_s=cfg.resync_s,
                                  name="nodes")
         # Every pod bound to a node and not finished, in every namespace, gpuq's or not: what the nodes hold.
@@ -118,6 +120,8 @@ class NodeWatch:
                                                    devices=self.devices)
             for name in changed:
                 await self.node_failed(tx, name)
+            if self.on_notice is not None and kind != "DELETED":
+                await self.on_notice(tx, obj)
 
     async def on_nodes_synced(self, cache: dict[str, dict[str, Any]]) -> None:
         async with self.seat.transaction() as tx:
@@ -126,6 +130,9 @@ class NodeWatch:
                                                  devices=self.devices)
             for name in failed:
                 await self.node_failed(tx, name)
+            if self.on_notice is not None:
+                for key in sorted(cache):
+                    await self.on_notice(tx, cache[key])
         self.announced = True
 
     async def node_failed(self, tx: Tx, node: str) -> None:
