@@ -143,8 +143,15 @@ class IdleReclaimer:
             decisions = self.due(state, now)
             queues = {d.job_id: (state.jobs[d.job_id].queue if d.job_id in state.jobs else "") for d in decisions}
         for d in decisions:
-            async with runtime.transaction() as tx:
-                await self.execute(tx, d, queues[d.job_id])
+            try:
+                async with runtime.transaction() as tx:
+                    await self.execute(tx, d, queues[d.job_id])
+            except BaseException:
+                # not done: the job's clock starts again (warned again, never reclaimed sooner); the runtime restarts
+                # the loop
+                if self.watch is not None:
+                    self.watch.forget(d.job_id)
+                raise
             log.info("telemetry: %s %s (%s): %s", d.kind.value, d.job_id, d.team, d.message)
         return decisions
 

@@ -77,15 +77,17 @@ class IdleWatch:
         self.config = config
 
     def sample(self, job: RunningJob, gpu: str, at: float, utilization_pct: float) -> None:
-        """One GPU's utilisation sample of a running job (samples of a GPU older than the latest are ignored)."""
+        """One GPU's utilisation sample of a running job (samples of a GPU older than the latest are ignored; a job
+        whose class has no idle reclaim keeps no clock)."""
+        policy = self.config.job_class(job.kind).idle
+        if policy is None:
+            return
         clock = self._clock(job)
         last = clock.gpus.get(gpu)
         if last is not None and at <= last[0]:
             return
         clock.gpus[gpu] = (at, utilization_pct)
-        policy = self.config.job_class(job.kind).idle
-        threshold = policy.threshold_pct if policy is not None else 0.0
-        if any(u >= threshold for _, u in clock.gpus.values()) or policy is None:
+        if any(u >= policy.threshold_pct for _, u in clock.gpus.values()):
             clock.idle_since = None
             clock.warned_at = None
         elif clock.idle_since is None:

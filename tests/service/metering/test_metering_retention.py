@@ -15,6 +15,7 @@ import pytest
 from services.core.metering.rollup import Granularity
 from services.metering import store
 from services.metering.app import SPEC, build_spec, report_usage, sample_retention
+from services.metering.budgets import report_budgets
 from services.metering.report import focus_document, report_document
 from services.metering.testing import QUEUES_DOC, T0, at, deliver, event, placed, sampled, spec
 from shared.clock import ManualClock
@@ -103,6 +104,6 @@ def test_the_window_comes_from_the_environment_with_its_floor(monkeypatch: pytes
     with pytest.raises(ValueError, match="below its floor of 3 days: a raw sample must outlive"):
         build_spec(queues)
     monkeypatch.setenv("GPUQ_METERING_RAW_RETENTION_DAYS", "0")  # keep everything: no retention loop
-    assert build_spec(queues).background == (report_usage,)
+    assert build_spec(queues).background == (report_usage, report_budgets)
     monkeypatch.setenv("GPUQ_METERING_RAW_RETENTION_DAYS", "90")
-    assert len(build_spec(queues).background) == 2
+    assert len(build_spec(queues).background) == 3
