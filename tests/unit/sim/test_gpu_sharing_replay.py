@@ -42,6 +42,11 @@ def test_openb_fractions_become_shares_on_shared_nodes(traces_dir: Path, tmp_pat
     assert tr.gpu_milli(shares[0]) == shares[0].share_milli
     spec = shares[0].spec()
     assert spec.pod_sets[0].gpu_fraction == shares[0].share_milli / 1000
+    # the shared nodes are sized by what the fractions need: one above half a GPU holds its GPU alone
+    need = sum(j.duration * (1000 if j.share_milli > 500 else j.share_milli) for j in shares) / 1000
+    whole = sum(j.duration * j.gpus for j in tr.jobs)
+    assert tr.info["shared_node_fraction"] == round(need / (need + whole), 4)
+    assert any(j.share_milli > 500 for j in shares)
     rounded = load_openb(path, nodes_path=nodes_path)  # the old replay is unchanged by default
     assert not any(j.share_milli for j in rounded.jobs) and any(j.mig_profile for j in rounded.jobs)
     with pytest.raises(TraceError, match="unknown GPU sharing 'vgpu'"):
