@@ -1,5 +1,5 @@
 -- Metering ledger. Every quantity is an integer (ms, GPU-ms, milli-GPUs, millijoules) so sums are exact
--- and independent of event order; see services/core/metering/units.py.
+-- and independent of event order; see services/metering/core/units.py.
 
 -- Who a job is (from JobPlaced's spec): the dimensions reports group by.
 CREATE TABLE metering.jobs (
