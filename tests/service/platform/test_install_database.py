@@ -27,9 +27,11 @@ def documented_sql() -> list[str]:
 
 
 def with_user(url: str, user: str, password: str, database: str) -> str:
+    # The same server as `url`: its host and port, or (the embedded Postgres) its socket directory in the query.
     parts = urlsplit(url)
-    host = parts.hostname or "127.0.0.1"
-    return urlunsplit((parts.scheme, f"{user}:{password}@{host}:{parts.port or 5432}", f"/{database}", "", ""))
+    port = f":{parts.port}" if parts.port else ""
+    return urlunsplit((parts.scheme, f"{user}:{password}@{parts.hostname or ''}{port}", f"/{database}", parts.query,
+                       ""))
 
 
 async def test_the_documented_role_and_database_take_every_services_migrations(database_url: str) -> None:

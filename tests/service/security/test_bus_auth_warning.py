@@ -5,6 +5,8 @@ NATS of the test session (no users) and an authenticated nats-server started wit
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -14,6 +16,7 @@ from shared import busauth
 from shared.config import parse_queues
 from shared.health import HealthServer
 from shared.natsauth import SERVICES
+from shared.servers import EmbeddedNats, Servers
 from tests.service.security.conftest import AuthServer, reset_streams, wait_for
 
 QUEUES = parse_queues({
@@ -33,9 +36,24 @@ async def readyz(stack: Stack) -> dict:  # type: ignore[type-arg]
         return body
 
 
-async def test_a_bus_without_users_is_named_in_the_log_and_readyz(
-        fresh: tuple[str, str], caplog: pytest.LogCaptureFixture) -> None:
+@pytest.fixture
+def anonymous_bus(servers: Servers, fresh: tuple[str, str], tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """A NATS that takes clients without credentials, and the session's database: the session's own bus when it has
+    no users (NATS_URL, a container), else (the embedded server starts with the bus users) one of the test's own."""
     nats_url, database_url = fresh
+    if servers.nats_auth is None:
+        yield nats_url, database_url
+        return
+    own = EmbeddedNats(tmp_path / "nats")
+    try:
+        yield own.start(), database_url
+    finally:
+        own.stop()
+
+
+async def test_a_bus_without_users_is_named_in_the_log_and_readyz(
+        anonymous_bus: tuple[str, str], caplog: pytest.LogCaptureFixture) -> None:
+    nats_url, database_url = anonymous_bus
     found = await busauth.probe(nats_url)
     assert found.anonymous is True and "accepts clients without credentials" in found.detail
     caplog.set_level(logging.WARNING, logger="gpuq.busauth")
