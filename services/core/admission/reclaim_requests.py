@@ -185,8 +185,16 @@ class PreemptionAsks:
         book = self.book
         need: dict[str, int] = {}
         over: dict[str, int] = {}
+        # a job that may not borrow (not preemptible, or beyond the queue's limit for borrowing without a checkpoint)
+        # is admitted only within nominal: its own queue must free all it uses beyond nominal - request, not only
+        # what the cohort lacks (else a borrower of its queue is preempted, borrows the freed room back, and the job
+        # waits until its queue's jobs end: high-priority jobs waited days on Philly)
+        limit = qq.unsafe_borrow_limit
+        within_nominal = not e.preemptible or (limit is not None and e.unsaved_runtime_s > limit)
         for r, amount in request.items():
             short = amount - max(0, book.available(qq, r))
+            if within_nominal:
+                short = max(short, book.used(q, r) + amount - qq.nominal[r])
             if short > 0:
                 need[r] = short
                 over[r] = max(0, book.used(q, r) + amount - qq.nominal[r])
