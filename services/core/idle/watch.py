@@ -141,9 +141,8 @@ class IdleWatch:
                             action=policy.action, checkpoint=job.can_checkpoint, idle_since=clock.idle_since)
         if idle_for >= policy.idle_for_s and clock.warned_at is None:
             # the owner always gets the whole grace from the warning, however late the watch looked
+            # (with no grace, the reclaim is due at the next look: the owner is always warned first)
             clock.warned_at = now
-            if policy.grace_s == 0:
-                return self._due(job, now)
             return Decision(DecisionKind.WARN, job.job_id, job.team, job.user, "Idle",
                             f"{job.job_id}'s GPUs have been below {policy.threshold_pct:g}% for {int(idle_for)}s; "
                             f"it is {'requeued' if policy.action is IdleAction.REQUEUE else 'ended'} in "

@@ -76,19 +76,22 @@ def test_training_has_no_idle_reclaim_unless_configured() -> None:
     watch = IdleWatch(config({"training": {"idle": {"threshold_pct": 10, "idle_for_s": 600, "grace_s": 0,
                                                     "action": "end"}}}))
     feed(watch, job, 60, 660, 5.0)
-    [reclaim] = watch.due([job], 660)  # no grace: reclaimed at once, after its warning
+    [warn] = watch.due([job], 660)  # no grace: warned, and reclaimed at the next look
+    assert warn.kind is DecisionKind.WARN and warn.deadline == 660
+    [reclaim] = watch.due([job], 661)
     assert reclaim.kind is DecisionKind.RECLAIM and reclaim.action is IdleAction.END and not reclaim.checkpoint
 
 
 def test_a_requeued_job_running_again_starts_a_new_clock() -> None:
     watch = IdleWatch(config({"notebook": {"idle": {"idle_for_s": 600, "grace_s": 0}}}))
     feed(watch, NB, 60, 660, 0.0)
+    assert [d.kind for d in watch.due([NB], 660)] == [DecisionKind.WARN]
     assert [d.kind for d in watch.due([NB], 660)] == [DecisionKind.RECLAIM]
     again = RunningJob(NB.job_id, NB.team, NB.kind, started_at=5000.0, user=NB.user)
     feed(watch, again, 5060, 5600, 0.0)
     assert watch.due([again], 5600) == []  # idle since 5060: 540 s
     feed(watch, again, 5660, 5660, 0.0)
-    assert [d.kind for d in watch.due([again], 5660)] == [DecisionKind.RECLAIM]
+    assert [d.kind for d in watch.due([again], 5660)] == [DecisionKind.WARN]
 
 
 def test_invalid_idle_settings_are_refused_with_their_path() -> None:
