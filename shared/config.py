@@ -108,6 +108,10 @@ class KubernetesSource(_Strict):
     interruption_taints: tuple[str, ...] = ("aws-node-termination-handler/spot-itn",
                                             "cloud.google.com/impending-node-termination")
     interruption_checkpoint_s: float = Field(default=90.0, gt=0)
+    # The spot flavor (docs/kubernetes.md, "Spot"): nodes whose labels include all of these (e.g.
+    # {karpenter.sh/capacity-type: spot}, {cloud.google.com/gke-spot: "true"}, {eks.amazonaws.com/capacityType: SPOT})
+    # are spot capacity, which gpuq gives only to preemptible jobs of queues with spot_for_preemptible; {} = none.
+    spot_selector: dict[str, str] = Field(default_factory=dict)
 
 
 LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -488,6 +492,8 @@ class QueueConfig(_Strict):
     max_borrow_runtime_without_checkpoint_s: int | None = Field(default=None, ge=0)
     stop_policy: StopPolicy = StopPolicy.NONE
     provisioning: Provisioning | None = Field(default=None, exclude_if=unset)  # off by default: none asked
+    # Its preemptible jobs may run on spot nodes (kubernetes.spot_selector); unset/false: none of its jobs does.
+    spot_for_preemptible: bool | None = Field(default=None, exclude_if=unset)
     # The node order for this queue's jobs; null = the scheduler's own (binpack unless started otherwise).
     placement_strategy: PlacementStrategy | None = Field(default=None, exclude_if=unset)
 

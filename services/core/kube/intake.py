@@ -35,6 +35,7 @@ from shared.domain import (
     PreferredSchedulingTerm,
     RetryPolicy,
     SelectorOperator,
+    TaintEffect,
     Toleration,
     TopologyLevel,
     TopologyRequest,
@@ -213,11 +214,14 @@ def job_spec(kind: WorkloadKind, obj: Obj, queues: QueuesConfig, cfg: Kubernetes
                                else _affinity(ps.template), tolerations=_sorted(_tolerations(ps.template)),
                                **_sharing(ps.template, annotations, 0 if mig else gpus)))
         common = set.intersection(*(_tolerations(ps.template) for ps in pod_sets))
+        preemptible = annotations.get(n.PREEMPTIBLE_ANNOTATION)
+        if _may_use_spot(queues, queue, priority, preemptible):  # the spot flavor: its nodes' gpuq taint
+            common.add(SPOT_TOLERATION)
+            sets = [ps.model_copy(update={"tolerations": _sorted({*ps.tolerations, SPOT_TOLERATION})}) for ps in sets]
         deadline = kind.active_deadline_s(obj) or _int_annotation(annotations, n.MAX_RUNTIME_ANNOTATION)
         interval = _int_annotation(annotations, n.CHECKPOINT_INTERVAL_ANNOTATION)
         required = annotations.get(n.TOPOLOGY_REQUIRED_ANNOTATION)
         preferred = annotations.get(n.TOPOLOGY_PREFERRED_ANNOTATION)
-        preemptible = annotations.get(n.PREEMPTIBLE_ANNOTATION)
         uid = meta.get("uid") or ""
         spec = JobSpec(
             job_id=n.cluster_job_id(namespace, name, uid), team=mapping.team, queue=queue, priority_class=priority,
@@ -251,6 +255,20 @@ def policy_refusal(kind: WorkloadKind, obj: Obj, spec: JobSpec, queues: QueuesCo
         return None
     return Refusal(violation.reason, f"{violation.message} (rule: {violation.rule})" if violation.rule
                    else violation.message)
+
+
+SPOT_TOLERATION = Toleration(key=n.SPOT_TAINT, operator="Exists", effect=TaintEffect.NO_SCHEDULE)
+
+
+def _may_use_spot(queues: QueuesConfig, queue: str, priority: str, preemptible: str | None) -> bool:
+    """May the job run on spot nodes: its queue says so for preemptible jobs, and it is one (its own
+    `gpuq.io/preemptible` annotation, else its priority class)."""
+    q = queues.queue_map.get(queue)
+    if q is None or not q.spot_for_preemptible:
+        return False
+    if preemptible is not None:
+        return preemptible.lower() == "true"
+    return queues.priority_class_map[priority].preemptible
 
 
 def _sorted(tolerations: set[Toleration]) -> tuple[Toleration, ...]:

@@ -54,6 +54,9 @@ MPS_MEMORY_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 # asks device-plugin resources, which such a node does not advertise: its GPU pod sets are kept off it.
 DRA_NODE_LABEL = "gpuq.io/dra-driver"
 
+# gpuq's own taint on the spot nodes it announces (kubernetes.spot_selector; never written to the Node): only the jobs
+# given its toleration at intake (preemptible, in a queue with spot_for_preemptible) are placed there.
+SPOT_TAINT = "gpuq.io/spot"
 PLACEMENT_GATE = "gpuq.io/placement"  # scheduling gate held until gpuq gives the pod its node
 RESUME_ENV = "GPUQ_RESUME_FROM"
 HOSTNAME_LABEL = "kubernetes.io/hostname"

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from services.core.kube.names import GPU_RESOURCE, MIG_RESOURCE_PREFIX, SHARED_GPU_RESOURCE
+from services.core.kube.names import GPU_RESOURCE, MIG_RESOURCE_PREFIX, SHARED_GPU_RESOURCE, SPOT_TAINT
 from services.core.kube.quantity import count, mebibytes, milli
 from shared.config import KubernetesSource
 from shared.domain import GpuSharing, MigLayout, NodeHealth, NodeSpec, SharingMode, Taint, TaintEffect
@@ -108,6 +108,8 @@ def node_spec(node: Mapping[str, Any], cfg: KubernetesSource) -> NodeSpec:
     raw_taints = sorted((node.get("spec") or {}).get("taints") or [], key=lambda t: (t["key"], t.get("effect", "")))
     taints = tuple(Taint(key=t["key"], value=t.get("value") or "", effect=TaintEffect(t.get("effect", "NoSchedule")))
                    for t in raw_taints if t["key"] not in FAILURE_TAINTS and t["key"] != UNSCHEDULABLE_TAINT)
+    if cfg.spot_selector and all(labels.get(k) == v for k, v in cfg.spot_selector.items()):
+        taints = (*taints, Taint(key=SPOT_TAINT, value="true", effect=TaintEffect.NO_SCHEDULE))
     kept = {k: v for k, v in labels.items() if not _ignored(k, cfg.ignored_labels)}
     if cfg.pool_label and cfg.pool_label in labels:
         kept["pool"] = labels[cfg.pool_label]

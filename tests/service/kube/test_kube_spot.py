@@ -10,7 +10,7 @@ from typing import Any
 
 from services.executor.kube.client import NODE, POD
 from tests.kube_support import eventually, kube_cluster, kube_stack, workload_events
-from tests.service.kube.test_kube_executor import QUEUES, _count, _merge, events_of, job, live_pods, setup
+from tests.service.kube.test_kube_executor import JOB, QUEUES, _count, _merge, events_of, job, live_pods, setup
 
 NS = "ml-team-a"
 SPOT_ITN = {"key": "aws-node-termination-handler/spot-itn", "value": "spot-itn-1", "effect": "NoSchedule"}
@@ -83,3 +83,43 @@ async def test_a_job_that_does_not_answer_the_notice_is_requeued_when_the_wait_i
         assert requeued == [f"NodeFailure: node {started['nodes'][0]} is being reclaimed (taint "
                             "aws-node-termination-handler/spot-itn=spot-itn-1:NoSchedule): no checkpoint within 1 s "
                             "of the notice: requeued from the start"]
+
+
+async def test_the_spot_flavor_takes_only_preemptible_jobs_of_queues_that_allow_it(fresh: tuple[str, str],
+                                                                                   kube_api: Any) -> None:
+    from shared.config import parse_queues
+
+    nats_url, _ = fresh
+    kube_api.fake.add_node("a-spot", gpus=8, gpu_product="NVIDIA-H100-80GB-HBM3",
+                           labels={"karpenter.sh/capacity-type": "spot"})
+    client = await setup(kube_api, nodes=("b-ondemand",))  # "a-spot" sorts first: where a binpacker looks first
+    queues = parse_queues({
+        "priority_classes": [{"name": "normal", "value": 100}, {"name": "prod", "value": 500, "preemptible": False}],
+        "queues": [{"name": "team-a", "teams": ["team-a"], "quotas": {"H100-80GB": {"nominal": 32}},
+                    "spot_for_preemptible": True}],
+        "namespaces": [{"name": NS, "team": "team-a", "queues": ["team-a"]}],
+    })
+    cluster = kube_cluster(spot_selector={"karpenter.sh/capacity-type": "spot"})
+    async with kube_api.autopilot(), kube_stack(nats_url, _, queues, cluster, kube_api.kubeconfig):
+        for name in ("prod-1", "prod-2"):
+            prod = job(name, gpus=8).to_dict()
+            prod["metadata"]["labels"]["gpuq.io/priority-class"] = "prod"
+            await client.create(JOB(prod))
+            await eventually(f"{name} queued", lambda name=name: _said(client, name, ("Pending", "Admitted")))
+
+        async def one_waits() -> Any:
+            said = [*await _said(client, "prod-1", ("Pending",)), *await _said(client, "prod-2", ("Pending",))]
+            # 0 free of 8: the spot node's 8 are not counted for it
+            return said if any(e["message"].startswith("InsufficientGpus: needs 8×H100-80GB; 0 free of 8;")
+                               for e in said) else None
+
+        await eventually("the second prod job waiting: the spot node is not for it", one_waits)
+        (started,) = await events_of(nats_url, "started")
+        assert started["nodes"] == ["b-ondemand"]  # never on spot
+        await client.create(job("batch", gpus=8))  # preemptible ("normal"): it may use the spot node
+        both = await eventually("batch started", lambda: _count(events_of(nats_url, "started"), 2))
+        assert [e["nodes"] for e in both] == [["b-ondemand"], ["a-spot"]]
+
+
+async def _said(client: Any, name: str, reasons: tuple[str, ...]) -> list[dict[str, Any]]:
+    return [e for e in await workload_events(client, NS, name) if e["reason"] in reasons]
