@@ -139,6 +139,8 @@ class TelemetryService:
 
     async def on_event(self, tx: Tx, event: CloudEvent, payload: Payload) -> None:
         fx, team = self.apply(payload, tx.now, tx.subject, record=False)
+        if payload.aggregate == "job":
+            await self.idle.on_job_event(tx, payload)
         # What the event changed is written once for the unit of work (a consumed batch: once for all its
         # messages, each record with its state after the last of them), at its end, in its transaction. Added to
         # last: nothing after this can fail and leave a rolled-back message's part behind.

@@ -9,8 +9,9 @@ configuration in force (admission's read model), each in one transaction with it
 - RECLAIM with action `requeue`: PreemptionRequested, reason IdleReclaim, preemptor `idle:<job>`, the job the only
   candidate: the preemption service checkpoints and requeues it (the checkpoint-before-preempt protocol; a class that
   is never preempted keeps running);
-- RECLAIM with action `end`, and TTL: JobCancelRequested on the job's team's subject: admission ends it (Cancelled),
-  the executor stops it.
+- RECLAIM with action `end`: a job that can checkpoint goes through the same protocol, and its cancel is asked once it
+  is preempted (JobPreempted, reason IdleReclaim, with its checkpoint); one that cannot, and TTL: JobCancelRequested
+  on the job's team's subject at once: admission ends it (Cancelled), the executor stops it.
 
 The watch lives in memory: after a restart the idle clocks start again from the next samples (a job is reclaimed
 later, never sooner).
@@ -36,7 +37,11 @@ from shared import audit
 from shared.audit import service_actor
 from shared.config import QueuesConfig
 from shared.events import (
+    JobCancelled,
     JobCancelRequested,
+    JobCompleted,
+    JobFailed,
+    JobPreempted,
     Payload,
     PreemptionReason,
     PreemptionRequested,
@@ -76,6 +81,20 @@ class IdleReclaimer:
     def __init__(self, config: QueuesConfig | None, check_s: float = IDLE_CHECK_S):
         self.watch: IdleWatch | None = IdleWatch(config) if config is not None else None
         self.check_s = check_s
+        # jobs reclaimed with action `end` through a checkpoint: job -> (team, reason of the cancel to ask when they are
+        # preempted). In memory: after a restart such a job stays requeued with its checkpoint (nothing is lost).
+        self._ending: dict[str, tuple[str, str]] = {}
+
+    async def on_job_event(self, tx: Tx, payload: Payload) -> None:
+        """A job event telemetry consumed: a job reclaimed to be ended, preempted with its checkpoint now, gets its
+        cancel asked (asked again if this event is handled again: a second cancel of an ended job changes nothing)."""
+        ending = self._ending.get(getattr(payload, "job_id", ""))
+        if isinstance(payload, JobPreempted) and payload.reason is PreemptionReason.IDLE and ending is not None:
+            team, reason = ending
+            await tx.emit(JobCancelRequested(job_id=payload.job_id, requested_by=ACTOR, reason=reason,
+                                             requested_at=utcnow_from(tx.now)), subject_suffix=team)
+        elif isinstance(payload, JobCancelled | JobCompleted | JobFailed):
+            self._ending.pop(payload.job_id, None)
 
     def configure(self, config: QueuesConfig) -> None:
         if self.watch is None:
@@ -112,11 +131,17 @@ class IdleReclaimer:
             await audit.record(tx, "idle_warn", ACTOR, job_id=d.job_id, team=d.team, user=d.user, message=d.message,
                                deadline=warned.deadline.isoformat())
             return
-        if d.kind is DecisionKind.RECLAIM and d.action.value == "requeue":
+        requeue = d.action.value == "requeue"
+        if d.kind is DecisionKind.RECLAIM and (requeue or d.checkpoint):
+            # through the checkpoint-before-preempt protocol; to end a job that can checkpoint, its cancel is asked
+            # once it is preempted with its checkpoint (on_preempted)
+            if not requeue:
+                self._ending[d.job_id] = (d.team, f"{d.reason}: {d.message}")
             await tx.emit(PreemptionRequested(preemptor=f"idle:{d.job_id}", queue=queue, reason=PreemptionReason.IDLE,
                                               candidates=(d.job_id,), message=d.message))
             await audit.record(tx, "idle_reclaim", ACTOR, job_id=d.job_id, team=d.team, user=d.user,
-                               reclaim_by="requeue", checkpoint=d.checkpoint, message=d.message)
+                               reclaim_by="requeue" if requeue else "end", checkpoint=d.checkpoint,
+                               message=d.message)
             return
         await tx.emit(JobCancelRequested(job_id=d.job_id, requested_by=ACTOR, reason=f"{d.reason}: {d.message}",
                                          requested_at=utcnow_from(tx.now)), subject_suffix=d.team)

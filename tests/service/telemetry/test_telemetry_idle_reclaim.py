@@ -28,6 +28,7 @@ from shared.events import (
     AuditRecorded,
     CheckpointRequested,
     GpuSample,
+    JobCancelRequested,
     JobCheckpointed,
     JobPreempted,
     JobStarted,
@@ -46,15 +47,18 @@ from shared.service import ServiceRuntime, default_subject, publish_event
 MODEL = "H100-80GB"
 QUEUES = {"priority_classes": [{"name": "production", "value": 1000, "preemptible": False},
                                {"name": "normal", "value": 100}],
-          "queues": [{"name": "team-a", "teams": ["team-a"], "quotas": {MODEL: {"nominal": 24}}}],
+          "queues": [{"name": "team-a", "teams": ["team-a"], "quotas": {MODEL: {"nominal": 32}}}],
           "policy": {"protection_window_s": 600, "checkpoint_grace_s": 300},
-          "job_classes": {"notebook": {"idle": {"threshold_pct": 5, "idle_for_s": 600, "grace_s": 300}}}}
+          "job_classes": {"notebook": {"idle": {"threshold_pct": 5, "idle_for_s": 600, "grace_s": 300}},
+                          "inference": {"idle": {"threshold_pct": 5, "idle_for_s": 600, "grace_s": 300,
+                                                 "action": "end"}}}}
 # job -> (node, its utilisation)
-JOBS = {"nb-idle": ("n-0", 1.0), "nb-prod": ("n-1", 0.0), "nb-busy": ("n-2", 60.0)}
+JOBS = {"nb-idle": ("n-0", 1.0), "nb-prod": ("n-1", 0.0), "nb-busy": ("n-2", 60.0), "inf-end": ("n-3", 0.5)}
 
 
 def notebook(job_id: str) -> JobSpec:
-    return JobSpec(job_id=job_id, team="team-a", queue="team-a", kind=JobKind.NOTEBOOK, user="alice",
+    kind = JobKind.INFERENCE if job_id == "inf-end" else JobKind.NOTEBOOK  # its class ends it
+    return JobSpec(job_id=job_id, team="team-a", queue="team-a", kind=kind, user="alice",
                    priority_class="production" if job_id == "nb-prod" else "normal",
                    pod_sets=(PodSet(count=1, gpus_per_pod=8, gpu_models=(MODEL,)),),
                    checkpoint=CheckpointSpec(supported=True, interval_s=3600))
@@ -92,7 +96,7 @@ async def test_an_idle_notebook_is_warned_then_checkpointed_and_requeued(fresh: 
 
     async def sampled_since(at: float) -> bool:
         return bool(await conn.fetchval(
-            "SELECT count(*) = 3 FROM telemetry.samples WHERE (doc->>'sampled_at')::float8 >= $1", at))
+            "SELECT count(*) = 4 FROM telemetry.samples WHERE (doc->>'sampled_at')::float8 >= $1", at))
 
     async def placed(job_id: str) -> bool:
         return bool(await conn.fetchval("SELECT doc->>'phase' = 'placed' FROM telemetry.jobs WHERE job_id = $1",
@@ -116,14 +120,14 @@ async def test_an_idle_notebook_is_warned_then_checkpointed_and_requeued(fresh: 
         sub = await webhooks.add_subscription(conn, "https://hooks.example.com/a", "team-a", ["job.idle_warned"])
         await send(NodeInventory(nodes=tuple(NodeSpec(name=f"n-{i}", gpus=8, gpu_model=MODEL, cpu_milli=96000,
                                                       memory_mib=1 << 20, rack="r-0", block="b-0")
-                                             for i in range(3))))
+                                             for i in range(4))))
         for job_id in JOBS:
             await send(JobSubmitted(spec=notebook(job_id), submitted_at=utcnow_from(clock.now())),
                        ns_subject("job.submitted.team-a"))
             # telemetry heard of its placement (the scheduler's JobPlaced) before the executor's start
             await until(lambda: placed(job_id))  # noqa: B023 (awaited within the iteration)
             await send(JobStarted(job_id=job_id, started_at=utcnow_from(clock.now())))
-        await until(lambda: conn.fetchval("SELECT count(*) = 3 FROM telemetry.jobs WHERE doc->>'phase' = 'running'"))
+        await until(lambda: conn.fetchval("SELECT count(*) = 4 FROM telemetry.jobs WHERE doc->>'phase' = 'running'"))
 
         await sample_minutes(11)  # idle since the first sample: 600 s at the 11th
 
@@ -132,36 +136,41 @@ async def test_an_idle_notebook_is_warned_then_checkpointed_and_requeued(fresh: 
                                     "AND event_type = $2 ORDER BY id", sub.id, "io.gpuq.job.idle_warned.v1")
             return [json.loads(bytes(r["body"]))["data"]["job_id"] for r in rows]
 
-        await until(lambda: _equal(warned, ["nb-idle", "nb-prod"]))
+        await until(lambda: _equal(warned, ["inf-end", "nb-idle", "nb-prod"]))
         audits = [a for a in await emitted("telemetry", AuditRecorded) if a["action"] == "idle_warn"]
-        assert sorted(a["job_id"] for a in audits) == ["nb-idle", "nb-prod"]
+        assert sorted(a["job_id"] for a in audits) == ["inf-end", "nb-idle", "nb-prod"]
         assert not await emitted("telemetry", PreemptionRequested)  # nothing reclaimed during the grace
 
         await sample_minutes(6)  # the grace (300 s) passes, still idle
 
         async def checkpoint_asked() -> bool:
-            return bool(await emitted("preemption", CheckpointRequested))
+            return len(await emitted("preemption", CheckpointRequested)) == 2
 
         await until(checkpoint_asked)
         asked = await emitted("preemption", CheckpointRequested)
-        assert [a["job_id"] for a in asked] == ["nb-idle"]  # production is never preempted
+        assert sorted(a["job_id"] for a in asked) == ["inf-end", "nb-idle"]  # production is never preempted
         await until(lambda: conn.fetchval("SELECT true FROM preemption.requests WHERE preemptor = 'idle:nb-prod'"))
         kept = await conn.fetchval("SELECT message FROM preemption.requests WHERE preemptor = 'idle:nb-prod'")
         assert "production" in kept.lower() or "not preemptible" in kept.lower() or "never" in kept.lower(), kept
-        await send(JobCheckpointed(job_id="nb-idle", uri="s3://ckpt/nb-idle/1", step=3,
-                                   checkpointed_at=utcnow_from(clock.now()), preemption_id=asked[0]["preemption_id"]))
+        for a in asked:
+            await send(JobCheckpointed(job_id=a["job_id"], uri=f"s3://ckpt/{a['job_id']}/1", step=3,
+                                       checkpointed_at=utcnow_from(clock.now()), preemption_id=a["preemption_id"]))
 
         async def preempted() -> bool:
-            return bool(await emitted("preemption", JobPreempted))
+            return len(await emitted("preemption", JobPreempted)) == 2
 
         await until(preempted)
-        [p] = await emitted("preemption", JobPreempted)
-        assert (p["job_id"], p["reason"], p["checkpoint_uri"]) == ("nb-idle", PreemptionReason.IDLE.value,
-                                                                   "s3://ckpt/nb-idle/1")
+        got = sorted((p["job_id"], p["reason"], p["checkpoint_uri"]) for p in await emitted("preemption", JobPreempted))
+        assert got == [("inf-end", PreemptionReason.IDLE.value, "s3://ckpt/inf-end/1"),
+                       ("nb-idle", PreemptionReason.IDLE.value, "s3://ckpt/nb-idle/1")]
+        # the class that ends its idle jobs: checkpointed, then its cancel asked: it ends Cancelled
+        await until(lambda: conn.fetchval("SELECT outcome = 'Cancelled' FROM admission.jobs WHERE job_id = 'inf-end'"))
+        assert [c["job_id"] for c in await emitted("telemetry", JobCancelRequested)] == ["inf-end"]
         await until(lambda: conn.fetchval("SELECT resume_from = 's3://ckpt/nb-idle/1' FROM admission.jobs "
                                           "WHERE job_id = 'nb-idle'"))
         reclaims = [a for a in await emitted("telemetry", AuditRecorded) if a["action"] == "idle_reclaim"]
-        assert sorted(a["job_id"] for a in reclaims) == ["nb-idle", "nb-prod"]
+        assert sorted((a["job_id"], a["detail"]["reclaim_by"]) for a in reclaims) == [
+            ("inf-end", "end"), ("nb-idle", "requeue"), ("nb-prod", "requeue")]
         assert await conn.fetchval("SELECT status FROM admission.jobs WHERE job_id = 'nb-busy'") == "admitted"
     finally:
         for rt in reversed(runtimes):
