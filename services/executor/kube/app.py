@@ -29,7 +29,6 @@ from services.executor.heartbeat import Heartbeat
 from services.executor.kube.answers import Answers
 from services.executor.kube.client import KubeApi
 from services.executor.kube.config_in_force import ConfigInForce
-from services.executor.kube.informer import Informer
 from services.executor.kube.interruptions import Interruptions
 from services.executor.kube.leadership import Seat
 from services.executor.kube.nodes import NodeWatch
@@ -178,18 +177,13 @@ class KubeExecutor:
             tasks.append(asyncio.create_task(self.nodes.informer.run(), name="kube-nodes"))
             await self.nodes.informer.synced.wait()
             tasks += [asyncio.create_task(i.run(), name=f"kube-{i.name}")
-                      for i in (self.pods.informer, *self.intake.informers, *self._capacity_informers())]
+                      for i in (self.pods.informer, *self.intake.informers)]
             await asyncio.gather(*tasks)
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self.api.close()  # its connections; a leader that takes the lease again watches on new ones
-
-    def _capacity_informers(self) -> tuple[Informer, ...]:
-        """The ProvisioningRequests gpuq made, watched only where a queue may ask for capacity (a cluster without
-        the autoscaler's CRD is not asked to list them otherwise)."""
-        return (self.capacity.informer,) if any(q.provisioning for q in self.queues.queues) else ()
 
 
 def build_executor(settings: KubeExecutorSettings, kubeconfig: str | Path | None) -> KubeExecutor:

@@ -147,15 +147,26 @@ class Capacity:
     # ------------------------------------------------------------------ the clock: retries, clean-up, scale-down
 
     async def loop(self, runtime: ServiceRuntime) -> None:
+        """Retries, clean-up and scale-down on the clock; and the ProvisioningRequest informer, started once the
+        configuration in force has a queue that asks for capacity (a cluster without the autoscaler's CRD, or RBAC
+        for it, is never asked to list them otherwise)."""
         await self.nodes.informer.synced.wait()
-        while True:
-            try:
-                await self.tick()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("capacity: tick failed; trying again")
-            await asyncio.sleep(self.tick_s)
+        watching: asyncio.Task[None] | None = None
+        try:
+            while True:
+                if watching is None and any(q.provisioning for q in self.config.queues.queues):
+                    watching = asyncio.create_task(self.informer.run(), name="kube-provisioningrequests")
+                try:
+                    await self.tick()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("capacity: tick failed; trying again")
+                await asyncio.sleep(self.tick_s)
+        finally:
+            if watching is not None:
+                watching.cancel()
+                await asyncio.gather(watching, return_exceptions=True)
 
     async def tick(self) -> None:
         async with self.seat.transaction() as tx:
