@@ -63,18 +63,14 @@ ETA_MIN_REFRESH_S = 30.0  # platform seconds at least between two refreshes: a b
 ARRIVAL_HISTORY = 10_000
 # The work budget of one replay (`estimate_starts`), in job-cycles: each pipeline cycle of the replay costs the
 # jobs it looks at (waiting and holding GPUs), and the replay stops once it has spent the budget. The exact replay
-# takes the first budget // HEAD_CYCLES waiting jobs in the platform's order (the head of the queue), at a
-# resolution its budget affords (MAX_RESOLUTION); every job after them, and any the exact replay had not started
-# when the budget ran out, gets a coarse start (`_StartsReplay.coarse`: list scheduling by GPU count on each
-# model's GPUs as the jobs holding them end, no quota or topology) and a range wider by TAIL_WIDEN on each side.
+# takes the first budget // HEAD_CYCLES waiting jobs in the platform's order (the head of the queue); every job
+# after them, and any the exact replay had not started when the budget ran out, gets a coarse start
+# (`_StartsReplay.coarse`: list scheduling by GPU count on each model's GPUs as the jobs holding them end, no
+# quota or topology) and a range wider by TAIL_WIDEN on each side.
 # A refresh therefore costs about the same whatever the queue's depth beyond the head, plus one pass over the
 # tail (`gpuq bench eta`: 20,000 waiting on 1,280 GPUs). Not tuned to a trace: the budget is a cost.
 DEFAULT_BUDGET = 60_000
 HEAD_CYCLES = 60
-# A replay whose budget does not cover its cycles at RESOLUTION over the horizon (about log(horizon / a minute) /
-# resolution cycles of its jobs each) groups the ends more coarsely: the resolution that fits the budget, at most
-# this (a start planned late by at most a quarter of its wait).
-MAX_RESOLUTION = 0.25
 TAIL_WIDEN = 1.5  # a coarse start's range: its wait divided by this at the low end, multiplied at the high end
 
 Duration = Callable[[JobSpec], float]
@@ -136,10 +132,6 @@ def plan_starts(cluster: Any, admission: Any, running: Mapping[str, float], now:
                            run_for=duration or (lambda spec: float(spec.max_runtime_s)),
                            believed_ends=believed_ends, started=started, preempted_at=preempted_at,
                            tail=tail or ())
-    if budget is not None:  # a replay that cannot afford cycles at `resolution` over the horizon takes coarser ones
-        per_cycle = max(1, len(replay.waiting) + len(replay.adm.pending) + len(replay.believed))
-        resolution = min(MAX_RESOLUTION, max(resolution, math.log1p(horizon_s / MIN_REMAINING_S) * per_cycle
-                                             / budget))
     t = now
     spent_all = False
     for _ in range(max_cycles):
@@ -340,8 +332,9 @@ class _StartsReplay:
                 continue  # beyond the horizon
             free[m] -= need
             heapq.heappush(heap, (clock[m] + max(1.0, self.run_for(job.spec)), need))
-            self.starts[job.job_id] = clock[m]
-            given.add(job.job_id)
+            if job.job_id not in self.running:  # (a running job preempted in the replay: no ETA, as in `_take`)
+                self.starts.setdefault(job.job_id, clock[m])
+                given.add(job.job_id)
         return frozenset(given)
 
     def next_step(self, t: float, horizon_s: float, resolution: float) -> float | None:

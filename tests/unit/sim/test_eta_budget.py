@@ -46,6 +46,11 @@ def test_a_replay_spends_at_most_its_budget_and_gives_the_tail_coarse_starts(mon
     for job_id in sorted(coarse):
         assert starts[job_id] - 5.0 == pytest.approx(exact[job_id] - 5.0, rel=0.25), job_id
     assert estimate_starts(cluster, adm, ends, now=5.0, budget=600) == starts
+    # uncut (no tail given: the whole queue in the replay), the budget alone stops the replay: the jobs it has
+    # not started by then get coarse starts
+    calls[0] = 0
+    uncut, rough = plan_starts(cluster, adm, ends, now=5.0, budget=600, tail=[])
+    assert calls[0] <= 600 // 8 + 1 and set(uncut) == set(exact) and len(rough) > 900
     with pytest.raises(ValueError, match="budget"):
         plan_starts(cluster, adm, ends, now=5.0, budget=0)
 
