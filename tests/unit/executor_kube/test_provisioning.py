@@ -105,3 +105,17 @@ def test_provisioning_is_off_by_default_and_checked() -> None:
     with pytest.raises(ValueError, match=r"provisioning.flavors A100 not in its quotas"):
         parse_queues({**base, "queues": [{"name": "qa", "quotas": {"H100": {"nominal": 8}},
                                           "provisioning": {"flavors": ["A100"]}}]})
+
+
+def test_explain_says_where_the_request_stands() -> None:
+    row = {"namespace": "ml", "name": "big-gpuq-1", "class_name": "check-capacity.autoscaling.x-k8s.io",
+           "state": "requested", "reason": "CapacityIsNotFound",
+           "message": "Capacity is not found, CA will try to find it later.", "retry_at": None}
+    assert prov.words(row) == ("capacity asked of the autoscaler: ProvisioningRequest ml/big-gpuq-1 (check-capacity) "
+                               "waiting for the autoscaler: CapacityIsNotFound: Capacity is not found, CA will try to "
+                               "find it later.")
+    assert prov.words({**row, "state": "provisioned", "reason": "CapacityIsFound", "message": ""}).endswith(
+        "(check-capacity) provisioned: CapacityIsFound")
+    assert prov.words({**row, "state": "failed", "retry_at": 5.0}).endswith(
+        "failed: CapacityIsNotFound: Capacity is not found, CA will try to find it later.; gpuq stopped waiting for "
+        "it, asked again later")
