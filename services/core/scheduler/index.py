@@ -1,7 +1,7 @@
 """The cluster index the placement core decides on: nodes, their free GPUs/slices/CPU/memory, and indexes.
 
 Indexes (so that a decision does not scan every node):
-- nodes are grouped into *classes* (same GPU model, MIG profile and taints: the nodes a pod either can or
+- nodes are grouped into *classes* (same GPU model, MIG profile, taints and GPU sharing: the nodes a pod either can or
   cannot use as a whole); every class keeps `buckets[free_units] -> sorted node ranks` of its READY nodes,
   so best fit for a pod of g GPUs is "the first rank of the first non-empty bucket >= g";
 - every class keeps free units per rack and per block (for topology best fit) and its total free units.

@@ -8,7 +8,7 @@ import re
 from bisect import bisect_left, insort
 from collections.abc import Mapping
 
-from shared.domain import MILLI_GPU, NodeHealth, NodeSpec, PodSet, SharingMode, Taint, TaintEffect, TopologyLevel
+from shared.domain import MILLI_GPU, NodeHealth, NodeSpec, SharingMode, Taint, TaintEffect, TopologyLevel
 
 _HARD_EFFECTS = (TaintEffect.NO_SCHEDULE, TaintEffect.NO_EXECUTE)
 _DIGITS = re.compile(r"(\d+)")
@@ -226,13 +226,9 @@ def shared_room(spec: NodeSpec, share: int, gpu_memory_mib: int, used_share: int
     return max(k, 0)
 
 
-def pod_share(ps: PodSet) -> tuple[int, int, SharingMode | None]:
-    """(milli-GPUs, GPU memory MiB, isolation asked) of one pod of a pod set sharing a GPU."""
-    return ps.share_milli, ps.gpu_memory_mib or 0, ps.gpu_sharing
-
-
 class NodeClass:
-    """Nodes interchangeable for eligibility: same model, MIG profile and taints. Aggregates count READY nodes.
+    """Nodes interchangeable for eligibility: same model, MIG profile, taints, sharing mode and mixed-MIG profiles.
+    Aggregates count READY nodes.
     Read-only outside this module."""
 
     __slots__ = ("buckets", "cap", "dom_buckets", "dom_free", "ds_buckets", "free", "hard", "key", "max_units",
@@ -312,4 +308,4 @@ def bits(mask: int) -> list[int]:
 
 
 __all__ = ["CallableInt", "ClassKey", "IndexedNode", "NodeClass", "bits", "class_key", "held_at", "natural_key",
-           "pod_share", "share_of", "shared_room"]
+           "share_of", "shared_room"]
