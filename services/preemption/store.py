@@ -19,7 +19,7 @@ from services.core.scheduler import ClusterState
 from services.scheduler import readmodel
 from services.scheduler.readmodel import PlacementFact
 from shared.config import QueuesConfig, placement_strategies
-from shared.domain import GpuBinding, JobSpec, NodeSpec
+from shared.domain import MILLI_GPU, GpuBinding, JobSpec, NodeSpec, mig_milli_gpus
 
 log = logging.getLogger("gpuq.preemption")
 
@@ -52,16 +52,36 @@ def running_job(spec: JobSpec, bindings: list[GpuBinding], nodes: dict[str, Node
     quotas = queue.quotas if queue is not None else {}
     usage: dict[str, int] = {}
     gpus = 0.0
+    shares: dict[str, int] = {}  # model -> milli-GPUs of shared GPUs held without a gpu-share quota
+    by_set = {ps.name: ps for ps in spec.pod_sets}
     for b in sorted(bindings, key=lambda b: (b.node, b.pod)):
         node = nodes.get(b.node)
         model = node.gpu_model if node is not None else "unknown"
+        ps = by_set.get(b.pod.rsplit("-", 1)[0])
         if b.mig_slice is not None and node is not None and node.mig is not None:
             key = f"{model}:{node.mig.profile}"
             usage[key if key in quotas else model] = usage.get(key if key in quotas else model, 0) + 1
             gpus += 1.0 / node.mig.slices_per_gpu
+        elif b.mig_slice is not None and node is not None and node.mig_profiles and ps is not None and ps.mig_profile:
+            key = f"{model}:{ps.mig_profile}"  # a slice of a mixed-MIG node: its pod set's profile
+            usage[key if key in quotas else model] = usage.get(key if key in quotas else model, 0) + 1
+            gpus += mig_milli_gpus(ps.mig_profile) / MILLI_GPU
+        elif b.shared_gpu is not None:
+            # part of a shared GPU, charged as admission charges it (resources.shared_demand)
+            milli = b.share_milli or 0
+            gpus += milli / MILLI_GPU
+            if ps is not None and ps.gpu_fraction is None and ps.gpu_memory_mib:
+                key = f"{model}:gpu-memory"
+                usage[key] = usage.get(key, 0) + ps.gpu_memory_mib
+            elif f"{model}:gpu-share" in quotas:
+                usage[f"{model}:gpu-share"] = usage.get(f"{model}:gpu-share", 0) + milli
+            else:
+                shares[model] = shares.get(model, 0) + milli
         elif b.gpu_indices:
             usage[model] = usage.get(model, 0) + len(b.gpu_indices)
             gpus += len(b.gpu_indices)
+    for model, milli in shares.items():  # the whole GPUs its shares add up to, rounded up
+        usage[model] = usage.get(model, 0) + -(-milli // MILLI_GPU)
     return RunningJob(job_id=spec.job_id, queue=spec.queue, priority_class=spec.priority_class, priority=value,
                       preemptible=preemptible, production=production, kind=spec.kind, gpus=gpus,
                       usage=dict(sorted(usage.items())), started_at=started_at,

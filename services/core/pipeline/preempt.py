@@ -275,7 +275,8 @@ class VictimChooser:
         usage = {model: spec.total_gpus} if spec.total_gpus else {}
         return RunningJob(job_id=job_id, queue=spec.queue, priority_class=spec.priority_class,
                           priority=value, preemptible=preemptible, production=production, kind=spec.kind,
-                          gpus=float(spec.total_gpus or 1), usage=usage, started_at=info.started_at,
+                          gpus=float(spec.total_gpus or spec.total_share_milli / 1000 or 1), usage=usage,
+                          started_at=info.started_at,
                           max_runtime_s=spec.max_runtime_s, last_checkpoint_at=last,
                           checkpointable=spec.checkpoint.supported,
                           checkpoint_cost_s=self.checkpoint_write_s if self.checkpointing else None)
