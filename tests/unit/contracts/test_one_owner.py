@@ -42,7 +42,9 @@ def tables_after_migrations() -> set[tuple[str, str]]:
 def test_only_the_scheduler_keeps_a_table_of_nodes() -> None:
     node_tables = sorted(t for t in tables_after_migrations() if "node" in t[1])
     # executor.kube_nodes is what the Kubernetes executor observed of its API server: the source of NodeInventory.
-    assert node_tables == [("executor", "kube_nodes"), ("scheduler", "nodes")]
+    # executor.kube_node_idle is the executor's own scale-down clock (since when it ran no pod of gpuq's on a node,
+    # which decides when it lifts its own scale-down-disabled annotation): no capacity, health or placement in it.
+    assert node_tables == [("executor", "kube_node_idle"), ("executor", "kube_nodes"), ("scheduler", "nodes")]
 
 
 def test_node_events_reach_only_the_owner_and_live_gauges() -> None:
