@@ -74,6 +74,43 @@ class Entry:
         self.priority = value
         self.order = (-value, self.order[1], self.job_id)
 
+    def rejudge(self, config: QueuesConfig, book: QuotaBook) -> str | None:
+        """Under a new configuration: its class's value and preemptibility, and (pending) whether the configuration
+        can admit it at all. Returns what changed for its owner to read, if anything. An admitted job is charged to
+        the new book and stays admitted even if its queue is over quota or gone."""
+        k = config.priority_class_map.get(self.workload.spec.priority_class)
+        if k is not None and k.value != self.priority:
+            self.reprioritise(k.value)
+        # a class made (non-)preemptible changes whether the job may borrow and whether it may be reclaimed
+        self.preemptible = preemptible(config, self.workload.spec)
+        if self.admitted is not None:
+            book.add(self.queue, self.admitted.usage)
+            if self.queue not in book.queues:
+                return f"admitted job {self.job_id} stays admitted although its queue {self.queue} was deleted"
+            return None
+        old, self.verdict = self.verdict, verdict(config, book, self.workload.spec)
+        if self.verdict is not None and self.verdict != old:
+            return f"pending job {self.job_id} is now inadmissible ({self.verdict[0]}): {self.verdict[1]}"
+        if self.verdict is None and old is not None:
+            return f"pending job {self.job_id} is admissible again"
+        return None
+
+    def age(self, now: float, max_age_s: float) -> tuple[bool, bool]:
+        """Wait-time aging (ordering.aged_order_time): moves its order time. Returns (moved, done): whether its
+        order changed, and whether it waited max_age_s and is keyed by its submit time for good."""
+        submitted = self.workload.submitted_at
+        at = aged_order_time(submitted, self.base_at, now, max_age_s)
+        moved = at != self.order[1]
+        if moved:
+            self.order = (self.order[0], at, self.job_id)
+        return moved, at == submitted
+
+    def starvation_view(self) -> tuple[int, float] | None:
+        """(class, submit time) while it pends admissible: what the starvation rule judges (starvation.py)."""
+        if self.admitted is not None or self.verdict is not None:
+            return None
+        return self.priority, self.workload.submitted_at
+
 
 def _spec_key(spec: JobSpec) -> str:
     return spec.model_dump_json()
@@ -298,29 +335,11 @@ class AdmissionState:
         """Swap to a new configuration keeping every job. Admitted jobs stay admitted even if their queue is
         now over quota or gone; pending jobs are re-judged (a deleted queue makes them inadmissible until it
         returns). Returns one human message per affected job or queue, sorted."""
-        old_verdicts = {j: e.verdict for j, e in self._entries.items() if e.admitted is None}
         self._generation += 1
         self._config = config
         self._book = QuotaBook(config)
-        messages: list[str] = []
-        klasses = config.priority_class_map
-        for j in sorted(self._entries):
-            e = self._entries[j]
-            k = klasses.get(e.workload.spec.priority_class)
-            if k is not None and k.value != e.priority:
-                e.reprioritise(k.value)
-            # a class made (non-)preemptible changes whether the job may borrow and whether it may be reclaimed
-            e.preemptible = preemptible(config, e.workload.spec)
-            if e.admitted is not None:
-                self._book.add(e.queue, e.admitted.usage)
-                if e.queue not in self._book.queues:
-                    messages.append(f"admitted job {j} stays admitted although its queue {e.queue} was deleted")
-                continue
-            e.verdict = verdict(config, self._book, e.workload.spec)
-            if e.verdict is not None and e.verdict != old_verdicts.get(j):
-                messages.append(f"pending job {j} is now inadmissible ({e.verdict[0]}): {e.verdict[1]}")
-            elif e.verdict is None and old_verdicts.get(j) is not None:
-                messages.append(f"pending job {j} is admissible again")
+        changed = (self._entries[j].rejudge(config, self._book) for j in sorted(self._entries))
+        messages = [m for m in changed if m is not None]
         messages.extend(over_quota_messages(self._book))
         # aging restarts from the un-aged order times under the new policy (the next cycle ages them again)
         for j in sorted(self._aging):
@@ -395,22 +414,16 @@ class AdmissionState:
         return self._pending_by_queue
 
     def _age(self, now: float) -> None:
-        """Wait-time aging (ordering.aged_order_time): re-key the jobs whose order time moved; a job that waited
-        max_age_s is keyed by its submit time for good and leaves the aging set."""
+        """Re-key the jobs whose order time moved (Entry.age); a job that waited max_age_s leaves the aging set."""
         max_age = self._config.policy.max_age_s
         if max_age is None:
             return
         for j in sorted(self._aging):
             e = self._entries.get(j)
-            if e is None or e.admitted is not None:
+            moved, done = (False, True) if e is None or e.admitted is not None else e.age(now, max_age)
+            if done:
                 self._aging.discard(j)
-                continue
-            submitted = e.workload.submitted_at
-            at = aged_order_time(submitted, e.base_at, now, max_age)
-            if at == submitted:
-                self._aging.discard(j)
-            if at != e.order[1]:
-                e.order = (e.order[0], at, e.job_id)
+            if moved and e is not None:
                 self._dirty.add(e.queue)
                 self._touch(e.queue)
                 self._generation += 1
@@ -425,20 +438,15 @@ class AdmissionState:
         """Queue -> its oldest pending job, for the queues where that job has starved (starvation.py): the cycle
         admits those queues in strict order. A queue whose verdict changed since the last call is touched (its
         cached cycle and sealed reasons no longer hold)."""
-        policy = self._config.policy
-
-        def pending(job_id: str) -> tuple[int, float] | None:
-            e = self._entries.get(job_id)
-            if e is None or e.admitted is not None or e.verdict is not None:
-                return None
-            return e.priority, e.workload.submitted_at
+        policy, book, entries = self._config.policy, self._book, self._entries
 
         def under(queue: str) -> bool:
-            qq = self._book.queues.get(queue)
-            return qq is not None and under_guarantee(self._book.usage.get(queue, {}), qq.nominal)
+            qq = book.queues.get(queue)
+            return qq is not None and under_guarantee(book.usage.get(queue, {}), qq.nominal)
 
-        found, changed = self._starvation.judge(now, policy.starvation_factor, policy.starvation_min_wait_s,
-                                                pending, under)
+        found, changed = self._starvation.judge(
+            now, policy.starvation_factor, policy.starvation_min_wait_s,
+            lambda job_id: e.starvation_view() if (e := entries.get(job_id)) is not None else None, under)
         for q in sorted(changed):
             self._touch(q)
             self._generation += 1
