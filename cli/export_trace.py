@@ -23,8 +23,9 @@ def export_trace(
                                                                       "as a queues.yaml (the baseline)"),
 ) -> None:
     """Write the platform's own finished jobs as a simulator trace: the jobs submitted in [--since, --until) that
-    ran, with their specs, limits (estimates), priority classes, queues, checkpointing and actual run times. Replay it with `gpuq simulate --trace <csv>
-    --cluster <cluster.yaml> --queues <queues.yaml>`, the queues changed or not."""
+    ran, with their specs, limits (estimates), priority classes, queues, checkpointing and actual run times. Replay
+    it with `gpuq simulate --trace <csv> --cluster <cluster.yaml> --queues <queues.yaml>`, the queues changed or
+    not."""
     import asyncpg
     import yaml
 
