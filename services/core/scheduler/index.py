@@ -19,8 +19,9 @@ Public read API (what the placer, the diagnosis, the reservation search and frag
 outside this module and its summing part, capacity.py, reads a private field): `refresh_index()`, `indexed_nodes`,
 `classes`, `rank_order`, `domain_members()`, `domain_ranks()`, `domain_order()`, `spec_memo()`, `holds()`,
 `placement_of()`, `allocations()`, `nodes()`, plus the summaries of capacity.py (`free_on()`, `free_gpus`, ...).
-`IndexedNode` and `NodeClass` (nodes.py) are the read-only records those return: callers never write to them. How a placement takes and gives back a
-node's resources is claims.py's; this module keeps the maps, the ranks, the copy-on-write and the memos.
+`IndexedNode` and `NodeClass` (nodes.py) are the read-only records those return: callers never write to them.
+How a placement takes and gives back a node's resources is claims.py's; this module keeps the maps, the ranks, the
+copy-on-write and the memos.
 """
 
 from __future__ import annotations
