@@ -125,6 +125,13 @@ def kind_body(kind: str, name: str, gpu: bool) -> dict[str, Any]:
             "runPolicy": {"suspend": False}, "pytorchReplicaSpecs": {
                 "Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": template()},
                 "Worker": {"replicas": 1, "restartPolicy": "OnFailure", "template": last}}}}
+    if kind in ("TFJob", "MPIJob"):  # issue 48 item 7: the Kubeflow kinds of PyTorchJob's shape
+        first, second, key, version = (("Chief", "Worker", "tfReplicaSpecs", "v1") if kind == "TFJob"
+                                       else ("Launcher", "Worker", "mpiReplicaSpecs", "v2beta1"))
+        return {"apiVersion": f"kubeflow.org/{version}", "kind": kind, "metadata": {"name": name}, "spec": {
+            "runPolicy": {"suspend": False}, key: {
+                first: {"replicas": 1, "restartPolicy": "OnFailure", "template": template()},
+                second: {"replicas": 1, "restartPolicy": "OnFailure", "template": last}}}}
     assert kind == "RayJob"
     return {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": name}, "spec": {
         "entrypoint": "python train.py", "suspend": False, "rayClusterSpec": {
@@ -158,6 +165,10 @@ TEMPLATES = {
     "pytorchjobs": ("(has(x.spec) && has(x.spec.pytorchReplicaSpecs) ? x.spec.pytorchReplicaSpecs.filter(n,"
                     " has(x.spec.pytorchReplicaSpecs[n].template)).map(n, x.spec.pytorchReplicaSpecs[n].template)"
                     " : [])"),
+    "tfjobs": ("(has(x.spec) && has(x.spec.tfReplicaSpecs) ? x.spec.tfReplicaSpecs.filter(n,"
+               " has(x.spec.tfReplicaSpecs[n].template)).map(n, x.spec.tfReplicaSpecs[n].template) : [])"),
+    "mpijobs": ("(has(x.spec) && has(x.spec.mpiReplicaSpecs) ? x.spec.mpiReplicaSpecs.filter(n,"
+                " has(x.spec.mpiReplicaSpecs[n].template)).map(n, x.spec.mpiReplicaSpecs[n].template) : [])"),
     "rayjobs": ("(has(x.spec) && has(x.spec.rayClusterSpec) && has(x.spec.rayClusterSpec.headGroupSpec) &&"
                 " has(x.spec.rayClusterSpec.headGroupSpec.template) ? [x.spec.rayClusterSpec.headGroupSpec.template]"
                 " : []) + (has(x.spec) && has(x.spec.rayClusterSpec) && has(x.spec.rayClusterSpec.workerGroupSpecs) ?"
@@ -166,7 +177,7 @@ TEMPLATES = {
 }
 WEBHOOK_KINDS = [  # (plural, group, version): one webhook each, so that each reads its own kind's templates
     ("jobs", "batch", "v1"), ("jobsets", "jobset.x-k8s.io", "v1alpha2"), ("pytorchjobs", "kubeflow.org", "v1"),
-    ("rayjobs", "ray.io", "v1")]
+    ("tfjobs", "kubeflow.org", "v1"), ("mpijobs", "kubeflow.org", "v2beta1"), ("rayjobs", "ray.io", "v1")]
 
 
 def workload_condition(plural: str) -> dict[str, str]:

@@ -45,6 +45,8 @@ EXECUTOR_CLUSTER_RULES = {
     ("batch", "jobs"): {"list", "watch"},
     ("jobset.x-k8s.io", "jobsets"): {"list", "watch"},
     ("kubeflow.org", "pytorchjobs"): {"list", "watch"},
+    ("kubeflow.org", "tfjobs"): {"list", "watch"},  # issue 48 item 7
+    ("kubeflow.org", "mpijobs"): {"list", "watch"},
     ("ray.io", "rayjobs"): {"list", "watch"},
     ("resource.k8s.io", "resourceslices"): {"list", "watch"},  # DRA devices (issue 47)
 }
@@ -55,10 +57,14 @@ EXECUTOR_NAMESPACED_RULES = {
     ("batch", "jobs"): {"get", "patch", "create"},
     ("jobset.x-k8s.io", "jobsets"): {"get", "patch", "create"},
     ("kubeflow.org", "pytorchjobs"): {"get", "patch"},
+    ("kubeflow.org", "tfjobs"): {"get", "patch"},
+    ("kubeflow.org", "mpijobs"): {"get", "patch"},
     ("ray.io", "rayjobs"): {"get", "patch"},
     # a job gpuq failed or rejected gets the terminal status the kind's controller writes (issue 45 item 7)
     ("jobset.x-k8s.io", "jobsets/status"): {"patch"},
     ("kubeflow.org", "pytorchjobs/status"): {"patch"},
+    ("kubeflow.org", "tfjobs/status"): {"patch"},
+    ("kubeflow.org", "mpijobs/status"): {"patch"},
     ("ray.io", "rayjobs/status"): {"patch"},
     # DRA: an event-submitted pod set's claim template, and the allocation written into each pod's claim (issue 47)
     ("resource.k8s.io", "resourceclaimtemplates"): {"create"},
@@ -73,13 +79,14 @@ EXECUTOR_RULES = {k: EXECUTOR_CLUSTER_RULES.get(k, set()) | EXECUTOR_NAMESPACED_
 READ_VERBS = {"get", "list", "watch"}
 # Issue 12's list, the ceiling: the executor's role stays inside it, except `create` on Jobs and JobSets for jobs
 # submitted as events, which `rbac.eventSubmittedJobs=false` takes away.
-WORKLOADS = (("batch", "jobs"), ("jobset.x-k8s.io", "jobsets"), ("kubeflow.org", "pytorchjobs"), ("ray.io", "rayjobs"))
+WORKLOADS = (("batch", "jobs"), ("jobset.x-k8s.io", "jobsets"), ("kubeflow.org", "pytorchjobs"),
+             ("kubeflow.org", "tfjobs"), ("kubeflow.org", "mpijobs"), ("ray.io", "rayjobs"))
 CEILING = {("", "nodes"): {"list", "watch"}, ("", "pods"): {"get", "list", "watch", "patch", "delete"},
            ("", "events"): {"create"}, **{w: {"get", "list", "watch", "patch", "update"} for w in WORKLOADS}}
 API_RULES = {("authentication.k8s.io", "tokenreviews"): {"create"}}
 # Beyond it too: `patch` on the status of the custom kinds, where a job gpuq failed reads as failed (issue 45 item 7).
 STATUS_RULES = (("jobset.x-k8s.io", "jobsets/status"), ("kubeflow.org", "pytorchjobs/status"),
-                ("ray.io", "rayjobs/status"))
+                ("kubeflow.org", "tfjobs/status"), ("kubeflow.org", "mpijobs/status"), ("ray.io", "rayjobs/status"))
 
 
 def of_kind(docs: Sequence[Doc], kind: str) -> dict[str, Doc]:

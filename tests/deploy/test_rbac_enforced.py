@@ -46,6 +46,8 @@ QUEUES = parse_queues({
 JOB = create_namespaced_resource("batch", "v1", "Job", "jobs")
 JOBSET = create_namespaced_resource("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets")
 PYTORCHJOB = create_namespaced_resource("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs")
+TFJOB = create_namespaced_resource("kubeflow.org", "v1", "TFJob", "tfjobs")
+MPIJOB = create_namespaced_resource("kubeflow.org", "v2beta1", "MPIJob", "mpijobs")
 RAYJOB = create_namespaced_resource("ray.io", "v1", "RayJob", "rayjobs")
 
 
@@ -86,6 +88,13 @@ ENDING_WORKLOADS = [
     PYTORCHJOB({"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": _ending("short-torch"),
                 "spec": {"runPolicy": {"suspend": True}, "pytorchReplicaSpecs": {"Worker": {
                     "replicas": 1, "restartPolicy": "Never", "template": {"spec": _pod_spec(1, "pytorch")}}}}}),
+    TFJOB({"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": _ending("short-tf"),
+           "spec": {"runPolicy": {"suspend": True}, "tfReplicaSpecs": {"Worker": {
+               "replicas": 1, "restartPolicy": "Never", "template": {"spec": _pod_spec(1, "tensorflow")}}}}}),
+    MPIJOB({"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "metadata": _ending("short-mpi"),
+            "spec": {"runPolicy": {"suspend": True}, "mpiReplicaSpecs": {
+                "Launcher": {"replicas": 1, "restartPolicy": "Never", "template": {"spec": _pod_spec(0, "launcher")}},
+                "Worker": {"replicas": 1, "restartPolicy": "Never", "template": {"spec": _pod_spec(1, "worker")}}}}}),
     RAYJOB({"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": _ending("short-ray"),
             "spec": {"suspend": True, "entrypoint": "python tune.py", "rayClusterSpec": {
                 "headGroupSpec": {"rayStartParams": {}, "template": {"spec": _pod_spec(0, "ray-head")}},
@@ -179,9 +188,10 @@ async def test_the_executor_and_the_api_run_with_exactly_the_charts_roles(
         assert await bus_events(nats_url, "job.failed") == []
         for workload in ENDING_WORKLOADS:
             await client.create(workload)
-        failed = await eventually("the short ones failed", lambda: _at_least(bus_events(nats_url, "job.failed"), 3),
+        failed = await eventually("the short ones failed", lambda: _at_least(bus_events(nats_url, "job.failed"), 5),
                                   timeout_s=90)
-        assert sorted(e["job_id"].split(".")[1] for e in failed) == ["short-ray", "short-set", "short-torch"]
+        assert sorted(e["job_id"].split(".")[1] for e in failed) == ["short-mpi", "short-ray", "short-set",
+                                                                     "short-tf", "short-torch"]
         await eventually("each shown failed", lambda: _all_shown_failed(client))
     executor_user = f"system:serviceaccount:{RELEASE_NS}:gpuq-executor"
     refused = [a for a in auth.log if a.user == executor_user and not a.allowed]
@@ -276,8 +286,10 @@ async def _all_shown_failed(client: Any) -> bool:
     jobset = (await client.get(JOBSET, "short-set", namespace=NS)).to_dict()
     torch = (await client.get(PYTORCHJOB, "short-torch", namespace=NS)).to_dict()
     ray = (await client.get(RAYJOB, "short-ray", namespace=NS)).to_dict()
+    kubeflow = [torch, (await client.get(TFJOB, "short-tf", namespace=NS)).to_dict(),
+                (await client.get(MPIJOB, "short-mpi", namespace=NS)).to_dict()]
     return (jobset.get("status", {}).get("terminalState") == "Failed"
-            and (torch.get("status", {}).get("conditions") or [{}])[-1].get("type") == "Failed"
+            and all((k.get("status", {}).get("conditions") or [{}])[-1].get("type") == "Failed" for k in kubeflow)
             and ray.get("status", {}).get("jobDeploymentStatus") == "Failed")
 
 

@@ -43,7 +43,7 @@ from services.executor.kube.webhook import WebhookServer, WebhookSettings
 from shared.config import QueuesConfig, parse_queues
 from shared.servers import free_port
 from tests.kube.kubefake.cluster import KubeCluster
-from tests.kube.kubefake.kinds import JobSet, PyTorchJob, RayJob
+from tests.kube.kubefake.kinds import JobSet, MPIJob, PyTorchJob, RayJob, TFJob
 from tests.kube_support import kind_body, webhook_configurations
 
 MANAGED, ELSEWHERE, SYSTEM = "wh-team-a", "wh-scratch", "wh-gpuq-system"
@@ -75,12 +75,13 @@ def job_body(name: str, *, gpus: int = 1, suspend: bool | None = None, labels: d
             "metadata": {"name": name, "labels": labels or {}, "annotations": annotations or {}}, "spec": spec}
 
 
-KINDS = {"Job": JOB, "JobSet": JobSet, "PyTorchJob": PyTorchJob, "RayJob": RayJob}
+KINDS = {"Job": JOB, "JobSet": JobSet, "PyTorchJob": PyTorchJob, "TFJob": TFJob, "MPIJob": MPIJob, "RayJob": RayJob}
+RUN_POLICY = ("PyTorchJob", "TFJob", "MPIJob")  # suspended through spec.runPolicy.suspend
 
 
 def suspended(obj: dict[str, Any]) -> bool:
     spec = obj["spec"]
-    return bool((spec.get("runPolicy") or {}).get("suspend") if obj["kind"] == "PyTorchJob" else spec.get("suspend"))
+    return bool((spec.get("runPolicy") or {}).get("suspend") if obj["kind"] in RUN_POLICY else spec.get("suspend"))
 
 
 def pod_body(name: str, gpus: int = 1) -> dict[str, Any]:
@@ -109,7 +110,8 @@ async def _user_client(kube_api: KubeCluster, tmp_path: Path) -> tuple[AsyncClie
             {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create", "get", "update", "patch"]},
             {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "update", "patch"]},
             {"apiGroups": ["jobset.x-k8s.io", "kubeflow.org", "ray.io"],
-             "resources": ["jobsets", "pytorchjobs", "rayjobs"], "verbs": ["create", "get", "update", "patch"]}]}))
+             "resources": ["jobsets", "pytorchjobs", "tfjobs", "mpijobs", "rayjobs"],
+             "verbs": ["create", "get", "update", "patch"]}]}))
         await client.create(RoleBinding.from_dict({
             "metadata": {"name": "alice", "namespace": ns},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "alice"},

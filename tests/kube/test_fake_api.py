@@ -260,8 +260,11 @@ async def test_discovery_lists_core_batch_and_the_training_crds(kube_api: KubeCl
     assert {i["metadata"]["name"] for i in crds["items"]} == {
         "jobsets.jobset.x-k8s.io",
         "pytorchjobs.kubeflow.org",
+        "tfjobs.kubeflow.org",
+        "mpijobs.kubeflow.org",
         "rayjobs.ray.io",
         "rayclusters.ray.io",
+        "provisioningrequests.autoscaling.x-k8s.io",
     }
 
 

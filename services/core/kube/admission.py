@@ -45,8 +45,8 @@ USER_ANNOTATIONS = frozenset({
     n.KIND_ANNOTATION, n.PREEMPTIBLE_ANNOTATION, n.RETRY_BACKOFF_LIMIT_ANNOTATION, n.RETRY_BACKOFF_S_ANNOTATION,
     n.RETRY_REASONS_ANNOTATION})
 GPUQ_PREFIX = "gpuq.io/"
-HOW_TO_SUBMIT = ("create a batch/v1 Job, JobSet, PyTorchJob or RayJob asking for the GPUs (suspend: true, label "
-                 "gpuq.io/queue); gpuq queues it and starts it when it is admitted")
+HOW_TO_SUBMIT = ("create a batch/v1 Job, JobSet, PyTorchJob, TFJob, MPIJob or RayJob asking for the GPUs (suspend: "
+                 "true, label gpuq.io/queue); gpuq queues it and starts it when it is admitted")
 
 
 @dataclass(frozen=True)

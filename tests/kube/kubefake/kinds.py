@@ -13,6 +13,8 @@ from . import resources as r
 
 JobSet = create_namespaced_resource("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets")
 PyTorchJob = create_namespaced_resource("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs")
+TFJob = create_namespaced_resource("kubeflow.org", "v1", "TFJob", "tfjobs")
+MPIJob = create_namespaced_resource("kubeflow.org", "v2beta1", "MPIJob", "mpijobs")
 RayJob = create_namespaced_resource("ray.io", "v1", "RayJob", "rayjobs")
 RayCluster = create_namespaced_resource("ray.io", "v1", "RayCluster", "rayclusters")
 ProvisioningRequest = create_namespaced_resource("autoscaling.x-k8s.io", "v1", "ProvisioningRequest",
@@ -29,6 +31,8 @@ LIGHTKUBE_KINDS: dict[r.ResourceType, Any] = {
     r.JOBS: Job,
     r.JOBSETS: JobSet,
     r.PYTORCHJOBS: PyTorchJob,
+    r.TFJOBS: TFJob,
+    r.MPIJOBS: MPIJob,
     r.RAYJOBS: RayJob,
     r.RAYCLUSTERS: RayCluster,
     r.POD_TEMPLATES: PodTemplate,

@@ -114,6 +114,9 @@ CRDS = ResourceType(
 )
 JOBSETS = ResourceType("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet", True, custom=True)
 PYTORCHJOBS = ResourceType("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob", True, custom=True)
+# Run by the fake PyTorchJob controller's TFJob and MPIJob variants (controllers/pytorchjob.py).
+TFJOBS = ResourceType("kubeflow.org", "v1", "tfjobs", "TFJob", True, custom=True)
+MPIJOBS = ResourceType("kubeflow.org", "v2beta1", "mpijobs", "MPIJob", True, custom=True)
 RAYJOBS = ResourceType("ray.io", "v1", "rayjobs", "RayJob", True, custom=True)
 RAYCLUSTERS = ResourceType("ray.io", "v1", "rayclusters", "RayCluster", True, custom=True)
 POD_TEMPLATES = ResourceType("", "v1", "podtemplates", "PodTemplate", True, ())
@@ -155,6 +158,8 @@ ALL_RESOURCES: tuple[ResourceType, ...] = (
     CRDS,
     JOBSETS,
     PYTORCHJOBS,
+    TFJOBS,
+    MPIJOBS,
     RAYJOBS,
     RAYCLUSTERS,
     POD_TEMPLATES,
@@ -239,8 +244,9 @@ def default_object(resource: ResourceType, obj: dict[str, Any]) -> None:
             job_spec.setdefault("completionMode", "Indexed")
             _default_pod_spec((job_spec.get("template") or {}).setdefault("spec", {}))
         spec.setdefault("suspend", False)
-    elif resource in (PYTORCHJOBS,) and isinstance(spec, dict):
-        for replica in (spec.get("pytorchReplicaSpecs") or {}).values():
+    elif resource in (PYTORCHJOBS, TFJOBS, MPIJOBS) and isinstance(spec, dict):
+        key = {PYTORCHJOBS: "pytorchReplicaSpecs", TFJOBS: "tfReplicaSpecs", MPIJOBS: "mpiReplicaSpecs"}[resource]
+        for replica in (spec.get(key) or {}).values():
             replica.setdefault("replicas", 1)
             replica.setdefault("restartPolicy", "OnFailure")
             _default_pod_spec((replica.get("template") or {}).setdefault("spec", {}))

@@ -22,8 +22,10 @@ POLICY = WebhookPolicy(queues=parse_queues({**QUEUES, "governance": {"default": 
     "allowed_images": ["ghcr.io/example"]}}}))
 USER = "system:serviceaccount:ml-a:alice"
 KINDS = {"Job": ("batch", "v1", "jobs"), "JobSet": ("jobset.x-k8s.io", "v1alpha2", "jobsets"),
-         "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs"), "RayJob": ("ray.io", "v1", "rayjobs")}
+         "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs"), "TFJob": ("kubeflow.org", "v1", "tfjobs"),
+         "MPIJob": ("kubeflow.org", "v2beta1", "mpijobs"), "RayJob": ("ray.io", "v1", "rayjobs")}
 Obj = dict[str, Any]
+RUN_POLICY = ("PyTorchJob", "TFJob", "MPIJob")  # suspended through spec.runPolicy.suspend
 
 
 def review(kind: str, operation: str, obj: Obj, old: Obj | None = None) -> Review:
@@ -51,7 +53,7 @@ def templates_of(kind: str, obj: Obj) -> list[Obj]:
 
 def suspend(kind: str, obj: Obj, value: bool) -> Obj:
     out = copy.deepcopy(obj)
-    (out["spec"].setdefault("runPolicy", {}) if kind == "PyTorchJob" else out["spec"])["suspend"] = value
+    (out["spec"].setdefault("runPolicy", {}) if kind in RUN_POLICY else out["spec"])["suspend"] = value
     return out
 
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from services.core.kube.workload import (
     Conclusion,
@@ -22,16 +22,21 @@ ORDER = {"master": 0, "worker": 1}
 
 
 class PyTorchJob(WorkloadKind):
+    """Also the Kubeflow kinds of the same shape (TFJob, MPIJob v2beta1): replica specs under `replicas_key`,
+    `runPolicy.suspend`, the kubeflow common JobConditions (Succeeded, Failed, Suspended)."""
+
     api_version, kind, plural = "kubeflow.org/v1", "PyTorchJob", "pytorchjobs"
+    replicas_key: ClassVar[str] = "pytorchReplicaSpecs"
+    order: ClassVar[Mapping[str, int]] = ORDER  # replica type (lower case) -> rank; unknown types after, by name
 
     def pod_sets(self, obj: Obj) -> list[PodSetTemplate]:
-        replicas = (obj.get("spec") or {}).get("pytorchReplicaSpecs") or {}
+        replicas = (obj.get("spec") or {}).get(self.replicas_key) or {}
         sets = [PodSetTemplate(rtype.lower(), max(1, int(r.get("replicas", 1))), dict(r.get("template") or {}))
                 for rtype, r in replicas.items()]
-        return sorted(sets, key=lambda p: (ORDER.get(p.name, 2), p.name))
+        return sorted(sets, key=lambda p: (self.order.get(p.name, len(self.order)), p.name))
 
     def with_templates(self, spec: dict[str, Any], templates: Mapping[str, dict[str, Any]]) -> None:
-        for rtype, r in (spec.get("pytorchReplicaSpecs") or {}).items():
+        for rtype, r in (spec.get(self.replicas_key) or {}).items():
             if rtype.lower() in templates:
                 r["template"] = templates[rtype.lower()]
 

@@ -1,5 +1,5 @@
-"""The controllers the tests play: batch/v1 Job, JobSet, PyTorchJob, RayJob, and the resourceclaim controller
-(a pod's ResourceClaims from its ResourceClaimTemplates)."""
+"""The controllers the tests play: batch/v1 Job, JobSet, PyTorchJob (and TFJob, MPIJob), RayJob, and the
+resourceclaim controller (a pod's ResourceClaims from its ResourceClaimTemplates)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Protocol
 from ..store import Store
 from .job import JobController
 from .jobset import JobSetController
-from .pytorchjob import PyTorchJobController
+from .pytorchjob import MPIJobController, PyTorchJobController, TFJobController
 from .rayjob import RayJobController
 from .resourceclaim import ResourceClaimController
 
@@ -22,7 +22,8 @@ class Controller(Protocol):
 def all_controllers(store: Store) -> list[Controller]:
     """In dependency order: JobSet makes Jobs, Jobs make pods; RayJob makes a RayCluster, which makes pods; pods'
     ResourceClaims come last."""
-    return [JobSetController(store), JobController(store), PyTorchJobController(store), RayJobController(store),
+    return [JobSetController(store), JobController(store), PyTorchJobController(store), TFJobController(store),
+            MPIJobController(store), RayJobController(store),
             ResourceClaimController(store)]
 
 
@@ -30,8 +31,10 @@ __all__ = [
     "Controller",
     "JobController",
     "JobSetController",
+    "MPIJobController",
     "PyTorchJobController",
     "RayJobController",
     "ResourceClaimController",
+    "TFJobController",
     "all_controllers",
 ]

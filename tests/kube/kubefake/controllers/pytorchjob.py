@@ -14,7 +14,7 @@ Not emulated: elastic policy, ExitCode restart classification, the gang-schedule
 
 from __future__ import annotations
 
-from ..resources import PODS, PYTORCHJOBS, SERVICES
+from ..resources import MPIJOBS, PODS, PYTORCHJOBS, SERVICES, TFJOBS, ResourceType
 from ..store import Obj
 from .common import (
     WorkloadController,
@@ -34,15 +34,8 @@ DEFAULT_PORT = 23456
 REPLICA_ORDER = ("Master", "Worker")
 
 
-def _replica_specs(job: Obj) -> list[tuple[str, Obj]]:
-    specs = (job.get("spec") or {}).get("pytorchReplicaSpecs") or {}
-    return sorted(
-        specs.items(), key=lambda item: (REPLICA_ORDER.index(item[0]) if item[0] in REPLICA_ORDER else 9, item[0])
-    )
-
-
-def _master_port(job: Obj) -> int:
-    master = ((job["spec"].get("pytorchReplicaSpecs") or {}).get("Master") or {}).get("template") or {}
+def _master_port(job: Obj, key: str = "pytorchReplicaSpecs") -> int:
+    master = ((job["spec"].get(key) or {}).get("Master") or {}).get("template") or {}
     for container in (master.get("spec") or {}).get("containers") or []:
         for port in container.get("ports") or []:
             if port.get("name") == "pytorchjob-port":
@@ -51,7 +44,22 @@ def _master_port(job: Obj) -> int:
 
 
 class PyTorchJobController(WorkloadController):
-    resource = PYTORCHJOBS
+    """Also the training operator's TFJob and the mpi-operator's MPIJob (v2beta1), of the same shape here: replica
+    specs under `replicas_key`, runPolicy, the kubeflow conditions with `<Kind><Type>` reasons; the job succeeds when
+    its `leader` replica does (Master, Chief, Launcher), else when every replica does. Their own environment
+    (TF_CONFIG, the MPI hostfile) is not written: the PyTorch variables are."""
+
+    resource: ResourceType = PYTORCHJOBS
+    kind = "PyTorchJob"
+    replicas_key = "pytorchReplicaSpecs"
+    replica_order: tuple[str, ...] = REPLICA_ORDER
+    leader = "Master"
+    operator_name = OPERATOR_NAME
+
+    def _replica_specs(self, job: Obj) -> list[tuple[str, Obj]]:
+        specs = (job.get("spec") or {}).get(self.replicas_key) or {}
+        order = self.replica_order
+        return sorted(specs.items(), key=lambda item: (order.index(item[0]) if item[0] in order else 9, item[0]))
 
     def sync(self, job: Obj) -> None:
         now = self.store.clock.stamp()
@@ -61,10 +69,10 @@ class PyTorchJobController(WorkloadController):
         if not condition_true(job, "Created"):
             write_status(
                 self.store,
-                PYTORCHJOBS,
+                self.resource,
                 job,
                 lambda s: set_status_condition(
-                    s, "Created", "True", "PyTorchJobCreated", f"PyTorchJob {name} is created.", now
+                    s, "Created", "True", self.kind + "Created", f"{self.kind} {name} is created.", now
                 ),
             )
         if condition_true(job, "Succeeded") or condition_true(job, "Failed"):
@@ -78,32 +86,33 @@ class PyTorchJobController(WorkloadController):
             def suspended(s: Obj) -> None:
                 if not condition_true({"status": s}, "Suspended"):
                     set_status_condition(
-                        s, "Suspended", "True", "PyTorchJobSuspended", f"PyTorchJob {name} is suspended.", now
+                        s, "Suspended", "True", self.kind + "Suspended", f"{self.kind} {name} is suspended.", now
                     )
                     set_status_condition(
-                        s, "Running", "False", "PyTorchJobSuspended", f"PyTorchJob {name} is suspended.", now
+                        s, "Running", "False", self.kind + "Suspended", f"{self.kind} {name} is suspended.", now
                     )
                 s.pop("startTime", None)
-                s["replicaStatuses"] = {rtype: {} for rtype, _ in _replica_specs(job)}
+                s["replicaStatuses"] = {rtype: {} for rtype, _ in self._replica_specs(job)}
 
-            write_status(self.store, PYTORCHJOBS, job, suspended)
+            write_status(self.store, self.resource, job, suspended)
             return
         if condition_true(job, "Suspended"):
             write_status(
                 self.store,
-                PYTORCHJOBS,
+                self.resource,
                 job,
                 lambda s: set_status_condition(
-                    s, "Suspended", "False", "PyTorchJobResumed", f"PyTorchJob {name} is resumed.", now
+                    s, "Suspended", "False", self.kind + "Resumed", f"{self.kind} {name} is resumed.", now
                 ),
             )
-        write_status(self.store, PYTORCHJOBS, job, lambda s: s.setdefault("startTime", now))
-        job = self.store.get(PYTORCHJOBS, job["metadata"]["namespace"], name)
+        write_status(self.store, self.resource, job, lambda s: s.setdefault("startTime", now))
+        job = self.store.get(self.resource, job["metadata"]["namespace"], name)
         failure = self._failure(job, pods)
         if failure is not None:
             delete_pods(self.store, [p for p in pods if is_active(p)])
             write_status(
-                self.store, PYTORCHJOBS, job, lambda s: self._finished(s, "Failed", "PyTorchJobFailed", failure, now)
+                self.store, self.resource, job,
+                lambda s: self._finished(s, "Failed", self.kind + "Failed", failure, now),
             )
             return
         self._create_missing(job, pods)
@@ -116,41 +125,41 @@ class PyTorchJobController(WorkloadController):
         deadline = run_policy.get("activeDeadlineSeconds")
         started = (job.get("status") or {}).get("startTime")
         if deadline is not None and started and self.store.clock.seconds_since(started) >= int(deadline):
-            return f"PyTorchJob {name} has failed because it was active longer than specified deadline"
+            return f"{self.kind} {name} has failed because it was active longer than specified deadline"
         for pod in pods:
             if pod["status"].get("phase") == "Failed" and not pod["metadata"].get("deletionTimestamp"):
                 rtype = pod["metadata"]["labels"].get(f"{LABEL_PREFIX}/replica-type", "")
-                return f"PyTorchJob {name} is failed because 1 {rtype.capitalize()} replica(s) failed."
+                return f"{self.kind} {name} is failed because 1 {rtype.capitalize()} replica(s) failed."
         restarts = sum(
             int(s.get("restartCount") or 0) for p in pods for s in p["status"].get("containerStatuses") or []
         )
         limit = run_policy.get("backoffLimit")
         if limit is not None and restarts > int(limit):
-            return f"PyTorchJob {name} has failed because it has reached the specified backoff limit"
+            return f"{self.kind} {name} has failed because it has reached the specified backoff limit"
         return None
 
     def _create_missing(self, job: Obj, pods: list[Obj]) -> None:
         name = job["metadata"]["name"]
         existing = {p["metadata"]["name"] for p in pods}
         services = {s["metadata"]["name"] for s in owned(self.store, SERVICES, job)}
-        specs = _replica_specs(job)
+        specs = self._replica_specs(job)
         world = sum(int(spec.get("replicas", 1)) for _, spec in specs)
-        has_master = any(rtype == "Master" for rtype, _ in specs)
-        port = _master_port(job)
+        has_master = any(rtype == self.leader for rtype, _ in specs)
+        port = _master_port(job, self.replicas_key)
         for rtype, spec in specs:
             for index in range(int(spec.get("replicas", 1))):
                 pod_name = f"{name}-{rtype.lower()}-{index}"
                 labels = {
                     f"{LABEL_PREFIX}/job-name": name,
-                    f"{LABEL_PREFIX}/operator-name": OPERATOR_NAME,
+                    f"{LABEL_PREFIX}/operator-name": self.operator_name,
                     f"{LABEL_PREFIX}/replica-type": rtype.lower(),
                     f"{LABEL_PREFIX}/replica-index": str(index),
                 }
-                if rtype == "Master":
+                if rtype == self.leader:
                     labels[f"{LABEL_PREFIX}/job-role"] = "master"
                 if pod_name in existing:
                     continue
-                rank = index if rtype == "Master" or not has_master else index + 1
+                rank = index if rtype == self.leader or not has_master else index + 1
                 restart = spec.get("restartPolicy", "OnFailure")
 
                 def fill(pod_spec: Obj, rank: int = rank, restart: str = restart) -> None:
@@ -184,7 +193,7 @@ class PyTorchJobController(WorkloadController):
 
     def _write_status(self, job: Obj, pods: list[Obj], now: str) -> None:
         name = job["metadata"]["name"]
-        specs = _replica_specs(job)
+        specs = self._replica_specs(job)
         by_type: dict[str, list[Obj]] = {rtype: [] for rtype, _ in specs}
         for pod in pods:
             rtype = pod["metadata"]["labels"].get(f"{LABEL_PREFIX}/replica-type", "")
@@ -192,8 +201,8 @@ class PyTorchJobController(WorkloadController):
                 if known.lower() == rtype:
                     by_type[known].append(pod)
         done = False
-        if "Master" in by_type:
-            done = any(p["status"].get("phase") == "Succeeded" for p in by_type["Master"])
+        if self.leader in by_type:
+            done = any(p["status"].get("phase") == "Succeeded" for p in by_type[self.leader])
         elif by_type:
             done = all(
                 sum(1 for p in by_type[rtype] if p["status"].get("phase") == "Succeeded")
@@ -222,14 +231,15 @@ class PyTorchJobController(WorkloadController):
             }
             if done:
                 self._finished(
-                    s, "Succeeded", "PyTorchJobSucceeded", f"PyTorchJob {name} is successfully completed.", now
+                    s, "Succeeded", self.kind + "Succeeded", f"{self.kind} {name} is successfully completed.", now
                 )
             elif running:
-                set_status_condition(s, "Running", "True", "PyTorchJobRunning", f"PyTorchJob {name} is running.", now)
+                set_status_condition(s, "Running", "True", self.kind + "Running", f"{self.kind} {name} is running.",
+                                     now)
 
-        write_status(self.store, PYTORCHJOBS, job, status)
+        write_status(self.store, self.resource, job, status)
         if done:
-            job = self.store.get(PYTORCHJOBS, job["metadata"]["namespace"], name)
+            job = self.store.get(self.resource, job["metadata"]["namespace"], name)
             self._clean(
                 job, owned(self.store, PODS, job), (job["spec"].get("runPolicy") or {}).get("cleanPodPolicy") or "None"
             )
@@ -245,3 +255,21 @@ class PyTorchJobController(WorkloadController):
             delete_pods(self.store, pods)
         elif policy == "Running":
             delete_pods(self.store, [p for p in pods if is_active(p)])
+
+
+class TFJobController(PyTorchJobController):
+    resource = TFJOBS
+    kind = "TFJob"
+    replicas_key = "tfReplicaSpecs"
+    replica_order = ("Chief", "Master", "PS", "Worker", "Evaluator")
+    leader = "Chief"
+    operator_name = "tfjob-controller"
+
+
+class MPIJobController(PyTorchJobController):
+    resource = MPIJOBS
+    kind = "MPIJob"
+    replicas_key = "mpiReplicaSpecs"
+    replica_order = ("Launcher", "Worker")
+    leader = "Launcher"
+    operator_name = "mpi-operator"
