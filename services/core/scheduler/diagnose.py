@@ -71,9 +71,9 @@ def _taint(t: Taint) -> str:
     return f"{key}={value}:{effect}" if value else f"{key}:{effect}"
 
 
-def _check_pod_set(state: ClusterIndex, spec: JobSpec, req: PodReq, elig: Eligibility,
-                   exclude: Mapping[str, Exclusion] | None) -> Unplaceable | None:
-    jid = spec.job_id
+def _shaped(state: ClusterIndex, req: PodReq, jid: str) -> list[NodeClass] | Unplaceable:
+    """The node classes whose GPUs have the pod set's shape (its models; MIG slices of its profile, shared GPUs of
+    its isolation, or whole GPUs), or why none has."""
     classes = sorted(state.classes.values(), key=lambda c: repr(c.key))
     of_model = [c for c in classes if not req.models or c.model in req.models]
     if req.mig:
@@ -108,6 +108,15 @@ def _check_pod_set(state: ClusterIndex, spec: JobSpec, req: PodReq, elig: Eligib
             where = f"a {_models(req.models)} node" if req.models else "a node"
             return Unplaceable(jid, Reason.NO_GPU_MODEL,
                                f"pod set {req.pod_set} needs {where}; the cluster has {_inventory(state)}")
+    return shaped
+
+
+def _check_pod_set(state: ClusterIndex, spec: JobSpec, req: PodReq, elig: Eligibility,
+                   exclude: Mapping[str, Exclusion] | None) -> Unplaceable | None:
+    jid = spec.job_id
+    shaped = _shaped(state, req, jid)
+    if isinstance(shaped, Unplaceable):
+        return shaped
     keys = {k for _, k in elig}
     tolerated = [c for c in shaped if c.key in keys]
     if not tolerated:
