@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -103,31 +103,10 @@ def end_of(r: JobRecord) -> float:
     return r.end
 
 
-def compute_metrics(res: SimResult, sim_wall_s: float, isolated: dict[str, float] | None = None) -> dict[str, Any]:
-    trace = res.trace
-    recs = [res.records[j.job_id] for j in trace.jobs]
-    end = max(res.end_time, 1.0)
-    capacity_milli = trace.capacity_gpus * 1000
-    isolated = isolated if isolated is not None else isolated_finish_times(trace)
-
-    def wait_of(r: JobRecord) -> float:
-        return (r.start if r.start is not None else end) - r.job.submit_time
-
-    considered = [r for r in recs if r.rejected is None]
-    completed = [r for r in considered if r.end is not None]
-    waits = [wait_of(r) for r in considered]
-    jcts = [end_of(r) - r.job.submit_time for r in completed]
-    # The replay window is the submission window [first, last submit]: while work arrives the policies
-    # compete; the drain after the last arrival (a few very long jobs) is the same for all of them.
-    window = max(1.0, float(trace.jobs[-1].submit_time)) if trace.jobs else 1.0
-    alloc, busy = _integrals(res, window)
-    denom = capacity_milli * window if capacity_milli else 1.0
-    alloc_all, busy_all = _integrals(res, end)
-    delivered = sum(trace.gpu_milli(r.job) * r.job.duration for r in completed) / 1000 / 3600
-
-    rho = {r.job.job_id: (end_of(r) - r.job.submit_time) / max(1.0, isolated[r.job.job_id])
-           for r in completed}
-
+def _per_team(trace: Trace, recs: Sequence[JobRecord], considered: Sequence[JobRecord],
+              completed: Sequence[JobRecord], rho: Mapping[str, float], end: float, window: float,
+              wait_of: Callable[[JobRecord], float]) -> tuple[dict[str, dict[str, Any]], list[float]]:
+    """Per team: jobs, waits, GPU-hours, quota and usage shares; and each team's mean 1/rho (for Jain's index)."""
     nominal: dict[str, int] = {q.name: sum(f.nominal for f in q.quotas.values()) for q in trace.queues.queues}
     total_nominal = sum(nominal.values()) or 1
     teams = sorted({r.job.team for r in recs})
@@ -158,12 +137,48 @@ def compute_metrics(res: SimResult, sim_wall_s: float, isolated: dict[str, float
         inv = [min(1.0, 1.0 / rho[r.job.job_id]) for r in rs if r.job.job_id in rho]
         if inv:
             team_x.append(sum(inv) / len(inv))
+    return per_team, team_x
+
+
+def _per_class(recs: Sequence[JobRecord], considered: Sequence[JobRecord],
+               wait_of: Callable[[JobRecord], float]) -> dict[str, dict[str, Any]]:
+    """Per priority class: jobs, how many were preempted, waits."""
     per_class: dict[str, dict[str, Any]] = {}
     for c in sorted({r.job.priority_class for r in recs}):
         rs = [r for r in considered if r.job.priority_class == c]
         w = [wait_of(r) for r in rs]
         per_class[c] = {"jobs": len(rs), "preempted": sum(1 for r in rs if r.preemptions),
                         "avg_wait_s": _mean(w), "p99_wait_s": _pct(w, 99)}
+    return per_class
+
+
+def compute_metrics(res: SimResult, sim_wall_s: float, isolated: dict[str, float] | None = None) -> dict[str, Any]:
+    trace = res.trace
+    recs = [res.records[j.job_id] for j in trace.jobs]
+    end = max(res.end_time, 1.0)
+    capacity_milli = trace.capacity_gpus * 1000
+    isolated = isolated if isolated is not None else isolated_finish_times(trace)
+
+    def wait_of(r: JobRecord) -> float:
+        return (r.start if r.start is not None else end) - r.job.submit_time
+
+    considered = [r for r in recs if r.rejected is None]
+    completed = [r for r in considered if r.end is not None]
+    waits = [wait_of(r) for r in considered]
+    jcts = [end_of(r) - r.job.submit_time for r in completed]
+    # The replay window is the submission window [first, last submit]: while work arrives the policies
+    # compete; the drain after the last arrival (a few very long jobs) is the same for all of them.
+    window = max(1.0, float(trace.jobs[-1].submit_time)) if trace.jobs else 1.0
+    alloc, busy = _integrals(res, window)
+    denom = capacity_milli * window if capacity_milli else 1.0
+    alloc_all, busy_all = _integrals(res, end)
+    delivered = sum(trace.gpu_milli(r.job) * r.job.duration for r in completed) / 1000 / 3600
+
+    rho = {r.job.job_id: (end_of(r) - r.job.submit_time) / max(1.0, isolated[r.job.job_id])
+           for r in completed}
+
+    per_team, team_x = _per_team(trace, recs, considered, completed, rho, end, window, wait_of)
+    per_class = _per_class(recs, considered, wait_of)
     frag = [v for _, v in res.fragmentation]
     rhos = sorted(rho.values())
     return {
