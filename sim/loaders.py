@@ -299,25 +299,8 @@ QOS_PRIORITY = {"LS": "high", "Guaranteed": "high", "Burstable": "normal", "BE":
 OPENB_SHARING = ("round", "time-slicing", "mps")
 
 
-def load_openb(pods_path: Path, *, nodes_path: Path | None = None, topology_path: Path | None = None,
-               window: Window = Window(), seed: int = 0, sharing: str = "round") -> Trace:
-    """Alibaba openb pod list (one pod = one job) with its node list.
-
-    `sharing` "round" (the default, the old replay): fractional GPUs (`gpu_milli` < 1000) become MIG-like slices:
-    a pod asking <= 500 milli-GPU takes one half-GPU slice (profile `half`) on a shared node; a larger fraction
-    takes a whole GPU (two halves cannot be combined). Per model, nodes are set aside as shared nodes (2 slices per
-    GPU) in proportion to the slice demand of the trace (GPU-seconds asked as slices ÷ all GPU-seconds), rounded.
-    `sharing` "time-slicing" or "mps": a fractional pod asks its fraction (`gpu_fraction` = gpu_milli / 1000), and
-    the nodes set aside the same way (in proportion to the GPU-seconds the fractions need: a fraction above one half
-    counts a whole GPU, as no two such pods share one) share their GPUs in
-    that mode, with as many replicas per GPU as the smallest fraction of the trace allows (1000 // its
-    gpu_milli); quotas get `<model>:gpu-share` (the shared GPUs × 1000). CPU-only pods are dropped. Duration =
-    deletion - scheduled time (creation time when never scheduled). qos -> priority: LS/Guaranteed = high,
-    Burstable = normal, BE = low. `gpu_spec` is the any-of model list."""
-    if sharing not in OPENB_SHARING:
-        raise TraceError(f"unknown GPU sharing {sharing!r} for openb; choose from {', '.join(OPENB_SHARING)}")
-    fractions = sharing != "round"
-    nodes_path = nodes_path or pods_path.with_name("openb_node_list_gpu_node.csv")
+def _openb_jobs(pods_path: Path, window: Window, seed: int, fractions: bool) -> tuple[list[TraceJob], int]:
+    """openb's GPU pods as jobs (load_openb says how each maps), and how many CPU-only pods were dropped."""
     jobs: list[TraceJob] = []
     cpu_only = 0
     with _open(pods_path) as fh:
@@ -353,6 +336,48 @@ def load_openb(pods_path: Path, *, nodes_path: Path | None = None, topology_path
                 ))
             except (KeyError, ValueError) as exc:
                 raise TraceError(f"{pods_path}: line {lineno}: {exc}") from None
+    return jobs, cpu_only
+
+
+def _narrow_to_shared(jobs: list[TraceJob], shared_models: tuple[str, ...]) -> int:
+    """A fractional pod may only land on a model that has shared nodes: its any-of list is narrowed to those models
+    (in place); when none is left it takes a whole GPU instead. Returns how many pods were narrowed."""
+    narrowed = 0
+    for i, j in enumerate(jobs):
+        if j.mig_profile is None and not j.share_milli:
+            continue
+        models = tuple(m for m in (j.gpu_models or shared_models) if m in shared_models)
+        if not models:
+            jobs[i] = replace(j, mig_profile=None, share_milli=0)
+            narrowed += 1
+        elif models != (j.gpu_models or shared_models):
+            jobs[i] = replace(j, gpu_models=models)
+            narrowed += 1
+        else:
+            jobs[i] = replace(j, gpu_models=models)
+    return narrowed
+
+
+def load_openb(pods_path: Path, *, nodes_path: Path | None = None, topology_path: Path | None = None,
+               window: Window = Window(), seed: int = 0, sharing: str = "round") -> Trace:
+    """Alibaba openb pod list (one pod = one job) with its node list.
+
+    `sharing` "round" (the default, the old replay): fractional GPUs (`gpu_milli` < 1000) become MIG-like slices:
+    a pod asking <= 500 milli-GPU takes one half-GPU slice (profile `half`) on a shared node; a larger fraction
+    takes a whole GPU (two halves cannot be combined). Per model, nodes are set aside as shared nodes (2 slices per
+    GPU) in proportion to the slice demand of the trace (GPU-seconds asked as slices ÷ all GPU-seconds), rounded.
+    `sharing` "time-slicing" or "mps": a fractional pod asks its fraction (`gpu_fraction` = gpu_milli / 1000), and
+    the nodes set aside the same way (in proportion to the GPU-seconds the fractions need: a fraction above one half
+    counts a whole GPU, as no two such pods share one) share their GPUs in
+    that mode, with as many replicas per GPU as the smallest fraction of the trace allows (1000 // its
+    gpu_milli); quotas get `<model>:gpu-share` (the shared GPUs × 1000). CPU-only pods are dropped. Duration =
+    deletion - scheduled time (creation time when never scheduled). qos -> priority: LS/Guaranteed = high,
+    Burstable = normal, BE = low. `gpu_spec` is the any-of model list."""
+    if sharing not in OPENB_SHARING:
+        raise TraceError(f"unknown GPU sharing {sharing!r} for openb; choose from {', '.join(OPENB_SHARING)}")
+    fractions = sharing != "round"
+    nodes_path = nodes_path or pods_path.with_name("openb_node_list_gpu_node.csv")
+    jobs, cpu_only = _openb_jobs(pods_path, window, seed, fractions)
     jobs, _t0 = _rebase(jobs)
     if fractions:
         # GPU-seconds the fractions need: a pod above half a GPU shares its GPU with no other such pod, so it
@@ -368,19 +393,7 @@ def load_openb(pods_path: Path, *, nodes_path: Path | None = None, topology_path
     # A fractional pod may only land on a model that has shared nodes: its any-of list is narrowed to those
     # models (empty list = any of them); when none is left it takes a whole GPU instead.
     shared_models = tuple(sorted({n.gpu_model for n in nodes if n.mig is not None or n.sharing is not None}))
-    narrowed = 0
-    for i, j in enumerate(jobs):
-        if j.mig_profile is None and not j.share_milli:
-            continue
-        models = tuple(m for m in (j.gpu_models or shared_models) if m in shared_models)
-        if not models:
-            jobs[i] = replace(j, mig_profile=None, share_milli=0)
-            narrowed += 1
-        elif models != (j.gpu_models or shared_models):
-            jobs[i] = replace(j, gpu_models=models)
-            narrowed += 1
-        else:
-            jobs[i] = replace(j, gpu_models=models)
+    narrowed = _narrow_to_shared(jobs, shared_models)
     if topology_path is not None:
         nodes = apply_topology(nodes, load_topology_csv(topology_path))
     # Quota per resource as the admission core names them: whole GPUs under the model, slices of shared
