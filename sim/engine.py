@@ -114,125 +114,145 @@ class Engine:
     def run(self) -> SimResult:
         trace, policy = self.trace, self.policy
         policy.setup(trace)
-        records = {j.job_id: JobRecord(job=j, remaining=float(j.duration)) for j in trace.jobs}
-        epoch = dict.fromkeys(records, 0)  # completion events carry the epoch; a preemption bumps it
-        heap: list[tuple[float, int, int, str, int]] = []  # (time, kind, seq, job_id, epoch)
-        seq = 0
-        for j in trace.jobs:
-            heap.append((float(j.submit_time), ARRIVAL, seq, j.job_id, 0))
-            seq += 1
-        for f in self.failures:
-            heap.append((float(f.down_at), NODE_DOWN, seq, f.node, 0))
-            heap.append((float(f.up_at), NODE_UP, seq + 1, f.node, 0))
-            seq += 2
-        heapq.heapify(heap)
-        notices = {(f.down_at, f.node): f for f in self.failures if f.notice_s}  # spot interruptions
-        running: dict[str, float] = {}  # job_id -> milli-GPUs of a running gang
-        busy = 0
+        replay = _Replay(trace, policy, self.failures)
         samples: list[Sample] = []
         frag: list[tuple[float, int]] = []
         next_frag = 0.0
-        events = cycles = finished = 0
-        pending = 0
-        now = 0.0
-        wake_times: set[float] = set()
-        total = len(records)
-        failures = 0
-
-        def stop(job_id: str) -> tuple[JobRecord, float, float] | None:
-            """Take a running job off its GPUs and back to waiting (its scheduled completion goes stale):
-            its record, the seconds it ran since its last start, its milli-GPUs; None if it was not running."""
-            nonlocal busy, pending
-            milli = running.pop(job_id, None)
-            if milli is None:
-                return None
-            busy -= int(milli)
-            pending += 1
-            epoch[job_id] += 1
-            rec = records[job_id]
-            return rec, now - (now if rec.last_start is None else rec.last_start), milli
-
+        heap = replay.heap
         while heap:
-            if finished == total and heap[0][1] in (NODE_DOWN, NODE_UP):
+            if replay.finished == replay.total and heap[0][1] in (NODE_DOWN, NODE_UP):
                 break  # failures after the last job ended change nothing and must not stretch the makespan
-            now = heap[0][0]
+            now = replay.now = heap[0][0]
             # 1. apply every event of this instant
             while heap and heap[0][0] == now:
                 _, kind, _, job_id, ep = heapq.heappop(heap)
-                if kind == COMPLETION:
-                    if ep != epoch[job_id] or job_id not in running:
-                        continue  # stale: the job was preempted after this completion was scheduled
-                    events += 1
-                    busy -= int(running.pop(job_id))
-                    rec = records[job_id]
-                    rec.end, rec.remaining = now, 0.0
-                    policy.on_completion(job_id, now)
-                    finished += 1
-                elif kind == NODE_DOWN:
-                    events += 1
-                    failures += 1
-                    for killed in policy.on_node_down(job_id, now):
-                        stopped = stop(killed)
-                        if stopped is None:
-                            continue
-                        rec, ran, milli = stopped
-                        lost = lost_work_s(ran, rec.job.checkpoint_interval_s, notices.get((int(now), job_id)))
-                        rec.remaining = max(1.0, rec.remaining - (ran - lost))
-                        rec.node_failures += 1
-                        rec.failure_lost_gpu_s += lost * milli / 1000
-                elif kind == NODE_UP:
-                    events += 1
-                    policy.on_node_up(job_id, now)
-                elif kind == ARRIVAL:
-                    events += 1
-                    reason = policy.on_arrival(records[job_id].job, now)
-                    if reason is not None:
-                        records[job_id].rejected = reason
-                        finished += 1
-                    else:
-                        pending += 1
-                else:
-                    events += 1
-                    wake_times.discard(now)
+                replay.apply(kind, job_id, ep)
             # 2. one cycle for the instant
-            out = policy.cycle(now)
-            cycles += 1
-            for p in out.preempted:
-                stopped = stop(p.job_id)
-                if stopped is None:
-                    continue
-                rec, ran, milli = stopped
-                gpus = milli / 1000
-                lost_s = min(ran, p.lost_gpu_s / gpus) if gpus else 0.0
-                rec.remaining = max(1.0, rec.remaining - (ran - lost_s))
-                rec.preemptions += 1
-                rec.lost_gpu_s += p.lost_gpu_s
-                cause = loss_cause(p.reason)
-                rec.lost_by_cause[cause] = rec.lost_by_cause.get(cause, 0.0) + p.lost_gpu_s
-            for job_id, reason in out.rejected.items():
-                records[job_id].rejected = reason
-                pending -= 1
-                finished += 1
-            for job_id in out.started:
-                rec = records[job_id]
-                if rec.start is None:
-                    rec.start = now
-                rec.last_start = now
-                milli = trace.gpu_milli(rec.job)
-                running[job_id] = milli
-                busy += milli
-                pending -= 1
-                heapq.heappush(heap, (now + rec.remaining, COMPLETION, seq, job_id, epoch[job_id]))
-                seq += 1
-            if out.wake_at is not None and out.wake_at > now and out.wake_at not in wake_times:
-                wake_times.add(out.wake_at)
-                heapq.heappush(heap, (out.wake_at, TICK, seq, "", 0))
-                seq += 1
-            samples.append(Sample(now, policy.allocated_milli(), busy, pending, len(running)))
+            replay.apply_cycle(policy.cycle(now))
+            samples.append(Sample(now, policy.allocated_milli(), replay.busy, replay.pending, len(replay.running)))
             if now >= next_frag:
                 frag.append((now, policy.fragmentation()))
                 next_frag = now + self.frag_every_s
             if self.progress is not None:
-                self.progress(finished)
-        return SimResult(policy=policy.name, trace=trace, records=records, samples=samples, fragmentation=frag,
-                         events=events, cycles=cycles, end_time=now, node_failures=failures)
+                self.progress(replay.finished)
+        return SimResult(policy=policy.name, trace=trace, records=replay.records, samples=samples,
+                         fragmentation=frag, events=replay.events, cycles=replay.cycles, end_time=replay.now,
+                         node_failures=replay.failures)
+
+
+class _Replay:
+    """The engine's state while it replays: the event heap, the jobs' records, what runs, the counters. `apply`
+    takes one event, `apply_cycle` what the policy decided for the instant."""
+
+    def __init__(self, trace: Trace, policy: Policy, failures: Sequence[NodeFailure]) -> None:
+        self.trace, self.policy = trace, policy
+        self.records = {j.job_id: JobRecord(job=j, remaining=float(j.duration)) for j in trace.jobs}
+        self.epoch = dict.fromkeys(self.records, 0)  # completion events carry the epoch; a preemption bumps it
+        self.heap: list[tuple[float, int, int, str, int]] = []  # (time, kind, seq, job_id, epoch)
+        seq = 0
+        for j in trace.jobs:
+            self.heap.append((float(j.submit_time), ARRIVAL, seq, j.job_id, 0))
+            seq += 1
+        for f in failures:
+            self.heap.append((float(f.down_at), NODE_DOWN, seq, f.node, 0))
+            self.heap.append((float(f.up_at), NODE_UP, seq + 1, f.node, 0))
+            seq += 2
+        heapq.heapify(self.heap)
+        self.seq = seq
+        self.notices = {(f.down_at, f.node): f for f in failures if f.notice_s}  # spot interruptions
+        self.running: dict[str, float] = {}  # job_id -> milli-GPUs of a running gang
+        self.busy = self.pending = self.events = self.cycles = self.finished = self.failures = 0
+        self.now = 0.0
+        self.wake_times: set[float] = set()
+        self.total = len(self.records)
+
+    def push(self, at: float, kind: int, job_id: str, epoch: int) -> None:
+        heapq.heappush(self.heap, (at, kind, self.seq, job_id, epoch))
+        self.seq += 1
+
+    def stop(self, job_id: str) -> tuple[JobRecord, float, float] | None:
+        """Take a running job off its GPUs and back to waiting (its scheduled completion goes stale): its record,
+        the seconds it ran since its last start, its milli-GPUs; None if it was not running."""
+        milli = self.running.pop(job_id, None)
+        if milli is None:
+            return None
+        self.busy -= int(milli)
+        self.pending += 1
+        self.epoch[job_id] += 1
+        rec = self.records[job_id]
+        return rec, self.now - (self.now if rec.last_start is None else rec.last_start), milli
+
+    def apply(self, kind: int, job_id: str, ep: int) -> None:
+        """One event of the instant `now`: a completion (unless stale), a node failing or coming back, an arrival,
+        a wake-up."""
+        now, records = self.now, self.records
+        if kind == COMPLETION:
+            if ep != self.epoch[job_id] or job_id not in self.running:
+                return  # stale: the job was preempted after this completion was scheduled
+            self.events += 1
+            self.busy -= int(self.running.pop(job_id))
+            rec = records[job_id]
+            rec.end, rec.remaining = now, 0.0
+            self.policy.on_completion(job_id, now)
+            self.finished += 1
+        elif kind == NODE_DOWN:
+            self.events += 1
+            self.failures += 1
+            for killed in self.policy.on_node_down(job_id, now):
+                stopped = self.stop(killed)
+                if stopped is None:
+                    continue
+                rec, ran, milli = stopped
+                lost = lost_work_s(ran, rec.job.checkpoint_interval_s, self.notices.get((int(now), job_id)))
+                rec.remaining = max(1.0, rec.remaining - (ran - lost))
+                rec.node_failures += 1
+                rec.failure_lost_gpu_s += lost * milli / 1000
+        elif kind == NODE_UP:
+            self.events += 1
+            self.policy.on_node_up(job_id, now)
+        elif kind == ARRIVAL:
+            self.events += 1
+            reason = self.policy.on_arrival(records[job_id].job, now)
+            if reason is not None:
+                records[job_id].rejected = reason
+                self.finished += 1
+            else:
+                self.pending += 1
+        else:
+            self.events += 1
+            self.wake_times.discard(now)
+
+    def apply_cycle(self, out: CycleOutput) -> None:
+        """What the policy's cycle at `now` decided: preemptions (work lost since the last checkpoint, per cause),
+        rejections, starts (their completions scheduled), and when to wake it again."""
+        now, records = self.now, self.records
+        self.cycles += 1
+        for p in out.preempted:
+            stopped = self.stop(p.job_id)
+            if stopped is None:
+                continue
+            rec, ran, milli = stopped
+            gpus = milli / 1000
+            lost_s = min(ran, p.lost_gpu_s / gpus) if gpus else 0.0
+            rec.remaining = max(1.0, rec.remaining - (ran - lost_s))
+            rec.preemptions += 1
+            rec.lost_gpu_s += p.lost_gpu_s
+            cause = loss_cause(p.reason)
+            rec.lost_by_cause[cause] = rec.lost_by_cause.get(cause, 0.0) + p.lost_gpu_s
+        for job_id, reason in out.rejected.items():
+            records[job_id].rejected = reason
+            self.pending -= 1
+            self.finished += 1
+        for job_id in out.started:
+            rec = records[job_id]
+            if rec.start is None:
+                rec.start = now
+            rec.last_start = now
+            milli = self.trace.gpu_milli(rec.job)
+            self.running[job_id] = milli
+            self.busy += milli
+            self.pending -= 1
+            self.push(now + rec.remaining, COMPLETION, job_id, self.epoch[job_id])
+        if out.wake_at is not None and out.wake_at > now and out.wake_at not in self.wake_times:
+            self.wake_times.add(out.wake_at)
+            self.push(out.wake_at, TICK, "", 0)
