@@ -25,6 +25,8 @@ from sim.loaders import TraceError
 from sim.policies import POLICIES
 
 if TYPE_CHECKING:
+    from sim.failures import NodeFailure
+    from sim.model import Trace
     from sim.run import PolicyRun
 
 # What `gpuq simulate` needs beyond the service's dependencies (pyproject.toml, extra `sim`).
@@ -115,58 +117,89 @@ def simulate(
         console.print(f"[red]error:[/] gpuq simulate needs the simulator's extra ({', '.join(missing)} not "
                       f"installed): {escape(INSTALL_HINT)}", soft_wrap=True)
         raise typer.Exit(2)
-    from sim.run import TraceOptions, load_trace, node_failures, queues_yaml, run_policies, trace_summary
+    from sim.run import TraceOptions, load_trace
 
     names = [p.strip() for p in policy.split(",") if p.strip()]
     opts = TraceOptions(trace=trace, fmt=fmt, cluster=cluster, queues=queues, start=start, end=end, month=month,
                         cluster_scale=cluster_scale, load=load, arrival_scale=arrival_scale, topology=topology,
                         seed=seed, max_jobs=max_jobs, gpu_sharing=gpu_sharing)
     try:
-        unknown = [n for n in names if n not in POLICIES]
-        if unknown or not names:
-            raise TraceError(f"unknown policy {', '.join(unknown) or '(none)'}; choose from {', '.join(POLICIES)}")
-        rounding = [n for n in names if not n.startswith("gpuq") and n != "volcano-hami"]
-        if gpu_sharing != "round" and rounding:
-            raise TraceError(f"--gpu-sharing {gpu_sharing}: {', '.join(rounding)} cannot share a GPU; replay them "
-                             "with --gpu-sharing round (fractions rounded up), or compare with volcano-hami")
+        _check_policies(names, gpu_sharing)
         tr = load_trace(opts)
         console.print(f"[bold]{tr.name}[/]: {len(tr.jobs):,} jobs, {len(tr.nodes):,} nodes, "
                       f"{tr.capacity_gpus:,} GPUs, offered load {tr.offered_load():.2f}")
         warning = low_load_warning(tr.offered_load())
         if warning is not None:
             console.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, transient=False) as progress:
-            tasks = {n: progress.add_task(f"{n:>10}", total=len(tr.jobs)) for n in names}
-            last: dict[str, int] = dict.fromkeys(names, -1)
-            step = max(1, len(tr.jobs) // 200)
-
-            def tick(name: str, done: int) -> None:
-                if done - last[name] >= step or done == len(tr.jobs):  # throttle: repainting is not free
-                    last[name] = done
-                    progress.update(tasks[name], completed=done)
-
-            failures = node_failures(tr, node_mtbf_h, node_repair_h, seed)
-            if failures:
-                console.print(f"{len(failures):,} node failures (mean {node_mtbf_h} h between failures per node, "
-                              f"{node_repair_h} h repair)")
-            if spot_mtbi_h is not None:
-                from sim.failures import spot_nodes, synth_spot_interruptions
-
-                horizon = float(tr.jobs[-1].submit_time) if tr.jobs else 0.0
-                try:
-                    spot = spot_nodes(tr.nodes, spot_share, seed)
-                    interruptions = synth_spot_interruptions(spot, horizon, spot_mtbi_h, spot_replace_h,
-                                                             spot_notice_s, spot_checkpoint_s, seed)
-                except ValueError as exc:
-                    raise TraceError(str(exc).replace("--node-mtbf-h", "--spot-mtbi-h")) from None
-                console.print(f"{len(interruptions):,} spot interruptions of {len(spot):,} spot nodes (mean "
-                              f"{spot_mtbi_h} h apart per node, {spot_notice_s} s notice)")
-                failures = sorted([*failures, *interruptions])
-            runs = run_policies(tr, names, progress=tick, failures=failures, eta=eta)
+        failures = _failures(console, tr, seed, node_mtbf_h, node_repair_h, spot_mtbi_h, spot_share, spot_notice_s,
+                             spot_checkpoint_s, spot_replace_h)
+        runs = _run_with_progress(console, tr, names, failures, eta)
     except (TraceError, ConfigError) as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
+    _write_results(console, tr, runs, write_queues, json_out, report)
+
+
+def _check_policies(names: list[str], gpu_sharing: str) -> None:
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown or not names:
+        raise TraceError(f"unknown policy {', '.join(unknown) or '(none)'}; choose from {', '.join(POLICIES)}")
+    rounding = [n for n in names if not n.startswith("gpuq") and n != "volcano-hami"]
+    if gpu_sharing != "round" and rounding:
+        raise TraceError(f"--gpu-sharing {gpu_sharing}: {', '.join(rounding)} cannot share a GPU; replay them "
+                         "with --gpu-sharing round (fractions rounded up), or compare with volcano-hami")
+
+
+def _failures(console: Console, tr: Trace, seed: int, node_mtbf_h: float | None, node_repair_h: float,
+              spot_mtbi_h: float | None, spot_share: float, spot_notice_s: int, spot_checkpoint_s: int,
+              spot_replace_h: float) -> list[NodeFailure]:
+    """The node failures (--node-mtbf-h) and spot interruptions (--spot-mtbi-h) every policy replays alike."""
+    from sim.run import node_failures
+
+    failures = node_failures(tr, node_mtbf_h, node_repair_h, seed)
+    if failures:
+        console.print(f"{len(failures):,} node failures (mean {node_mtbf_h} h between failures per node, "
+                      f"{node_repair_h} h repair)")
+    if spot_mtbi_h is not None:
+        from sim.failures import spot_nodes, synth_spot_interruptions
+
+        horizon = float(tr.jobs[-1].submit_time) if tr.jobs else 0.0
+        try:
+            spot = spot_nodes(tr.nodes, spot_share, seed)
+            interruptions = synth_spot_interruptions(spot, horizon, spot_mtbi_h, spot_replace_h,
+                                                     spot_notice_s, spot_checkpoint_s, seed)
+        except ValueError as exc:
+            raise TraceError(str(exc).replace("--node-mtbf-h", "--spot-mtbi-h")) from None
+        console.print(f"{len(interruptions):,} spot interruptions of {len(spot):,} spot nodes (mean "
+                      f"{spot_mtbi_h} h apart per node, {spot_notice_s} s notice)")
+        failures = sorted([*failures, *interruptions])
+    return failures
+
+
+def _run_with_progress(console: Console, tr: Trace, names: list[str], failures: list[NodeFailure],
+                       eta: str) -> list[PolicyRun]:
+    """Every policy over the trace, one progress bar each."""
+    from sim.run import run_policies
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=False) as progress:
+        tasks = {n: progress.add_task(f"{n:>10}", total=len(tr.jobs)) for n in names}
+        last: dict[str, int] = dict.fromkeys(names, -1)
+        step = max(1, len(tr.jobs) // 200)
+
+        def tick(name: str, done: int) -> None:
+            if done - last[name] >= step or done == len(tr.jobs):  # throttle: repainting is not free
+                last[name] = done
+                progress.update(tasks[name], completed=done)
+
+        return run_policies(tr, names, progress=tick, failures=failures, eta=eta)
+
+
+def _write_results(console: Console, tr: Trace, runs: list[PolicyRun], write_queues: Path | None,
+                   json_out: Path | None, report: Path | None) -> None:
+    """The table, and what was asked for: the queues used, the JSON, the report with its plots."""
+    from sim.run import queues_yaml, trace_summary
+
     doc = {"trace": trace_summary(tr), "results": [r.metrics for r in runs]}
     if write_queues is not None:
         write_queues.write_text(queues_yaml(tr))
