@@ -123,14 +123,35 @@ def export_settings() -> None:
 
 def _write_private(path: Path, text: str) -> None:
     """Write a file only its owner can read (0600, whatever the umask; as shared/natsauth.py's, which this light
-    module does not import)."""
+    module does not import), atomically: the text goes to a new file beside it that then replaces it, so that two
+    processes writing at once (several `gpuq up` started together) leave one whole file, never an interleaving of
+    both (which left a config no command could read)."""
+    import stat
+    import tempfile
+
+    path = path.resolve()  # a symlinked config (a dotfiles checkout) keeps its link: its target is replaced
+    if path.exists() and not stat.S_ISREG(path.stat().st_mode):
+        # not a plain file (GPUQ_CONFIG=/dev/null, a pipe): written in place, never replaced by a file
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         os.fchmod(fd, 0o600)
         os.write(fd, text.encode())
-    finally:
+        os.fsync(fd)
         os.close(fd)
+        fd = -1
+        os.replace(tmp, path)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def split_userinfo(url: str) -> tuple[str, str]:

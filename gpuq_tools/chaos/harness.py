@@ -219,7 +219,10 @@ class ServiceProcess:
              "--cluster", str(self.cluster), "--queues", str(self.queues), "--health-port", str(self.port),
              "--health-addr", "127.0.0.1", "--instance", f"{self.name}-{self.starts}", "--log-level", "WARNING",
              "--metrics-port", str(self.metrics_port)],
-            cwd=home, env={**self.env, "GPUQ_HOME": str(home)}, stdout=log_file, stderr=subprocess.STDOUT,
+            # its own config file: `gpuq up` records its state directory there, never in the user's (or a test
+            # session's) config, which every service process writing at once would also race on
+            cwd=home, env={**self.env, "GPUQ_HOME": str(home), "GPUQ_CONFIG": str(home / "config.yaml")},
+            stdout=log_file, stderr=subprocess.STDOUT,
             start_new_session=True)
         log_file.close()
 

@@ -80,8 +80,9 @@ class Pod:
                  "--queues", str(workdir / "queues.yaml"), "--cluster", str(workdir / "cluster.yaml"),
                  "--health-port", str(self.health_port), "--health-addr", "127.0.0.1",
                  "--metrics-port", str(metrics_port), "--instance", name, "--log-level", "INFO"],
-                cwd=tree, env={**release_env(tree, env), "GPUQ_HOME": str(home), "PYTHONUNBUFFERED": "1",
-                               "COLUMNS": "200"},
+                # its own config file: `gpuq up` records its state directory there, not in the session's
+                cwd=tree, env={**release_env(tree, env), "GPUQ_HOME": str(home),
+                               "GPUQ_CONFIG": str(home / "config.yaml"), "PYTHONUNBUFFERED": "1", "COLUMNS": "200"},
                 stdout=out, stderr=subprocess.STDOUT)
 
     def output(self) -> str:
