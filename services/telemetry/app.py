@@ -163,6 +163,15 @@ class TelemetryService:
             await self.persist_queues(tx.conn, pending.queues)
         if pending.webhooks:
             await store.enqueue_many(tx.conn, pending.webhooks)
+        with self.lock:
+            clocks = self.idle.changes()  # the idle clocks the samples moved (and any the check loop has not written)
+        try:
+            await self.idle.persist(tx.conn, clocks)
+        except BaseException:
+            with self.lock:
+                if self.idle.watch is not None:
+                    self.idle.watch.unwritten([job_id for job_id, _ in clocks])
+            raise
 
     async def persist(self, conn: asyncpg.Connection, fx: Effects) -> None:
         """Write the records `fx` names as the core holds them now: one statement per table and kind, whatever
@@ -220,6 +229,7 @@ class TelemetryService:
         self.clock = runtime.clock
         async with runtime.pool.acquire() as conn:
             await self.load(conn)
+            await self.idle.load(conn)
 
     async def _serve_metrics(self, runtime: ServiceRuntime) -> None:
         if self.metrics_port is None:

@@ -13,19 +13,22 @@ configuration in force (admission's read model), each in one transaction with it
   is preempted (JobPreempted, reason IdleReclaim, with its checkpoint); one that cannot, and TTL: JobCancelRequested
   on the job's team's subject at once: admission ends it (Cancelled), the executor stops it.
 
-The watch lives in memory: after a restart the idle clocks start again from the next samples (a job is reclaimed
-later, never sooner).
+The idle clocks are kept in `telemetry.idle_clocks` (each written with the samples that moved it, a warning or
+reclaim with its decision), and loaded at start: after a restart a job's idle time and its warning go on from where
+they were, and its reclaim comes when it was due.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 from collections.abc import Callable
 from datetime import datetime
-from typing import ClassVar
+from typing import Any, ClassVar
 
+import asyncpg
 from pydantic import Field
 
 from services.admission import configmodel
@@ -84,6 +87,7 @@ class IdleReclaimer:
         # jobs reclaimed with action `end` through a checkpoint: job -> (team, reason of the cancel to ask when they are
         # preempted). In memory: after a restart such a job stays requeued with its checkpoint (nothing is lost).
         self._ending: dict[str, tuple[str, str]] = {}
+        self._loaded: list[tuple[str, dict[str, Any]]] = []
 
     async def on_job_event(self, tx: Tx, payload: Payload) -> None:
         """A job event telemetry consumed: a job reclaimed to be ended, preempted with its checkpoint now, gets its
@@ -99,8 +103,42 @@ class IdleReclaimer:
     def configure(self, config: QueuesConfig) -> None:
         if self.watch is None:
             self.watch = IdleWatch(config)
+            for job_id, doc in self._loaded:
+                self.watch.load_clock(job_id, doc)
         else:
             self.watch.configure(config)
+        self._loaded = []
+
+    async def load(self, conn: asyncpg.Connection) -> None:
+        """The clocks stored before a restart (kept until a configuration makes the watch, if none is yet)."""
+        self._loaded = [(r["job_id"], json.loads(r["doc"]))
+                        for r in await conn.fetch("SELECT job_id, doc FROM telemetry.idle_clocks ORDER BY job_id")]
+        if self.watch is not None:
+            for job_id, doc in self._loaded:
+                self.watch.load_clock(job_id, doc)
+            self._loaded = []
+
+    def changes(self) -> list[tuple[str, dict[str, Any] | None]]:
+        """The clocks changed since the last call, as they are now (None: gone); the caller holds the state's lock
+        (the watch moves with the state's samples)."""
+        if self.watch is None:
+            return []
+        return [(job_id, self.watch.clock_doc(job_id)) for job_id in self.watch.changed()]
+
+    @staticmethod
+    async def persist(conn: asyncpg.Connection, changes: list[tuple[str, dict[str, Any] | None]]) -> None:
+        """Write `changes`: a clock replaces only an older version of itself (the sample handlers and the check loop
+        write concurrently), one that went is deleted."""
+        gone = [job_id for job_id, doc in changes if doc is None]
+        if gone:
+            await conn.execute("DELETE FROM telemetry.idle_clocks WHERE job_id = ANY($1::text[])", gone)
+        kept = [(job_id, doc) for job_id, doc in changes if doc is not None]
+        if kept:
+            await conn.execute(
+                "INSERT INTO telemetry.idle_clocks(job_id, version, doc) SELECT j, v, d::jsonb FROM "
+                "unnest($1::text[], $2::bigint[], $3::text[]) AS t(j, v, d) ON CONFLICT (job_id) DO UPDATE SET "
+                "version = excluded.version, doc = excluded.doc WHERE telemetry.idle_clocks.version < excluded.version",
+                [j for j, _ in kept], [int(d["version"]) for _, d in kept], [json.dumps(d) for _, d in kept])
 
     def sample(self, payload: UtilizationSampled, state: TelemetryState) -> None:
         """Feed one node's samples of running jobs to the watch (the caller holds the state's lock)."""
@@ -167,16 +205,31 @@ class IdleReclaimer:
         with lock:
             decisions = self.due(state, now)
             queues = {d.job_id: (state.jobs[d.job_id].queue if d.job_id in state.jobs else "") for d in decisions}
-        for d in decisions:
+            changes = self.changes()
+        if not decisions and not changes:
+            return []
+        # each decision is written with the clock it moved (warned, reclaimed); the clocks of jobs no longer running
+        # go with the first
+        todo: list[Decision | None] = [*decisions] if decisions else [None]
+        for d in todo:
             try:
                 async with runtime.transaction() as tx:
-                    await self.execute(tx, d, queues[d.job_id])
+                    if changes:
+                        await self.persist(tx.conn, changes)
+                        changes = []
+                    if d is not None:
+                        await self.execute(tx, d, queues[d.job_id])
             except BaseException:
                 # not done: the job's clock starts again (warned again, never reclaimed sooner); the runtime restarts
                 # the loop
                 if self.watch is not None:
-                    self.watch.forget(d.job_id)
+                    with lock:
+                        self.watch.unwritten([job_id for job_id, _ in changes])
+                        if d is not None:
+                            self.watch.forget(d.job_id)
                 raise
+            if d is None:
+                break
             log.info("telemetry: %s %s (%s): %s", d.kind.value, d.job_id, d.team, d.message)
         return decisions
 

@@ -10,12 +10,17 @@ Decisions, each made once per idle spell (or once for the TTL):
 - RECLAIM when `grace_s` has passed since the warning and the job is still idle: `action` requeue or end,
   checkpointed first when it can be (`checkpoint`);
 - TTL when the job has run `ttl_s` since it started (whatever its use).
+
+The clocks are the owning service's state to keep across a restart: `changed` says which clocks moved since it last
+asked (each with a version that only grows), `clock_doc` what to store of one and `load_clock` takes it back, so that
+a restart neither resets the idle time nor forgets a warning (the reclaim stays due when it was).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from shared.config import QueuesConfig
 from shared.domain import JobKind
@@ -65,6 +70,20 @@ class _Clock:
     warned_at: float | None = None
     reclaimed: bool = False
     ended: bool = False
+    version: int = 0  # the watch's change count when this clock last changed
+
+    def doc(self) -> dict[str, Any]:
+        return {"started_at": self.started_at, "gpus": {g: list(v) for g, v in sorted(self.gpus.items())},
+                "idle_since": self.idle_since, "warned_at": self.warned_at, "reclaimed": self.reclaimed,
+                "ended": self.ended, "version": self.version}
+
+    @staticmethod
+    def of(doc: dict[str, Any]) -> _Clock:
+        return _Clock(started_at=float(doc["started_at"]),
+                      gpus={str(g): (float(v[0]), float(v[1])) for g, v in (doc.get("gpus") or {}).items()},
+                      idle_since=doc.get("idle_since"), warned_at=doc.get("warned_at"),
+                      reclaimed=bool(doc.get("reclaimed")), ended=bool(doc.get("ended")),
+                      version=int(doc.get("version") or 0))
 
 
 class IdleWatch:
@@ -72,6 +91,8 @@ class IdleWatch:
         self.config = config
         self.stale_after_s = stale_after_s
         self._clocks: dict[str, _Clock] = {}
+        self._version = 0
+        self._changed: set[str] = set()
 
     def configure(self, config: QueuesConfig) -> None:
         self.config = config
@@ -92,23 +113,52 @@ class IdleWatch:
             clock.warned_at = None
         elif clock.idle_since is None:
             clock.idle_since = max(at, job.started_at)
+        self._touch(job.job_id, clock)
+
+    def _touch(self, job_id: str, clock: _Clock | None) -> None:
+        self._version += 1
+        if clock is not None:
+            clock.version = self._version
+        self._changed.add(job_id)
+
+    def changed(self) -> list[str]:
+        """The jobs whose clocks changed (or went) since the last call, by id: what the owner writes now."""
+        out, self._changed = sorted(self._changed), set()
+        return out
+
+    def unwritten(self, job_ids: list[str]) -> None:
+        """Clocks `changed` named that were not written after all: named again by the next call."""
+        self._changed.update(job_ids)
+
+    def clock_doc(self, job_id: str) -> dict[str, Any] | None:
+        """What to store of a job's clock (JSON-able, with its version), or None: it has none (delete it)."""
+        clock = self._clocks.get(job_id)
+        return clock.doc() if clock is not None else None
+
+    def load_clock(self, job_id: str, doc: dict[str, Any]) -> None:
+        """A clock stored before a restart (`clock_doc`): the job's idle time and warning go on from where they were
+        (a clock of an earlier run is replaced when the job's current run is seen)."""
+        clock = self._clocks[job_id] = _Clock.of(doc)
+        self._version = max(self._version, clock.version)
 
     def _clock(self, job: RunningJob) -> _Clock:
         """The job's clock for its current run: a run that started later (a requeued job running again) starts anew."""
         clock = self._clocks.get(job.job_id)
         if clock is None or clock.started_at != job.started_at:
             clock = self._clocks[job.job_id] = _Clock(job.started_at)
+            self._touch(job.job_id, clock)
         return clock
 
     def forget(self, job_id: str) -> None:
         """The job stopped running (ended, preempted, requeued): its clock goes; a new run starts a new one."""
-        self._clocks.pop(job_id, None)
+        if self._clocks.pop(job_id, None) is not None:
+            self._touch(job_id, None)
 
     def due(self, jobs: list[RunningJob], now: float) -> list[Decision]:
         """The decisions due at `now` for the running `jobs` (clocks of jobs not listed are dropped), by job id."""
         running = {j.job_id for j in jobs}
         for job_id in sorted(set(self._clocks) - running):
-            del self._clocks[job_id]
+            self.forget(job_id)
         out: list[Decision] = []
         for job in sorted(jobs, key=lambda j: j.job_id):
             decision = self._due(job, now)
@@ -123,6 +173,7 @@ class IdleWatch:
             return None
         if cls.ttl_s is not None and now - job.started_at >= cls.ttl_s:
             clock.ended = True
+            self._touch(job.job_id, clock)
             return Decision(DecisionKind.TTL, job.job_id, job.team, job.user, "TtlExpired",
                             f"{job.kind.value} {job.job_id} reached its class's TTL of {cls.ttl_s}s",
                             action=IdleAction.END, checkpoint=job.can_checkpoint)
@@ -135,6 +186,7 @@ class IdleWatch:
         idle_for = now - clock.idle_since
         if clock.warned_at is not None and now - clock.warned_at >= policy.grace_s:
             clock.reclaimed = True
+            self._touch(job.job_id, clock)
             return Decision(DecisionKind.RECLAIM, job.job_id, job.team, job.user, "Idle",
                             f"{job.job_id}'s GPUs stayed below {policy.threshold_pct:g}% for {int(idle_for)}s; "
                             f"{'requeued' if policy.action is IdleAction.REQUEUE else 'ended'} by its class's policy",
@@ -143,6 +195,7 @@ class IdleWatch:
             # the owner always gets the whole grace from the warning, however late the watch looked
             # (with no grace, the reclaim is due at the next look: the owner is always warned first)
             clock.warned_at = now
+            self._touch(job.job_id, clock)
             return Decision(DecisionKind.WARN, job.job_id, job.team, job.user, "Idle",
                             f"{job.job_id}'s GPUs have been below {policy.threshold_pct:g}% for {int(idle_for)}s; "
                             f"it is {'requeued' if policy.action is IdleAction.REQUEUE else 'ended'} in "
