@@ -39,8 +39,9 @@ SERVICE_PUBLISHES: dict[str, tuple[str, ...]] = {
     "preemption": ("job.checkpoint_requested", "job.preempted"),
     "metering": ("queue.usage_reported",),  # its read model of decayed usage per queue (fair share over time)
     # idle reclaim (services/telemetry/idle.py): a job idle past its grace is requeued through the preemption
-    # protocol, or its cancel asked for (ended by its class's policy or its TTL)
-    "telemetry": ("preemption.requested", "job.cancel_requested.*"),
+    # protocol, or its cancel asked for (ended by its class's policy or its TTL); its warning is a fact the Kubernetes
+    # executor shows on the workload
+    "telemetry": ("preemption.requested", "job.cancel_requested.*", "job.idle_warned"),
     "executor": ("job.started", "job.completed", "job.failed", "job.attempt_failed", "job.checkpointed",
                  "utilization.sampled",
                  "utilization.source_checked", "node.inventory", "node.changed", "utilization.heartbeat"),

@@ -340,6 +340,22 @@ class JobRequeued(Payload):
     submitted_at: datetime  # the original submit time, kept for ordering
 
 
+class JobIdleWarned(Payload):
+    """Idle reclaim's warning (services/telemetry/idle.py): the job's GPUs have stayed below its class's threshold for
+    its `idle_for_s`; it is reclaimed (`action`: requeue or end) at `deadline` unless they are used. The team's
+    webhook `job.idle_warned`, and a Warning Event `GpuIdle` on its Kubernetes workload; `message` names the
+    threshold, the idle time and the grace."""
+
+    aggregate, fact = "job", "idle_warned"
+    job_id: str
+    team: str
+    user: str | None = None
+    idle_since: datetime
+    deadline: datetime
+    action: str
+    message: str = Field(default="")
+
+
 # --------------------------------------------------------------------------- preemption
 
 
@@ -558,7 +574,7 @@ CATALOGUE: tuple[type[Payload], ...] = (
     JobSubmitted, JobRejected, JobQueued, JobPending, JobAdmitted, JobPlaced, JobStarted, JobCompleted,
     JobFailed, JobAttemptFailed, JobCancelled, JobCancelRequested, JobApproved, CheckpointRequested, JobCheckpointed,
     JobPreempted, JobRequeued, PreemptionRequested, UtilizationSampled, NodeInventory, NodeChanged, QueueConfigChanged,
-    AuditRecorded, UtilizationSourceChecked, JobFlopsReported, ExecutorHeartbeat, QueueUsageReported,
+    AuditRecorded, UtilizationSourceChecked, JobFlopsReported, ExecutorHeartbeat, QueueUsageReported, JobIdleWarned,
 )
 BY_TYPE: dict[str, type[Payload]] = {cls.event_type(): cls for cls in CATALOGUE}
 

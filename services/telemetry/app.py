@@ -38,6 +38,7 @@ from shared.events import (
     CATALOGUE,
     CloudEvent,
     JobFlopsReported,
+    JobIdleWarned,
     NodeChanged,
     NodeInventory,
     Payload,
@@ -53,7 +54,9 @@ if TYPE_CHECKING:
 MIGRATIONS = Path(__file__).parent / "migrations"
 # Every job lifecycle event (also the webhook-able ones), plus utilisation (samples, the sources' polls, jobs'
 # FLOP/s reports), inventory and queue config.
-HANDLED: tuple[type[Payload], ...] = (*(c for c in CATALOGUE if c.aggregate == "job"), UtilizationSampled,
+# (Not its own idle warning: telemetry queued its webhook when it decided it.)
+HANDLED: tuple[type[Payload], ...] = (*(c for c in CATALOGUE if c.aggregate == "job" and c is not JobIdleWarned),
+                                      UtilizationSampled,
                                       UtilizationSourceChecked, JobFlopsReported, NodeInventory, NodeChanged,
                                       QueueConfigChanged)
 _QUEUES_KEY = "queues"

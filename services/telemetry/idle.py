@@ -5,7 +5,8 @@ source of the GpuqAllocatedGpuIdle alert) and knows which jobs run. `IdleReclaim
 core (services/core/idle `IdleWatch`) and, every `check_s` of platform time, executes what it says is due under the
 configuration in force (admission's read model), each in one transaction with its audit record:
 
-- WARN: a `job.idle_warned` webhook to the team's subscriptions (JobIdleWarned, with the deadline);
+- WARN: a `job.idle_warned` webhook to the team's subscriptions (JobIdleWarned, with the deadline), and the same
+  fact on the bus, which the Kubernetes executor shows as a Warning Event `GpuIdle` on the workload;
 - RECLAIM with action `requeue`: PreemptionRequested, reason IdleReclaim, preemptor `idle:<job>`, the job the only
   candidate: the preemption service checkpoints and requeues it (the checkpoint-before-preempt protocol; a class that
   is never preempted keeps running);
@@ -25,11 +26,9 @@ import json
 import logging
 import threading
 from collections.abc import Callable
-from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any
 
 import asyncpg
-from pydantic import Field
 
 from services.admission import configmodel
 from services.core.idle import Decision, DecisionKind, IdleWatch, RunningJob
@@ -44,6 +43,7 @@ from shared.events import (
     JobCancelRequested,
     JobCompleted,
     JobFailed,
+    JobIdleWarned,
     JobPreempted,
     Payload,
     PreemptionReason,
@@ -62,22 +62,6 @@ ACTOR = service_actor("telemetry")
 # What the loop reads of the service: its core and the lock that guards it (the service replaces its core when it
 # reloads, so the loop asks each time).
 StateSource = Callable[[], tuple[TelemetryState, threading.Lock]]
-
-
-class JobIdleWarned(Payload):
-    """Webhook `job.idle_warned`: the job's GPUs have stayed below its class's threshold for `idle_for_s`; it is
-    reclaimed (`action`: requeued or ended) at `deadline` unless they are used. Sent to webhooks only (telemetry's
-    notification, not a fact on the bus)."""
-
-    aggregate, fact = "job", "idle_warned"
-    version: ClassVar[int] = 1
-    job_id: str
-    team: str
-    user: str | None = None
-    idle_since: datetime
-    deadline: datetime
-    action: str
-    message: str = Field(default="")
 
 
 class IdleReclaimer:
@@ -166,6 +150,7 @@ class IdleReclaimer:
                                    deadline=utcnow_from(d.deadline), action=_action(d), message=d.message)
             event = make_event(warned, source="gpuq/telemetry", time=utcnow_from(tx.now))
             await webhooks.enqueue_many(tx.conn, [(event, d.team, tx.now)])
+            await tx.emit(warned)  # the Kubernetes executor shows it on the workload (Warning Event GpuIdle)
             await audit.record(tx, "idle_warn", ACTOR, job_id=d.job_id, team=d.team, user=d.user, message=d.message,
                                deadline=warned.deadline.isoformat())
             return

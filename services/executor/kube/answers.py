@@ -1,5 +1,6 @@
 """Admission's answers shown on the workload where its user looks (`kubectl describe`): queued, pending with its
-position and expected start, admitted, rejected (which ends the job), requeued."""
+position and expected start, admitted, rejected (which ends the job), requeued; and idle reclaim's warning
+(telemetry's JobIdleWarned: a Warning Event `GpuIdle`)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,20 @@ from services.core.eta.words import eta_words
 from services.executor.kube.notices import Notices
 from services.executor.kube.outcomes import Outcomes
 from services.executor.kube.provisioning import Capacity
-from services.executor.kube.records import ref_of
+from services.executor.kube.records import ACTIVE, ref_of
 from shared.domain import JobSpec
-from shared.events import CloudEvent, JobAdmitted, JobPending, JobQueued, JobRejected, JobRequeued
+from shared.events import (
+    CloudEvent,
+    JobAdmitted,
+    JobIdleWarned,
+    JobPending,
+    JobQueued,
+    JobRejected,
+    JobRequeued,
+)
 from shared.service import Tx
+
+IDLE_REASON = "GpuIdle"
 
 
 class Answers:
@@ -45,6 +56,17 @@ class Answers:
         await self.notices.status(ref_of(row), f"{reason}: {message}")
         if isinstance(payload, JobRejected):  # never resumed, so stopped already: shown failed now
             await self.outcomes.conclude(tx, None, row)
+
+
+    async def on_idle_warned(self, tx: Tx, event: CloudEvent, payload: JobIdleWarned) -> None:
+        """The owner's warning that the job's GPUs are idle and when it is reclaimed, as a Warning Event on its
+        workload while it runs (the message names the threshold, the idle time and the grace)."""
+        row = await tx.conn.fetchrow("SELECT * FROM executor.kube_jobs WHERE job_id = $1", payload.job_id)
+        if row is None or row["uid"] is None or row["state"] not in ACTIVE:
+            return
+        deadline = payload.deadline.strftime("%Y-%m-%dT%H:%M:%SZ")
+        await self.notices.event(ref_of(row), IDLE_REASON, f"{payload.message} (reclaimed at {deadline})", tx.now,
+                                 warning=True)
 
 
 def _refuses_this_job(payload: JobRejected, row: asyncpg.Record) -> bool:

@@ -52,6 +52,7 @@ from shared.events import (
     JobCancelled,
     JobCheckpointed,
     JobFailed,
+    JobIdleWarned,
     JobPending,
     JobPlaced,
     JobPreempted,
@@ -108,7 +109,8 @@ class KubeExecutor:
                 JobPlaced: self.runner.on_placed, CheckpointRequested: stops.on_checkpoint_requested,
                 JobPreempted: stops.on_stopped, JobCancelled: stops.on_stopped, JobQueued: answers.on_status,
                 JobPending: answers.on_status, JobAdmitted: answers.on_status, JobRejected: answers.on_status,
-                JobRequeued: answers.on_status, JobCheckpointed: stops.on_checkpointed, JobFailed: stops.on_lost},
+                JobRequeued: answers.on_status, JobCheckpointed: stops.on_checkpointed, JobFailed: stops.on_lost,
+                JobIdleWarned: answers.on_idle_warned},
                 lambda: self.runtime) | {QueueConfigChanged: self.config.on_config_changed},
             on_start=self.start, background=tuple(background),
         )

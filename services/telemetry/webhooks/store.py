@@ -15,10 +15,10 @@ from shared.events import CATALOGUE, TYPE_PREFIX, CloudEvent, encode_event
 from shared.secretbox import reencrypt
 
 # What a subscription may ask for: the job lifecycle events, by short name (`job.completed`), or `*`.
-# Every job event of the bus, and telemetry's own notifications: idle reclaim's warning (services/telemetry/idle.py)
-# and GPU-hour budgets at their warning level and spent (services/telemetry/budgets.py).
+# Every job event of the bus (idle reclaim's warning among them: services/telemetry/idle.py), and telemetry's own
+# notifications: GPU-hour budgets at their warning level and spent (services/telemetry/budgets.py).
 WEBHOOK_EVENTS: tuple[str, ...] = tuple(sorted([*(f"{c.aggregate}.{c.fact}" for c in CATALOGUE if c.aggregate == "job"),
-                                                "job.idle_warned", "budget.warning", "budget.exhausted"]))
+                                                "budget.warning", "budget.exhausted"]))
 ALL_EVENTS = "*"
 
 

@@ -25,6 +25,7 @@ from shared.domain import CheckpointSpec, JobKind, JobSpec, NodeSpec, PodSet
 from shared.events import (
     AuditRecorded,
     GpuSample,
+    JobIdleWarned,
     JobStarted,
     JobSubmitted,
     NodeInventory,
@@ -128,13 +129,16 @@ async def test_a_restart_keeps_the_idle_clock_and_the_warning(fresh: tuple[str, 
         data = json.loads(bytes(delivery["body"]))["data"]
         assert data["job_id"] == "nb" and "600s" in data["message"], data
         assert not await emitted(PreemptionRequested)
+        # the same warning on the bus, for the Kubernetes executor's Event (tests/service/kube/test_kube_idle_event.py)
+        [fact] = await emitted(JobIdleWarned)
+        assert fact["job_id"] == "nb" and fact["message"] == data["message"]
 
         tele = await restart()  # during the grace (deadline start + 960)
         await sample_minutes(5)
         await until(lambda: emitted(PreemptionRequested))
         [asked] = await emitted(PreemptionRequested)
         assert asked["candidates"] == ["nb"] and asked["reason"] == PreemptionReason.IDLE.value
-        assert await warned() == 1  # the warning was not forgotten (and given again)
+        assert await warned() == 1 and len(await emitted(JobIdleWarned)) == 1  # not forgotten (and given again)
         audits = [a["action"] for a in await emitted(AuditRecorded) if a["job_id"] == "nb"]
         assert audits.count("idle_warn") == 1 and audits.count("idle_reclaim") == 1, audits
     finally:

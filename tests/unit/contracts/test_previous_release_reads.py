@@ -80,7 +80,9 @@ def test_the_previous_release_reads_every_event_and_stored_object_this_release_w
     assert out["refused"] == {}
     # Event types the previous release did not have are consumed by no service of it (its consumers filter on the
     # types they handle); they are listed here so that a new one is a decision, not an accident.
-    assert sorted(set(out["unknown_types"])) == []
+    # io.gpuq.job.idle_warned.v1 (issue 48): telemetry's idle warning, for the Kubernetes executor's Event; the previous
+    # release's executor and services take no such subject (acked unread), its telemetry queued the webhook itself.
+    assert sorted(set(out["unknown_types"])) == ["io.gpuq.job.idle_warned.v1"]
 
 
 def test_a_field_added_since_the_previous_release_is_written_when_set(previous_tree: Path) -> None:
