@@ -367,6 +367,10 @@ class PodSet(Frozen):
     gpu_fraction: float | None = Field(default=None, exclude_if=unset)
     gpu_memory_mib: int | None = Field(default=None, exclude_if=unset)
     gpu_sharing: SharingMode | None = Field(default=None, exclude_if=unset)
+    # Elastic (added since v1): the pod set runs with `min_count`..`count` pods. It starts with as many as fit (at
+    # least min_count), grows into idle GPUs and is shrunk back towards min_count before anyone is preempted
+    # (docs/scheduler.md "Elastic jobs"). None: a fixed pod set of `count` pods. Whole-GPU pods only.
+    min_count: int | None = Field(default=None, ge=1, le=4096, exclude_if=unset)
 
     @model_validator(mode="before")
     @classmethod
@@ -408,6 +412,25 @@ class PodSet(Frozen):
                 raise ValueError(f"{name}: {field} shares one GPU per pod: set gpus_per_pod to 1, "
                                  f"got {self.gpus_per_pod}")
         return self
+
+    @model_validator(mode="after")
+    def _elastic_range(self) -> PodSet:
+        if self.min_count is not None:
+            if self.min_count > self.count:
+                raise ValueError(f"pod set {self.name}: min_count={self.min_count} exceeds count={self.count} "
+                                 "(count is the most pods it runs)")
+            if self.mig_profile is not None or self.shared or self.gpus_per_pod == 0:
+                raise ValueError(f"pod set {self.name}: min_count (elastic) needs whole-GPU pods")
+        return self
+
+    @property
+    def floor(self) -> int:
+        """The fewest pods it runs with: min_count for an elastic pod set, count otherwise."""
+        return self.min_count if self.min_count is not None else self.count
+
+    @property
+    def elastic(self) -> bool:
+        return self.floor < self.count
 
     @model_validator(mode="after")
     def _selectors_agree(self) -> PodSet:
@@ -569,6 +592,9 @@ class JobSpec(Frozen):
             raise ValueError(f"pod set names must be unique, got {names}")
         if self.min_members is not None and self.min_members > self.total_pods:
             raise ValueError(f"min_members={self.min_members} exceeds the job's {self.total_pods} pods")
+        if self.min_members is not None and self.elastic:
+            raise ValueError("an elastic job (a pod set with min_count) cannot also set min_members: "
+                             "its pod sets' min_count is its gang")
         templated = [p.name for p in self.pod_sets if p.template is not None]
         if self.workload is not None and templated:
             raise ValueError("a job from a Kubernetes workload cannot also carry pod templates "
@@ -589,7 +615,32 @@ class JobSpec(Frozen):
 
     @property
     def gang_size(self) -> int:
-        return self.min_members if self.min_members is not None else self.total_pods
+        """Pods that must start together: min_members, an elastic job's min_pods, else every pod."""
+        return self.min_members if self.min_members is not None else self.min_pods
+
+    @property
+    def elastic(self) -> bool:
+        """Whether a pod set runs with fewer pods than `count` (PodSet.min_count)."""
+        return any(p.elastic for p in self.pod_sets)
+
+    @property
+    def min_pods(self) -> int:
+        """The fewest pods an elastic job runs with (the sum of its pod sets' floors; total_pods when fixed)."""
+        return sum(p.floor for p in self.pod_sets)
+
+    def at_pods(self, pods: int) -> JobSpec:
+        """This job with `pods` pods in all (min_pods..total_pods): its elastic pod sets keep their floors and the
+        pods above them go to the elastic pod sets in pod-set order; the result is a fixed job (no min_count), the
+        shape the placer places and quota charges. `self` when fixed or at total_pods."""
+        if not self.elastic or pods >= self.total_pods:
+            return self
+        extra = max(0, pods - self.min_pods)
+        sets = []
+        for p in self.pod_sets:
+            grow = min(extra, p.count - p.floor)
+            extra -= grow
+            sets.append(p.model_copy(update={"count": p.floor + grow, "min_count": None}))
+        return self.model_copy(update={"pod_sets": tuple(sets), "min_members": None})
 
     @property
     def total_gpus(self) -> int:

@@ -5,6 +5,7 @@ No asyncio, no I/O, no clock reads: callers pass `now`. Same input, same output.
 """
 
 from services.core.admission.cycle import admission_cycle
+from services.core.admission.elastic import above_floor, charge_running, growth_room
 from services.core.admission.model import (
     AdmissionDecision,
     AdmittedWorkload,
@@ -30,7 +31,10 @@ __all__ = [
     "ReclaimRequest",
     "Rejection",
     "Workload",
+    "above_floor",
     "admission_cycle",
+    "charge_running",
+    "growth_room",
     "queue_facts",
     "queue_summaries",
 ]

@@ -28,6 +28,7 @@ from services.core.scheduler import ClusterIndex, Hold, RunningJob, Unplaceable
 from shared.config import QueuesConfig
 from shared.domain import JobSpec
 
+from .elastic import Resize, resize
 from .pipeline import CycleOutcome, WaitingJob, cycle
 from .preempt import Preempted, PreemptionContext, RunningInfo, VictimChooser
 
@@ -40,6 +41,8 @@ class Decision(CycleOutcome):
     preemptions: list[Preempted] = field(default_factory=list)
     # when a request held back (a protection window, a cool-down) is worth deciding again (None: none is)
     wake_at: float | None = None
+    # running elastic jobs grown or shrunk in the pass (elastic.py), and elastic starts capped by quota
+    resizes: list[Resize] = field(default_factory=list)
 
     @property
     def waiting_reasons(self) -> dict[str, tuple[str, str]]:
@@ -186,16 +189,31 @@ class PreemptionStage:
 def decide(state: AdmissionState, cluster: ClusterIndex, waiting: Mapping[str, WaitingJob],
            running: Sequence[RunningJob], now: float, *, stage: PreemptionStage | None = None,
            lowest_preemptible_running: int | None = None, backfill: bool = True, run_admission: bool = True,
-           timeline: Sequence[tuple[float, str]] | None = None, holds: Sequence[Hold] = ()) -> Decision:
+           timeline: Sequence[tuple[float, str]] | None = None, holds: Sequence[Hold] = (),
+           elastic: Mapping[str, JobSpec] | None = None) -> Decision:
     """Admission, placement and preemption on one snapshot (the module docstring). Applies the admissions to
     `state` and the placements to `cluster` as `cycle` does; the victims are chosen on that snapshot but not
     released (the caller stops and requeues them, then decides again). Without a `stage` nothing is preempted.
-    `lowest_preemptible_running`: the stage's own unless the caller keeps it."""
+    `lowest_preemptible_running`: the stage's own unless the caller keeps it. `elastic`: the running elastic jobs
+    (by id, their specs), which the pass grows and shrinks before it preempts (elastic.py); None: elastic jobs
+    start at what fits and keep their size."""
     if stage is not None and lowest_preemptible_running is None:
         lowest_preemptible_running = stage.lowest_preemptible()
     out = cycle(state, cluster, waiting, running, now, lowest_preemptible_running=lowest_preemptible_running,
                 backfill=backfill, run_admission=run_admission, timeline=timeline, holds=holds)
+    resized = _resize(state, cluster, out, waiting, elastic, bool(holds))
     if stage is None:
-        return Decision(out.admitted, out.placement, out.admission)
+        return Decision(out.admitted, out.placement, out.admission, resizes=resized)
     victims = stage.choose(out, state, cluster, waiting, now)
-    return Decision(out.admitted, out.placement, out.admission, victims, stage.chooser.next_wake)
+    return Decision(out.admitted, out.placement, out.admission, victims, stage.chooser.next_wake, resized)
+
+
+def _resize(state: AdmissionState, cluster: ClusterIndex, out: CycleOutcome, waiting: Mapping[str, WaitingJob],
+            elastic: Mapping[str, JobSpec] | None, held: bool) -> list[Resize]:
+    """The elastic steps (elastic.py) when the caller names its running elastic jobs or an elastic job was placed:
+    a job placed with more pods than its floor is charged for them either way (quota charges what runs)."""
+    if elastic is None and not any(p.job_id in state.admitted and state.admitted[p.job_id].spec.elastic
+                                   for p in out.placement.result.placed):
+        return []
+    every = {**waiting, **{w.job_id: w for w in out.admitted}}
+    return resize(state, cluster, out.placement.result, every, elastic or {}, held=held)

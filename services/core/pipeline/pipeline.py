@@ -107,7 +107,10 @@ def place_ordered(cluster: ClusterIndex, pending: Sequence[PendingJob], priority
                   backfill: bool = True, holds: Sequence[Hold] = ()) -> PlacementOutcome:
     """`place` for a caller that keeps its waiting jobs in the pipeline's order (`placement_key`) and the running
     timeline up to date itself (`PlacementBook`): the same decisions, without sorting either again.
-    `priority(job_id)`: a waiting job's priority."""
+    `priority(job_id)`: a waiting job's priority. The services do not resize running jobs yet: an elastic job is
+    placed at its floor here (what admission charged), and grows and shrinks only in `decide`'s callers."""
+    pending = [PendingJob(p.spec.at_pods(p.spec.min_pods), p.allowed_models) if p.spec.elastic else p
+               for p in pending]
     return _place(cluster, pending, priority, (), now, lowest_preemptible_running, backfill, timeline, holds)
 
 

@@ -32,11 +32,13 @@ from .staging import (
     GangRequest,
     PodReq,
     Stage,
+    at_pods,
     domain_free,
     exclusions_for,
     preference,
     prepare,
     resolve,
+    starting,
     trim,
 )
 from .types import Placement, Unplaceable
@@ -337,11 +339,32 @@ def _attempt(state: ClusterIndex, job: GangRequest, exclude: Mapping[str, Exclus
 
 def _search(state: ClusterIndex, spec: JobSpec, reqs: list[PodReq], exclude: Mapping[str, Exclusion] | None
             ) -> Staged | None:
-    """The whole gang, else (min_members) its first `gang_size` pods; None when neither fits."""
+    """The whole gang, else (min_members) its first `gang_size` pods, else (elastic) the most pods that fit, at
+    least its floors; None when none fits."""
     got = _attempt(state, prepare(state, spec, reqs), exclude)
+    if got is None and spec.elastic:
+        return _largest(state, spec, reqs, exclude)
     if got is None and spec.gang_size < spec.total_pods:
         got = _attempt(state, prepare(state, spec, trim(reqs, spec.gang_size)), exclude)
     return got
+
+
+def _largest(state: ClusterIndex, spec: JobSpec, reqs: list[PodReq], exclude: Mapping[str, Exclusion] | None
+             ) -> Staged | None:
+    """An elastic job that does not fit whole starts with what fits: the most pods (min_pods..total_pods - 1) a
+    placement holds, found by bisection (a placement of n pods leaves room for n - 1 of the same gang)."""
+    lo, hi = spec.min_pods, spec.total_pods - 1
+    best = _attempt(state, prepare(state, spec, at_pods(spec, reqs, lo)), exclude)
+    if best is None:
+        return None
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        got = _attempt(state, prepare(state, spec, at_pods(spec, reqs, mid)), exclude)
+        if got is None:
+            hi = mid - 1
+        else:
+            lo, best = mid, got
+    return best
 
 
 def _search_as_queue(state: ClusterIndex, spec: JobSpec, reqs: list[PodReq],
@@ -366,7 +389,7 @@ def place_job(state: ClusterIndex, spec: JobSpec, allowed: tuple[str, ...],
         return reqs
     got = _search_as_queue(state, spec, reqs, exclude)
     if got is None:
-        return diagnose(state, spec, prepare(state, spec, trim(reqs, spec.gang_size)), exclude)
+        return diagnose(state, spec, prepare(state, spec, starting(spec, reqs)), exclude)
     bindings, requests = got
     return state.build_placement(spec.job_id, tuple(bindings), tuple(requests))
 

@@ -51,8 +51,8 @@ from .staging import (
     exclusions_for,
     resolve,
     shared_capacity,
-    trim,
 )
+from .staging import starting as starting_pods
 from .types import PendingJob, Placement, Unplaceable
 
 
@@ -209,7 +209,7 @@ def may_fit_if_released(state: ClusterIndex, spec: JobSpec, allowed: tuple[str, 
     if isinstance(reqs, Unplaceable):
         return False
     state.refresh_index()
-    starting = trim(reqs, spec.gang_size)
+    starting = starting_pods(spec, reqs)
     gate = _Gate(state, spec, reqs, starting, None)
     touched: list[str] = []
     for job_id in set(victims):  # each once: the view adds CPU and memory back per release
@@ -246,7 +246,7 @@ def earliest_instant(state: ClusterIndex, pj: PendingJob, timeline: Sequence[tup
         return None
     state.refresh_index()
     events = sorted(timeline)  # usually sorted already (timsort: linear); jobs not running are skipped below
-    starting = trim(reqs, spec.gang_size)
+    starting = starting_pods(spec, reqs)
     if not _ever_fits(state, spec, starting, spec.topology.required_level if len(starting) == 1 else None):
         return None
     exclude = exclusions_for(r.placement for r in earlier) if earlier else None

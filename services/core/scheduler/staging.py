@@ -187,7 +187,8 @@ def placement_shape(spec: JobSpec) -> tuple[object, ...]:
     tolerations and datasets. Two specs of one shape get the same answer on the same state, but for the job id in it."""
     return (tuple((ps.name, ps.count, ps.gpus_per_pod, ps.gpu_models, ps.mig_profile, ps.cpu_milli, ps.memory_mib,
                    ps.own_tolerations, selection_of(ps), ps.gpu_fraction, ps.gpu_memory_mib, ps.gpu_sharing)
-                  for ps in spec.pod_sets), spec.min_members, spec.topology.required_level,
+                  for ps in spec.pod_sets), spec.min_members, tuple(ps.min_count for ps in spec.pod_sets),
+            spec.topology.required_level,
             spec.topology.preferred_level, spec.tolerations, spec.datasets)
 
 
@@ -201,6 +202,16 @@ def trim(reqs: list[PodReq], pods: int) -> list[PodReq]:
         out.append(replace(r, count=take))
         pods -= take
     return out
+
+
+def at_pods(spec: JobSpec, reqs: list[PodReq], pods: int) -> list[PodReq]:
+    """An elastic job's requests with `pods` pods in all (JobSpec.at_pods: each pod set keeps its floor)."""
+    return [replace(r, count=ps.count) for r, ps in zip(reqs, spec.at_pods(pods).pod_sets, strict=True)]
+
+
+def starting(spec: JobSpec, reqs: list[PodReq]) -> list[PodReq]:
+    """The pods that must start: an elastic job's floors (min_count per pod set), else the first `gang_size`."""
+    return at_pods(spec, reqs, spec.min_pods) if spec.elastic else trim(reqs, spec.gang_size)
 
 
 def eligible(state: ClusterIndex, req: PodReq, tolerations: tuple[Toleration, ...]) -> Eligibility:
@@ -538,6 +549,7 @@ __all__ = [
     "PodReq",
     "Selection",
     "Stage",
+    "at_pods",
     "domain_free",
     "eligible",
     "excluded",
@@ -552,6 +564,7 @@ __all__ = [
     "selection_of",
     "shared_capacity",
     "shared_fits",
+    "starting",
     "trim",
     "unmatched",
 ]

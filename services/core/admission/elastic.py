@@ -1,0 +1,55 @@
+"""Quota of a running elastic job (PodSet.min_count): charged for the pods it runs, not for its maximum.
+
+Admission reserves an elastic pod set's floor (`resources._demand`); the pipeline charges each pod above it when it
+starts or grows and gives the charge back when it shrinks (`charge_running`), on the flavor admission chose for the
+pod set. Growth never borrows: `growth_room` counts what the queue's nominal quota still holds (and what the book
+says one more job of it could take), so a grown job is never a borrower a reclaim would preempt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from shared.domain import JobSpec
+
+from .model import AdmittedWorkload
+from .state import AdmissionState
+
+
+def above_floor(spec: JobSpec, flavors: dict[str, str], pods: int) -> dict[str, int]:
+    """Quota resource -> GPUs of the pods above the floors when the job runs `pods` pods."""
+    out: dict[str, int] = {}
+    for ps, sized in zip(spec.pod_sets, spec.at_pods(pods).pod_sets, strict=True):
+        model = flavors.get(ps.name)
+        if ps.elastic and model is not None and sized.count > ps.floor:
+            out[model] = out.get(model, 0) + (sized.count - ps.floor) * ps.gpus_per_pod
+    return out
+
+
+def charge_running(state: AdmissionState, job_id: str, pods_before: int, pods: int) -> AdmittedWorkload | None:
+    """The admitted elastic job now runs `pods` pods (it ran `pods_before`, its floor when it just started):
+    its queue is charged for them. None when it is not admitted (nothing charged)."""
+    a = state.admitted.get(job_id)
+    if a is None or pods == pods_before:
+        return a
+    usage = dict(a.usage)
+    for n, sign in ((pods_before, -1), (pods, 1)):
+        for r, amount in above_floor(a.spec, a.flavors, n).items():
+            usage[r] = usage.get(r, 0) + sign * amount
+    charged = replace(a, usage={r: v for r, v in sorted(usage.items()) if v})
+    state.restore_admitted(charged)
+    return charged
+
+
+def growth_room(state: AdmissionState, queue: str, model: str) -> int:
+    """GPUs of `model` the queue's elastic jobs may still grow into: within its nominal quota (never borrowed)
+    and what the quota book lets one more job of it take; 0 while a job of the queue waits for admission (a grown
+    job must not keep its own team's next job out)."""
+    qq = state.book.queues.get(queue)
+    if qq is None or state.waiting(queue)[0]:
+        return 0
+    nominal = qq.nominal.get(model, 0)
+    return max(0, min(nominal - state.usage(queue).get(model, 0), state.available(queue, model)))
+
+
+__all__ = ["above_floor", "charge_running", "growth_room"]
