@@ -10,6 +10,8 @@ library, so any training image can carry it (copy this one file, or `pip install
             uri = save_checkpoint(step)
             gpuq_sdk.report_checkpoint(uri, step=step)
             break                             # (or keep going until SIGTERM; the pod is stopped either way)
+        if gpuq_sdk.target_pods() != world:   # an elastic job was grown or shrunk: re-form the process group
+            ...
 
 The pod needs the downward-API annotations file (a `downwardAPI` volume with `metadata.annotations`, mounted at
 /etc/podinfo by default, or GPUQ_ANNOTATIONS_FILE) and a service account allowed to patch its own pod
@@ -45,7 +47,7 @@ if TYPE_CHECKING:
 
 __all__ = ["AsyncClient", "CheckpointReportError", "Client", "GpuqError", "SubmissionRefused", "Submitted",
            "WaitTimeout", "checkpoint_deadline", "checkpoint_requested", "job_spec", "pod_annotations",
-           "report_checkpoint", "resume_from"]
+           "report_checkpoint", "resume_from", "target_pods", "target_pods_by_set"]
 _PRODUCER = frozenset({"AsyncClient", "Client", "GpuqError", "SubmissionRefused", "Submitted", "WaitTimeout",
                        "job_spec"})
 
@@ -64,6 +66,8 @@ CHECKPOINT_REQUESTED = "gpuq.io/checkpoint-requested"
 LAST_CHECKPOINT = "gpuq.io/last-checkpoint"
 LAST_CHECKPOINT_STEP = "gpuq.io/last-checkpoint-step"
 RESUME_FROM = "gpuq.io/resume-from"
+TARGET_PODS = "gpuq.io/target-pods"
+TARGET_PODS_BY_SET = "gpuq.io/target-pods-by-set"
 RESUME_ENV = "GPUQ_RESUME_FROM"
 
 
@@ -105,6 +109,26 @@ def checkpoint_deadline(path: str | Path | None = None) -> datetime | None:
 def checkpoint_requested(path: str | Path | None = None) -> bool:
     """Whether gpuq asked this job to checkpoint (it wants the GPUs back)."""
     return checkpoint_deadline(path) is not None
+
+
+def target_pods(path: str | Path | None = None) -> int | None:
+    """An elastic job's size now: the pods it runs with in all, as gpuq last started, grew or shrank it (None: the
+    job is not elastic, or the annotation is not there yet). Compare it with the world size you run with."""
+    raw = pod_annotations(path).get(TARGET_PODS)
+    try:
+        return int(raw) if raw else None
+    except ValueError:
+        return None
+
+
+def target_pods_by_set(path: str | Path | None = None) -> dict[str, int]:
+    """Per elastic pod set (e.g. {"worker": 6}), the pods it runs with now; {} when not elastic."""
+    out: dict[str, int] = {}
+    for item in (pod_annotations(path).get(TARGET_PODS_BY_SET) or "").split(","):
+        name, sep, count = item.partition("=")
+        if sep and count.strip().isdigit():
+            out[name.strip()] = int(count)
+    return out
 
 
 def resume_from(path: str | Path | None = None) -> str | None:

@@ -210,6 +210,8 @@ def job_spec(kind: WorkloadKind, obj: Obj, queues: QueuesConfig, cfg: Kubernetes
             sets.append(PodSet(name=ps.name, count=ps.count, gpus_per_pod=1 if mig else gpus,
                                gpu_models=_models(ps.template, models_annotation, cfg), mig_profile=mig,
                                cpu_milli=cpu, memory_mib=mem, node_selector=_node_selector(ps.template),
+                               min_count=ps.min_count if ps.min_count is not None and ps.min_count < ps.count
+                               else None,
                                affinity=_off_dra_nodes(_affinity(ps.template)) if dra_nodes and (gpus or mig)
                                else _affinity(ps.template), tolerations=_sorted(_tolerations(ps.template)),
                                **_sharing(ps.template, annotations, 0 if mig else gpus)))
@@ -225,7 +227,7 @@ def job_spec(kind: WorkloadKind, obj: Obj, queues: QueuesConfig, cfg: Kubernetes
         uid = meta.get("uid") or ""
         spec = JobSpec(
             job_id=n.cluster_job_id(namespace, name, uid), team=mapping.team, queue=queue, priority_class=priority,
-            kind=JobKind(annotations.get(n.KIND_ANNOTATION, JobKind.TRAINING.value)), pod_sets=tuple(sets),
+            kind=JobKind(annotations.get(n.KIND_ANNOTATION, kind.job_kind)), pod_sets=tuple(sets),
             min_members=_int_annotation(annotations, n.MIN_MEMBERS_ANNOTATION),
             topology=TopologyRequest(required_level=TopologyLevel(required) if required else None,
                                      preferred_level=TopologyLevel(preferred) if preferred else None),

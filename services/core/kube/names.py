@@ -32,6 +32,10 @@ RETRY_BACKOFF_S_ANNOTATION = "gpuq.io/retry-backoff-s"  # base of the exponentia
 RETRY_REASONS_ANNOTATION = "gpuq.io/retry-reasons"  # comma-separated exit reasons (default: Error,NodeFailure,Evicted)
 
 CHECKPOINT_REQUESTED_ANNOTATION = "gpuq.io/checkpoint-requested"  # on pods: the deadline (RFC 3339)
+# On an elastic workload and its pods: the pods the job runs with now (gpuq_sdk.target_pods), written when gpuq starts,
+# grows or shrinks it; `<pod set>=<pods>` per elastic pod set in TARGET_PODS_BY_SET_ANNOTATION.
+TARGET_PODS_ANNOTATION = "gpuq.io/target-pods"
+TARGET_PODS_BY_SET_ANNOTATION = "gpuq.io/target-pods-by-set"
 LAST_CHECKPOINT_ANNOTATION = "gpuq.io/last-checkpoint"  # on a pod, set by the SDK: the checkpoint URI
 LAST_CHECKPOINT_STEP_ANNOTATION = "gpuq.io/last-checkpoint-step"
 RESUME_FROM_ANNOTATION = "gpuq.io/resume-from"  # on pod templates: the checkpoint to resume from

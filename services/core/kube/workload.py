@@ -18,8 +18,9 @@ Obj = Mapping[str, Any]
 @dataclass(frozen=True)
 class PodSetTemplate:
     name: str  # gpuq pod set name
-    count: int  # pods of this set that run at once
+    count: int  # pods of this set that run at once (an elastic pod set: the most)
     template: dict[str, Any]  # the PodTemplateSpec (metadata + spec)
+    min_count: int | None = None  # elastic (PyTorchJob elasticPolicy, RayJob autoscaling): the fewest pods
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ class WorkloadKind(ABC):
     api_version: ClassVar[str]  # group/version
     kind: ClassVar[str]
     plural: ClassVar[str]
+    job_kind: ClassVar[str] = "training"  # the job class (JobKind) unless annotated `gpuq.io/kind`
 
     @property
     def group(self) -> str:
@@ -129,6 +131,11 @@ class WorkloadKind(ABC):
     def active_deadline_s(self, obj: Obj) -> int | None:
         value = (obj.get("spec") or {}).get("activeDeadlineSeconds")
         return int(value) if value is not None else None
+
+    def replicas_patch(self, obj: Obj, counts: Mapping[str, int]) -> dict[str, Any]:
+        """A merge patch that runs `counts` (pod set -> pods) of the workload's elastic pod sets; {} for a kind
+        that has none (services/core/kube/elastic.py)."""
+        return {}
 
     def build(self, name: str, namespace: str, pod_sets: list[PodSetTemplate], labels: Mapping[str, str],
               annotations: Mapping[str, str]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ import logging
 
 from services.core.kube import dra
 from services.core.kube import names as n
+from services.core.kube.elastic import run_elastic
 from services.core.kube.kinds import kind_of
 from services.core.kube.placement import (
     event_pod_sets,
@@ -89,7 +90,10 @@ class Runner:
         originals = [PodSetTemplate(name, 0, tmpl) for name, tmpl in json.loads(row["templates"]).items()]
         templates = placed_templates(originals, spec, bindings_of(row), row["resume_from"])
         templates = await consumed(tx, job_id, templates)  # the autoscaler's booked capacity, when it provisioned
-        await self.api.patch(res, row["name"], kind.run_patch(obj, templates), namespace=row["namespace"])
+        # an elastic workload runs the pods placed, and its pods are told how many (services/core/kube/elastic.py)
+        patch = (run_elastic(kind, obj, spec, bindings_of(row), templates) if spec.elastic
+                 else kind.run_patch(obj, templates))
+        await self.api.patch(res, row["name"], patch, namespace=row["namespace"])
         await tx.conn.execute(
             "UPDATE executor.kube_jobs SET state = 'placed', placed_at = $2, started_at = NULL, attempt = attempt + 1, "
             "failure = NULL, pull_problem_at = NULL, unbound_at = NULL, preemption_id = NULL WHERE job_id = $1",

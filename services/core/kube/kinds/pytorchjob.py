@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from services.core.kube.workload import (
@@ -33,7 +34,22 @@ class PyTorchJob(WorkloadKind):
         replicas = (obj.get("spec") or {}).get(self.replicas_key) or {}
         sets = [PodSetTemplate(rtype.lower(), max(1, int(r.get("replicas", 1))), dict(r.get("template") or {}))
                 for rtype, r in replicas.items()]
+        sets = [self._elastic(obj, p) for p in sets]
         return sorted(sets, key=lambda p: (self.order.get(p.name, len(self.order)), p.name))
+
+    def _elastic(self, obj: Obj, ps: PodSetTemplate) -> PodSetTemplate:
+        """A PyTorchJob's `elasticPolicy` (minReplicas..maxReplicas) makes its Worker pod set elastic: at most
+        maxReplicas (else its replicas), at least minReplicas (else 1)."""
+        policy = (obj.get("spec") or {}).get("elasticPolicy")
+        if self.kind != "PyTorchJob" or not policy or ps.name != "worker":
+            return ps
+        most = max(1, int(policy.get("maxReplicas", ps.count)))
+        return replace(ps, count=most, min_count=min(most, max(1, int(policy.get("minReplicas", 1)))))
+
+    def replicas_patch(self, obj: Obj, counts: Mapping[str, int]) -> dict[str, Any]:
+        replicas = (obj.get("spec") or {}).get(self.replicas_key) or {}
+        return {"spec": {self.replicas_key: {rtype: {"replicas": counts[rtype.lower()]} for rtype in sorted(replicas)
+                                             if rtype.lower() in counts}}}
 
     def with_templates(self, spec: dict[str, Any], templates: Mapping[str, dict[str, Any]]) -> None:
         for rtype, r in (spec.get(self.replicas_key) or {}).items():

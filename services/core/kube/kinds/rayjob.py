@@ -26,11 +26,24 @@ class RayJob(WorkloadKind):
         cluster = (obj.get("spec") or {}).get("rayClusterSpec") or {}
         head = (cluster.get("headGroupSpec") or {}).get("template") or {}
         out = [PodSetTemplate(HEAD, 1, dict(head))]
+        autoscaled = bool(cluster.get("enableInTreeAutoscaling"))
         for g in cluster.get("workerGroupSpecs") or []:
             replicas = int(g.get("replicas", g.get("minReplicas", 1)))
-            if replicas > 0:
+            most = int(g.get("maxReplicas", replicas))
+            if autoscaled and most > max(1, int(g.get("minReplicas", 0))):
+                # the Ray autoscaler's range, as an elastic pod set: at least minReplicas (and 1), at most max
+                out.append(PodSetTemplate(g["groupName"], most, dict(g.get("template") or {}),
+                                          max(1, int(g.get("minReplicas", 0)))))
+            elif replicas > 0:
                 out.append(PodSetTemplate(g["groupName"], replicas, dict(g.get("template") or {})))
         return out
+
+    def replicas_patch(self, obj: Obj, counts: Mapping[str, int]) -> dict[str, Any]:
+        """The worker groups' replicas (the list is replaced whole: a merge patch cannot address one item)."""
+        cluster = (obj.get("spec") or {}).get("rayClusterSpec") or {}
+        groups = [dict(g, replicas=counts[g["groupName"]]) if g.get("groupName") in counts else dict(g)
+                  for g in cluster.get("workerGroupSpecs") or []]
+        return {"spec": {"rayClusterSpec": {"workerGroupSpecs": groups}}} if groups else {}
 
     def all_templates(self, obj: Obj) -> list[PodSetTemplate]:
         """The head, every worker group (those scaled to zero too: the autoscaler may start them) and the

@@ -116,6 +116,7 @@ class PyTorchJobController(WorkloadController):
             )
             return
         self._create_missing(job, pods)
+        self._delete_excess(job, owned(self.store, PODS, job))
         pods = owned(self.store, PODS, job)
         self._write_status(job, pods, now)
 
@@ -190,6 +191,15 @@ class PyTorchJobController(WorkloadController):
                         name=pod_name,
                         labels=labels,
                     )
+
+    def _delete_excess(self, job: Obj, pods: list[Obj]) -> None:
+        """Pods whose replica index is not below their type's replicas any more go (the operator's reconcile: an
+        elastic job's Worker replicas lowered)."""
+        replicas = {rtype.lower(): int(spec.get("replicas", 1)) for rtype, spec in self._replica_specs(job)}
+        delete_pods(self.store, [
+            p for p in pods
+            if int(p["metadata"]["labels"].get(f"{LABEL_PREFIX}/replica-index", "0"))
+            >= replicas.get(p["metadata"]["labels"].get(f"{LABEL_PREFIX}/replica-type", ""), 1 << 30)])
 
     def _write_status(self, job: Obj, pods: list[Obj], now: str) -> None:
         name = job["metadata"]["name"]
