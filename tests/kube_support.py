@@ -132,6 +132,9 @@ def kind_body(kind: str, name: str, gpu: bool) -> dict[str, Any]:
             "runPolicy": {"suspend": False}, key: {
                 first: {"replicas": 1, "restartPolicy": "OnFailure", "template": template()},
                 second: {"replicas": 1, "restartPolicy": "OnFailure", "template": last}}}}
+    if kind == "Notebook":  # issue 48: one pod, its template a spec only; started (no kubeflow-resource-stopped)
+        return {"apiVersion": "kubeflow.org/v1", "kind": "Notebook", "metadata": {"name": name}, "spec": {
+            "template": {"spec": last["spec"]}}}
     assert kind == "RayJob"
     return {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": name}, "spec": {
         "entrypoint": "python train.py", "suspend": False, "rayClusterSpec": {
@@ -169,6 +172,7 @@ TEMPLATES = {
                " has(x.spec.tfReplicaSpecs[n].template)).map(n, x.spec.tfReplicaSpecs[n].template) : [])"),
     "mpijobs": ("(has(x.spec) && has(x.spec.mpiReplicaSpecs) ? x.spec.mpiReplicaSpecs.filter(n,"
                 " has(x.spec.mpiReplicaSpecs[n].template)).map(n, x.spec.mpiReplicaSpecs[n].template) : [])"),
+    "notebooks": "(has(x.spec) && has(x.spec.template) ? [x.spec.template] : [])",
     "rayjobs": ("(has(x.spec) && has(x.spec.rayClusterSpec) && has(x.spec.rayClusterSpec.headGroupSpec) &&"
                 " has(x.spec.rayClusterSpec.headGroupSpec.template) ? [x.spec.rayClusterSpec.headGroupSpec.template]"
                 " : []) + (has(x.spec) && has(x.spec.rayClusterSpec) && has(x.spec.rayClusterSpec.workerGroupSpecs) ?"
@@ -177,7 +181,8 @@ TEMPLATES = {
 }
 WEBHOOK_KINDS = [  # (plural, group, version): one webhook each, so that each reads its own kind's templates
     ("jobs", "batch", "v1"), ("jobsets", "jobset.x-k8s.io", "v1alpha2"), ("pytorchjobs", "kubeflow.org", "v1"),
-    ("tfjobs", "kubeflow.org", "v1"), ("mpijobs", "kubeflow.org", "v2beta1"), ("rayjobs", "ray.io", "v1")]
+    ("tfjobs", "kubeflow.org", "v1"), ("mpijobs", "kubeflow.org", "v2beta1"), ("notebooks", "kubeflow.org", "v1"),
+    ("rayjobs", "ray.io", "v1")]
 
 
 def workload_condition(plural: str) -> dict[str, str]:

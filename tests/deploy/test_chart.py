@@ -47,6 +47,7 @@ EXECUTOR_CLUSTER_RULES = {
     ("kubeflow.org", "pytorchjobs"): {"list", "watch"},
     ("kubeflow.org", "tfjobs"): {"list", "watch"},  # issue 48 item 7
     ("kubeflow.org", "mpijobs"): {"list", "watch"},
+    ("kubeflow.org", "notebooks"): {"list", "watch"},  # issue 48: Kubeflow Notebooks
     ("ray.io", "rayjobs"): {"list", "watch"},
     ("resource.k8s.io", "resourceslices"): {"list", "watch"},  # DRA devices (issue 47)
 }
@@ -59,6 +60,7 @@ EXECUTOR_NAMESPACED_RULES = {
     ("kubeflow.org", "pytorchjobs"): {"get", "patch"},
     ("kubeflow.org", "tfjobs"): {"get", "patch"},
     ("kubeflow.org", "mpijobs"): {"get", "patch"},
+    ("kubeflow.org", "notebooks"): {"get", "patch"},  # stopped and started by annotation; no status written
     ("ray.io", "rayjobs"): {"get", "patch"},
     # a job gpuq failed or rejected gets the terminal status the kind's controller writes (issue 45 item 7)
     ("jobset.x-k8s.io", "jobsets/status"): {"patch"},
@@ -80,7 +82,8 @@ READ_VERBS = {"get", "list", "watch"}
 # Issue 12's list, the ceiling: the executor's role stays inside it, except `create` on Jobs and JobSets for jobs
 # submitted as events, which `rbac.eventSubmittedJobs=false` takes away.
 WORKLOADS = (("batch", "jobs"), ("jobset.x-k8s.io", "jobsets"), ("kubeflow.org", "pytorchjobs"),
-             ("kubeflow.org", "tfjobs"), ("kubeflow.org", "mpijobs"), ("ray.io", "rayjobs"))
+             ("kubeflow.org", "tfjobs"), ("kubeflow.org", "mpijobs"), ("kubeflow.org", "notebooks"),
+             ("ray.io", "rayjobs"))
 CEILING = {("", "nodes"): {"list", "watch"}, ("", "pods"): {"get", "list", "watch", "patch", "delete"},
            ("", "events"): {"create"}, **{w: {"get", "list", "watch", "patch", "update"} for w in WORKLOADS}}
 API_RULES = {("authentication.k8s.io", "tokenreviews"): {"create"}}

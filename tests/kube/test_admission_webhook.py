@@ -43,7 +43,7 @@ from services.executor.kube.webhook import WebhookServer, WebhookSettings
 from shared.config import QueuesConfig, parse_queues
 from shared.servers import free_port
 from tests.kube.kubefake.cluster import KubeCluster
-from tests.kube.kubefake.kinds import JobSet, MPIJob, PyTorchJob, RayJob, TFJob
+from tests.kube.kubefake.kinds import JobSet, MPIJob, Notebook, PyTorchJob, RayJob, TFJob
 from tests.kube_support import kind_body, webhook_configurations
 
 MANAGED, ELSEWHERE, SYSTEM = "wh-team-a", "wh-scratch", "wh-gpuq-system"
@@ -75,11 +75,14 @@ def job_body(name: str, *, gpus: int = 1, suspend: bool | None = None, labels: d
             "metadata": {"name": name, "labels": labels or {}, "annotations": annotations or {}}, "spec": spec}
 
 
-KINDS = {"Job": JOB, "JobSet": JobSet, "PyTorchJob": PyTorchJob, "TFJob": TFJob, "MPIJob": MPIJob, "RayJob": RayJob}
+KINDS = {"Job": JOB, "JobSet": JobSet, "PyTorchJob": PyTorchJob, "TFJob": TFJob, "MPIJob": MPIJob, "RayJob": RayJob,
+         "Notebook": Notebook}
 RUN_POLICY = ("PyTorchJob", "TFJob", "MPIJob")  # suspended through spec.runPolicy.suspend
 
 
 def suspended(obj: dict[str, Any]) -> bool:
+    if obj["kind"] == "Notebook":  # stopped as Kubeflow stops one
+        return "kubeflow-resource-stopped" in (obj["metadata"].get("annotations") or {})
     spec = obj["spec"]
     return bool((spec.get("runPolicy") or {}).get("suspend") if obj["kind"] in RUN_POLICY else spec.get("suspend"))
 
@@ -110,7 +113,7 @@ async def _user_client(kube_api: KubeCluster, tmp_path: Path) -> tuple[AsyncClie
             {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create", "get", "update", "patch"]},
             {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "update", "patch"]},
             {"apiGroups": ["jobset.x-k8s.io", "kubeflow.org", "ray.io"],
-             "resources": ["jobsets", "pytorchjobs", "tfjobs", "mpijobs", "rayjobs"],
+             "resources": ["jobsets", "pytorchjobs", "tfjobs", "mpijobs", "rayjobs", "notebooks"],
              "verbs": ["create", "get", "update", "patch"]}]}))
         await client.create(RoleBinding.from_dict({
             "metadata": {"name": "alice", "namespace": ns},

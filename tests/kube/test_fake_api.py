@@ -264,6 +264,7 @@ async def test_discovery_lists_core_batch_and_the_training_crds(kube_api: KubeCl
         "mpijobs.kubeflow.org",
         "rayjobs.ray.io",
         "rayclusters.ray.io",
+        "notebooks.kubeflow.org",
         "provisioningrequests.autoscaling.x-k8s.io",
     }
 

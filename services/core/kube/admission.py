@@ -24,6 +24,7 @@ test_webhook_match_conditions.py checks they cover every request these rules act
 from __future__ import annotations
 
 import base64
+import copy
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -46,7 +47,8 @@ USER_ANNOTATIONS = frozenset({
     n.RETRY_REASONS_ANNOTATION})
 GPUQ_PREFIX = "gpuq.io/"
 HOW_TO_SUBMIT = ("create a batch/v1 Job, JobSet, PyTorchJob, TFJob, MPIJob or RayJob asking for the GPUs (suspend: "
-                 "true, label gpuq.io/queue); gpuq queues it and starts it when it is admitted")
+                 "true, label gpuq.io/queue), or a Kubeflow Notebook (annotated kubeflow-resource-stopped); gpuq "
+                 "queues it and starts it when it is admitted")
 
 
 @dataclass(frozen=True)
@@ -183,7 +185,9 @@ def _pointer(*parts: str) -> str:
 
 
 def _set(obj: Obj, path: tuple[str, ...], value: Any) -> list[dict[str, Any]]:
-    """JSON Patch operations that set `path` in `obj` to `value`, adding the maps on the way that are missing."""
+    """JSON Patch operations that set `path` in `obj` to `value`, adding the maps on the way that are missing. `obj`
+    is the object as the operations before these leave it: a dict is updated to what these do (so that two keys of
+    one missing map, such as a Notebook's stop annotation and gpuq.io/user, are not both added as the whole map)."""
     node: Any = obj
     for i, part in enumerate(path[:-1]):
         nxt = node.get(part) if isinstance(node, Mapping) else None
@@ -191,9 +195,13 @@ def _set(obj: Obj, path: tuple[str, ...], value: Any) -> list[dict[str, Any]]:
             nested: Any = value
             for key in reversed(path[i + 1:]):
                 nested = {key: nested}
+            if isinstance(node, dict):
+                node[part] = copy.deepcopy(nested)
             return [{"op": "add", "path": _pointer(*path[:i + 1]), "value": nested}]
         node = nxt
     op = "replace" if isinstance(node, Mapping) and path[-1] in node else "add"
+    if isinstance(node, dict):
+        node[path[-1]] = copy.deepcopy(value)
     return [{"op": op, "path": _pointer(*path), "value": value}]
 
 
@@ -223,15 +231,16 @@ def mutate(review: Review, policy: WebhookPolicy) -> Answer:
         return ALLOW
     ops: list[dict[str, Any]] = []
     warnings = []
+    work = copy.deepcopy(review.obj)  # the object as the operations so far leave it
     if not kind.suspended(review.obj):
-        ops += _suspend_ops(kind, review.obj)
+        ops += _suspend_ops(kind, work)
         warnings.append(f"gpuq suspended this {kind.kind}: it starts when gpuq admits and places it")
     if not labelled:
-        ops += _set(review.obj, ("metadata", "labels", n.QUEUE_LABEL), mapping.queues[0])
+        ops += _set(work, ("metadata", "labels", n.QUEUE_LABEL), mapping.queues[0])
         warnings.append(f"gpuq queued this {kind.kind} in namespace {review.namespace}'s default queue "
                         f"{mapping.queues[0]} (label {n.QUEUE_LABEL} names another)")
     if n.USER_ANNOTATION not in _annotations(review.obj):  # an author's own value is refused by validation
-        ops += _set(review.obj, ("metadata", "annotations", n.USER_ANNOTATION), review.user)
+        ops += _set(work, ("metadata", "annotations", n.USER_ANNOTATION), review.user)
     return Answer(True, patch=ops, warnings=tuple(warnings))
 
 

@@ -16,6 +16,7 @@ PyTorchJob = create_namespaced_resource("kubeflow.org", "v1", "PyTorchJob", "pyt
 TFJob = create_namespaced_resource("kubeflow.org", "v1", "TFJob", "tfjobs")
 MPIJob = create_namespaced_resource("kubeflow.org", "v2beta1", "MPIJob", "mpijobs")
 RayJob = create_namespaced_resource("ray.io", "v1", "RayJob", "rayjobs")
+Notebook = create_namespaced_resource("kubeflow.org", "v1", "Notebook", "notebooks")
 RayCluster = create_namespaced_resource("ray.io", "v1", "RayCluster", "rayclusters")
 ProvisioningRequest = create_namespaced_resource("autoscaling.x-k8s.io", "v1", "ProvisioningRequest",
                                                  "provisioningrequests")
@@ -35,6 +36,7 @@ LIGHTKUBE_KINDS: dict[r.ResourceType, Any] = {
     r.MPIJOBS: MPIJob,
     r.RAYJOBS: RayJob,
     r.RAYCLUSTERS: RayCluster,
+    r.NOTEBOOKS: Notebook,
     r.POD_TEMPLATES: PodTemplate,
     r.PROVISIONING_REQUESTS: ProvisioningRequest,
 }

@@ -118,6 +118,8 @@ PYTORCHJOBS = ResourceType("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob", Tr
 TFJOBS = ResourceType("kubeflow.org", "v1", "tfjobs", "TFJob", True, custom=True)
 MPIJOBS = ResourceType("kubeflow.org", "v2beta1", "mpijobs", "MPIJob", True, custom=True)
 RAYJOBS = ResourceType("ray.io", "v1", "rayjobs", "RayJob", True, custom=True)
+# Kubeflow's notebook controller (controllers/notebook.py)
+NOTEBOOKS = ResourceType("kubeflow.org", "v1", "notebooks", "Notebook", True, custom=True)
 RAYCLUSTERS = ResourceType("ray.io", "v1", "rayclusters", "RayCluster", True, custom=True)
 POD_TEMPLATES = ResourceType("", "v1", "podtemplates", "PodTemplate", True, ())
 PROVISIONING_REQUESTS = ResourceType(
@@ -162,6 +164,7 @@ ALL_RESOURCES: tuple[ResourceType, ...] = (
     MPIJOBS,
     RAYJOBS,
     RAYCLUSTERS,
+    NOTEBOOKS,
     POD_TEMPLATES,
     PROVISIONING_REQUESTS,
 )

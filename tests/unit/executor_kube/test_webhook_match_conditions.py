@@ -23,7 +23,8 @@ POLICY = WebhookPolicy(queues=parse_queues({**QUEUES, "governance": {"default": 
 USER = "system:serviceaccount:ml-a:alice"
 KINDS = {"Job": ("batch", "v1", "jobs"), "JobSet": ("jobset.x-k8s.io", "v1alpha2", "jobsets"),
          "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs"), "TFJob": ("kubeflow.org", "v1", "tfjobs"),
-         "MPIJob": ("kubeflow.org", "v2beta1", "mpijobs"), "RayJob": ("ray.io", "v1", "rayjobs")}
+         "MPIJob": ("kubeflow.org", "v2beta1", "mpijobs"), "RayJob": ("ray.io", "v1", "rayjobs"),
+         "Notebook": ("kubeflow.org", "v1", "notebooks")}
 Obj = dict[str, Any]
 RUN_POLICY = ("PyTorchJob", "TFJob", "MPIJob")  # suspended through spec.runPolicy.suspend
 
@@ -51,8 +52,20 @@ def templates_of(kind: str, obj: Obj) -> list[Obj]:
     return [ps.template for ps in found.all_templates(obj)]  # the object's own template dicts
 
 
+def template_meta_of(kind: str, obj: Obj, index: int) -> Obj:
+    """Where a pod template's metadata is written: the template, or for a Notebook (whose template is a spec only) the
+    Notebook itself, whose labels and annotations the notebook controller copies to its pod."""
+    return obj if kind == "Notebook" else templates_of(kind, obj)[index]
+
+
 def suspend(kind: str, obj: Obj, value: bool) -> Obj:
     out = copy.deepcopy(obj)
+    if kind == "Notebook":  # stopped as Kubeflow stops one
+        annotations = meta(out, "annotations")
+        annotations.pop("kubeflow-resource-stopped", None)
+        if value:
+            annotations["kubeflow-resource-stopped"] = "2026-12-06T07:00:00Z"
+        return out
     (out["spec"].setdefault("runPolicy", {}) if kind in RUN_POLICY else out["spec"])["suspend"] = value
     return out
 
@@ -79,10 +92,10 @@ def creates(kind: str) -> Iterator[tuple[str, Obj]]:
         yield f"gpu={gpu}, job-id annotation", edit(base, lambda o: meta(o, "annotations").update(
             {"gpuq.io/job-id": "ml-a.x.1"}))
         yield f"gpu={gpu}, status label", edit(base, lambda o: meta(o, "labels").update({"gpuq.io/status": "x"}))
-        yield f"gpu={gpu}, last template label", edit(base, lambda o: meta(templates_of(kind, o)[-1], "labels")
+        yield f"gpu={gpu}, last template label", edit(base, lambda o: meta(template_meta_of(kind, o, -1), "labels")
                                                       .update({"gpuq.io/job": "ml-a.x.1"}))
         yield f"gpu={gpu}, last template annotation", edit(
-            base, lambda o: meta(templates_of(kind, o)[-1], "annotations").update({"gpuq.io/resume": "s"}))
+            base, lambda o: meta(template_meta_of(kind, o, -1), "annotations").update({"gpuq.io/resume": "s"}))
     if kind == "RayJob":  # the submitter pod KubeRay runs is a template too
         yield "GPU in the submitter only", edit(kind_body(kind, "w", False), lambda o: o["spec"].update(
             {"submitterPodTemplate": template(1)}))
@@ -99,10 +112,10 @@ def updates(kind: str) -> Iterator[tuple[str, Obj, Obj]]:
         yield f"gpu={gpu}: every gpuq key removed and resumed", managed, edit(suspend(kind, managed, False), lambda o: (
             meta(o, "labels").clear(), meta(o, "annotations").clear()))
         yield f"gpu={gpu}: template label added", managed, edit(managed, lambda o: meta(
-            templates_of(kind, o)[0], "labels").update({"gpuq.io/job": "ml-a.y.1"}))
-        stamped = edit(managed, lambda o: meta(templates_of(kind, o)[-1], "labels").update({"gpuq.io/job": "j"}))
+            template_meta_of(kind, o, 0), "labels").update({"gpuq.io/job": "ml-a.y.1"}))
+        stamped = edit(managed, lambda o: meta(template_meta_of(kind, o, -1), "labels").update({"gpuq.io/job": "j"}))
         yield f"gpu={gpu}: template label removed", stamped, edit(stamped, lambda o: meta(
-            templates_of(kind, o)[-1], "labels").pop("gpuq.io/job"))
+            template_meta_of(kind, o, -1), "labels").pop("gpuq.io/job"))
 
 
 @pytest.mark.parametrize("kind", list(KINDS))

@@ -1,5 +1,5 @@
-"""The controllers the tests play: batch/v1 Job, JobSet, PyTorchJob (and TFJob, MPIJob), RayJob, and the
-resourceclaim controller (a pod's ResourceClaims from its ResourceClaimTemplates)."""
+"""The controllers the tests play: batch/v1 Job, JobSet, PyTorchJob (and TFJob, MPIJob), RayJob, Kubeflow's
+Notebook, and the resourceclaim controller (a pod's ResourceClaims from its ResourceClaimTemplates)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Protocol
 from ..store import Store
 from .job import JobController
 from .jobset import JobSetController
+from .notebook import NotebookController
 from .pytorchjob import MPIJobController, PyTorchJobController, TFJobController
 from .rayjob import RayJobController
 from .resourceclaim import ResourceClaimController
@@ -23,7 +24,7 @@ def all_controllers(store: Store) -> list[Controller]:
     """In dependency order: JobSet makes Jobs, Jobs make pods; RayJob makes a RayCluster, which makes pods; pods'
     ResourceClaims come last."""
     return [JobSetController(store), JobController(store), PyTorchJobController(store), TFJobController(store),
-            MPIJobController(store), RayJobController(store),
+            MPIJobController(store), RayJobController(store), NotebookController(store),
             ResourceClaimController(store)]
 
 
@@ -32,6 +33,7 @@ __all__ = [
     "JobController",
     "JobSetController",
     "MPIJobController",
+    "NotebookController",
     "PyTorchJobController",
     "RayJobController",
     "ResourceClaimController",
