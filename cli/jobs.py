@@ -66,7 +66,8 @@ def _specs_from_file(path: Path) -> list[JobSpec]:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
             raise typer.BadParameter(f"{path}: job {i}: {where}: {first['msg']}", param_hint="FILE") from None
-        violation = size_violation(specs[-1])
+        # a job asking for no GPU is judged by the server, against its queue's CPU and memory quotas
+        violation = size_violation(specs[-1], cpu_queue=True)
         if violation is not None:
             raise typer.BadParameter(f"{path}: job {i}: {violation.reason}: {violation.message}", param_hint="FILE")
     return specs
@@ -423,8 +424,10 @@ def _print_queues(summaries: list[QueueSummary], output: OutputFormat) -> None:
         print_machine(records, output)
         return
 
-    def fmt(d: dict[str, int]) -> str:
-        return " ".join(f"{k}:{v}" for k, v in sorted(d.items()) if v) or "0"
+    from shared.quota_keys import shown
+
+    def fmt(d: dict[str, int]) -> str:  # CPU in cores, memory in Gi/Mi (cpu_milli, memory_mib in machine formats)
+        return " ".join(shown(k, v) for k, v in sorted(d.items()) if v) or "0"
 
     rows = [[s.queue, s.cohort or "-", f"{s.weight:g}", fmt(s.nominal), fmt(s.used), fmt(s.borrowed), fmt(s.lent),
              str(s.pending), str(s.running), duration(s.oldest_wait_s)] for s in summaries]

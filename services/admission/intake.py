@@ -149,7 +149,8 @@ class SubmissionIntake:
             return ("Unauthorized", f"job {spec.job_id} names team {spec.team!r} but was submitted with team "
                                     f"{team!r}'s credential (subject {sub.tx.subject})", False), tombstoned
         policy = config.governance.for_team(team)
-        violation = governance.submission_violation(spec, policy, config.team_namespaces(team))
+        violation = governance.submission_violation(spec, policy, config.team_namespaces(team),
+                                                    cpu_queue=governance.charges_cpu(config, spec.queue))
         if violation is not None:
             return (violation.reason, violation.message, True), tombstoned
         crowded = pending_refusal(team, spec.job_id, await self._waiting(sub.tx, spec, team, policy), policy)

@@ -216,7 +216,8 @@ def _add_job_routes(app: FastAPI, ctx: ApiContext) -> None:
                                          f"{who.team!r} only")
             # (admission judges it again, with the same functions, on its configuration then)
             violation = governance.size_violation(spec) if config is None else governance.submission_violation(
-                spec, config.governance.for_team(spec.team), config.team_namespaces(spec.team))
+                spec, config.governance.for_team(spec.team), config.team_namespaces(spec.team),
+                cpu_queue=governance.charges_cpu(config, spec.queue))
             if violation is not None:
                 raise HTTPException(422, f"{violation.reason}: {violation.message}")
         async with ctx.rt().pool.acquire() as conn:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import asyncpg
 
 from services.admission import configmodel
+from services.core.admission.resources import non_gpu_usage
 from services.core.preemption import RunningJob, priority_of
 from services.core.scheduler import ClusterState
 from services.scheduler import readmodel
@@ -82,6 +83,7 @@ def running_job(spec: JobSpec, bindings: list[GpuBinding], nodes: dict[str, Node
             gpus += len(b.gpu_indices)
     for model, milli in shares.items():  # the whole GPUs its shares add up to, rounded up
         usage[model] = usage.get(model, 0) + -(-milli // MILLI_GPU)
+    usage.update(non_gpu_usage(spec, quotas))  # cpu_milli, memory_mib, pods, pool/<name> where its queue sets them
     return RunningJob(job_id=spec.job_id, queue=spec.queue, priority_class=spec.priority_class, priority=value,
                       preemptible=preemptible, production=production, kind=spec.kind, gpus=gpus,
                       usage=dict(sorted(usage.items())), started_at=started_at,

@@ -59,7 +59,7 @@ def verdict(config: QueuesConfig, book: QuotaBook, spec: JobSpec) -> tuple[str, 
     if priority_class(config, spec) is None:
         return (Reason.INADMISSIBLE_UNKNOWN_PRIORITY_CLASS,
                 f"priority class {spec.priority_class!r} no longer exists")
-    return fit_verdict(book, qq, request_signature(spec), may_borrow=preemptible(config, spec))
+    return fit_verdict(book, qq, request_signature(spec, qq.non_gpu), may_borrow=preemptible(config, spec))
 
 
 def fit_verdict(book: QuotaBook, qq: QueueQuota, sig: Signature, *, may_borrow: bool = True) -> tuple[str, str] | None:
@@ -86,12 +86,13 @@ def fit_verdict(book: QuotaBook, qq: QueueQuota, sig: Signature, *, may_borrow: 
                 break
         else:
             limits = ", ".join(f"{r} at most {limit_of(qq, r)}" for _m, r, _a in options)
+            asks = f"{options[0][2]} {options[0][1]}" if not options[0][0] else f"{options[0][2]}"
             if not may_borrow:
                 return (Reason.EXCEEDS_LIMITS,
-                        f"asks {options[0][2]} but is not preemptible, so it never borrows, and queue {qq.name}'s "
+                        f"asks {asks} but is not preemptible, so it never borrows, and queue {qq.name}'s "
                         f"nominal quota is smaller ({limits})")
             return (Reason.EXCEEDS_LIMITS,
-                    f"asks {options[0][2]} but queue {qq.name} can never hold that much "
+                    f"asks {asks} but queue {qq.name} can never hold that much "
                     f"(nominal + borrowing, with its cohort idle: {limits})")
     return None
 

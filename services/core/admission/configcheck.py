@@ -9,6 +9,9 @@ Refused (unless forced), because each is almost certainly a typo or a slip, and 
 - a guarantee (the sum of nominal quotas of a GPU model: queues' and cohorts' own) above the GPUs of that model the
   cluster has, when the change raises it (admission would admit against quota that does not exist);
 - a quota for a GPU model the cluster does not have, new in this change;
+- the same two for quotas beyond GPUs: `cpu_milli` and `memory_mib` against the nodes' CPU and memory, `pool/<name>`
+  against the GPUs of nodes labelled `pool: <name>` (a pool no node carries is refused when new); `pods` is not
+  checked (no node announces a pod limit);
 - removing a queue that still holds pending or admitted jobs.
 Only what the change makes worse is refused: a cluster that lost nodes since the version in force was applied must
 not block an unrelated change (that is a warning). With no node announced yet (a first start, before any executor
@@ -23,6 +26,7 @@ from dataclasses import dataclass, field
 from services.core.admission.resources import base_model
 from shared.config import FlavorQuota, QueuesConfig
 from shared.domain import NodeSpec
+from shared.quota_keys import CPU, MEMORY, POOL, POOL_LABEL, is_non_gpu
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,8 @@ class Inventory:
     gpus: Mapping[str, int] = field(default_factory=dict)  # GPUs per model (MIG-partitioned ones included)
     slices: Mapping[str, int] = field(default_factory=dict)  # MIG slices per `model:profile`, shares (gpu-share)
     nodes: int = 0
+    # beyond GPUs: milli-CPU (`cpu_milli`), MiB of memory (`memory_mib`) and GPUs per node pool (`pool/<name>`)
+    others: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def known(self) -> bool:
@@ -45,6 +51,8 @@ class Inventory:
         """What the cluster has of a quota key; None when it cannot tell (a MIG key with no node of that layout)."""
         if ":" in resource:
             return self.slices.get(resource)
+        if is_non_gpu(resource):
+            return self.others.get(resource, 0) if resource in self.others or resource.startswith(POOL) else None
         return self.gpus.get(resource, 0)
 
     def text(self) -> str:
@@ -56,9 +64,15 @@ class Inventory:
 def inventory_of(nodes: Iterable[NodeSpec]) -> Inventory:
     gpus: dict[str, int] = {}
     slices: dict[str, int] = {}
+    others: dict[str, int] = {}
     count = 0
     for n in nodes:
         count += 1
+        others[CPU] = others.get(CPU, 0) + n.cpu_milli
+        others[MEMORY] = others.get(MEMORY, 0) + n.memory_mib
+        if POOL_LABEL in n.labels:
+            key = POOL + n.labels[POOL_LABEL]
+            others[key] = others.get(key, 0) + n.gpus
         if n.mig is not None:
             key = f"{n.gpu_model}:{n.mig.profile}"
             slices[key] = slices.get(key, 0) + n.gpus * n.mig.slices_per_gpu
@@ -73,7 +87,8 @@ def inventory_of(nodes: Iterable[NodeSpec]) -> Inventory:
                 slices[key] = slices.get(key, 0) + n.shared_gpus * n.sharing.gpu_memory_mib
         # a MIG node's GPUs count as whole GPUs too: a slice pod without a slice quota is charged whole GPUs
         gpus[n.gpu_model] = gpus.get(n.gpu_model, 0) + n.gpus
-    return Inventory(gpus=dict(sorted(gpus.items())), slices=dict(sorted(slices.items())), nodes=count)
+    return Inventory(gpus=dict(sorted(gpus.items())), slices=dict(sorted(slices.items())), nodes=count,
+                     others=dict(sorted(others.items())))
 
 
 @dataclass(frozen=True)
@@ -172,7 +187,13 @@ def check_change(old: QueuesConfig | None, new: QueuesConfig, inventory: Invento
         models = inventory.models()
         for key, total in now.items():
             model = base_model(key)
-            if model not in models:
+            if key.startswith(POOL) and key not in inventory.others:
+                pools = sorted(k[len(POOL):] for k in inventory.others if k.startswith(POOL))
+                message = (f"quota for node pool {key[len(POOL):]}, which no node carries (label {POOL_LABEL}; "
+                           f"pools: {', '.join(pools) or 'none'})")
+                (refusals if key not in was else warnings).append(message)
+                continue
+            if model not in models and not is_non_gpu(key):
                 message = (f"quota for GPU model {model}, which the cluster does not have "
                            f"(it has: {', '.join(sorted(models)) or 'none'})")
                 (refusals if key not in was else warnings).append(message)

@@ -335,7 +335,7 @@ class _Cycle:
         self.idx[q] = len(lst)
 
     def _admit(self, qq: QueueQuota, e: Entry, fit: Fit) -> None:
-        flavors = {name: opt[0] for name, opt in zip(e.gpu_pod_sets, fit.choice, strict=True)}
+        flavors = {name: opt[0] for name, opt in zip(e.gpu_pod_sets, fit.choice[:len(e.gpu_pod_sets)], strict=True)}
         w = e.workload
         a = AdmittedWorkload(spec=w.spec, submitted_at=w.submitted_at, admitted_at=self.now,
                              flavors=flavors, usage=dict(fit.usage), borrowing=fit.borrowing)

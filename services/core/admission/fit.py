@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from services.core.admission.messages import LazyText, Then, Why
 from services.core.admission.model import Reason
 from services.core.admission.quota import QueueQuota
-from services.core.admission.resources import GpuOption, PodSetDemand, Signature
+from services.core.admission.resources import GpuOption, PodSetDemand, Signature, gpu_capped
 from services.core.admission.state import AdmissionState, Entry
 from shared.config import FairSharingStrategy
 
@@ -94,7 +94,7 @@ class FitChecker:
         cap = self.cap_left
         if cap is not None:
             for r, amount in usage.items():
-                if r in cap or ":" not in r:
+                if gpu_capped(cap, r):
                     cap[r] = cap.get(r, 0) - amount
         self.version += 1
         self.scope_version[qq.scope] = self.scope_version.get(qq.scope, 0) + 1
@@ -139,7 +139,7 @@ class FitChecker:
                 total = taken.get(r, 0) + opt[2]
                 if total > book.available(qq, r):
                     continue
-                if cap is not None and total > cap.get(r, 0) and (r in cap or ":" not in r):
+                if cap is not None and total > cap.get(r, 0) and gpu_capped(cap, r):
                     continue
                 borrows = used.get(r, 0) + total > qq.nominal[r]
                 if not borrows:
@@ -170,7 +170,7 @@ class FitChecker:
         q = qq.name
         cap = self.cap_left
         capacity_only = cap is not None and any(
-            taken.get(r, 0) + amount <= book.available(qq, r) and (r in cap or ":" not in r)
+            taken.get(r, 0) + amount <= book.available(qq, r) and gpu_capped(cap, r)
             for _m, r, amount in options)
         message = Why(book, qq, options, taken, cap)  # `taken` is this check's own, never changed again
         if capacity_only:

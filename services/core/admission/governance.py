@@ -13,8 +13,9 @@ from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shared.config import TeamPolicy
+from shared.config import QueuesConfig, TeamPolicy
 from shared.domain import JobSpec
+from shared.quota_keys import CPU, MEMORY
 
 SPEC_TOO_LARGE = "SpecTooLarge"
 NO_GPU_REQUESTED = "NoGpuRequested"
@@ -43,23 +44,32 @@ class Violation:
     rule: str = ""  # the policy setting (or check) that refused it: `allowed_images`, `allow_privileged` ...
 
 
-def gpu_request_violation(spec: JobSpec) -> Violation | None:
+def gpu_request_violation(spec: JobSpec, *, cpu_queue: bool = False) -> Violation | None:
     """A job that asks for no GPU at all (every pod set has gpus_per_pod 0 and no MIG profile). gpuq schedules
-    GPU jobs: such a job would hold a node's CPU and memory, be placed on a GPU node and be counted as GPU work.
+    GPU jobs: such a job would hold a node's CPU and memory, be placed on a GPU node and be counted as GPU work,
+    unless its queue sets a CPU or memory quota (`cpu_queue`, `charges_cpu`): that queue bounds and charges it.
     A pod set with no GPU inside a job that has GPU pods (a launcher, a parameter server) is legitimate: it takes
-    no quota and is bound to no GPU."""
-    if spec.total_gpus == 0 and spec.total_mig_slices == 0 and not any(ps.shared for ps in spec.pod_sets):
+    no GPU quota (its queue's CPU and memory quotas, where set) and is bound to no GPU."""
+    if (not cpu_queue and spec.total_gpus == 0 and spec.total_mig_slices == 0
+            and not any(ps.shared for ps in spec.pod_sets)):
         return Violation(NO_GPU_REQUESTED, f"job {spec.job_id} asks for no GPU (gpus_per_pod is 0 in every pod set): "
                                            "gpuq schedules GPU jobs; ask for at least 1 GPU, a part of one "
-                                           "(gpu_fraction, gpu_memory_mib) or a MIG slice (mig_profile)",
+                                           "(gpu_fraction, gpu_memory_mib) or a MIG slice (mig_profile), or submit "
+                                           f"to a queue with a CPU or memory quota ({CPU}, {MEMORY})",
                          "gpus_per_pod")
     return None
 
 
-def size_violation(spec: JobSpec) -> Violation | None:
+def charges_cpu(config: QueuesConfig | None, queue: str) -> bool:
+    """Whether the queue sets a CPU or memory quota: it then takes jobs that ask for no GPU (docs/admission.md)."""
+    q = config.queue_map.get(queue) if config is not None else None
+    return q is not None and (CPU in q.quotas or MEMORY in q.quotas)
+
+
+def size_violation(spec: JobSpec, *, cpu_queue: bool = False) -> Violation | None:
     """Labels and the whole spec within their caps (a 900 KB label must not travel on every event), and a GPU
     request at all (`gpu_request_violation`): every submission path (the CLI, the API, admission) checks this."""
-    no_gpu = gpu_request_violation(spec)
+    no_gpu = gpu_request_violation(spec, cpu_queue=cpu_queue)
     if no_gpu is not None:
         return no_gpu
     if len(spec.labels) > MAX_LABELS:
@@ -466,10 +476,13 @@ def secret_references(template: Any) -> Iterator[tuple[str, str]]:
             yield f"env {env.name}", str(ref.get("name", ""))
 
 
-def submission_violation(spec: JobSpec, policy: TeamPolicy, namespaces: Collection[str] = ()) -> Violation | None:
+def submission_violation(spec: JobSpec, policy: TeamPolicy, namespaces: Collection[str] = (), *,
+                         cpu_queue: bool = False) -> Violation | None:
     """Everything refused at submit: size first, then the team's policy, then where the job would run
-    (`namespaces`: those mapped to its team; none by default, so a job naming a namespace is refused)."""
-    return size_violation(spec) or policy_violation(spec, policy) or home_violation(spec, policy, namespaces)
+    (`namespaces`: those mapped to its team; none by default, so a job naming a namespace is refused).
+    `cpu_queue`: its queue sets a CPU or memory quota (`charges_cpu`), so a job asking for no GPU is taken."""
+    return (size_violation(spec, cpu_queue=cpu_queue) or policy_violation(spec, policy)
+            or home_violation(spec, policy, namespaces))
 
 
 def needs_approval(spec: JobSpec, policy: TeamPolicy) -> bool:

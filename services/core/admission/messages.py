@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from services.core.admission.quota import QueueQuota, QuotaBook
-from services.core.admission.resources import GpuOption
+from services.core.admission.resources import GpuOption, gpu_capped
 
 
 class LazyText:
@@ -66,7 +66,7 @@ class Why(LazyText):
             total = taken.get(r, 0) + amount
             used, nominal = book.used(q, r), qq.nominal[r]
             text = f"needs {total} {r}; {q} uses {used}/{nominal} {r}"
-            if total <= book.available(qq, r) and cap is not None and (r in cap or ":" not in r):
+            if total <= book.available(qq, r) and cap is not None and gpu_capped(cap, r):
                 text += f"; the cluster has {max(0, cap.get(r, 0))} {r} free"
             elif qq.cohort is None:
                 text += " and has no cohort to borrow from"

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from services.core.admission.cohort_tree import CohortTree
-from services.core.admission.resources import GpuOption, base_model, quota_models
+from services.core.admission.resources import GpuOption, base_model, non_gpu_keys, quota_models
 from shared.config import PreemptionPolicy, QueueConfig, QueueingStrategy, QueuesConfig, StopPolicy
 
 INF = float("inf")
@@ -46,6 +46,7 @@ class QueueQuota:
         "models",
         "name",
         "nominal",
+        "non_gpu",
         "pool",
         "reclaim_policy",
         "scope",
@@ -68,6 +69,7 @@ class QueueQuota:
                            for r, f in q.quotas.items()}
         self.borrowing_limit = {r: f.borrowing_limit for r, f in q.quotas.items()}
         self.models = quota_models(q.quotas)
+        self.non_gpu = non_gpu_keys(q.quotas)  # cpu_milli, memory_mib, pods, pool/<name> it sets: charged too
         self.weight = q.weight
         self.max_running = q.max_running_jobs
         self.strict_fifo = q.queueing_strategy is QueueingStrategy.STRICT_FIFO

@@ -5,8 +5,13 @@ takes one slice of resource `"<model>:<profile>"` when the queue has a quota und
 charged one whole GPU of `<model>` (a conservative upper bound that never over-admits). A pod set sharing a GPU
 (`gpu_fraction`) takes its milli-GPUs of `"<model>:gpu-share"` when the queue has that key, else the whole GPUs of
 `<model>` its shares add up to, rounded up; one asking only GPU memory takes its MiB of `"<model>:gpu-memory"`
-(no fallback: its share of a GPU depends on the node's GPU memory). Pod sets that ask for no GPU take no quota and
+(no fallback: its share of a GPU depends on the node's GPU memory). Pod sets that ask for no GPU take no GPU quota and
 get no flavor.
+
+Quotas beyond GPUs (docs/admission.md "Quotas beyond GPUs"): a queue may also set `cpu_milli`, `memory_mib`, `pods`
+and `pool/<name>` (GPUs of pod sets selecting node pool `<name>`). Only a queue that sets such a key charges it:
+the job's signature then ends with one demand per key (`resource_demands`), whose single option is that key, so the
+same borrowing arithmetic applies. A queue that sets none has the signature it always had.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from shared.domain import MILLI_GPU, JobSpec, PodSet
+from shared.quota_keys import CPU, MEMORY, PODS, POOL, POOL_LABEL, is_non_gpu
 
 # (gpu model, quota resource, amount)
 GpuOption = tuple[str, str, int]
@@ -25,6 +31,30 @@ Signature = tuple[PodSetDemand, ...]
 GPU_SHARE = "gpu-share"  # quota resource `<model>:gpu-share`: milli-GPUs of compute of shared GPUs
 GPU_MEMORY = "gpu-memory"  # quota resource `<model>:gpu-memory`: MiB of GPU memory of shared GPUs
 SHARED_RESOURCES = (GPU_SHARE, GPU_MEMORY)
+
+def non_gpu_keys(quotas: Mapping[str, object]) -> tuple[str, ...]:
+    """The non-GPU quota keys a queue sets, sorted: what its jobs are charged besides GPUs."""
+    return tuple(sorted(k for k in quotas if is_non_gpu(k)))
+
+
+def resource_demands(spec: JobSpec, keys: tuple[str, ...]) -> tuple[PodSetDemand, ...]:
+    """One demand per non-GPU key (its amount, no model, the key as its 'profile'); keys the job asks nothing of
+    are left out. A pod set asking no GPU still takes its CPU, memory and pods."""
+    out: list[PodSetDemand] = []
+    for key in keys:
+        if key == CPU:
+            amount = sum(ps.count * ps.cpu_milli for ps in spec.pod_sets)
+        elif key == MEMORY:
+            amount = sum(ps.count * ps.memory_mib for ps in spec.pod_sets)
+        elif key == PODS:
+            amount = sum(ps.count for ps in spec.pod_sets)
+        else:  # a pod on a MIG slice or sharing a GPU counts one GPU of the pool (never under-counted)
+            pool = key[len(POOL):]
+            amount = sum(ps.gpus or (ps.count if ps.mig_profile or ps.shared else 0)
+                         for ps in spec.pod_sets if ps.selector.get(POOL_LABEL) == pool)
+        if amount > 0:
+            out.append((amount, (), key))
+    return tuple(out)
 
 
 def mig_resource(model: str, profile: str) -> str:
@@ -39,14 +69,27 @@ def shared_demand(ps: PodSet) -> tuple[int, str]:
     return ps.count * (ps.gpu_memory_mib or 0), GPU_MEMORY
 
 
+def non_gpu_usage(spec: JobSpec, quotas: Mapping[str, object]) -> dict[str, int]:
+    """What admission charges a job besides GPUs in a queue with these quotas: the preemption service counts it in a
+    victim's usage, so that a reclaim of borrowed CPU or memory finds the jobs that hold it."""
+    return {key: amount for amount, _m, key in resource_demands(spec, non_gpu_keys(quotas))}
+
+
+def gpu_capped(cap: Mapping[str, int], resource: str) -> bool:
+    """Whether free physical capacity (`capacity`: GPUs per model, and slices where given) bounds a resource."""
+    return resource in cap or (":" not in resource and not is_non_gpu(resource))
+
+
 def base_model(resource: str) -> str:
     return resource.split(":", 1)[0]
 
 
-def request_signature(spec: JobSpec) -> Signature:
+def request_signature(spec: JobSpec, non_gpu: tuple[str, ...] = ()) -> Signature:
     """The part of a job that decides whether it fits: two jobs with equal signatures fit or fail together,
-    which lets the cycle memoise fit checks across the many identical jobs of a deep queue."""
-    return tuple(_demand(ps) for ps in spec.pod_sets if ps.mig_profile or ps.gpus or ps.shared)
+    which lets the cycle memoise fit checks across the many identical jobs of a deep queue. `non_gpu`: the
+    queue's non-GPU quota keys (`non_gpu_keys`), whose demands end the signature."""
+    sig = tuple(_demand(ps) for ps in spec.pod_sets if ps.mig_profile or ps.gpus or ps.shared)
+    return sig + resource_demands(spec, non_gpu) if non_gpu else sig
 
 
 def _demand(ps: PodSet) -> PodSetDemand:
@@ -55,7 +98,9 @@ def _demand(ps: PodSet) -> PodSetDemand:
     if ps.shared:
         amount, resource = shared_demand(ps)
         return amount, ps.gpu_models, resource
-    return ps.gpus, ps.gpu_models, None
+    # an elastic pod set is admitted for its floor (min_count): quota charges what runs, the pods above it are
+    # charged when they start (admission/elastic.py)
+    return ps.floor * ps.gpus_per_pod, ps.gpu_models, None
 
 
 def gpu_pod_set_names(spec: JobSpec) -> tuple[str, ...]:
@@ -68,7 +113,7 @@ def quota_models(quotas: Mapping[str, object]) -> tuple[str, ...]:
     out: list[str] = []
     for key in quotas:
         m = base_model(key)
-        if m not in out:
+        if m not in out and not is_non_gpu(key):
             out.append(m)
     return tuple(out)
 
@@ -77,6 +122,8 @@ def pod_set_options(demand: PodSetDemand, quotas: Mapping[str, object],
                     models_in_quota: tuple[str, ...]) -> tuple[GpuOption, ...]:
     """Flavors a pod set may take in this queue, in the job's any-of order (or the queue's order for 'any')."""
     amount, models, profile = demand
+    if profile is not None and is_non_gpu(profile):
+        return (("", profile, amount),) if profile in quotas else ()
     out: list[GpuOption] = []
     for m in models or models_in_quota:
         if profile is not None:

@@ -45,7 +45,8 @@ class Entry:
     __slots__ = ("admitted", "base_at", "gpu_pod_sets", "job_id", "message", "order", "preemptible", "priority",
                  "queue", "reason", "sid", "sig", "unsaved_runtime_s", "verdict", "workload")
 
-    def __init__(self, workload: Workload, priority: int, preemptible: bool, order_at: float | None = None):
+    def __init__(self, workload: Workload, priority: int, preemptible: bool, order_at: float | None = None,
+                 non_gpu: tuple[str, ...] = ()):
         spec = workload.spec
         self.workload = workload
         self.job_id = spec.job_id
@@ -58,7 +59,7 @@ class Entry:
         # (-priority, order time, id): the order time is the submit time, or later for longer predicted work
         self.order: Order = (-priority, workload.submitted_at if order_at is None else order_at, spec.job_id)
         self.base_at = self.order[1]  # the order time before aging (ordering.aged_order_time)
-        self.sig: Signature = request_signature(spec)
+        self.sig: Signature = request_signature(spec, non_gpu)  # non_gpu: its queue's (quota.py QueueQuota)
         self.sid = 0  # small int standing for `sig` (cheap memo keys); set by AdmissionState
         self.gpu_pod_sets = gpu_pod_set_names(spec)
         # the work a reclaim could throw away, bounded by the job's limit: 0 when it can checkpoint
@@ -83,6 +84,8 @@ class Entry:
             self.reprioritise(k.value)
         # a class made (non-)preemptible changes whether the job may borrow and whether it may be reclaimed
         self.preemptible = preemptible(config, self.workload.spec)
+        qq = book.queues.get(self.queue)
+        self.sig = request_signature(self.workload.spec, qq.non_gpu if qq is not None else ())
         if self.admitted is not None:
             book.add(self.queue, self.admitted.usage)
             if self.queue not in book.queues:
@@ -300,7 +303,8 @@ class AdmissionState:
             return Rejection(spec.job_id, Reason.UNKNOWN_PRIORITY_CLASS,
                              f"priority class {spec.priority_class!r} does not exist (classes: "
                              f"{', '.join(p.name for p in self._config.priority_classes)})")
-        verdict = fit_verdict(self._book, qq, request_signature(spec), may_borrow=preemptible(self._config, spec))
+        verdict = fit_verdict(self._book, qq, request_signature(spec, qq.non_gpu),
+                              may_borrow=preemptible(self._config, spec))
         if verdict is not None:
             return Rejection(spec.job_id, *verdict)
         self._add_pending(w)
@@ -340,6 +344,8 @@ class AdmissionState:
         self._book = QuotaBook(config)
         changed = (self._entries[j].rejudge(config, self._book) for j in sorted(self._entries))
         messages = [m for m in changed if m is not None]
+        for e in self._entries.values():  # its queue's non-GPU quota keys may have changed its request
+            e.sid = self._sig_ids.setdefault(e.sig, len(self._sig_ids))
         messages.extend(over_quota_messages(self._book))
         # aging restarts from the un-aged order times under the new policy (the next cycle ages them again)
         for j in sorted(self._aging):
@@ -459,11 +465,11 @@ class AdmissionState:
         value = k.value if k is not None else 0
         may_be_preempted = preemptible(self._config, w.spec)
         order_at = None
+        qq = self._book.queues.get(w.spec.queue)
         if w.predicted_gpu_s is not None:
-            qq = self._book.queues.get(w.spec.queue)
-            nominal = sum(n for r, n in qq.nominal.items() if ":" not in r) if qq is not None else 0
+            nominal = sum(n for r, n in qq.nominal.items() if r in qq.models) if qq is not None else 0
             order_at = order_time(w.submitted_at, w.predicted_gpu_s, nominal, w.spec.total_gpus)
-        e = Entry(w, value, may_be_preempted, order_at)
+        e = Entry(w, value, may_be_preempted, order_at, qq.non_gpu if qq is not None else ())
         e.sid = self._sig_ids.setdefault(e.sig, len(self._sig_ids))
         return e
 

@@ -54,6 +54,8 @@ def read_gauges(st: TelemetryRecords, now: float) -> Gauges:
     _source_gauges(st, now, g)
     for model, total in st.guaranteed.items():
         g["gpuq_quota_guaranteed_gpus"][labels(gpu_model=model)] = total
+    for resource, total in st.guaranteed_other.items():
+        g["gpuq_quota_guaranteed"][labels(resource=resource)] = total
     for model, price in st.prices.items():
         g["gpuq_gpu_hourly_cost"][labels(gpu_model=model)] = price
     return {name: dict(series) for name, series in sorted(g.items())}

@@ -95,6 +95,8 @@ _DEFS = (
               "1 while a node is degraded by a GPU fault (reason: XidN or GpuMissing); it takes no new placements."),
     MetricDef("gpuq_quota_guaranteed_gpus", GAUGE, "1", ("gpu_model",),
               "Sum of the queues' nominal (guaranteed) quotas."),
+    MetricDef("gpuq_quota_guaranteed", GAUGE, "1", ("resource",),
+              "Sum of the queues' nominal quotas beyond GPUs (resource: cpu_milli, memory_mib, pods, pool/<name>)."),
     MetricDef("gpuq_gpu_hourly_cost", GAUGE, "1", ("gpu_model",),
               "Configured price of one GPU-hour (queues.yaml gpu_flavors)."),
     MetricDef("gpuq_checkpoint_age_max_seconds", GAUGE, "s", ("queue",),

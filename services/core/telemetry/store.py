@@ -12,6 +12,7 @@ from services.core.telemetry.records import DEFAULT_POOL, UNKNOWN, JobRecord, No
 from shared.config import GpuFlavor, QueuesConfig
 from shared.domain import Precision
 from shared.mfu import peak_tflops
+from shared.quota_keys import is_non_gpu
 
 
 class TelemetryRecords:
@@ -22,6 +23,7 @@ class TelemetryRecords:
         self.nodes: dict[str, NodeRecord] = {}
         self.samples: dict[str, NodeSample] = {}
         self.guaranteed: dict[str, int] = {}  # gpu model -> sum of nominal quotas
+        self.guaranteed_other: dict[str, int] = {}  # cpu_milli, memory_mib, pods, pool/<name> -> sum of nominal
         self.prices: dict[str, float] = {}  # gpu model -> cost per GPU-hour
         self.flavors: dict[str, GpuFlavor] = {}  # gpu model -> flavor (peak TFLOP/s for MFU)
         self.sources: dict[str, SourceRecord] = {}  # utilisation source -> its latest poll
@@ -34,7 +36,8 @@ class TelemetryRecords:
         for q in config.queues:
             for model, quota in q.quotas.items():
                 guaranteed[model] += quota.nominal
-        self.guaranteed = dict(sorted(guaranteed.items()))
+        self.guaranteed = {k: n for k, n in sorted(guaranteed.items()) if not is_non_gpu(k)}
+        self.guaranteed_other = {k: n for k, n in sorted(guaranteed.items()) if is_non_gpu(k)}
         self.prices = {m: f.cost_per_gpu_hour for m, f in sorted(config.gpu_flavors.items())}
         self.flavors = dict(sorted(config.gpu_flavors.items()))
 
