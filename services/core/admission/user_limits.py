@@ -1,5 +1,6 @@
 """Per-user limits inside a team, judged at submit (issue 48, items 1 and 5): a job kind's `max_per_user`
 (`job_classes`; notebooks: 4 by default) and the team's `per_user` limits (concurrent jobs, their GPUs, notebooks).
+GPUs count MIG slices and shared GPUs at the fraction of a GPU they take, so such jobs cannot pass max_gpus.
 
 The user is the job's `user`, which the authenticated producer stamped (the API: the token's principal, refusing a
 body that names another; Kubernetes: the admission review's userInfo, `gpuq.io/user`), never a name a submitter chose.
@@ -15,7 +16,7 @@ from collections.abc import Iterable
 
 from services.core.admission.governance import Violation
 from shared.config import QueuesConfig
-from shared.domain import JobKind, JobSpec
+from shared.domain import MILLI_GPU, JobKind, JobSpec, mig_milli_gpus
 
 USER_LIMIT = "UserLimit"
 
@@ -43,9 +44,16 @@ def user_limit_refusal(spec: JobSpec, config: QueuesConfig, others: Iterable[Job
     if limits.max_jobs is not None and len(mine) >= limits.max_jobs:
         return Violation(USER_LIMIT, f"job {spec.job_id}: user {user} already has {len(mine)} job(s) waiting or "
                                      f"running, team {spec.team}'s per-user limit (per_user.max_jobs)")
-    gpus = sum(o.total_gpus for o in mine)
-    if limits.max_gpus is not None and gpus + spec.total_gpus > limits.max_gpus:
-        return Violation(USER_LIMIT, f"job {spec.job_id}: user {user}'s jobs waiting or running hold {gpus} GPU(s); "
-                                     f"{spec.total_gpus} more exceeds team {spec.team}'s per-user limit of "
-                                     f"{limits.max_gpus} (per_user.max_gpus)")
+    held = sum(_milli_gpus(o) for o in mine)
+    if limits.max_gpus is not None and held + _milli_gpus(spec) > limits.max_gpus * MILLI_GPU:
+        return Violation(USER_LIMIT, f"job {spec.job_id}: user {user}'s jobs waiting or running hold "
+                                     f"{held / MILLI_GPU:g} GPU(s); {_milli_gpus(spec) / MILLI_GPU:g} more exceeds "
+                                     f"team {spec.team}'s per-user limit of {limits.max_gpus} (per_user.max_gpus)")
     return None
+
+
+def _milli_gpus(spec: JobSpec) -> int:
+    """The GPUs a job asks for in milli-GPUs: whole GPUs, a MIG slice as its fraction of a GPU, a pod sharing a GPU
+    as its gpu_fraction (a pod asking only GPU memory counts none: its share depends on the node's GPU)."""
+    mig = sum(ps.count * mig_milli_gpus(ps.mig_profile) for ps in spec.pod_sets if ps.mig_profile)
+    return spec.total_gpus * MILLI_GPU + mig + spec.total_share_milli

@@ -46,3 +46,15 @@ def test_team_limits_count_jobs_gpus_and_notebooks() -> None:
     assert over_nb is not None and "per_user.max_notebooks" in over_nb.message
     assert user_limit_refusal(job("c", user=None, gpus=8), cfg, mine) is None  # no user: no per-user limit
     assert user_limit_refusal(job("a", gpus=4), cfg, mine) is None  # itself (a redelivery) is not counted
+
+
+def test_max_gpus_counts_mig_slices_and_shared_gpus_at_their_fraction() -> None:
+    cfg = config({"max_gpus": 1})
+
+    def part(job_id: str, **ps: Any) -> JobSpec:
+        return JobSpec(job_id=job_id, team="t", queue="q", user="alice", pod_sets=(PodSet(**ps),))
+
+    mine = [part("m", count=4, mig_profile="1g.10gb"), part("s", count=2, gpu_fraction=0.2)]  # 4 x 1/7 + 0.4
+    assert user_limit_refusal(part("s2", count=1, gpu_fraction=0.02), cfg, mine) is None  # 0.968 + 0.02
+    over = user_limit_refusal(part("s3", count=1, gpu_fraction=0.1), cfg, mine)
+    assert over is not None and "hold 0.968 GPU(s); 0.1 more exceeds" in over.message
