@@ -72,7 +72,7 @@ def shared_demand(ps: PodSet) -> tuple[int, str]:
 def non_gpu_usage(spec: JobSpec, quotas: Mapping[str, object]) -> dict[str, int]:
     """What admission charges a job besides GPUs in a queue with these quotas: the preemption service counts it in a
     victim's usage, so that a reclaim of borrowed CPU or memory finds the jobs that hold it."""
-    return {key: amount for amount, _m, key in resource_demands(spec, non_gpu_keys(quotas))}
+    return {key: amount for amount, _m, key in resource_demands(spec, non_gpu_keys(quotas)) if key is not None}
 
 
 def gpu_capped(cap: Mapping[str, int], resource: str) -> bool:
