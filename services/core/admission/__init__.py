@@ -5,7 +5,7 @@ No asyncio, no I/O, no clock reads: callers pass `now`. Same input, same output.
 """
 
 from services.core.admission.cycle import admission_cycle
-from services.core.admission.elastic import above_floor, charge_running, growth_room
+from services.core.admission.elastic import above_floor, charge_running, cohort_waits, growth_room
 from services.core.admission.model import (
     AdmissionDecision,
     AdmittedWorkload,
@@ -34,6 +34,7 @@ __all__ = [
     "above_floor",
     "admission_cycle",
     "charge_running",
+    "cohort_waits",
     "growth_room",
     "queue_facts",
     "queue_summaries",

@@ -2,8 +2,9 @@
 
 Admission reserves an elastic pod set's floor (`resources._demand`); the pipeline charges each pod above it when it
 starts or grows and gives the charge back when it shrinks (`charge_running`), on the flavor admission chose for the
-pod set. Growth never borrows: `growth_room` counts what the queue's nominal quota still holds (and what the book
-says one more job of it could take), so a grown job is never a borrower a reclaim would preempt.
+pod set. `growth_room` is what one more job of the queue could take now (its nominal quota and what its cohort
+lends, as for a borrowing job): the pipeline gives pods above a floor back before admission runs whenever a job of
+the cohort waits for admission, so a grown pod never keeps a job out nor makes a reclaim preempt anyone.
 """
 
 from __future__ import annotations
@@ -42,14 +43,23 @@ def charge_running(state: AdmissionState, job_id: str, pods_before: int, pods: i
 
 
 def growth_room(state: AdmissionState, queue: str, model: str) -> int:
-    """GPUs of `model` the queue's elastic jobs may still grow into: within its nominal quota (never borrowed)
-    and what the quota book lets one more job of it take; 0 while a job of the queue waits for admission (a grown
-    job must not keep its own team's next job out)."""
+    """GPUs of `model` the queue's elastic jobs may still grow into: what the quota book lets one more job of the
+    queue take (its nominal quota, then what its cohort lends)."""
+    return state.available(queue, model)
+
+
+def cohort_waits(state: AdmissionState, queue: str, memo: dict[str, bool]) -> bool:
+    """Whether a job the configuration can admit waits for admission in the queue's cohort (the queue alone when it
+    has none); `memo`: per cohort, for one pass."""
     qq = state.book.queues.get(queue)
-    if qq is None or state.waiting(queue)[0]:
-        return 0
-    nominal = qq.nominal.get(model, 0)
-    return max(0, min(nominal - state.usage(queue).get(model, 0), state.available(queue, model)))
+    if qq is None:
+        return True
+    key = qq.cohort if qq.cohort is not None else f"queue:{queue}"
+    if key not in memo:
+        members = sorted(q for q, o in state.book.queues.items() if q == queue
+                         or (qq.cohort is not None and o.cohort == qq.cohort))
+        memo[key] = any(count > inadmissible for count, inadmissible, _ in map(state.waiting, members))
+    return memo[key]
 
 
-__all__ = ["above_floor", "charge_running", "growth_room"]
+__all__ = ["above_floor", "charge_running", "cohort_waits", "growth_room"]

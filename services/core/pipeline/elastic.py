@@ -1,22 +1,28 @@
 """Elastic jobs in the decision loop: start at what fits, give pods back before anyone is preempted, grow into idle
 GPUs in order of fair share (docs/scheduler.md, "Elastic jobs").
 
-A job with a pod set of `min_count`..`count` pods (PodSet.min_count) is admitted for its floor. `resize` runs on
-the snapshot the cycle's admissions and placements left, before the preemption stage, in four steps:
+A job with a pod set of `min_count`..`count` pods (PodSet.min_count) is admitted for its floor. The pass runs in
+two parts around the cycle (`ElasticPass`):
 
-1. *Starts.* A job just placed with more pods than its floor keeps only the pods its queue's quota holds without
-   borrowing (`growth_room`); those are charged (quota charges what runs).
-2. *Queues that wait.* A queue with a job waiting for admission gets its elastic jobs' pods above their floors
-   back (their quota frees for that job).
-3. *Shrink before preemption.* Each admitted job left unplaced for a reason a preemption could cure, in
+0. *Before admission: give back.* Running elastic jobs of a cohort (the queue alone without one) where a job the
+   configuration can admit waits for admission give their pods above their floors back, so admission can use that
+   quota in this same pass (a grown pod never keeps a job out, nor makes a reclaim preempt anyone).
+
+After the cycle's admissions and placements, before the preemption stage:
+
+1. *Starts.* A job just placed with more pods than its floor keeps only the pods its queue's quota holds now
+   (`growth_room`: its nominal quota, then what its cohort lends) and none above its floor while a job of its
+   cohort waits for admission; those are charged (quota charges what runs).
+2. *Shrink before preemption.* Each admitted job left unplaced for a reason a preemption could cure, in
    placement order, takes pods above the floors of running elastic jobs, whole jobs at a time from the queue
    furthest above its fair share (its GPUs in use over its nominal GPUs; then the lower priority, then the job
    id), until it fits; if it would not fit with every elastic job at its floor, nothing is shrunk (the
    preemption stage then decides). Pods above a floor are never guaranteed: any admitted job may take them.
-4. *Grow.* Only when no admitted job is left waiting for capacity (a curable reason or a reservation) and no
+3. *Grow.* Only when no admitted job is left waiting for capacity (a curable reason or a reservation) and no
    capacity is held for a preemptor, idle GPUs go one pod at a time to the running elastic job whose queue is
-   furthest below its fair share (then the higher priority, then the job id), within its queue's growth room.
-   So a grown pod never takes a GPU a waiting job could have used: growth stops whenever one waits.
+   furthest below its fair share (then the higher priority, then the job id), within its queue's growth room and
+   never while a job of its cohort waits for admission. So a grown pod never takes a GPU a waiting job could have
+   used: growth stops whenever one waits, and what grew is the first thing taken back.
 
 Deterministic and pure: sorted iteration, ties broken by id. The caller names the running elastic jobs.
 """
@@ -27,7 +33,7 @@ import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from services.core.admission import AdmissionState, above_floor, charge_running, growth_room
+from services.core.admission import AdmissionState, above_floor, charge_running, cohort_waits, growth_room
 from services.core.scheduler import (
     ClusterIndex,
     CycleResult,
@@ -72,11 +78,16 @@ def _model(state: AdmissionState, spec: JobSpec) -> str | None:
     return a.flavors.get(ps.name) if a is not None and ps is not None else None
 
 
-class _Pass:
+class ElasticPass:
+    """One pass's elastic steps (the module docstring) over the running elastic jobs `elastic` (by id, their
+    specs): made before the cycle (it gives back at once), finished after it (`finish`)."""
+
     def __init__(self, state: AdmissionState, cluster: ClusterIndex, elastic: Mapping[str, JobSpec]) -> None:
         self.state, self.cluster, self.elastic = state, cluster, elastic
         self.before: dict[str, int] = {}
         self.why: dict[str, tuple[str, str | None]] = {}
+        self.memo: dict[str, bool] = {}  # cohort -> a job waits for admission there (this part of the pass)
+        self.give_back()
 
     def size(self, job_id: str) -> int:
         p = self.cluster.placement_of(job_id)
@@ -96,7 +107,8 @@ class _Pass:
             if a is None or not a.spec.elastic:
                 continue
             spec, pods = a.spec, len(p.bindings)
-            room = {r: growth_room(self.state, spec.queue, r) for r in sorted(set(a.flavors.values()))}
+            waits = cohort_waits(self.state, spec.queue, self.memo)
+            room = {r: 0 if waits else growth_room(self.state, spec.queue, r) for r in sorted(set(a.flavors.values()))}
             while pods > spec.min_pods and any(n > room.get(r, 0) for r, n in above_floor(
                     spec, a.flavors, pods).items()):
                 pods -= 1
@@ -109,11 +121,10 @@ class _Pass:
     def above(self) -> list[tuple[str, JobSpec]]:
         return [(j, s) for j, s in sorted(self.elastic.items()) if self.size(j) > s.min_pods]
 
-    def queues_waiting(self) -> None:
+    def give_back(self) -> None:
         for job_id, spec in self.above():
-            count, inadmissible, _ = self.state.waiting(spec.queue)
             p = self.cluster.placement_of(job_id)
-            if count > inadmissible and p is not None:
+            if p is not None and cohort_waits(self.state, spec.queue, self.memo):
                 self.set(spec, p, spec.min_pods, SHRINK, None)
 
     def make_room(self, result: CycleResult, waiting: Mapping[str, WaitingJob]) -> None:
@@ -163,7 +174,8 @@ class _Pass:
                 continue
             key = (ps.model_copy(update={"name": "", "count": 1, "min_count": None}).model_dump_json(),
                    spec.tolerations, spec.topology, tuple(sorted(a.flavors.values())))
-            if key in failed or growth_room(self.state, spec.queue, model) < ps.gpus_per_pod:
+            if (key in failed or cohort_waits(self.state, spec.queue, self.memo)
+                    or growth_room(self.state, spec.queue, model) < ps.gpus_per_pod):
                 continue
             new = grow_one(self.cluster, spec, tuple(sorted(set(a.flavors.values()))), p)
             if new is None:
@@ -187,26 +199,25 @@ class _Pass:
         return out
 
 
-def resize(state: AdmissionState, cluster: ClusterIndex, result: CycleResult, waiting: Mapping[str, WaitingJob],
-           elastic: Mapping[str, JobSpec], *, held: bool = False) -> list[Resize]:
-    """The pass's elastic steps (the module docstring) on the snapshot `cycle` left: `result` is brought up to
-    date (jobs placed by shrinking others move from its unplaceable to its placed; a start capped by quota
-    has its smaller placement), the placements are committed on `cluster` and the quota charged on `state`.
-    `waiting`: every admitted job not placed before this pass (by id); `elastic`: the running elastic jobs (by
-    id, their specs); `held`: capacity is held for a preemptor (nothing grows). Returns the running jobs
-    resized, by id."""
-    step = _Pass(state, cluster, elastic)
-    step.starts(result)
-    started = {p.job_id: a.spec for p in result.placed if (a := state.admitted.get(p.job_id)) and a.spec.elastic}
-    step.elastic = elastic = {**elastic, **started}
-    if not elastic:
-        return step.resizes()
-    step.queues_waiting()
-    step.make_room(result, waiting)
-    blocked = any(u.reason in CURABLE or u.reason == Reason.WAITING_FOR_RESERVATION for u in result.unplaceable)
-    if not blocked and not held:
-        step.grow()
-    return step.resizes()
+    def finish(self, result: CycleResult, waiting: Mapping[str, WaitingJob], *, held: bool = False
+               ) -> list[Resize]:
+        """Steps 1-3 on the snapshot `cycle` left: `result` is brought up to date (jobs placed by shrinking others
+        move from its unplaceable to its placed; a start capped by quota has its smaller placement), the
+        placements are committed on the cluster and the quota charged. `waiting`: every admitted job not placed
+        before this pass (by id); `held`: capacity is held for a preemptor (nothing grows). Returns the running
+        jobs resized in the whole pass, by id."""
+        self.memo = {}  # admission has run: who waits now
+        self.starts(result)
+        started = {p.job_id: a.spec for p in result.placed
+                   if (a := self.state.admitted.get(p.job_id)) is not None and a.spec.elastic}
+        self.elastic = {**self.elastic, **started}
+        if not self.elastic:
+            return self.resizes()
+        self.make_room(result, waiting)
+        blocked = any(u.reason in CURABLE or u.reason == Reason.WAITING_FOR_RESERVATION for u in result.unplaceable)
+        if not blocked and not held:
+            self.grow()
+        return self.resizes()
 
 
 def placed_sizes(placed: Sequence[Placement]) -> dict[str, int]:
@@ -214,4 +225,4 @@ def placed_sizes(placed: Sequence[Placement]) -> dict[str, int]:
     return {p.job_id: len(p.bindings) for p in placed}
 
 
-__all__ = ["GROW", "SHRINK", "START", "Resize", "placed_sizes", "resize", "share"]
+__all__ = ["GROW", "SHRINK", "START", "ElasticPass", "Resize", "placed_sizes", "share"]

@@ -10,9 +10,18 @@ from services.core.pipeline import Decision, PreemptionStage, ServiceAsks, Victi
 from services.core.pipeline.elastic import GROW, SHRINK
 from services.core.scheduler import ClusterState
 from services.core.scheduler import RunningJob as Believed
-from shared.config import QueuesConfig
+from shared.config import QueuesConfig, parse_queues
 from shared.domain import JobSpec, PodSet
 from tests.unit.preemption.builders import MODEL, nodes, queues
+
+
+def flat(nominal: int = 8) -> QueuesConfig:
+    """Two queues without a cohort: neither lends to the other."""
+    return parse_queues({
+        "priority_classes": [{"name": "normal", "value": 100, "preemptible": True},
+                             {"name": "low", "value": 0, "preemptible": True}],
+        "queues": [{"name": q, "quotas": {MODEL: {"nominal": nominal}}} for q in ("team-a", "team-b")],
+        "policy": {"protection_window_s": 600, "checkpoint_grace_s": 300}})
 
 
 def job(job_id: str, queue: str = "team-a", pods: int = 1, min_pods: int | None = None, klass: str = "low"
@@ -83,11 +92,14 @@ def test_an_elastic_job_starts_at_what_fits_and_is_charged_for_those_pods() -> N
     assert loop.charged() == 5 + 3  # quota charges what runs, not the maximum of 8
 
 
-def test_a_start_is_capped_by_the_quota_the_queue_holds_without_borrowing() -> None:
-    loop = Loop(queues(a_nominal=4, b_nominal=4))
-    loop.submit(job("e", pods=8, min_pods=2))
+def test_a_start_is_capped_by_the_quota_its_queue_can_take() -> None:
+    loop = Loop(queues(a_nominal=4, b_nominal=4), node_count=2)
+    loop.submit(job("b", "team-b", pods=3))
     loop.decide(0.0)
-    assert loop.pods("e") == 4 and loop.charged() == 4  # 8 GPUs free, 4 of nominal quota
+    loop.submit(job("e", pods=8, min_pods=2), 1.0)
+    loop.decide(1.0)
+    # 13 GPUs free; team-a may take its nominal 4 and the 1 team-b lends: 5
+    assert loop.pods("e") == 5 and loop.charged() == 5
 
 
 def test_a_running_elastic_job_grows_into_gpus_freed_later() -> None:
@@ -120,21 +132,35 @@ def test_growth_goes_to_the_queue_furthest_below_its_fair_share() -> None:
 
 
 def test_an_elastic_job_shrinks_to_make_room_before_anyone_is_preempted() -> None:
-    loop = Loop(queues(a_nominal=8, b_nominal=8))
+    loop = Loop(flat(), node_count=1)
     loop.submit(job("e", "team-a", pods=8, min_pods=2))
     loop.decide(0.0)
     assert loop.pods("e") == 8
-    loop.submit(job("boss", "team-a", pods=4, klass="normal"), 5000.0)
+    loop.submit(job("boss", "team-b", pods=4, klass="normal"), 5000.0)
     d = loop.decide(5000.0)
     assert "boss" in {p.job_id for p in d.placement.result.placed}
     assert d.preemptions == []  # nobody is preempted: e gave pods back (down to its floor, then grew back to 4)
     assert [(r.job_id, r.pods_before, r.pods, r.reason, r.for_job) for r in d.resizes] == [
         ("e", 8, 4, SHRINK, "boss")]
-    assert loop.charged() == 4 + 4
+    assert loop.charged() == 4 and loop.charged("team-b") == 4
+
+
+def test_pods_above_the_floor_are_given_back_before_admission_when_the_cohort_waits() -> None:
+    loop = Loop(queues(a_nominal=4, b_nominal=4), node_count=1)
+    loop.submit(job("e", "team-a", pods=8, min_pods=2))
+    loop.decide(0.0)
+    assert loop.pods("e") == 8 and loop.charged() == 8  # it grew into what team-b lends
+    loop.submit(job("b", "team-b", pods=4, klass="low"), 10.0)
+    d = loop.decide(10.0)
+    # team-b's job needs its own quota back: e gives back before admission, b is admitted and placed in this
+    # same pass, and nobody is preempted (without it admission would ask to reclaim from a borrower)
+    assert [w.job_id for w in d.admitted] == ["b"] and "b" in {p.job_id for p in d.placement.result.placed}
+    assert d.preemptions == [] and loop.pods("e") == 4
+    assert (loop.charged(), loop.charged("team-b")) == (4, 4)
 
 
 def test_shrinking_for_another_queue_keeps_the_floor_and_nothing_grows_while_a_job_waits() -> None:
-    loop = Loop(queues(a_nominal=8, b_nominal=8), node_count=1)
+    loop = Loop(flat(), node_count=1)
     loop.submit(job("e", "team-a", pods=8, min_pods=6))
     loop.decide(0.0)
     loop.submit(job("b", "team-b", pods=4, klass="low"), 10.0)
