@@ -63,6 +63,7 @@ from shared.events import (
     QueueConfigChanged,
     utcnow_from,
 )
+from shared.quota_keys import is_non_gpu
 from shared.service import ServiceRuntime, ServiceSpec, Tx
 from shared.timefmt import human_time
 
@@ -85,7 +86,8 @@ def _preemptor(config: QueuesConfig, fact: admission_view.AdmissionFact, payload
     allowed = fact.allowed_models
     for_quota = payload.reason is PreemptionReason.RECLAIM or bool(payload.own_need)
     if for_quota and not allowed:
-        allowed = tuple(sorted({r.split(":", 1)[0] for r in payload.need}))
+        # the GPU models of what it needs (cpu_milli, memory_mib, pods, pool/<name> name no model)
+        allowed = tuple(sorted({r.split(":", 1)[0] for r in payload.need if not is_non_gpu(r)}))
     return Preemptor(job_id=spec.job_id, queue=spec.queue, priority=priority_of(config, spec)[0],
                      kind=spec.kind, spec=spec,
                      reason=RECLAIM if payload.reason is PreemptionReason.RECLAIM else PRIORITY,

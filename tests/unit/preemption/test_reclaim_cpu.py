@@ -4,11 +4,14 @@ as many as the need asks (the lender gets its guarantee back, the borrower keeps
 
 from __future__ import annotations
 
+from services.admission.readmodel import AdmissionFact
 from services.core.preemption import RECLAIM, Preemptor, priority_of, select_victims
 from services.core.scheduler import ClusterState, Placement
+from services.preemption.app import _preemptor
 from services.preemption.store import running_job
 from shared.config import parse_queues
 from shared.domain import JobSpec, PodSet
+from shared.events import PreemptionReason, PreemptionRequested
 from tests.unit.preemption.builders import MODEL, nodes
 
 NOW = 100_000.0
@@ -43,3 +46,25 @@ def test_the_cpu_borrowers_are_found_and_only_what_the_need_asks_is_taken() -> N
                           spec=boss, reason=RECLAIM, need={"cpu_milli": 2000})
     sel = select_victims(preemptor, running, cluster, CONFIG, NOW)
     assert sel.victims == ("b2",)  # the newest: least work lost; team-b keeps its nominal 4 CPUs
+
+
+def test_a_gpu_job_short_of_cpu_only_may_still_run_on_its_own_models() -> None:
+    """The preemption service's preemptor for a reclaim whose need names only CPU: no GPU model is derived from
+    `cpu_milli` (which would leave the GPU pods no node to fit on, so no victim), it keeps its own models."""
+    cluster = ClusterState.from_nodes(nodes(1))
+    by_name = {n.name: n for n in nodes(1)}
+    running = []
+    for i in range(3):
+        s = cpu_spec(f"b{i}", "team-b")
+        placement = cluster.place(s)
+        assert isinstance(placement, Placement)
+        cluster.commit(placement)
+        running.append(running_job(s, list(placement.bindings), by_name, CONFIG, NOW - 1000 * (3 - i), None))
+    boss = JobSpec(job_id="a0", team="team-a", queue="team-a", priority_class="normal",
+                   pod_sets=(PodSet(count=1, gpus_per_pod=4, gpu_models=(MODEL,), cpu_milli=4000, memory_mib=0),))
+    fact = AdmissionFact(job_id="a0", queue="team-a", spec=boss, status="pending", flavors={})
+    ask = PreemptionRequested(preemptor="a0", queue="team-a", reason=PreemptionReason.RECLAIM,
+                              need={"cpu_milli": 2000}, candidates=("b2", "b1", "b0"))
+    preemptor = _preemptor(CONFIG, fact, ask)
+    assert preemptor.allowed_models == ()
+    assert select_victims(preemptor, running, cluster, CONFIG, NOW).victims == ("b2",)
