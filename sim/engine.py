@@ -17,7 +17,7 @@ from typing import Protocol
 # A victim of preemption: the type the decision loop returns (services/core/pipeline: the ETA replay uses it too).
 from services.core.pipeline import Preempted
 from sim.failures import NodeFailure, lost_work_s
-from sim.model import Trace, TraceJob
+from sim.model import Trace, TraceJob, goodput
 
 # Causes of lost work the metrics report (`lost_gpu_hours_by_cause`); node failures are counted apart
 # (`JobRecord.failure_lost_gpu_s`).
@@ -48,6 +48,9 @@ class CycleOutput:
     preempted: list[Preempted] = field(default_factory=list)  # running jobs stopped (they go back to pending)
     rejected: dict[str, str] = field(default_factory=dict)  # job id -> reason (never admissible)
     wake_at: float | None = None  # ask for a cycle at this virtual time even if nothing else happens
+    # elastic jobs (sim/model.py `goodput`): job id -> (pods, of its most pods) for a start with fewer pods than
+    # its most and for every running job resized by the cycle; absent: the whole gang
+    sizes: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 class Policy(Protocol):
@@ -161,6 +164,7 @@ class _Replay:
         self.seq = seq
         self.notices = {(f.down_at, f.node): f for f in failures if f.notice_s}  # spot interruptions
         self.running: dict[str, float] = {}  # job_id -> milli-GPUs of a running gang
+        self.rate: dict[str, float] = {}  # running elastic job -> its goodput now (1.0, the whole gang: absent)
         self.busy = self.pending = self.events = self.cycles = self.finished = self.failures = 0
         self.now = 0.0
         self.wake_times: set[float] = set()
@@ -170,9 +174,10 @@ class _Replay:
         heapq.heappush(self.heap, (at, kind, self.seq, job_id, epoch))
         self.seq += 1
 
-    def stop(self, job_id: str) -> tuple[JobRecord, float, float] | None:
+    def stop(self, job_id: str) -> tuple[JobRecord, float, float, float] | None:
         """Take a running job off its GPUs and back to waiting (its scheduled completion goes stale): its record,
-        the seconds it ran since its last start, its milli-GPUs; None if it was not running."""
+        the seconds it ran since its last start (or resize), its milli-GPUs and its goodput meanwhile; None if it
+        was not running."""
         milli = self.running.pop(job_id, None)
         if milli is None:
             return None
@@ -180,7 +185,23 @@ class _Replay:
         self.pending += 1
         self.epoch[job_id] += 1
         rec = self.records[job_id]
-        return rec, self.now - (self.now if rec.last_start is None else rec.last_start), milli
+        return rec, self.now - (self.now if rec.last_start is None else rec.last_start), milli, \
+            self.rate.pop(job_id, 1.0)
+
+    def resize(self, job_id: str, pods: int, of: int, *, started: bool) -> None:
+        """An elastic job runs `pods` of its most `of` pods from now: its work so far at the old goodput is done,
+        the rest goes at the new one (its completion moves), and it holds that share of its GPUs."""
+        rec, now = self.records[job_id], self.now
+        if not started:
+            rec.remaining -= (now - (now if rec.last_start is None else rec.last_start)) * self.rate.get(job_id, 1.0)
+            self.epoch[job_id] += 1
+        rec.last_start = now
+        rate = goodput(rec.job, pods, of)
+        self.rate[job_id] = rate
+        milli = self.trace.gpu_milli(rec.job) * pods / of
+        self.busy += int(milli) - int(self.running[job_id])
+        self.running[job_id] = milli
+        self.push(now + max(0.0, rec.remaining) / rate, COMPLETION, job_id, self.epoch[job_id])
 
     def apply(self, kind: int, job_id: str, ep: int) -> None:
         """One event of the instant `now`: a completion (unless stale), a node failing or coming back, an arrival,
@@ -191,6 +212,7 @@ class _Replay:
                 return  # stale: the job was preempted after this completion was scheduled
             self.events += 1
             self.busy -= int(self.running.pop(job_id))
+            self.rate.pop(job_id, None)
             rec = records[job_id]
             rec.end, rec.remaining = now, 0.0
             self.policy.on_completion(job_id, now)
@@ -202,9 +224,9 @@ class _Replay:
                 stopped = self.stop(killed)
                 if stopped is None:
                     continue
-                rec, ran, milli = stopped
+                rec, ran, milli, rate = stopped
                 lost = lost_work_s(ran, rec.job.checkpoint_interval_s, self.notices.get((int(now), job_id)))
-                rec.remaining = max(1.0, rec.remaining - (ran - lost))
+                rec.remaining = max(1.0, rec.remaining - (ran - lost) * rate)
                 rec.node_failures += 1
                 rec.failure_lost_gpu_s += lost * milli / 1000
         elif kind == NODE_UP:
@@ -231,10 +253,10 @@ class _Replay:
             stopped = self.stop(p.job_id)
             if stopped is None:
                 continue
-            rec, ran, milli = stopped
+            rec, ran, milli, rate = stopped
             gpus = milli / 1000
             lost_s = min(ran, p.lost_gpu_s / gpus) if gpus else 0.0
-            rec.remaining = max(1.0, rec.remaining - (ran - lost_s))
+            rec.remaining = max(1.0, rec.remaining - (ran - lost_s) * rate)
             rec.preemptions += 1
             rec.lost_gpu_s += p.lost_gpu_s
             cause = loss_cause(p.reason)
@@ -252,7 +274,13 @@ class _Replay:
             self.running[job_id] = milli
             self.busy += milli
             self.pending -= 1
-            self.push(now + rec.remaining, COMPLETION, job_id, self.epoch[job_id])
+            if job_id in out.sizes:
+                self.resize(job_id, *out.sizes[job_id], started=True)
+            else:
+                self.push(now + rec.remaining, COMPLETION, job_id, self.epoch[job_id])
+        for job_id, (pods, of) in sorted(out.sizes.items()):
+            if job_id not in out.started and job_id in self.running:
+                self.resize(job_id, pods, of, started=False)
         if out.wake_at is not None and out.wake_at > now and out.wake_at not in self.wake_times:
             self.wake_times.add(out.wake_at)
             self.push(out.wake_at, TICK, "", 0)

@@ -31,6 +31,10 @@ class TraceJob:
     preferred_level: TopologyLevel | None = None
     checkpoint_interval_s: int | None = None  # None = the job cannot checkpoint (loses all work on eviction)
     share_milli: int = 0  # > 0: each pod asks this part of one shared GPU, in milli-GPUs (openb's gpu_milli)
+    # An elastic job's goodput curve: its throughput with 1, 2, ... pods as a share of its throughput with all of
+    # them (the last entry 1.0). Empty: linear (n pods of N do n/N of the work per second), `goodput`.
+    goodput: tuple[float, ...] = ()
+    min_pods: int | None = None  # elastic: the fewest pods it runs with (PodSet.min_count); None: a fixed gang
 
     @property
     def gpus(self) -> int:
@@ -57,6 +61,7 @@ class TraceJob:
                     mig_profile=self.mig_profile,
                     cpu_milli=self.cpu_milli,
                     memory_mib=self.memory_mib,
+                    min_count=self.min_pods,
                 ),
             ),
             topology=TopologyRequest(preferred_level=self.preferred_level),
@@ -64,6 +69,16 @@ class TraceJob:
                                       interval_s=self.checkpoint_interval_s),
             max_runtime_s=self.max_runtime_s,
         )
+
+
+def goodput(job: TraceJob, pods: int, of: int) -> float:
+    """The share of its whole-gang throughput an elastic job gets from `pods` of its `of` pods: its own curve
+    (`TraceJob.goodput`, by pod count) when it has one that long, else linear (`pods / of`). Never 0."""
+    if pods >= of:
+        return 1.0
+    if len(job.goodput) >= of:
+        return max(1e-6, job.goodput[pods - 1])
+    return max(1, pods) / of
 
 
 @dataclass
