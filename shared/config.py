@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from shared.domain import NAME_RE, JobKind, MigLayout, NodeSpec, Precision, Taint, unset
 from shared.interactive import NO_CLASS_POLICY, NOTEBOOK_DEFAULT, Budget, JobClassPolicy, UserLimits
+from shared.quota_keys import is_non_gpu, quota_key_problems
 
 
 class ConfigError(ValueError):
@@ -373,6 +374,11 @@ class Cohort(_Strict):
     parent: str | None = None
     quotas: dict[str, CohortQuota] = Field(default_factory=dict)
 
+    @field_validator("quotas")
+    @classmethod
+    def _quota_keys(cls, v: dict[str, CohortQuota]) -> dict[str, CohortQuota]:
+        return _checked_keys(v)
+
 
 class FairSharingStrategy(StrEnum):
     """Kueue `fairSharing.preemptionStrategies` (KEP-1714 rules S2-a and S2-b)."""
@@ -504,6 +510,22 @@ class QueueConfig(_Strict):
             raise ValueError(f"{v!r} is not a valid name (lower-case letters, digits, '.', '_', '-')")
         return v
 
+    @field_validator("quotas")
+    @classmethod
+    def _quota_keys(cls, v: dict[str, FlavorQuota]) -> dict[str, FlavorQuota]:
+        return _checked_keys(v)
+
+
+_Q = TypeVar("_Q")
+
+
+def _checked_keys(quotas: dict[str, _Q]) -> dict[str, _Q]:
+    """Quota keys beyond GPU models are spelled as shared/quota_keys.py says (`cpu` is no key: `cpu_milli` is)."""
+    problems = quota_key_problems(quotas)
+    if problems:
+        raise ValueError("; ".join(problems))
+    return quotas
+
 
 def placement_strategies(config: QueuesConfig | None) -> dict[str, str]:
     """Queue -> the placement strategy it sets (only the queues that set one), for the scheduler core's index."""
@@ -529,6 +551,27 @@ class GpuFlavor(_Strict):
         return v
 
 
+class Defragmentation(_Strict):
+    """Defragmentation that keeps progress (docs/preemption.md, "Defragmentation"): when an admitted gang waits while
+    enough GPUs of its models are free in total but scattered, checkpointing jobs are moved (checkpoint, requeue
+    with a placement hint on the holes, the gang placed on the GPUs they freed). Off by default: a move stops a
+    running job, which users of a cluster without it were not told to expect."""
+
+    enabled: bool = False
+    # At most this many jobs moved per sliding hour, cluster-wide: a move costs its job a checkpoint write and a
+    # restart (minutes), so 12 (one every 5 minutes on average, the scale of the default checkpoint grace) keeps
+    # at most a few moves in flight at once, whatever the cluster's size.
+    max_moves_per_hour: int = Field(default=12, ge=0)
+    # A job moved once is not moved again for this long: each job loses at most one checkpoint write and restart
+    # to moves per hour.
+    job_cooldown_s: int = Field(default=3600, ge=0)
+    # A gang needing more moves than this is left to wait: each move has a cost, and jobs ending free room anyway.
+    max_moves_per_gang: int = Field(default=4, ge=1)
+    # Not for a gang planned to start within this anyway (its reservation): a move's checkpoint write and restart
+    # cost minutes, so saving less than that gains nothing.
+    min_wait_saved_s: int = Field(default=600, ge=0)
+
+
 class Policy(_Strict):
     protection_window_s: int = Field(default=600, ge=0)
     checkpoint_grace_s: int = Field(default=300, ge=0)
@@ -551,6 +594,8 @@ class Policy(_Strict):
     # queue StrictFIFO until it is admitted. K = starvation_factor; null = off.
     starvation_factor: float | None = Field(default=10.0, gt=0)
     starvation_min_wait_s: int = Field(default=3600, ge=0)
+    # Moves of checkpointing jobs that let a gang waiting on scattered free GPUs start (the class above).
+    defragmentation: Defragmentation = Defragmentation()
 
 
 class PodSecurity(StrEnum):
@@ -754,7 +799,8 @@ class QueuesConfig(_Strict):
             guaranteed: dict[str, int] = {}
             for q in self.queues:
                 for model, quota in q.quotas.items():
-                    guaranteed[model] = guaranteed.get(model, 0) + quota.nominal
+                    if not is_non_gpu(model):  # CPU, memory, pods and node pools are no GPU model
+                        guaranteed[model] = guaranteed.get(model, 0) + quota.nominal
             for model, total in sorted(guaranteed.items()):
                 have = capacity.get(model, 0)
                 if total > have:
