@@ -1,14 +1,14 @@
 """Elastic jobs in the decision loop: start at what fits, give pods back before anyone is preempted, grow into idle
 GPUs in order of fair share (docs/scheduler.md, "Elastic jobs").
 
-A job with a pod set of `min_count`..`count` pods (PodSet.min_count) is admitted for its floor. The pass runs in
-two parts around the cycle (`ElasticPass`):
+A job with a pod set of `min_count`..`count` pods (PodSet.min_count) is admitted for its floor. After the cycle's
+admissions and placements, before the preemption stage (`ElasticPass.finish`):
 
-0. *Before admission: give back.* Running elastic jobs of a cohort (the queue alone without one) where a job the
-   configuration can admit waits for admission give their pods above their floors back, so admission can use that
-   quota in this same pass (a grown pod never keeps a job out, nor makes a reclaim preempt anyone).
-
-After the cycle's admissions and placements, before the preemption stage:
+0. *Give back.* Running elastic jobs of a cohort (the queue alone without one) where a job the configuration can
+   admit still waits for admission give their pods above their floors back, and that cohort's reclaims wait for
+   the next pass (`defers`): its job is admitted there with the quota given back (the simulator decides again in
+   the same instant, as it does after preemptions), so a grown pod never keeps a job out nor makes a reclaim
+   preempt anyone.
 
 1. *Starts.* A job just placed with more pods than its floor keeps only the pods its queue's quota holds now
    (`growth_room`: its nominal quota, then what its cohort lends) and none above its floor while a job of its
@@ -80,14 +80,14 @@ def _model(state: AdmissionState, spec: JobSpec) -> str | None:
 
 class ElasticPass:
     """One pass's elastic steps (the module docstring) over the running elastic jobs `elastic` (by id, their
-    specs): made before the cycle (it gives back at once), finished after it (`finish`)."""
+    specs), run after the cycle (`finish`)."""
 
     def __init__(self, state: AdmissionState, cluster: ClusterIndex, elastic: Mapping[str, JobSpec]) -> None:
         self.state, self.cluster, self.elastic = state, cluster, elastic
         self.before: dict[str, int] = {}
         self.why: dict[str, tuple[str, str | None]] = {}
-        self.memo: dict[str, bool] = {}  # cohort -> a job waits for admission there (this part of the pass)
-        self.give_back()
+        self.memo: dict[str, bool] = {}  # cohort -> a job waits for admission there (after this pass's admission)
+        self.gave_back: set[str] = set()  # queues whose elastic jobs gave pods back
 
     def size(self, job_id: str) -> int:
         p = self.cluster.placement_of(job_id)
@@ -126,6 +126,16 @@ class ElasticPass:
             p = self.cluster.placement_of(job_id)
             if p is not None and cohort_waits(self.state, spec.queue, self.memo):
                 self.set(spec, p, spec.min_pods, SHRINK, None)
+                self.gave_back.add(spec.queue)
+
+    def defers(self, queue: str) -> bool:
+        """Whether a reclaim for `queue` waits for the next pass: pods above a floor were given back in its cohort
+        (its job may be admitted on that quota without preempting anyone)."""
+        qq = self.state.book.queues.get(queue)
+        if qq is None or not self.gave_back:
+            return False
+        return any(q == queue or (qq.cohort is not None and (o := self.state.book.queues.get(q)) is not None
+                                  and o.cohort == qq.cohort) for q in self.gave_back)
 
     def make_room(self, result: CycleResult, waiting: Mapping[str, WaitingJob]) -> None:
         for u in list(result.unplaceable):
@@ -206,7 +216,7 @@ class ElasticPass:
         placements are committed on the cluster and the quota charged. `waiting`: every admitted job not placed
         before this pass (by id); `held`: capacity is held for a preemptor (nothing grows). Returns the running
         jobs resized in the whole pass, by id."""
-        self.memo = {}  # admission has run: who waits now
+        self.give_back()
         self.starts(result)
         started = {p.job_id: a.spec for p in result.placed
                    if (a := self.state.admitted.get(p.job_id)) is not None and a.spec.elastic}

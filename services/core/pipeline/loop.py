@@ -199,10 +199,9 @@ def decide(state: AdmissionState, cluster: ClusterIndex, waiting: Mapping[str, W
     start at what fits and keep their size."""
     if stage is not None and lowest_preemptible_running is None:
         lowest_preemptible_running = stage.lowest_preemptible()
-    step = ElasticPass(state, cluster, elastic) if elastic else None  # gives back before admission runs
     out = cycle(state, cluster, waiting, running, now, lowest_preemptible_running=lowest_preemptible_running,
                 backfill=backfill, run_admission=run_admission, timeline=timeline, holds=holds)
-    resized = _resize(state, cluster, out, waiting, step, bool(holds))
+    resized = _resize(state, cluster, out, waiting, elastic, bool(holds))
     if stage is None:
         return Decision(out.admitted, out.placement, out.admission, resizes=resized)
     victims = stage.choose(out, state, cluster, waiting, now)
@@ -210,11 +209,16 @@ def decide(state: AdmissionState, cluster: ClusterIndex, waiting: Mapping[str, W
 
 
 def _resize(state: AdmissionState, cluster: ClusterIndex, out: CycleOutcome, waiting: Mapping[str, WaitingJob],
-            step: ElasticPass | None, held: bool) -> list[Resize]:
+            elastic: Mapping[str, JobSpec] | None, held: bool) -> list[Resize]:
     """The elastic steps (elastic.py) when the caller names its running elastic jobs or an elastic job was placed:
-    a job placed with more pods than its floor is charged for them either way (quota charges what runs)."""
-    if step is None and not any(p.job_id in state.admitted and state.admitted[p.job_id].spec.elastic
-                                for p in out.placement.result.placed):
+    a job placed with more pods than its floor is charged for them either way (quota charges what runs). A reclaim
+    in a cohort where pods were given back waits for the next pass."""
+    if elastic is None and not any(p.job_id in state.admitted and state.admitted[p.job_id].spec.elastic
+                                   for p in out.placement.result.placed):
         return []
     every = {**waiting, **{w.job_id: w for w in out.admitted}}
-    return (step or ElasticPass(state, cluster, {})).finish(out.placement.result, every, held=held)
+    step = ElasticPass(state, cluster, elastic or {})
+    resized = step.finish(out.placement.result, every, held=held)
+    if step.gave_back and out.admission.reclaims:
+        out.admission.reclaims = [r for r in out.admission.reclaims if not step.defers(r.queue)]
+    return resized

@@ -145,17 +145,20 @@ def test_an_elastic_job_shrinks_to_make_room_before_anyone_is_preempted() -> Non
     assert loop.charged() == 4 and loop.charged("team-b") == 4
 
 
-def test_pods_above_the_floor_are_given_back_before_admission_when_the_cohort_waits() -> None:
-    loop = Loop(queues(a_nominal=4, b_nominal=4), node_count=1)
+def test_pods_above_the_floor_are_given_back_when_the_cohort_waits_and_no_reclaim_preempts() -> None:
+    loop = Loop(queues(a_nominal=4, b_nominal=4, window=0), node_count=1)
     loop.submit(job("e", "team-a", pods=8, min_pods=2))
     loop.decide(0.0)
     assert loop.pods("e") == 8 and loop.charged() == 8  # it grew into what team-b lends
-    loop.submit(job("b", "team-b", pods=4, klass="low"), 10.0)
+    loop.submit(job("b", "team-b", pods=4, klass="normal"), 10.0)
     d = loop.decide(10.0)
-    # team-b's job needs its own quota back: e gives back before admission, b is admitted and placed in this
-    # same pass, and nobody is preempted (without it admission would ask to reclaim from a borrower)
+    # team-b's job needs its own quota back: e gives back its pods above the floor, and the reclaim admission
+    # asked for waits for the next pass instead of preempting e
+    assert d.preemptions == [] and d.admitted == []
+    assert [(r.job_id, r.pods_before, r.pods, r.reason, r.for_job) for r in d.resizes] == [("e", 8, 2, SHRINK, None)]
+    d = loop.decide(10.0)  # the next pass (the simulator runs it in the same instant)
     assert [w.job_id for w in d.admitted] == ["b"] and "b" in {p.job_id for p in d.placement.result.placed}
-    assert d.preemptions == [] and loop.pods("e") == 4
+    assert d.preemptions == [] and loop.pods("e") == 4  # then grew into what its own quota still holds
     assert (loop.charged(), loop.charged("team-b")) == (4, 4)
 
 
