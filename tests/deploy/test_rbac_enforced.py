@@ -50,6 +50,7 @@ TFJOB = create_namespaced_resource("kubeflow.org", "v1", "TFJob", "tfjobs")
 MPIJOB = create_namespaced_resource("kubeflow.org", "v2beta1", "MPIJob", "mpijobs")
 RAYJOB = create_namespaced_resource("ray.io", "v1", "RayJob", "rayjobs")
 NOTEBOOK = create_namespaced_resource("kubeflow.org", "v1", "Notebook", "notebooks")
+LWS = create_namespaced_resource("leaderworkerset.x-k8s.io", "v1", "LeaderWorkerSet", "leaderworkersets")
 
 
 def _pod_spec(gpus: int, name: str = "main") -> dict[str, Any]:
@@ -100,6 +101,10 @@ ENDING_WORKLOADS = [
     NOTEBOOK({"apiVersion": "kubeflow.org/v1", "kind": "Notebook", "metadata": {
         **_ending("short-nb"), "annotations": {"gpuq.io/max-runtime-s": "2", "kubeflow-resource-stopped": "x"}},
         "spec": {"template": {"spec": _pod_spec(1, "lab")}}}),
+    # a LeaderWorkerSet is held at zero groups and started with them back (get, patch), and ends held
+    LWS({"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "metadata": {
+        **_ending("short-lws"), "annotations": {"gpuq.io/max-runtime-s": "2", "gpuq.io/groups": "1"}},
+        "spec": {"replicas": 0, "leaderWorkerTemplate": {"size": 1, "workerTemplate": {"spec": _pod_spec(1, "lws")}}}}),
     RAYJOB({"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": _ending("short-ray"),
             "spec": {"suspend": True, "entrypoint": "python tune.py", "rayClusterSpec": {
                 "headGroupSpec": {"rayStartParams": {}, "template": {"spec": _pod_spec(0, "ray-head")}},
@@ -193,10 +198,11 @@ async def test_the_executor_and_the_api_run_with_exactly_the_charts_roles(
         assert await bus_events(nats_url, "job.failed") == []
         for workload in ENDING_WORKLOADS:
             await client.create(workload)
-        failed = await eventually("the short ones failed", lambda: _at_least(bus_events(nats_url, "job.failed"), 6),
+        failed = await eventually("the short ones failed", lambda: _at_least(bus_events(nats_url, "job.failed"), 7),
                                   timeout_s=90)
-        assert sorted(e["job_id"].split(".")[1] for e in failed) == ["short-mpi", "short-nb", "short-ray",
-                                                                     "short-set", "short-tf", "short-torch"]
+        assert sorted(e["job_id"].split(".")[1] for e in failed) == ["short-lws", "short-mpi", "short-nb",
+                                                                     "short-ray", "short-set", "short-tf",
+                                                                     "short-torch"]
         await eventually("each shown failed", lambda: _all_shown_failed(client))
     executor_user = f"system:serviceaccount:{RELEASE_NS}:gpuq-executor"
     refused = [a for a in auth.log if a.user == executor_user and not a.allowed]
@@ -294,7 +300,9 @@ async def _all_shown_failed(client: Any) -> bool:
     kubeflow = [torch, (await client.get(TFJOB, "short-tf", namespace=NS)).to_dict(),
                 (await client.get(MPIJOB, "short-mpi", namespace=NS)).to_dict()]
     notebook = (await client.get(NOTEBOOK, "short-nb", namespace=NS)).to_dict()
+    lws = (await client.get(LWS, "short-lws", namespace=NS)).to_dict()
     return ("kubeflow-resource-stopped" in notebook["metadata"]["annotations"]  # a Notebook ends stopped
+            and lws["spec"]["replicas"] == 0  # a LeaderWorkerSet ends held
             and jobset.get("status", {}).get("terminalState") == "Failed"
             and all((k.get("status", {}).get("conditions") or [{}])[-1].get("type") == "Failed" for k in kubeflow)
             and ray.get("status", {}).get("jobDeploymentStatus") == "Failed")

@@ -43,7 +43,7 @@ from services.executor.kube.webhook import WebhookServer, WebhookSettings
 from shared.config import QueuesConfig, parse_queues
 from shared.servers import free_port
 from tests.kube.kubefake.cluster import KubeCluster
-from tests.kube.kubefake.kinds import JobSet, MPIJob, Notebook, PyTorchJob, RayJob, TFJob
+from tests.kube.kubefake.kinds import JobSet, LeaderWorkerSet, MPIJob, Notebook, PyTorchJob, RayJob, TFJob
 from tests.kube_support import kind_body, webhook_configurations
 
 MANAGED, ELSEWHERE, SYSTEM = "wh-team-a", "wh-scratch", "wh-gpuq-system"
@@ -76,11 +76,13 @@ def job_body(name: str, *, gpus: int = 1, suspend: bool | None = None, labels: d
 
 
 KINDS = {"Job": JOB, "JobSet": JobSet, "PyTorchJob": PyTorchJob, "TFJob": TFJob, "MPIJob": MPIJob, "RayJob": RayJob,
-         "Notebook": Notebook}
+         "Notebook": Notebook, "LeaderWorkerSet": LeaderWorkerSet}
 RUN_POLICY = ("PyTorchJob", "TFJob", "MPIJob")  # suspended through spec.runPolicy.suspend
 
 
 def suspended(obj: dict[str, Any]) -> bool:
+    if obj["kind"] == "LeaderWorkerSet":  # held at zero groups
+        return obj["spec"].get("replicas", 1) == 0
     if obj["kind"] == "Notebook":  # stopped as Kubeflow stops one
         return "kubeflow-resource-stopped" in (obj["metadata"].get("annotations") or {})
     spec = obj["spec"]
@@ -112,8 +114,8 @@ async def _user_client(kube_api: KubeCluster, tmp_path: Path) -> tuple[AsyncClie
         await client.create(Role.from_dict({"metadata": {"name": "alice", "namespace": ns}, "rules": [
             {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create", "get", "update", "patch"]},
             {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "update", "patch"]},
-            {"apiGroups": ["jobset.x-k8s.io", "kubeflow.org", "ray.io"],
-             "resources": ["jobsets", "pytorchjobs", "tfjobs", "mpijobs", "rayjobs", "notebooks"],
+            {"apiGroups": ["jobset.x-k8s.io", "kubeflow.org", "ray.io", "leaderworkerset.x-k8s.io"],
+             "resources": ["jobsets", "pytorchjobs", "tfjobs", "mpijobs", "rayjobs", "notebooks", "leaderworkersets"],
              "verbs": ["create", "get", "update", "patch"]}]}))
         await client.create(RoleBinding.from_dict({
             "metadata": {"name": "alice", "namespace": ns},

@@ -265,6 +265,7 @@ async def test_discovery_lists_core_batch_and_the_training_crds(kube_api: KubeCl
         "rayjobs.ray.io",
         "rayclusters.ray.io",
         "notebooks.kubeflow.org",
+        "leaderworkersets.leaderworkerset.x-k8s.io",
         "provisioningrequests.autoscaling.x-k8s.io",
     }
 

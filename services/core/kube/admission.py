@@ -44,11 +44,12 @@ USER_ANNOTATIONS = frozenset({
     n.CHECKPOINT_ANNOTATION, n.CHECKPOINT_INTERVAL_ANNOTATION, n.MAX_RUNTIME_ANNOTATION, n.MIN_MEMBERS_ANNOTATION,
     n.TOPOLOGY_REQUIRED_ANNOTATION, n.TOPOLOGY_PREFERRED_ANNOTATION, n.GPU_MODELS_ANNOTATION, n.DATASETS_ANNOTATION,
     n.KIND_ANNOTATION, n.PREEMPTIBLE_ANNOTATION, n.RETRY_BACKOFF_LIMIT_ANNOTATION, n.RETRY_BACKOFF_S_ANNOTATION,
-    n.RETRY_REASONS_ANNOTATION})
+    n.RETRY_REASONS_ANNOTATION, n.GROUPS_ANNOTATION})
 GPUQ_PREFIX = "gpuq.io/"
 HOW_TO_SUBMIT = ("create a batch/v1 Job, JobSet, PyTorchJob, TFJob, MPIJob or RayJob asking for the GPUs (suspend: "
-                 "true, label gpuq.io/queue), or a Kubeflow Notebook (annotated kubeflow-resource-stopped); gpuq "
-                 "queues it and starts it when it is admitted")
+                 "true, label gpuq.io/queue), a Kubeflow Notebook (annotated kubeflow-resource-stopped) or a "
+                 "LeaderWorkerSet (replicas: 0, annotation gpuq.io/groups); gpuq queues it and starts it when it is "
+                 "admitted")
 
 
 @dataclass(frozen=True)
@@ -233,6 +234,9 @@ def mutate(review: Review, policy: WebhookPolicy) -> Answer:
     warnings = []
     work = copy.deepcopy(review.obj)  # the object as the operations so far leave it
     if not kind.suspended(review.obj):
+        for key, value in sorted(kind.hold_annotations(review.obj).items()):
+            if key not in _annotations(review.obj):
+                ops += _set(work, ("metadata", "annotations", key), value)
         ops += _suspend_ops(kind, work)
         warnings.append(f"gpuq suspended this {kind.kind}: it starts when gpuq admits and places it")
     if not labelled:

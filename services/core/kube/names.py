@@ -24,6 +24,8 @@ TOPOLOGY_PREFERRED_ANNOTATION = "gpuq.io/topology-preferred"
 GPU_MODELS_ANNOTATION = "gpuq.io/gpu-models"  # comma-separated flavors (any of)
 DATASETS_ANNOTATION = "gpuq.io/datasets"
 KIND_ANNOTATION = "gpuq.io/kind"  # training | inference | notebook
+# A LeaderWorkerSet held at zero groups: the groups to run when gpuq starts it (kinds/leaderworkerset.py)
+GROUPS_ANNOTATION = "gpuq.io/groups"
 PREEMPTIBLE_ANNOTATION = "gpuq.io/preemptible"
 # A workload's retry policy (JobSpec.retry): failures gpuq observes on a live workload are retried through
 # admission after a backoff. (A workload Kubernetes itself marks Failed is final: its own backoffLimit retried it.)

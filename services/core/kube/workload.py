@@ -110,6 +110,11 @@ class WorkloadKind(ABC):
     @abstractmethod
     def suspended(self, obj: Obj) -> bool: ...
 
+    def hold_annotations(self, obj: Obj) -> dict[str, str]:
+        """Annotations the webhook adds when it holds (suspends) a workload created running, so that what its
+        suspension changes can be given back (a LeaderWorkerSet's number of groups)."""
+        return {}
+
     @abstractmethod
     def suspend_patch(self, suspend: bool) -> dict[str, Any]:
         """A JSON merge patch that suspends (True) or resumes (False) the workload."""

@@ -17,6 +17,7 @@ TFJob = create_namespaced_resource("kubeflow.org", "v1", "TFJob", "tfjobs")
 MPIJob = create_namespaced_resource("kubeflow.org", "v2beta1", "MPIJob", "mpijobs")
 RayJob = create_namespaced_resource("ray.io", "v1", "RayJob", "rayjobs")
 Notebook = create_namespaced_resource("kubeflow.org", "v1", "Notebook", "notebooks")
+LeaderWorkerSet = create_namespaced_resource("leaderworkerset.x-k8s.io", "v1", "LeaderWorkerSet", "leaderworkersets")
 RayCluster = create_namespaced_resource("ray.io", "v1", "RayCluster", "rayclusters")
 ProvisioningRequest = create_namespaced_resource("autoscaling.x-k8s.io", "v1", "ProvisioningRequest",
                                                  "provisioningrequests")
@@ -37,6 +38,7 @@ LIGHTKUBE_KINDS: dict[r.ResourceType, Any] = {
     r.RAYJOBS: RayJob,
     r.RAYCLUSTERS: RayCluster,
     r.NOTEBOOKS: Notebook,
+    r.LEADERWORKERSETS: LeaderWorkerSet,
     r.POD_TEMPLATES: PodTemplate,
     r.PROVISIONING_REQUESTS: ProvisioningRequest,
 }

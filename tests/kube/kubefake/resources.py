@@ -120,6 +120,9 @@ MPIJOBS = ResourceType("kubeflow.org", "v2beta1", "mpijobs", "MPIJob", True, cus
 RAYJOBS = ResourceType("ray.io", "v1", "rayjobs", "RayJob", True, custom=True)
 # Kubeflow's notebook controller (controllers/notebook.py)
 NOTEBOOKS = ResourceType("kubeflow.org", "v1", "notebooks", "Notebook", True, custom=True)
+# the LeaderWorkerSet controller (controllers/leaderworkerset.py)
+LEADERWORKERSETS = ResourceType("leaderworkerset.x-k8s.io", "v1", "leaderworkersets", "LeaderWorkerSet", True,
+                                ("status",), ("lws",), custom=True)
 RAYCLUSTERS = ResourceType("ray.io", "v1", "rayclusters", "RayCluster", True, custom=True)
 POD_TEMPLATES = ResourceType("", "v1", "podtemplates", "PodTemplate", True, ())
 PROVISIONING_REQUESTS = ResourceType(
@@ -165,6 +168,7 @@ ALL_RESOURCES: tuple[ResourceType, ...] = (
     RAYJOBS,
     RAYCLUSTERS,
     NOTEBOOKS,
+    LEADERWORKERSETS,
     POD_TEMPLATES,
     PROVISIONING_REQUESTS,
 )

@@ -1,5 +1,5 @@
 """The controllers the tests play: batch/v1 Job, JobSet, PyTorchJob (and TFJob, MPIJob), RayJob, Kubeflow's
-Notebook, and the resourceclaim controller (a pod's ResourceClaims from its ResourceClaimTemplates)."""
+Notebook, LeaderWorkerSet, and the resourceclaim controller (a pod's ResourceClaims from its ResourceClaimTemplates)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Protocol
 from ..store import Store
 from .job import JobController
 from .jobset import JobSetController
+from .leaderworkerset import LeaderWorkerSetController
 from .notebook import NotebookController
 from .pytorchjob import MPIJobController, PyTorchJobController, TFJobController
 from .rayjob import RayJobController
@@ -25,6 +26,7 @@ def all_controllers(store: Store) -> list[Controller]:
     ResourceClaims come last."""
     return [JobSetController(store), JobController(store), PyTorchJobController(store), TFJobController(store),
             MPIJobController(store), RayJobController(store), NotebookController(store),
+            LeaderWorkerSetController(store),
             ResourceClaimController(store)]
 
 
@@ -32,6 +34,7 @@ __all__ = [
     "Controller",
     "JobController",
     "JobSetController",
+    "LeaderWorkerSetController",
     "MPIJobController",
     "NotebookController",
     "PyTorchJobController",
