@@ -4,8 +4,9 @@ borrowers' jobs that could give the quota back (PreemptionRequested with reason 
 Candidates (Kueue preemption/common/ordering.go, restricted to reclaim): admitted jobs of the *other* queues of the
 cohort tree (Kueue: the root's SubtreeClusterQueues) that are above their nominal quota on a resource the preemptor
 needs, that use that resource and are preemptible; under `reclaim_within_cohort: LowerPriority` only jobs of
-strictly lower priority than the preemptor, under `Any` every such job. Ordered lowest priority first, then most
-recently admitted first (least work lost), then job id. The preemption service chooses the minimal set among them
+strictly lower priority than the preemptor, under `Any` every such job. Ordered lowest priority first, then the
+jobs that checkpoint (a reclaim costs them their checkpoint write, issue 49), then most recently admitted first
+(least work lost), then job id. The preemption service chooses the minimal set among them
 (protection windows, checkpoints); listing them all keeps that choice in one place.
 """
 
@@ -27,7 +28,7 @@ def reclaim_candidates(state: AdmissionState, qq: QueueQuota, priority: int,
         return ()
     book = state.book
     lower_only = qq.reclaim_policy is PreemptionPolicy.LOWER_PRIORITY
-    found = []
+    found: list[tuple[int, bool, float, str]] = []
     for other in book.pool_members.get(qq.pool, ()) if qq.pool is not None else ():  # the whole cohort tree
         if other == qq.name:
             continue
@@ -39,24 +40,24 @@ def reclaim_candidates(state: AdmissionState, qq: QueueQuota, priority: int,
             if a is None or not e.preemptible or (lower_only and e.priority >= priority):
                 continue
             if any(a.usage.get(r, 0) > 0 for r in over):
-                found.append((e.priority, -a.admitted_at, e.job_id))
+                found.append((e.priority, e.unsaved_runtime_s > 0, -a.admitted_at, e.job_id))
     found.sort()
-    return tuple(job_id for _p, _t, job_id in found)
+    return tuple(job_id for _p, _u, _t, job_id in found)
 
 
 def own_candidates(state: AdmissionState, qq: QueueQuota, priority: int,
                    need: Mapping[str, int]) -> tuple[str, ...]:
     """Within-queue preemption candidates (Kueue `withinClusterQueue: LowerPriority`; `Any` is read the same):
     the queue's own admitted preemptible jobs of strictly lower priority that use a needed resource, in the
-    same order as reclaim candidates (lowest priority, most recently admitted, job id)."""
+    same order as reclaim candidates (lowest priority, checkpointing, most recently admitted, job id)."""
     if qq.config.preemption.within_queue is PreemptionPolicy.NEVER:
         return ()
-    found = []
+    found: list[tuple[int, bool, float, str]] = []
     for e in state.admitted_entries(qq.name):
         a = e.admitted
         if a is None or not e.preemptible or e.priority >= priority:
             continue
         if any(a.usage.get(r, 0) > 0 for r in need):
-            found.append((e.priority, -a.admitted_at, e.job_id))
+            found.append((e.priority, e.unsaved_runtime_s > 0, -a.admitted_at, e.job_id))
     found.sort()
-    return tuple(job_id for _p, _t, job_id in found)
+    return tuple(job_id for _p, _u, _t, job_id in found)

@@ -159,6 +159,9 @@ class VictimChooser:
         self.max_preemptors_per_cycle = max_preemptors_per_cycle
         self.last_preempted: dict[str, float] = {}
         self.by_queue: dict[str, list[float]] = {}
+        # reclaiming job -> when its request was first decided (until it gets victims): how long victim selection
+        # may wait for cheaper borrowers to leave their protection window (`Preemptor.waiting_since`)
+        self.reclaim_asked: dict[str, float] = {}
         self._jobs: dict[str, RunningJob] = {}  # job id -> its RunningJob for its current run
         self._seen: dict[str, Any] = {}  # the policy's running jobs (RunningInfo) when `_jobs` was last synced
         self._log: list[str] | None = None  # the policy's running log (job ids that started or stopped) ...
@@ -312,7 +315,9 @@ class VictimChooser:
             preemptor = Preemptor(job_id=job_id, queue=spec.queue, priority=priority_of(self.config, spec)[0],
                                   kind=spec.kind, spec=spec, reason=reason,
                                   allowed_models=tuple(sorted({k.split(":", 1)[0] for k in need})), need=need,
-                                  own_need=own_need, max_victim_priority=max_victim)
+                                  own_need=own_need, max_victim_priority=max_victim,
+                                  waiting_since=self.reclaim_asked.setdefault(job_id, ctx.now)
+                                  if reason == RECLAIM else None)
             if whole and not taken:
                 alive, usage = running, self._usage
             else:
@@ -327,6 +332,7 @@ class VictimChooser:
                     # the service defers it to then (services/preemption/app.py)
                     self._wake_at(choice.retry_at)
                 continue
+            self.reclaim_asked.pop(job_id, None)
             for v in choice.victims:
                 job = next(j for j in alive if j.job_id == v)
                 out.append(self._preempted(job, ctx, reason, job_id))

@@ -103,6 +103,9 @@ class Preemptor:
     # borrow_within_cohort, fair-sharing preemption: the preemptor borrows, so other queues' victims must have at
     # most this priority
     max_victim_priority: int | None = None
+    # a reclaim: when its request was first asked (None: unknown). Victim selection may then wait for cheaper
+    # victims that leave their protection window before `waiting_since + protection_window_s` (select.py)
+    waiting_since: float | None = None
 
     @property
     def for_quota(self) -> bool:

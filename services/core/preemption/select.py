@@ -28,7 +28,7 @@ from itertools import combinations
 from services.core.scheduler import ClusterState, may_fit_if_released
 from shared.config import QueuesConfig
 
-from .model import RECLAIM, Preemptor, RunningJob, Selection, by_job_id, summed_usage
+from .model import RECLAIM, Preemptor, RunningJob, Selection, Why, by_job_id, summed_usage
 from .policy import exceeds_loss_bound, needed_resources, victim_verdicts
 
 EXACT_POOL = 8  # pools up to this size are searched exhaustively (2^8 subsets, most pruned cheaply)
@@ -80,7 +80,10 @@ class _Checker:
             qc = self.config.queue_map.get(q)
             if qc is None:
                 continue
-            for r in sorted({r for j in taken for r in j.usage}):
+            held = {r for j in taken for r in j.usage}
+            if self.p.for_quota:  # a reclaim: measured on what it needs (Kueue), so a queue borrowing CPU while
+                held &= set(self.p.need) | set(self.p.own_need)  # within its GPU quota gives the CPU back
+            for r in sorted(held):
                 used = self.usage.get(q, {}).get(r, 0)
                 nominal = qc.quotas[r].nominal if r in qc.quotas else 0
                 amounts = [j.usage.get(r, 0) for j in taken if j.usage.get(r, 0) > 0]
@@ -140,6 +143,29 @@ def _exact(pool: Sequence[RunningJob], check: _Checker, now: float) -> list[Runn
     return None
 
 
+def _cheaper_soon(preemptor: Preemptor, chosen: Sequence[RunningJob], ordered: Sequence[RunningJob],
+                  rejected: Mapping[str, str], pool: Sequence[RunningJob], check: _Checker, config: QueuesConfig,
+                  now: float) -> bool:
+    """A reclaim of nominal quota whose victims would lose more than `max_victim_loss_s` (a borrower that cannot
+    checkpoint, running long) waits instead when borrowers within the bound, still in their protection window,
+    would be enough with the chosen tier's others, and every one of them leaves its window before the lender's
+    deadline (`waiting_since` + the window: the guarantee's bound without the grace). They were protected only
+    by their youth (rejected `ProtectedJustStarted`, after the class, queue and priority rules); the request is
+    decided again when the first leaves it (`protection_ends`). Issue 49: on Philly October such reclaims threw
+    away days of 8-GPU runs for a 1-GPU lender while checkpointing borrowers were minutes from eligible."""
+    since, window = preemptor.waiting_since, config.policy.protection_window_s
+    if (since is None or preemptor.reason != RECLAIM or preemptor.max_victim_priority is not None
+            or not any(exceeds_loss_bound(j, config, now) for j in chosen)):
+        return False
+    young = [j for j in ordered if rejected.get(j.job_id) == Why.JUST_STARTED
+             and j.started_at <= since and not exceeds_loss_bound(j, config, j.started_at + window)]
+    if not young:
+        return False
+    cheap = sorted([j for j in pool if not exceeds_loss_bound(j, config, now)] + young,
+                   key=lambda j: candidate_key(j, now))
+    return check.fits(cheap, guarantees=False) and _greedy(cheap, check) is not None
+
+
 def select_victims(preemptor: Preemptor, running: Sequence[RunningJob], cluster: ClusterState,
                    config: QueuesConfig, now: float, *, busy: Iterable[str] = (),
                    exact_pool: int = EXACT_POOL, usage: Mapping[str, Mapping[str, int]] | None = None
@@ -172,6 +198,11 @@ def select_victims(preemptor: Preemptor, running: Sequence[RunningJob], cluster:
         if chosen is None:
             chosen = _greedy(pool, check)
         if chosen is not None:
+            if _cheaper_soon(preemptor, chosen, ordered, rejected, pool, check, config, now):
+                return Selection((), 0.0, "WaitingForCheaperVictims",
+                                 f"the reclaim for {preemptor.job_id} would throw away more than "
+                                 f"{config.policy.max_victim_loss_s}s of a borrower's run; borrowers that lose "
+                                 "less leave their protection window in time", rejected, check.checks)
             chosen.sort(key=lambda j: candidate_key(j, now))
             return Selection(tuple(j.job_id for j in chosen), sum(j.lost_gpu_seconds(now) for j in chosen),
                              rejected=rejected, fits_checks=check.checks)

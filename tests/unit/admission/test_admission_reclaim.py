@@ -145,3 +145,20 @@ def test_a_job_that_cannot_checkpoint_borrows_only_within_its_queues_runtime_lim
     assert st.reason == Reason.WAITING_FOR_QUOTA
     assert "cannot checkpoint" in st.message and "3600s" in st.message
     assert admission_cycle(s, 20.0).pending["long"].reason == Reason.WAITING_FOR_QUOTA  # not just this cycle
+
+
+def test_reclaim_candidates_name_the_checkpointing_borrowers_first_within_a_priority() -> None:
+    """Issue 49: within a priority, the borrowers that checkpoint come first (a reclaim costs them their checkpoint
+    write; the others lose their run), then the most recently admitted. This cycle's later requests are earmarked
+    the rest, so the first request gets the cheap victims."""
+    s = AdmissionState(config(queue("team-a", {H100: 8}), queue("team-b", {H100: 4})))
+    saving = CheckpointSpec(supported=True, interval_s=1800)
+    for i in range(6):
+        spec = job(f"b{i}", "team-b", 2, priority="low")
+        if i in (1, 3):
+            spec = spec.model_copy(update={"checkpoint": saving})
+        submit(s, spec, float(i))
+        admission_cycle(s, 10.0 + i)
+    submit(s, job("a0", "team-a", 6), 100)
+    [r] = admission_cycle(s, 101.0).reclaims
+    assert r.candidates == ("b3", "b1", "b5", "b4", "b2", "b0")
