@@ -68,3 +68,24 @@ def test_a_gpu_job_short_of_cpu_only_may_still_run_on_its_own_models() -> None:
     preemptor = _preemptor(CONFIG, fact, ask)
     assert preemptor.allowed_models == ()
     assert select_victims(preemptor, running, cluster, CONFIG, NOW).victims == ("b2",)
+
+
+def test_a_queue_borrowing_cpu_within_its_gpu_quota_gives_the_cpu_back() -> None:
+    """The guarantee of a victim's queue is measured on the resources the reclaim needs: team-b borrows CPU while
+    it uses 2 of its 8 GPUs, and its newest job is taken for the lender's CPU (Kueue reclaims on the preempting
+    resources only); before, its GPUs below nominal kept every job, and the lender never got its CPU back."""
+    cluster = ClusterState.from_nodes(nodes(1))
+    by_name = {n.name: n for n in nodes(1)}
+    running = []
+    for i in range(2):  # 1 GPU and 3 CPUs each: 6 CPUs on a nominal 4
+        s = JobSpec(job_id=f"b{i}", team="team-b", queue="team-b", priority_class="low",
+                    pod_sets=(PodSet(count=1, gpus_per_pod=1, gpu_models=(MODEL,), cpu_milli=3000, memory_mib=0),))
+        placement = cluster.place(s)
+        assert isinstance(placement, Placement)
+        cluster.commit(placement)
+        running.append(running_job(s, list(placement.bindings), by_name, CONFIG, NOW - 1000 * (2 - i), None))
+    assert running[0].usage == {MODEL: 1, "cpu_milli": 3000}
+    boss = cpu_spec("a0", "team-a", "normal")
+    preemptor = Preemptor(job_id="a0", queue="team-a", priority=priority_of(CONFIG, boss)[0], kind=boss.kind,
+                          spec=boss, reason=RECLAIM, need={"cpu_milli": 2000})
+    assert select_victims(preemptor, running, cluster, CONFIG, NOW).victims == ("b1",)
