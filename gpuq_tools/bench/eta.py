@@ -8,7 +8,7 @@ some wait admitted and most wait pending, as on a platform with a deep queue. Th
 times of `--history` finished jobs. A first refresh (reported apart, `first_s`) also learns every waiting job's
 arrival; then each of `--runs` timed refreshes is one `PlatformEta.__call__` (the arrivals seen, the replays, the
 ETAs remembered) on the same state a minute later, as the service refreshes when nothing changed, with the
-refresh's work budget (`--budget`: job-cycles per replay, `services.core.eta.DEFAULT_BUDGET`); the figure is the
+refresh's work budget (`--budget`: job-cycles per refresh, `services.core.eta.DEFAULT_BUDGET`); the figure is the
 median wall time.
 """
 

@@ -37,7 +37,7 @@ class PlatformEta:
 
     def __init__(self, model: EtaModel | None = None, budget: int | None = DEFAULT_BUDGET):
         self.model = model or EtaModel()
-        self.budget = budget  # each replay's work (services.core.eta.DEFAULT_BUDGET): a refresh's cost is bounded
+        self.budget = budget  # a refresh's work (services.core.eta.DEFAULT_BUDGET): its cost is bounded
         self._given: dict[str, list[tuple[float, EtaRange]]] = {}  # waiting job -> first ETA and the latest ones
         self._queued: dict[str, tuple[str, float]] = {}  # waiting job -> (queue, submitted at)
         self._preempted: dict[str, float] = {}  # waiting job -> when it was last preempted (its cool-down)

@@ -25,7 +25,9 @@ through its methods).
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
+import itertools
 import math
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -68,7 +70,8 @@ ARRIVAL_HISTORY = 10_000
 # (`_StartsReplay.coarse`: list scheduling by GPU count on each model's GPUs as the jobs holding them end, no
 # quota or topology) and a range wider by TAIL_WIDEN on each side.
 # A refresh therefore costs about the same whatever the queue's depth beyond the head, plus one pass over the
-# tail (`gpuq bench eta`: 20,000 waiting on 1,280 GPUs). Not tuned to a trace: the budget is a cost.
+# tail up to the horizon (`gpuq bench eta`: 20,000 waiting on 1,280 GPUs). Not tuned to a trace: the budget is a
+# cost. `estimate_ranges` spends DEFAULT_BUDGET per refresh, all three replays together (`estimate_ranges`).
 DEFAULT_BUDGET = 60_000
 HEAD_CYCLES = 60
 TAIL_WIDEN = 1.5  # a coarse start's range: its wait divided by this at the low end, multiplied at the high end
@@ -119,6 +122,18 @@ def plan_starts(cluster: Any, admission: Any, running: Mapping[str, float], now:
     """`estimate_starts`, and which of the starts are coarse (the tail beyond the budget's exact replay).
     `tail`: `admission` is already cut to the head of the queue and these are the rest (`cut_queue`, done once
     for several replays); None: cut here when there is a budget."""
+    starts, coarse, _spent = _plan(cluster, admission, running, now, horizon_s=horizon_s, max_cycles=max_cycles,
+                                   backfill=backfill, duration=duration, believed_ends=believed_ends,
+                                   resolution=resolution, started=started, preempted_at=preempted_at,
+                                   budget=budget, tail=tail)
+    return starts, coarse
+
+
+def _plan(cluster: Any, admission: Any, running: Mapping[str, float], now: float, *, horizon_s: float,
+          max_cycles: int, backfill: bool, duration: Duration | None, believed_ends: Mapping[str, float] | None,
+          resolution: float, started: Mapping[str, float] | None, preempted_at: Mapping[str, float] | None,
+          budget: int | None, tail: Sequence[TailJob] | None) -> tuple[dict[str, float], frozenset[str], int]:
+    """`plan_starts`, and the job-cycles the exact replay spent."""
     if budget is not None and budget < 1:
         raise ValueError(f"need budget >= 1 (or None), got {budget}")
     if horizon_s <= 0 or not 0.0 <= resolution < 1.0:
@@ -132,6 +147,7 @@ def plan_starts(cluster: Any, admission: Any, running: Mapping[str, float], now:
                            run_for=duration or (lambda spec: float(spec.max_runtime_s)),
                            believed_ends=believed_ends, started=started, preempted_at=preempted_at,
                            tail=tail or ())
+    replay.budget = budget
     t = now
     spent_all = False
     for _ in range(max_cycles):
@@ -147,7 +163,7 @@ def plan_starts(cluster: Any, admission: Any, running: Mapping[str, float], now:
             break
         t = step
     coarse = replay.coarse(t, horizon_s, everything_left=spent_all) if replay.tail or spent_all else frozenset()
-    return dict(sorted(replay.starts.items())), coarse
+    return dict(sorted(replay.starts.items())), coarse, replay.spent
 
 
 @dataclass(frozen=True)
@@ -156,13 +172,23 @@ class TailJob:
 
     job_id: str
     spec: JobSpec
-    gpus: float  # whole GPUs it needs at once (MIG slices rounded up to a GPU)
-    models: tuple[str, ...]  # the GPU models it accepts (empty: any)
+    allowed: tuple[str, ...] | None = None  # the GPU models it accepts, when not its spec's (the scheduler's view)
 
     @classmethod
     def of(cls, spec: JobSpec, models: tuple[str, ...] | None = None) -> TailJob:
-        return cls(spec.job_id, spec, max(1.0, float(math.ceil(gpu_share(spec)))),
-                   spec.gpu_models if models is None else models)
+        return cls(spec.job_id, spec, models)
+
+    # (computed once, when a coarse replay first reaches the job: a deep tail's far end lies beyond the horizon
+    # and is never reached; the three replays of a refresh share the tail)
+    @functools.cached_property
+    def gpus(self) -> float:
+        """Whole GPUs it needs at once (MIG slices rounded up to a GPU)."""
+        return max(1.0, float(math.ceil(gpu_share(self.spec))))
+
+    @functools.cached_property
+    def models(self) -> tuple[str, ...]:
+        """The GPU models it accepts (empty: any)."""
+        return self.spec.gpu_models if self.allowed is None else self.allowed
 
 
 def cut_queue(cluster: Any, admission: Any, running: Collection[str], budget: int
@@ -178,7 +204,8 @@ def cut_queue(cluster: Any, admission: Any, running: Collection[str], budget: in
         return admission, []
     adm = admission.copy()
     order = heapq.merge(*(lst for _q, lst in sorted(adm.ordered_pending().items())), key=lambda e: e.order)
-    tail = [TailJob.of(adm.pending[e.job_id].spec) for i, e in enumerate(order) if i >= max(0, keep)]
+    pending = adm.pending
+    tail = [TailJob(e.job_id, pending[e.job_id].spec) for e in itertools.islice(order, max(0, keep), None)]
     for t in tail:
         adm.finish(t.job_id)
     return adm, tail
@@ -225,6 +252,7 @@ class _StartsReplay:
         # (docs/preemption.md)
         self.holds: dict[str, Any] = {}
         self.spent = 0  # job-cycles so far (the budget's unit)
+        self.budget: int | None = None  # (the replay's budget: a pass of `settle` stops its rounds once spent)
         # the pending jobs beyond the head, in the platform's order, left out of the exact replay (`cut_queue`)
         self.tail: Sequence[TailJob] = tail
 
@@ -249,6 +277,8 @@ class _StartsReplay:
             if not out.preemptions:
                 break
             self._requeue({v.job_id: v.preemptor for v in out.preemptions}, t)
+            if self.budget is not None and self.spent >= self.budget:
+                break  # (the budget is spent: what waits gets a coarse start, `coarse`)
 
     def _take(self, out: Any, t: float) -> None:
         """A cycle's admissions join the waiting jobs; its placements start, each with its end to come."""
@@ -311,10 +341,11 @@ class _StartsReplay:
             heapq.heapify(heap)
         last = self.now + horizon_s
         given: set[str] = set()
+        by_name = sorted(total)
         for job in left:
             need, models = job.gpus, job.models
             best: tuple[float, str] | None = None
-            for m in sorted(total):
+            for m in by_name:
                 if (models and m not in models) or total[m] < need:
                     continue
                 heap = ends[m]
@@ -329,6 +360,8 @@ class _StartsReplay:
                 end, gpus = heapq.heappop(heap)
                 clock[m], free[m] = max(clock[m], end), free[m] + gpus
             if free[m] < need or clock[m] > last:
+                if min(clock.values()) > last:
+                    break  # (clocks only move on: every job left starts beyond the horizon)
                 continue  # beyond the horizon
             free[m] -= need
             heapq.heappush(heap, (clock[m] + max(1.0, self.run_for(job.spec)), need))
@@ -549,7 +582,10 @@ class Arrival:
 
 def gpu_share(spec: JobSpec) -> float:
     """The GPUs a job holds while it runs: whole GPUs plus each MIG slice's share of a GPU."""
-    return spec.total_gpus + sum(p.mig_slices * mig_milli_gpus(p.mig_profile) / MILLI_GPU for p in spec.pod_sets)
+    # (the slices' term only where a pod set has slices: adding 0.0 changes no sum, and parsing the profile cost
+    # most of a deep queue's tail)
+    return spec.total_gpus + sum([p.mig_slices * mig_milli_gpus(p.mig_profile) / MILLI_GPU
+                                  for p in spec.pod_sets if p.mig_slices], 0.0)
 
 
 def _pool(pools: Mapping[str, int], models: Sequence[str]) -> int:
@@ -670,24 +706,30 @@ class ArrivalHistory:
         return [a for _, _, a in entries[lo:hi] if a.priority > priority]
 
     def expected_delay(self, queue: str, priority: int, now: float, wait_s: float, pools: Mapping[str, int],
-                       models: Sequence[str] = ()) -> float:
+                       models: Sequence[str] = (), memo: dict[Any, Any] | None = None) -> float:
         """Seconds the arrivals still to come are expected to add to the start of a job of `queue` with
         `priority` that the replay starts `wait_s` from `now`, on the GPUs of `models` (empty: any), `pools`
-        giving each model's GPUs (class doc)."""
-        capacity = _pool(pools, models)
+        giving each model's GPUs (class doc). `memo`: a dict kept by a caller asking for many jobs with the same
+        history and `pools` (a refresh): the groups that compete with each (queue, priority, models), found once."""
+        key = (queue, priority, tuple(models))
+        found = memo.get(key) if memo is not None else None
+        if found is None:
+            capacity = _pool(pools, models)
+            # (priority, models) groups above `priority` whose work lands on `models`, arrivals by time
+            found = (capacity, [] if capacity <= 0 else
+                     [(times, sums, share) for prio, theirs, times, sums in self._groups(queue)
+                      if prio > priority and (share := _overlap(pools, theirs, models)) > 0.0])
+            if memo is not None:
+                memo[key] = found
+        capacity, groups = found
         if capacity <= 0:
             return 0.0
         lookback = max(MIN_WAIT_S, wait_s)
         since = now - lookback
         work, last, n = 0.0, -math.inf, 0
-        for prio, theirs, times, sums in self._groups(queue):  # (priority, models) groups, arrivals by time
-            if prio <= priority:
-                continue
+        for times, sums, share in groups:
             lo, hi = bisect.bisect_right(times, since), bisect.bisect_right(times, now)
-            if hi <= lo:
-                continue
-            share = _overlap(pools, theirs, models)
-            if share > 0.0:
+            if hi > lo:
                 work, last, n = work + share * (sums[hi] - sums[lo]), max(last, times[hi - 1]), n + hi - lo
         if not n:
             return 0.0
@@ -784,9 +826,11 @@ def estimate_ranges(cluster: Any, admission: Any, running: Mapping[str, RunningV
     """{job_id: EtaRange} for every waiting job that would start within `horizon_s` (see the module doc).
     `fixed_ends`: jobs holding GPUs whose spec is not known here (another admission instance's), by the end the
     scheduler reserves for them (started_at + limit). `preempted_at`: when waiting jobs were last preempted
-    (`estimate_starts`; the replay preempts unless `model.expect_preemption` is off). `budget`: each replay's work
-    (DEFAULT_BUDGET; None: exact whatever the depth); a job the median replay gave a coarse start gets a range
-    wider by TAIL_WIDEN on each side (in wait: low / TAIL_WIDEN, high x TAIL_WIDEN) before calibration."""
+    (`estimate_starts`; the replay preempts unless `model.expect_preemption` is off). `budget`: the refresh's
+    work, its replays together (DEFAULT_BUDGET job-cycles; None: exact whatever the depth): the median replay
+    spends up to half, the p10 and p90 replays half of what it left each; a job the median replay gave a coarse
+    start gets a range wider by TAIL_WIDEN on each side (in wait: low / TAIL_WIDEN, high x TAIL_WIDEN) before
+    calibration."""
     fixed = dict(fixed_ends or {})
     believed = {**fixed, **{j: r.started_at + r.spec.max_runtime_s for j, r in running.items()}}
 
@@ -794,8 +838,12 @@ def estimate_ranges(cluster: Any, admission: Any, running: Mapping[str, RunningV
     started = {j: r.started_at for j, r in running.items()} if model.expect_preemption else None
 
     coarse: frozenset[str] = frozenset()
-    # the head of the queue and the tail beyond it, once for the three replays (their ends differ, not the queue)
-    head, tail = (cut_queue(cluster, admission, set(fixed) | set(expected), budget) if budget is not None
+    # The refresh's budget: the median replay takes up to half (all when it is the only one), the p10 and p90
+    # replays share what it left. The head of the queue and the tail beyond it are cut once for the three replays
+    # (their ends differ, not the queue), by the median's share.
+    first = budget if budget is None or not model.predict else max(1, budget // 2)
+    spent = 0
+    head, tail = (cut_queue(cluster, admission, set(fixed) | set(expected), first) if first is not None
                   else (admission, None))
     # job_id -> its prediction (the replays and the tail ask for each job), made once per (group, limit): the
     # predictor does not change during a refresh, and a deep queue is mostly sweeps of a few groups
@@ -813,7 +861,7 @@ def estimate_ranges(cluster: Any, admission: Any, running: Mapping[str, RunningV
         return p
 
     def replay(which: str) -> dict[str, float]:
-        nonlocal coarse
+        nonlocal coarse, spent
         pick = {"low": 0, "high": 2}.get(which, 1)
         ends = {**fixed, **{j: e[pick] for j, e in expected.items()}}
         if not model.predict:
@@ -822,26 +870,37 @@ def estimate_ranges(cluster: Any, admission: Any, running: Mapping[str, RunningV
             def duration(spec: JobSpec) -> float:
                 p = prediction(spec)
                 return p.median_s if which == "median" else p.low_s if which == "low" else p.high_s
-        planned, rough = plan_starts(cluster, head, ends, now, horizon_s=horizon_s, backfill=backfill,
-                                     duration=duration, believed_ends=believed, started=started,
-                                     preempted_at=preempted_at, budget=budget, tail=tail)
+        share = first if which == "median" or budget is None else max(1, (budget - spent) // 2)
+        # (the tail beyond the head only in the median replay: its range comes from its coarse start)
+        planned, rough, cost = _plan(cluster, head, ends, now, horizon_s=horizon_s, max_cycles=10_000,
+                                     backfill=backfill, duration=duration, believed_ends=believed,
+                                     resolution=RESOLUTION, started=started, preempted_at=preempted_at,
+                                     budget=share, tail=tail if which == "median" or tail is None else [])
         if which == "median":
-            coarse = rough
+            coarse, spent = rough, cost
         return planned
 
     starts = replay("median")
     # The range of the replays with every duration at its p10, then its p90: the base the record calibrates.
     low = replay("low") if model.predict else {}
     high = replay("high") if model.predict else {}
-    queued = waiting_queues(admission)
     if model.expect_arrivals:  # each replay's start, later by what the arrivals to come are expected to take
         later = _arrival_delays(cluster, admission, now, model)
         starts, low, high = (later(starts), later(low), later(high))
+    return _ranges(model, waiting_queues(admission), now, starts, low, high, coarse)
+
+
+def _ranges(model: EtaModel, queued: Mapping[str, tuple[str, float]], now: float, starts: Mapping[str, float],
+            low: Mapping[str, float], high: Mapping[str, float], coarse: frozenset[str]) -> dict[str, EtaRange]:
+    """The replays' starts -> each waiting job's EtaRange (`estimate_ranges`), calibrated unless the model says
+    not to."""
     out: dict[str, EtaRange] = {}
     for job_id, start in starts.items():
         lo, hi = min(start, low.get(job_id, start)), max(start, high.get(job_id, start))
         if job_id in coarse:
-            lo, hi = now + (lo - now) / TAIL_WIDEN, now + (hi - now) * TAIL_WIDEN
+            # the tail beyond the head has no p10 / p90 replay: its range is its coarse wait widened twice
+            widen = TAIL_WIDEN if job_id in low or job_id in high or not model.predict else TAIL_WIDEN ** 2
+            lo, hi = now + (lo - now) / widen, now + (hi - now) * widen
         if model.calibrate:
             queue, submitted_at = queued.get(job_id, ("", now))
             out[job_id] = model.calibration.calibrated(queue, now, start, lo, hi, submitted_at)
@@ -855,6 +914,7 @@ def _arrival_delays(cluster: Any, admission: Any, now: float, model: EtaModel
     """Planned starts -> the same, each later by its expected delay from arrivals (ArrivalHistory)."""
     pools = cluster.total_gpus_by_model()
     known = _known(admission)
+    memo: dict[Any, Any] = {}  # (the history and pools are the same for every job of the refresh)
 
     def later(planned: Mapping[str, float]) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -865,7 +925,7 @@ def _arrival_delays(cluster: Any, admission: Any, now: float, model: EtaModel
                 out[job_id] = start
                 continue
             out[job_id] = start + model.arrivals.expected_delay(spec.queue, priority, now, start - now, pools,
-                                                                spec.gpu_models)
+                                                                spec.gpu_models, memo)
         return out
 
     return later
