@@ -77,14 +77,17 @@ class Submitted:
 def job_spec(spec: Mapping[str, Any] | None = None, *, gpus: float | None = None, pods: int | None = None,
              gpu_models: tuple[str, ...] | list[str] = (), queue: str | None = None, team: str | None = None,
              job_id: str | None = None, priority_class: str | None = None, max_runtime_s: int | None = None,
-             labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+             labels: Mapping[str, str] | None = None, min_pods: int | None = None) -> dict[str, Any]:
     """A job spec as the API takes it: `spec` (a dict as in a job file) with the keyword arguments laid over it; a
     spec with no pod sets gets one pod set of `pods` pods with `gpus` GPUs each (1 and 1 by default). Fields left
     out are the platform's to fill (team, queue, job id) or default (priority class, runtime limit). `gpus` between 0
-    and 1 (0.25) asks that part of one GPU, shared with other pods (`gpu_fraction`)."""
+    and 1 (0.25) asks that part of one GPU, shared with other pods (`gpu_fraction`). `min_pods`: an elastic pod set
+    (`min_count`), run with `min_pods`..`pods` pods (docs/scheduler.md, "Elastic jobs")."""
     out: dict[str, Any] = dict(spec or {})
-    if "pod_sets" not in out or gpus is not None or pods is not None or gpu_models:
+    if "pod_sets" not in out or gpus is not None or pods is not None or gpu_models or min_pods is not None:
         pod_set: dict[str, Any] = {"count": 1 if pods is None else pods, "gpus_per_pod": 1 if gpus is None else gpus}
+        if min_pods is not None:
+            pod_set["min_count"] = min_pods
         if gpus is not None and 0 < gpus < 1:  # part of one GPU: one shared GPU per pod
             pod_set.update(gpus_per_pod=1, gpu_fraction=gpus)
         if gpu_models:

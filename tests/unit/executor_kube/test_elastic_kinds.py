@@ -88,3 +88,12 @@ def test_the_sdk_reads_the_target_size(tmp_path: Path) -> None:
     assert gpuq_sdk.target_pods_by_set(path) == {"worker": 5}
     assert (gpuq_sdk.TARGET_PODS, gpuq_sdk.TARGET_PODS_BY_SET) == (n.TARGET_PODS_ANNOTATION,
                                                                   n.TARGET_PODS_BY_SET_ANNOTATION)
+
+
+def test_the_producer_sdk_asks_for_an_elastic_pod_set() -> None:
+    from gpuq_sdk.client import job_spec as sdk_job_spec
+
+    body = sdk_job_spec(gpus=1, pods=8, min_pods=2, team="team-a", queue="team-a", job_id="j")
+    assert body["pod_sets"] == [{"count": 8, "gpus_per_pod": 1, "min_count": 2}]
+    spec = JobSpec.model_validate(body)
+    assert spec.elastic and spec.min_pods == 2 and spec.total_pods == 8
