@@ -26,6 +26,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.core.admission.resources import non_gpu_usage
 from services.core.preemption import (
     PRIORITY,
     RECLAIM,
@@ -44,6 +45,7 @@ from services.core.preemption.select import EXACT_POOL
 from services.core.scheduler import ClusterState
 from shared.config import QueuesConfig
 from shared.domain import JobSpec
+from shared.quota_keys import is_non_gpu
 
 
 @dataclass(frozen=True)
@@ -276,6 +278,9 @@ class VictimChooser:
         value, preemptible, production = priority_of(self.config, spec)
         model = spec.gpu_models[0] if spec.gpu_models else "gpu"
         usage = {model: spec.total_gpus} if spec.total_gpus else {}
+        queue = self.config.queue_map.get(spec.queue)
+        if queue is not None:  # cpu_milli, memory_mib, pods, pool/<name>: what admission charged besides GPUs
+            usage.update(non_gpu_usage(spec, queue.quotas))
         return RunningJob(job_id=job_id, queue=spec.queue, priority_class=spec.priority_class,
                           priority=value, preemptible=preemptible, production=production, kind=spec.kind,
                           gpus=float(spec.total_gpus or spec.total_share_milli / 1000 or 1), usage=usage,
@@ -314,7 +319,8 @@ class VictimChooser:
                 continue
             preemptor = Preemptor(job_id=job_id, queue=spec.queue, priority=priority_of(self.config, spec)[0],
                                   kind=spec.kind, spec=spec, reason=reason,
-                                  allowed_models=tuple(sorted({k.split(":", 1)[0] for k in need})), need=need,
+                                  allowed_models=tuple(sorted({k.split(":", 1)[0] for k in need if not is_non_gpu(k)})),
+                                  need=need,
                                   own_need=own_need, max_victim_priority=max_victim,
                                   waiting_since=self.reclaim_asked.setdefault(job_id, ctx.now)
                                   if reason == RECLAIM else None)
