@@ -5,7 +5,14 @@ No asyncio, no I/O, no clock reads: callers pass `now`. Same input, same output.
 """
 
 from services.core.admission.cycle import admission_cycle
-from services.core.admission.elastic import above_floor, charge_running, cohort_waits, growth_room
+from services.core.admission.elastic import (
+    above_floor,
+    charge_running,
+    cohort_waits,
+    growth_room,
+    over_nominal,
+    queue_waits,
+)
 from services.core.admission.model import (
     AdmissionDecision,
     AdmittedWorkload,
@@ -36,6 +43,8 @@ __all__ = [
     "charge_running",
     "cohort_waits",
     "growth_room",
+    "over_nominal",
     "queue_facts",
     "queue_summaries",
+    "queue_waits",
 ]

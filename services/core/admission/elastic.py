@@ -3,8 +3,9 @@
 Admission reserves an elastic pod set's floor (`resources._demand`); the pipeline charges each pod above it when it
 starts or grows and gives the charge back when it shrinks (`charge_running`), on the flavor admission chose for the
 pod set. `growth_room` is what one more job of the queue could take now (its nominal quota and what its cohort
-lends, as for a borrowing job): the pipeline gives pods above a floor back before admission runs whenever a job of
-the cohort waits for admission, so a grown pod never keeps a job out nor makes a reclaim preempt anyone.
+lends, as for a borrowing job), only its nominal quota while a job of its cohort waits for admission, and nothing
+while one of its own queue does: the pipeline gives back pods above a floor on the same terms, so a grown pod never
+keeps a job out nor makes a reclaim preempt anyone.
 """
 
 from __future__ import annotations
@@ -42,10 +43,31 @@ def charge_running(state: AdmissionState, job_id: str, pods_before: int, pods: i
     return charged
 
 
-def growth_room(state: AdmissionState, queue: str, model: str) -> int:
-    """GPUs of `model` the queue's elastic jobs may still grow into: what the quota book lets one more job of the
-    queue take (its nominal quota, then what its cohort lends)."""
-    return state.available(queue, model)
+def growth_room(state: AdmissionState, queue: str, model: str, memo: dict[str, bool]) -> int:
+    """GPUs of `model` the queue's elastic jobs may still grow into: none while a job of the queue waits for
+    admission; within its nominal quota while a job of its cohort does (the queue's own quota is its own; what its
+    cohort lends is not while someone there waits); else what the quota book lets one more job of it take."""
+    if queue_waits(state, queue, memo):
+        return 0
+    room = state.available(queue, model)
+    if cohort_waits(state, queue, memo):
+        room = min(room, -over_nominal(state, queue, model))
+    return max(0, room)
+
+
+def over_nominal(state: AdmissionState, queue: str, model: str) -> int:
+    """GPUs of `model` the queue holds above its nominal quota (negative: what it has left of it)."""
+    qq = state.book.queues.get(queue)
+    return state.usage(queue).get(model, 0) - (qq.nominal.get(model, 0) if qq is not None else 0)
+
+
+def queue_waits(state: AdmissionState, queue: str, memo: dict[str, bool]) -> bool:
+    """Whether a job the configuration can admit waits for admission in the queue (`memo`: for one pass)."""
+    key = f"own:{queue}"
+    if key not in memo:
+        count, inadmissible, _ = state.waiting(queue)
+        memo[key] = count > inadmissible
+    return memo[key]
 
 
 def cohort_waits(state: AdmissionState, queue: str, memo: dict[str, bool]) -> bool:
@@ -62,4 +84,4 @@ def cohort_waits(state: AdmissionState, queue: str, memo: dict[str, bool]) -> bo
     return memo[key]
 
 
-__all__ = ["above_floor", "charge_running", "cohort_waits", "growth_room"]
+__all__ = ["above_floor", "charge_running", "cohort_waits", "growth_room", "over_nominal", "queue_waits"]

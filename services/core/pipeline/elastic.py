@@ -4,15 +4,14 @@ GPUs in order of fair share (docs/scheduler.md, "Elastic jobs").
 A job with a pod set of `min_count`..`count` pods (PodSet.min_count) is admitted for its floor. After the cycle's
 admissions and placements, before the preemption stage (`ElasticPass.finish`):
 
-0. *Give back.* Running elastic jobs of a cohort (the queue alone without one) where a job the configuration can
-   admit still waits for admission give their pods above their floors back, and that cohort's reclaims wait for
-   the next pass (`defers`): its job is admitted there with the quota given back (the simulator decides again in
-   the same instant, as it does after preemptions), so a grown pod never keeps a job out nor makes a reclaim
-   preempt anyone.
-
-1. *Starts.* A job just placed with more pods than its floor keeps only the pods its queue's quota holds now
-   (`growth_room`: its nominal quota, then what its cohort lends) and none above its floor while a job of its
-   cohort waits for admission; those are charged (quota charges what runs).
+0. *Give back.* A running elastic job gives back its pods above its floor while a job the configuration can admit
+   still waits for admission in its own queue, and those holding quota above its queue's nominal while one waits
+   elsewhere in its cohort; that cohort's reclaims wait for the next pass (`defers`), where the job is admitted on
+   the quota given back (the simulator decides again in the same instant, as after preemptions). So a grown pod
+   never keeps a job out nor makes a reclaim preempt anyone.
+1. *Starts.* A job just placed with more pods than its floor keeps only the pods its queue's growth room holds
+   (`growth_room`: its nominal quota, then what its cohort lends; only the nominal while its cohort waits for
+   admission, nothing while its own queue does); those are charged (quota charges what runs).
 2. *Shrink before preemption.* Each admitted job left unplaced for a reason a preemption could cure, in
    placement order, takes pods above the floors of running elastic jobs, whole jobs at a time from the queue
    furthest above its fair share (its GPUs in use over its nominal GPUs; then the lower priority, then the job
@@ -20,9 +19,9 @@ admissions and placements, before the preemption stage (`ElasticPass.finish`):
    preemption stage then decides). Pods above a floor are never guaranteed: any admitted job may take them.
 3. *Grow.* Only when no admitted job is left waiting for capacity (a curable reason or a reservation) and no
    capacity is held for a preemptor, idle GPUs go one pod at a time to the running elastic job whose queue is
-   furthest below its fair share (then the higher priority, then the job id), within its queue's growth room and
-   never while a job of its cohort waits for admission. So a grown pod never takes a GPU a waiting job could have
-   used: growth stops whenever one waits, and what grew is the first thing taken back.
+   furthest below its fair share (then the higher priority, then the job id), within its queue's growth room. So a
+   grown pod never takes a GPU a waiting job could have used: growth stops whenever one waits, and what grew is
+   the first thing taken back.
 
 Deterministic and pure: sorted iteration, ties broken by id. The caller names the running elastic jobs.
 """
@@ -33,7 +32,15 @@ import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from services.core.admission import AdmissionState, above_floor, charge_running, cohort_waits, growth_room
+from services.core.admission import (
+    AdmissionState,
+    above_floor,
+    charge_running,
+    cohort_waits,
+    growth_room,
+    over_nominal,
+    queue_waits,
+)
 from services.core.scheduler import (
     ClusterIndex,
     CycleResult,
@@ -107,8 +114,7 @@ class ElasticPass:
             if a is None or not a.spec.elastic:
                 continue
             spec, pods = a.spec, len(p.bindings)
-            waits = cohort_waits(self.state, spec.queue, self.memo)
-            room = {r: 0 if waits else growth_room(self.state, spec.queue, r) for r in sorted(set(a.flavors.values()))}
+            room = {r: growth_room(self.state, spec.queue, r, self.memo) for r in sorted(set(a.flavors.values()))}
             while pods > spec.min_pods and any(n > room.get(r, 0) for r, n in above_floor(
                     spec, a.flavors, pods).items()):
                 pods -= 1
@@ -122,10 +128,23 @@ class ElasticPass:
         return [(j, s) for j, s in sorted(self.elastic.items()) if self.size(j) > s.min_pods]
 
     def give_back(self) -> None:
+        """All pods above the floor while a job of the queue waits for admission; those above the queue's nominal
+        quota while a job of its cohort does."""
         for job_id, spec in self.above():
             p = self.cluster.placement_of(job_id)
-            if p is not None and cohort_waits(self.state, spec.queue, self.memo):
-                self.set(spec, p, spec.min_pods, SHRINK, None)
+            model = _model(self.state, spec)
+            if p is None or model is None:
+                continue
+            if queue_waits(self.state, spec.queue, self.memo):
+                pods = spec.min_pods
+            elif cohort_waits(self.state, spec.queue, self.memo):
+                over = over_nominal(self.state, spec.queue, model)
+                per_pod = max(1, next(ps.gpus_per_pod for ps in spec.pod_sets if ps.elastic))
+                pods = max(spec.min_pods, len(p.bindings) - -(-over // per_pod)) if over > 0 else len(p.bindings)
+            else:
+                continue
+            if pods < len(p.bindings):
+                self.set(spec, p, pods, SHRINK, None)
                 self.gave_back.add(spec.queue)
 
     def defers(self, queue: str) -> bool:
@@ -184,8 +203,7 @@ class ElasticPass:
                 continue
             key = (ps.model_copy(update={"name": "", "count": 1, "min_count": None}).model_dump_json(),
                    spec.tolerations, spec.topology, tuple(sorted(a.flavors.values())))
-            if (key in failed or cohort_waits(self.state, spec.queue, self.memo)
-                    or growth_room(self.state, spec.queue, model) < ps.gpus_per_pod):
+            if key in failed or growth_room(self.state, spec.queue, model, self.memo) < ps.gpus_per_pod:
                 continue
             new = grow_one(self.cluster, spec, tuple(sorted(set(a.flavors.values()))), p)
             if new is None:

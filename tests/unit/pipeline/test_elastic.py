@@ -152,13 +152,13 @@ def test_pods_above_the_floor_are_given_back_when_the_cohort_waits_and_no_reclai
     assert loop.pods("e") == 8 and loop.charged() == 8  # it grew into what team-b lends
     loop.submit(job("b", "team-b", pods=4, klass="normal"), 10.0)
     d = loop.decide(10.0)
-    # team-b's job needs its own quota back: e gives back its pods above the floor, and the reclaim admission
-    # asked for waits for the next pass instead of preempting e
+    # team-b's job needs its own quota back: e gives back the pods above team-a's nominal 4 (it keeps its own
+    # quota), and the reclaim admission asked for waits for the next pass instead of preempting e
     assert d.preemptions == [] and d.admitted == []
-    assert [(r.job_id, r.pods_before, r.pods, r.reason, r.for_job) for r in d.resizes] == [("e", 8, 2, SHRINK, None)]
+    assert [(r.job_id, r.pods_before, r.pods, r.reason, r.for_job) for r in d.resizes] == [("e", 8, 4, SHRINK, None)]
     d = loop.decide(10.0)  # the next pass (the simulator runs it in the same instant)
     assert [w.job_id for w in d.admitted] == ["b"] and "b" in {p.job_id for p in d.placement.result.placed}
-    assert d.preemptions == [] and loop.pods("e") == 4  # then grew into what its own quota still holds
+    assert d.preemptions == [] and loop.pods("e") == 4
     assert (loop.charged(), loop.charged("team-b")) == (4, 4)
 
 
@@ -175,3 +175,16 @@ def test_shrinking_for_another_queue_keeps_the_floor_and_nothing_grows_while_a_j
     assert "c" in {p.job_id for p in d.placement.result.placed}
     assert [(r.job_id, r.pods, r.for_job) for r in d.resizes] == [("e", 6, "c")]
     assert loop.charged("team-a") == 6
+
+
+def test_a_job_of_its_own_queue_waiting_for_admission_takes_every_pod_above_the_floor_back() -> None:
+    loop = Loop(flat(), node_count=1)
+    loop.submit(job("e", "team-a", pods=8, min_pods=2))
+    loop.decide(0.0)
+    assert loop.pods("e") == 8 and loop.charged() == 8  # all of team-a's quota
+    loop.submit(job("j", "team-a", pods=4), 10.0)
+    d = loop.decide(10.0)
+    assert [(r.job_id, r.pods, r.reason) for r in d.resizes] == [("e", 2, SHRINK)] and d.admitted == []
+    d = loop.decide(10.0)
+    assert [w.job_id for w in d.admitted] == ["j"] and "j" in {p.job_id for p in d.placement.result.placed}
+    assert loop.pods("e") == 4 and loop.charged() == 8  # grown back into the 2 GPUs of quota left
