@@ -165,6 +165,7 @@ def compute_metrics(res: SimResult, sim_wall_s: float, isolated: dict[str, float
     considered = [r for r in recs if r.rejected is None]
     completed = [r for r in considered if r.end is not None]
     waits = [wait_of(r) for r in considered]
+    gang_waits = [wait_of(r) for r in considered if trace.gpu_milli(r.job) > 1000]
     jcts = [end_of(r) - r.job.submit_time for r in completed]
     # The replay window is the submission window [first, last submit]: while work arrives the policies
     # compete; the drain after the last arrival (a few very long jobs) is the same for all of them.
@@ -192,6 +193,9 @@ def compute_metrics(res: SimResult, sim_wall_s: float, isolated: dict[str, float
         "avg_wait_s": _mean(waits),
         "p50_wait_s": _pct(waits, 50),
         "p99_wait_s": _pct(waits, 99),
+        # gangs: jobs of more than one whole GPU (what fragmentation keeps waiting; defragmentation's gain)
+        "gang_avg_wait_s": _mean(gang_waits),
+        "gang_p99_wait_s": _pct(gang_waits, 99),
         "gpu_utilization": _r(alloc / denom, 4),
         "busy_gpu_utilization": _r(busy / denom, 4),
         "makespan_s": _r(end),
