@@ -132,6 +132,10 @@ def kind_body(kind: str, name: str, gpu: bool) -> dict[str, Any]:
             "runPolicy": {"suspend": False}, key: {
                 first: {"replicas": 1, "restartPolicy": "OnFailure", "template": template()},
                 second: {"replicas": 1, "restartPolicy": "OnFailure", "template": last}}}}
+    if kind == "StatefulSet":  # issue 48: held at replicas 0
+        return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": name}, "spec": {
+            "replicas": 1, "serviceName": name, "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": last["spec"]}}}
     if kind == "LeaderWorkerSet":  # issue 48: groups of a leader and workers; held at replicas 0
         return {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "metadata": {"name": name},
                 "spec": {"replicas": 1, "leaderWorkerTemplate": {"size": 2, "leaderTemplate": template(),
@@ -177,6 +181,7 @@ TEMPLATES = {
     "mpijobs": ("(has(x.spec) && has(x.spec.mpiReplicaSpecs) ? x.spec.mpiReplicaSpecs.filter(n,"
                 " has(x.spec.mpiReplicaSpecs[n].template)).map(n, x.spec.mpiReplicaSpecs[n].template) : [])"),
     "notebooks": "(has(x.spec) && has(x.spec.template) ? [x.spec.template] : [])",
+    "statefulsets": "(has(x.spec) && has(x.spec.template) ? [x.spec.template] : [])",
     "leaderworkersets": ("(has(x.spec) && has(x.spec.leaderWorkerTemplate) && has(x.spec.leaderWorkerTemplate"
                          ".leaderTemplate) ? [x.spec.leaderWorkerTemplate.leaderTemplate] : []) + (has(x.spec) &&"
                          " has(x.spec.leaderWorkerTemplate) && has(x.spec.leaderWorkerTemplate.workerTemplate) ?"
@@ -190,7 +195,7 @@ TEMPLATES = {
 WEBHOOK_KINDS = [  # (plural, group, version): one webhook each, so that each reads its own kind's templates
     ("jobs", "batch", "v1"), ("jobsets", "jobset.x-k8s.io", "v1alpha2"), ("pytorchjobs", "kubeflow.org", "v1"),
     ("tfjobs", "kubeflow.org", "v1"), ("mpijobs", "kubeflow.org", "v2beta1"), ("notebooks", "kubeflow.org", "v1"),
-    ("leaderworkersets", "leaderworkerset.x-k8s.io", "v1"), ("rayjobs", "ray.io", "v1")]
+    ("leaderworkersets", "leaderworkerset.x-k8s.io", "v1"), ("statefulsets", "apps", "v1"), ("rayjobs", "ray.io", "v1")]
 
 
 def workload_condition(plural: str) -> dict[str, str]:

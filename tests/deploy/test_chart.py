@@ -49,6 +49,7 @@ EXECUTOR_CLUSTER_RULES = {
     ("kubeflow.org", "mpijobs"): {"list", "watch"},
     ("kubeflow.org", "notebooks"): {"list", "watch"},  # issue 48: Kubeflow Notebooks
     ("leaderworkerset.x-k8s.io", "leaderworkersets"): {"list", "watch"},  # issue 48
+    ("apps", "statefulsets"): {"list", "watch"},
     ("ray.io", "rayjobs"): {"list", "watch"},
     ("resource.k8s.io", "resourceslices"): {"list", "watch"},  # DRA devices (issue 47)
 }
@@ -63,6 +64,7 @@ EXECUTOR_NAMESPACED_RULES = {
     ("kubeflow.org", "mpijobs"): {"get", "patch"},
     ("kubeflow.org", "notebooks"): {"get", "patch"},  # stopped and started by annotation; no status written
     ("leaderworkerset.x-k8s.io", "leaderworkersets"): {"get", "patch"},  # held at replicas 0; no status written
+    ("apps", "statefulsets"): {"get", "patch"},  # the same
     ("ray.io", "rayjobs"): {"get", "patch"},
     # a job gpuq failed or rejected gets the terminal status the kind's controller writes (issue 45 item 7)
     ("jobset.x-k8s.io", "jobsets/status"): {"patch"},
@@ -85,7 +87,7 @@ READ_VERBS = {"get", "list", "watch"}
 # submitted as events, which `rbac.eventSubmittedJobs=false` takes away.
 WORKLOADS = (("batch", "jobs"), ("jobset.x-k8s.io", "jobsets"), ("kubeflow.org", "pytorchjobs"),
              ("kubeflow.org", "tfjobs"), ("kubeflow.org", "mpijobs"), ("kubeflow.org", "notebooks"),
-             ("leaderworkerset.x-k8s.io", "leaderworkersets"), ("ray.io", "rayjobs"))
+             ("leaderworkerset.x-k8s.io", "leaderworkersets"), ("apps", "statefulsets"), ("ray.io", "rayjobs"))
 CEILING = {("", "nodes"): {"list", "watch"}, ("", "pods"): {"get", "list", "watch", "patch", "delete"},
            ("", "events"): {"create"}, **{w: {"get", "list", "watch", "patch", "update"} for w in WORKLOADS}}
 API_RULES = {("authentication.k8s.io", "tokenreviews"): {"create"}}

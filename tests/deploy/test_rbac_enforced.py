@@ -51,6 +51,7 @@ MPIJOB = create_namespaced_resource("kubeflow.org", "v2beta1", "MPIJob", "mpijob
 RAYJOB = create_namespaced_resource("ray.io", "v1", "RayJob", "rayjobs")
 NOTEBOOK = create_namespaced_resource("kubeflow.org", "v1", "Notebook", "notebooks")
 LWS = create_namespaced_resource("leaderworkerset.x-k8s.io", "v1", "LeaderWorkerSet", "leaderworkersets")
+STS = create_namespaced_resource("apps", "v1", "StatefulSet", "statefulsets")
 
 
 def _pod_spec(gpus: int, name: str = "main") -> dict[str, Any]:
@@ -105,6 +106,10 @@ ENDING_WORKLOADS = [
     LWS({"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "metadata": {
         **_ending("short-lws"), "annotations": {"gpuq.io/max-runtime-s": "2", "gpuq.io/groups": "1"}},
         "spec": {"replicas": 0, "leaderWorkerTemplate": {"size": 1, "workerTemplate": {"spec": _pod_spec(1, "lws")}}}}),
+    STS({"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {
+        **_ending("short-sts"), "annotations": {"gpuq.io/max-runtime-s": "2", "gpuq.io/replicas": "1"}},
+        "spec": {"replicas": 0, "serviceName": "short-sts", "selector": {"matchLabels": {"app": "short-sts"}},
+                 "template": {"metadata": {"labels": {"app": "short-sts"}}, "spec": _pod_spec(1, "server")}}}),
     RAYJOB({"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": _ending("short-ray"),
             "spec": {"suspend": True, "entrypoint": "python tune.py", "rayClusterSpec": {
                 "headGroupSpec": {"rayStartParams": {}, "template": {"spec": _pod_spec(0, "ray-head")}},
@@ -198,11 +203,11 @@ async def test_the_executor_and_the_api_run_with_exactly_the_charts_roles(
         assert await bus_events(nats_url, "job.failed") == []
         for workload in ENDING_WORKLOADS:
             await client.create(workload)
-        failed = await eventually("the short ones failed", lambda: _at_least(bus_events(nats_url, "job.failed"), 7),
+        failed = await eventually("the short ones failed", lambda: _at_least(bus_events(nats_url, "job.failed"), 8),
                                   timeout_s=90)
         assert sorted(e["job_id"].split(".")[1] for e in failed) == ["short-lws", "short-mpi", "short-nb",
-                                                                     "short-ray", "short-set", "short-tf",
-                                                                     "short-torch"]
+                                                                     "short-ray", "short-set", "short-sts",
+                                                                     "short-tf", "short-torch"]
         await eventually("each shown failed", lambda: _all_shown_failed(client))
     executor_user = f"system:serviceaccount:{RELEASE_NS}:gpuq-executor"
     refused = [a for a in auth.log if a.user == executor_user and not a.allowed]
@@ -303,6 +308,7 @@ async def _all_shown_failed(client: Any) -> bool:
     lws = (await client.get(LWS, "short-lws", namespace=NS)).to_dict()
     return ("kubeflow-resource-stopped" in notebook["metadata"]["annotations"]  # a Notebook ends stopped
             and lws["spec"]["replicas"] == 0  # a LeaderWorkerSet ends held
+            and (await client.get(STS, "short-sts", namespace=NS)).to_dict()["spec"]["replicas"] == 0
             and jobset.get("status", {}).get("terminalState") == "Failed"
             and all((k.get("status", {}).get("conditions") or [{}])[-1].get("type") == "Failed" for k in kubeflow)
             and ray.get("status", {}).get("jobDeploymentStatus") == "Failed")

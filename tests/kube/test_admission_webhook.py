@@ -43,7 +43,15 @@ from services.executor.kube.webhook import WebhookServer, WebhookSettings
 from shared.config import QueuesConfig, parse_queues
 from shared.servers import free_port
 from tests.kube.kubefake.cluster import KubeCluster
-from tests.kube.kubefake.kinds import JobSet, LeaderWorkerSet, MPIJob, Notebook, PyTorchJob, RayJob, TFJob
+from tests.kube.kubefake.kinds import (
+    JobSet,
+    LeaderWorkerSet,
+    MPIJob,
+    Notebook,
+    PyTorchJob,
+    RayJob,
+    TFJob,
+)
 from tests.kube_support import kind_body, webhook_configurations
 
 MANAGED, ELSEWHERE, SYSTEM = "wh-team-a", "wh-scratch", "wh-gpuq-system"
@@ -76,12 +84,14 @@ def job_body(name: str, *, gpus: int = 1, suspend: bool | None = None, labels: d
 
 
 KINDS = {"Job": JOB, "JobSet": JobSet, "PyTorchJob": PyTorchJob, "TFJob": TFJob, "MPIJob": MPIJob, "RayJob": RayJob,
-         "Notebook": Notebook, "LeaderWorkerSet": LeaderWorkerSet}
+         "Notebook": Notebook, "LeaderWorkerSet": LeaderWorkerSet,
+         # generic (dict) as the custom kinds, so that the test reads every kind's answer alike
+         "StatefulSet": create_namespaced_resource("apps", "v1", "StatefulSet", "statefulsets")}
 RUN_POLICY = ("PyTorchJob", "TFJob", "MPIJob")  # suspended through spec.runPolicy.suspend
 
 
 def suspended(obj: dict[str, Any]) -> bool:
-    if obj["kind"] == "LeaderWorkerSet":  # held at zero groups
+    if obj["kind"] in ("LeaderWorkerSet", "StatefulSet"):  # held at zero groups / replicas
         return obj["spec"].get("replicas", 1) == 0
     if obj["kind"] == "Notebook":  # stopped as Kubeflow stops one
         return "kubeflow-resource-stopped" in (obj["metadata"].get("annotations") or {})
@@ -114,8 +124,9 @@ async def _user_client(kube_api: KubeCluster, tmp_path: Path) -> tuple[AsyncClie
         await client.create(Role.from_dict({"metadata": {"name": "alice", "namespace": ns}, "rules": [
             {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create", "get", "update", "patch"]},
             {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "update", "patch"]},
-            {"apiGroups": ["jobset.x-k8s.io", "kubeflow.org", "ray.io", "leaderworkerset.x-k8s.io"],
-             "resources": ["jobsets", "pytorchjobs", "tfjobs", "mpijobs", "rayjobs", "notebooks", "leaderworkersets"],
+            {"apiGroups": ["jobset.x-k8s.io", "kubeflow.org", "ray.io", "leaderworkerset.x-k8s.io", "apps"],
+             "resources": ["jobsets", "pytorchjobs", "tfjobs", "mpijobs", "rayjobs", "notebooks", "leaderworkersets",
+                           "statefulsets"],
              "verbs": ["create", "get", "update", "patch"]}]}))
         await client.create(RoleBinding.from_dict({
             "metadata": {"name": "alice", "namespace": ns},

@@ -44,12 +44,12 @@ USER_ANNOTATIONS = frozenset({
     n.CHECKPOINT_ANNOTATION, n.CHECKPOINT_INTERVAL_ANNOTATION, n.MAX_RUNTIME_ANNOTATION, n.MIN_MEMBERS_ANNOTATION,
     n.TOPOLOGY_REQUIRED_ANNOTATION, n.TOPOLOGY_PREFERRED_ANNOTATION, n.GPU_MODELS_ANNOTATION, n.DATASETS_ANNOTATION,
     n.KIND_ANNOTATION, n.PREEMPTIBLE_ANNOTATION, n.RETRY_BACKOFF_LIMIT_ANNOTATION, n.RETRY_BACKOFF_S_ANNOTATION,
-    n.RETRY_REASONS_ANNOTATION, n.GROUPS_ANNOTATION})
+    n.RETRY_REASONS_ANNOTATION, n.GROUPS_ANNOTATION, n.REPLICAS_ANNOTATION})
 GPUQ_PREFIX = "gpuq.io/"
 HOW_TO_SUBMIT = ("create a batch/v1 Job, JobSet, PyTorchJob, TFJob, MPIJob or RayJob asking for the GPUs (suspend: "
-                 "true, label gpuq.io/queue), a Kubeflow Notebook (annotated kubeflow-resource-stopped) or a "
-                 "LeaderWorkerSet (replicas: 0, annotation gpuq.io/groups); gpuq queues it and starts it when it is "
-                 "admitted")
+                 "true, label gpuq.io/queue), a Kubeflow Notebook (annotated kubeflow-resource-stopped), a "
+                 "LeaderWorkerSet (replicas: 0, annotation gpuq.io/groups) or a StatefulSet (replicas: 0, "
+                 "annotation gpuq.io/replicas); gpuq queues it and starts it when it is admitted")
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,8 @@ DATASETS_ANNOTATION = "gpuq.io/datasets"
 KIND_ANNOTATION = "gpuq.io/kind"  # training | inference | notebook
 # A LeaderWorkerSet held at zero groups: the groups to run when gpuq starts it (kinds/leaderworkerset.py)
 GROUPS_ANNOTATION = "gpuq.io/groups"
+# A StatefulSet held at 0 replicas: the pods to run when gpuq starts it (kinds/statefulset.py)
+REPLICAS_ANNOTATION = "gpuq.io/replicas"
 PREEMPTIBLE_ANNOTATION = "gpuq.io/preemptible"
 # A workload's retry policy (JobSpec.retry): failures gpuq observes on a live workload are retried through
 # admission after a backoff. (A workload Kubernetes itself marks Failed is final: its own backoffLimit retried it.)

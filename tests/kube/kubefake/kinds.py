@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from lightkube.generic_resource import create_namespaced_resource
+from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import ConfigMap, Event, Namespace, Node, Pod, PodTemplate, Service
 from lightkube.resources.events_v1 import Event as EventV1
@@ -31,6 +32,7 @@ LIGHTKUBE_KINDS: dict[r.ResourceType, Any] = {
     r.CONFIGMAPS: ConfigMap,
     r.SERVICES: Service,
     r.JOBS: Job,
+    r.STATEFULSETS: StatefulSet,
     r.JOBSETS: JobSet,
     r.PYTORCHJOBS: PyTorchJob,
     r.TFJOBS: TFJob,

@@ -94,6 +94,7 @@ SERVICES = ResourceType("", "v1", "services", "Service", True, ("status",), ("sv
 SERVICE_ACCOUNTS = ResourceType("", "v1", "serviceaccounts", "ServiceAccount", True, ("token",), ("sa",))
 NEW_EVENTS = ResourceType("events.k8s.io", "v1", "events", "Event", True, (), ("ev",), NEW_EVENT_FIELDS)
 JOBS = ResourceType("batch", "v1", "jobs", "Job", True, ("status",), (), frozenset({"status.successful"}))
+STATEFULSETS = ResourceType("apps", "v1", "statefulsets", "StatefulSet", True, ("status",), ("sts",))
 PRIORITY_CLASSES = ResourceType("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, (), ("pc",))
 LEASES = ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True, ())
 TOKEN_REVIEWS = ResourceType("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", False, (), create_only=True)
@@ -151,6 +152,7 @@ ALL_RESOURCES: tuple[ResourceType, ...] = (
     SERVICE_ACCOUNTS,
     NEW_EVENTS,
     JOBS,
+    STATEFULSETS,
     PRIORITY_CLASSES,
     LEASES,
     TOKEN_REVIEWS,

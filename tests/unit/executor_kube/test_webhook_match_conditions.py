@@ -25,7 +25,8 @@ KINDS = {"Job": ("batch", "v1", "jobs"), "JobSet": ("jobset.x-k8s.io", "v1alpha2
          "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs"), "TFJob": ("kubeflow.org", "v1", "tfjobs"),
          "MPIJob": ("kubeflow.org", "v2beta1", "mpijobs"), "RayJob": ("ray.io", "v1", "rayjobs"),
          "Notebook": ("kubeflow.org", "v1", "notebooks"),
-         "LeaderWorkerSet": ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets")}
+         "LeaderWorkerSet": ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
+         "StatefulSet": ("apps", "v1", "statefulsets")}
 Obj = dict[str, Any]
 RUN_POLICY = ("PyTorchJob", "TFJob", "MPIJob")  # suspended through spec.runPolicy.suspend
 
@@ -67,7 +68,7 @@ def suspend(kind: str, obj: Obj, value: bool) -> Obj:
         if value:
             annotations["kubeflow-resource-stopped"] = "2026-12-06T07:00:00Z"
         return out
-    if kind == "LeaderWorkerSet":  # held at zero groups
+    if kind in ("LeaderWorkerSet", "StatefulSet"):  # held at zero groups / replicas
         out["spec"]["replicas"] = 0 if value else 1
         return out
     (out["spec"].setdefault("runPolicy", {}) if kind in RUN_POLICY else out["spec"])["suspend"] = value

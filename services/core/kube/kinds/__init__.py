@@ -1,10 +1,20 @@
 """One module per workload kind; importing this package registers them all."""
 
-from services.core.kube.kinds import job, jobset, leaderworkerset, mpijob, notebook, pytorchjob, rayjob, tfjob
+from services.core.kube.kinds import (
+    job,
+    jobset,
+    leaderworkerset,
+    mpijob,
+    notebook,
+    pytorchjob,
+    rayjob,
+    statefulset,
+    tfjob,
+)
 from services.core.kube.workload import WorkloadKind, every_registered, registered
 
 __all__ = ["all_kinds", "job", "jobset", "kind_of", "leaderworkerset", "mpijob", "notebook", "pytorchjob", "rayjob",
-           "tfjob"]
+           "statefulset", "tfjob"]
 
 
 # The lookups live here, above the kinds they find: importing this package has registered every kind, and the

@@ -1,5 +1,6 @@
 """The controllers the tests play: batch/v1 Job, JobSet, PyTorchJob (and TFJob, MPIJob), RayJob, Kubeflow's
-Notebook, LeaderWorkerSet, and the resourceclaim controller (a pod's ResourceClaims from its ResourceClaimTemplates)."""
+Notebook, LeaderWorkerSet, StatefulSet, and the resourceclaim controller (a pod's ResourceClaims from its
+ResourceClaimTemplates)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from .notebook import NotebookController
 from .pytorchjob import MPIJobController, PyTorchJobController, TFJobController
 from .rayjob import RayJobController
 from .resourceclaim import ResourceClaimController
+from .statefulset import StatefulSetController
 
 
 class Controller(Protocol):
@@ -26,7 +28,7 @@ def all_controllers(store: Store) -> list[Controller]:
     ResourceClaims come last."""
     return [JobSetController(store), JobController(store), PyTorchJobController(store), TFJobController(store),
             MPIJobController(store), RayJobController(store), NotebookController(store),
-            LeaderWorkerSetController(store),
+            LeaderWorkerSetController(store), StatefulSetController(store),
             ResourceClaimController(store)]
 
 
@@ -40,6 +42,7 @@ __all__ = [
     "PyTorchJobController",
     "RayJobController",
     "ResourceClaimController",
+    "StatefulSetController",
     "TFJobController",
     "all_controllers",
 ]

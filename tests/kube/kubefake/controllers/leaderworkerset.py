@@ -1,8 +1,8 @@
 """The LeaderWorkerSet controller (leaderworkerset.x-k8s.io/v1), reduced to what gpuq observes: the groups' pods.
 
 The real controller runs a leader StatefulSet `<lws>` (pods `<lws>-<group>`) and, per group, a worker StatefulSet
-`<lws>-<group>` (pods `<lws>-<group>-<worker>`, worker 1..size-1). The fake has no apps/v1, so it makes those pods
-itself, named as they would be, from `leaderTemplate` (else `workerTemplate`) and `workerTemplate`, labelled
+`<lws>-<group>` (pods `<lws>-<group>-<worker>`, worker 1..size-1). The fake makes those pods itself (no StatefulSet
+objects), named as they would be, from `leaderTemplate` (else `workerTemplate`) and `workerTemplate`, labelled
 `leaderworkerset.sigs.k8s.io/name`, `group-index`, `worker-index` and `group-key`, with the env LWS_LEADER_ADDRESS,
 LWS_GROUP_SIZE and LWS_WORKER_INDEX. Groups at or above `spec.replicas` are deleted (replicas 0: none); a pod that
 ended is made again. Status: replicas (groups with pods), readyReplicas (groups whose pods are all Ready), condition

@@ -1,7 +1,7 @@
 """Kubeflow's notebook controller (kubeflow.org/v1 Notebook), reduced to what gpuq observes: the notebook's pod.
 
 The real controller runs a Notebook as a StatefulSet of one replica (`<notebook>`, pods `<notebook>-0`) and a Service;
-the fake has no apps/v1, so it makes the pod itself, as that StatefulSet would: `<notebook>-0`, from
+the fake makes the pod itself (no StatefulSet object), as that StatefulSet would: `<notebook>-0`, from
 `spec.template.spec`, labelled `statefulset` and `notebook-name` with the Notebook's own labels copied, and the
 Notebook's annotations copied but those whose key contains `notebook` or `kubectl` (what the real controller does).
 The annotation `kubeflow-resource-stopped` scales it to 0: the pod is deleted. A pod that ended is made again (a
