@@ -45,11 +45,16 @@ def make_policy(name: str) -> Policy:
     if name.startswith("gpuq"):
         if not cores_available():
             raise TraceError("policy gpuq needs services.core.admission and services.core.scheduler")
-        if name in ("gpuq", "gpuq-duration", "gpuq-fairtime", "gpuq-evict", "gpuq-nopreempt"):
+        if name in ("gpuq", "gpuq-duration", "gpuq-fairtime", "gpuq-evict", "gpuq-nopreempt", "gpuq-defrag"):
             policy = (GpuqPolicy() if name == "gpuq-nopreempt"
                       else GpuqPolicy(preemption=_chooser(checkpointing=name != "gpuq-evict"),
                                       duration_aware=name == "gpuq-duration",
-                                      history_half_life_s=7 * 86_400.0 if name == "gpuq-fairtime" else None))
+                                      history_half_life_s=7 * 86_400.0 if name == "gpuq-fairtime" else None,
+                                      defrag=name == "gpuq-defrag"))
+            policy.name = name
+            return policy
+        if name in ("gpuq-elastic", "gpuq-pods1"):  # sim/elastic.py: the rule and its fixed twin
+            policy = GpuqPolicy(preemption=_chooser(checkpointing=True), elastic=name.removeprefix("gpuq-"))
             policy.name = name
             return policy
     if name == "kueue":

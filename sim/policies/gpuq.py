@@ -17,6 +17,7 @@ from typing import Any
 from services.core.pipeline import Preempted, PreemptionStage, RunningInfo, ServiceAsks, VictimChooser
 from shared.config import QueuesConfig, placement_strategies
 from shared.domain import JobSpec
+from sim.elastic import ELASTIC, as_elastic, sizes
 from sim.engine import CycleOutput
 from sim.model import Trace, TraceJob
 
@@ -43,8 +44,13 @@ class GpuqPolicy:
     name = "gpuq"
 
     def __init__(self, preemption: ChooserFactory | None = None, *, backfill: bool = True,
-                 duration_aware: bool = False, history_half_life_s: float | None = None):
+                 duration_aware: bool = False, history_half_life_s: float | None = None, defrag: bool = False,
+                 elastic: str | None = None):
         self.preemption = preemption
+        self.elastic_mode = elastic  # sim/elastic.py: None, or which twin of the elastic rule this policy replays
+        # Defragmentation moves (services/core/pipeline/defrag.py): on when the queues' policy turns them on, or
+        # for `gpuq-defrag` whatever the config says (with the config's bounds)
+        self.defrag = defrag
         self.backfill = backfill
         # Duration-aware ordering: each arrival's GPU-time is predicted (services.core.pipeline.predict) from its
         # limit and the history of similar jobs that ended, the history the metering ledger keeps: the run time
@@ -93,8 +99,7 @@ class GpuqPolicy:
         # The preemption stage of the decision loop: requests asked as the services' shells send them
         # (`ServiceAsks`), and asked again when a protection window or a cool-down that held one back ends
         # (reclaiming nominal quota must succeed within the protection window)
-        self.stage = (PreemptionStage(self.preemption(trace.queues), ServiceAsks())
-                      if self.preemption is not None else None)
+        self.stage = self._stage(trace.queues) if self.preemption is not None else None
         from services.core.pipeline.predict import DurationPredictor
 
         self.predictor = DurationPredictor()
@@ -108,12 +113,28 @@ class GpuqPolicy:
         # victim -> the capacity its preemption freed, held for its preemptor as the scheduler service holds it
         # (until the preemptor is placed, or for the checkpoint grace): the same `holds` of the pipeline core
         self._holds: dict[str, Any] = {}
+        self.elastic_jobs: dict[str, JobSpec] = {}  # running elastic jobs (the decision loop grows and shrinks them)
+        self._short: dict[str, int] = {}  # running elastic job -> milli-GPUs of the pods it runs without
+        self._regrow = False  # capacity freed while elastic jobs run: a cycle may grow them
+
+    def _stage(self, queues: QueuesConfig) -> PreemptionStage:
+        """The decision loop's preemption stage, with defragmentation when the queues or `defrag` ask for it."""
+        from services.core.pipeline.defrag import Defragmenter, DefragmentingStage, preemption_stage
+
+        assert self.preemption is not None
+        chooser = self.preemption(queues)
+        if not self.defrag:
+            return preemption_stage(chooser, ServiceAsks())
+        settings = queues.policy.defragmentation.model_copy(update={"enabled": True})
+        return DefragmentingStage(chooser, ServiceAsks(), Defragmenter(
+            queues, settings, checkpoint_write_s=chooser.checkpoint_write_s))
 
     # -- engine hooks
     def on_arrival(self, job: TraceJob, now: float) -> str | None:
         from services.core.admission import Workload
         from services.core.scheduler import Unplaceable
 
+        job = as_elastic(job, self.elastic_mode)
         spec = job.spec()
         shape = (job.pods, job.gpus_per_pod, job.mig_profile, job.gpu_models, job.cpu_milli, job.memory_mib,
                  job.preferred_level)
@@ -156,13 +177,16 @@ class GpuqPolicy:
         self.running.pop(job_id, None)
         self._stop_running(job_id)
         self.submitted.pop(job_id, None)
-        self._allocated -= self.milli.pop(job_id, 0)
+        self._allocated -= self.milli.pop(job_id, 0) - self._short.pop(job_id, 0)
+        self.elastic_jobs.pop(job_id, None)
+        self._regrow = bool(self.elastic_jobs)
 
     def cycle(self, now: float) -> CycleOutput:
         from services.core.pipeline import decide
 
-        if not self._pending_admission and not self.waiting:
+        if not self._pending_admission and not self.waiting and not self._regrow:
             return CycleOutput()
+        self._regrow = False
         if self.history_half_life_s and now >= self._next_history:
             self._feed_history(now)
         lowest = min(self._preemptible_running) if self._preemptible_running else None
@@ -173,11 +197,13 @@ class GpuqPolicy:
         out = decide(self.adm, self.cluster, self.waiting, list(self._running_jobs.values()), now, stage=self.stage,
                      lowest_preemptible_running=lowest, backfill=self.backfill,
                      run_admission=bool(self._pending_admission), timeline=self._timeline,
-                     holds=tuple(self._holds.values()))
+                     holds=tuple(self._holds.values()),
+                     elastic=self.elastic_jobs if self.elastic_mode == ELASTIC else None)
         self._pending_admission -= len(out.admitted)
         for w in out.admitted:
             self.waiting[w.job_id] = w
         started = self._start(out.placement.result.placed, now)
+        sized = self._sized(out)
         # The decision's preemptions: each victim stops and goes back to admission; its capacity is held for its
         # preemptor (as the scheduler service holds it on JobPreempted)
         victims = out.preemptions
@@ -187,17 +213,32 @@ class GpuqPolicy:
             self._requeue(v.job_id, now)
         # a request that found only protected borrowers (or a cooling-down preemptor) is decided again then
         wake = out.wake_at
-        if victims:
+        # pods above a floor given back for a job waiting for admission: it is admitted now, as after a preemption
+        gave_back = any(r.reason == "Shrink" and r.for_job is None for r in out.resizes)
+        if victims or gave_back:
             # the victims' GPUs are free in this instant (the checkpoint is folded into it): admit and place
             # their preemptors now, as the services do when JobPreempted arrives
             again = self.cycle(now)
             started = [j for j in started + again.started if j in self.running]
+            sized = {j: n for j, n in {**sized, **again.sizes}.items() if j in self.running}
             victims = victims + again.preempted
             wake = again.wake_at if wake is None or (again.wake_at is not None and again.wake_at < wake) else wake
         if self._holds:  # a hold that expires unused frees its capacity for the others: a cycle then
             first = min(h.until for h in self._holds.values())
             wake = first if wake is None or first < wake else wake
-        return CycleOutput(started=started, preempted=victims, wake_at=wake)
+        return CycleOutput(started=started, preempted=victims, wake_at=wake, sizes=sized)
+
+    def _sized(self, out: Any) -> dict[str, tuple[int, int]]:
+        """The elastic starts with fewer pods than their most and the resizes, for the engine; the milli-GPUs
+        they hold follow."""
+        if not self.elastic_jobs:
+            return {}
+        found = sizes(out.placement.result.placed, out.resizes, self.elastic_jobs)
+        for job_id, (pods, of) in found.items():
+            short = self.milli[job_id] * (of - pods) // of
+            self._allocated -= short - self._short.get(job_id, 0)
+            self._short[job_id] = short
+        return found
 
     def _start(self, placed: Any, now: float) -> list[str]:
         """The decision's placements start running (each with its expected end on the timeline)."""
@@ -219,6 +260,8 @@ class GpuqPolicy:
             if preemptible:
                 self._preemptible_running[value] = self._preemptible_running.get(value, 0) + 1
             self._allocated += self.milli[job_id]
+            if w.spec.elastic:
+                self.elastic_jobs[job_id] = w.spec
             started.append(job_id)
             if self.history_half_life_s:
                 admitted = self.adm.admitted.get(job_id)
@@ -239,6 +282,10 @@ class GpuqPolicy:
             return
         self._holds[victim.job_id] = Hold(preemptor=victim.preemptor, victim=victim.job_id, placement=placement,
                                           until=hold_until(now, grace_s))
+        hint = getattr(victim, "hint", None)  # a defragmentation move (defrag.Moved): its holes are held for it
+        if hint is not None:
+            self._holds[f"hint:{victim.job_id}"] = Hold(preemptor=victim.job_id, victim=victim.preemptor,
+                                                         placement=hint, until=hold_until(now, grace_s))
 
     def _stop_running(self, job_id: str) -> None:
         job = self._running_jobs.pop(job_id, None)
@@ -287,7 +334,8 @@ class GpuqPolicy:
         self._release_history(job_id, now)
         spec, submitted_at = self.submitted[job_id]
         self.adm.requeue(Workload(spec=spec, submitted_at=submitted_at, predicted_gpu_s=self.predicted.get(job_id)))
-        self._allocated -= self.milli[job_id]
+        self._allocated -= self.milli[job_id] - self._short.pop(job_id, 0)
+        self.elastic_jobs.pop(job_id, None)
         self._pending_admission += 1
 
     def on_node_down(self, node: str, now: float) -> list[str]:
