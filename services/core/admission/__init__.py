@@ -12,6 +12,7 @@ from services.core.admission.elastic import (
     growth_room,
     over_nominal,
     queue_waits,
+    quota_keys,
 )
 from services.core.admission.model import (
     AdmissionDecision,
@@ -47,4 +48,5 @@ __all__ = [
     "queue_facts",
     "queue_summaries",
     "queue_waits",
+    "quota_keys",
 ]

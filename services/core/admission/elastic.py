@@ -15,17 +15,39 @@ from dataclasses import replace
 from shared.domain import JobSpec
 
 from .model import AdmittedWorkload
+from .resources import non_gpu_keys, resource_demands
 from .state import AdmissionState
 
 
-def above_floor(spec: JobSpec, flavors: dict[str, str], pods: int) -> dict[str, int]:
-    """Quota resource -> GPUs of the pods above the floors when the job runs `pods` pods."""
+def above_floor(spec: JobSpec, flavors: dict[str, str], pods: int, keys: tuple[str, ...] = ()) -> dict[str, int]:
+    """Quota resource -> what the pods above the floors take when the job runs `pods` pods: GPUs on each pod set's
+    flavor, and of the queue's non-GPU quota keys `keys` (CPU, memory, pods, node pools) their part."""
     out: dict[str, int] = {}
     for ps, sized in zip(spec.pod_sets, spec.at_pods(pods).pod_sets, strict=True):
         model = flavors.get(ps.name)
         if ps.elastic and model is not None and sized.count > ps.floor:
             out[model] = out.get(model, 0) + (sized.count - ps.floor) * ps.gpus_per_pod
+    if keys and pods > spec.min_pods:
+        floor = {key: amount for amount, _, key in resource_demands(spec.at_pods(spec.min_pods), keys)}
+        for amount, _, key in resource_demands(_fixed(spec, pods), keys):
+            if key is not None and amount > floor.get(key, 0):
+                out[key] = out.get(key, 0) + amount - floor.get(key, 0)
     return out
+
+
+def _fixed(spec: JobSpec, pods: int) -> JobSpec:
+    """The job with `pods` pods as a fixed job (JobSpec.at_pods keeps an elastic job whole at its most pods)."""
+    sized = spec.at_pods(pods)
+    if not sized.elastic:
+        return sized
+    return sized.model_copy(update={"pod_sets": tuple(p.model_copy(update={"min_count": None})
+                                                      for p in sized.pod_sets)})
+
+
+def quota_keys(state: AdmissionState, queue: str) -> tuple[str, ...]:
+    """The non-GPU quota keys the queue sets (what a pod above a floor is charged besides its GPUs)."""
+    qq = state.book.queues.get(queue)
+    return non_gpu_keys(qq.nominal) if qq is not None else ()
 
 
 def charge_running(state: AdmissionState, job_id: str, pods_before: int, pods: int) -> AdmittedWorkload | None:
@@ -35,8 +57,9 @@ def charge_running(state: AdmissionState, job_id: str, pods_before: int, pods: i
     if a is None or pods == pods_before:
         return a
     usage = dict(a.usage)
+    keys = quota_keys(state, a.spec.queue)
     for n, sign in ((pods_before, -1), (pods, 1)):
-        for r, amount in above_floor(a.spec, a.flavors, n).items():
+        for r, amount in above_floor(a.spec, a.flavors, n, keys).items():
             usage[r] = usage.get(r, 0) + sign * amount
     charged = replace(a, usage={r: v for r, v in sorted(usage.items()) if v})
     state.restore_admitted(charged)
@@ -84,4 +107,12 @@ def cohort_waits(state: AdmissionState, queue: str, memo: dict[str, bool]) -> bo
     return memo[key]
 
 
-__all__ = ["above_floor", "charge_running", "cohort_waits", "growth_room", "over_nominal", "queue_waits"]
+__all__ = [
+    "above_floor",
+    "charge_running",
+    "cohort_waits",
+    "growth_room",
+    "over_nominal",
+    "queue_waits",
+    "quota_keys",
+]

@@ -39,18 +39,20 @@ def non_gpu_keys(quotas: Mapping[str, object]) -> tuple[str, ...]:
 
 def resource_demands(spec: JobSpec, keys: tuple[str, ...]) -> tuple[PodSetDemand, ...]:
     """One demand per non-GPU key (its amount, no model, the key as its 'profile'); keys the job asks nothing of
-    are left out. A pod set asking no GPU still takes its CPU, memory and pods."""
+    are left out. A pod set asking no GPU still takes its CPU, memory and pods. An elastic pod set counts its floor
+    (min_count): the pods above it are charged when they run (admission/elastic.py)."""
     out: list[PodSetDemand] = []
     for key in keys:
         if key == CPU:
-            amount = sum(ps.count * ps.cpu_milli for ps in spec.pod_sets)
+            amount = sum(ps.floor * ps.cpu_milli for ps in spec.pod_sets)
         elif key == MEMORY:
-            amount = sum(ps.count * ps.memory_mib for ps in spec.pod_sets)
+            amount = sum(ps.floor * ps.memory_mib for ps in spec.pod_sets)
         elif key == PODS:
-            amount = sum(ps.count for ps in spec.pod_sets)
+            amount = sum(ps.floor for ps in spec.pod_sets)
         else:  # a pod on a MIG slice or sharing a GPU counts one GPU of the pool (never under-counted)
             pool = key[len(POOL):]
-            amount = sum(ps.gpus or (ps.count if ps.mig_profile or ps.shared else 0)
+            amount = sum((ps.floor * ps.gpus_per_pod if ps.elastic else ps.gpus)
+                         or (ps.count if ps.mig_profile or ps.shared else 0)
                          for ps in spec.pod_sets if ps.selector.get(POOL_LABEL) == pool)
         if amount > 0:
             out.append((amount, (), key))

@@ -40,6 +40,7 @@ from services.core.admission import (
     growth_room,
     over_nominal,
     queue_waits,
+    quota_keys,
 )
 from services.core.scheduler import (
     ClusterIndex,
@@ -114,9 +115,11 @@ class ElasticPass:
             if a is None or not a.spec.elastic:
                 continue
             spec, pods = a.spec, len(p.bindings)
-            room = {r: growth_room(self.state, spec.queue, r, self.memo) for r in sorted(set(a.flavors.values()))}
+            keys = quota_keys(self.state, spec.queue)
+            room = {r: growth_room(self.state, spec.queue, r, self.memo)
+                    for r in sorted({*a.flavors.values(), *keys})}
             while pods > spec.min_pods and any(n > room.get(r, 0) for r, n in above_floor(
-                    spec, a.flavors, pods).items()):
+                    spec, a.flavors, pods, keys).items()):
                 pods -= 1
             new = shrink_to(self.cluster, spec, p, pods) if pods < len(p.bindings) else p
             result.placed[i] = new
@@ -203,7 +206,7 @@ class ElasticPass:
                 continue
             key = (ps.model_copy(update={"name": "", "count": 1, "min_count": None}).model_dump_json(),
                    spec.tolerations, spec.topology, tuple(sorted(a.flavors.values())))
-            if key in failed or growth_room(self.state, spec.queue, model, self.memo) < ps.gpus_per_pod:
+            if key in failed or not self.room_for_one(spec, a.flavors, len(p.bindings)):
                 continue
             new = grow_one(self.cluster, spec, tuple(sorted(set(a.flavors.values()))), p)
             if new is None:
@@ -213,6 +216,14 @@ class ElasticPass:
             self.why.setdefault(job_id, (GROW, None))
             charge_running(self.state, job_id, len(p.bindings), len(new.bindings))
             heapq.heappush(heap, (share(self.state, spec.queue), prio, job_id))
+
+    def room_for_one(self, spec: JobSpec, flavors: dict[str, str], pods: int) -> bool:
+        """Whether the queue's growth room holds one more pod: its GPUs and its part of the non-GPU quota keys."""
+        keys = quota_keys(self.state, spec.queue)
+        now = above_floor(spec, flavors, pods, keys)
+        more = above_floor(spec, flavors, pods + 1, keys)
+        return all(growth_room(self.state, spec.queue, r, self.memo) >= n - now.get(r, 0) for r, n in more.items()
+                   if n > now.get(r, 0))
 
     def resizes(self) -> list[Resize]:
         out = []

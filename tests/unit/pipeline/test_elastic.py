@@ -188,3 +188,19 @@ def test_a_job_of_its_own_queue_waiting_for_admission_takes_every_pod_above_the_
     d = loop.decide(10.0)
     assert [w.job_id for w in d.admitted] == ["j"] and "j" in {p.job_id for p in d.placement.result.placed}
     assert loop.pods("e") == 4 and loop.charged() == 8  # grown back into the 2 GPUs of quota left
+
+
+def test_the_pods_above_the_floor_take_their_cpu_quota_too() -> None:
+    config = parse_queues({
+        "priority_classes": [{"name": "low", "value": 0, "preemptible": True}],
+        "queues": [{"name": "team-a", "quotas": {MODEL: {"nominal": 8}, "cpu_milli": {"nominal": 4000}}}]})
+    loop = Loop(config, node_count=1)
+    e = JobSpec(job_id="e", team="team-a", queue="team-a", priority_class="low", max_runtime_s=36_000,
+                pod_sets=(PodSet(name="worker", count=8, min_count=2, gpus_per_pod=1, gpu_models=(MODEL,),
+                                 cpu_milli=1000, memory_mib=0),))
+    loop.submit(e)
+    loop.decide(0.0)
+    # 8 GPUs free and 8 of GPU quota, but 4 CPUs of quota: admitted for its floor (2 pods, 2 CPUs), it starts with
+    # the 4 pods its CPU quota holds, and is charged their CPU
+    assert loop.pods("e") == 4
+    assert loop.adm.usage("team-a") == {MODEL: 4, "cpu_milli": 4000}
