@@ -24,8 +24,10 @@ class LendingGuard:
         # cohort -> per member queue with admissible pending jobs that fit its nominal quota: (queue, their
         # highest priority, the resources they ask), as at the cohort's first borrowing admission of the cycle
         self.waiting_lenders: dict[str, list[tuple[str, int, frozenset[str]]]] = {}
-        # queue -> ((usage id, priority, preemptible) -> memo version, the same key -> the refusal or None)
-        self.refusals: dict[str, tuple[dict[tuple[int, int, bool], int], dict[tuple[int, int, bool], str | None]]] = {}
+        # queue -> ((usage id, priority, preemptible, gives back cheaply) -> memo version, the same key -> the refusal
+        # or None)
+        self.refusals: dict[str, tuple[dict[tuple[int, int, bool, bool], int],
+                                     dict[tuple[int, int, bool, bool], str | None]]] = {}
         self.usage_ids: dict[tuple[tuple[str, int], ...], int] = {}  # a fit's usage -> a small id (refusal memo)
         self.lender_usage: dict[str, tuple[tuple[tuple[str, int], ...], ...]] = {}  # cohort -> its lenders' usage
         # cohort -> (a waiting lender never reclaims, the lowest top priority of the LowerPriority ones)
@@ -36,6 +38,9 @@ class LendingGuard:
         # the first preemptor: no later admission of the cycle borrows it (Kueue reserves a preempting entry's
         # resources for the rest of the cycle), else the victims would free too little and the request repeat
         self.holds: dict[str, dict[tuple[str, str], tuple[int, str]]] = {}
+        # the earliest a waiting lender can take a loan back: a borrower starts no earlier than it is admitted and
+        # is protected for the window after its start (services/core/preemption/policy.py `protection`)
+        self.take_back_s = float(state.config.policy.protection_window_s)
 
     def forget_refusals(self) -> None:
         """Before the refused queues are nominated again: admissions since may have changed every refusal."""
@@ -55,7 +60,7 @@ class LendingGuard:
         usage_id = fit.usage_id
         if usage_id is None:
             usage_id = fit.usage_id = self.usage_ids.setdefault(tuple(fit.usage.items()), len(self.usage_ids))
-        key = (usage_id, e.priority, e.preemptible)
+        key = (usage_id, e.priority, e.preemptible, self.gives_back(e))
         if versions.get(key) == version:
             return verdicts[key]
         refused = self.lending_refused(qq, e, fit)
@@ -63,14 +68,30 @@ class LendingGuard:
         verdicts[key] = refused
         return refused
 
+    def gives_back(self, e: Entry) -> bool:
+        """Whether a waiting lender that may take `e` back would lose little by it (issue 49): `e` is preemptible
+        and either checkpoints (a reclaim costs its checkpoint write) or is predicted to end before the lender
+        could take it back (`take_back_s`: the protection window from its start). Its predicted run is the
+        predictor's when admission was given one (`Workload.predicted_gpu_s` over its GPUs), else its limit
+        (`max_runtime_s`); never its true duration. A job that would lose its whole run to the reclaim is lent
+        no quota a waiting lender could use: it would run one window and be thrown away."""
+        if not e.preemptible:
+            return False
+        if e.unsaved_runtime_s <= self.take_back_s:  # checkpoints (0), or its limit ends within the window
+            return True
+        w = e.workload
+        gpus = w.spec.total_gpus
+        return w.predicted_gpu_s is not None and gpus > 0 and w.predicted_gpu_s / gpus <= self.take_back_s
+
     def lending_refused(self, qq: QueueQuota, e: Entry, fit: Fit) -> str | None:
         """Lending while the lender waits (decision, issue 15 item 4, where Kueue is reported to refuse too):
         a borrowing admission may not use the unused lendable quota of another queue of the cohort that has
         admissible pending jobs fitting its nominal quota (jobs that would themselves borrow are owed nothing)
         that ask for that resource, and whose reclaim policy could not take this job back
         (`reclaim_within_cohort: Never`; `LowerPriority` and this job's priority is not below the lender's
-        highest pending one; or this job is not preemptible). It may still borrow what other lenders lend.
-        The message when refused, else None."""
+        highest pending one; or this job is not preemptible), or could only at the cost of the job's run: it
+        cannot checkpoint and is predicted to run past the lender's earliest take-back (`gives_back`). It may
+        still borrow what other lenders lend. The message when refused, else None."""
         cohort = qq.pool  # the lenders of the whole cohort tree
         if cohort is None or qq.cohort is None:
             return None
@@ -78,8 +99,9 @@ class LendingGuard:
         if not lenders:
             return None
         never, lowest_top = self.lender_summary[cohort]
-        if e.preemptible and not never and e.priority < lowest_top:
-            return None  # every waiting lender could take this job back
+        cheap = self.gives_back(e)
+        if cheap and not never and e.priority < lowest_top:
+            return None  # every waiting lender could take this job back, losing little
         book = self.book
         q = qq.name
         unused_by = self.lenders_unused(cohort, self.fits.version_of(qq), lenders)
@@ -99,9 +121,9 @@ class LendingGuard:
                         unused = min(unused, cap)
                         if unused <= 0:
                             continue
-                if e.preemptible and (policy is PreemptionPolicy.ANY or (
+                if cheap and (policy is PreemptionPolicy.ANY or (
                         policy is PreemptionPolicy.LOWER_PRIORITY and e.priority < priority)):
-                    continue  # the lender could take it back when it needs it
+                    continue  # the lender could take it back when it needs it, losing little
                 held += unused
                 holders.append(lender)
             if not held:
@@ -111,7 +133,9 @@ class LendingGuard:
             if borrowed > lendable:
                 return (f"needs to borrow {borrowed} {r}; cohort {qq.cohort} could lend {max(0, lendable)} without "
                         f"the {held} unused {r} of {', '.join(holders)}, which have jobs waiting and could not "
-                        f"take a loan to this job back (reclaim_within_cohort)")
+                        f"take a loan to this job back (reclaim_within_cohort)" + ("" if cheap or not e.preemptible else
+                        f" without throwing away its run: it cannot checkpoint and may run past the "
+                        f"{self.take_back_s:.0f}s protection window"))
         return None
 
     def hold(self, qq: QueueQuota, request: Mapping[str, int], first: str) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from services.core.admission import AdmissionState, admission_cycle
 from shared.config import QueuesConfig
+from shared.domain import CheckpointSpec
 from tests.unit.admission.admission_core_builders import H100, config, job, queue, submit
 
 
@@ -49,14 +50,16 @@ def test_no_room_is_held_for_a_within_queue_preemption_its_victims_cannot_make_r
 def reclaim_case(low_gpus: int) -> AdmissionState:
     """`lender` (4 GPUs) runs nothing; `a` (no quota) borrows 4 with a0 (normal) and a1 (low, `low_gpus`); `c`
     lends 1 more, free. The lender's j (normal, 3) fits its nominal quota: it counts on the free GPU and reclaims 2,
-    which only a1 may give (reclaim_within_cohort: LowerPriority). q3's b (low, 1 GPU) would borrow the free one."""
+    which only a1 may give (reclaim_within_cohort: LowerPriority). q3's b (low, 1 GPU, checkpoints) would borrow the
+    free one."""
     s = AdmissionState(without_window(config(queue("lender", {H100: 4}), queue("a", {H100: 0}),
                                              queue("c", {H100: 1}), queue("q3", {H100: 0}))))
     submit(s, job("a0", "a", 4 - low_gpus), 0)
     submit(s, job("a1", "a", low_gpus, priority="low"), 0)
     assert {a.spec.job_id for a in admission_cycle(s, 1).admitted} == {"a0", "a1"}
     submit(s, job("j", "lender", 3), 2)
-    submit(s, job("b", "q3", 1, priority="low"), 3)
+    # b checkpoints: the waiting lender lends only to borrowers that give its quota back cheaply (lending.py)
+    submit(s, job("b", "q3", 1, priority="low").model_copy(update={"checkpoint": CheckpointSpec(supported=True)}), 3)
     return s
 
 

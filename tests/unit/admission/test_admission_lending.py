@@ -6,7 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 from services.core.admission import AdmissionState, Reason, Workload, admission_cycle
+from shared.domain import CheckpointSpec, JobSpec
 from tests.unit.admission.admission_core_builders import H100, config, job, queue, submit
+
+
+def _checkpointing(spec: JobSpec) -> JobSpec:
+    return spec.model_copy(update={"checkpoint": CheckpointSpec(supported=True, interval_s=1800)})
 
 
 def _state(reclaim: str = "LowerPriority", *extra: dict[str, Any]) -> AdmissionState:
@@ -28,8 +33,8 @@ def test_no_loan_the_lender_could_not_take_back_while_its_jobs_wait() -> None:
     st = d.pending["b-peer"]
     assert st.reason == Reason.WAITING_FOR_BORROWABLE_QUOTA
     assert "team-a" in st.message and "reclaim_within_cohort" in st.message
-    # a loan team-a can take back is made: a lower-priority borrower
-    submit(s, job("b-low", "team-b", 4, priority="low"), 12)
+    # a loan team-a can take back cheaply is made: a lower-priority borrower that checkpoints
+    submit(s, _checkpointing(job("b-low", "team-b", 4, priority="low")), 12)
     assert [a.job_id for a in admission_cycle(s, 13.0).admitted] == ["b-low"]
     # and once team-a's waiting job is admitted, its unused quota is lent again
     s.finish("a-run")
@@ -39,9 +44,43 @@ def test_no_loan_the_lender_could_not_take_back_while_its_jobs_wait() -> None:
     assert [a.job_id for a in admission_cycle(s, 16.0).admitted] == ["b-peer"]
 
 
+def test_a_waiting_lender_lends_only_to_borrowers_that_give_back_cheaply() -> None:
+    """Issue 49: a borrower team-a could take back, but only by throwing away its run (it cannot checkpoint and
+    is predicted to run past the protection window, the earliest a reclaim can take it), is lent nothing while
+    team-a waits; one that checkpoints, or is predicted to end within the window, is."""
+    s = _state()
+    submit(s, job("b-long", "team-b", 4, priority="low"), 10)  # no checkpoint, 24 h limit, no prediction
+    d = admission_cycle(s, 11.0)
+    assert not d.admitted
+    st = d.pending["b-long"]
+    assert st.reason == Reason.WAITING_FOR_BORROWABLE_QUOTA
+    assert "team-a" in st.message and "cannot checkpoint" in st.message and "600s protection window" in st.message
+    # its limit is its predicted run unless admission was given a prediction: predicted 5 min on 4 GPUs
+    s.submit(Workload(job("b-short", "team-b", 4, priority="low"), 12, predicted_gpu_s=4 * 300.0))
+    assert [a.job_id for a in admission_cycle(s, 13.0).admitted] == ["b-short"]
+    s.finish("b-short")
+    # a limit within the window gives it back as cheaply
+    submit(s, job("b-limited", "team-b", 4, priority="low").model_copy(update={"max_runtime_s": 600}), 14)
+    assert [a.job_id for a in admission_cycle(s, 15.0).admitted] == ["b-limited"]
+    s.finish("b-limited")
+    # predicted past the window: still refused
+    s.submit(Workload(job("b-later", "team-b", 4, priority="low"), 16, predicted_gpu_s=4 * 3600.0))
+    assert "b-later" not in [a.job_id for a in admission_cycle(s, 17.0).admitted]
+    # a checkpointing one is lent (the queue's waiting job is still owed, so this is the rule, not idle quota)
+    submit(s, _checkpointing(job("b-ckpt", "team-b", 4, priority="low")), 18)
+    assert [a.job_id for a in admission_cycle(s, 19.0).admitted] == ["b-ckpt"]
+
+
+def test_with_no_lender_waiting_any_preemptible_job_borrows() -> None:
+    # nothing waits in team-a: its idle quota is lent to a job that cannot checkpoint (no need is known)
+    s = AdmissionState(config(queue("team-a", {H100: 8}), queue("team-b", {H100: 0})))
+    submit(s, job("b-long", "team-b", 4, priority="low"), 0)
+    assert [a.job_id for a in admission_cycle(s, 1.0).admitted] == ["b-long"]
+
+
 def test_a_lender_that_can_reclaim_any_borrower_lends() -> None:
     s = _state(reclaim="Any")
-    submit(s, job("b-peer", "team-b", 4), 10)
+    submit(s, _checkpointing(job("b-peer", "team-b", 4)), 10)
     assert [a.job_id for a in admission_cycle(s, 11.0).admitted] == ["b-peer"]
     # but not to a job nobody may preempt: it never borrows, and team-b has no quota of its own
     rejection = s.submit(Workload(job("b-pinned", "team-b", 2, preemptible=False), 12))
