@@ -79,7 +79,8 @@ OPEN_PROTOCOLS = ("SELECT preemption_id, victim, preemptor, reason, victim_place
                   "WHERE state = 'checkpointing'")
 
 
-def _preemptor(config: QueuesConfig, fact: admission_view.AdmissionFact, payload: PreemptionRequested) -> Preemptor:
+def _preemptor(config: QueuesConfig, fact: admission_view.AdmissionFact, payload: PreemptionRequested,
+               waiting_since: float | None = None) -> Preemptor:
     """The pure core's view of the preemptor: admission's requests are about quota (`need`, and `own_need` for
     within-queue preemption); the scheduler's priority requests are about room on the nodes."""
     spec = fact.spec
@@ -92,7 +93,17 @@ def _preemptor(config: QueuesConfig, fact: admission_view.AdmissionFact, payload
                      kind=spec.kind, spec=spec,
                      reason=RECLAIM if payload.reason is PreemptionReason.RECLAIM else PRIORITY,
                      allowed_models=allowed, need=dict(payload.need) if for_quota else {},
-                     own_need=dict(payload.own_need), max_victim_priority=payload.max_victim_priority)
+                     own_need=dict(payload.own_need), max_victim_priority=payload.max_victim_priority,
+                     waiting_since=waiting_since if payload.reason is PreemptionReason.RECLAIM else None)
+
+
+# When the preemptor's reclaim was first asked since its last reclaim that started (the decision loop's chooser
+# keeps the same, `VictimChooser.reclaim_asked`): a reclaim may wait for cheaper victims only for borrowers that
+# started before it, so the lender's guarantee (asked + window + grace) holds (services/core/preemption/select.py).
+RECLAIM_ASKED_SINCE = (
+    "SELECT min(requested_at) FROM preemption.requests WHERE preemptor = $1 AND reason = $2 AND requested_at > "
+    "coalesce((SELECT max(requested_at) FROM preemption.requests WHERE preemptor = $1 AND outcome = $3), "
+    "'-Infinity'::double precision)")
 
 
 # Requests with no waiting job behind them (a drain, an idle reclaim): their protocols end with the victim only.
@@ -209,7 +220,10 @@ class PreemptionService:
             "AND requested_at > $2", spec.queue, tx.now - 3600.0)]
         # The decision loop's rule for one request (services/core/pipeline: the simulator and the ETA's replay
         # choose their victims with it too)
-        choice = choose_victims(_preemptor(config, fact, payload), snap.running, snap.cluster, config, tx.now,
+        asked = await tx.conn.fetchval(RECLAIM_ASKED_SINCE, payload.preemptor, PreemptionReason.RECLAIM.value,
+                                       Outcome.STARTED)
+        preemptor = _preemptor(config, fact, payload, tx.now if asked is None else min(asked, tx.now))
+        choice = choose_victims(preemptor, snap.running, snap.cluster, config, tx.now,
                                 last_preempted=last_preempted, recent_victim_times=recent, busy=snap.busy)
         if choice.outcome == Outcome.STARTED:
             await record(Outcome.STARTED, f"{len(choice.victims)} victim(s), about "
