@@ -14,7 +14,7 @@ from services.core.admission.resources import Signature
 class CycleMemo:
     """The reuse caches of the admission cycle, as the last cycle left them."""
 
-    __slots__ = ("reclaims", "scope_ends", "sealed", "stale")
+    __slots__ = ("reclaims", "scope_ends", "seal_count", "sealed", "stale")
 
     def __init__(self) -> None:
         # Per scope (a cohort, or a queue without one), the reclaims of the last full cycle in which nothing
@@ -28,11 +28,14 @@ class CycleMemo:
         # no job's request fits within nominal + borrowing limit, and no job could preempt within the queue:
         # reuse.py `queue_alone`), as a cycle that admitted nothing there left them, unchanged since (`touch`).
         # A cycle keeps their reasons instead of judging them again (reuse.py, "sealed queues"); the value holds
-        # their lazily written messages, whose numbers (the cohort's) are written again when next read.
-        self.sealed: dict[str, tuple[tuple[object, ...], tuple[Signature, ...]]] = {}  # and their distinct requests
-        # scope -> per queue not sealed, its pending jobs' order keys as the last explaining cycle left them (which
-        # positions in the cohort moved)
-        self.scope_ends: dict[str, dict[str, list[Order]]] = {}
+        # their lazily written messages, whose numbers (the cohort's) are written again when next read, their
+        # distinct requests, and the seal's serial number (`seal_count` when sealed): a queue sealed under the same
+        # serial in two cycles has the same pending list in both, as nothing of it changed in between.
+        self.sealed: dict[str, tuple[tuple[object, ...], tuple[Signature, ...], int]] = {}
+        self.seal_count = 0
+        # scope -> per queue with pending jobs, its pending jobs' order keys (or, for a sealed queue, its seal's
+        # serial) as the last explaining cycle left them (which positions in the cohort moved)
+        self.scope_ends: dict[str, dict[str, list[Order] | int]] = {}
 
     def touch(self, scope: str, queue: str) -> None:
         """Something of `queue` (in `scope`) changed: its scope's cached cycle and its sealed reasons no longer

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 
 from services.core.admission.messages import LazyText, rewrite_when_read
 from services.core.admission.model import AdmissionDecision, ReclaimRequest
+from services.core.admission.ordering import Order
 from services.core.admission.reclaim_requests import PreemptionAsks
 from services.core.admission.resources import Signature
 from services.core.admission.state import AdmissionState, Entry
@@ -94,7 +95,7 @@ class ScopeReuse:
         found: set[str] = set()
         for q in sorted(sealed):
             lst = self.lists.get(q)
-            messages, sigs = sealed[q]
+            messages, sigs, _ = sealed[q]
             if lst is not None and self.scopes[q] in self.clean:
                 found.add(q)  # its whole scope is reused anyway
             elif lst is not None and self.queue_alone(q, lst, sigs):
@@ -123,20 +124,32 @@ class ScopeReuse:
                 sealed.pop(q, None)
                 continue
             messages = {id(e.message): e.message for e in lst if isinstance(e.message, LazyText)}
-            sealed[q] = (tuple(messages.values()), sigs)
+            state.cycle_memo.seal_count += 1
+            sealed[q] = (tuple(messages.values()), sigs, state.cycle_memo.seal_count)
 
     def settled(self, by_scope: dict[str, list[list[Entry]]]) -> frozenset[str]:
         """The sealed queues whose statuses equal the last explaining cycle's but for the numbers in their
         messages: their positions in the cohort moved only if another queue's pending jobs (or their order)
-        did. Records this cycle's lists for the next."""
-        scope_ends = self.state.cycle_memo.scope_ends
+        did. Records this cycle's lists for the next: a sealed queue's as its seal's serial (O(1)), which stands
+        for its list as long as it stays sealed, so that a queue sealed then and not now (its jobs gone, say) or
+        sealed again since (its list changed in between) counts as moved."""
+        memo = self.state.cycle_memo
+        scope_ends, sealed = memo.scope_ends, memo.sealed
         settled: set[str] = set()
         for sc in sorted(by_scope):
             if sc in self.clean:
                 continue
             lists = by_scope[sc]
-            ends = {lst[0].queue: [e.order for e in lst] for lst in lists if lst[0].queue not in self.sealed}
-            here = [lst[0].queue for lst in lists if lst[0].queue in self.sealed]
+            ends: dict[str, list[Order] | int] = {}
+            here = []
+            for lst in lists:
+                q = lst[0].queue
+                seal = sealed.get(q) if q in self.sealed else None
+                if seal is not None:
+                    here.append(q)
+                    ends[q] = seal[2]
+                else:
+                    ends[q] = [e.order for e in lst]
             before = scope_ends.get(sc)
             if here and before is not None and all(before.get(q) == ends.get(q) for q in sorted(set(before)
                                                                                                  | set(ends))):

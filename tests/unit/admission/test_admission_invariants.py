@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from services.core.admission import AdmissionState, Workload, admission_cycle
+from services.core.admission.statuses import PendingStatuses
 from shared.config import QueuesConfig
 from tests.unit.admission.admission_core_builders import A100, H100, config, job, quota
 
@@ -245,6 +246,19 @@ capped_op = st.one_of(
 )
 
 
+def _capped(name: str) -> dict[str, Any]:
+    return {"name": name, "cohort": "c1", "quotas": {H100: quota(4, 2)}, "max_running_jobs": 1,
+            "preemption": {"within_queue": "Never", "reclaim_within_cohort": "Never"}}
+
+
+# q1's pending job, ahead of q0's in the cohort, is admitted once q1's running job finishes: q0, sealed all along,
+# keeps its reasons but its job moves up from 2nd to 1st in the cohort (q1 sealed in the cycle before, so a
+# record of only the unsealed queues' lists saw no change and left q0's rows out as settled)
+@example(config(_capped("q0"), _capped("q1"), {"name": "open", "cohort": "c1", "quotas": {H100: quota(4)}},
+                cohorts=("c1", "c2")),
+         [("submit", 0, 1, 1, (H100,), "normal"), ("submit", 1, 1, 1, (H100,), "normal"), ("cycle",),
+          ("submit", 1, 1, 1, (H100,), "normal"), ("submit", 0, 1, 1, (H100,), "normal"), ("cycle",),
+          ("finish", 1), ("cycle",)])
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(capped_configs(), st.lists(capped_op, min_size=10, max_size=60))
 def test_sealed_queues_keep_the_reasons_a_cycle_from_scratch_gives(cfg: QueuesConfig, ops: list[tuple]) -> None:
@@ -286,3 +300,27 @@ def test_sealed_queues_keep_the_reasons_a_cycle_from_scratch_gives(cfg: QueuesCo
                         assert (old.reason, old.position_in_queue, old.position_in_cohort) == (
                             st_.reason, st_.position_in_queue, st_.position_in_cohort), job_id
                 before = dict(got.pending)
+
+
+def test_a_queue_sealed_again_between_explaining_cycles_counts_as_moved() -> None:
+    """A sealed queue changed and sealed again by a cycle that explains nothing (the simulator's kind) between two
+    explaining cycles: its list is not the one the first explaining cycle saw, so the other sealed queue's rows,
+    whose positions in the cohort it moved, are not left out as settled."""
+    open_queue = {"name": "open", "cohort": "c1", "quotas": {H100: quota(4)}}
+    s = AdmissionState(config(_capped("q0"), _capped("q1"), open_queue, cohorts=("c1",)))
+    s.submit(Workload(job("r0", "q0"), 0.0))
+    s.submit(Workload(job("r1", "q1"), 0.0))
+    admission_cycle(s, 1.0)  # both run: each queue is at its max_running_jobs
+    s.submit(Workload(job("x", "q1"), 2.0))
+    s.submit(Workload(job("a", "q0"), 3.0))
+    admission_cycle(s, 4.0)  # judges both and seals them
+    s.submit(Workload(job("o1", "open"), 4.5))  # the cohort changed around the sealed queues
+    assert admission_cycle(s, 5.0).pending["a"].position_in_cohort == 2  # both sealed all cycle
+    s.submit(Workload(job("y", "q1", priority="high"), 6.0))  # ahead of `a` in the cohort
+    admission_cycle(s, 7.0, explain=False)  # judges q1 again and seals it again
+    s.submit(Workload(job("o2", "open"), 7.5))
+    got = admission_cycle(s, 8.0)
+    assert got.pending["a"].position_in_cohort == 3
+    assert isinstance(got.pending, PendingStatuses)
+    rows = {r[0]: r for r in got.pending.judged_rows()}
+    assert rows["a"][5] == 3  # not left out as settled at its old position
