@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from services.core.kube import names as n
-from services.core.kube.workload import Conclusion, Finish, Obj, PodSetTemplate, WorkloadKind, register
+from services.core.kube.kinds.scaled import HeldAtZeroReplicas, held_count
+from services.core.kube.workload import Obj, PodSetTemplate, register
 
 LEADER, WORKER = "leader", "worker"
 
@@ -26,15 +27,12 @@ def _lwt(obj: Obj) -> Mapping[str, Any]:
 
 def groups(obj: Obj) -> int:
     """The groups to run: the annotation while held, else `replicas` (default 1)."""
-    spec = obj.get("spec") or {}
-    annotations = ((obj.get("metadata") or {}).get("annotations")) or {}
-    if n.GROUPS_ANNOTATION in annotations:
-        return int(annotations[n.GROUPS_ANNOTATION])
-    return int(spec.get("replicas", 1))
+    return held_count(obj, n.GROUPS_ANNOTATION)
 
 
-class LeaderWorkerSet(WorkloadKind):
+class LeaderWorkerSet(HeldAtZeroReplicas):
     api_version, kind, plural = "leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets"
+    held_annotation = n.GROUPS_ANNOTATION
 
     def pod_sets(self, obj: Obj) -> list[PodSetTemplate]:
         lwt = _lwt(obj)
@@ -51,38 +49,6 @@ class LeaderWorkerSet(WorkloadKind):
             lwt["leaderTemplate"] = copy.deepcopy(templates[LEADER])
         if WORKER in templates:
             lwt["workerTemplate"] = copy.deepcopy(templates[WORKER])
-
-    def run_patch(self, obj: Obj, templates: Mapping[str, dict[str, Any]], *, suspend: bool = False
-                  ) -> dict[str, Any]:
-        patch = super().run_patch(obj, templates, suspend=suspend)
-        if not suspend:
-            patch["spec"]["replicas"] = groups(obj)
-        return patch
-
-    def hold_annotations(self, obj: Obj) -> dict[str, str]:
-        return {n.GROUPS_ANNOTATION: str(groups(obj))}
-
-    def suspended(self, obj: Obj) -> bool:
-        return int((obj.get("spec") or {}).get("replicas", 1)) == 0
-
-    def suspend_patch(self, suspend: bool) -> dict[str, Any]:
-        """Held: zero groups. (Started by `run_patch`, which restores the number of groups.)"""
-        return {"spec": {"replicas": 0}} if suspend else {}
-
-    def stopped(self, obj: Obj) -> bool:
-        """Held, and its controller has deleted the groups (status.replicas 0)."""
-        return self.suspended(obj) and not int((obj.get("status") or {}).get("replicas") or 0)
-
-    def finished(self, obj: Obj) -> Finish | None:
-        return None
-
-    def conclusion(self, obj: Obj, reason: str, message: str, now: str) -> Conclusion:
-        """Left at zero groups; the LeaderWorkerSet controller owns its status. gpuq's reason is on its Event and
-        `gpuq.io/status`."""
-        return Conclusion(self.suspend_patch(True), status=False)
-
-    def active_deadline_s(self, obj: Obj) -> int | None:
-        return None
 
 
 LEADERWORKERSET = register(LeaderWorkerSet())

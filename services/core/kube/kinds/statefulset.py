@@ -13,21 +13,20 @@ from collections.abc import Mapping
 from typing import Any
 
 from services.core.kube import names as n
-from services.core.kube.workload import Conclusion, Finish, Obj, PodSetTemplate, WorkloadKind, register
+from services.core.kube.kinds.scaled import HeldAtZeroReplicas, held_count
+from services.core.kube.workload import Obj, PodSetTemplate, register
 
 POD_SET = "main"
 
 
 def replicas(obj: Obj) -> int:
     """The pods to run: the annotation while held, else `replicas` (default 1)."""
-    annotations = ((obj.get("metadata") or {}).get("annotations")) or {}
-    if n.REPLICAS_ANNOTATION in annotations:
-        return int(annotations[n.REPLICAS_ANNOTATION])
-    return int((obj.get("spec") or {}).get("replicas", 1))
+    return held_count(obj, n.REPLICAS_ANNOTATION)
 
 
-class StatefulSet(WorkloadKind):
+class StatefulSet(HeldAtZeroReplicas):
     api_version, kind, plural = "apps/v1", "StatefulSet", "statefulsets"
+    held_annotation = n.REPLICAS_ANNOTATION
 
     def pod_sets(self, obj: Obj) -> list[PodSetTemplate]:
         return [PodSetTemplate(POD_SET, max(1, replicas(obj)), dict((obj.get("spec") or {}).get("template") or {}))]
@@ -35,38 +34,6 @@ class StatefulSet(WorkloadKind):
     def with_templates(self, spec: dict[str, Any], templates: Mapping[str, dict[str, Any]]) -> None:
         if POD_SET in templates:
             spec["template"] = templates[POD_SET]
-
-    def run_patch(self, obj: Obj, templates: Mapping[str, dict[str, Any]], *, suspend: bool = False
-                  ) -> dict[str, Any]:
-        patch = super().run_patch(obj, templates, suspend=suspend)
-        if not suspend:
-            patch["spec"]["replicas"] = replicas(obj)
-        return patch
-
-    def hold_annotations(self, obj: Obj) -> dict[str, str]:
-        return {n.REPLICAS_ANNOTATION: str(replicas(obj))}
-
-    def suspended(self, obj: Obj) -> bool:
-        return int((obj.get("spec") or {}).get("replicas", 1)) == 0
-
-    def suspend_patch(self, suspend: bool) -> dict[str, Any]:
-        """Held: no pods. (Started by `run_patch`, which gives the replicas back.)"""
-        return {"spec": {"replicas": 0}} if suspend else {}
-
-    def stopped(self, obj: Obj) -> bool:
-        """Held, and the StatefulSet controller has deleted its pods (status.replicas 0)."""
-        return self.suspended(obj) and not int((obj.get("status") or {}).get("replicas") or 0)
-
-    def finished(self, obj: Obj) -> Finish | None:
-        return None
-
-    def conclusion(self, obj: Obj, reason: str, message: str, now: str) -> Conclusion:
-        """Left at 0 replicas (the StatefulSet controller owns its status); gpuq's reason is on its Event and
-        `gpuq.io/status`."""
-        return Conclusion(self.suspend_patch(True), status=False)
-
-    def active_deadline_s(self, obj: Obj) -> int | None:
-        return None
 
 
 STATEFULSET = register(StatefulSet())
