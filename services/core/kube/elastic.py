@@ -16,7 +16,7 @@ from typing import Any
 from shared.domain import GpuBinding, JobSpec
 
 from . import names as n
-from .workload import Obj, WorkloadKind
+from .workload import Obj, WorkloadKind, merge_patch
 
 
 def placed_counts(spec: JobSpec, bindings: Iterable[GpuBinding]) -> dict[str, int]:
@@ -55,16 +55,8 @@ def run_elastic(kind: WorkloadKind, obj: Obj, spec: JobSpec, bindings: Iterable[
         if name in counts:
             tmpl.setdefault("metadata", {}).setdefault("annotations", {}).update(notes)
     out = kind.run_patch(obj, templates)
-    _merge(out, resize_patch(kind, obj, spec, counts))
+    merge_patch(out, resize_patch(kind, obj, spec, counts))
     return out
-
-
-def _merge(into: dict[str, Any], other: Mapping[str, Any]) -> None:
-    for k, v in other.items():
-        if isinstance(v, Mapping) and isinstance(into.get(k), dict):
-            _merge(into[k], v)
-        else:
-            into[k] = v
 
 
 def pod_notice(spec: JobSpec, counts: Mapping[str, int]) -> dict[str, Any]:

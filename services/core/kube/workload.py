@@ -155,14 +155,15 @@ class WorkloadKind(ABC):
         spec = copy.deepcopy(dict(obj.get("spec") or {}))
         self.with_templates(spec, templates)
         patch = {"spec": spec}
-        _merge(patch, self.suspend_patch(suspend))
+        merge_patch(patch, self.suspend_patch(suspend))
         return patch
 
 
-def _merge(into: dict[str, Any], other: Mapping[str, Any]) -> None:
+def merge_patch(into: dict[str, Any], other: Mapping[str, Any]) -> None:
+    """Merge `other` into the patch `into`, mappings key by key (a JSON merge patch's rule for objects)."""
     for k, v in other.items():
         if isinstance(v, Mapping) and isinstance(into.get(k), dict):
-            _merge(into[k], v)
+            merge_patch(into[k], v)
         else:
             into[k] = v
 
