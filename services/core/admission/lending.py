@@ -41,6 +41,7 @@ class LendingGuard:
         # the earliest a waiting lender can take a loan back: a borrower starts no earlier than it is admitted and
         # is protected for the window after its start (services/core/preemption/policy.py `protection`)
         self.take_back_s = float(state.config.policy.protection_window_s)
+        self.loss_aware = state.config.policy.loss_aware_reclaim
 
     def forget_refusals(self) -> None:
         """Before the refused queues are nominated again: admissions since may have changed every refusal."""
@@ -77,6 +78,8 @@ class LendingGuard:
         no quota a waiting lender could use: it would run one window and be thrown away."""
         if not e.preemptible:
             return False
+        if not self.loss_aware:  # policy.loss_aware_reclaim off: every preemptible job gives back as before
+            return True
         if e.unsaved_runtime_s <= self.take_back_s:  # checkpoints (0), or its limit ends within the window
             return True
         w = e.workload

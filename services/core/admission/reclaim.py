@@ -28,6 +28,7 @@ def reclaim_candidates(state: AdmissionState, qq: QueueQuota, priority: int,
         return ()
     book = state.book
     lower_only = qq.reclaim_policy is PreemptionPolicy.LOWER_PRIORITY
+    ckpt_first = state.config.policy.loss_aware_reclaim  # checkpointing candidates first (issue 49), when on
     found: list[tuple[int, bool, float, str]] = []
     for other in book.pool_members.get(qq.pool, ()) if qq.pool is not None else ():  # the whole cohort tree
         if other == qq.name:
@@ -40,7 +41,7 @@ def reclaim_candidates(state: AdmissionState, qq: QueueQuota, priority: int,
             if a is None or not e.preemptible or (lower_only and e.priority >= priority):
                 continue
             if any(a.usage.get(r, 0) > 0 for r in over):
-                found.append((e.priority, e.unsaved_runtime_s > 0, -a.admitted_at, e.job_id))
+                found.append((e.priority, ckpt_first and e.unsaved_runtime_s > 0, -a.admitted_at, e.job_id))
     found.sort()
     return tuple(job_id for _p, _u, _t, job_id in found)
 
@@ -52,12 +53,13 @@ def own_candidates(state: AdmissionState, qq: QueueQuota, priority: int,
     same order as reclaim candidates (lowest priority, checkpointing, most recently admitted, job id)."""
     if qq.config.preemption.within_queue is PreemptionPolicy.NEVER:
         return ()
+    ckpt_first = state.config.policy.loss_aware_reclaim  # checkpointing candidates first (issue 49), when on
     found: list[tuple[int, bool, float, str]] = []
     for e in state.admitted_entries(qq.name):
         a = e.admitted
         if a is None or not e.preemptible or e.priority >= priority:
             continue
         if any(a.usage.get(r, 0) > 0 for r in need):
-            found.append((e.priority, e.unsaved_runtime_s > 0, -a.admitted_at, e.job_id))
+            found.append((e.priority, ckpt_first and e.unsaved_runtime_s > 0, -a.admitted_at, e.job_id))
     found.sort()
     return tuple(job_id for _p, _u, _t, job_id in found)

@@ -154,7 +154,8 @@ def _cheaper_soon(preemptor: Preemptor, chosen: Sequence[RunningJob], ordered: S
     decided again when the first leaves it (`protection_ends`). Issue 49: on Philly October such reclaims threw
     away days of 8-GPU runs for a 1-GPU lender while checkpointing borrowers were minutes from eligible."""
     since, window = preemptor.waiting_since, config.policy.protection_window_s
-    if (since is None or preemptor.reason != RECLAIM or preemptor.max_victim_priority is not None
+    if (not config.policy.loss_aware_reclaim or since is None or preemptor.reason != RECLAIM
+            or preemptor.max_victim_priority is not None
             or not any(exceeds_loss_bound(j, config, now) for j in chosen)):
         return False
     young = [j for j in ordered if rejected.get(j.job_id) == Why.JUST_STARTED

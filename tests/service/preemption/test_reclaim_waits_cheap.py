@@ -18,7 +18,8 @@ QUEUES = parse_queues({
     "cohorts": [{"name": "research"}],
     "queues": [{"name": "team-a", "cohort": "research", "quotas": {MODEL: {"nominal": 0}}},
                {"name": "team-b", "cohort": "research", "quotas": {MODEL: {"nominal": 16}}}],
-    "policy": {"protection_window_s": 600, "checkpoint_grace_s": 300, "max_victim_loss_s": 1800},
+    "policy": {"protection_window_s": 600, "checkpoint_grace_s": 300, "max_victim_loss_s": 1800,
+               "loss_aware_reclaim": True},
 })
 
 

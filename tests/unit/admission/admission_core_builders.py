@@ -34,12 +34,13 @@ def queue(name: str, quotas: dict[str, Any] | None = None, *, cohort: str | None
 
 
 def config(*queues: dict[str, Any], cohorts: tuple[str, ...] = ("research",),
-           flavors: dict[str, float] | None = None) -> QueuesConfig:
+           flavors: dict[str, float] | None = None, policy: dict[str, Any] | None = None) -> QueuesConfig:
     return parse_queues({
         "priority_classes": CLASSES,
         "cohorts": [{"name": c} for c in cohorts],
         "queues": list(queues),
         "gpu_flavors": {m: {"weight": w} for m, w in (flavors or {}).items()},
+        **({"policy": policy} if policy is not None else {}),
     })
 
 

@@ -14,10 +14,10 @@ def _checkpointing(spec: JobSpec) -> JobSpec:
     return spec.model_copy(update={"checkpoint": CheckpointSpec(supported=True, interval_s=1800)})
 
 
-def _state(reclaim: str = "LowerPriority", *extra: dict[str, Any]) -> AdmissionState:
+def _state(reclaim: str = "LowerPriority", *extra: dict[str, Any], loss_aware: bool = False) -> AdmissionState:
     """team-a (nominal 8, one job at a time) runs a 1-GPU job and has a 4-GPU job waiting for its turn."""
     s = AdmissionState(config(queue("team-a", {H100: 8}, max_running_jobs=1, reclaim=reclaim),
-                              queue("team-b", {H100: 0}), *extra))
+                              queue("team-b", {H100: 0}), *extra, policy={"loss_aware_reclaim": loss_aware}))
     submit(s, job("a-run", "team-a", 1), 0)
     submit(s, job("a-wait", "team-a", 4), 1)
     d = admission_cycle(s, 2.0)
@@ -47,8 +47,8 @@ def test_no_loan_the_lender_could_not_take_back_while_its_jobs_wait() -> None:
 def test_a_waiting_lender_lends_only_to_borrowers_that_give_back_cheaply() -> None:
     """Issue 49: a borrower team-a could take back, but only by throwing away its run (it cannot checkpoint and
     is predicted to run past the protection window, the earliest a reclaim can take it), is lent nothing while
-    team-a waits; one that checkpoints, or is predicted to end within the window, is."""
-    s = _state()
+    team-a waits; one that checkpoints, or is predicted to end within the window, is (`loss_aware_reclaim` on)."""
+    s = _state(loss_aware=True)
     submit(s, job("b-long", "team-b", 4, priority="low"), 10)  # no checkpoint, 24 h limit, no prediction
     d = admission_cycle(s, 11.0)
     assert not d.admitted
@@ -69,6 +69,14 @@ def test_a_waiting_lender_lends_only_to_borrowers_that_give_back_cheaply() -> No
     # a checkpointing one is lent (the queue's waiting job is still owed, so this is the rule, not idle quota)
     submit(s, _checkpointing(job("b-ckpt", "team-b", 4, priority="low")), 18)
     assert [a.job_id for a in admission_cycle(s, 19.0).admitted] == ["b-ckpt"]
+
+
+def test_without_loss_aware_reclaim_a_waiting_lender_lends_to_any_job_it_could_take_back() -> None:
+    # the default (policy.loss_aware_reclaim off): the borrower that cannot checkpoint is lent team-a's idle quota,
+    # as before issue 49 (team-a could take it back, at the cost of its run)
+    s = _state()
+    submit(s, job("b-long", "team-b", 4, priority="low"), 10)
+    assert [a.job_id for a in admission_cycle(s, 11.0).admitted] == ["b-long"]
 
 
 def test_with_no_lender_waiting_any_preemptible_job_borrows() -> None:

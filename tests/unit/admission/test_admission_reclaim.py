@@ -151,7 +151,8 @@ def test_reclaim_candidates_name_the_checkpointing_borrowers_first_within_a_prio
     """Issue 49: within a priority, the borrowers that checkpoint come first (a reclaim costs them their checkpoint
     write; the others lose their run), then the most recently admitted. This cycle's later requests are earmarked
     the rest, so the first request gets the cheap victims."""
-    s = AdmissionState(config(queue("team-a", {H100: 8}), queue("team-b", {H100: 4})))
+    s = AdmissionState(config(queue("team-a", {H100: 8}), queue("team-b", {H100: 4}),
+                              policy={"loss_aware_reclaim": True}))
     saving = CheckpointSpec(supported=True, interval_s=1800)
     for i in range(6):
         spec = job(f"b{i}", "team-b", 2, priority="low")

@@ -11,7 +11,7 @@ MODEL = "H100-80GB"
 
 
 def queues(window: int = 600, a_nominal: int = 8, b_nominal: int = 8, max_loss: int | None = None,
-           **queue_kw: object) -> QueuesConfig:
+           loss_aware: bool = False, **queue_kw: object) -> QueuesConfig:
     """Queues for the rules under test; the unsaved-work bound is off unless a test sets `max_loss`."""
     return parse_queues({
         "priority_classes": [
@@ -25,7 +25,8 @@ def queues(window: int = 600, a_nominal: int = 8, b_nominal: int = 8, max_loss: 
             {"name": "team-a", "cohort": "research", "quotas": {MODEL: {"nominal": a_nominal}}, **queue_kw},
             {"name": "team-b", "cohort": "research", "quotas": {MODEL: {"nominal": b_nominal}}, **queue_kw},
         ],
-        "policy": {"protection_window_s": window, "checkpoint_grace_s": 300, "max_victim_loss_s": max_loss},
+        "policy": {"protection_window_s": window, "checkpoint_grace_s": 300, "max_victim_loss_s": max_loss,
+                   "loss_aware_reclaim": loss_aware},
     })
 
 

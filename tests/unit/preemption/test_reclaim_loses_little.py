@@ -19,7 +19,7 @@ WINDOW = 600
 def borrowed(young_started: float) -> World:
     """team-a (nominal 0) borrows all 16 GPUs: `old`, 8 GPUs, cannot checkpoint, running 10 h; `young`, 8 GPUs,
     checkpoints, started at `young_started` (both with limits far ahead)."""
-    w = World(queues(window=WINDOW, a_nominal=0, b_nominal=16, max_loss=1800))
+    w = World(queues(window=WINDOW, a_nominal=0, b_nominal=16, max_loss=1800, loss_aware=True))
     w.run(spec("old", gpus=8, max_runtime_s=7 * 86_400), NOW - 36_000)
     w.run(spec("young", gpus=8, max_runtime_s=7 * 86_400, checkpoint=CheckpointSpec(supported=True, interval_s=1800)),
           young_started)
@@ -57,7 +57,7 @@ def test_the_lender_is_never_kept_past_its_deadline() -> None:
 def test_a_reclaim_takes_the_recently_checkpointed_borrower_over_a_newer_one_that_cannot() -> None:
     # both eligible and within the loss bound: `saved` started earlier but checkpointed a minute ago; `fresh`
     # started 1,000 s ago and cannot checkpoint. The least lost work wins over the most recently started
-    w = World(queues(window=WINDOW, a_nominal=0, b_nominal=16, max_loss=1800))
+    w = World(queues(window=WINDOW, a_nominal=0, b_nominal=16, max_loss=1800, loss_aware=True))
     w.run(spec("saved", gpus=8, max_runtime_s=7 * 86_400, checkpoint=CheckpointSpec(supported=True, interval_s=1800)),
           NOW - 20_000, last_checkpoint_at=NOW - 60)
     w.run(spec("fresh", gpus=8, max_runtime_s=7 * 86_400), NOW - 1_000)
