@@ -28,6 +28,12 @@ def is_non_gpu(key: str) -> bool:
     return key in NON_GPU or key.startswith(POOL)
 
 
+def is_whole_gpu(key: str) -> bool:
+    """Whether a quota key counts whole GPUs of a model (not a MIG slice or share `<model>:<profile>`, not a
+    resource beyond GPUs)."""
+    return ":" not in key and not is_non_gpu(key)
+
+
 def quota_key_problems(keys: Iterable[str]) -> list[str]:
     """What is wrong with a configuration's quota keys, one line each naming the key."""
     out = []

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from shared.domain import MILLI_GPU, JobSpec, PodSet
-from shared.quota_keys import CPU, MEMORY, PODS, POOL, POOL_LABEL, is_non_gpu
+from shared.quota_keys import CPU, MEMORY, PODS, POOL, POOL_LABEL, is_non_gpu, is_whole_gpu
 
 # (gpu model, quota resource, amount)
 GpuOption = tuple[str, str, int]
@@ -79,7 +79,7 @@ def non_gpu_usage(spec: JobSpec, quotas: Mapping[str, object]) -> dict[str, int]
 
 def gpu_capped(cap: Mapping[str, int], resource: str) -> bool:
     """Whether free physical capacity (`capacity`: GPUs per model, and slices where given) bounds a resource."""
-    return resource in cap or (":" not in resource and not is_non_gpu(resource))
+    return resource in cap or is_whole_gpu(resource)
 
 
 def base_model(resource: str) -> str:

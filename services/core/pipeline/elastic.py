@@ -54,6 +54,7 @@ from services.core.scheduler import (
     shrink_to,
 )
 from shared.domain import JobSpec
+from shared.quota_keys import is_whole_gpu
 
 from .pipeline import CURABLE, WaitingJob
 
@@ -75,8 +76,8 @@ class Resize:
 def share(state: AdmissionState, queue: str) -> float:
     """A queue's fair-share standing: the whole GPUs its admitted jobs hold over its nominal whole GPUs."""
     qq = state.book.queues.get(queue)
-    nominal = sum(n for r, n in qq.nominal.items() if ":" not in r) if qq is not None else 0
-    used = sum(n for r, n in state.usage(queue).items() if ":" not in r)
+    nominal = sum(n for r, n in qq.nominal.items() if is_whole_gpu(r)) if qq is not None else 0
+    used = sum(n for r, n in state.usage(queue).items() if is_whole_gpu(r))
     return used / nominal if nominal else float("inf")
 
 

@@ -204,3 +204,16 @@ def test_the_pods_above_the_floor_take_their_cpu_quota_too() -> None:
     # the 4 pods its CPU quota holds, and is charged their CPU
     assert loop.pods("e") == 4
     assert loop.adm.usage("team-a") == {MODEL: 4, "cpu_milli": 4000}
+
+
+def test_fair_share_counts_whole_gpus_only_when_the_queue_also_has_cpu_quota() -> None:
+    # growth's order reads the queue's standing in whole GPUs: a cpu_milli or pods quota (and its charge) is not a GPU
+    from services.core.admission import AdmissionState, admission_cycle
+    from services.core.pipeline.elastic import share
+    from tests.unit.admission.admission_core_builders import H100, config, queue, submit
+    from tests.unit.admission.admission_core_builders import job as admission_job
+
+    s = AdmissionState(config(queue("team-a", {H100: 8, "cpu_milli": 16_000, "pods": 10})))
+    submit(s, admission_job("a", "team-a", 2))
+    assert [a.job_id for a in admission_cycle(s, 1.0).admitted] == ["a"]
+    assert share(s, "team-a") == 2 / 8
