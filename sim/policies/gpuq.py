@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from services.core.pipeline import Preempted, PreemptionStage, RunningInfo, ServiceAsks, VictimChooser
+from services.core.pipeline.elastic import SHRINK
 from shared.config import QueuesConfig, placement_strategies
 from shared.domain import JobSpec
 from sim.elastic import ELASTIC, as_elastic, sizes
@@ -214,7 +215,7 @@ class GpuqPolicy:
         # a request that found only protected borrowers (or a cooling-down preemptor) is decided again then
         wake = out.wake_at
         # pods above a floor given back for a job waiting for admission: it is admitted now, as after a preemption
-        gave_back = any(r.reason == "Shrink" and r.for_job is None for r in out.resizes)
+        gave_back = any(r.reason == SHRINK and r.for_job is None for r in out.resizes)
         if victims or gave_back:
             # the victims' GPUs are free in this instant (the checkpoint is folded into it): admit and place
             # their preemptors now, as the services do when JobPreempted arrives
