@@ -87,20 +87,23 @@ class IdleReclaimer:
     def configure(self, config: QueuesConfig) -> None:
         if self.watch is None:
             self.watch = IdleWatch(config)
-            for job_id, doc in self._loaded:
-                self.watch.load_clock(job_id, doc)
         else:
             self.watch.configure(config)
-        self._loaded = []
+        self._apply_loaded()
 
     async def load(self, conn: asyncpg.Connection) -> None:
         """The clocks stored before a restart (kept until a configuration makes the watch, if none is yet)."""
         self._loaded = [(r["job_id"], json.loads(r["doc"]))
                         for r in await conn.fetch("SELECT job_id, doc FROM telemetry.idle_clocks ORDER BY job_id")]
-        if self.watch is not None:
-            for job_id, doc in self._loaded:
-                self.watch.load_clock(job_id, doc)
-            self._loaded = []
+        self._apply_loaded()
+
+    def _apply_loaded(self) -> None:
+        """Hand the loaded clocks to the watch, once there is one."""
+        if self.watch is None:
+            return
+        for job_id, doc in self._loaded:
+            self.watch.load_clock(job_id, doc)
+        self._loaded = []
 
     def changes(self) -> list[tuple[str, dict[str, Any] | None]]:
         """The clocks changed since the last call, as they are now (None: gone); the caller holds the state's lock
