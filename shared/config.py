@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from shared.domain import NAME_RE, JobKind, MigLayout, NodeSpec, Precision, Taint, unset
 from shared.interactive import NO_CLASS_POLICY, NOTEBOOK_DEFAULT, Budget, JobClassPolicy, UserLimits
-from shared.quota_keys import is_non_gpu, quota_key_problems
+from shared.quota_keys import POOL, is_non_gpu, quota_key_problems
 
 
 class ConfigError(ValueError):
@@ -482,6 +482,32 @@ class Provisioning(_Strict):
     backoff_s: float = Field(default=60.0, ge=0)
 
 
+class PoolStep(StrEnum):
+    """What admission does with a node pool of a queue's `pools` order (Kueue's FlavorFungibility): take it
+    (`Borrow`: fitting by borrowing; `Preempt`: fitting once others are preempted) or look at the next pool first
+    (`TryNextPool`)."""
+
+    BORROW = "Borrow"
+    PREEMPT = "Preempt"
+    TRY_NEXT_POOL = "TryNextPool"
+
+
+class PoolFungibility(_Strict):
+    """How admission walks a queue's `pools` (docs/admission.md, "Node pools as flavors"). By default it prefers a
+    pool that fits without borrowing to one that fits by borrowing, and either to preempting."""
+
+    when_can_borrow: PoolStep = PoolStep.TRY_NEXT_POOL
+    when_can_preempt: PoolStep = PoolStep.TRY_NEXT_POOL
+
+    @model_validator(mode="after")
+    def _steps(self) -> PoolFungibility:
+        if self.when_can_borrow is PoolStep.PREEMPT:
+            raise ValueError("when_can_borrow is Borrow or TryNextPool, not Preempt")
+        if self.when_can_preempt is PoolStep.BORROW:
+            raise ValueError("when_can_preempt is Preempt or TryNextPool, not Borrow")
+        return self
+
+
 class QueueConfig(_Strict):
     name: str
     cohort: str | None = None
@@ -502,6 +528,10 @@ class QueueConfig(_Strict):
     spot_for_preemptible: bool | None = Field(default=None, exclude_if=unset)
     # The node order for this queue's jobs; null = the scheduler's own (binpack unless started otherwise).
     placement_strategy: PlacementStrategy | None = Field(default=None, exclude_if=unset)
+    # Node pools (the nodes' `pool` label) admission chooses among, in this order, for a job that selects none; the
+    # job is charged that pool's `pool/<name>` quota and placed on its nodes. Unset: admission chooses no pool.
+    pools: tuple[str, ...] | None = Field(default=None, exclude_if=unset)
+    pool_fungibility: PoolFungibility | None = Field(default=None, exclude_if=unset)  # unset: the defaults
 
     @field_validator("name")
     @classmethod
@@ -509,6 +539,29 @@ class QueueConfig(_Strict):
         if not NAME_RE.match(v):
             raise ValueError(f"{v!r} is not a valid name (lower-case letters, digits, '.', '_', '-')")
         return v
+
+    @field_validator("pools")
+    @classmethod
+    def _pools(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if v is None:
+            return v
+        if not v:
+            raise ValueError("pools: list at least one node pool, or leave pools out")
+        problems = [f"pools: {name!r} is no value of the nodes' `pool` label (letters, digits, '-', '_', '.'; "
+                    "at most 63)" for name in v if quota_key_problems([POOL + name])]
+        dup = sorted({name for name in v if v.count(name) > 1})
+        if dup:
+            problems.append(f"pools: {', '.join(dup)} listed twice")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return v
+
+    @model_validator(mode="after")
+    def _fungibility_needs_pools(self) -> QueueConfig:
+        if self.pool_fungibility is not None and self.pools is None:
+            raise ValueError(f"queue {self.name}: pool_fungibility is set but pools is not (the node pools "
+                             "admission chooses among, in order)")
+        return self
 
     @field_validator("quotas")
     @classmethod

@@ -36,6 +36,7 @@ from services.core.admission.lending import LendingGuard
 from services.core.admission.model import AdmissionDecision, AdmittedWorkload, Reason
 from services.core.admission.quota import QueueQuota
 from services.core.admission.reclaim_requests import PreemptionAsks
+from services.core.admission.resources import with_pool
 from services.core.admission.reuse import ScopeReuse
 from services.core.admission.state import AdmissionState, Entry
 from services.core.admission.statuses import PendingStatuses
@@ -281,8 +282,8 @@ class _Cycle:
                                  f"queue {q} runs {running}/{qq.max_running} jobs (max_running_jobs)")
                 return
             # memo key: the request, and whether the job may borrow (negative when it may not: `fit_key`)
-            result = memo.get(e.sid if e.preemptible and (limit is None or e.unsaved_runtime_s <= limit)
-                              else fit_key(e, limit))
+            result = None if e.pools else memo.get(e.sid if e.preemptible and (
+                limit is None or e.unsaved_runtime_s <= limit) else fit_key(e, limit))
             if result is None or result.version != version:
                 result = fits.evaluate(qq, e)
             if type(result) is Fit:
@@ -337,8 +338,10 @@ class _Cycle:
     def _admit(self, qq: QueueQuota, e: Entry, fit: Fit) -> None:
         flavors = {name: opt[0] for name, opt in zip(e.gpu_pod_sets, fit.choice[:len(e.gpu_pod_sets)], strict=True)}
         w = e.workload
-        a = AdmittedWorkload(spec=w.spec, submitted_at=w.submitted_at, admitted_at=self.now,
-                             flavors=flavors, usage=dict(fit.usage), borrowing=fit.borrowing)
+        pool = self.fits.chosen_pool.pop(e.job_id, None) if e.pools else None  # docs/admission.md, node pools
+        a = AdmittedWorkload(spec=w.spec if pool is None else with_pool(w.spec, pool), submitted_at=w.submitted_at,
+                             admitted_at=self.now, flavors=flavors, usage=dict(fit.usage), borrowing=fit.borrowing,
+                             pool=pool)
         self.state.admit_entry(e, a)
         self.admitted_queues.add(qq.name)
         self.scope_admitted.add(qq.scope)

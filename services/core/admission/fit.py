@@ -12,7 +12,7 @@ from services.core.admission.model import Reason
 from services.core.admission.quota import QueueQuota
 from services.core.admission.resources import GpuOption, PodSetDemand, Signature, gpu_capped
 from services.core.admission.state import AdmissionState, Entry
-from shared.config import FairSharingStrategy
+from shared.config import FairSharingStrategy, PoolFungibility, PoolStep
 
 # Why a job may not borrow, and the fit memo's key for it (`fit_key`): the memoised verdict's message says why.
 NO_CHECKPOINT = "no-checkpoint"  # it cannot checkpoint and may run longer than the queue lets such jobs borrow
@@ -21,14 +21,23 @@ KEY_SPAN = 1 << 40  # above any request id (`Entry.sid`): the key's quotient say
 NO_LOAN = {-1: NO_CHECKPOINT, -2: NOT_PREEMPTIBLE}
 
 
-def fit_key(e: Entry, limit: int | None) -> int:
+def fit_key(e: Entry, limit: int | None, sid: int | None = None) -> int:
     """The fit memo's key of `e`: its request (`sid`) when it may borrow, else negative, one range per reason it
-    may not (`NO_LOAN`), so that jobs of one request but different reasons never share a verdict."""
+    may not (`NO_LOAN`), so that jobs of one request but different reasons never share a verdict. `sid`: the request
+    on one of its node pools (`Entry.pools`) instead of its own."""
+    if sid is None:
+        sid = e.sid
     if not e.preemptible:
-        return -2 * KEY_SPAN + e.sid
+        return -2 * KEY_SPAN + sid
     if limit is not None and e.unsaved_runtime_s > limit:
-        return -KEY_SPAN + e.sid
-    return e.sid
+        return -KEY_SPAN + sid
+    return sid
+
+
+def could_preempt(result: NoFit) -> bool:
+    """Whether preempting others could make room for the job where it failed: a reclaim of borrowed quota, its own
+    queue's jobs, or (fair sharing) a borrower of lower share."""
+    return result.need is not None or result.own is not None or result.borrow is not None
 
 
 class Fit:
@@ -88,6 +97,8 @@ class FitChecker:
         self.version = 0  # admissions so far
         self.scope_version: dict[str, int] = {}
         self.memo: dict[str, dict[int, Fit | NoFit]] = {}  # queue -> sid -> result (with its version)
+        # job -> the node pool its last evaluation chose (only jobs whose queue lists `pools`: Entry.pools)
+        self.chosen_pool: dict[str, str] = {}
 
     def charge(self, qq: QueueQuota, usage: Mapping[str, int]) -> None:
         """An admission in `qq` took `usage`: less free capacity, and every memoised check it could change retires."""
@@ -102,19 +113,64 @@ class FitChecker:
     def version_of(self, qq: QueueQuota) -> int:
         return self.version if self.cap_left is not None else self.scope_version.get(qq.scope, 0)
 
-    def evaluate(self, qq: QueueQuota, e: Entry) -> Fit | NoFit:
+    def evaluate(self, qq: QueueQuota, e: Entry, sid: int | None = None, sig: Signature | None = None
+                 ) -> Fit | NoFit:
+        """Whether `e` fits now (its request `sig`/`sid` on one node pool when given). A job whose queue lists node
+        pools and that selects none is judged on each pool (`choose_pool`)."""
+        if sig is None and e.pools:
+            return self.choose_pool(qq, e)
         memo = self.memo.get(qq.name)
         if memo is None:
             memo = self.memo[qq.name] = {}
-        key = fit_key(e, qq.unsafe_borrow_limit)
+        key = fit_key(e, qq.unsafe_borrow_limit, sid)
         hit = memo.get(key)
         version = self.version_of(qq)
         if hit is not None and hit.version == version:
             return hit
-        result = self.assign(qq, e.sig, NO_LOAN.get(key // KEY_SPAN) if key < 0 else None)
+        result = self.assign(qq, e.sig if sig is None else sig, NO_LOAN.get(key // KEY_SPAN) if key < 0 else None)
         result.version = version
         memo[key] = result
         return result
+
+    def choose_pool(self, qq: QueueQuota, e: Entry) -> Fit | NoFit:
+        """Node pools as flavors (docs/admission.md): the queue's `pools` in order, Kueue's flavor fungibility.
+        A pool that fits without borrowing is taken; one that fits by borrowing is taken at once under
+        `when_can_borrow: Borrow`, else only when no later pool fits without; a pool where preempting others could
+        make room is waited on at once under `when_can_preempt: Preempt` (unless a pool fitting by borrowing came
+        first), else only when no pool fits. Records the pool (`chosen_pool`); a waiting job's message names it."""
+        policy = qq.config.pool_fungibility or PoolFungibility()
+        borrow_now = policy.when_can_borrow is PoolStep.BORROW
+        preempt_now = policy.when_can_preempt is PoolStep.PREEMPT
+        borrowing: tuple[str, Fit] | None = None
+        preempting: tuple[str, NoFit] | None = None
+        failed: tuple[str, NoFit] | None = None
+        chosen: tuple[str, Fit | NoFit] | None = None
+        for pool, sig, sid in e.pools:
+            result = self.evaluate(qq, e, sid, sig)
+            if isinstance(result, Fit):
+                if not result.borrowing or borrow_now:
+                    chosen = pool, result
+                    break
+                borrowing = borrowing or (pool, result)
+                continue
+            if could_preempt(result):
+                if preempt_now and borrowing is None:
+                    chosen = pool, result
+                    break
+                preempting = preempting or (pool, result)
+            failed = failed or (pool, result)
+        chosen = chosen or borrowing or preempting or failed
+        assert chosen is not None  # e.pools is not empty
+        pool, result = chosen
+        self.chosen_pool[e.job_id] = pool
+        if isinstance(result, Fit):
+            return result
+        # the memoised verdict is shared with jobs judged on other pools (or none): this job's message names its own
+        out = NoFit(result.reason, Then(result.message, f"on node pool {pool} (queue {qq.name} tries pools "
+                                                         f"{', '.join(p for p, _s, _i in e.pools)} in that order)"),
+                    result.need, result.own, result.borrow)
+        out.version = result.version
+        return out
 
     def assign(self, qq: QueueQuota, sig: Signature, no_loan: str | None = None) -> Fit | NoFit:
         """Flavor assignment: per pod set, the first option that fits without borrowing, else the first that

@@ -60,6 +60,8 @@ class AdmittedWorkload:
     flavors: dict[str, str]  # pod set name -> gpu model (pod sets that ask for no GPU are absent)
     usage: dict[str, int]  # quota resource -> amount reserved: GPUs of "<model>", or slices of "<model>:<profile>"
     borrowing: bool
+    # the node pool admission chose from its queue's `pools` (`spec` then selects it); None: it chose none
+    pool: str | None = None
 
     @property
     def job_id(self) -> str:

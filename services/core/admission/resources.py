@@ -139,3 +139,26 @@ def pod_set_options(demand: PodSetDemand, quotas: Mapping[str, object],
         elif m in quotas:
             out.append((m, m, amount))
     return tuple(out)
+
+
+def pins_pool(spec: JobSpec) -> bool:
+    """Whether the job chooses its node pool itself: one of its pod sets selects the nodes' `pool` label."""
+    return any(POOL_LABEL in ps.selector for ps in spec.pod_sets)
+
+
+def with_pool(spec: JobSpec, pool: str) -> JobSpec:
+    """The job as admitted on node pool `pool` (docs/admission.md, "Node pools as flavors"): each pod set selects
+    nodes labelled `pool: <pool>`, so its GPUs are charged to `pool/<pool>` and the scheduler places it there."""
+    return spec.model_copy(update={"pod_sets": tuple(
+        ps if POOL_LABEL in ps.selector else ps.model_copy(update={"node_selector": {**ps.node_selector,
+                                                                                  POOL_LABEL: pool}})
+        for ps in spec.pod_sets)})
+
+
+def pool_signatures(spec: JobSpec, pools: tuple[str, ...] | None,
+                    non_gpu: tuple[str, ...]) -> tuple[tuple[str, Signature], ...]:
+    """The node pools admission may choose for a job, in its queue's order, each with the job's signature on it;
+    () when the queue lists no pools or the job selects one itself."""
+    if not pools or pins_pool(spec):
+        return ()
+    return tuple((pool, request_signature(with_pool(spec, pool), non_gpu)) for pool in pools)

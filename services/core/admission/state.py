@@ -31,6 +31,7 @@ from services.core.admission.resources import (
     PodSetDemand,
     Signature,
     gpu_pod_set_names,
+    pool_signatures,
     request_signature,
 )
 from services.core.admission.starvation import StarvationWatch, under_guarantee
@@ -42,8 +43,8 @@ class Entry:
     """Internal record of one job (pending or admitted). Mutable and slotted because the cycle touches every
     pending job every cycle; never handed out."""
 
-    __slots__ = ("admitted", "base_at", "gpu_pod_sets", "job_id", "message", "order", "preemptible", "priority",
-                 "queue", "reason", "sid", "sig", "unsaved_runtime_s", "verdict", "workload")
+    __slots__ = ("admitted", "base_at", "gpu_pod_sets", "job_id", "message", "order", "pools", "preemptible",
+                 "priority", "queue", "reason", "sid", "sig", "unsaved_runtime_s", "verdict", "workload")
 
     def __init__(self, workload: Workload, priority: int, preemptible: bool, order_at: float | None = None,
                  non_gpu: tuple[str, ...] = ()):
@@ -61,6 +62,8 @@ class Entry:
         self.base_at = self.order[1]  # the order time before aging (ordering.aged_order_time)
         self.sig: Signature = request_signature(spec, non_gpu)  # non_gpu: its queue's (quota.py QueueQuota)
         self.sid = 0  # small int standing for `sig` (cheap memo keys); set by AdmissionState
+        # the node pools admission may choose, in its queue's order: (pool, signature on it, its sid); () = none
+        self.pools: tuple[tuple[str, Signature, int], ...] = ()
         self.gpu_pod_sets = gpu_pod_set_names(spec)
         # the work a reclaim could throw away, bounded by the job's limit: 0 when it can checkpoint
         self.unsaved_runtime_s = 0 if spec.checkpoint.supported else spec.max_runtime_s
@@ -86,6 +89,7 @@ class Entry:
         self.preemptible = preemptible(config, self.workload.spec)
         qq = book.queues.get(self.queue)
         self.sig = request_signature(self.workload.spec, qq.non_gpu if qq is not None else ())
+        self.pools = ()  # AdmissionState.set_config sets them again (pool_choices)
         if self.admitted is not None:
             book.add(self.queue, self.admitted.usage)
             if self.queue not in book.queues:
@@ -346,6 +350,7 @@ class AdmissionState:
         messages = [m for m in changed if m is not None]
         for e in self._entries.values():  # its queue's non-GPU quota keys may have changed its request
             e.sid = self._sig_ids.setdefault(e.sig, len(self._sig_ids))
+            self.pool_choices(e)
         messages.extend(over_quota_messages(self._book))
         # aging restarts from the un-aged order times under the new policy (the next cycle ages them again)
         for j in sorted(self._aging):
@@ -471,6 +476,7 @@ class AdmissionState:
             order_at = order_time(w.submitted_at, w.predicted_gpu_s, nominal, w.spec.total_gpus)
         e = Entry(w, value, may_be_preempted, order_at, qq.non_gpu if qq is not None else ())
         e.sid = self._sig_ids.setdefault(e.sig, len(self._sig_ids))
+        self.pool_choices(e)
         return e
 
     def _add_pending(self, w: Workload, *, requeued: bool = False) -> None:
@@ -513,6 +519,16 @@ class AdmissionState:
         its sealed reasons no longer hold."""
         self._touched.add(queue)
         self._memo.touch(self.scope_of(queue), queue)
+
+    def pool_choices(self, e: Entry) -> None:
+        """The node pools admission may choose for `e` (its queue's `pools`, when it selects none), with their
+        request ids (docs/admission.md, "Node pools as flavors")."""
+        qq = self._book.queues.get(e.queue)
+        if qq is None or not qq.config.pools:
+            e.pools = ()
+            return
+        e.pools = tuple((pool, sig, self._sig_ids.setdefault(sig, len(self._sig_ids)))
+                        for pool, sig in pool_signatures(e.workload.spec, qq.config.pools, qq.non_gpu))
 
     def options(self, qq: QueueQuota, demand: PodSetDemand) -> tuple[GpuOption, ...]:
         """The flavor options of one pod set in `qq` (admissibility.py `flavor_options`, memoised)."""
