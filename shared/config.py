@@ -532,6 +532,8 @@ class QueueConfig(_Strict):
     # job is charged that pool's `pool/<name>` quota and placed on its nodes. Unset: admission chooses no pool.
     pools: tuple[str, ...] | None = Field(default=None, exclude_if=unset)
     pool_fungibility: PoolFungibility | None = Field(default=None, exclude_if=unset)  # unset: the defaults
+    # Those of `pools` that are spot capacity: chosen only for the queue's preemptible jobs (never for the others).
+    spot_pools: tuple[str, ...] | None = Field(default=None, exclude_if=unset)
 
     @field_validator("name")
     @classmethod
@@ -558,9 +560,18 @@ class QueueConfig(_Strict):
 
     @model_validator(mode="after")
     def _fungibility_needs_pools(self) -> QueueConfig:
-        if self.pool_fungibility is not None and self.pools is None:
-            raise ValueError(f"queue {self.name}: pool_fungibility is set but pools is not (the node pools "
-                             "admission chooses among, in order)")
+        for field in ("pool_fungibility", "spot_pools"):
+            if getattr(self, field) is not None and self.pools is None:
+                raise ValueError(f"queue {self.name}: {field} is set but pools is not (the node pools admission "
+                                 "chooses among, in order)")
+        if self.spot_pools is not None and self.pools is not None:
+            unknown = sorted(set(self.spot_pools) - set(self.pools))
+            if unknown:
+                raise ValueError(f"queue {self.name}: spot_pools {', '.join(unknown)} not in its pools "
+                                 f"({', '.join(self.pools)})")
+            if set(self.pools) <= set(self.spot_pools):
+                raise ValueError(f"queue {self.name}: every pool is a spot pool, so its jobs that are not "
+                                 "preemptible could never be given one; list an on-demand pool too")
         return self
 
     @field_validator("quotas")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 from bisect import insort
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from types import MappingProxyType
 
 from services.core.admission.admissibility import (
@@ -31,12 +32,15 @@ from services.core.admission.resources import (
     PodSetDemand,
     Signature,
     gpu_pod_set_names,
+    pins_pool,
     pool_signatures,
     request_signature,
+    with_pool,
 )
 from services.core.admission.starvation import StarvationWatch, under_guarantee
 from shared.config import QueuesConfig
 from shared.domain import JobSpec
+from shared.quota_keys import POOL
 
 
 class Entry:
@@ -335,6 +339,7 @@ class AdmissionState:
     def restore_admitted(self, a: AdmittedWorkload) -> None:
         """Rebuild after a restart: record a job admitted earlier (from the store) without a cycle."""
         self.finish(a.spec.job_id)
+        a = self._with_its_pool(a)
         e = self._new_entry(Workload(a.spec, a.submitted_at))
         self._entries[e.job_id] = e
         self._mark_admitted(e, a)
@@ -520,6 +525,17 @@ class AdmissionState:
         self._touched.add(queue)
         self._memo.touch(self.scope_of(queue), queue)
 
+    def _with_its_pool(self, a: AdmittedWorkload) -> AdmittedWorkload:
+        """A restored admission whose store kept the spec as submitted: the node pool admission chose is the one of
+        its queue's `pools` it was charged (`pool/<name>` in its usage), and its spec selects it again."""
+        qq = self._book.queues.get(a.spec.queue)
+        if a.pool is not None or qq is None or not qq.config.pools or pins_pool(a.spec):
+            return a
+        charged = [p for p in qq.config.pools if POOL + p in a.usage]
+        if len(charged) != 1:
+            return a
+        return replace(a, spec=with_pool(a.spec, charged[0]), pool=charged[0])
+
     def pool_choices(self, e: Entry) -> None:
         """The node pools admission may choose for `e` (its queue's `pools`, when it selects none), with their
         request ids (docs/admission.md, "Node pools as flavors")."""
@@ -527,8 +543,10 @@ class AdmissionState:
         if qq is None or not qq.config.pools:
             e.pools = ()
             return
+        spot = () if e.preemptible else qq.config.spot_pools or ()  # spot pools: preemptible jobs only
         e.pools = tuple((pool, sig, self._sig_ids.setdefault(sig, len(self._sig_ids)))
-                        for pool, sig in pool_signatures(e.workload.spec, qq.config.pools, qq.non_gpu))
+                        for pool, sig in pool_signatures(e.workload.spec, qq.config.pools, qq.non_gpu)
+                        if pool not in spot)
 
     def options(self, qq: QueueQuota, demand: PodSetDemand) -> tuple[GpuOption, ...]:
         """The flavor options of one pod set in `qq` (admissibility.py `flavor_options`, memoised)."""

@@ -4,6 +4,7 @@ as `pool_fungibility` says); it is charged that pool's `pool/<name>` quota and p
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -160,6 +161,9 @@ def test_the_scheduler_places_the_job_only_on_its_pools_nodes() -> None:
     ({"pools": ["a"], "pool_fungibility": {"when_can_borrow": "Preempt"}}, "when_can_borrow is Borrow or"),
     ({"pools": ["a"], "pool_fungibility": {"when_can_preempt": "Borrow"}}, "when_can_preempt is Preempt or"),
     ({"pools": ["a"], "pool_fungibility": {"when_can_borow": "Borrow"}}, "when_can_borow"),
+    ({"spot_pools": ["a"]}, "spot_pools is set but pools is not"),
+    ({"pools": ["a", "b"], "spot_pools": ["c"]}, "spot_pools c not in its pools"),
+    ({"pools": ["a"], "spot_pools": ["a"]}, "every pool is a spot pool"),
 ])
 def test_pools_configuration_is_checked(fields: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError, match=message.replace("(", r"\(")):
@@ -184,3 +188,33 @@ def test_a_pool_without_a_quota_key_is_bounded_by_the_gpu_quota_alone() -> None:
     assert all(a.spec.pod_sets[0].selector == {"pool": "a"} for a in d.admitted)
     for j in ("j3", "j4"):  # the same verdict, each naming the pool it waits on
         assert d.pending[j].reason == Reason.WAITING_FOR_QUOTA and "on node pool a (queue" in d.pending[j].message
+
+
+def test_an_admission_restored_from_a_store_that_kept_the_submitted_spec_selects_its_pool_again() -> None:
+    # the admission service's row keeps the spec as submitted (a requeue starts from it, free to choose again)
+    s = AdmissionState(config(pooled(queue("team-a", {H100: 16, PA: 4, PB: 8}, cohort=None)), cohorts=()))
+    submit(s, gpu_job("j0", "team-a", 4), 0)
+    submit(s, gpu_job("j1", "team-a", 4), 1)
+    d = admission_cycle(s, 10.0)
+    s2 = AdmissionState(s.config)
+    for a in d.admitted:
+        s2.restore_admitted(replace(a, spec=gpu_job(a.job_id, "team-a", 4), pool=None))
+    assert {j: (a.pool, a.spec.pod_sets[0].selector) for j, a in s2.admitted.items()} == {
+        "j0": ("a", {"pool": "a"}), "j1": ("b", {"pool": "b"})}
+    assert s2.usage("team-a") == {H100: 8, PA: 4, PB: 4}
+
+
+def test_a_spot_pool_is_chosen_for_preemptible_jobs_only() -> None:
+    s = AdmissionState(config(queue("team-a", {H100: 16, "pool/on-demand": 4, "pool/spot": 8}, cohort=None)
+                              | {"pools": ["on-demand", "spot"], "spot_pools": ["spot"]}, cohorts=()))
+    submit(s, gpu_job("p0", "team-a", 4, priority="production"), 0)  # never preempted: never on spot
+    submit(s, gpu_job("p1", "team-a", 4, priority="production"), 1)
+    submit(s, gpu_job("n0", "team-a", 4), 2)  # normal: preemptible
+    d = admission_cycle(s, 10.0)
+    assert {a.job_id: a.pool for a in d.admitted} == {"p0": "on-demand", "n0": "spot"}
+    st = d.pending["p1"]  # spot has room, but not for it
+    assert st.reason == Reason.WAITING_FOR_QUOTA
+    assert "on node pool on-demand (queue team-a tries pools on-demand in that order)" in st.message
+    s.finish("p0")
+    [a] = admission_cycle(s, 20.0).admitted
+    assert (a.job_id, a.pool) == ("p1", "on-demand")
