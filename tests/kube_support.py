@@ -205,8 +205,11 @@ def workload_condition(plural: str) -> dict[str, str]:
                                                       f"{GPUQ_KEYS} || {ASKS_FOR_GPUS}))"}
 
 
-# A pod is sent when it asks for an nvidia.com/ resource (the pod rules judge nothing else).
-POD_CONDITION = {"name": "asks-for-gpus", "expression": f"{OBJECTS}.exists(t, {ASKS_FOR_GPUS})"}
+# A pod is sent for validation when it asks for an nvidia.com/ resource or carries a gpuq.io/ key (a plain pod's
+# queue, gate and gpuq's keys), and for mutation when it is created labelled gpuq.io/queue (a plain pod to hold).
+POD_CONDITION = {"name": "gpu-or-gpuq-keys", "expression": f"{OBJECTS}.exists(t, {ASKS_FOR_GPUS} || {GPUQ_KEYS})"}
+POD_MUTATE_CONDITION = {"name": "queue-label", "expression": "has(object.metadata) && has(object.metadata.labels) "
+                                                            "&& 'gpuq.io/queue' in object.metadata.labels"}
 
 
 def webhook_entry(name: str, url: str, path: str, namespaces: list[str], operations: list[str],
@@ -233,7 +236,10 @@ def webhook_configurations(name: str, url: str, namespaces: list[str]) -> tuple[
     pods = [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}]
     mutating = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
                 "metadata": {"name": name},
-                "webhooks": [{**hook, "reinvocationPolicy": "Never"} for hook in workloads("/mutate", ["CREATE"])]}
+                "webhooks": [{**hook, "reinvocationPolicy": "Never"} for hook in [
+                    *workloads("/mutate", ["CREATE"]),
+                    webhook_entry("pods.webhook.gpuq.io", url, "/mutate", namespaces, ["CREATE"], pods,
+                                  POD_MUTATE_CONDITION)]]}
     validating = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
                   "metadata": {"name": name}, "webhooks": [
                       *workloads("/validate", ["CREATE", "UPDATE"]),

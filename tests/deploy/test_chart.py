@@ -55,7 +55,7 @@ EXECUTOR_CLUSTER_RULES = {
 }
 # What it changes, only in the namespaces gpuq manages (a RoleBinding in each).
 EXECUTOR_NAMESPACED_RULES = {
-    ("", "pods"): {"patch"},
+    ("", "pods"): {"get", "patch", "delete"},
     ("", "events"): {"create"},
     ("batch", "jobs"): {"get", "patch", "create"},
     ("jobset.x-k8s.io", "jobsets"): {"get", "patch", "create"},

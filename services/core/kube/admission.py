@@ -32,6 +32,7 @@ from typing import Any
 
 from services.core.kube import names as n
 from services.core.kube.kinds import all_kinds, kind_of
+from services.core.kube.kinds import pod as kpod
 from services.core.kube.policy import workload_violation
 from services.core.kube.quantity import count
 from services.core.kube.workload import Obj, WorkloadKind
@@ -45,11 +46,16 @@ USER_ANNOTATIONS = frozenset({
     n.TOPOLOGY_REQUIRED_ANNOTATION, n.TOPOLOGY_PREFERRED_ANNOTATION, n.GPU_MODELS_ANNOTATION, n.DATASETS_ANNOTATION,
     n.KIND_ANNOTATION, n.PREEMPTIBLE_ANNOTATION, n.RETRY_BACKOFF_LIMIT_ANNOTATION, n.RETRY_BACKOFF_S_ANNOTATION,
     n.RETRY_REASONS_ANNOTATION, n.GROUPS_ANNOTATION, n.REPLICAS_ANNOTATION})
+# A plain pod's author may also name its group and the group's size, and its SDK reports checkpoints on it.
+PLAIN_POD_LABELS = USER_LABELS | {n.POD_GROUP_LABEL}
+PLAIN_POD_ANNOTATIONS = USER_ANNOTATIONS | {n.POD_GROUP_TOTAL_ANNOTATION, n.LAST_CHECKPOINT_ANNOTATION,
+                                            n.LAST_CHECKPOINT_STEP_ANNOTATION}
 GPUQ_PREFIX = "gpuq.io/"
 HOW_TO_SUBMIT = ("create a batch/v1 Job, JobSet, PyTorchJob, TFJob, MPIJob or RayJob asking for the GPUs (suspend: "
                  "true, label gpuq.io/queue), a Kubeflow Notebook (annotated kubeflow-resource-stopped), a "
                  "LeaderWorkerSet (replicas: 0, annotation gpuq.io/groups) or a StatefulSet (replicas: 0, "
-                 "annotation gpuq.io/replicas); gpuq queues it and starts it when it is admitted")
+                 "annotation gpuq.io/replicas), or a Pod labelled gpuq.io/queue (no controller; pods labelled "
+                 "gpuq.io/pod-group run as one gang); gpuq queues it and starts it when it is admitted")
 
 
 @dataclass(frozen=True)
@@ -222,6 +228,8 @@ def _suspend_ops(kind: WorkloadKind, obj: Obj) -> list[dict[str, Any]]:
 
 
 def mutate(review: Review, policy: WebhookPolicy) -> Answer:
+    if review.api_version == "v1" and review.kind == "Pod":
+        return _mutate_pod(review, policy)
     kind = kind_of(review.api_version, review.kind)
     mapping = policy.queues.namespace_map.get(review.namespace)
     if (kind is None or mapping is None or review.operation != "CREATE" or review.user in policy.trusted_users
@@ -248,6 +256,23 @@ def mutate(review: Review, policy: WebhookPolicy) -> Answer:
     return Answer(True, patch=ops, warnings=tuple(warnings))
 
 
+def _mutate_pod(review: Review, policy: WebhookPolicy) -> Answer:
+    """A plain pod (labelled gpuq.io/queue, no controller: kinds/pod.py) is held by gpuq's scheduling gate and
+    stamped with its user of record. Any other pod is left as it is (a GPU pod without the gate is refused)."""
+    if (review.operation != "CREATE" or review.user in policy.trusted_users or not kpod.plain(review.obj)
+            or review.namespace not in policy.queues.namespace_map):
+        return ALLOW
+    work = copy.deepcopy(review.obj)
+    ops: list[dict[str, Any]] = []
+    if not kpod.gated(review.obj):
+        gates = [*((review.obj.get("spec") or {}).get("schedulingGates") or []), {"name": n.PLACEMENT_GATE}]
+        ops += _set(work, ("spec", "schedulingGates"), gates)
+    if n.USER_ANNOTATION not in _annotations(review.obj):  # an author's own value is refused by validation
+        ops += _set(work, ("metadata", "annotations", n.USER_ANNOTATION), review.user)
+    return Answer(True, patch=ops, warnings=("gpuq holds this pod (scheduling gate gpuq.io/placement) until it "
+                                             "admits and places it",) if ops else ())
+
+
 # ----------------------------------------------------------------------------- validation
 
 
@@ -256,19 +281,20 @@ def validate(review: Review, policy: WebhookPolicy) -> Answer:
     if mapping is None or review.user in policy.trusted_users or review.operation not in ("CREATE", "UPDATE"):
         return ALLOW
     if review.api_version == "v1" and review.kind == "Pod":
-        return _validate_pod(review, mapping)
+        return _validate_pod(review, mapping, policy)
     kind = kind_of(review.api_version, review.kind)
     if kind is None:
         return ALLOW
     return _validate_workload(review, kind, mapping, policy)
 
 
-def _reserved_changes(review: Review) -> list[str]:
+def _reserved_changes(review: Review, user_labels: frozenset[str] = USER_LABELS,
+                      user_annotations: frozenset[str] = USER_ANNOTATIONS) -> list[str]:
     """gpuq's own keys the request sets, changes or removes (on CREATE, `gpuq.io/user` may only be the requester
     itself: the mutating webhook wrote it)."""
     new, old = review.obj, review.old or {}
     found = []
-    for what, getter, allowed in (("label", _labels, USER_LABELS), ("annotation", _annotations, USER_ANNOTATIONS)):
+    for what, getter, allowed in (("label", _labels, user_labels), ("annotation", _annotations, user_annotations)):
         now, before = getter(new), getter(old)
         for key in sorted({*now, *before}):
             if not key.startswith(GPUQ_PREFIX) or key in allowed or now.get(key) == before.get(key):
@@ -326,7 +352,40 @@ def _validate_workload(review: Review, kind: WorkloadKind, mapping: NamespaceMap
     return ALLOW
 
 
-def _validate_pod(review: Review, mapping: NamespaceMapping) -> Answer:
+def _validate_plain_pod(review: Review, mapping: NamespaceMapping, policy: WebhookPolicy) -> Answer | None:
+    """A plain pod's rules (kinds/pod.py): a queue its namespace may use, gpuq's keys left to gpuq, held by the gate
+    when created, and the team's governance policy. None: not a plain pod (nor was it)."""
+    if not kpod.plain(review.obj) and not (review.old is not None and kpod.plain(review.old)):
+        return None
+    name = _meta(review.obj).get("name") or _meta(review.obj).get("generateName") or "?"
+    what = f"pod {review.namespace}/{name}"
+    reserved = _reserved_changes(review, PLAIN_POD_LABELS, PLAIN_POD_ANNOTATIONS)
+    if reserved:
+        return Answer.refuse(f"{what}: {', '.join(reserved)} may be written by gpuq only (user {review.user!r} "
+                             "may not set, change or remove them)")
+    queue = _labels(review.obj).get(n.QUEUE_LABEL)
+    if queue is not None and queue not in mapping.queues:
+        return Answer.refuse(f"{what}: queue {queue!r} is not open to namespace {review.namespace} (allowed: "
+                             f"{', '.join(mapping.queues)})")
+    if review.operation == "CREATE" and not kpod.gated(review.obj):
+        return Answer.refuse(f"{what} names a gpuq queue without gpuq's scheduling gate {n.PLACEMENT_GATE}: in "
+                             f"namespace {review.namespace} gpuq holds such pods until it places them")
+    if review.old is not None and kpod.gated(review.old) and not kpod.gated(review.obj):
+        return Answer.refuse(f"{what}: only gpuq removes its scheduling gate {n.PLACEMENT_GATE} (it does so on "
+                             "the node it placed the pod on)")
+    if review.operation == "CREATE":
+        violation = workload_violation(kpod.PLAIN_POD, review.obj, job_id=f"{review.namespace}.{name}",
+                                       team=mapping.team, queue=queue or mapping.queues[0],
+                                       policy=policy.queues.governance.for_team(mapping.team))
+        if violation is not None:
+            return Answer.refuse(f"{violation.reason} (rule: {violation.rule}): {violation.message}")
+    return ALLOW
+
+
+def _validate_pod(review: Review, mapping: NamespaceMapping, policy: WebhookPolicy) -> Answer:
+    plain = _validate_plain_pod(review, mapping, policy)
+    if plain is not None:
+        return plain
     spec = review.obj.get("spec") or {}
     if not asks_for_gpus(spec):
         return ALLOW

@@ -29,6 +29,10 @@ GROUPS_ANNOTATION = "gpuq.io/groups"
 # A StatefulSet held at 0 replicas: the pods to run when gpuq starts it (kinds/statefulset.py)
 REPLICAS_ANNOTATION = "gpuq.io/replicas"
 PREEMPTIBLE_ANNOTATION = "gpuq.io/preemptible"
+# Plain pods (kinds/pod.py): pods sharing this label in a namespace form one gang job of as many pods as the annotation
+# says, admitted once they all exist (Kueue's kueue.x-k8s.io/pod-group-name and pod-group-total-count).
+POD_GROUP_LABEL = "gpuq.io/pod-group"
+POD_GROUP_TOTAL_ANNOTATION = "gpuq.io/pod-group-total-count"
 # A workload's retry policy (JobSpec.retry): failures gpuq observes on a live workload are retried through
 # admission after a backoff. (A workload Kubernetes itself marks Failed is final: its own backoffLimit retried it.)
 RETRY_BACKOFF_LIMIT_ANNOTATION = "gpuq.io/retry-backoff-limit"

@@ -34,6 +34,7 @@ from services.executor.kube.leadership import Seat
 from services.executor.kube.nodes import NodeWatch
 from services.executor.kube.notices import Notices
 from services.executor.kube.outcomes import Outcomes
+from services.executor.kube.plainpods import PlainPodIntake
 from services.executor.kube.pods import PodWatch
 from services.executor.kube.provisioning import Capacity
 from services.executor.kube.records import bindings_of
@@ -90,6 +91,7 @@ class KubeExecutor:
         self.pods = PodWatch(api, self.cfg, self.seat, self.notices, self.outcomes, self.nodes)
         self.runner = Runner(api, self.notices, self.outcomes, self.config, self.scheduler_tables, nodes=self.nodes)
         self.intake = WorkloadIntake(api, settings, self.seat, self.notices, self.outcomes, self.config, self.runner)
+        self.plain_pods = PlainPodIntake(api, self.cfg, self.seat, self.notices, self.outcomes, self.intake)
         self.stops = Stops(api, self.notices, self.outcomes, self.pods)
         self.capacity = Capacity(api, self.cfg, self.seat, self.notices, self.config, self.nodes, settings.tick_s)
         self.interruptions = Interruptions(api, self.cfg, self.seat, self.notices, self.outcomes, self.pods,
@@ -179,7 +181,7 @@ class KubeExecutor:
             tasks.append(asyncio.create_task(self.nodes.informer.run(), name="kube-nodes"))
             await self.nodes.informer.synced.wait()
             tasks += [asyncio.create_task(i.run(), name=f"kube-{i.name}")
-                      for i in (self.pods.informer, *self.intake.informers)]
+                      for i in (self.pods.informer, *self.intake.informers, self.plain_pods.informer)]
             await asyncio.gather(*tasks)
         finally:
             for task in tasks:

@@ -13,7 +13,7 @@ from typing import Any
 
 from services.core.kube.kinds import kind_of
 from services.core.kube.names import STATUS_ANNOTATION
-from services.executor.kube.client import EVENT, KubeApi, workload_resource
+from services.executor.kube.client import EVENT, POD, KubeApi, workload_resource
 
 log = logging.getLogger("gpuq.executor.kube")
 COMPONENT = "gpuq"
@@ -53,10 +53,11 @@ class Notices:
 
     async def status(self, ref: dict[str, Any], text: str) -> None:
         kind = kind_of(ref["apiVersion"], ref["kind"])
-        if kind is None:
+        plain_pod = ref["apiVersion"] == "v1" and ref["kind"] == "Pod"  # a plain pod's job (kinds/pod.py)
+        if kind is None and not plain_pod:
             return
         try:
-            await self.api.patch(workload_resource(kind), ref["name"],
+            await self.api.patch(POD if kind is None else workload_resource(kind), ref["name"],
                                  {"metadata": {"annotations": {STATUS_ANNOTATION: text[:MAX_MESSAGE]}}},
                                  namespace=ref["namespace"])
         except Exception as exc:

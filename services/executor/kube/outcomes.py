@@ -19,6 +19,7 @@ from services.core.kube.workload import Conclusion, Finish, WorkloadKind
 from services.executor.attempts import report_failure
 from services.executor.kube.client import KubeApi, status_code, workload_resource
 from services.executor.kube.notices import Notices
+from services.executor.kube.plainpods import delete_pods, plain_row
 from services.executor.kube.records import ENDED, ref_of, rfc3339
 from shared.config import KubernetesSource
 from shared.domain import JobSpec
@@ -52,6 +53,9 @@ class Outcomes:
     async def suspend(self, row: asyncpg.Record) -> None:
         """Suspend the workload: its controller deletes the pods with their grace period. (The templates are given
         back later, once the workload is suspended: see `restore`.)"""
+        if plain_row(row):  # a pod cannot be suspended: it is deleted (and its job ends: plainpods.py)
+            await delete_pods(self.api, row)
+            return
         kind = kind_of(row["api_version"], row["kind"])
         assert kind is not None
         try:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import logging
 
+import asyncpg
+
 from services.core.kube import dra
 from services.core.kube import names as n
 from services.core.kube.elastic import run_elastic
@@ -24,6 +26,7 @@ from services.executor.kube.devices import RESOURCE_CLAIM_TEMPLATE
 from services.executor.kube.nodes import NodeWatch
 from services.executor.kube.notices import Notices
 from services.executor.kube.outcomes import Outcomes
+from services.executor.kube.plainpods import end_job, plain_row, start_pods
 from services.executor.kube.provisioning import consumed
 from services.executor.kube.records import ACTIVE, bindings_of, ref_of, strip_nulls
 from services.executor.verify import SchedulerTables, verify_placement
@@ -75,6 +78,13 @@ class Runner:
     async def run(self, tx: Tx, job_id: str) -> None:
         """Write the placement into the workload's templates and resume it."""
         row = await tx.conn.fetchrow("SELECT * FROM executor.kube_jobs WHERE job_id = $1 FOR UPDATE", job_id)
+        if plain_row(row):  # plain pods: labelled for the pod watch, which gives them their nodes and ungates them
+            gone = await start_pods(self.api, row, JobSpec.model_validate_json(row["spec"]))
+            if gone is not None:
+                await end_job(tx, self.api, self.notices, self.outcomes, row, gone)
+                return
+            await self._placed(tx, row)
+            return
         kind = kind_of(row["api_version"], row["kind"])
         assert kind is not None
         spec = JobSpec.model_validate_json(row["spec"])
@@ -94,10 +104,14 @@ class Runner:
         patch = (run_elastic(kind, obj, spec, bindings_of(row), templates) if spec.elastic
                  else kind.run_patch(obj, templates))
         await self.api.patch(res, row["name"], patch, namespace=row["namespace"])
+        await self._placed(tx, row)
+
+    async def _placed(self, tx: Tx, row: asyncpg.Record) -> None:
+        """The job's workload was started where it was placed: a new attempt, said on the workload."""
         await tx.conn.execute(
             "UPDATE executor.kube_jobs SET state = 'placed', placed_at = $2, started_at = NULL, attempt = attempt + 1, "
             "failure = NULL, pull_problem_at = NULL, unbound_at = NULL, preemption_id = NULL WHERE job_id = $1",
-            job_id, tx.now)
+            row["job_id"], tx.now)
         nodes = sorted({b.node for b in bindings_of(row)})
         await self.notices.event(ref_of(row), "Placed", f"placed on {', '.join(nodes)}"
                                  + (f"; resuming from {row['resume_from']}" if row["resume_from"] else ""), tx.now)

@@ -82,6 +82,13 @@ class WorkloadIntake:
             if finish is None and row["state"] in ENDED:
                 await self.outcomes.conclude(tx, kind, row)
 
+    async def take_in(self, tx: Tx, kind: WorkloadKind, obj: dict[str, Any]) -> None:
+        """Take in a held object of `kind` that has no job yet (plain pods: services/executor/kube/plainpods.py)."""
+        await self._intake(tx, kind, obj)
+
+    async def refuse(self, tx: Tx, ref: dict[str, Any], reason: str, message: str) -> None:
+        await self._refuse(tx, ref, Refusal(reason, message))
+
     async def _intake(self, tx: Tx, kind: WorkloadKind, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
         uid = meta.get("uid")
