@@ -317,3 +317,26 @@ async def test_gpuqs_ca_is_in_its_secret_and_both_caBundles_and_is_replaced_befo
             assert second.ca_pem in bundle and first.ca_pem in bundle  # the old CA kept through the switch
     created = await webhook.user.create(JOB(job_body("after-rotation", suspend=False)), namespace=MANAGED)
     assert created["spec"]["suspend"] is True  # served with the new certificate
+
+
+async def test_a_plain_pod_labelled_with_a_queue_is_held_by_gpuqs_gate(webhook: Webhook) -> None:
+    """Issue 48 item 1: a pod a user creates labelled gpuq.io/queue (no controller) is held by gpuq's scheduling gate
+    and stamped with its user of record, whether or not it asks for GPUs; it cannot name another team's queue, and
+    only gpuq removes the gate."""
+    body = pod_body("plain")
+    body["metadata"]["labels"] = {"gpuq.io/queue": "team-a", "gpuq.io/pod-group": "g"}
+    body["metadata"]["annotations"] = {"gpuq.io/pod-group-total-count": "1"}
+    created = (await webhook.user.create(Pod.from_dict(body), namespace=MANAGED)).to_dict()
+    assert created["spec"]["schedulingGates"] == [{"name": "gpuq.io/placement"}]
+    assert created["metadata"]["annotations"]["gpuq.io/user"] == webhook.username
+    cpu = pod_body("plain-cpu", gpus=0)
+    cpu["metadata"]["labels"] = {"gpuq.io/queue": "team-a"}
+    held = (await webhook.user.create(Pod.from_dict(cpu), namespace=MANAGED)).to_dict()
+    assert held["spec"]["schedulingGates"] == [{"name": "gpuq.io/placement"}]
+    error = await refused(webhook.user.patch(Pod, "plain", {"spec": {"schedulingGates": []}}, namespace=MANAGED,
+                                             patch_type=PatchType.MERGE))
+    assert "only gpuq removes" in str(error.status.message)
+    other = pod_body("plain-other")
+    other["metadata"]["labels"] = {"gpuq.io/queue": "team-b"}
+    error = await refused(webhook.user.create(Pod.from_dict(other), namespace=MANAGED))
+    assert "queue 'team-b' is not open to namespace wh-team-a" in str(error.status.message)

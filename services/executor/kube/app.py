@@ -34,10 +34,11 @@ from services.executor.kube.leadership import Seat
 from services.executor.kube.nodes import NodeWatch
 from services.executor.kube.notices import Notices
 from services.executor.kube.outcomes import Outcomes
-from services.executor.kube.plainpods import PlainPodIntake
+from services.executor.kube.plainintake import PlainPodIntake
 from services.executor.kube.pods import PodWatch
 from services.executor.kube.provisioning import Capacity
 from services.executor.kube.records import bindings_of
+from services.executor.kube.resizes import Resizes
 from services.executor.kube.running import Runner
 from services.executor.kube.settings import KubeExecutorSettings
 from services.executor.kube.stops import Stops
@@ -60,6 +61,7 @@ from shared.events import (
     JobQueued,
     JobRejected,
     JobRequeued,
+    JobResized,
     QueueConfigChanged,
 )
 from shared.service import ServiceRuntime, ServiceSpec, Tx
@@ -92,6 +94,7 @@ class KubeExecutor:
         self.runner = Runner(api, self.notices, self.outcomes, self.config, self.scheduler_tables, nodes=self.nodes)
         self.intake = WorkloadIntake(api, settings, self.seat, self.notices, self.outcomes, self.config, self.runner)
         self.plain_pods = PlainPodIntake(api, self.cfg, self.seat, self.notices, self.outcomes, self.intake)
+        self.resizes = Resizes(api, self.notices, self.pods)  # elastic workloads grown and shrunk while they run
         self.stops = Stops(api, self.notices, self.outcomes, self.pods)
         self.capacity = Capacity(api, self.cfg, self.seat, self.notices, self.config, self.nodes, settings.tick_s)
         self.interruptions = Interruptions(api, self.cfg, self.seat, self.notices, self.outcomes, self.pods,
@@ -112,7 +115,7 @@ class KubeExecutor:
                 JobPreempted: stops.on_stopped, JobCancelled: stops.on_stopped, JobQueued: answers.on_status,
                 JobPending: answers.on_status, JobAdmitted: answers.on_status, JobRejected: answers.on_status,
                 JobRequeued: answers.on_status, JobCheckpointed: stops.on_checkpointed, JobFailed: stops.on_lost,
-                JobIdleWarned: answers.on_idle_warned},
+                JobIdleWarned: answers.on_idle_warned, JobResized: self.resizes.on_resized},
                 lambda: self.runtime) | {QueueConfigChanged: self.config.on_config_changed},
             on_start=self.start, background=tuple(background),
         )
