@@ -30,6 +30,7 @@ from shared.domain import (
     SharingMode,
     Toleration,
 )
+from shared.quota_keys import POOL_LABEL
 
 
 def pod_set_of(binding: GpuBinding) -> str:
@@ -242,8 +243,8 @@ def _mps_env(ps: PodSet) -> list[dict[str, Any]]:
 
 
 def pod_template(ps: PodSet, tmpl: PodTemplate, *, restart_policy: str = "Never",
-                 security: PodSecurity = PodSecurity.RESTRICTED, sharing: GpuSharing | None = None
-                 ) -> dict[str, Any]:
+                 security: PodSecurity = PodSecurity.RESTRICTED, sharing: GpuSharing | None = None,
+                 pool_label: str | None = None) -> dict[str, Any]:
     """A PodTemplateSpec from an event's pod template: resources from the pod set, GPUQ_RESUME_FROM from the
     `gpuq.io/resume-from` annotation (so a later placement can change it without touching the container), and the
     `security` profile's settings (the team's policy, `pod_security`).
@@ -294,7 +295,7 @@ def pod_template(ps: PodSet, tmpl: PodTemplate, *, restart_policy: str = "Never"
     if tmpl.volumes:
         spec["volumes"] = [dict(v) for v in tmpl.volumes]
     if ps.selector:
-        spec["nodeSelector"] = dict(ps.selector)
+        spec["nodeSelector"] = node_selector(ps.selector, pool_label)
     if ps.affinity is not None and (ps.affinity.required or ps.affinity.preferred):
         spec["affinity"] = {"nodeAffinity": affinity_dict(ps.affinity)}
     if ps.own_tolerations:
@@ -323,16 +324,26 @@ def set_sharing(spec: JobSpec, bindings: Iterable[GpuBinding], sharing_of: Mappi
     return out
 
 
+def node_selector(selector: Mapping[str, str], pool_label: str | None) -> dict[str, str]:
+    """A pod set's selector as the nodes carry it: gpuq's `pool` (which admission may have chosen: docs/admission.md,
+    "Node pools as flavors") is the nodes' `kubernetes.pool_label` when one is configured."""
+    if not pool_label or POOL_LABEL not in selector:
+        return dict(selector)
+    return {(pool_label if k == POOL_LABEL else k): v for k, v in selector.items()}
+
+
 def event_pod_sets(spec: JobSpec, security: PodSecurity = PodSecurity.RESTRICTED,
-                   sharing: Mapping[str, tuple[GpuSharing, list[str]]] | None = None) -> list[PodSetTemplate]:
+                   sharing: Mapping[str, tuple[GpuSharing, list[str]]] | None = None,
+                   pool_label: str | None = None) -> list[PodSetTemplate]:
     """The pod sets of an event-submitted job, with Kubernetes templates under the `security` profile (`sharing`:
-    `set_sharing`'s answer, for the pod sets sharing GPUs)."""
+    `set_sharing`'s answer, for the pod sets sharing GPUs; `pool_label`: the nodes' label of gpuq's `pool`)."""
     out = []
     for ps in spec.pod_sets:
         if ps.template is None:
             raise ValueError(f"pod set {ps.name} of {spec.job_id} has no template")
         shared = (sharing or {}).get(ps.name)
-        tmpl = pod_template(ps, ps.template, security=security, sharing=shared[0] if shared else None)
+        tmpl = pod_template(ps, ps.template, security=security, sharing=shared[0] if shared else None,
+                            pool_label=pool_label)
         tmpl["spec"]["tolerations"] = _union(tmpl["spec"].get("tolerations") or [], toleration_dicts(spec.tolerations))
         if not tmpl["spec"]["tolerations"]:
             del tmpl["spec"]["tolerations"]

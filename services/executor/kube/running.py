@@ -128,7 +128,8 @@ class Runner:
         assert kind is not None
         sharing = set_sharing(spec, placed.bindings, await self._sharing_of(tx, placed))
         try:
-            pod_sets = event_pod_sets(spec, self.config.queues.governance.for_team(spec.team).pod_security, sharing)
+            pod_sets = event_pod_sets(spec, self.config.queues.governance.for_team(spec.team).pod_security, sharing,
+                                      pool_label=self.nodes.cfg.pool_label if self.nodes is not None else None)
         except ValueError as exc:  # a shared pod set placed where no node (as this executor knows it) shares GPUs
             await tx.emit(JobFailed(job_id=spec.job_id, exit_reason=ExitReason.ERROR, finished_at=utcnow_from(tx.now),
                                     message=f"cannot run on Kubernetes: {exc}"))

@@ -116,3 +116,14 @@ def test_event_submitted_templates_carry_what_the_scheduler_honoured() -> None:
     assert pod["affinity"] == {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
         "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["z9"]}]}]}}}
     assert pod["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
+
+
+def test_an_event_submitted_pool_selector_is_written_as_the_nodes_pool_label() -> None:
+    # admission gives a job of a queue with `pools` the selector `pool: <name>`; the nodes carry it under
+    # kubernetes.pool_label (gpuq's `pool` is a copy), so the template selects that label
+    spec = JobSpec(job_id="ev-2", team="team-a", queue="team-a", pod_sets=(PodSet(
+        gpus_per_pod=1, node_selector={"pool": "spot", "zone": "z1"}, template=PodTemplate(image="img")),))
+    (ps,) = event_pod_sets(spec, pool_label="gpuq.io/pool")
+    assert ps.template["spec"]["nodeSelector"] == {"gpuq.io/pool": "spot", "zone": "z1"}
+    (ps,) = event_pod_sets(spec)  # no pool label configured: the nodes carry `pool` themselves
+    assert ps.template["spec"]["nodeSelector"] == {"pool": "spot", "zone": "z1"}
