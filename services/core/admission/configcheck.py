@@ -205,6 +205,7 @@ def check_change(old: QueuesConfig | None, new: QueuesConfig, inventory: Invento
                        "honoured at once")
             # refused when this change raises it past capacity; a cluster that shrank under it is a warning
             (refusals if total > was.get(key, 0) else warnings).append(message)
+        _unknown_pools(old, new, inventory, refusals, warnings)
     if old is not None:
         for name in sorted({q.name for q in old.queues} - {q.name for q in new.queues}):
             held = jobs.get(name, QueueJobs())
@@ -212,3 +213,19 @@ def check_change(old: QueuesConfig | None, new: QueuesConfig, inventory: Invento
                 refusals.append(f"removes queue {name}, which holds {held.admitted} admitted (running) and "
                                 f"{held.pending} pending job(s)")
     return ConfigCheck(diff=tuple(diff(old, new)), warnings=tuple(warnings), refusals=tuple(refusals))
+
+
+def _unknown_pools(old: QueuesConfig | None, new: QueuesConfig, inventory: Inventory, refusals: list[str],
+                   warnings: list[str]) -> None:
+    """A node pool a queue's `pools` lists that no node carries: a job admission gave it would wait for nodes that
+    are not there. Refused when the change lists it, a warning when the pool's nodes went under it."""
+    carried = sorted(k[len(POOL):] for k in inventory.others if k.startswith(POOL))
+    for q in new.queues:
+        listed_before = set()
+        if old is not None and (was := old.queue_map.get(q.name)) is not None:
+            listed_before = set(was.pools or ())
+        for pool in q.pools or ():
+            if POOL + pool not in inventory.others:
+                message = (f"queue {q.name} lists node pool {pool} under pools, which no node carries (label "
+                           f"{POOL_LABEL}; pools: {', '.join(carried) or 'none'})")
+                (refusals if pool not in listed_before else warnings).append(message)

@@ -11,6 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from services.core.admission import AdmissionState, Reason, admission_cycle
+from services.core.admission.configcheck import check_change, inventory_of
 from services.core.pipeline.pipeline import waiting_job
 from services.core.scheduler import ClusterState, Placement
 from shared.config import QueueConfig
@@ -218,3 +219,17 @@ def test_a_spot_pool_is_chosen_for_preemptible_jobs_only() -> None:
     s.finish("p0")
     [a] = admission_cycle(s, 20.0).admitted
     assert (a.job_id, a.pool) == ("p1", "on-demand")
+
+
+def test_the_config_check_refuses_a_pool_no_node_carries() -> None:
+    cluster = inventory_of([NodeSpec(name="n-a", gpus=8, gpu_model=H100, cpu_milli=64000, memory_mib=512000,
+                                     rack="r", block="b", labels={"pool": "a"})])
+    old = config(queue("team-a", {H100: 8}, cohort=None), cohorts=())
+    fine = check_change(old, config(pooled(queue("team-a", {H100: 8}, cohort=None), ("a",)), cohorts=()), cluster, {})
+    assert fine.refusals == () and fine.warnings == ()
+    new = config(pooled(queue("team-a", {H100: 8}, cohort=None), ("a", "gone")), cohorts=())
+    assert check_change(old, new, cluster, {}).refusals == (
+        "queue team-a lists node pool gone under pools, which no node carries (label pool; pools: a)",)
+    # listed already: the nodes went under it, a warning
+    assert check_change(new, new, cluster, {}).warnings == (
+        "queue team-a lists node pool gone under pools, which no node carries (label pool; pools: a)",)
