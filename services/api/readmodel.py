@@ -14,12 +14,13 @@ import asyncpg
 
 from services.core.eta.words import eta_words
 from services.core.kube.provisioning import words as provisioning_words
+from shared.quota_keys import POOL, shown
 from shared.timefmt import human_time
 
 STATUS_SQL = """
 SELECT a.job_id, a.team, a.queue, a.status AS admission_status, a.reason, a.message, a.position_in_queue,
        a.position_in_cohort, a.eta, a.eta_low, a.eta_high, a.submitted_at, a.admitted_at, a.finished_at,
-       a.outcome, a.borrowing, a.spec, {sched} , {run}, {prov}
+       a.outcome, a.borrowing, a.spec, a.usage, {sched} , {run}, {prov}
 FROM admission.jobs a
 {sched_join}
 {run_join}
@@ -90,6 +91,8 @@ async def fetch_status(database_url: str, job_id: str | None, *, limit: int | No
         bindings = json.loads(d["bindings"]) if d.get("bindings") else []
         d["nodes"] = sorted({b["node"] for b in bindings}, key=_natural)
         d["spec"] = json.loads(d["spec"]) if isinstance(d["spec"], str) else d["spec"]
+        if isinstance(d.get("usage"), str):
+            d["usage"] = json.loads(d["usage"])
         if isinstance(d.get("provisioning"), str):
             d["provisioning"] = json.loads(d["provisioning"])
         out.append(d)
@@ -179,11 +182,21 @@ def explain_lines(row: dict[str, Any], now: float) -> list[str]:
                          f"({row.get('racks_spanned')} rack(s), {row.get('blocks_spanned')} block(s))")
         if state in ("completed", "failed", "cancelled"):
             lines.append(f"  finished {fmt_time(row['finished_at'])}: {row.get('outcome')}")
+    if row.get("usage") and state in ("admitted", "placed", "running"):
+        lines.append(charged_words(row["usage"]))
     if row.get("provisioning") and state in ("pending", "admitted"):
         lines.append("  " + provisioning_words(row["provisioning"]))
     if row.get("borrowing") and state in ("admitted", "placed", "running"):
         lines.append(borrowing_risk(spec))
     return lines
+
+
+def charged_words(usage: dict[str, int]) -> str:
+    """The quota admission charged, and the node pool it gave the job (docs/admission.md, "Node pools as
+    flavors") or the job selected, where its queue sets that pool's `pool/<name>` quota."""
+    pools = sorted(k.removeprefix(POOL) for k in usage if k.startswith(POOL))
+    return (f"  quota charged: {', '.join(shown(k, v) for k, v in sorted(usage.items()))}"
+            + (f"; on node pool {', '.join(pools)}" if pools else ""))
 
 
 def borrowing_risk(spec: dict[str, Any]) -> str:

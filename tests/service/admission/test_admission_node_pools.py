@@ -14,6 +14,7 @@ import asyncpg
 import nats
 
 from services.admission.app import AdmissionService
+from services.api.readmodel import explain_lines, fetch_status
 from services.scheduler.app import SchedulerService
 from shared.clock import ManualClock
 from shared.config import parse_queues
@@ -89,6 +90,9 @@ async def test_admission_chooses_the_pool_and_the_scheduler_places_there(fresh: 
         event = await admitted_event("j1")
         assert event["quota"] == {MODEL: 4, "pool/b": 4}
         assert event["spec"]["pod_sets"][0]["node_selector"] == {"pool": "b"}
+        # what `gpuq explain` says of it
+        [status] = await fetch_status(database_url, "j1")
+        assert "  quota charged: H100-80GB:4, pool/b:4; on node pool b" in explain_lines(status, clock.now())
         # the row keeps the spec as submitted: a requeue chooses again
         row_spec = json.loads(await conn.fetchval("SELECT spec FROM admission.jobs WHERE job_id = 'j1'"))
         assert "pool" not in row_spec["pod_sets"][0].get("node_selector", {})

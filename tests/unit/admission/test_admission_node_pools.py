@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from services.api.readmodel import explain_lines
 from services.core.admission import AdmissionState, Reason, admission_cycle
 from services.core.admission.configcheck import check_change, inventory_of
 from services.core.pipeline.pipeline import waiting_job
@@ -233,3 +234,12 @@ def test_the_config_check_refuses_a_pool_no_node_carries() -> None:
     # listed already: the nodes went under it, a warning
     assert check_change(new, new, cluster, {}).warnings == (
         "queue team-a lists node pool gone under pools, which no node carries (label pool; pools: a)",)
+
+
+def test_explain_says_what_was_charged_and_on_which_pool() -> None:
+    spec = {"job_id": "j", "pod_sets": [{"count": 1, "gpus_per_pod": 4}], "priority_class": "normal",
+            "max_runtime_s": 7200}
+    row = {"job_id": "j", "team": "a", "queue": "a", "state": "running", "spec": spec, "submitted_at": 0.0,
+           "admitted_at": 1.0, "placed_at": 2.0, "nodes": ["n-b"], "racks_spanned": 1, "blocks_spanned": 1,
+           "usage": {H100: 4, PB: 4, "cpu_milli": 8000}}
+    assert "  quota charged: H100-80GB:4, cpu:8, pool/b:4; on node pool b" in explain_lines(row, 10.0)
