@@ -1,15 +1,16 @@
 """`gpuq bench eta`: the wall time of one ETA refresh of the admission service (services/eta/platform.py:
 `PlatformEta`, the call the service makes) with a deep queue.
 
-A synthetic, seeded platform: `--nodes` nodes of 8 GPUs (one model), `--queues` team queues in one cohort with
-equal quotas, the cluster filled with running jobs (admitted and placed, not timed), then `--waiting` jobs
-submitted (1-8 GPUs, run times of minutes to a day, limits 1-4x the run time) and an admission cycle run, so that
-some wait admitted and most wait pending, as on a platform with a deep queue. The ETA model first learns the run
-times of `--history` finished jobs. A first refresh (reported apart, `first_s`) also learns every waiting job's
-arrival; then each of `--runs` timed refreshes is one `PlatformEta.__call__` (the arrivals seen, the replays, the
-ETAs remembered) on the same state a minute later, as the service refreshes when nothing changed, with the
-refresh's work budget (`--budget`: job-cycles per refresh, `services.core.eta.DEFAULT_BUDGET`); the figure is the
-median wall time.
+A synthetic, seeded platform: `--nodes` nodes of 8 GPUs (one model), `--queues` team queues in one cohort with equal
+quotas, the cluster filled with running jobs (admitted and placed, not timed), then `--waiting` jobs submitted (1-8
+GPUs, run times of minutes to a day, limits 1-4x the run time) and an admission cycle run, so that some wait
+admitted and most wait pending, as on a platform with a deep queue. The ETA model first learns the run times of
+`--history` finished jobs, and as many ETAs given against the starts that followed (its calibration record, full as
+on a running platform: every ETA shown is widened by its margins). A first refresh (reported apart, `first_s`) also
+learns every waiting job's arrival; then each of `--runs` timed refreshes is one `PlatformEta.__call__` (the
+arrivals seen, the replays, the ETAs remembered) on the same state a minute later, as the service refreshes when
+nothing changed, with the refresh's work budget (`--budget`: job-cycles per refresh,
+`services.core.eta.DEFAULT_BUDGET`); the figure is the median wall time.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 import typer
 
 from services.core.admission import AdmissionState, Workload, admission_cycle
-from services.core.eta import DEFAULT_BUDGET, EtaModel
+from services.core.eta import DEFAULT_BUDGET, EtaModel, EtaRange
 from services.core.scheduler import ClusterState, PendingJob, schedule_cycle
 from services.eta.platform import PlatformEta
 from shared.config import ClusterConfig, NodeGroup
@@ -50,16 +51,26 @@ def build_platform(nodes: int, queues: int, waiting: int, history: int, seed: in
     """(cluster, admission state, reserved ends of the running jobs, a model that learnt `history` run times,
     now): a full cluster and `waiting` jobs waiting."""
     rng = random.Random(seed)
+    now = 100_000.0
     node_specs = ClusterConfig(node_groups=(NodeGroup(name="n", count=nodes, gpus_per_node=8, gpu_model=MODEL,
                                                       cpu_milli=96_000, memory_mib=1_048_576),)).nodes()
     cluster = ClusterState.from_nodes(node_specs)
     teams = [f"team-{i:02d}" for i in range(queues)]
     adm = AdmissionState(queues_for_teams(teams, {MODEL: nodes * 8}))
     model = EtaModel()
+    scored = random.Random(seed + 1)  # (its own stream: the platform is the one the seed always gave)
     for i in range(history):
         spec, run_s = _spec(rng, i, queues)
         model.job_finished(spec.model_copy(update={"job_id": f"old-{i}"}), run_s * rng.uniform(0.5, 1.5))
-    now, n = 100_000.0, 0
+        # what a running platform's calibration record holds: ETAs given and the starts that followed, so each
+        # refresh widens its ranges by the record's margins, as the service does
+        given_at = now - 86_400.0 + 30.0 * i
+        planned = given_at + scored.uniform(60, 7_200)
+        model.job_started(spec.queue, given_at, EtaRange(planned, given_at + (planned - given_at) / 2,
+                                                         given_at + (planned - given_at) * 2),
+                          given_at + (planned - given_at) * scored.uniform(0.3, 3.0),
+                          given_at - scored.choice((0.0, 600.0)))
+    n = 0
     reserved: dict[str, float] = {}
     # fill the cluster: submit, admit, place until nothing more fits (not timed)
     for _round in range(50):

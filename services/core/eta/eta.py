@@ -25,7 +25,7 @@ through its methods).
 from __future__ import annotations
 
 import bisect
-import functools
+import copy
 import heapq
 import itertools
 import math
@@ -148,11 +148,19 @@ def _plan(cluster: Any, admission: Any, running: Mapping[str, float], now: float
                            believed_ends=believed_ends, started=started, preempted_at=preempted_at,
                            tail=tail or ())
     replay.budget = budget
-    t = now
+    return _run(replay, horizon_s=horizon_s, max_cycles=max_cycles, resolution=resolution, budget=budget)
+
+
+def _run(replay: _StartsReplay, *, horizon_s: float, max_cycles: int, resolution: float, budget: int | None,
+         settled: bool = False) -> tuple[dict[str, float], frozenset[str], int]:
+    """A replay from its first instant to its end (`_plan`); `settled`: the first instant was decided already
+    (`_StartsReplay.fork`)."""
+    t = replay.now
     spent_all = False
     for _ in range(max_cycles):
-        if replay.anything_waiting():
+        if replay.anything_waiting() and not settled:
             replay.settle(t)
+        settled = False
         if not replay.anything_waiting():
             break
         if budget is not None and replay.spent >= budget:
@@ -166,26 +174,29 @@ def _plan(cluster: Any, admission: Any, running: Mapping[str, float], now: float
     return dict(sorted(replay.starts.items())), coarse, replay.spent
 
 
-@dataclass(frozen=True)
 class TailJob:
-    """A waiting job beyond the head of the queue (`cut_queue`): replayed coarsely, by its GPU count."""
+    """A waiting job beyond the head of the queue (`cut_queue`): replayed coarsely, by its GPU count. (A slotted
+    class, not a dataclass: a deep tail makes tens of thousands per refresh.)"""
 
-    job_id: str
-    spec: JobSpec
-    allowed: tuple[str, ...] | None = None  # the GPU models it accepts, when not its spec's (the scheduler's view)
+    __slots__ = ("allowed", "job_id", "spec")
+
+    def __init__(self, job_id: str, spec: JobSpec, allowed: tuple[str, ...] | None = None):
+        self.job_id = job_id
+        self.spec = spec
+        self.allowed = allowed  # the GPU models it accepts, when not its spec's (the scheduler's view)
 
     @classmethod
     def of(cls, spec: JobSpec, models: tuple[str, ...] | None = None) -> TailJob:
         return cls(spec.job_id, spec, models)
 
-    # (computed once, when a coarse replay first reaches the job: a deep tail's far end lies beyond the horizon
-    # and is never reached; the three replays of a refresh share the tail)
-    @functools.cached_property
+    # (computed when a coarse replay reaches the job: a deep tail's far end lies beyond the horizon and is never
+    # reached)
+    @property
     def gpus(self) -> float:
         """Whole GPUs it needs at once (MIG slices rounded up to a GPU)."""
         return max(1.0, float(math.ceil(gpu_share(self.spec))))
 
-    @functools.cached_property
+    @property
     def models(self) -> tuple[str, ...]:
         """The GPU models it accepts (empty: any)."""
         return self.spec.gpu_models if self.allowed is None else self.allowed
@@ -233,8 +244,7 @@ class _StartsReplay:
         self.cl = cluster.copy()
         self.adm = admission.copy()
         placed_now = set(self.cl.allocations())
-        self.ends: list[tuple[float, str]] = sorted((max(end, now + MIN_REMAINING_S if end <= now else end), job_id)
-                                                    for job_id, end in running.items())
+        self.ends: list[tuple[float, str]] = sorted((_end_from(end, now), job_id) for job_id, end in running.items())
         heapq.heapify(self.ends)
         # The scheduler's running list, one RunningJob per job (made once: this loop runs hundreds of cycles).
         self.believed = {j: RunningJob(job_id=j, expected_end=e)
@@ -255,6 +265,12 @@ class _StartsReplay:
         self.budget: int | None = None  # (the replay's budget: a pass of `settle` stops its rounds once spent)
         # the pending jobs beyond the head, in the platform's order, left out of the exact replay (`cut_queue`)
         self.tail: Sequence[TailJob] = tail
+        # While not None: what the first instant started (job id, spec) and preempted (job id, None), in order,
+        # for `fork`; `checked` / `broke`: the job-cycles spent when `settle` last checked the budget, and
+        # whether the budget stopped it
+        self.log: list[tuple[str, JobSpec | None]] | None = None
+        self.checked = 0
+        self.broke = False
 
     def anything_waiting(self) -> bool:
         return bool(self.waiting or self.adm.pending)
@@ -277,8 +293,53 @@ class _StartsReplay:
             if not out.preemptions:
                 break
             self._requeue({v.job_id: v.preemptor for v in out.preemptions}, t)
+            self.checked = self.spent
             if self.budget is not None and self.spent >= self.budget:
+                self.broke = True
                 break  # (the budget is spent: what waits gets a coarse start, `coarse`)
+
+    def shares_first_instant(self, budget: int | None) -> bool:
+        """Whether a replay of the same queue with `budget` decides its first instant as this one did: this one's
+        `settle` was not stopped by its budget, and `budget` would not have stopped it either."""
+        return not self.broke and (budget is None or self.checked < budget)
+
+    def fork(self, running: Mapping[str, float], run_for: Duration) -> _StartsReplay:
+        """After the first instant's `settle` (with `log` on): the replay the same queue would be after its first
+        instant if its running jobs ended at `running` and the jobs it starts ran `run_for`. The first instant's
+        decisions read neither (admission, the scheduler and preemption see the reserved ends, `believed`), so
+        only the ends to come differ: they are rebuilt from the log, stale heap entries included (`next_step`
+        steps to the latest end it pops, a preempted job's old one too), and the result equals that replay's
+        to the last bit (tests/unit/sim/test_eta_shared_instant.py). The three replays of a refresh share their
+        first instant this way (`estimate_ranges`): at depth it is most of a replay's work (its preemption
+        rounds)."""
+        if self.log is None:
+            raise ValueError("fork needs the first instant's log (replay.log = [] before settle)")
+        other = copy.copy(self)
+        other.running, other.run_for = running, run_for
+        other.cl, other.adm = self.cl.copy(), self.adm.copy()
+        other.waiting, other.believed = dict(self.waiting), dict(self.believed)
+        other.starts, other.holds = dict(self.starts), dict(self.holds)
+        other.tail, other.log = (), None
+        if self.preempt is not None:
+            # (frozen specs and the configuration are shared; the preemption core's memory is copied whole)
+            memo: dict[int, Any] = {id(self.preempt.config): self.preempt.config}
+            for info in self.preempt.running.values():  # (frozen: RunningInfo and its spec)
+                memo[id(info)], memo[id(info.spec)] = info, info.spec
+            other.preempt = copy.deepcopy(self.preempt, memo)
+        now = self.now
+        current = {job_id: _end_from(end, now) for job_id, end in running.items()}
+        ends = [(end, job_id) for job_id, end in current.items()]
+        left: dict[str, float] = {}
+        for job_id, spec in self.log:
+            if spec is None:  # preempted (`_requeue`)
+                left[job_id] = max(1.0, current.pop(job_id) - now)
+            else:  # started (`_take`)
+                end = now + max(1.0, left.pop(job_id) if job_id in left else run_for(spec))
+                current[job_id] = end
+                ends.append((end, job_id))
+        heapq.heapify(ends)
+        other.current, other.ends, other.left_s = current, ends, left
+        return other
 
     def _take(self, out: Any, t: float) -> None:
         """A cycle's admissions join the waiting jobs; its placements start, each with its end to come."""
@@ -289,6 +350,8 @@ class _StartsReplay:
             self.holds = {v: h for v, h in self.holds.items() if h.preemptor not in placed and h.until > t}
         for p in out.placement.result.placed:
             w = self.waiting.pop(p.job_id)
+            if self.log is not None:
+                self.log.append((p.job_id, w.spec))
             if p.job_id not in self.running:  # (a running job preempted in the replay and restarted: no ETA)
                 self.starts.setdefault(p.job_id, t)  # a job preempted in the replay keeps its first start
             self.believed[p.job_id] = self._running_job(job_id=p.job_id, expected_end=t + w.spec.max_runtime_s)
@@ -303,6 +366,8 @@ class _StartsReplay:
         from services.core.pipeline import hold_until
 
         for v in sorted(preemptors):
+            if self.log is not None:
+                self.log.append((v, None))
             preemptor, placement = preemptors[v], self.cl.placement_of(v)
             if preemptor is not None and placement is not None:
                 self.holds[v] = self._hold(preemptor=preemptor, victim=v, placement=placement,
@@ -398,6 +463,11 @@ class _StartsReplay:
             if preempt is not None:
                 preempt.ended(job_id)
         return t
+
+
+def _end_from(end: float, now: float) -> float:
+    """A running job's end as the replay takes it: an overrunning one (past its expected end) ends soon."""
+    return max(end, now + MIN_REMAINING_S if end <= now else end)
 
 
 class ReplayPreemption(PreemptionStage):
@@ -527,21 +597,30 @@ class EtaCalibration:
         for key in (queue, ALL_QUEUES):
             self._checks.setdefault(key, deque(maxlen=self.window)).append((abs(shown - wait) / wait, covered))
 
-    def margin(self, queue: str, waited_s: float) -> float | None:
+    def margin(self, queue: str, waited_s: float, memo: dict[tuple[str, str], float | None] | None = None
+               ) -> float | None:
         """Q, the log-wait margin to add on both sides of a replayed range given to a job of `queue` that has
-        waited `waited_s`; None while no record stands in."""
+        waited `waited_s`; None while no record stands in. `memo`: a dict a caller asking for many jobs while the
+        record does not change keeps (a refresh: one quantile per queue and stratum, not a sort per job)."""
         band = stratum(waited_s)
+        if memo is not None and (queue, band) in memo:
+            return memo[(queue, band)]
+        q: float | None = None
         for key in (f"{queue}|{band}", f"{ALL_QUEUES}|{band}", queue, ALL_QUEUES):
             scores = self._scores.get(key, ())
             if len(scores) >= self.min_samples:
-                return conformal_quantile(list(scores), self.level)
-        return None
+                q = conformal_quantile(list(scores), self.level)
+                break
+        if memo is not None:
+            memo[(queue, band)] = q
+        return q
 
     def calibrated(self, queue: str, now: float, start: float, low: float, high: float,
-                   submitted_at: float) -> EtaRange:
+                   submitted_at: float, memo: dict[tuple[str, str], float | None] | None = None) -> EtaRange:
         """The ETA of a job of `queue` submitted at `submitted_at` whose replays planned `start` and the range
-        `low`-`high`: the range widened (or narrowed) by the record's conformal margin, the start as planned."""
-        q = self.margin(queue, now - submitted_at)
+        `low`-`high`: the range widened (or narrowed) by the record's conformal margin, the start as planned.
+        `memo`: as `margin`'s."""
+        q = self.margin(queue, now - submitted_at, memo)
         lo, hi = min(low, start), max(high, start)
         if q is None:
             return EtaRange(start, lo, hi, planned=start, replay_low=low, replay_high=high)
@@ -764,7 +843,9 @@ class EtaModel:
         Changes nothing (a forked child finds them, the service's process only adds them)."""
         cutoff = now - self.arrivals.max_age_s
         seen = self.arrivals
-        new = sorted((j, v) for j, v in _known(admission).items() if j not in seen and v[1] >= cutoff)
+        # (only the jobs the history has not seen: after the first refresh, a few)
+        new = sorted((j, (w.spec, w.submitted_at)) for held in (admission.pending, admission.admitted)
+                     for j, w in held.items() if j not in seen and w.submitted_at >= cutoff)
         found: list[tuple[str, Arrival]] = []
         for job_id, (spec, submitted_at) in new:
             priority = admission.priority(job_id)
@@ -860,30 +941,64 @@ def estimate_ranges(cluster: Any, admission: Any, running: Mapping[str, RunningV
             predicted[spec.job_id] = p
         return p
 
-    def replay(which: str) -> dict[str, float]:
-        nonlocal coarse, spent
+    def ends_of(which: str) -> dict[str, float]:
         pick = {"low": 0, "high": 2}.get(which, 1)
-        ends = {**fixed, **{j: e[pick] for j, e in expected.items()}}
+        return {**fixed, **{j: e[pick] for j, e in expected.items()}}
+
+    def duration_of(which: str) -> Duration:
         if not model.predict:
-            duration: Duration = model.duration
-        else:
-            def duration(spec: JobSpec) -> float:
-                p = prediction(spec)
-                return p.median_s if which == "median" else p.low_s if which == "low" else p.high_s
+            return model.duration
+
+        def duration(spec: JobSpec) -> float:
+            p = prediction(spec)
+            return p.median_s if which == "median" else p.low_s if which == "low" else p.high_s
+        return duration
+
+    def replay(which: str) -> dict[str, float]:
+        """One replay on its own, from scratch (`_plan`)."""
+        nonlocal coarse, spent
         share = first if which == "median" or budget is None else max(1, (budget - spent) // 2)
         # (the tail beyond the head only in the median replay: its range comes from its coarse start)
-        planned, rough, cost = _plan(cluster, head, ends, now, horizon_s=horizon_s, max_cycles=10_000,
-                                     backfill=backfill, duration=duration, believed_ends=believed,
+        planned, rough, cost = _plan(cluster, head, ends_of(which), now, horizon_s=horizon_s, max_cycles=10_000,
+                                     backfill=backfill, duration=duration_of(which), believed_ends=believed,
                                      resolution=RESOLUTION, started=started, preempted_at=preempted_at,
                                      budget=share, tail=tail if which == "median" or tail is None else [])
         if which == "median":
             coarse, spent = rough, cost
         return planned
 
-    starts = replay("median")
-    # The range of the replays with every duration at its p10, then its p90: the base the record calibrates.
-    low = replay("low") if model.predict else {}
-    high = replay("high") if model.predict else {}
+    if not model.predict:
+        starts, low, high = replay("median"), {}, {}
+    else:
+        # The three replays decide their first instant alike (its decisions read the reserved ends, not the
+        # predicted ones): it is decided once, in the median replay, and the p10 and p90 replays start from its
+        # forks (`_StartsReplay.fork`), each charged the job-cycles it would have spent itself, so every start
+        # equals the one its replay from scratch gives. (One replaying from scratch when its share of the budget
+        # would have stopped its first instant elsewhere.)
+        from services.core.pipeline import decide
+
+        base = _StartsReplay(cluster, head, ends_of("median"), now, decide=decide, backfill=backfill,
+                             run_for=duration_of("median"), believed_ends=believed, started=started,
+                             preempted_at=preempted_at, tail=tail or ())
+        base.budget, base.log = first, []
+        if base.anything_waiting():
+            base.settle(now)
+        forks = {which: base.fork(ends_of(which), duration_of(which)) for which in ("low", "high")}
+        base.log = None
+        starts, coarse, spent = _run(base, horizon_s=horizon_s, max_cycles=10_000, resolution=RESOLUTION,
+                                     budget=first, settled=True)
+        # The range of the replays with every duration at its p10, then its p90: the base the record calibrates.
+        ranges: dict[str, dict[str, float]] = {}
+        for which in ("low", "high"):
+            share = None if budget is None else max(1, (budget - spent) // 2)
+            fork = forks[which]
+            if fork.shares_first_instant(share):  # (the fork holds the base's budget record of the first instant)
+                fork.budget = share
+                ranges[which] = _run(fork, horizon_s=horizon_s, max_cycles=10_000, resolution=RESOLUTION,
+                                     budget=share, settled=True)[0]
+            else:
+                ranges[which] = replay(which)
+        low, high = ranges["low"], ranges["high"]
     if model.expect_arrivals:  # each replay's start, later by what the arrivals to come are expected to take
         later = _arrival_delays(cluster, admission, now, model)
         starts, low, high = (later(starts), later(low), later(high))
@@ -895,6 +1010,7 @@ def _ranges(model: EtaModel, queued: Mapping[str, tuple[str, float]], now: float
     """The replays' starts -> each waiting job's EtaRange (`estimate_ranges`), calibrated unless the model says
     not to."""
     out: dict[str, EtaRange] = {}
+    margins: dict[tuple[str, str], float | None] = {}  # (the record does not change during a refresh)
     for job_id, start in starts.items():
         lo, hi = min(start, low.get(job_id, start)), max(start, high.get(job_id, start))
         if job_id in coarse:
@@ -903,7 +1019,7 @@ def _ranges(model: EtaModel, queued: Mapping[str, tuple[str, float]], now: float
             lo, hi = now + (lo - now) / widen, now + (hi - now) * widen
         if model.calibrate:
             queue, submitted_at = queued.get(job_id, ("", now))
-            out[job_id] = model.calibration.calibrated(queue, now, start, lo, hi, submitted_at)
+            out[job_id] = model.calibration.calibrated(queue, now, start, lo, hi, submitted_at, margins)
         else:
             out[job_id] = EtaRange(start, lo, hi, planned=start, replay_low=lo, replay_high=hi)
     return dict(sorted(out.items()))
@@ -913,28 +1029,28 @@ def _arrival_delays(cluster: Any, admission: Any, now: float, model: EtaModel
                     ) -> Callable[[Mapping[str, float]], dict[str, float]]:
     """Planned starts -> the same, each later by its expected delay from arrivals (ArrivalHistory)."""
     pools = cluster.total_gpus_by_model()
-    known = _known(admission)
+    pending, admitted = admission.pending, admission.admitted
     memo: dict[Any, Any] = {}  # (the history and pools are the same for every job of the refresh)
+    # job_id -> (queue, priority, GPU models), or None: not waiting here (asked once per job for the three replays)
+    asks: dict[str, tuple[str, int, tuple[str, ...]] | None] = {}
+    delay = model.arrivals.expected_delay
+
+    def ask(job_id: str) -> tuple[str, int, tuple[str, ...]] | None:
+        held = pending.get(job_id) or admitted.get(job_id)
+        priority = admission.priority(job_id)
+        found = None if held is None or priority is None else (held.spec.queue, priority, held.spec.gpu_models)
+        asks[job_id] = found
+        return found
 
     def later(planned: Mapping[str, float]) -> dict[str, float]:
         out: dict[str, float] = {}
         for job_id, start in planned.items():
-            spec = known[job_id][0] if job_id in known else None
-            priority = admission.priority(job_id)
-            if spec is None or priority is None:
-                out[job_id] = start
-                continue
-            out[job_id] = start + model.arrivals.expected_delay(spec.queue, priority, now, start - now, pools,
-                                                                spec.gpu_models, memo)
+            who = asks[job_id] if job_id in asks else ask(job_id)
+            out[job_id] = start if who is None else start + delay(who[0], who[1], now, start - now, pools, who[2],
+                                                                  memo)
         return out
 
     return later
-
-
-def _known(admission: Any) -> dict[str, tuple[JobSpec, float]]:
-    """job_id -> (spec, submitted at) of every job pending or holding quota."""
-    return {**{j: (w.spec, w.submitted_at) for j, w in admission.pending.items()},
-            **{j: (a.spec, a.submitted_at) for j, a in admission.admitted.items()}}
 
 
 def waiting_queues(admission: Any) -> dict[str, tuple[str, float]]:

@@ -33,14 +33,14 @@ def test_the_three_replays_of_a_refresh_share_its_budget(monkeypatch: pytest.Mon
     cluster, adm, ends = _deep_queue(1000)
     budget = 30_000  # (a head of 250 jobs: replaying it whole costs more than the budget)
     spent: list[tuple[int, int]] = []
-    plan = eta_core._plan
+    run = eta_core._run  # (each replay runs to its end there, from scratch or from the shared first instant)
 
     def counting(*args: Any, **kwargs: Any) -> Any:
-        out = plan(*args, **kwargs)
+        out = run(*args, **kwargs)
         spent.append((kwargs["budget"], out[2]))
         return out
 
-    monkeypatch.setattr(eta_core, "_plan", counting)
+    monkeypatch.setattr(eta_core, "_run", counting)
     etas = estimate_ranges(cluster, adm, _view(adm, ends), 5.0, _model(), budget=budget)
     assert len(spent) == 3 and spent[0][0] == budget // 2
     one_pass = (budget // 2) // HEAD_CYCLES + 8 + 1
