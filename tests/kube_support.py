@@ -208,8 +208,10 @@ def workload_condition(plural: str) -> dict[str, str]:
 # A pod is sent for validation when it asks for an nvidia.com/ resource or carries a gpuq.io/ key (a plain pod's
 # queue, gate and gpuq's keys), and for mutation when it is created labelled gpuq.io/queue (a plain pod to hold).
 POD_CONDITION = {"name": "gpu-or-gpuq-keys", "expression": f"{OBJECTS}.exists(t, {ASKS_FOR_GPUS} || {GPUQ_KEYS})"}
-POD_MUTATE_CONDITION = {"name": "queue-label", "expression": "has(object.metadata) && has(object.metadata.labels) "
-                                                            "&& 'gpuq.io/queue' in object.metadata.labels"}
+POD_MUTATE_CONDITION = {"name": "queue-label", "expression": (
+    "has(object.metadata) && has(object.metadata.labels) && 'gpuq.io/queue' in object.metadata.labels && "
+    "!(has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r, has(r.controller) "
+    "&& r.controller == true))")}
 
 
 def webhook_entry(name: str, url: str, path: str, namespaces: list[str], operations: list[str],

@@ -148,6 +148,8 @@ class Outcomes:
         are going), it is ended as failed in the kind's own terms (`WorkloadKind.conclusion`: a Job through the
         Job controller, the others with the terminal status their controllers write). Best effort and repeated
         by every sighting of the workload until it reads as finished (a failure here is only logged)."""
+        if plain_row(row):
+            return  # a pod's status is its kubelet's: a rejected plain pod stays held, the reason on its Event
         current = await tx.conn.fetchrow("SELECT state, ending FROM executor.kube_jobs WHERE job_id = $1",
                                          row["job_id"])
         if row["uid"] is None or current is None or current["state"] not in ENDED or current["ending"] is None:

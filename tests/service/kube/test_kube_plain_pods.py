@@ -128,6 +128,13 @@ async def test_a_pod_group_is_admitted_only_once_all_its_pods_exist(fresh: tuple
         await client.create(plain_pod("marker", gpus=0), namespace=NS_A)
         (only,) = await eventually("the marker's JobSubmitted", lambda: submitted(nats_url, "team-a", 1))
         assert only["spec"]["job_id"].startswith(f"{NS_A}.marker.")
+        # (a pod asking for no GPU, in a queue with no CPU quota, is then rejected by admission: it stays held)
+        await eventually("the marker rejected", lambda: fetchval(
+            database_url, "SELECT state = 'rejected' FROM executor.kube_jobs WHERE job_id = $1",
+            only["spec"]["job_id"]))
+        marker = (await client.get(Pod, "marker", namespace=NS_A)).to_dict()
+        assert marker["spec"]["schedulingGates"] == [{"name": "gpuq.io/placement"}]
+        assert marker["metadata"]["annotations"]["gpuq.io/status"].startswith("Rejected")
         first = (await client.get(Pod, "gang-0", namespace=NS_A)).to_dict()
         assert first["spec"]["schedulingGates"] == [{"name": "gpuq.io/placement"}]
         await client.create(plain_pod("gang-1", group=("gang", 2)), namespace=NS_A)

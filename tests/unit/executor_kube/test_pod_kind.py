@@ -157,3 +157,27 @@ def test_the_webhook_refuses_what_a_plain_pod_may_not_do(queues: QueuesConfig) -
     reported["metadata"]["annotations"]["gpuq.io/last-checkpoint"] = "s3://c/1"
     assert validate(review("UPDATE", reported, running), policy).allowed
     assert validate(review("CREATE", pod(gpus=0, group="g", total="2")), policy).allowed
+
+
+def test_the_pod_mutation_is_sent_every_pod_it_holds_and_no_other(queues: QueuesConfig) -> None:
+    """The chart's matchCondition for the pods' mutating webhook (tests/kube_support.py holds the same text),
+    evaluated by a real CEL implementation: sent what `mutate` patches, not a pod a controller owns or one without the
+    queue label (which then never waits for gpuq while it is down)."""
+    from tests.kube.kubefake import cel
+    from tests.kube_support import POD_MUTATE_CONDITION
+
+    policy = WebhookPolicy(queues=queues)
+
+    def sent(obj: dict[str, Any]) -> bool:
+        request = {"operation": "CREATE", "namespace": "ml-a", "userInfo": {"username": USER},
+                   "kind": {"group": "", "version": "v1", "kind": "Pod"}}
+        return bool(cel.evaluate(POD_MUTATE_CONDITION["expression"], obj, None, request))
+
+    for obj in (pod(gated=False), pod(gated=False, gpus=0), pod(gated=False, group="g", total="2")):
+        assert mutate(review("CREATE", obj), policy).patch and sent(obj)
+    for obj in (pod(gated=False, owner=True), pod(gated=False, queue=None), {"metadata": {}, "spec": {}}):
+        assert not mutate(review("CREATE", obj), policy).patch and not sent(obj)
+    not_controller = pod(gated=False)
+    not_controller["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "ConfigMap", "name": "c",
+                                                      "uid": "c"}]
+    assert sent(not_controller) and mutate(review("CREATE", not_controller), policy).patch
