@@ -34,12 +34,6 @@ def fit_key(e: Entry, limit: int | None, sid: int | None = None) -> int:
     return sid
 
 
-def could_preempt(result: NoFit) -> bool:
-    """Whether preempting others could make room for the job where it failed: a reclaim of borrowed quota, its own
-    queue's jobs, or (fair sharing) a borrower of lower share."""
-    return result.need is not None or result.own is not None or result.borrow is not None
-
-
 class Fit:
     __slots__ = ("borrowing", "choice", "share", "usage", "usage_id", "version")
 
@@ -137,12 +131,15 @@ class FitChecker:
         A pool that fits without borrowing is taken; one that fits by borrowing is taken at once under
         `when_can_borrow: Borrow`, else only when no later pool fits without; a pool where preempting others could
         make room is waited on at once under `when_can_preempt: Preempt` (unless a pool fitting by borrowing came
-        first), else only when no pool fits. Records the pool (`chosen_pool`); a waiting job's message names it."""
+        first), else only when no pool fits; failing all, the first pool whose nominal quota holds the job once the
+        queue's running jobs end, else the first. Records the pool (`chosen_pool`); a waiting job's message names
+        it."""
         policy = qq.config.pool_fungibility or PoolFungibility()
         borrow_now = policy.when_can_borrow is PoolStep.BORROW
         preempt_now = policy.when_can_preempt is PoolStep.PREEMPT
         borrowing: tuple[str, Fit] | None = None
         preempting: tuple[str, NoFit] | None = None
+        later: tuple[str, NoFit] | None = None
         failed: tuple[str, NoFit] | None = None
         chosen: tuple[str, Fit | NoFit] | None = None
         for pool, sig, sid in e.pools:
@@ -153,13 +150,15 @@ class FitChecker:
                     break
                 borrowing = borrowing or (pool, result)
                 continue
-            if could_preempt(result):
+            if self.victims_possible(qq, e, result):
                 if preempt_now and borrowing is None:
                     chosen = pool, result
                     break
                 preempting = preempting or (pool, result)
+            elif result.own is not None:  # its nominal quota holds it once the queue's running jobs end
+                later = later or (pool, result)
             failed = failed or (pool, result)
-        chosen = chosen or borrowing or preempting or failed
+        chosen = chosen or borrowing or preempting or later or failed
         assert chosen is not None  # e.pools is not empty
         pool, result = chosen
         self.chosen_pool[e.job_id] = pool
@@ -209,6 +208,14 @@ class FitChecker:
             taken[best[1]] = taken.get(best[1], 0) + best[2]
             borrowing = borrowing or best_borrows
         return Fit(tuple(choice), taken, borrowing)
+
+    def victims_possible(self, qq: QueueQuota, e: Entry, result: NoFit) -> bool:
+        """Whether preempting others could make room for `e` where it failed: borrowers to reclaim from (`need`,
+        `borrow`), or its own queue's preemptible jobs of lower priority where it fits the nominal quota (`own`)."""
+        if result.need is not None or result.borrow is not None:
+            return True
+        return result.own is not None and any(o.preemptible and o.priority < e.priority
+                                              for o in self.state.admitted_entries(qq.name))
 
     def key(self, qq: QueueQuota, e: Entry, fit: Fit) -> tuple[int, float, float, str]:
         # e.order[1]: the submit time, or the duration-aware order time when a prediction was given

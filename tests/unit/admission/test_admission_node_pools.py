@@ -124,6 +124,16 @@ def test_when_can_preempt_preempt_waits_on_the_first_pool_where_preemption_makes
     assert (a.job_id, a.pool, a.usage) == ("high", "a", {H100: 4, PA: 4})
 
 
+def test_when_can_preempt_preempt_passes_a_pool_where_no_one_could_be_preempted() -> None:
+    s = AdmissionState(config(pooled(queue("team-a", {H100: 16, PA: 4, PB: 8}, cohort=None),
+                                     when_can_preempt="Preempt"), cohorts=()))
+    submit(s, gpu_job("same", "team-a", 4, pool="a", priority="high"), 0)  # fills pool a; never preempted by a peer
+    assert [a.job_id for a in admission_cycle(s, 1.0).admitted] == ["same"]
+    submit(s, gpu_job("high", "team-a", 4, priority="high"), 2)
+    [a] = admission_cycle(s, 10.0).admitted
+    assert (a.job_id, a.pool) == ("high", "b")
+
+
 def test_a_restored_admission_keeps_its_pool_charge() -> None:
     s = AdmissionState(config(pooled(queue("team-a", {H100: 16, PA: 4, PB: 8}, cohort=None)), cohorts=()))
     submit(s, gpu_job("j0", "team-a", 4), 0)
