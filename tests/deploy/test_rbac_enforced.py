@@ -110,6 +110,9 @@ ENDING_WORKLOADS = [
         **_ending("short-sts"), "annotations": {"gpuq.io/max-runtime-s": "2", "gpuq.io/replicas": "1"}},
         "spec": {"replicas": 0, "serviceName": "short-sts", "selector": {"matchLabels": {"app": "short-sts"}},
                  "template": {"metadata": {"labels": {"app": "short-sts"}}, "spec": _pod_spec(1, "server")}}}),
+    # issue 48: a plain pod held by gpuq's gate is read when it is started (get) and deleted when it ends (delete)
+    Pod.from_dict({"apiVersion": "v1", "kind": "Pod", "metadata": _ending("short-pod"),
+                   "spec": {**_pod_spec(1, "plain"), "schedulingGates": [{"name": "gpuq.io/placement"}]}}),
     RAYJOB({"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": _ending("short-ray"),
             "spec": {"suspend": True, "entrypoint": "python tune.py", "rayClusterSpec": {
                 "headGroupSpec": {"rayStartParams": {}, "template": {"spec": _pod_spec(0, "ray-head")}},
@@ -203,11 +206,11 @@ async def test_the_executor_and_the_api_run_with_exactly_the_charts_roles(
         assert await bus_events(nats_url, "job.failed") == []
         for workload in ENDING_WORKLOADS:
             await client.create(workload)
-        failed = await eventually("the short ones failed", lambda: _at_least(bus_events(nats_url, "job.failed"), 8),
+        failed = await eventually("the short ones failed", lambda: _at_least(bus_events(nats_url, "job.failed"), 9),
                                   timeout_s=90)
         assert sorted(e["job_id"].split(".")[1] for e in failed) == ["short-lws", "short-mpi", "short-nb",
-                                                                     "short-ray", "short-set", "short-sts",
-                                                                     "short-tf", "short-torch"]
+                                                                     "short-pod", "short-ray", "short-set",
+                                                                     "short-sts", "short-tf", "short-torch"]
         await eventually("each shown failed", lambda: _all_shown_failed(client))
     executor_user = f"system:serviceaccount:{RELEASE_NS}:gpuq-executor"
     refused = [a for a in auth.log if a.user == executor_user and not a.allowed]
