@@ -210,14 +210,31 @@ def _open(path: Path) -> TextIO:
 # --------------------------------------------------------------------------- Philly
 
 
-def load_philly(path: Path, *, vc_path: Path | None = None, window: Window = Window(), seed: int = 0,
-                cluster_scale: float = 1.0, nodes_per_rack: int = 8, racks_per_block: int = 8) -> Trace:
-    """Philly `timestamp,duration,num_gpus,gpu_time,cluster`. Rows sorted by submit time, exact duplicate
-    rows dropped, team = VC. Quotas: `philly_vc.csv` node count × 8 GPUs (× cluster_scale, rounded, at least
-    one node per VC); VCs not listed share the `default` queue (nominal 0: it lives on borrowed capacity).
-    The cluster is the sum of the quotas in 8-GPU nodes."""
-    vc_path = vc_path or path.with_name("philly_vc.csv")
-    vc_nodes = _read_vc_nodes(vc_path)
+# The last Philly window read (the file's identity, window, seed, VCs -> its jobs): `--load` reads the trace at up to
+# four cluster scales, and the jobs do not depend on the scale.
+_PHILLY_READ: dict[tuple[object, ...], tuple[list[TraceJob], int, int, int]] = {}
+
+
+def _philly_jobs(path: Path, window: Window, seed: int, vc_nodes: frozenset[str]
+                 ) -> tuple[list[TraceJob], int, int, int]:
+    """The window's jobs (rebased to its first submission), its first submission time, and how many duplicate and
+    blank rows were dropped. Remembered for the last file read while it is unchanged (a copy of the list)."""
+    try:
+        stat = path.stat()
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read: {exc.strerror}") from exc
+    key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size, window.start, window.end, seed, vc_nodes)
+    hit = _PHILLY_READ.get(key)
+    if hit is None:
+        hit = _read_philly_jobs(path, window, seed, vc_nodes)
+        _PHILLY_READ.clear()
+        _PHILLY_READ[key] = hit
+    jobs, t0, duplicates, blank = hit
+    return list(jobs), t0, duplicates, blank
+
+
+def _read_philly_jobs(path: Path, window: Window, seed: int, vc_nodes: frozenset[str]
+                      ) -> tuple[list[TraceJob], int, int, int]:
     seen: set[tuple[str, ...]] = set()
     rows: list[tuple[float, int, int, str, int]] = []  # (epoch, duration, gpus, vc, line)
     duplicates = blank = 0
@@ -241,8 +258,6 @@ def load_philly(path: Path, *, vc_path: Path | None = None, window: Window = Win
             except (IndexError, ValueError) as exc:
                 raise TraceError(f"{path}: line {lineno}: {exc}") from None
     rows.sort()
-    vcs = sorted(vc_nodes)
-    scaled = {vc: max(1, round(n * cluster_scale)) for vc, n in vc_nodes.items()}
     jobs: list[TraceJob] = []
     for ts, duration, gpus, vc, lineno in rows:
         if not window.keeps(ts):
@@ -257,6 +272,20 @@ def load_philly(path: Path, *, vc_path: Path | None = None, window: Window = Win
             checkpoint_interval_s=checkpoint_interval(job_id, seed),
         ))
     jobs, t0 = _rebase(jobs)
+    return jobs, t0, duplicates, blank
+
+
+def load_philly(path: Path, *, vc_path: Path | None = None, window: Window = Window(), seed: int = 0,
+                cluster_scale: float = 1.0, nodes_per_rack: int = 8, racks_per_block: int = 8) -> Trace:
+    """Philly `timestamp,duration,num_gpus,gpu_time,cluster`. Rows sorted by submit time, exact duplicate
+    rows dropped, team = VC. Quotas: `philly_vc.csv` node count × 8 GPUs (× cluster_scale, rounded, at least
+    one node per VC); VCs not listed share the `default` queue (nominal 0: it lives on borrowed capacity).
+    The cluster is the sum of the quotas in 8-GPU nodes."""
+    vc_path = vc_path or path.with_name("philly_vc.csv")
+    vc_nodes = _read_vc_nodes(vc_path)
+    vcs = sorted(vc_nodes)
+    scaled = {vc: max(1, round(n * cluster_scale)) for vc, n in vc_nodes.items()}
+    jobs, t0, duplicates, blank = _philly_jobs(path, window, seed, frozenset(vc_nodes))
     node_count = sum(scaled.values())
     cluster = ClusterConfig(node_groups=(NodeGroup(
         name="philly", count=node_count, gpus_per_node=PHILLY_GPUS_PER_NODE, gpu_model=PHILLY_GPU_MODEL,
