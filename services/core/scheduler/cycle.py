@@ -32,7 +32,7 @@ from shared.timefmt import human_time
 from .index import MISSING, ClusterIndex
 from .placer import place_job
 from .slot import Reservation, earliest_instant, earliest_slot
-from .staging import exclusions_for, placement_shape
+from .staging import Exclusion, exclusions_for, placement_shape
 from .types import CycleResult, Hold, PendingJob, Placement, Reason, RunningJob, Unplaceable
 
 # Reasons that releasing running jobs cannot cure: no reservation is searched for them.
@@ -58,6 +58,7 @@ def schedule_cycle(state: ClusterIndex, pending: Sequence[PendingJob], running: 
                 else sorted([(r.expected_end, r.job_id) for r in running]))
     reservations: list[Reservation] = []
     strict_block: Reservation | None = None
+    every_hold: dict[str, Exclusion] | None = None  # exclusions_for(every hold): most jobs preempted for nobody
     for pj in pending:
         spec = pj.spec
         if state.holds(spec.job_id):
@@ -72,7 +73,13 @@ def schedule_cycle(state: ClusterIndex, pending: Sequence[PendingJob], running: 
         # The capacity held for other jobs' preemptions: this job goes around it (its own holds are its to use).
         others = [h for h in holds if h.preemptor != spec.job_id] if holds else []
         if isinstance(got, Placement) and others and not _disjoint(got, [h.placement for h in others]):
-            around = place_job(state, spec, pj.allowed_models, exclusions_for(h.placement for h in others))
+            if len(others) == len(holds):
+                if every_hold is None:
+                    every_hold = exclusions_for(h.placement for h in holds)
+                excluded = every_hold
+            else:
+                excluded = exclusions_for(h.placement for h in others)
+            around = place_job(state, spec, pj.allowed_models, excluded)
             if not isinstance(around, Placement):
                 hold = min(others, key=lambda h: (h.until, h.preemptor, h.victim))
                 result.unplaceable.append(Unplaceable(
