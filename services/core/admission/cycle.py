@@ -150,21 +150,32 @@ class _Cycle:
         return self.max_admissions is not None and len(self.decision.admitted) >= self.max_admissions
 
     def _admit_heads(self) -> None:
-        """Phases 4 and 5: pop the best head, re-check it, admit it (or explain it), nominate its queue's next."""
-        while self.heap:
-            _, q = heapq.heappop(self.heap)
-            qq = self.book.queues[q]
-            e = self.lists[q][self.idx[q]]
-            result = self.fits.evaluate(qq, e)
+        """Phases 4 and 5: pop the best head, re-check it, admit it (or explain it), nominate its queue's next.
+        Once a cycle's reclaims hold their room, every borrowing head of the cohort passes here in turn, so the fit
+        memo's lookup is inlined as in `_nominate`."""
+        heap, fits, lending = self.heap, self.fits, self.lending
+        queues, lists, idx = self.book.queues, self.lists, self.idx
+        while heap:
+            _, q = heapq.heappop(heap)
+            qq = queues[q]
+            e = lists[q][idx[q]]
+            version = fits.version_of(qq)  # `evaluate` reads the memo as below, and changes no version
+            result = None
+            if not e.pools:
+                memo = fits.memo.get(q)
+                if memo is not None:
+                    result = memo.get(fit_key(e, qq.unsafe_borrow_limit))
+            if result is None or result.version != version:
+                result = fits.evaluate(qq, e)
             if isinstance(result, Fit):
-                fresh = self.fits.key(qq, e, result)
-                if self.heap and fresh > self.heap[0][0]:
-                    heapq.heappush(self.heap, (fresh, q))  # someone else's admission changed its flavor
+                fresh = fits.key(qq, e, result)
+                if heap and fresh > heap[0][0]:
+                    heapq.heappush(heap, (fresh, q))  # someone else's admission changed its flavor
                     continue
-                refused = (self.lending.refusal(qq, e, result, self.fits.version_of(qq))
+                refused = (lending.refusal(qq, e, result, version)
                            if result.borrowing and qq.cohort is not None else None)
-                if refused is None and result.borrowing and self.lending.holds and qq.pool in self.lending.holds:
-                    refused = self.lending.held(qq, result)
+                if refused is None and result.borrowing and lending.holds and qq.pool in lending.holds:
+                    refused = lending.held(qq, result)
                 if refused is not None:
                     e.reason, e.message = Reason.WAITING_FOR_BORROWABLE_QUOTA, refused
                     self.refused_at.setdefault(q, self.idx[q])

@@ -38,6 +38,11 @@ class LendingGuard:
         # the first preemptor: no later admission of the cycle borrows it (Kueue reserves a preempting entry's
         # resources for the rest of the cycle), else the victims would free too little and the request repeat
         self.holds: dict[str, dict[tuple[str, str], tuple[int, str]]] = {}
+        # `held`'s answers per (pool, the fit's usage id): valid while no hold moved (`holds_serial`) and nothing
+        # was admitted in the pool (the fit memo's version); a deep queue of borrowers is judged against the same
+        # holds job after job
+        self.holds_serial = 0
+        self.held_memo: dict[tuple[str, int], tuple[int, int, str | None]] = {}
         # the earliest a waiting lender can take a loan back: a borrower starts no earlier than it is admitted and
         # is protected for the window after its start (services/core/preemption/policy.py `protection`)
         self.take_back_s = float(state.config.policy.protection_window_s)
@@ -151,6 +156,7 @@ class LendingGuard:
             room = min(held + amount, max(0, self.book.cohort_available(qq.cohort, r)))
             if room > held:
                 holds[(qq.cohort, r)] = (room, who)
+                self.holds_serial += 1
 
     def hold_if_coverable(self, qq: QueueQuota, request: Mapping[str, int], first: str,
                            *needs: tuple[tuple[str, ...], Mapping[str, int]]) -> None:
@@ -178,12 +184,23 @@ class LendingGuard:
     def held(self, qq: QueueQuota, fit: Fit) -> str | None:
         """Whether borrowing `fit` would take free room that a reclaim of this cycle counts on (`holds`): the
         message if so, else None."""
-        for (cohort, r), (room, first) in self.holds[qq.pool or ""].items():
+        pool = qq.pool or ""
+        usage_id = fit.usage_id
+        if usage_id is None:
+            usage_id = fit.usage_id = self.usage_ids.setdefault(tuple(fit.usage.items()), len(self.usage_ids))
+        version = self.fits.version_of(qq)
+        hit = self.held_memo.get((pool, usage_id))
+        if hit is not None and hit[0] == self.holds_serial and hit[1] == version:
+            return hit[2]
+        found = None
+        for (cohort, r), (room, first) in self.holds[pool].items():
             u = fit.usage.get(r, 0)
             if u and self.book.cohort_available(cohort, r) - u < room:
-                return (f"needs to borrow {u} {r}; the {room} {r} left in cohort {cohort} are held for the jobs "
-                        f"preempting or reclaiming this cycle ({first})")
-        return None
+                found = (f"needs to borrow {u} {r}; the {room} {r} left in cohort {cohort} are held for the jobs "
+                         f"preempting or reclaiming this cycle ({first})")
+                break
+        self.held_memo[(pool, usage_id)] = (self.holds_serial, version, found)
+        return found
 
     def lenders_unused(self, cohort: str, version: int, lenders: list[tuple[str, int, frozenset[str]]]
                         ) -> dict[str, list[tuple[str, int, PreemptionPolicy, int]]]:
