@@ -33,9 +33,11 @@ SERVICE_PUBLISHES: dict[str, tuple[str, ...]] = {
     # queue.config_changed: the versions of the queue configuration it records (their publication; the services
     # read the version in force from its read model, whoever published).
     "admission": ("job.rejected", "job.queued", "status.job.pending", "job.admitted", "job.requeued", "job.cancelled",
-                  "preemption.requested", "queue.config_changed"),
+                  "preemption.requested", "queue.config_changed", "job.resize_admitted"),
     # job.failed only with exit_reason Lost: the liveness watch's verdict on a job no executor reports.
-    "scheduler": ("job.placed", "status.job.pending", "preemption.requested", "job.failed"),
+    # job.grow_requested, job.resized: an elastic job's growth asked of admission, and its resizes (issue 48)
+    "scheduler": ("job.placed", "status.job.pending", "preemption.requested", "job.failed", "job.grow_requested",
+                  "job.resized"),
     "preemption": ("job.checkpoint_requested", "job.preempted"),
     "metering": ("queue.usage_reported",),  # its read model of decayed usage per queue (fair share over time)
     # idle reclaim (services/telemetry/idle.py): a job idle past its grace is requeued through the preemption

@@ -31,6 +31,7 @@ from pydantic import ValidationError
 
 from services.admission import configmodel, prefetch, queuemodel
 from services.admission.changecheck import check_proposal
+from services.admission.elastic import ElasticCharges
 from services.admission.etas import (  # re-exported: the ETA's injection point (services/stack.py) and tests
     ETA_DUTY_FACTOR,
     ETA_INTERVAL_S,
@@ -64,8 +65,10 @@ from shared.events import (
     JobCancelRequested,
     JobCompleted,
     JobFailed,
+    JobGrowRequested,
     JobPlaced,
     JobPreempted,
+    JobResized,
     JobStarted,
     JobSubmitted,
     Payload,
@@ -120,6 +123,7 @@ class AdmissionService:
         self.lifecycle = JobLifecycle(self.memory, self.history, eta, self.shard, unit,
                                       drain_held_queues=self.asks.drain_held_queues,
                                       enter_config_epoch=self._enter_config_epoch)
+        self.elastic = ElasticCharges(self.memory, unit)  # running elastic jobs' charges, grown and shrunk
         self.etas = None if eta is None else EtaPublisher(
             self.memory, eta, eta_interval_s, self.shard, enter_config_epoch=self._enter_config_epoch,
             in_fork=lambda: ETA_IN_FORK)
@@ -156,6 +160,8 @@ class AdmissionService:
                           (JobCancelled, lifecycle.on_cancelled), (JobPreempted, lifecycle.on_preempted),
                           (JobAttemptFailed, lifecycle.on_attempt_failed),
                           (QueueConfigChanged, self.on_config_changed),
+                          (JobGrowRequested, self.elastic.on_grow_requested),
+                          (JobResized, self.elastic.on_resized),
                           (QueueUsageReported, self.on_usage_reported))}},
             on_start=self.load, reload=self._rebuild, optimistic_batches=True,
             # (per-cohort instances write the same tables: a batch-start read could miss another's row)
@@ -210,6 +216,7 @@ class AdmissionService:
         memory.backoff = await load_backoff(conn, config, self.shard)
         self.usage.apply()
         memory.expected_end = await load_expected_ends(conn)
+        await self.elastic.load(conn)
         memory.clear_published()
         self._queue_rows.clear()  # what was written in a failed unit of work was rolled back with it
         self._queue_rows_config = None
@@ -285,6 +292,7 @@ class AdmissionService:
         self._config_version, config = await latest_config(conn, self.initial_config)
         memory.state = await load_jobs(conn, config, self.shard)
         memory.backoff = await load_backoff(conn, config, self.shard)
+        await self.elastic.load(conn)
         self.usage.apply()
         memory.keep_published_of(memory.state.pending.keys() | memory.state.admitted.keys())
         memory.changed()
@@ -461,10 +469,12 @@ class AdmissionService:
         pending = decision.pending
         assert isinstance(pending, PendingStatuses)  # what admission_cycle always returns
         await self.statuses.publish(tx, pending)
-        await self.asks.request_reclaims(tx, decision.reclaims)
+        # pods above an elastic floor that keep a job out are asked back first; that cohort's reclaims wait for them
+        await self.asks.request_reclaims(tx, await self.elastic.reclaims_after_give_back(tx, decision.reclaims))
         await self.asks.drain_held_queues(tx)
 
     async def _record_admissions(self, tx: Tx, admitted: list[AdmittedWorkload]) -> None:
+        await self.elastic.reset(tx, (a.job_id for a in admitted if a.spec.elastic))
         if admitted:
             # the cycle's admissions in one statement (a burst's batch admits hundreds)
             await tx.conn.execute(

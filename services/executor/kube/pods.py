@@ -13,6 +13,7 @@ from lightkube import operators
 
 from services.core.kube import dra
 from services.core.kube import names as n
+from services.core.kube.elastic import placed_counts, target_annotations
 from services.core.kube.placement import assign_pods, gated, pod_node, ungate_patch
 from services.core.kube.pods import failure, image_pull_problem, ready_count, rejected, unschedulable
 from services.executor.kube import inventory
@@ -82,11 +83,13 @@ class PodWatch:
                 taken[given.split("/", 1)[1]] = p["metadata"]["name"]
         by_name = {p["metadata"]["name"]: p for p in pods}
         waiting = [name for name, p in by_name.items() if gated(p)]
+        # an elastic job's pod is told the size it joins (a resize's notice may have missed a pod being created)
+        notes = target_annotations(spec, placed_counts(spec, bindings_of(row))) if spec.elastic else {}
         for a in assign_pods(waiting, pod_set, bindings_of(row), taken):
             if dra.asks_claim(by_name[a.pod]) and not await self._allocate(row, by_name[a.pod], a.binding):
                 continue  # its claim is not made yet: ungated when the controller has made it (a pod update)
             patch = ungate_patch(by_name[a.pod], a.binding.node, spec.tolerations)
-            patch["metadata"] = {"annotations": {BINDING_ANNOTATION: f"{attempt}/{a.binding.pod}"}}
+            patch["metadata"] = {"annotations": {**notes, BINDING_ANNOTATION: f"{attempt}/{a.binding.pod}"}}
             self.informer.remember(await self.api.patch(POD, a.pod, patch, namespace=row["namespace"]))
 
     async def _allocate(self, row: asyncpg.Record, pod: dict[str, Any], binding: GpuBinding) -> bool:

@@ -1,5 +1,5 @@
 """An elastic job through the scheduler service on real NATS + Postgres (issue 48 item 2): the service places it at
-its floor, what admission charged, since the services do not resize running jobs yet (docs/scheduler.md)."""
+its floor, what admission charged; it grows only with admission's grant (test_elastic_resizes.py)."""
 
 from __future__ import annotations
 

@@ -34,6 +34,7 @@ from shared.events import (
     JobCompleted,
     JobFailed,
     JobFlopsReported,
+    JobGrowRequested,
     JobIdleWarned,
     JobPending,
     JobPlaced,
@@ -41,6 +42,8 @@ from shared.events import (
     JobQueued,
     JobRejected,
     JobRequeued,
+    JobResizeAdmitted,
+    JobResized,
     JobStarted,
     JobSubmitted,
     NodeChanged,
@@ -107,6 +110,10 @@ def one_of_each() -> list[Payload]:
         UtilizationSourceChecked(source="dcgm", endpoint="http://prometheus:9090", ok=False, reason="Unreachable",
                                  message="cannot reach Prometheus", checked_at=T0, interval_s=15),
         JobFlopsReported(job_id="j1", achieved_tflops=1582.4, precision=Precision.BF16, reported_at=T0, step=100),
+        JobGrowRequested(job_id="j1", pods_before=2, pods=3),
+        JobResizeAdmitted(job_id="j1", pods=3, quota={"H100-80GB": 12}),
+        JobResized(job_id="j1", spec=SPEC, bindings=(GpuBinding(pod="main-0", node="n1", gpu_indices=(0, 1, 2, 3)),),
+                   pods_before=2, pods=1, reason="Shrink", for_job="j2", fencing_token=3),
     ]
 
 
