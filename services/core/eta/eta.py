@@ -913,96 +913,115 @@ def estimate_ranges(cluster: Any, admission: Any, running: Mapping[str, RunningV
     start gets a range wider by TAIL_WIDEN on each side (in wait: low / TAIL_WIDEN, high x TAIL_WIDEN) before
     calibration."""
     fixed = dict(fixed_ends or {})
-    believed = {**fixed, **{j: r.started_at + r.spec.max_runtime_s for j, r in running.items()}}
+    plans = _RefreshReplays(cluster, admission, running, now, model, fixed=fixed, backfill=backfill,
+                            horizon_s=horizon_s, preempted_at=preempted_at, budget=budget)
+    starts, low, high = plans.run()
+    if model.expect_arrivals:  # each replay's start, later by what the arrivals to come are expected to take
+        later = _arrival_delays(cluster, admission, now, model)
+        starts, low, high = (later(starts), later(low), later(high))
+    return _ranges(model, waiting_queues(admission), now, starts, low, high, plans.coarse)
 
-    expected = model.all_expected_ends(running, now)  # once for all replays
-    started = {j: r.started_at for j, r in running.items()} if model.expect_preemption else None
 
-    coarse: frozenset[str] = frozenset()
-    # The refresh's budget: the median replay takes up to half (all when it is the only one), the p10 and p90
-    # replays share what it left. The head of the queue and the tail beyond it are cut once for the three replays
-    # (their ends differ, not the queue), by the median's share.
-    first = budget if budget is None or not model.predict else max(1, budget // 2)
-    spent = 0
-    head, tail = (cut_queue(cluster, admission, set(fixed) | set(expected), first) if first is not None
-                  else (admission, None))
-    # job_id -> its prediction (the replays and the tail ask for each job), made once per (group, limit): the
-    # predictor does not change during a refresh, and a deep queue is mostly sweeps of a few groups
-    predicted: dict[str, Prediction] = {}
-    by_key: dict[tuple[JobKey, int], Prediction] = {}
+class _RefreshReplays:
+    """The replays of one refresh (`estimate_ranges`): the median, then the p10 and p90 ones, within the
+    refresh's budget, on the head of the queue cut once for the three."""
 
-    def prediction(spec: JobSpec) -> Prediction:
-        p = predicted.get(spec.job_id)
+    def __init__(self, cluster: Any, admission: Any, running: Mapping[str, RunningView], now: float,
+                 model: EtaModel, *, fixed: dict[str, float], backfill: bool, horizon_s: float,
+                 preempted_at: Mapping[str, float] | None, budget: int | None):
+        self.cluster, self.now, self.model, self.fixed = cluster, now, model, fixed
+        self.backfill, self.horizon_s, self.preempted_at, self.budget = backfill, horizon_s, preempted_at, budget
+        self.believed = {**fixed, **{j: r.started_at + r.spec.max_runtime_s for j, r in running.items()}}
+        self.expected = model.all_expected_ends(running, now)  # once for all replays
+        self.started = {j: r.started_at for j, r in running.items()} if model.expect_preemption else None
+        self.coarse: frozenset[str] = frozenset()
+        # The refresh's budget: the median replay takes up to half (all when it is the only one), the p10 and p90
+        # replays share what it left. The head of the queue and the tail beyond it are cut once for the three
+        # replays (their ends differ, not the queue), by the median's share.
+        self.first = budget if budget is None or not model.predict else max(1, budget // 2)
+        self.spent = 0
+        self.head: Any = admission
+        self.tail: list[TailJob] | None = None
+        if self.first is not None:
+            self.head, self.tail = cut_queue(cluster, admission, set(fixed) | set(self.expected), self.first)
+        # job_id -> its prediction (the replays and the tail ask for each job), made once per (group, limit): the
+        # predictor does not change during a refresh, and a deep queue is mostly sweeps of a few groups
+        self._predicted: dict[str, Prediction] = {}
+        self._by_key: dict[tuple[JobKey, int], Prediction] = {}
+
+    def prediction(self, spec: JobSpec) -> Prediction:
+        p = self._predicted.get(spec.job_id)
         if p is None:
             key = (JobKey.of(spec), spec.max_runtime_s)
-            p = by_key.get(key)
+            p = self._by_key.get(key)
             if p is None:
-                p = by_key[key] = model.predictor.predict(key[0], float(spec.max_runtime_s))
-            predicted[spec.job_id] = p
+                p = self._by_key[key] = self.model.predictor.predict(key[0], float(spec.max_runtime_s))
+            self._predicted[spec.job_id] = p
         return p
 
-    def ends_of(which: str) -> dict[str, float]:
+    def ends_of(self, which: str) -> dict[str, float]:
         pick = {"low": 0, "high": 2}.get(which, 1)
-        return {**fixed, **{j: e[pick] for j, e in expected.items()}}
+        return {**self.fixed, **{j: e[pick] for j, e in self.expected.items()}}
 
-    def duration_of(which: str) -> Duration:
-        if not model.predict:
-            return model.duration
+    def duration_of(self, which: str) -> Duration:
+        if not self.model.predict:
+            return self.model.duration
+        prediction = self.prediction
 
         def duration(spec: JobSpec) -> float:
             p = prediction(spec)
             return p.median_s if which == "median" else p.low_s if which == "low" else p.high_s
         return duration
 
-    def replay(which: str) -> dict[str, float]:
+    def _share(self, which: str) -> int | None:
+        if which == "median" or self.budget is None:
+            return self.first
+        return max(1, (self.budget - self.spent) // 2)
+
+    def from_scratch(self, which: str) -> dict[str, float]:
         """One replay on its own, from scratch (`_plan`)."""
-        nonlocal coarse, spent
-        share = first if which == "median" or budget is None else max(1, (budget - spent) // 2)
+        tail = self.tail if which == "median" or self.tail is None else []
         # (the tail beyond the head only in the median replay: its range comes from its coarse start)
-        planned, rough, cost = _plan(cluster, head, ends_of(which), now, horizon_s=horizon_s, max_cycles=10_000,
-                                     backfill=backfill, duration=duration_of(which), believed_ends=believed,
-                                     resolution=RESOLUTION, started=started, preempted_at=preempted_at,
-                                     budget=share, tail=tail if which == "median" or tail is None else [])
+        planned, rough, cost = _plan(self.cluster, self.head, self.ends_of(which), self.now,
+                                     horizon_s=self.horizon_s, max_cycles=10_000, backfill=self.backfill,
+                                     duration=self.duration_of(which), believed_ends=self.believed,
+                                     resolution=RESOLUTION, started=self.started, preempted_at=self.preempted_at,
+                                     budget=self._share(which), tail=tail)
         if which == "median":
-            coarse, spent = rough, cost
+            self.coarse, self.spent = rough, cost
         return planned
 
-    if not model.predict:
-        starts, low, high = replay("median"), {}, {}
-    else:
-        # The three replays decide their first instant alike (its decisions read the reserved ends, not the
-        # predicted ones): it is decided once, in the median replay, and the p10 and p90 replays start from its
-        # forks (`_StartsReplay.fork`), each charged the job-cycles it would have spent itself, so every start
-        # equals the one its replay from scratch gives. (One replaying from scratch when its share of the budget
-        # would have stopped its first instant elsewhere.)
+    def run(self) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+        """(median starts, p10 starts, p90 starts). The three replays decide their first instant alike (its
+        decisions read the reserved ends, not the predicted ones): it is decided once, in the median replay, and
+        the p10 and p90 replays start from its forks (`_StartsReplay.fork`), each charged the job-cycles it would
+        have spent itself, so every start equals the one its replay from scratch gives. (One replays from scratch
+        when its share of the budget would have stopped its first instant elsewhere.)"""
+        if not self.model.predict:
+            return self.from_scratch("median"), {}, {}
         from services.core.pipeline import decide
 
-        base = _StartsReplay(cluster, head, ends_of("median"), now, decide=decide, backfill=backfill,
-                             run_for=duration_of("median"), believed_ends=believed, started=started,
-                             preempted_at=preempted_at, tail=tail or ())
-        base.budget, base.log = first, []
+        base = _StartsReplay(self.cluster, self.head, self.ends_of("median"), self.now, decide=decide,
+                             backfill=self.backfill, run_for=self.duration_of("median"), believed_ends=self.believed,
+                             started=self.started, preempted_at=self.preempted_at, tail=self.tail or ())
+        base.budget, base.log = self.first, []
         if base.anything_waiting():
-            base.settle(now)
-        forks = {which: base.fork(ends_of(which), duration_of(which)) for which in ("low", "high")}
+            base.settle(self.now)
+        forks = {which: base.fork(self.ends_of(which), self.duration_of(which)) for which in ("low", "high")}
         base.log = None
-        starts, coarse, spent = _run(base, horizon_s=horizon_s, max_cycles=10_000, resolution=RESOLUTION,
-                                     budget=first, settled=True)
+        starts, self.coarse, self.spent = _run(base, horizon_s=self.horizon_s, max_cycles=10_000,
+                                               resolution=RESOLUTION, budget=self.first, settled=True)
         # The range of the replays with every duration at its p10, then its p90: the base the record calibrates.
         ranges: dict[str, dict[str, float]] = {}
         for which in ("low", "high"):
-            share = None if budget is None else max(1, (budget - spent) // 2)
-            fork = forks[which]
+            share, fork = self._share(which), forks[which]
             if fork.shares_first_instant(share):  # (the fork holds the base's budget record of the first instant)
                 fork.budget = share
-                ranges[which] = _run(fork, horizon_s=horizon_s, max_cycles=10_000, resolution=RESOLUTION,
+                ranges[which] = _run(fork, horizon_s=self.horizon_s, max_cycles=10_000, resolution=RESOLUTION,
                                      budget=share, settled=True)[0]
             else:
-                ranges[which] = replay(which)
-        low, high = ranges["low"], ranges["high"]
-    if model.expect_arrivals:  # each replay's start, later by what the arrivals to come are expected to take
-        later = _arrival_delays(cluster, admission, now, model)
-        starts, low, high = (later(starts), later(low), later(high))
-    return _ranges(model, waiting_queues(admission), now, starts, low, high, coarse)
+                ranges[which] = self.from_scratch(which)
+        return starts, ranges["low"], ranges["high"]
 
 
 def _ranges(model: EtaModel, queued: Mapping[str, tuple[str, float]], now: float, starts: Mapping[str, float],
