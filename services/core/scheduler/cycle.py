@@ -59,6 +59,9 @@ def schedule_cycle(state: ClusterIndex, pending: Sequence[PendingJob], running: 
     reservations: list[Reservation] = []
     strict_block: Reservation | None = None
     every_hold: dict[str, Exclusion] | None = None  # exclusions_for(every hold): most jobs preempted for nobody
+    # gang shapes (`placement_shape`) that fit only on held capacity, until the next commit: a backlog of one shape
+    # is placed around every hold once, not once per job
+    held_only: set[tuple[object, ...]] = set()
     for pj in pending:
         spec = pj.spec
         if state.holds(spec.job_id):
@@ -73,13 +76,19 @@ def schedule_cycle(state: ClusterIndex, pending: Sequence[PendingJob], running: 
         # The capacity held for other jobs' preemptions: this job goes around it (its own holds are its to use).
         others = [h for h in holds if h.preemptor != spec.job_id] if holds else []
         if isinstance(got, Placement) and others and not _disjoint(got, [h.placement for h in others]):
+            shape: tuple[object, ...] | None = None
             if len(others) == len(holds):
                 if every_hold is None:
                     every_hold = exclusions_for(h.placement for h in holds)
                 excluded = every_hold
+                shape = (placement_shape(spec), pj.allowed_models, state.strategy_for(spec.queue))
             else:
                 excluded = exclusions_for(h.placement for h in others)
-            around = place_job(state, spec, pj.allowed_models, excluded)
+            around: Placement | Unplaceable | None = None
+            if shape is None or shape not in held_only:
+                around = place_job(state, spec, pj.allowed_models, excluded)
+                if shape is not None and not isinstance(around, Placement):
+                    held_only.add(shape)
             if not isinstance(around, Placement):
                 hold = min(others, key=lambda h: (h.until, h.preemptor, h.victim))
                 result.unplaceable.append(Unplaceable(
@@ -106,6 +115,7 @@ def schedule_cycle(state: ClusterIndex, pending: Sequence[PendingJob], running: 
                     continue
                 got = retry
             state.commit(got)
+            held_only.clear()
             result.placed.append(got)
             timeline.append((end, spec.job_id))
             continue
