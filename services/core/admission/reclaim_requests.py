@@ -14,7 +14,7 @@ from services.core.admission.lending import LendingGuard
 from services.core.admission.messages import LazyText, Then
 from services.core.admission.model import Reason, ReclaimRequest
 from services.core.admission.quota import QueueQuota
-from services.core.admission.reclaim import own_candidates, reclaim_candidates
+from services.core.admission.reclaim import reclaim_candidates
 from services.core.admission.state import AdmissionState, Entry
 from shared.config import FairSharingStrategy, PreemptionPolicy
 
@@ -83,9 +83,7 @@ class PreemptionAsks:
         """The lowest priority among `q`'s admitted preemptible jobs (+inf when none); kept up to date by `admitted`."""
         low = self.lowest_own.get(q)
         if low is None:
-            low = min((float(e.priority) for e in self.state.admitted_entries(q)
-                       if e.preemptible), default=float("inf"))
-            self.lowest_own[q] = low
+            low = self.lowest_own[q] = self.state.lowest_preemptible(q)
         return low
 
     def fail(self, qq: QueueQuota, e: Entry, result: NoFit) -> None:
@@ -201,10 +199,7 @@ class PreemptionAsks:
         if not need:
             return
         version = self.fits.scope_version.get(qq.scope, 0)
-        key = ("own", q, e.priority, tuple(need), version)
-        own = self.reclaim_memo.get(key)
-        if own is None:
-            own = self.reclaim_memo[key] = own_candidates(self.state, qq, e.priority, need)
+        own = self.state.own_candidates(qq, e.priority, need)  # kept across cycles while its queue's jobs stay
         borrowers: tuple[str, ...] = ()
         found: tuple[str, ...] = ()
         if qq.can_reclaim and all(book.used(q, r) < qq.nominal[r] for r in need):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 from bisect import insort
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
 from types import MappingProxyType
 
 from services.core.admission.admissibility import (
@@ -24,23 +23,21 @@ from services.core.admission.admissibility import (
 from services.core.admission.cycle_memo import CycleMemo
 from services.core.admission.history import historic_share
 from services.core.admission.model import AdmittedWorkload, Reason, Rejection, Workload
+from services.core.admission.node_pools import PoolChoice, intern_requests, with_its_pool
 from services.core.admission.ordering import Order, aged_order_time, order_time
 from services.core.admission.pending import PendingWorkloads
 from services.core.admission.quota import QueueQuota, QuotaBook
+from services.core.admission.reclaim import own_candidates
 from services.core.admission.resources import (
     GpuOption,
     PodSetDemand,
     Signature,
     gpu_pod_set_names,
-    pins_pool,
-    pool_signatures,
     request_signature,
-    with_pool,
 )
 from services.core.admission.starvation import StarvationWatch, under_guarantee
 from shared.config import QueuesConfig
 from shared.domain import JobSpec
-from shared.quota_keys import POOL
 
 
 class Entry:
@@ -67,7 +64,7 @@ class Entry:
         self.sig: Signature = request_signature(spec, non_gpu)  # non_gpu: its queue's (quota.py QueueQuota)
         self.sid = 0  # small int standing for `sig` (cheap memo keys); set by AdmissionState
         # the node pools admission may choose, in its queue's order: (pool, signature on it, its sid); () = none
-        self.pools: tuple[tuple[str, Signature, int], ...] = ()
+        self.pools: tuple[PoolChoice, ...] = ()
         self.gpu_pod_sets = gpu_pod_set_names(spec)
         # the work a reclaim could throw away, bounded by the job's limit: 0 when it can checkpoint
         self.unsaved_runtime_s = 0 if spec.checkpoint.supported else spec.max_runtime_s
@@ -93,7 +90,7 @@ class Entry:
         self.preemptible = preemptible(config, self.workload.spec)
         qq = book.queues.get(self.queue)
         self.sig = request_signature(self.workload.spec, qq.non_gpu if qq is not None else ())
-        self.pools = ()  # AdmissionState.set_config sets them again (pool_choices)
+        self.pools = ()  # AdmissionState.set_config sets them again (node_pools.intern_requests)
         if self.admitted is not None:
             book.add(self.queue, self.admitted.usage)
             if self.queue not in book.queues:
@@ -151,6 +148,12 @@ class AdmissionState:
         self._aging: set[str] = set()
         # no starvation (starvation.py): recent admission waits per class, each queue's pending jobs by submit time
         self._starvation = StarvationWatch()
+        # queue -> how many times its admitted jobs changed (an admission or a release): what `own_candidates`
+        # reads of the state, so its answers are kept across cycles while this holds (a new config drops them)
+        self._admitted_serial: dict[str, int] = {}
+        self._own_memo: dict[tuple[str, int, tuple[str, ...]], tuple[int, tuple[str, ...]]] = {}
+        # queue -> priority -> how many of its admitted jobs of that priority are preemptible (`lowest_preemptible`)
+        self._preemptible_admitted: dict[str, dict[int, int]] = {}
 
     # ------------------------------------------------------------------ views
 
@@ -258,6 +261,9 @@ class AdmissionState:
         other._touched = set(self._touched)
         other._aging = set(self._aging)
         other._starvation = self._starvation.copy()
+        other._admitted_serial = dict(self._admitted_serial)
+        other._own_memo = dict(self._own_memo)
+        other._preemptible_admitted = {q: dict(c) for q, c in self._preemptible_admitted.items()}
         # no cached cohorts: the entries' messages may still be written lazily from *this* state's numbers
         other._memo = CycleMemo()
         return other
@@ -339,7 +345,7 @@ class AdmissionState:
     def restore_admitted(self, a: AdmittedWorkload) -> None:
         """Rebuild after a restart: record a job admitted earlier (from the store) without a cycle."""
         self.finish(a.spec.job_id)
-        a = self._with_its_pool(a)
+        a = with_its_pool(self._book.queues.get(a.spec.queue), a)
         e = self._new_entry(Workload(a.spec, a.submitted_at))
         self._entries[e.job_id] = e
         self._mark_admitted(e, a)
@@ -353,9 +359,8 @@ class AdmissionState:
         self._book = QuotaBook(config)
         changed = (self._entries[j].rejudge(config, self._book) for j in sorted(self._entries))
         messages = [m for m in changed if m is not None]
-        for e in self._entries.values():  # its queue's non-GPU quota keys may have changed its request
-            e.sid = self._sig_ids.setdefault(e.sig, len(self._sig_ids))
-            self.pool_choices(e)
+        for e in self._entries.values():  # its queue's non-GPU quota keys and pools may have changed its request
+            intern_requests(e, self._book.queues.get(e.queue), self._sig_ids)
         messages.extend(over_quota_messages(self._book))
         # aging restarts from the un-aged order times under the new policy (the next cycle ages them again)
         for j in sorted(self._aging):
@@ -365,6 +370,12 @@ class AdmissionState:
                        if e.admitted is None and e.base_at > e.workload.submitted_at}
         self._dirty.update(self._pending_by_queue)
         self._memo.forget_decisions()
+        # classes' values and preemptibility may have changed, and the preemption rules
+        self._own_memo.clear()
+        self._preemptible_admitted = {}
+        for q, by_id in self._admitted_by_queue.items():
+            for e in by_id.values():
+                self._count_preemptible(q, e, 1)
         return sorted(messages)
 
     # ------------------------------------------------------------------ read and written by the cycle
@@ -444,6 +455,24 @@ class AdmissionState:
                 self._touch(e.queue)
                 self._generation += 1
 
+    def own_candidates(self, qq: QueueQuota, priority: int, need: Mapping[str, int]) -> tuple[str, ...]:
+        """reclaim.py `own_candidates`, kept while `qq`'s admitted jobs and the configuration do not change: a
+        queue with a deep backlog asks it for the same few priorities every cycle."""
+        key = (qq.name, priority, tuple(sorted(need)))
+        serial = self._admitted_serial.get(qq.name, 0)
+        hit = self._own_memo.get(key)
+        if hit is not None and hit[0] == serial:
+            return hit[1]
+        found = own_candidates(self, qq, priority, need)
+        self._own_memo[key] = (serial, found)
+        return found
+
+    def lowest_preemptible(self, queue: str) -> float:
+        """The lowest priority among `queue`'s admitted preemptible jobs (+inf when none), kept as jobs are
+        admitted and released."""
+        counts = self._preemptible_admitted.get(queue)
+        return float(min(counts)) if counts else float("inf")
+
     def admit_entry(self, e: Entry, a: AdmittedWorkload) -> None:
         """Move a pending entry to admitted. The caller rebuilds the queue's pending list afterwards."""
         self._pending.pop(e.job_id)
@@ -480,8 +509,7 @@ class AdmissionState:
             nominal = sum(n for r, n in qq.nominal.items() if r in qq.models) if qq is not None else 0
             order_at = order_time(w.submitted_at, w.predicted_gpu_s, nominal, w.spec.total_gpus)
         e = Entry(w, value, may_be_preempted, order_at, qq.non_gpu if qq is not None else ())
-        e.sid = self._sig_ids.setdefault(e.sig, len(self._sig_ids))
-        self.pool_choices(e)
+        intern_requests(e, qq, self._sig_ids)  # its request's id, and the node pools it may be given
         return e
 
     def _add_pending(self, w: Workload, *, requeued: bool = False) -> None:
@@ -506,6 +534,7 @@ class AdmissionState:
         self._admitted[e.job_id] = a
         self._admitted_by_queue.setdefault(e.queue, {})[e.job_id] = e
         self._book.add(e.queue, a.usage)
+        self._admitted_changed(e, 1)
         self._touch(e.queue)
 
     def _release(self, e: Entry) -> None:
@@ -517,36 +546,31 @@ class AdmissionState:
         if by_queue is not None:
             by_queue.pop(e.job_id, None)
         e.admitted = None
+        self._admitted_changed(e, -1)
         self._touch(e.queue)
+
+    def _admitted_changed(self, e: Entry, sign: int) -> None:
+        """`e` was admitted (sign 1) or released (-1): its queue's admitted serial and preemptible counts."""
+        self._admitted_serial[e.queue] = self._admitted_serial.get(e.queue, 0) + 1
+        self._count_preemptible(e.queue, e, sign)
+
+    def _count_preemptible(self, queue: str, e: Entry, sign: int) -> None:
+        if not e.preemptible:
+            return
+        counts = self._preemptible_admitted.setdefault(queue, {})
+        left = counts.get(e.priority, 0) + sign
+        if left > 0:
+            counts[e.priority] = left
+        else:
+            counts.pop(e.priority, None)
+            if not counts:
+                del self._preemptible_admitted[queue]
 
     def _touch(self, queue: str) -> None:
         """Something of `queue` changed (a job came, went, was admitted or re-keyed): its scope's cached cycle and
         its sealed reasons no longer hold."""
         self._touched.add(queue)
         self._memo.touch(self.scope_of(queue), queue)
-
-    def _with_its_pool(self, a: AdmittedWorkload) -> AdmittedWorkload:
-        """A restored admission whose store kept the spec as submitted: the node pool admission chose is the one of
-        its queue's `pools` it was charged (`pool/<name>` in its usage), and its spec selects it again."""
-        qq = self._book.queues.get(a.spec.queue)
-        if a.pool is not None or qq is None or not qq.config.pools or pins_pool(a.spec):
-            return a
-        charged = [p for p in qq.config.pools if POOL + p in a.usage]
-        if len(charged) != 1:
-            return a
-        return replace(a, spec=with_pool(a.spec, charged[0]), pool=charged[0])
-
-    def pool_choices(self, e: Entry) -> None:
-        """The node pools admission may choose for `e` (its queue's `pools`, when it selects none), with their
-        request ids (docs/admission.md, "Node pools as flavors")."""
-        qq = self._book.queues.get(e.queue)
-        if qq is None or not qq.config.pools:
-            e.pools = ()
-            return
-        spot = () if e.preemptible else qq.config.spot_pools or ()  # spot pools: preemptible jobs only
-        e.pools = tuple((pool, sig, self._sig_ids.setdefault(sig, len(self._sig_ids)))
-                        for pool, sig in pool_signatures(e.workload.spec, qq.config.pools, qq.non_gpu)
-                        if pool not in spot)
 
     def options(self, qq: QueueQuota, demand: PodSetDemand) -> tuple[GpuOption, ...]:
         """The flavor options of one pod set in `qq` (admissibility.py `flavor_options`, memoised)."""
