@@ -131,7 +131,7 @@ class ExitReason(StrEnum):
 
 
 class PreemptionReason(StrEnum):
-    """Why a running job was stopped and requeued. The first three are the preemption service's decisions; the
+    """Why a running job was stopped and requeued. The first five are the preemption service's decisions; the
     others are the Kubernetes executor's: the job's node failed (it resumes from its checkpoint), its gang was not
     Ready in time, or a pod could not run where gpuq placed it."""
 
@@ -144,6 +144,10 @@ class PreemptionReason(StrEnum):
     # past its class's warning and grace, and asks the preemption service (preemptor `idle:<job>`, the job the only
     # candidate) to checkpoint and requeue it. Never a job of a class that is never preempted.
     IDLE = "IdleReclaim"
+    # Defragmentation (docs/preemption.md, "Defragmentation"): the scheduler asks the preemption service to move a
+    # checkpointing job (preemptor: the gang waiting on scattered GPUs, candidates: the jobs to move); it checkpoints,
+    # is requeued and is placed again on the holes the scheduler holds for it.
+    DEFRAGMENTATION = "DefragmentationMove"
     NODE_FAILURE = "NodeFailure"
     PODS_READY_TIMEOUT = "PodsReadyTimeout"
     PLACEMENT_FAILED = "PlacementFailed"
@@ -354,6 +358,46 @@ class JobIdleWarned(Payload):
     deadline: datetime
     action: str
     message: str = Field(default="")
+
+
+class JobGrowRequested(Payload):
+    """The scheduler found idle GPUs for one more pod of a running elastic job (docs/scheduler.md, "Elastic jobs"):
+    it asks admission, the owner of the quota, to charge `pods` pods (the job runs `pods_before`)."""
+
+    aggregate, fact = "job", "grow_requested"
+    job_id: str
+    pods_before: int
+    pods: int
+
+
+class JobResizeAdmitted(Payload):
+    """Admission's word on a running elastic job's size: the queue is charged for at most `pods` pods. Above what is
+    placed: a grow granted, charged already (`quota`: the job's whole charge); the scheduler places what still fits.
+    Below: give pods back (a job waits for admission); the charge goes when the scheduler says they went
+    (JobResized). `granted` False: a grow refused for quota (`pods` is what is charged)."""
+
+    aggregate, fact = "job", "resize_admitted"
+    job_id: str
+    pods: int
+    granted: bool = True
+    quota: dict[str, int] = Field(default_factory=dict)
+    message: str = Field(default="")
+
+
+class JobResized(Payload):
+    """The scheduler grew or shrank a running elastic job: it runs `pods` pods now (`bindings`, all of them; it ran
+    `pods_before`). `reason`: Grow, Shrink; `for_job`: the waiting job a shrink made room for. Admission charges
+    exactly `pods` pods; the executor writes the new target into the workload and tells its pods."""
+
+    aggregate, fact = "job", "resized"
+    job_id: str
+    spec: JobSpec
+    bindings: tuple[GpuBinding, ...]
+    pods_before: int
+    pods: int
+    reason: str
+    for_job: str | None = None
+    fencing_token: int | None = None
 
 
 # --------------------------------------------------------------------------- preemption
@@ -575,6 +619,7 @@ CATALOGUE: tuple[type[Payload], ...] = (
     JobFailed, JobAttemptFailed, JobCancelled, JobCancelRequested, JobApproved, CheckpointRequested, JobCheckpointed,
     JobPreempted, JobRequeued, PreemptionRequested, UtilizationSampled, NodeInventory, NodeChanged, QueueConfigChanged,
     AuditRecorded, UtilizationSourceChecked, JobFlopsReported, ExecutorHeartbeat, QueueUsageReported, JobIdleWarned,
+    JobGrowRequested, JobResizeAdmitted, JobResized,
 )
 BY_TYPE: dict[str, type[Payload]] = {cls.event_type(): cls for cls in CATALOGUE}
 

@@ -47,6 +47,7 @@ from services.core.preemption import (
     priority_of,
 )
 from services.core.preemption.idle import idle_victims
+from services.preemption import defrag
 from services.preemption.store import Snapshot, last_checkpoints, load_snapshot, run_started
 from services.scheduler import readmodel as scheduler_view
 from services.scheduler.readmodel import PlacementFact
@@ -218,6 +219,13 @@ class PreemptionService:
         recent = [r["requested_at"] for r in await tx.conn.fetch(
             "SELECT requested_at FROM preemption.preemptions WHERE queue = $1 AND state <> 'aborted' "
             "AND requested_at > $2", spec.queue, tx.now - 3600.0)]
+        if payload.reason is PreemptionReason.DEFRAGMENTATION:  # the scheduler's planned moves: all or none
+            verdict = defrag.judge(config, spec, payload.candidates, snap, await defrag.recent_moves(
+                tx.conn, config, tx.now), tx.now, gang_last_preempted=last_preempted, queue_recent=recent)
+            await record(verdict.outcome, verdict.message, verdict.victims)
+            if verdict.outcome == Outcome.STARTED:
+                await self._start(tx, pid, payload, spec.job_id, spec.queue, verdict.victims, snap)
+            return
         # The decision loop's rule for one request (services/core/pipeline: the simulator and the ETA's replay
         # choose their victims with it too)
         asked = await tx.conn.fetchval(RECLAIM_ASKED_SINCE, payload.preemptor, PreemptionReason.RECLAIM.value,

@@ -21,8 +21,9 @@ import asyncpg
 from services.admission.follow import ConfigFollower
 from services.core.pipeline import PlacementBook, WaitingJob, hold_until, place_ordered, priority_value
 from services.core.preemption import priority_of
-from services.core.scheduler import ClusterState, Hold, Placement
-from services.scheduler import held
+from services.core.scheduler import ClusterState, CycleResult, Hold, Placement
+from services.scheduler import defrag, held
+from services.scheduler import elastic as el
 from services.scheduler.liveness import LivenessWatch
 from services.scheduler.nodes import MIGRATIONS, record_node
 from shared import audit
@@ -41,6 +42,7 @@ from shared.events import (
     JobPlaced,
     JobPreempted,
     JobRequeued,
+    JobResizeAdmitted,
     JobStarted,
     NodeChanged,
     NodeInventory,
@@ -94,6 +96,8 @@ class SchedulerService:
         # victim -> the capacity its preemption freed, held for its preemptor (docs/preemption.md, "The freed
         # GPUs go to the preemptor"); the table scheduler.holds is its durable copy
         self.holds: dict[str, Hold] = {}
+        # the placed jobs' queues and the placed elastic jobs, which grow and shrink while they run (elastic.py)
+        self.elastic = el.ElasticJobs()
 
     def spec(self) -> ServiceSpec:
         return ServiceSpec(
@@ -102,7 +106,8 @@ class SchedulerService:
                       JobAdmitted: self.on_admitted, JobStarted: self.on_started, JobCompleted: self.on_finished,
                       JobFailed: self.on_finished, JobAttemptFailed: self.on_finished, JobCancelled: self.on_finished,
                       JobPreempted: self.on_finished,
-                      JobRequeued: self.on_requeued, ExecutorHeartbeat: self.liveness.on_heartbeat,
+                      JobRequeued: self.on_requeued, JobResizeAdmitted: self.on_resize_admitted,
+                      ExecutorHeartbeat: self.liveness.on_heartbeat,
                       **({QueueConfigChanged: self.on_config_changed} if self.follower is not None else {})},
             on_start=self.load, reload=self._rebuild, background=(self.liveness.loop, self.holds_loop),
             optimistic_batches=True,
@@ -142,6 +147,7 @@ class SchedulerService:
         self.resume.clear()
         self.reasons.clear()
         self.limits.clear()
+        self.elastic.clear()
         self.holds = {r["victim"]: _hold(r) for r in await conn.fetch(
             "SELECT victim, preemptor, bindings, requests, until FROM scheduler.holds ORDER BY victim")}
         for r in await conn.fetch(
@@ -152,9 +158,13 @@ class SchedulerService:
             self.resume[r["job_id"]] = r["resume_from"]
             self.reasons[r["job_id"]] = (r["reason"], r["message"], r["planned_start"])
         for r in await conn.fetch(
-                "SELECT job_id, spec, coalesce(expected_end, placed_at + (spec->>'max_runtime_s')::double precision)"
+                "SELECT job_id, spec, flavors, grow_requested, "
+                "coalesce(expected_end, placed_at + (spec->>'max_runtime_s')::double precision)"
                 " AS expected_end FROM scheduler.jobs WHERE status = 'placed'"):
             spec = JobSpec.model_validate_json(r["spec"])
+            self.elastic.placed(self._waiting_job(spec, json.loads(r["flavors"]), 0.0))
+            if r["grow_requested"] is not None:
+                self.elastic.asked[r["job_id"]] = int(r["grow_requested"])
             self.book.add_placed(r["job_id"], float(r["expected_end"]), self._preemptible_priority(spec))
             self.limits[r["job_id"]] = float(spec.max_runtime_s)
 
@@ -251,12 +261,15 @@ class SchedulerService:
             if isinstance(payload, JobPreempted):
                 await self._hold_for_preemptor(tx, payload)
             await self._drop_holds(tx, [h for h in self.holds.values() if h.preemptor == payload.job_id])
+            if isinstance(payload, JobPreempted) and (hint := await defrag.hold_hint(tx, payload, self.queues)):
+                self.holds[hint["victim"]] = _hold(hint)  # a job moved by defragmentation: its hint held for it
             self.cluster.release(payload.job_id)
             self._published.pop(payload.job_id, None)
             self.book.forget(payload.job_id)
             self.resume.pop(payload.job_id, None)
             self.reasons.pop(payload.job_id, None)
             self.limits.pop(payload.job_id, None)
+            await el.forget(tx, self.elastic, payload.job_id)
             # terminal, even for a job whose admission is still on its way: a tombstone
             cancelled_at = tx.now if isinstance(payload, JobCancelled) else None
             await held.record(tx, lambda rows: rows.finish(payload.job_id, cancelled_at))
@@ -322,6 +335,7 @@ class SchedulerService:
         await held.write_held(tx)
         await self._drop_holds(tx, [h for h in self.holds.values() if h.until <= tx.now])
         if not book.waiting:
+            await self._grow(tx)
             return
         # The pipeline places the waiting jobs in its order and says which ask for preemption; the capacity held
         # for preemptors goes to them only.
@@ -331,10 +345,12 @@ class SchedulerService:
                                 # by victim, as loaded at start: the same holds give the same decisions after a restart
                                 holds=[self.holds[v] for v in sorted(self.holds)])
         result = outcome.result
-        asks = set(outcome.preemption_asks)
+        donations = [] if self.holds else self.elastic.make_room(self.cluster, self.queues, result, book.waiting)
+        asks = set(outcome.preemption_asks) - {p.job_id for p in result.placed}
         if result.placed and self.runtime is not None and self.runtime.lease is not None:
             await self.runtime.lease.check_fence(tx.conn)
         term = self.runtime.lease.term if self.runtime is not None and self.runtime.lease is not None else None
+        await el.donated(tx, self.elastic, donations, term)  # shrunk before preemption (elastic.py)
         if result.placed:
             specs = [book.waiting[p.job_id].spec for p in result.placed]
             await tx.conn.execute(
@@ -353,6 +369,7 @@ class SchedulerService:
             await self._drop_holds(tx, [h for h in self.holds.values() if h.preemptor in placed])
         for placement in result.placed:
             spec = book.waiting[placement.job_id].spec
+            self.elastic.placed(book.waiting[placement.job_id])
             resume_from = self.resume.pop(placement.job_id, None)
             book.unwait(placement.job_id)
             self.reasons.pop(placement.job_id, None)
@@ -386,6 +403,28 @@ class SchedulerService:
         if changed:
             await tx.conn.executemany(
                 "UPDATE scheduler.jobs SET reason = $2, message = $3, planned_start = $4 WHERE job_id = $1", changed)
+        await defrag.ask_moves(tx, self.cluster, result, book.waiting, asks, self.queues, bool(self.holds))
+        await self._grow(tx, result)
+
+    # ------------------------------------------------------------------ elastic jobs (elastic.py)
+
+    async def _grow(self, tx: Tx, result: CycleResult | None = None) -> None:
+        """Nothing waits for capacity (in `result`): a grow asked of admission (elastic.py); not past a hold."""
+        if not self.holds and (result is None or not el.blocked(result)):
+            await el.ask_grow(tx, self.elastic, self.cluster, self.queues)
+
+    async def on_resize_admitted(self, tx: Tx, event: CloudEvent, payload: JobResizeAdmitted) -> None:
+        async def body() -> None:
+            await el.answered(tx, self.elastic, self.cluster, payload, self._fence)
+
+        await self._then_cycle(tx, body)
+
+    async def _fence(self, tx: Tx) -> int | None:
+        """The leader term deciding now (its fence checked), None without a lease."""
+        if self.runtime is None or self.runtime.lease is None:
+            return None
+        await self.runtime.lease.check_fence(tx.conn)
+        return self.runtime.lease.term
 
     def _waiting_job(self, spec: JobSpec, flavors: dict[str, str], admitted_at: float) -> WaitingJob:
         return WaitingJob(spec=spec, allowed_models=tuple(sorted(set(flavors.values()))),
