@@ -31,6 +31,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Mapping
 
+from services.core.admission.entry import Entry
 from services.core.admission.fit import Fit, FitChecker, fit_key
 from services.core.admission.lending import LendingGuard
 from services.core.admission.model import AdmissionDecision, AdmittedWorkload, Reason
@@ -38,7 +39,7 @@ from services.core.admission.quota import QueueQuota
 from services.core.admission.reclaim_requests import PreemptionAsks
 from services.core.admission.resources import with_pool
 from services.core.admission.reuse import ScopeReuse
-from services.core.admission.state import AdmissionState, Entry
+from services.core.admission.state import AdmissionState
 from services.core.admission.statuses import PendingStatuses
 from shared.config import StopPolicy
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from services.core.admission.entry import Entry
 from services.core.admission.messages import LazyText, Then, Why
 from services.core.admission.model import Reason
 from services.core.admission.quota import QueueQuota
 from services.core.admission.resources import GpuOption, PodSetDemand, Signature, gpu_capped
-from services.core.admission.state import AdmissionState, Entry
+from services.core.admission.state import AdmissionState
 from shared.config import FairSharingStrategy, PoolFungibility, PoolStep
 
 # Why a job may not borrow, and the fit memo's key for it (`fit_key`): the memoised verdict's message says why.

@@ -36,3 +36,18 @@ def historic_share(book: QuotaBook, qq: QueueQuota, decayed_gpu_s: Mapping[str, 
     if score == 0.0:
         return 0.0
     return score / qq.weight if qq.weight > 0 else math.inf
+
+
+def historic_shares(book: QuotaBook, decayed_gpu_s: Mapping[str, Mapping[str, float]],
+                    half_life_s: float) -> dict[str, float]:
+    """Per queue of `book` with a non-zero score, its `historic_share` from its decayed usage per resource."""
+    if half_life_s <= 0:
+        raise ValueError(f"half_life_s must be > 0, got {half_life_s}")
+    shares = {}
+    for q in sorted(decayed_gpu_s):
+        qq = book.queues.get(q)
+        if qq is not None:
+            v = historic_share(book, qq, decayed_gpu_s[q], half_life_s)
+            if v:
+                shares[q] = v
+    return shares

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from services.core.admission.entry import Entry
 from services.core.admission.fit import Fit, FitChecker
 from services.core.admission.quota import QueueQuota
-from services.core.admission.state import AdmissionState, Entry
+from services.core.admission.state import AdmissionState
 from shared.config import PreemptionPolicy
 
 

@@ -12,10 +12,7 @@ from services.core.admission.resources import Signature, pins_pool, pool_signatu
 from shared.quota_keys import POOL
 
 if TYPE_CHECKING:
-    from services.core.admission.state import Entry
-
-PoolChoice = tuple[str, Signature, int]  # (pool, the job's request on it, that request's id)
-
+    from services.core.admission.entry import Entry
 
 def intern_requests(e: Entry, qq: QueueQuota | None, ids: dict[Signature, int]) -> None:
     """Set `e`'s request id (`sid`) and the node pools admission may give it (`pools`), in its queue's order, each

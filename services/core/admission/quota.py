@@ -21,6 +21,7 @@ A flat cohort is a root without quota of its own (S = lendable, U = used): the s
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Mapping
 
 from services.core.admission.cohort_tree import CohortTree
@@ -135,6 +136,16 @@ class QuotaBook:
 
     # ------------------------------------------------------------------ bookkeeping
 
+
+    def copy(self) -> QuotaBook:
+        """A copy whose usage, running counts and memo change apart from this book's; the configuration and the
+        static structure (queues, cohort tree, lendable pools) are immutable and shared."""
+        other = copy.copy(self)
+        other.usage = {q: dict(u) for q, u in self.usage.items()}
+        other.running = dict(self.running)
+        other.cohort_used = {c: dict(u) for c, u in self.cohort_used.items()}
+        other.options_cache = dict(self.options_cache)  # a memo both sides add to
+        return other
     def add(self, queue: str, usage: Mapping[str, int], sign: int = 1) -> None:
         """Charge (sign=+1) or release (sign=-1) an admitted job's usage; O(resources)."""
         own = self.usage.setdefault(queue, {})

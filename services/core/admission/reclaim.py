@@ -44,22 +44,3 @@ def reclaim_candidates(state: AdmissionState, qq: QueueQuota, priority: int,
                 found.append((e.priority, ckpt_first and e.unsaved_runtime_s > 0, -a.admitted_at, e.job_id))
     found.sort()
     return tuple(job_id for _p, _u, _t, job_id in found)
-
-
-def own_candidates(state: AdmissionState, qq: QueueQuota, priority: int,
-                   need: Mapping[str, int]) -> tuple[str, ...]:
-    """Within-queue preemption candidates (Kueue `withinClusterQueue: LowerPriority`; `Any` is read the same):
-    the queue's own admitted preemptible jobs of strictly lower priority that use a needed resource, in the
-    same order as reclaim candidates (lowest priority, checkpointing, most recently admitted, job id)."""
-    if qq.config.preemption.within_queue is PreemptionPolicy.NEVER:
-        return ()
-    ckpt_first = state.config.policy.loss_aware_reclaim  # checkpointing candidates first (issue 49), when on
-    found: list[tuple[int, bool, float, str]] = []
-    for e in state.admitted_entries(qq.name):
-        a = e.admitted
-        if a is None or not e.preemptible or e.priority >= priority:
-            continue
-        if any(a.usage.get(r, 0) > 0 for r in need):
-            found.append((e.priority, ckpt_first and e.unsaved_runtime_s > 0, -a.admitted_at, e.job_id))
-    found.sort()
-    return tuple(job_id for _p, _u, _t, job_id in found)

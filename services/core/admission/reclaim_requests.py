@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from services.core.admission.entry import Entry
 from services.core.admission.fair_sharing import fair_victims
 from services.core.admission.fit import FitChecker, NoFit
 from services.core.admission.lending import LendingGuard
@@ -15,7 +16,7 @@ from services.core.admission.messages import LazyText, Then
 from services.core.admission.model import Reason, ReclaimRequest
 from services.core.admission.quota import QueueQuota
 from services.core.admission.reclaim import reclaim_candidates
-from services.core.admission.state import AdmissionState, Entry
+from services.core.admission.state import AdmissionState
 from shared.config import FairSharingStrategy, PreemptionPolicy
 
 

@@ -26,6 +26,7 @@ GpuOption = tuple[str, str, int]
 # one pod set's demand: (amount, acceptable models (empty = any), mig profile or None)
 PodSetDemand = tuple[int, tuple[str, ...], str | None]
 Signature = tuple[PodSetDemand, ...]
+PoolChoice = tuple[str, Signature, int]  # (node pool, the job's request on it, that request's id): node_pools.py
 
 
 GPU_SHARE = "gpu-share"  # quota resource `<model>:gpu-share`: milli-GPUs of compute of shared GPUs

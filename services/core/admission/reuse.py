@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from services.core.admission.entry import Entry
 from services.core.admission.messages import LazyText, rewrite_when_read
 from services.core.admission.model import AdmissionDecision, ReclaimRequest
 from services.core.admission.ordering import Order
 from services.core.admission.reclaim_requests import PreemptionAsks
 from services.core.admission.resources import Signature
-from services.core.admission.state import AdmissionState, Entry
+from services.core.admission.state import AdmissionState
 
 
 class ScopeReuse:

@@ -21,103 +21,23 @@ from services.core.admission.admissibility import (
     verdict,
 )
 from services.core.admission.cycle_memo import CycleMemo
-from services.core.admission.history import historic_share
+from services.core.admission.entry import Entry
+from services.core.admission.history import historic_shares
 from services.core.admission.model import AdmittedWorkload, Reason, Rejection, Workload
-from services.core.admission.node_pools import PoolChoice, intern_requests, with_its_pool
-from services.core.admission.ordering import Order, aged_order_time, order_time
+from services.core.admission.node_pools import intern_requests, with_its_pool
+from services.core.admission.ordering import Order, order_time
 from services.core.admission.pending import PendingWorkloads
 from services.core.admission.quota import QueueQuota, QuotaBook
-from services.core.admission.reclaim import own_candidates
 from services.core.admission.resources import (
     GpuOption,
     PodSetDemand,
     Signature,
-    gpu_pod_set_names,
     request_signature,
 )
 from services.core.admission.starvation import StarvationWatch, under_guarantee
+from services.core.admission.within_queue import AdmittedIndex
 from shared.config import QueuesConfig
 from shared.domain import JobSpec
-
-
-class Entry:
-    """Internal record of one job (pending or admitted). Mutable and slotted because the cycle touches every
-    pending job every cycle; never handed out."""
-
-    __slots__ = ("admitted", "base_at", "gpu_pod_sets", "job_id", "message", "order", "pools", "preemptible",
-                 "priority", "queue", "reason", "sid", "sig", "unsaved_runtime_s", "verdict", "workload")
-
-    def __init__(self, workload: Workload, priority: int, preemptible: bool, order_at: float | None = None,
-                 non_gpu: tuple[str, ...] = ()):
-        spec = workload.spec
-        self.workload = workload
-        self.job_id = spec.job_id
-        self.queue = spec.queue
-        self.priority = priority
-        # as the preemption service judges it (services/core/preemption/model.py `priority_of`): a job it would never
-        # take is never a reclaim candidate here, and never borrows (fit.py `fit_key`: a loan nobody can take
-        # back would keep its lender from its own quota)
-        self.preemptible = preemptible
-        # (-priority, order time, id): the order time is the submit time, or later for longer predicted work
-        self.order: Order = (-priority, workload.submitted_at if order_at is None else order_at, spec.job_id)
-        self.base_at = self.order[1]  # the order time before aging (ordering.aged_order_time)
-        self.sig: Signature = request_signature(spec, non_gpu)  # non_gpu: its queue's (quota.py QueueQuota)
-        self.sid = 0  # small int standing for `sig` (cheap memo keys); set by AdmissionState
-        # the node pools admission may choose, in its queue's order: (pool, signature on it, its sid); () = none
-        self.pools: tuple[PoolChoice, ...] = ()
-        self.gpu_pod_sets = gpu_pod_set_names(spec)
-        # the work a reclaim could throw away, bounded by the job's limit: 0 when it can checkpoint
-        self.unsaved_runtime_s = 0 if spec.checkpoint.supported else spec.max_runtime_s
-        self.verdict: tuple[str, str] | None = None  # static inadmissibility under the current config
-        self.admitted: AdmittedWorkload | None = None
-        # written by the cycle: why it waits (positions are computed when a status is read)
-        self.reason = ""
-        self.message: object = ""  # str, or the cycle's message object that writes itself when read
-
-    def reprioritise(self, value: int) -> None:
-        """Its class's value changed: same order time, new priority."""
-        self.priority = value
-        self.order = (-value, self.order[1], self.job_id)
-
-    def rejudge(self, config: QueuesConfig, book: QuotaBook) -> str | None:
-        """Under a new configuration: its class's value and preemptibility, and (pending) whether the configuration
-        can admit it at all. Returns what changed for its owner to read, if anything. An admitted job is charged to
-        the new book and stays admitted even if its queue is over quota or gone."""
-        k = config.priority_class_map.get(self.workload.spec.priority_class)
-        if k is not None and k.value != self.priority:
-            self.reprioritise(k.value)
-        # a class made (non-)preemptible changes whether the job may borrow and whether it may be reclaimed
-        self.preemptible = preemptible(config, self.workload.spec)
-        qq = book.queues.get(self.queue)
-        self.sig = request_signature(self.workload.spec, qq.non_gpu if qq is not None else ())
-        self.pools = ()  # AdmissionState.set_config sets them again (node_pools.intern_requests)
-        if self.admitted is not None:
-            book.add(self.queue, self.admitted.usage)
-            if self.queue not in book.queues:
-                return f"admitted job {self.job_id} stays admitted although its queue {self.queue} was deleted"
-            return None
-        old, self.verdict = self.verdict, verdict(config, book, self.workload.spec)
-        if self.verdict is not None and self.verdict != old:
-            return f"pending job {self.job_id} is now inadmissible ({self.verdict[0]}): {self.verdict[1]}"
-        if self.verdict is None and old is not None:
-            return f"pending job {self.job_id} is admissible again"
-        return None
-
-    def age(self, now: float, max_age_s: float) -> tuple[bool, bool]:
-        """Wait-time aging (ordering.aged_order_time): moves its order time. Returns (moved, done): whether its
-        order changed, and whether it waited max_age_s and is keyed by its submit time for good."""
-        submitted = self.workload.submitted_at
-        at = aged_order_time(submitted, self.base_at, now, max_age_s)
-        moved = at != self.order[1]
-        if moved:
-            self.order = (self.order[0], at, self.job_id)
-        return moved, at == submitted
-
-    def starvation_view(self) -> tuple[int, float] | None:
-        """(class, submit time) while it pends admissible: what the starvation rule judges (starvation.py)."""
-        if self.admitted is not None or self.verdict is not None:
-            return None
-        return self.priority, self.workload.submitted_at
 
 
 def _spec_key(spec: JobSpec) -> str:
@@ -148,12 +68,8 @@ class AdmissionState:
         self._aging: set[str] = set()
         # no starvation (starvation.py): recent admission waits per class, each queue's pending jobs by submit time
         self._starvation = StarvationWatch()
-        # queue -> how many times its admitted jobs changed (an admission or a release): what `own_candidates`
-        # reads of the state, so its answers are kept across cycles while this holds (a new config drops them)
-        self._admitted_serial: dict[str, int] = {}
-        self._own_memo: dict[tuple[str, int, tuple[str, ...]], tuple[int, tuple[str, ...]]] = {}
-        # queue -> priority -> how many of its admitted jobs of that priority are preemptible (`lowest_preemptible`)
-        self._preemptible_admitted: dict[str, dict[int, int]] = {}
+        # within-queue preemption's candidates and lowest preemptible priority per queue, kept as jobs come and go
+        self._admitted_index = AdmittedIndex()
 
     # ------------------------------------------------------------------ views
 
@@ -231,19 +147,13 @@ class AdmissionState:
         return count, inadmissible, oldest
 
     def copy(self) -> AdmissionState:
-        """An independent copy (for what-if runs such as the ETA forward simulation, which takes it in the service's
-        handler thread and reads it in a worker thread while the handlers go on changing this state): nothing a
-        command or a cycle on either changes is shared. Workloads, admitted workloads, specs, the config and the
-        quota book's static part (queues, cohort tree, lendable pools) are immutable and shared; every mutable
-        container and entry is copied. An entry's message may be a lazy text that reads the numbers of the
-        quota book of the cycle that wrote it (this state's): what-if runs overwrite messages, never read them.
-        O(jobs) shallow copies, no spec copied: a fraction of a deep copy (docs/admission.md, "Performance")."""
+        """An independent copy for what-if runs (the ETA's forward simulation, read in a worker thread while the
+        handlers change this state): nothing a command or cycle on either changes is shared. Workloads, specs, the
+        config and the book's static part are immutable and shared; mutable containers and entries are copied
+        (O(jobs) shallow copies: docs/admission.md, "Performance"). An entry's message may be a lazy text reading
+        this state's book: what-if runs overwrite messages, never read them."""
         other = copy.copy(self)
-        other._book = copy.copy(self._book)
-        other._book.usage = {q: dict(u) for q, u in self._book.usage.items()}
-        other._book.running = dict(self._book.running)
-        other._book.cohort_used = {c: dict(u) for c, u in self._book.cohort_used.items()}
-        other._book.options_cache = dict(self._book.options_cache)  # a memo both sides add to
+        other._book = self._book.copy()
         other._sig_ids = dict(self._sig_ids)  # interned as new shapes arrive, on either side
         other._history_share = dict(self._history_share)
         copy_entry = copy.copy
@@ -261,9 +171,7 @@ class AdmissionState:
         other._touched = set(self._touched)
         other._aging = set(self._aging)
         other._starvation = self._starvation.copy()
-        other._admitted_serial = dict(self._admitted_serial)
-        other._own_memo = dict(self._own_memo)
-        other._preemptible_admitted = {q: dict(c) for q, c in self._preemptible_admitted.items()}
+        other._admitted_index = self._admitted_index.copy()
         # no cached cohorts: the entries' messages may still be written lazily from *this* state's numbers
         other._memo = CycleMemo()
         return other
@@ -273,15 +181,7 @@ class AdmissionState:
     def set_usage_history(self, decayed_gpu_s: Mapping[str, Mapping[str, float]], half_life_s: float) -> None:
         """Fair share over time: per queue and quota resource, usage in GPU-seconds decayed with `half_life_s`
         (from the metering ledger). Queues are then ordered by current + historic share (core/history.py)."""
-        if half_life_s <= 0:
-            raise ValueError(f"half_life_s must be > 0, got {half_life_s}")
-        shares = {}
-        for q in sorted(decayed_gpu_s):
-            qq = self._book.queues.get(q)
-            if qq is not None:
-                v = historic_share(self._book, qq, decayed_gpu_s[q], half_life_s)
-                if v:
-                    shares[q] = v
+        shares = historic_shares(self._book, decayed_gpu_s, half_life_s)
         if shares != self._history_share:
             # the cross-queue order changed: no cohort may reuse a cycle decided under the old one
             for q in sorted(set(shares) | set(self._history_share)):
@@ -371,11 +271,7 @@ class AdmissionState:
         self._dirty.update(self._pending_by_queue)
         self._memo.forget_decisions()
         # classes' values and preemptibility may have changed, and the preemption rules
-        self._own_memo.clear()
-        self._preemptible_admitted = {}
-        for q, by_id in self._admitted_by_queue.items():
-            for e in by_id.values():
-                self._count_preemptible(q, e, 1)
+        self._admitted_index.rebuild(e for by_id in self._admitted_by_queue.values() for e in by_id.values())
         return sorted(messages)
 
     # ------------------------------------------------------------------ read and written by the cycle
@@ -456,22 +352,13 @@ class AdmissionState:
                 self._generation += 1
 
     def own_candidates(self, qq: QueueQuota, priority: int, need: Mapping[str, int]) -> tuple[str, ...]:
-        """reclaim.py `own_candidates`, kept while `qq`'s admitted jobs and the configuration do not change: a
-        queue with a deep backlog asks it for the same few priorities every cycle."""
-        key = (qq.name, priority, tuple(sorted(need)))
-        serial = self._admitted_serial.get(qq.name, 0)
-        hit = self._own_memo.get(key)
-        if hit is not None and hit[0] == serial:
-            return hit[1]
-        found = own_candidates(self, qq, priority, need)
-        self._own_memo[key] = (serial, found)
-        return found
+        """within_queue.py `own_candidates` for `qq`, kept while its admitted jobs and the configuration hold."""
+        return self._admitted_index.own_candidates(self.admitted_entries(qq.name), qq, priority, need,
+                                                   ckpt_first=self.config.policy.loss_aware_reclaim)
 
     def lowest_preemptible(self, queue: str) -> float:
-        """The lowest priority among `queue`'s admitted preemptible jobs (+inf when none), kept as jobs are
-        admitted and released."""
-        counts = self._preemptible_admitted.get(queue)
-        return float(min(counts)) if counts else float("inf")
+        """The lowest priority among `queue`'s admitted preemptible jobs (+inf when none)."""
+        return self._admitted_index.lowest_preemptible(queue)
 
     def admit_entry(self, e: Entry, a: AdmittedWorkload) -> None:
         """Move a pending entry to admitted. The caller rebuilds the queue's pending list afterwards."""
@@ -496,8 +383,6 @@ class AdmissionState:
             self._touch(q)
             self._generation += 1
         return found
-
-    # ------------------------------------------------------------------ helpers
 
     def _new_entry(self, w: Workload) -> Entry:
         k = priority_class(self._config, w.spec)
@@ -534,7 +419,7 @@ class AdmissionState:
         self._admitted[e.job_id] = a
         self._admitted_by_queue.setdefault(e.queue, {})[e.job_id] = e
         self._book.add(e.queue, a.usage)
-        self._admitted_changed(e, 1)
+        self._admitted_index.changed(e, 1)
         self._touch(e.queue)
 
     def _release(self, e: Entry) -> None:
@@ -546,25 +431,8 @@ class AdmissionState:
         if by_queue is not None:
             by_queue.pop(e.job_id, None)
         e.admitted = None
-        self._admitted_changed(e, -1)
+        self._admitted_index.changed(e, -1)
         self._touch(e.queue)
-
-    def _admitted_changed(self, e: Entry, sign: int) -> None:
-        """`e` was admitted (sign 1) or released (-1): its queue's admitted serial and preemptible counts."""
-        self._admitted_serial[e.queue] = self._admitted_serial.get(e.queue, 0) + 1
-        self._count_preemptible(e.queue, e, sign)
-
-    def _count_preemptible(self, queue: str, e: Entry, sign: int) -> None:
-        if not e.preemptible:
-            return
-        counts = self._preemptible_admitted.setdefault(queue, {})
-        left = counts.get(e.priority, 0) + sign
-        if left > 0:
-            counts[e.priority] = left
-        else:
-            counts.pop(e.priority, None)
-            if not counts:
-                del self._preemptible_admitted[queue]
 
     def _touch(self, queue: str) -> None:
         """Something of `queue` changed (a job came, went, was admitted or re-keyed): its scope's cached cycle and

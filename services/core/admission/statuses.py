@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING
 from services.core.admission.model import PendingStatus
 
 if TYPE_CHECKING:
-    from services.core.admission.state import AdmissionState, Entry
+    from services.core.admission.entry import Entry
+    from services.core.admission.state import AdmissionState
 
 _order = attrgetter("order")
 

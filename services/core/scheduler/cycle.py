@@ -58,10 +58,7 @@ def schedule_cycle(state: ClusterIndex, pending: Sequence[PendingJob], running: 
                 else sorted([(r.expected_end, r.job_id) for r in running]))
     reservations: list[Reservation] = []
     strict_block: Reservation | None = None
-    every_hold: dict[str, Exclusion] | None = None  # exclusions_for(every hold): most jobs preempted for nobody
-    # gang shapes (`placement_shape`) that fit only on held capacity, until the next commit: a backlog of one shape
-    # is placed around every hold once, not once per job
-    held_only: set[tuple[object, ...]] = set()
+    around_holds = _AroundHolds(holds)
     for pj in pending:
         spec = pj.spec
         if state.holds(spec.job_id):
@@ -75,26 +72,10 @@ def schedule_cycle(state: ClusterIndex, pending: Sequence[PendingJob], running: 
         got = _place(state, pj)
         # The capacity held for other jobs' preemptions: this job goes around it (its own holds are its to use).
         others = [h for h in holds if h.preemptor != spec.job_id] if holds else []
-        if isinstance(got, Placement) and others and not _disjoint(got, [h.placement for h in others]):
-            shape: tuple[object, ...] | None = None
-            if len(others) == len(holds):
-                if every_hold is None:
-                    every_hold = exclusions_for(h.placement for h in holds)
-                excluded = every_hold
-                shape = (placement_shape(spec), pj.allowed_models, state.strategy_for(spec.queue))
-            else:
-                excluded = exclusions_for(h.placement for h in others)
-            around: Placement | Unplaceable | None = None
-            if shape is None or shape not in held_only:
-                around = place_job(state, spec, pj.allowed_models, excluded)
-                if shape is not None and not isinstance(around, Placement):
-                    held_only.add(shape)
-            if not isinstance(around, Placement):
-                hold = min(others, key=lambda h: (h.until, h.preemptor, h.victim))
-                result.unplaceable.append(Unplaceable(
-                    spec.job_id, Reason.WAITING_FOR_RESERVATION,
-                    f"fits now only on capacity held for {hold.preemptor}, which preempted {hold.victim} for it "
-                    f"(held until {human_time(hold.until)} at the latest)"))
+        if isinstance(got, Placement) and others:
+            around = around_holds.place(state, pj, got, others)
+            if isinstance(around, Unplaceable):
+                result.unplaceable.append(around)
                 continue
             got = around
         if isinstance(got, Placement):
@@ -115,7 +96,7 @@ def schedule_cycle(state: ClusterIndex, pending: Sequence[PendingJob], running: 
                     continue
                 got = retry
             state.commit(got)
-            held_only.clear()
+            around_holds.committed()
             result.placed.append(got)
             timeline.append((end, spec.job_id))
             continue
@@ -130,6 +111,49 @@ def schedule_cycle(state: ClusterIndex, pending: Sequence[PendingJob], running: 
                     strict_block = slot
         result.unplaceable.append(got)
     return result
+
+
+class _AroundHolds:
+    """Places a cycle's jobs around the capacity held for other jobs' preemptions (a job's own holds are its to
+    use), or says it waits for them."""
+
+    def __init__(self, holds: Sequence[Hold]) -> None:
+        self._holds = holds
+        self._every_hold: dict[str, Exclusion] | None = None  # exclusions_for(every hold): most jobs preempt nobody
+        # gang shapes (`placement_shape`) that fit only on held capacity, until the next commit: a backlog of one
+        # shape is placed around every hold once, not once per job
+        self._held_only: set[tuple[object, ...]] = set()
+
+    def committed(self) -> None:
+        """A job was placed: what fitted only on held capacity may fit elsewhere no more, or again: try again."""
+        self._held_only.clear()
+
+    def place(self, state: ClusterIndex, pj: PendingJob, got: Placement, others: list[Hold]) -> Placement | Unplaceable:
+        """`got`, if it touches none of `others` (the holds not `pj`'s own); else a placement around them, or why
+        `pj` waits."""
+        if _disjoint(got, [h.placement for h in others]):
+            return got
+        spec = pj.spec
+        shape: tuple[object, ...] | None = None
+        if len(others) == len(self._holds):
+            if self._every_hold is None:
+                self._every_hold = exclusions_for(h.placement for h in self._holds)
+            excluded = self._every_hold
+            shape = (placement_shape(spec), pj.allowed_models, state.strategy_for(spec.queue))
+        else:
+            excluded = exclusions_for(h.placement for h in others)
+        around: Placement | Unplaceable | None = None
+        if shape is None or shape not in self._held_only:
+            around = place_job(state, spec, pj.allowed_models, excluded)
+            if shape is not None and not isinstance(around, Placement):
+                self._held_only.add(shape)
+        if isinstance(around, Placement):
+            return around
+        hold = min(others, key=lambda h: (h.until, h.preemptor, h.victim))
+        return Unplaceable(
+            spec.job_id, Reason.WAITING_FOR_RESERVATION,
+            f"fits now only on capacity held for {hold.preemptor}, which preempted {hold.victim} for it "
+            f"(held until {human_time(hold.until)} at the latest)")
 
 
 _PlaceMemo = tuple[JobSpec, Placement | Unplaceable]  # (the spec it was asked for, the answer)

@@ -1,0 +1,94 @@
+"""Within-queue preemption candidates: which of a queue's own admitted jobs a higher-priority job of the same queue
+may take the place of. Over the queue's entries, not the state, so the state can keep the answers (state.py
+`own_candidates`) without an import cycle."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from services.core.admission.entry import Entry
+from services.core.admission.quota import QueueQuota
+from shared.config import PreemptionPolicy
+
+
+def own_candidates(entries: Iterable[Entry], qq: QueueQuota, priority: int, need: Mapping[str, int], *,
+                   ckpt_first: bool) -> tuple[str, ...]:
+    """Within-queue preemption candidates (Kueue `withinClusterQueue: LowerPriority`; `Any` is read the same):
+    of `entries` (the queue's admitted jobs), the preemptible ones of strictly lower priority that use a needed
+    resource, in the same order as reclaim candidates (reclaim.py: lowest priority, checkpointing first when
+    `ckpt_first` (policy.loss_aware_reclaim, issue 49), most recently admitted, job id)."""
+    if qq.config.preemption.within_queue is PreemptionPolicy.NEVER:
+        return ()
+    found: list[tuple[int, bool, float, str]] = []
+    for e in entries:
+        a = e.admitted
+        if a is None or not e.preemptible or e.priority >= priority:
+            continue
+        if any(a.usage.get(r, 0) > 0 for r in need):
+            found.append((e.priority, ckpt_first and e.unsaved_runtime_s > 0, -a.admitted_at, e.job_id))
+    found.sort()
+    return tuple(job_id for _p, _u, _t, job_id in found)
+
+
+class AdmittedIndex:
+    """What the admission state keeps of each queue's admitted jobs for within-queue preemption, as jobs are
+    admitted and released: the answers of `own_candidates` (valid while the queue's admitted jobs do not change: a
+    queue with a deep backlog asks for the same few priorities every cycle) and the lowest priority among its
+    preemptible admitted jobs (counted, not scanned each cycle)."""
+
+    __slots__ = ("_memo", "_preemptible", "_serial")
+
+    def __init__(self) -> None:
+        # queue -> how many times its admitted jobs changed (an admission or a release): what the memo is keyed by
+        self._serial: dict[str, int] = {}
+        self._memo: dict[tuple[str, int, tuple[str, ...]], tuple[int, tuple[str, ...]]] = {}
+        # queue -> priority -> how many of its admitted jobs of that priority are preemptible
+        self._preemptible: dict[str, dict[int, int]] = {}
+
+    def copy(self) -> AdmittedIndex:
+        other = AdmittedIndex()
+        other._serial = dict(self._serial)
+        other._memo = dict(self._memo)
+        other._preemptible = {q: dict(c) for q, c in self._preemptible.items()}
+        return other
+
+    def rebuild(self, admitted: Iterable[Entry]) -> None:
+        """After a configuration change (classes' values, preemptibility and the preemption rules may differ)."""
+        self._memo.clear()
+        self._preemptible = {}
+        for e in admitted:
+            self._count(e, 1)
+
+    def changed(self, e: Entry, sign: int) -> None:
+        """`e` was admitted (sign 1) or released (-1)."""
+        self._serial[e.queue] = self._serial.get(e.queue, 0) + 1
+        self._count(e, sign)
+
+    def own_candidates(self, entries: Iterable[Entry], qq: QueueQuota, priority: int, need: Mapping[str, int], *,
+                       ckpt_first: bool) -> tuple[str, ...]:
+        """`own_candidates` over `entries` (`qq`'s admitted jobs), kept while they do not change."""
+        key = (qq.name, priority, tuple(sorted(need)))
+        serial = self._serial.get(qq.name, 0)
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] == serial:
+            return hit[1]
+        found = own_candidates(entries, qq, priority, need, ckpt_first=ckpt_first)
+        self._memo[key] = (serial, found)
+        return found
+
+    def lowest_preemptible(self, queue: str) -> float:
+        """The lowest priority among `queue`'s admitted preemptible jobs (+inf when none)."""
+        counts = self._preemptible.get(queue)
+        return float(min(counts)) if counts else float("inf")
+
+    def _count(self, e: Entry, sign: int) -> None:
+        if not e.preemptible:
+            return
+        counts = self._preemptible.setdefault(e.queue, {})
+        left = counts.get(e.priority, 0) + sign
+        if left > 0:
+            counts[e.priority] = left
+        else:
+            counts.pop(e.priority, None)
+            if not counts:
+                del self._preemptible[e.queue]
