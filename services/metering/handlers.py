@@ -23,6 +23,7 @@ from shared.events import (
     JobFailed,
     JobPlaced,
     JobPreempted,
+    JobResized,
     JobStarted,
     Payload,
     QueueConfigChanged,
@@ -144,6 +145,12 @@ async def on_preempted(tx: TxLike, event: CloudEvent, p: JobPreempted) -> None:
         "lost_ms": round(p.lost_gpu_seconds * 1000), "reason": p.reason.value, "preemptor": p.preemptor})
 
 
+async def on_resized(tx: TxLike, event: CloudEvent, p: JobResized) -> None:
+    # An elastic job grown or shrunk while it runs: its allocation goes on with the pods it has now, from the
+    # envelope's time (the scheduler's statement of when it resized the job; the payload carries no instant).
+    await _record(tx, p.job_id, FactKind.RESIZED, event.time, store.resize_detail(p))
+
+
 async def on_sampled(tx: TxLike, event: CloudEvent, p: UtilizationSampled) -> None:
     await store.record_samples(tx.conn, [p])
 
@@ -172,6 +179,7 @@ HANDLERS: dict[type[Payload], Callable[[TxLike, CloudEvent, Any], Awaitable[None
     JobAttemptFailed: on_attempt_failed,
     JobCancelled: on_cancelled,
     JobPreempted: on_preempted,
+    JobResized: on_resized,
     UtilizationSampled: on_sampled,
     QueueConfigChanged: on_queue_config,
 }

@@ -23,7 +23,7 @@ from services.core.metering.segments import Fact, FactKind, build_segments
 from services.core.metering.units import HOUR_MS, from_ms, model_hint, node_shares, to_ms
 from services.scheduler import readmodel
 from shared.db import apply_migrations
-from shared.events import JobPlaced, UtilizationSampled
+from shared.events import JobPlaced, JobResized, UtilizationSampled
 
 SCHEMA = "metering"
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
@@ -88,6 +88,11 @@ def placed_rows(p: JobPlaced) -> tuple[DimsRow, FactRow]:
                    json.dumps(dict(sorted(spec.labels.items()))), p.placed_at)
     detail = {"shares": [list(s) for s in node_shares(p.bindings, spec)], "model_hint": model_hint(spec)}
     return dims, fact_row(spec.job_id, FactKind.PLACED, p.placed_at, detail)
+
+
+def resize_detail(p: JobResized) -> dict[str, Any]:
+    """A resize's fact detail: the pods it runs with now, as a placement's (`placed_rows`)."""
+    return {"shares": [list(s) for s in node_shares(p.bindings, p.spec)], "model_hint": model_hint(p.spec)}
 
 
 def fact_row(job_id: str, kind: FactKind, at: datetime, detail: Mapping[str, Any] | None = None) -> FactRow:

@@ -25,6 +25,7 @@ class FactKind(StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
     PREEMPTED = "preempted"
+    RESIZED = "resized"  # an elastic job grown or shrunk while it runs (JobResized): a new placement, no end
 
 
 END_KINDS = (FactKind.COMPLETED, FactKind.FAILED, FactKind.CANCELLED, FactKind.PREEMPTED)
@@ -36,8 +37,8 @@ _END_RANK = {FactKind.PREEMPTED: 0, FactKind.FAILED: 1, FactKind.CANCELLED: 2, F
 class Fact:
     kind: FactKind
     at_ms: int
-    shares: tuple[tuple[str, int], ...] = ()  # PLACED: (node, milli-GPUs) sorted by node
-    model_hint: str | None = None  # PLACED: the only GPU model the spec allows, if any
+    shares: tuple[tuple[str, int], ...] = ()  # PLACED, RESIZED: (node, milli-GPUs) sorted by node
+    model_hint: str | None = None  # PLACED, RESIZED: the only GPU model the spec allows, if any
     lost_ms: int = 0  # PREEMPTED: GPU-milliseconds of work lost since the last checkpoint
     retried: bool = False  # FAILED: a failed attempt the job's retry policy retries (JobAttemptFailed), not its end
 
@@ -59,7 +60,9 @@ class AllocationPart:
     model_hint: str | None
     started_at_ms: int | None
     ended_at_ms: int | None  # None = still allocated
-    end_kind: str | None  # a FactKind value, or "replaced" when the job was placed again without an end
+    # a FactKind value; "replaced" when the job was placed again without an end, "resized" when it runs on in the
+    # next segment with another number of pods (an elastic job's resize)
+    end_kind: str | None
     lost_ms: int
 
 
@@ -72,7 +75,12 @@ def build_segments(facts: list[Fact] | tuple[Fact, ...]) -> list[AllocationPart]
                                                f.retried)):
         by_key.setdefault((f.kind, f.at_ms), f)
     unique = list(by_key.values())
-    placements = {f.at_ms: f for f in unique if f.kind is FactKind.PLACED}
+    # a resize is a placement that ends none of the job's run: the segment before it closes there as "resized",
+    # and the new one is started when that one was (a placement and a resize at one instant: the placement)
+    placements: dict[int, Fact] = {}
+    for f in unique:
+        if f.kind in (FactKind.PLACED, FactKind.RESIZED):
+            placements.setdefault(f.at_ms, f)
     starts = sorted(f.at_ms for f in unique if f.kind is FactKind.STARTED)
     ends = sorted((f for f in unique if f.kind in END_KINDS), key=lambda f: (f.at_ms, _END_RANK[f.kind]))
     job_ends = [e for e in ends if e.ends_job]
@@ -80,6 +88,7 @@ def build_segments(facts: list[Fact] | tuple[Fact, ...]) -> list[AllocationPart]
     parts: list[AllocationPart] = []
     used_preemptions: set[int] = set()
     consumed: set[Fact] = set()  # an end at the instant of the next placement ends the earlier one only
+    running_on = False  # the segment before ran until a resize
     for i, placed_at in enumerate(ordered):
         placement = placements[placed_at]
         next_at = ordered[i + 1] if i + 1 < len(ordered) else None
@@ -93,10 +102,13 @@ def build_segments(facts: list[Fact] | tuple[Fact, ...]) -> list[AllocationPart]
         elif over is not None:  # placed after the job's end (a cancel that raced the placement): charged nothing
             ended_at, end_kind = placed_at, over.kind.value
         elif next_at is not None:
-            ended_at, end_kind = next_at, "replaced"
+            ended_at, end_kind = next_at, "resized" if placements[next_at].kind is FactKind.RESIZED else "replaced"
         else:
             ended_at, end_kind = None, None
         started = next((s for s in starts if s >= placed_at and (ended_at is None or s <= ended_at)), None)
+        if running_on and placement.kind is FactKind.RESIZED:
+            started = placed_at
+        running_on = started is not None and end_kind == "resized"
         lost = end.lost_ms if end is not None and end.kind is FactKind.PREEMPTED else 0
         if end is not None and end.kind is FactKind.PREEMPTED:
             used_preemptions.add(end.at_ms)

@@ -16,8 +16,11 @@ from services.scheduler.nodes import record_node
 from shared.domain import GpuBinding, NodeSpec
 from shared.events import (
     GpuSample,
+    JobCompleted,
     JobFailed,
     JobPlaced,
+    JobResized,
+    JobStarted,
     QueueConfigChanged,
     UtilizationSampled,
     make_event,
@@ -265,3 +268,28 @@ async def test_held_facts_are_written_at_the_batch_end_and_lost_with_its_rollbac
     async with pool.acquire() as conn, conn.transaction():
         assert await batch(conn, own_savepoint=True) == 8  # all 8 facts, each at once
     assert await snapshot(pool) == once
+
+
+async def test_a_resized_elastic_job_is_charged_the_pods_it_runs_with(pool):
+    """Issue 48: an elastic job started on 1 node (8 GPUs), grown to 2 nodes after 30 minutes (JobResized), shrunk
+    back to 1 after another 30 and completed 30 later is charged 8 + 16 + 8 = 32 GPU-hours x 0.5 h = 16 GPU-hours,
+    in the ledger on Postgres, however often the resize is delivered (without the resize fact: 12)."""
+    job = spec("e-train", team="team-a", gpus=16, pods=2)
+    grown = placed(job, 1800, ["h-0", "h-1"])
+    shrunk = placed(job, 3600, ["h-0"])
+    evs = [event(QueueConfigChanged(config=QUEUES_DOC), -60),
+           event(placed(job, 0, ["h-0"]), 0), event(JobStarted(job_id="e-train", started_at=at(10)), 10),
+           event(JobResized(job_id="e-train", spec=job, bindings=grown.bindings, pods_before=1, pods=2,
+                            reason="Grow"), 1800),
+           event(JobResized(job_id="e-train", spec=job, bindings=shrunk.bindings, pods_before=2, pods=1,
+                            reason="Shrink", for_job="other"), 3600),
+           event(JobCompleted(job_id="e-train", finished_at=at(5400)), 5400)]
+    await deliver(pool, evs + evs[2:4])  # a redelivered start and grow change nothing
+    snap = await snapshot(pool)
+    row = next(r for r in snap["summary"] if r["team"] == "team-a")
+    assert (row["allocated_gpu_hours"], row["cost"]) == (16.0, 64.0)
+    async with pool.acquire() as conn:
+        parts = await conn.fetch("SELECT node, milli_gpus, end_kind FROM metering.allocations "
+                                 "WHERE job_id = 'e-train' ORDER BY placed_at, node")
+    assert [(r["node"], r["milli_gpus"], r["end_kind"]) for r in parts] == [
+        ("h-0", 8000, "resized"), ("h-0", 8000, "resized"), ("h-1", 8000, "resized"), ("h-0", 8000, "completed")]

@@ -51,6 +51,38 @@ def test_missing_end_is_closed_by_the_next_placement():
     assert [(p.node, p.ended_at_ms, p.end_kind) for p in parts] == [("n1", ms(100), "replaced"), ("n2", None, None)]
 
 
+def resized(s, shares):
+    return Fact(FactKind.RESIZED, ms(s), shares, "H100-80GB")
+
+
+def test_a_grown_elastic_job_is_charged_its_pods_from_the_resize_on():
+    """Issue 48: an elastic job grown from 2 to 4 GPUs at 600 s is charged 2 GPUs before and 4 after, one run: the
+    segment before ends "resized", the next starts at the resize (its job had started), no gap, no overlap."""
+    facts = [placed(0, (("n1", 2000),)), Fact(FactKind.STARTED, ms(10)),
+             resized(600, (("n1", 2000), ("n2", 2000))), end(FactKind.COMPLETED, 3600)]
+    parts = build_segments(facts)
+    assert [(p.node, p.milli_gpus, p.placed_at_ms, p.started_at_ms, p.ended_at_ms, p.end_kind) for p in parts] == [
+        ("n1", 2000, ms(0), ms(10), ms(600), "resized"),
+        ("n1", 2000, ms(600), ms(600), ms(3600), "completed"),
+        ("n2", 2000, ms(600), ms(600), ms(3600), "completed")]
+    gpu_ms = sum(p.milli_gpus * (p.ended_at_ms - p.placed_at_ms) for p in parts if p.ended_at_ms is not None) // 1000
+    assert gpu_ms == 2 * 600_000 + 4 * 3_000_000  # GPU-milliseconds
+
+
+def test_a_shrink_then_a_preemption_charges_the_shrunk_size_and_its_lost_work():
+    facts = [placed(0, (("n1", 4000),)), Fact(FactKind.STARTED, ms(5)), resized(100, (("n1", 1000),)),
+             end(FactKind.PREEMPTED, 200, lost_s=10.0)]
+    parts = build_segments(facts)
+    assert [(p.milli_gpus, p.ended_at_ms, p.end_kind, p.lost_ms) for p in parts] == [
+        (4000, ms(100), "resized", 0), (1000, ms(200), "preempted", 10_000)]
+
+
+def test_a_resize_before_the_start_is_started_when_the_job_starts():
+    parts = build_segments([placed(0, (("n1", 1000),)), resized(60, (("n1", 2000),)), Fact(FactKind.STARTED, ms(90))])
+    assert [(p.milli_gpus, p.started_at_ms, p.ended_at_ms, p.end_kind) for p in parts] == [
+        (1000, None, ms(60), "resized"), (2000, ms(90), None, None)]
+
+
 def test_same_instant_ends_prefer_the_preemption():
     parts = build_segments([placed(0, (("n1", 1000),)), end(FactKind.COMPLETED, 50), end(FactKind.PREEMPTED, 50, 7)])
     assert (parts[0].end_kind, parts[0].lost_ms) == ("preempted", 7000)
@@ -73,10 +105,13 @@ def test_no_facts_no_parts():
 
 
 _fact = st.one_of(
+    st.builds(lambda s, n: Fact(FactKind.RESIZED, ms(s), ((f"n{n}", 4000),), None),
+              st.integers(0, 20) .map(lambda x: x * 300 + 100), st.integers(0, 3)),
     st.builds(lambda s, n: Fact(FactKind.PLACED, ms(s), ((f"n{n}", 8000),), None),
               st.integers(0, 20) .map(lambda x: x * 300), st.integers(0, 3)),
     st.builds(lambda k, s, lost: Fact(k, ms(s), lost_ms=lost if k is FactKind.PREEMPTED else 0),
-              st.sampled_from(list(FactKind)[1:]), st.integers(0, 40).map(lambda x: x * 150 + (x % 3 == 0) * 7),
+              st.sampled_from([k for k in FactKind if k not in (FactKind.PLACED, FactKind.RESIZED)]),
+              st.integers(0, 40).map(lambda x: x * 150 + (x % 3 == 0) * 7),
               st.integers(0, 10**6)),
 )
 
