@@ -120,9 +120,11 @@ def _executor_spec(settings: StackSettings) -> ServiceSpec:
 
 def _eta_function() -> EtaFn:
     """The forward-simulation ETA with the production cores and predicted durations (services/eta)."""
+    from services.core.eta import EtaModel
     from services.eta.platform import PlatformEta
 
-    return PlatformEta()
+    # (GPUQ_ETA_RANGE_METHOD: the p10 and p90 replays, or the median replay and the record's error quantiles)
+    return PlatformEta(EtaModel(range_method=read_settings().eta_range_method))
 
 
 def _optional_spec(name: str, settings: StackSettings) -> ServiceSpec | None:

@@ -67,6 +67,17 @@ def _flag(var: str, refusal: str) -> Callable[[Any], Any]:
     return parse
 
 
+def _choice(var: str, words: tuple[str, ...]) -> Callable[[Any], Any]:
+    def parse(raw: Any) -> Any:
+        if not isinstance(raw, str):
+            return raw
+        text = raw.strip().lower() or words[0]
+        if text not in words:
+            raise ValueError(f"{var} must be one of {', '.join(words)}, not {raw!r}")
+        return text
+    return parse
+
+
 def _days(var: str, floor: int, why: str) -> Callable[[Any], Any]:
     def parse(raw: Any) -> Any:
         if not isinstance(raw, str):
@@ -183,6 +194,11 @@ class Settings(BaseModel):
     admission_cohorts: Annotated[Items, _v(_listed(sort=True))] = Field(
         (), description="Comma-separated cohorts this admission instance serves ('-': queues without a cohort); "
                         "empty: all.")
+    eta_range_method: Annotated[str, _v(_choice("GPUQ_ETA_RANGE_METHOD", ("replays", "calibrated")))] = Field(
+        "replays", description="How the admission service's ETA makes its p10-p90 range: replays (two more replays "
+                               "a refresh, durations at their p10 and p90, calibrated) or calibrated (the median "
+                               "replay alone, the range from the quantiles of the start errors seen so far: a third "
+                               "of the work; docs/simulator.md).")
     trace_exporter: str = Field("none", description="Where spans go: none, console or otlp.")
     gc_freeze: Annotated[bool, _v(_gc_freeze)] = Field(
         True, description="1: survivors of a collection are frozen out of later ones (shared/gcpolicy.py); 0: "

@@ -109,6 +109,8 @@ def simulate(
                             "policies) and report their accuracy (eta_* in the JSON): 'predicted' (predicted "
                             "durations, calibrated range), 'limits' (every job runs its whole limit: the old "
                             "ETA) or 'off'. Slower: each refresh replays the queue."),
+    eta_range: str = typer.Option("replays", "--eta-range", help="The ETA range: 'replays' (p10 / p90 replays) or "
+                                  "'calibrated' (the median replay alone, the record's error quantiles)."),
 ) -> None:
     """Replay a GPU job trace through the same cores as production and compare policies."""
     console = Console(stderr=True)
@@ -133,7 +135,7 @@ def simulate(
             console.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
         failures = _failures(console, tr, seed, node_mtbf_h, node_repair_h, spot_mtbi_h, spot_share, spot_notice_s,
                              spot_checkpoint_s, spot_replace_h)
-        runs = _run_with_progress(console, tr, names, failures, eta)
+        runs = _run_with_progress(console, tr, names, failures, eta, eta_range)
     except (TraceError, ConfigError) as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
@@ -177,7 +179,7 @@ def _failures(console: Console, tr: Trace, seed: int, node_mtbf_h: float | None,
 
 
 def _run_with_progress(console: Console, tr: Trace, names: list[str], failures: list[NodeFailure],
-                       eta: str) -> list[PolicyRun]:
+                       eta: str, eta_range: str = "replays") -> list[PolicyRun]:
     """Every policy over the trace, one progress bar each."""
     from sim.run import run_policies
 
@@ -192,7 +194,7 @@ def _run_with_progress(console: Console, tr: Trace, names: list[str], failures: 
                 last[name] = done
                 progress.update(tasks[name], completed=done)
 
-        return run_policies(tr, names, progress=tick, failures=failures, eta=eta)
+        return run_policies(tr, names, progress=tick, failures=failures, eta=eta, eta_range=eta_range)
 
 
 def _write_results(console: Console, tr: Trace, runs: list[PolicyRun], write_queues: Path | None,

@@ -198,12 +198,18 @@ ETA_MODES = ("off", "predicted", "limits")
 
 def run_policies(trace: Trace, policies: Sequence[str],
                  progress: Callable[[str, int], None] | None = None,
-                 failures: Sequence[NodeFailure] = (), eta: str = "off") -> list[PolicyRun]:
+                 failures: Sequence[NodeFailure] = (), eta: str = "off", eta_range: str = "replays"
+                 ) -> list[PolicyRun]:
     """Replay `trace` under each policy. `eta` other than "off" also gives ETAs to waiting jobs with the
     production ETA code for the policies that have ETAs (gpuq*) and adds their accuracy to the metrics:
-    "predicted" (predicted durations, calibrated range) or "limits" (every job runs its whole limit)."""
+    "predicted" (predicted durations, calibrated range) or "limits" (every job runs its whole limit).
+    `eta_range`: how the range is made (services.core.eta.RANGE_METHODS: "replays" or "calibrated")."""
+    from services.core.eta import RANGE_METHODS
+
     if eta not in ETA_MODES:
         raise TraceError(f"unknown ETA mode {eta!r}; choose from {', '.join(ETA_MODES)}")
+    if eta_range not in RANGE_METHODS:
+        raise TraceError(f"unknown ETA range method {eta_range!r}; choose from {', '.join(RANGE_METHODS)}")
     isolated = isolated_finish_times(trace)
     runs: list[PolicyRun] = []
     for name in policies:
@@ -214,7 +220,8 @@ def run_policies(trace: Trace, policies: Sequence[str],
             from sim.eta_accuracy import EtaTracked
 
             predict = eta == "predicted"
-            policy = tracked = EtaTracked(policy, EtaModel(predict=predict, calibrate=predict))
+            policy = tracked = EtaTracked(policy, EtaModel(predict=predict, calibrate=predict,
+                                                           range_method=eta_range))
         cb = (lambda done, _n=name: progress(_n, done)) if progress else None
         t0 = time.perf_counter()
         result = Engine(trace, policy, progress=cb, failures=failures).run()

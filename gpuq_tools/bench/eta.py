@@ -10,7 +10,8 @@ on a running platform: every ETA shown is widened by its margins). A first refre
 learns every waiting job's arrival; then each of `--runs` timed refreshes is one `PlatformEta.__call__` (the
 arrivals seen, the replays, the ETAs remembered) on the same state a minute later, as the service refreshes when
 nothing changed, with the refresh's work budget (`--budget`: job-cycles per refresh,
-`services.core.eta.DEFAULT_BUDGET`); the figure is the median wall time.
+`services.core.eta.DEFAULT_BUDGET`) and its range method (`--range-method`: the p10 and p90 replays, or the
+median replay alone with the record's error quantiles); the figure is the median wall time.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 import typer
 
 from services.core.admission import AdmissionState, Workload, admission_cycle
-from services.core.eta import DEFAULT_BUDGET, EtaModel, EtaRange
+from services.core.eta import DEFAULT_BUDGET, RANGE_METHODS, EtaModel, EtaRange
 from services.core.scheduler import ClusterState, PendingJob, schedule_cycle
 from services.eta.platform import PlatformEta
 from shared.config import ClusterConfig, NodeGroup
@@ -46,7 +47,7 @@ def _spec(rng: random.Random, n: int, queues: int) -> tuple[JobSpec, float]:
     return spec, float(run_s)
 
 
-def build_platform(nodes: int, queues: int, waiting: int, history: int, seed: int
+def build_platform(nodes: int, queues: int, waiting: int, history: int, seed: int, range_method: str = "replays"
                    ) -> tuple[ClusterState, AdmissionState, dict[str, float], EtaModel, float]:
     """(cluster, admission state, reserved ends of the running jobs, a model that learnt `history` run times,
     now): a full cluster and `waiting` jobs waiting."""
@@ -57,7 +58,7 @@ def build_platform(nodes: int, queues: int, waiting: int, history: int, seed: in
     cluster = ClusterState.from_nodes(node_specs)
     teams = [f"team-{i:02d}" for i in range(queues)]
     adm = AdmissionState(queues_for_teams(teams, {MODEL: nodes * 8}))
-    model = EtaModel()
+    model = EtaModel(range_method=range_method)
     scored = random.Random(seed + 1)  # (its own stream: the platform is the one the seed always gave)
     for i in range(history):
         spec, run_s = _spec(rng, i, queues)
@@ -100,8 +101,8 @@ def build_platform(nodes: int, queues: int, waiting: int, history: int, seed: in
 
 
 def run_bench(nodes: int, queues: int, waiting: int, history: int, runs: int, budget: int | None,
-              seed: int) -> dict[str, Any]:
-    cluster, adm, reserved, model, now = build_platform(nodes, queues, waiting, history, seed)
+              seed: int, range_method: str = "replays") -> dict[str, Any]:
+    cluster, adm, reserved, model, now = build_platform(nodes, queues, waiting, history, seed, range_method)
     # the admission service freezes what it loaded (services/admission/app.py): full collections never re-scan it
     gc.collect()
     gc.freeze()
@@ -122,7 +123,7 @@ def run_bench(nodes: int, queues: int, waiting: int, history: int, runs: int, bu
     return {"nodes": nodes, "gpus": nodes * 8, "running": len(reserved), "waiting": waiting_now,
             "budget": budget, "runs": runs, "etas_given": given, "median_s": round(statistics.median(times), 3),
             "min_s": round(min(times), 3), "max_s": round(max(times), 3), "first_s": round(first, 3),
-            "median_cpu_s": round(statistics.median(cpu), 3)}
+            "median_cpu_s": round(statistics.median(cpu), 3), "range_method": range_method}
 
 
 def bench_eta(
@@ -134,12 +135,16 @@ def bench_eta(
     budget: int = typer.Option(DEFAULT_BUDGET, help="The refresh's work budget (replay events); 0: none, the "
                                                     "whole queue replayed exactly"),
     seed: int = typer.Option(7),
+    range_method: str = typer.Option("replays", "--range-method", help="How the ETA's range is made: 'replays' "
+                                     "(three replays a refresh) or 'calibrated' (the median replay alone)"),
     as_json: bool = typer.Option(False, "--json", help="One JSON object instead of a line"),
 ) -> None:
     """Wall time of one ETA refresh with a deep queue (PlatformEta: the replays and the calibration)."""
     if waiting < 0 or nodes < 1 or queues < 1 or runs < 1 or budget < 0:
         raise typer.BadParameter("need --waiting >= 0, --nodes >= 1, --queues >= 1, --runs >= 1, --budget >= 0")
-    out = run_bench(nodes, queues, waiting, history, runs, budget or None, seed)
+    if range_method not in RANGE_METHODS:
+        raise typer.BadParameter(f"--range-method: one of {', '.join(RANGE_METHODS)}")
+    out = run_bench(nodes, queues, waiting, history, runs, budget or None, seed, range_method)
     if as_json:
         typer.echo(json.dumps(out, sort_keys=True))
     else:

@@ -6,11 +6,13 @@ No I/O, no clock, no randomness: callers pass `now` and snapshots, and keep the 
 
 from .eta import (
     ALL_QUEUES,
+    COLD_WIDEN,
     DEFAULT_BUDGET,
     DEFAULT_HORIZON_S,
     ETA_MIN_REFRESH_S,
     ETA_REFRESH_S,
     IDLE_REFRESH_S,
+    RANGE_METHODS,
     Arrival,
     ArrivalHistory,
     EtaCalibration,
@@ -18,6 +20,7 @@ from .eta import (
     EtaRange,
     ReplayPreemption,
     RunningView,
+    conformal_bounds,
     conformal_quantile,
     estimate_ranges,
     estimate_starts,
@@ -31,11 +34,13 @@ from .preemption import Preempted, PreemptionContext, PreemptionHook, RunningInf
 
 __all__ = [
     "ALL_QUEUES",
+    "COLD_WIDEN",
     "DEFAULT_BUDGET",
     "DEFAULT_HORIZON_S",
     "ETA_MIN_REFRESH_S",
     "ETA_REFRESH_S",
     "IDLE_REFRESH_S",
+    "RANGE_METHODS",
     "Arrival",
     "ArrivalHistory",
     "EtaCalibration",
@@ -48,6 +53,7 @@ __all__ = [
     "RunningInfo",
     "RunningView",
     "SimPreemption",
+    "conformal_bounds",
     "conformal_quantile",
     "estimate_ranges",
     "estimate_starts",

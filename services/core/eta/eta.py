@@ -75,6 +75,15 @@ ARRIVAL_HISTORY = 10_000
 DEFAULT_BUDGET = 60_000
 HEAD_CYCLES = 60
 TAIL_WIDEN = 1.5  # a coarse start's range: its wait divided by this at the low end, multiplied at the high end
+# How an ETA's p10-p90 range is made (`EtaModel.range_method`): "replays", two more replays with every duration at
+# its p10 and p90, widened by the record's conformal margin (`EtaCalibration.calibrated`); "calibrated", the
+# median replay alone, its wait scaled by the quantiles of the errors the record saw (`calibrated_range`), a third
+# of the replays' work. RANGE_METHODS[0] is the default.
+RANGE_METHODS = ("replays", "calibrated")
+# The calibrated range's cold start, before any record has `min_samples` entries: the wait divided by this at the
+# low end and multiplied at the high end (a start from a quarter to four times the planned wait). A stated prior,
+# not fitted to a trace: wider than any warm range the tests' records give, and than a coarse start's TAIL_WIDEN².
+COLD_WIDEN = 4.0
 
 Duration = Callable[[JobSpec], float]
 
@@ -547,6 +556,20 @@ def conformal_quantile(scores: list[float], level: float) -> float | None:
     return sorted(scores)[max(k, 1) - 1]
 
 
+def conformal_bounds(errors: list[float], low_q: float, high_q: float) -> tuple[float, float] | None:
+    """(lower, upper) split-conformal order statistics of `errors` for the central interval between the `low_q`
+    and `high_q` quantiles: the floor((n + 1) low_q)-th smallest (the smallest when that is 0) and the
+    ceil((n + 1) high_q)-th smallest, each a one-sided bound a new exchangeable error passes with probability at
+    most its tail's; None when n is too small for the upper one."""
+    n = len(errors)
+    k_hi = math.ceil((n + 1) * high_q - 1e-9)
+    if n == 0 or k_hi > n:
+        return None
+    k_lo = math.floor((n + 1) * low_q + 1e-9)
+    ordered = sorted(errors)
+    return ordered[max(k_lo, 1) - 1], ordered[max(k_hi, 1) - 1]
+
+
 def _log_wait(t: float, given_at: float) -> float:
     return math.log(max(MIN_WAIT_S, t - given_at))
 
@@ -579,6 +602,9 @@ class EtaCalibration:
         self.level = high_q - low_q  # the nominal coverage of the range (p10-p90: 80%)
         self._scores: dict[str, deque[float]] = {}  # stratum key -> conformity scores, the last `window`
         self._checks: dict[str, deque[tuple[float, bool]]] = {}  # queue -> (|err| as a fraction, in range)
+        # stratum key -> log(actual wait / shown wait) of the shown start, the last `window` (`error_range`)
+        self._errors: dict[str, deque[float]] = {}
+        self.low_q, self.high_q = low_q, high_q
         self.window = window
 
     def record(self, queue: str, given_at: float, eta: EtaRange, started_at: float, submitted_at: float) -> None:
@@ -589,8 +615,10 @@ class EtaCalibration:
         low, high = eta.replayed_range
         score = max(_log_wait(low, given_at) - actual, actual - _log_wait(high, given_at))
         band = stratum(given_at - submitted_at)
+        error = actual - _log_wait(eta.start, given_at)  # (late positive)
         for key in (f"{queue}|{band}", f"{ALL_QUEUES}|{band}", queue, ALL_QUEUES):
             self._scores.setdefault(key, deque(maxlen=self.window)).append(score)
+            self._errors.setdefault(key, deque(maxlen=self.window)).append(error)
         shown = max(MIN_WAIT_S, eta.start - given_at)
         wait = max(MIN_WAIT_S, started_at - given_at)
         covered = eta.low - 1.0 <= started_at <= eta.high + 1.0
@@ -630,6 +658,44 @@ class EtaCalibration:
         cal_lo, cal_hi = (min(lo, cal_lo), max(hi, cal_hi)) if q >= 0 else (max(lo, cal_lo), min(hi, cal_hi))
         return EtaRange(start, min(cal_lo, start), max(cal_hi, start), planned=start, replay_low=low,
                         replay_high=high)
+
+    def error_range(self, queue: str, waited_s: float,
+                    memo: dict[tuple[str, str], tuple[float, float] | None] | None = None
+                    ) -> tuple[float, float] | None:
+        """(lower, upper) log-wait errors of the shown start (log(actual wait / shown wait)) that a new start
+        of a job of `queue` that has waited `waited_s` falls between with the range's nominal probability:
+        the split-conformal order statistics of the record (`conformal_bounds`), from the same queue and
+        stratum, else all queues' of that stratum, else the queue's, else all, once one has `min_samples`;
+        None before that (cold start: `calibrated_range` gives the wide COLD_WIDEN range). `memo`: as
+        `margin`'s."""
+        band = stratum(waited_s)
+        if memo is not None and (queue, band) in memo:
+            return memo[(queue, band)]
+        found: tuple[float, float] | None = None
+        for key in (f"{queue}|{band}", f"{ALL_QUEUES}|{band}", queue, ALL_QUEUES):
+            errors = self._errors.get(key, ())
+            if len(errors) >= self.min_samples:
+                found = conformal_bounds(list(errors), self.low_q, self.high_q)
+                if found is not None:
+                    break
+        if memo is not None:
+            memo[(queue, band)] = found
+        return found
+
+    def calibrated_range(self, queue: str, now: float, start: float, submitted_at: float, widen: float = 1.0,
+                         memo: dict[tuple[str, str], tuple[float, float] | None] | None = None) -> EtaRange:
+        """The ETA of a job of `queue` submitted at `submitted_at` whose median replay planned `start`, with no
+        p10 / p90 replay (`range_method` "calibrated"): its wait scaled by the record's error quantiles
+        (`error_range`), [w·e^lo, w·e^hi] (waits floored at a minute), then divided / multiplied by `widen` (a
+        coarse start's TAIL_WIDEN). Cold start (no record with `min_samples` entries yet): [w / COLD_WIDEN,
+        w · COLD_WIDEN]. The range always holds the start."""
+        found = self.error_range(queue, now - submitted_at, memo)
+        lo_err, hi_err = (-math.log(COLD_WIDEN), math.log(COLD_WIDEN)) if found is None else found
+        wait = _log_wait(start, now)
+        low = now + math.exp(wait + min(0.0, lo_err)) / widen
+        high = now + math.exp(wait + max(0.0, hi_err)) * widen
+        low, high = min(low, start), max(high, start)
+        return EtaRange(start, low, high, planned=start, replay_low=low, replay_high=high)
 
     def accuracy(self, queue: str) -> dict[str, float]:
         """Over the queue's last `window` ETAs: how many, the fraction within ±20% and ±50% of the actual wait,
@@ -831,6 +897,13 @@ class EtaModel:
     # False: nothing is preempted in the replay (jobs wait for the ends of the lower-priority jobs holding their
     # quota), kept to measure against
     expect_preemption: bool = True
+    # How the p10-p90 range is made (RANGE_METHODS): "replays" (two more replays, the default) or "calibrated" (the
+    # median replay alone and the record's error quantiles, `EtaCalibration.calibrated_range`)
+    range_method: str = RANGE_METHODS[0]
+
+    def __post_init__(self) -> None:
+        if self.range_method not in RANGE_METHODS:
+            raise ValueError(f"unknown ETA range method {self.range_method!r}; choose from {', '.join(RANGE_METHODS)}")
 
     def observe_arrivals(self, admission: Any, now: float) -> None:
         """Every job waiting or holding quota in `admission` goes to the arrival history (once per job), with its
@@ -997,7 +1070,9 @@ class _RefreshReplays:
         the p10 and p90 replays start from its forks (`_StartsReplay.fork`), each charged the job-cycles it would
         have spent itself, so every start equals the one its replay from scratch gives. (One replays from scratch
         when its share of the budget would have stopped its first instant elsewhere.)"""
-        if not self.model.predict:
+        if not self.model.predict or self.model.range_method == "calibrated":
+            # (calibrated: the median replay alone, with the same head and budget share as with the replays, so
+            # its starts are the same; the range comes from the record, `_ranges`)
             return self.from_scratch("median"), {}, {}
         from services.core.pipeline import decide
 
@@ -1030,6 +1105,13 @@ def _ranges(model: EtaModel, queued: Mapping[str, tuple[str, float]], now: float
     not to."""
     out: dict[str, EtaRange] = {}
     margins: dict[tuple[str, str], float | None] = {}  # (the record does not change during a refresh)
+    if model.predict and model.range_method == "calibrated":
+        errors: dict[tuple[str, str], tuple[float, float] | None] = {}
+        for job_id, start in starts.items():
+            queue, submitted_at = queued.get(job_id, ("", now))
+            out[job_id] = model.calibration.calibrated_range(queue, now, start, submitted_at,
+                                                             TAIL_WIDEN if job_id in coarse else 1.0, errors)
+        return dict(sorted(out.items()))
     for job_id, start in starts.items():
         lo, hi = min(start, low.get(job_id, start)), max(start, high.get(job_id, start))
         if job_id in coarse:
