@@ -616,9 +616,13 @@ class EtaCalibration:
         score = max(_log_wait(low, given_at) - actual, actual - _log_wait(high, given_at))
         band = stratum(given_at - submitted_at)
         error = actual - _log_wait(eta.start, given_at)  # (late positive)
+        # (a start shown and made within a minute is no ratio: its error, 0 by the floor, is not kept, or a record
+        # of jobs that start at once would narrow every waiting job's range)
+        ratio = max(eta.start, started_at) - given_at >= MIN_WAIT_S
         for key in (f"{queue}|{band}", f"{ALL_QUEUES}|{band}", queue, ALL_QUEUES):
             self._scores.setdefault(key, deque(maxlen=self.window)).append(score)
-            self._errors.setdefault(key, deque(maxlen=self.window)).append(error)
+            if ratio:
+                self._errors.setdefault(key, deque(maxlen=self.window)).append(error)
         shown = max(MIN_WAIT_S, eta.start - given_at)
         wait = max(MIN_WAIT_S, started_at - given_at)
         covered = eta.low - 1.0 <= started_at <= eta.high + 1.0

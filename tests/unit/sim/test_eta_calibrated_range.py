@@ -152,3 +152,17 @@ def test_the_range_method_is_a_checked_setting() -> None:
     assert settings({"GPUQ_ETA_RANGE_METHOD": "calibrated"}).eta_range_method == "calibrated"
     with pytest.raises(SettingsError, match="GPUQ_ETA_RANGE_METHOD"):
         settings({"GPUQ_ETA_RANGE_METHOD": "quantiles"})
+
+
+def test_starts_shown_and_made_within_a_minute_are_not_errors() -> None:
+    """A start shown and made within a minute has no ratio (both waits floored): a record full of them leaves the
+    range of the jobs with real waits as their own errors give it (not narrowed to nothing)."""
+    errors = [round(0.1 * k, 1) for k in range(-9, 10)]
+    cal = _recorded(errors)
+    for i in range(100):  # (the window's 100 entries: kept, they would be all of it)
+        given = 1e7 + 100.0 * i
+        cal.record("q", given, EtaRange(given + 10.0, given, given + 20.0), given + 30.0, submitted_at=given)
+    now = 50_000_000.0
+    eta = cal.calibrated_range("q", now, now + 2000.0, submitted_at=now)
+    assert eta.low - now == pytest.approx(2000.0 * math.exp(-0.8))
+    assert eta.high - now == pytest.approx(2000.0 * math.exp(0.8))
