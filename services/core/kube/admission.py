@@ -36,6 +36,9 @@ from services.core.kube.kinds import pod as kpod
 from services.core.kube.policy import workload_violation
 from services.core.kube.quantity import count
 from services.core.kube.workload import Obj, WorkloadKind
+from services.core.kube.workload import annotations_of as _annotations
+from services.core.kube.workload import labels_of as _labels
+from services.core.kube.workload import meta_of as _meta
 from shared.config import NamespaceMapping, QueuesConfig
 
 # gpuq.io/ keys a workload's author may write (docs/kubernetes.md, "Labels and annotations"); every other gpuq.io/
@@ -156,18 +159,6 @@ def _positive(amount: Any) -> bool:
 
 def workload_asks_for_gpus(kind: WorkloadKind, obj: Obj) -> bool:
     return any(asks_for_gpus(ps.template.get("spec") or {}) for ps in kind.all_templates(obj))
-
-
-def _meta(obj: Obj) -> Mapping[str, Any]:
-    return obj.get("metadata") or {}
-
-
-def _labels(obj: Obj) -> dict[str, str]:
-    return dict(_meta(obj).get("labels") or {})
-
-
-def _annotations(obj: Obj) -> dict[str, str]:
-    return dict(_meta(obj).get("annotations") or {})
 
 
 def _controller(obj: Obj) -> Mapping[str, Any] | None:

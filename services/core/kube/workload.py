@@ -15,6 +15,19 @@ from typing import Any, ClassVar
 Obj = Mapping[str, Any]
 
 
+# An object's metadata and its maps, read-only and never None (an object may lack any of them).
+def meta_of(obj: Obj) -> Mapping[str, Any]:
+    return obj.get("metadata") or {}
+
+
+def labels_of(obj: Obj) -> Mapping[str, str]:
+    return meta_of(obj).get("labels") or {}
+
+
+def annotations_of(obj: Obj) -> Mapping[str, str]:
+    return meta_of(obj).get("annotations") or {}
+
+
 @dataclass(frozen=True)
 class PodSetTemplate:
     name: str  # gpuq pod set name

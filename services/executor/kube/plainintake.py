@@ -11,6 +11,7 @@ from lightkube import operators
 
 from services.core.kube import names as n
 from services.core.kube.kinds import pod as kpod
+from services.core.kube.workload import meta_of as _meta
 from services.executor.kube.client import POD, KubeApi
 from services.executor.kube.informer import Informer
 from services.executor.kube.leadership import Seat
@@ -21,10 +22,6 @@ from services.executor.kube.records import ACTIVE
 from services.executor.kube.workloads import WorkloadIntake
 from shared.config import KubernetesSource
 from shared.service import Tx
-
-
-def _meta(pod: dict[str, Any]) -> dict[str, Any]:
-    return pod.get("metadata") or {}
 
 
 class PlainPodIntake:

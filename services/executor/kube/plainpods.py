@@ -15,6 +15,7 @@ import asyncpg
 
 from services.core.kube import names as n
 from services.core.kube.kinds import pod as kpod
+from services.core.kube.workload import meta_of as _meta
 from services.executor.kube.client import POD, KubeApi, status_code
 from services.executor.kube.notices import Notices
 from services.executor.kube.records import ACTIVE, ref_of
@@ -34,10 +35,6 @@ class States(Protocol):
 
 def plain_row(row: asyncpg.Record | dict[str, Any]) -> bool:
     return kpod.kind_of_record(row["api_version"], row["kind"]) is not None
-
-
-def _meta(pod: dict[str, Any]) -> dict[str, Any]:
-    return pod.get("metadata") or {}
 
 
 async def job_pods(api: KubeApi, row: asyncpg.Record) -> list[dict[str, Any]]:

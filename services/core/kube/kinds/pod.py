@@ -23,22 +23,13 @@ from typing import Any
 
 from services.core.kube import names as n
 from services.core.kube.workload import Conclusion, Finish, Obj, PodSetTemplate, WorkloadKind
+from services.core.kube.workload import annotations_of as _annotations
+from services.core.kube.workload import labels_of as _labels
+from services.core.kube.workload import meta_of as _meta
 
 POD_SET = "main"
 POD_KIND, GROUP_KIND = "Pod", "PodGroup"  # the job record's kind: one pod, or a group of them
 _SHAPE_KEYS = ("nodeSelector", "affinity", "tolerations", "priorityClassName")
-
-
-def _meta(obj: Obj) -> Mapping[str, Any]:
-    return obj.get("metadata") or {}
-
-
-def _labels(obj: Obj) -> Mapping[str, str]:
-    return _meta(obj).get("labels") or {}
-
-
-def _annotations(obj: Obj) -> Mapping[str, str]:
-    return _meta(obj).get("annotations") or {}
 
 
 def controlled(pod: Obj) -> bool:
