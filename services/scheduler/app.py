@@ -403,7 +403,7 @@ class SchedulerService:
         if changed:
             await tx.conn.executemany(
                 "UPDATE scheduler.jobs SET reason = $2, message = $3, planned_start = $4 WHERE job_id = $1", changed)
-        await defrag.ask_moves(tx, self.cluster, result, book.waiting, asks, self.queues, bool(self.holds))
+        self.holds.update(await defrag.ask_moves(tx, self.cluster, result, book.waiting, asks, self.queues, self.holds))
         await self._grow(tx, result)
 
     # ------------------------------------------------------------------ elastic jobs (elastic.py)

@@ -152,7 +152,7 @@ class _AroundHolds:
         hold = min(others, key=lambda h: (h.until, h.preemptor, h.victim))
         return Unplaceable(
             spec.job_id, Reason.WAITING_FOR_RESERVATION,
-            f"fits now only on capacity held for {hold.preemptor}, which preempted {hold.victim} for it "
+            f"fits now only on {hold.words()} "
             f"(held until {human_time(hold.until)} at the latest)")
 
 

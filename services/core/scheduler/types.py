@@ -85,9 +85,23 @@ class Hold:
     preemption has released its quota), and the preemptor then waited for something unrelated to end."""
 
     preemptor: str
-    victim: str
+    victim: str  # or FREE_HOLD / HINT_HOLD + a job: capacity held for a defragmentation move, nobody stopped for it
     placement: Placement  # the victim's placement: the GPUs, slices, CPU and memory it gave back
     until: float
+
+    def words(self) -> str:
+        """What the capacity is held for, as a waiting job's message says it."""
+        if self.victim.startswith(FREE_HOLD):
+            return f"GPUs held for {self.preemptor} while defragmentation moves jobs to make room for it"
+        if self.victim.startswith(HINT_HOLD):
+            return f"the place defragmentation planned for {self.preemptor}, which it moved"
+        return f"capacity held for {self.preemptor}, which preempted {self.victim} for it"
+
+
+# The keys of holds made for a defragmentation move (services/scheduler/defrag.py): a gang's plan's GPUs that were
+# free already, and the moved job's hint.
+FREE_HOLD = "free:"
+HINT_HOLD = "hint:"
 
 
 @dataclass

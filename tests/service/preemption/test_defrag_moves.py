@@ -113,6 +113,35 @@ async def test_a_scattered_gang_starts_after_a_checkpointing_job_is_moved(fresh:
             (moved, None), ("g", None), (moved, "s3://ckpt/m/step-7")]
 
 
+async def test_the_plans_free_gpus_are_held_for_the_gang_during_the_checkpoint(fresh: tuple[str, str]) -> None:
+    """Between the ask and the moved job's preemption (its checkpoint, up to the grace) the GPUs of the plan that
+    are free already wait for the gang: a job arriving then is placed around them, and the gang starts where the
+    plan put it."""
+    clock = ManualClock(T0 + 5000)
+    async with DefragHarness(*fresh, clock, queues()) as h:
+        on = await _scattered(h, 2)
+        moved = on["n-0"]
+        await h.admit(spec("g", "team-b", "low", gpus=8))
+        await h.until("SELECT 1 FROM preemption.preemptions WHERE victim = $1 AND preemptor = 'g' "
+                      "AND state = 'checkpointing'", moved)
+        # during the checkpoint a 4-GPU job arrives: n-0's 4 free GPUs are the gang's, it takes n-1's
+        await h.admit(spec("y", "team-b", "low", gpus=4))
+        assert await _nodes_of(h, "y") == ["n-1"]
+        # a second one fits only on the held GPUs, and is short enough to backfill before the gang's reservation
+        # (the moved job's expected end): it waits all the same, and says what for
+        await h.admit(spec("z", "team-b", "low", gpus=4, max_runtime_s=600))
+        assert await h.until("SELECT reason FROM scheduler.jobs WHERE job_id = 'z'") == "WaitingForReservation"
+        message = str(await h.until("SELECT message FROM scheduler.jobs WHERE job_id = 'z'"))
+        assert "GPUs held for g while defragmentation moves jobs" in message
+        requested = await h.outbox(ns_subject("job.checkpoint_requested"))
+        await h.send(JobCheckpointed(job_id=moved, uri="s3://ckpt/m/step-9", step=9,
+                                     checkpointed_at=utcnow_from(clock.now()),
+                                     preemption_id=requested[0]["preemption_id"]))
+        assert await _nodes_of(h, "g") == ["n-0"]  # the gang on the free GPUs and the moved job's
+        async with h.pool.acquire() as conn:  # placed: its holds are gone
+            assert await conn.fetchval("SELECT count(*) FROM scheduler.holds WHERE preemptor = 'g'") == 0
+
+
 async def test_a_job_that_cannot_checkpoint_is_never_moved(fresh: tuple[str, str]) -> None:
     clock = ManualClock(T0 + 5000)
     async with DefragHarness(*fresh, clock, queues()) as h:
