@@ -277,6 +277,7 @@ class GpuqPolicy:
         """The victim's capacity is held for its preemptor, as services/scheduler/app.py holds it on JobPreempted."""
         from services.core.pipeline import hold_until
         from services.core.scheduler import Hold
+        from services.core.scheduler.types import HINT_HOLD
 
         placement = self.cluster.placement_of(victim.job_id)
         if victim.preemptor is None or placement is None or victim.preemptor.startswith("drain:"):
@@ -285,8 +286,8 @@ class GpuqPolicy:
                                           until=hold_until(now, grace_s))
         hint = getattr(victim, "hint", None)  # a defragmentation move (defrag.Moved): its holes are held for it
         if hint is not None:
-            self._holds[f"hint:{victim.job_id}"] = Hold(preemptor=victim.job_id, victim=victim.preemptor,
-                                                         placement=hint, until=hold_until(now, grace_s))
+            key = HINT_HOLD + victim.job_id  # as services/scheduler/defrag.py keys it
+            self._holds[key] = Hold(preemptor=victim.job_id, victim=key, placement=hint, until=hold_until(now, grace_s))
 
     def _stop_running(self, job_id: str) -> None:
         job = self._running_jobs.pop(job_id, None)
