@@ -62,6 +62,10 @@ class _Cycle:
     """One cycle: the phases and their order (heads, nominations, the heap, admissions, requeue); fit checks,
     lending, preemption requests and reuse are its collaborators'."""
 
+    # `_refuse_alike`: refuse a queue's run of alike borrowers held out of the same room in one loop (False: one by
+    # one through the heap, the reference the tests compare it with)
+    batch_refusals = True
+
     def __init__(self, state: AdmissionState, now: float, capacity: Mapping[str, int] | None,
                  max_admissions: int | None, explain: bool = True):
         self.state = state
@@ -175,8 +179,10 @@ class _Cycle:
                     continue
                 refused = (lending.refusal(qq, e, result, version)
                            if result.borrowing and qq.cohort is not None else None)
+                by_hold = False
                 if refused is None and result.borrowing and lending.holds and qq.pool in lending.holds:
                     refused = lending.held(qq, result)
+                    by_hold = refused is not None
                 if refused is not None:
                     e.reason, e.message = Reason.WAITING_FOR_BORROWABLE_QUOTA, refused
                     self.refused_at.setdefault(q, self.idx[q])
@@ -185,6 +191,8 @@ class _Cycle:
                     if self._strict(qq):
                         self._block_rest(q, Reason.WAITING_IN_STRICT_FIFO, self._strict_message(qq, e))
                         continue
+                    if by_hold and self.batch_refusals:
+                        self._refuse_alike(q, qq, e, result, version, refused)
                     self._nominate(q)
                     continue
                 self._admit(qq, e, result)
@@ -198,6 +206,42 @@ class _Cycle:
                     self._block_rest(q, Reason.WAITING_IN_STRICT_FIFO, self._strict_message(qq, e))
                     continue
             self._nominate(q)
+
+    def _refuse_alike(self, q: str, qq: QueueQuota, head: Entry, fit: Fit, version: int, message: str) -> None:
+        """After `head` was refused for room held by this cycle's reclaims: refuse, with the same message, the run of
+        `q`'s next jobs that the unbatched loop would refuse one by one before anything else happens. A job is
+        refused here only when it is what `_nominate` then the heap would hand back at once: the fit memo gives it
+        the very same Fit (same request, same version), lending refuses it nothing, and its heap key (same share)
+        sorts before every other queue's head, so it would be popped next, against holds and usage that nothing has
+        moved since `head` (refusals change neither), hence held with the same message. The first job that is not
+        such is left to `_nominate`, exactly where the unbatched loop would be. Jobs with a verdict or already
+        admitted are passed as `_nominate` passes them. (On the 60-day Philly window's first 8,000 jobs, 97% of
+        held refusals were followed so by one of the same queue: deep queues of alike borrowers.)"""
+        # (`_nominate`'s early stops cannot apply: `q` admitted nothing since its head was nominated, and a cycle
+        # at its max_admissions pops no more heads)
+        lst, heap, refused = self.lists[q], self.heap, self.refused[q]
+        memo = self.fits.memo[q]
+        limit = qq.unsafe_borrow_limit
+        refusal = self.lending.refusal
+        share = self.fits.key(qq, head, fit)[1]  # the key's share: the fit's, the same for every job of this fit
+        waiting = Reason.WAITING_FOR_BORROWABLE_QUOTA
+        i, n = self.idx[q], len(lst)
+        while i < n:
+            e = lst[i]
+            if e.verdict is not None:
+                e.reason, e.message = e.verdict
+            elif e.admitted is None:
+                if e.pools or memo.get(e.sid if e.preemptible and (limit is None or e.unsaved_runtime_s <= limit)
+                                       else fit_key(e, limit)) is not fit:
+                    break
+                if refusal(qq, e, fit, version) is not None:
+                    break  # refused by lending: `_nominate` says so
+                if heap and ((-e.priority, share, e.order[1], e.job_id), q) > heap[0]:
+                    break  # another queue's head comes first: `_nominate` pushes this one
+                e.reason, e.message = waiting, message
+                refused.append(e)
+            i += 1
+        self.idx[q] = i
 
     def _admit_within_nominal(self) -> None:
         """Phases 4 and 5 for the jobs that fit their queue's nominal quota (3a/5a in `run`): admitted in the
