@@ -955,17 +955,23 @@ class EtaModel:
     def expected_end(self, job: RunningView, now: float, which: str = "median") -> float:
         return self.expected_ends(job, now)[{"low": 0, "high": 2}.get(which, 1)]
 
-    def expected_ends(self, job: RunningView, now: float) -> tuple[float, float, float]:
+    def expected_ends(self, job: RunningView, now: float, median_only: bool = False) -> tuple[float, float, float]:
         """When a job holding GPUs is expected to end: (p10, median, p90). Its cohort's running jobs are the ones
-        the last `all_expected_ends` handed the predictor."""
+        the last `all_expected_ends` handed the predictor. `median_only`: (median,) * 3, the same median without
+        the p10 / p90 searches (a refresh running the median replay alone reads nothing else)."""
         limit = float(job.spec.max_runtime_s)
         if not self.predict:
             return (job.started_at + limit,) * 3
-        p = self.predictor.remaining(JobKey.of(job.spec), limit, now - job.started_at, job.progress,
-                                     started_at=job.started_at)
+        key, elapsed = JobKey.of(job.spec), now - job.started_at
+        if median_only and job.progress is None:
+            at, _, _ = self.predictor.remaining_quantiles(key, limit, elapsed, started_at=job.started_at)
+            return (now + at(0.5),) * 3  # (what `remaining` gives as its median: the same function at 0.5)
+        p = self.predictor.remaining(key, limit, elapsed, job.progress, started_at=job.started_at)
+        if median_only:
+            return (now + p.median_s,) * 3
         return now + p.low_s, now + p.median_s, now + p.high_s
 
-    def all_expected_ends(self, running: Mapping[str, RunningView], now: float
+    def all_expected_ends(self, running: Mapping[str, RunningView], now: float, median_only: bool = False
                           ) -> dict[str, tuple[float, float, float]]:
         """`expected_ends` of every running job. The running jobs go to the predictor first (`running_now`), so
         that each job hears the others of its group started near it: how long they have run, and their limits
@@ -973,7 +979,13 @@ class EtaModel:
         if self.predict:
             self.predictor.running_now([(JobKey.of(r.spec), float(r.spec.max_runtime_s), r.started_at)
                                         for _, r in sorted(running.items())])
-        return {job_id: self.expected_ends(r, now) for job_id, r in sorted(running.items())}
+        return {job_id: self.expected_ends(r, now, median_only) for job_id, r in sorted(running.items())}
+
+    @property
+    def median_replay_only(self) -> bool:
+        """Whether a refresh runs the median replay alone (`_RefreshReplays.run`): no p10 / p90 replay, so the
+        running jobs' p10 / p90 ends are never read."""
+        return not self.predict or self.range_method == "calibrated"
 
 
 def estimate_ranges(cluster: Any, admission: Any, running: Mapping[str, RunningView], now: float,
@@ -1009,7 +1021,8 @@ class _RefreshReplays:
         self.cluster, self.now, self.model, self.fixed = cluster, now, model, fixed
         self.backfill, self.horizon_s, self.preempted_at, self.budget = backfill, horizon_s, preempted_at, budget
         self.believed = {**fixed, **{j: r.started_at + r.spec.max_runtime_s for j, r in running.items()}}
-        self.expected = model.all_expected_ends(running, now)  # once for all replays
+        # once for all replays (the median alone when it is the only replay)
+        self.expected = model.all_expected_ends(running, now, median_only=model.median_replay_only)
         self.started = {j: r.started_at for j, r in running.items()} if model.expect_preemption else None
         self.coarse: frozenset[str] = frozenset()
         # The refresh's budget: the median replay takes up to half (all when it is the only one), the p10 and p90
@@ -1074,7 +1087,7 @@ class _RefreshReplays:
         the p10 and p90 replays start from its forks (`_StartsReplay.fork`), each charged the job-cycles it would
         have spent itself, so every start equals the one its replay from scratch gives. (One replays from scratch
         when its share of the budget would have stopped its first instant elsewhere.)"""
-        if not self.model.predict or self.model.range_method == "calibrated":
+        if self.model.median_replay_only:
             # (calibrated: the median replay alone, with the same head and budget share as with the replays, so
             # its starts are the same; the range comes from the record, `_ranges`)
             return self.from_scratch("median"), {}, {}
