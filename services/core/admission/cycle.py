@@ -223,6 +223,10 @@ class _Cycle:
         memo = self.fits.memo[q]
         limit = qq.unsafe_borrow_limit
         refusal = self.lending.refusal
+        # lending's memo key is (the fit's usage, priority, preemptible, gives back); without loss_aware_reclaim the
+        # last is `preemptible`, so a job with the pair of one lending just let through (`head`'s, at this version)
+        # gets the same None from the memo: the call is skipped
+        passed = None if self.lending.loss_aware else (head.priority, head.preemptible)
         share = self.fits.key(qq, head, fit)[1]  # the key's share: the fit's, the same for every job of this fit
         waiting = Reason.WAITING_FOR_BORROWABLE_QUOTA
         i, n = self.idx[q], len(lst)
@@ -234,8 +238,11 @@ class _Cycle:
                 if e.pools or memo.get(e.sid if e.preemptible and (limit is None or e.unsaved_runtime_s <= limit)
                                        else fit_key(e, limit)) is not fit:
                     break
-                if refusal(qq, e, fit, version) is not None:
-                    break  # refused by lending: `_nominate` says so
+                if passed is None or passed != (e.priority, e.preemptible):
+                    if refusal(qq, e, fit, version) is not None:
+                        break  # refused by lending: `_nominate` says so
+                    if not self.lending.loss_aware:
+                        passed = (e.priority, e.preemptible)
                 if heap and ((-e.priority, share, e.order[1], e.job_id), q) > heap[0]:
                     break  # another queue's head comes first: `_nominate` pushes this one
                 e.reason, e.message = waiting, message

@@ -5,10 +5,11 @@ preemptions and reclaims this cycle asked for (`holds`). Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from services.core.admission.entry import Entry
 from services.core.admission.fit import Fit, FitChecker
+from services.core.admission.model import AdmittedWorkload
 from services.core.admission.quota import QueueQuota
 from services.core.admission.state import AdmissionState
 from shared.config import PreemptionPolicy
@@ -168,19 +169,8 @@ class LendingGuard:
         the room and the request fails; holding the free room for it would only keep that room idle, from every
         borrower of the cohort, for as long as the job waits. (The request itself is still made.)"""
         admitted = self.state.admitted
-        for candidates, need in needs:
-            left = {r: n for r, n in need.items() if n > 0}
-            for c in candidates:
-                if not left:
-                    break
-                usage = admitted[c].usage
-                for r in sorted(left):
-                    left[r] -= usage.get(r, 0)
-                    if left[r] <= 0:
-                        del left[r]
-            if left:
-                return
-        self.hold(qq, request, first)
+        if all(covered(admitted, candidates, need) for candidates, need in needs):
+            self.hold(qq, request, first)
 
     def held(self, qq: QueueQuota, fit: Fit) -> str | None:
         """Whether borrowing `fit` would take free room that a reclaim of this cycle counts on (`holds`): the
@@ -270,3 +260,18 @@ class LendingGuard:
             min((float(t) for p, t in policies if p is PreemptionPolicy.LOWER_PRIORITY), default=float("inf")))
         self.lender_usage[cohort] = tuple(tuple(sorted(self.book.usage[m].items())) for m, _p, _r in found)
         return found
+
+
+def covered(admitted: Mapping[str, AdmittedWorkload], candidates: Sequence[str], need: Mapping[str, int]) -> bool:
+    """Whether the admitted usage of `candidates` covers `need` (every positive amount), resource by resource:
+    usage is never negative, so a resource is covered once the running sum over the candidates reaches its need."""
+    for r, n in sorted(need.items()):
+        if n <= 0:
+            continue
+        for c in candidates:
+            n -= admitted[c].usage.get(r, 0)
+            if n <= 0:
+                break
+        else:
+            return False
+    return True

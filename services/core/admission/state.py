@@ -353,7 +353,7 @@ class AdmissionState:
 
     def own_candidates(self, qq: QueueQuota, priority: int, need: Mapping[str, int]) -> tuple[str, ...]:
         """within_queue.py `own_candidates` for `qq`, kept while its admitted jobs and the configuration hold."""
-        return self._admitted_index.own_candidates(self.admitted_entries(qq.name), qq, priority, need,
+        return self._admitted_index.own_candidates(qq, priority, need,
                                                    ckpt_first=self.config.policy.loss_aware_reclaim)
 
     def lowest_preemptible(self, queue: str) -> float:

@@ -4,6 +4,7 @@ may take the place of. Over the queue's entries, not the state, so the state can
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections.abc import Iterable, Mapping
 
 from services.core.admission.entry import Entry
@@ -32,11 +33,13 @@ def own_candidates(entries: Iterable[Entry], qq: QueueQuota, priority: int, need
 
 class AdmittedIndex:
     """What the admission state keeps of each queue's admitted jobs for within-queue preemption, as jobs are
-    admitted and released: the answers of `own_candidates` (valid while the queue's admitted jobs do not change: a
-    queue with a deep backlog asks for the same few priorities every cycle) and the lowest priority among its
-    preemptible admitted jobs (counted, not scanned each cycle)."""
+    admitted and released: each queue's preemptible admitted jobs in candidate order (priority, most recently
+    admitted, job id: `own_candidates` reads a prefix of it instead of scanning and sorting every admitted job),
+    the answers of `own_candidates` (valid while the queue's admitted jobs do not change: a queue with a deep backlog
+    asks for the same few priorities every cycle) and the lowest priority among its preemptible admitted jobs
+    (counted, not scanned each cycle)."""
 
-    __slots__ = ("_memo", "_preemptible", "_serial")
+    __slots__ = ("_by_id", "_keys", "_memo", "_ordered", "_preemptible", "_serial")
 
     def __init__(self) -> None:
         # queue -> how many times its admitted jobs changed (an admission or a release): what the memo is keyed by
@@ -44,42 +47,86 @@ class AdmittedIndex:
         self._memo: dict[tuple[str, int, tuple[str, ...]], tuple[int, tuple[str, ...]]] = {}
         # queue -> priority -> how many of its admitted jobs of that priority are preemptible
         self._preemptible: dict[str, dict[int, int]] = {}
+        # queue -> its preemptible admitted jobs' (priority, -admitted_at, job id), sorted; job id -> that key and
+        # its entry (a release finds its key here: the entry's admission is gone by then)
+        self._ordered: dict[str, list[tuple[int, float, str]]] = {}
+        self._keys: dict[str, tuple[int, float, str]] = {}
+        self._by_id: dict[str, Entry] = {}
 
     def copy(self) -> AdmittedIndex:
         other = AdmittedIndex()
         other._serial = dict(self._serial)
         other._memo = dict(self._memo)
         other._preemptible = {q: dict(c) for q, c in self._preemptible.items()}
+        other._ordered = {q: list(keys) for q, keys in self._ordered.items()}
+        other._keys = dict(self._keys)
+        other._by_id = dict(self._by_id)
         return other
 
     def rebuild(self, admitted: Iterable[Entry]) -> None:
         """After a configuration change (classes' values, preemptibility and the preemption rules may differ)."""
         self._memo.clear()
         self._preemptible = {}
+        self._ordered, self._keys, self._by_id = {}, {}, {}
         for e in admitted:
             self._count(e, 1)
+            self._order(e, 1)
 
     def changed(self, e: Entry, sign: int) -> None:
         """`e` was admitted (sign 1) or released (-1)."""
         self._serial[e.queue] = self._serial.get(e.queue, 0) + 1
         self._count(e, sign)
+        self._order(e, sign)
 
-    def own_candidates(self, entries: Iterable[Entry], qq: QueueQuota, priority: int, need: Mapping[str, int], *,
+    def own_candidates(self, qq: QueueQuota, priority: int, need: Mapping[str, int], *,
                        ckpt_first: bool) -> tuple[str, ...]:
-        """`own_candidates` over `entries` (`qq`'s admitted jobs), kept while they do not change."""
+        """`own_candidates` over `qq`'s admitted jobs, kept while they do not change."""
         key = (qq.name, priority, tuple(sorted(need)))
         serial = self._serial.get(qq.name, 0)
         hit = self._memo.get(key)
         if hit is not None and hit[0] == serial:
             return hit[1]
-        found = own_candidates(entries, qq, priority, need, ckpt_first=ckpt_first)
+        found = self._candidates(qq, priority, need, ckpt_first)
         self._memo[key] = (serial, found)
         return found
+
+    def _candidates(self, qq: QueueQuota, priority: int, need: Mapping[str, int], ckpt_first: bool
+                    ) -> tuple[str, ...]:
+        """`own_candidates` read off the queue's ordered preemptible jobs: those of lower priority are a prefix,
+        already in candidate order unless checkpointing ones go first (then sorted again with that flag)."""
+        ordered = self._ordered.get(qq.name)
+        if not ordered or qq.config.preemption.within_queue is PreemptionPolicy.NEVER:
+            return ()
+        by_id = self._by_id
+        needed = tuple(need)
+        found: list[tuple[int, bool, float, str]] = []
+        for p, t, job_id in ordered[:bisect_left(ordered, (priority,))]:
+            e = by_id[job_id]
+            usage = e.admitted.usage  # type: ignore[union-attr]  # indexed while admitted
+            for r in needed:
+                if usage.get(r, 0) > 0:
+                    found.append((p, ckpt_first and e.unsaved_runtime_s > 0, t, job_id))
+                    break
+        if ckpt_first:
+            found.sort()
+        return tuple(job_id for _p, _u, _t, job_id in found)
 
     def lowest_preemptible(self, queue: str) -> float:
         """The lowest priority among `queue`'s admitted preemptible jobs (+inf when none)."""
         counts = self._preemptible.get(queue)
         return float(min(counts)) if counts else float("inf")
+
+    def _order(self, e: Entry, sign: int) -> None:
+        old = self._keys.pop(e.job_id, None)
+        if old is not None:  # released (or admitted again without a release in between: the new admission counts)
+            ordered = self._ordered[e.queue]
+            del ordered[bisect_left(ordered, old)]
+            del self._by_id[e.job_id]
+        if sign > 0 and e.preemptible and e.admitted is not None:
+            key = (e.priority, -e.admitted.admitted_at, e.job_id)
+            insort(self._ordered.setdefault(e.queue, []), key)
+            self._keys[e.job_id] = key
+            self._by_id[e.job_id] = e
 
     def _count(self, e: Entry, sign: int) -> None:
         if not e.preemptible:

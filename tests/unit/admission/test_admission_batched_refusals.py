@@ -5,6 +5,7 @@ hold cohort room while deep queues of borrowers wait."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 from services.core.admission import AdmissionState, Workload, admission_cycle
 from services.core.admission import cycle as cycle_module
+from services.core.admission.lending import covered
 from shared.config import QueuesConfig
 from shared.domain import CheckpointSpec
 from tests.unit.admission.admission_core_builders import A100, H100, config, job, quota, submit
@@ -175,3 +177,26 @@ def test_batched_refusals_decide_like_one_by_one(case: tuple[QueuesConfig, list[
         elif o[0] == "cycle":
             reference = s.copy()
             assert _decide(s, now, True, max_admissions=o[1]) == _decide(reference, now, False, max_admissions=o[1])
+
+
+def _covered_by_the_old_loop(admitted: dict[str, Any], candidates: tuple[str, ...], need: dict[str, int]) -> bool:
+    """`LendingGuard.hold_if_coverable`'s loop before `covered`: what is left of the need, candidate by candidate."""
+    left = {r: n for r, n in need.items() if n > 0}
+    for c in candidates:
+        if not left:
+            break
+        usage = admitted[c].usage
+        for r in sorted(left):
+            left[r] -= usage.get(r, 0)
+            if left[r] <= 0:
+                del left[r]
+    return not left
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.dictionaries(st.sampled_from([H100, A100, "cpu"]), st.integers(0, 4), max_size=3), max_size=6),
+       st.dictionaries(st.sampled_from([H100, A100, "cpu"]), st.integers(-1, 9), max_size=3))
+def test_coverage_of_a_hold_reads_like_the_loop_it_replaced(usages: list[dict[str, int]], need: dict[str, int]) -> None:
+    admitted = {f"c{i}": SimpleNamespace(usage=u) for i, u in enumerate(usages)}
+    candidates = tuple(admitted)
+    assert covered(admitted, candidates, need) == _covered_by_the_old_loop(admitted, candidates, need)  # type: ignore[arg-type]

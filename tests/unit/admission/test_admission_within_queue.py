@@ -5,8 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.core.admission import AdmissionState, Reason, admission_cycle
-from tests.unit.admission.admission_core_builders import H100, config, job, queue, submit
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from services.core.admission import AdmissionState, Reason, Workload, admission_cycle
+from services.core.admission.within_queue import own_candidates
+from shared.domain import CheckpointSpec
+from tests.unit.admission.admission_core_builders import A100, H100, config, job, queue, submit
 
 
 def _queue(name: str, nominal: int, within: str = "LowerPriority", reclaim: str = "LowerPriority",
@@ -130,3 +135,51 @@ def test_borrow_within_cohort_respects_its_threshold_and_is_off_by_default() -> 
     submit(s, job("a-big", "team-a", 8, priority="normal"), 100)
     d = admission_cycle(s, 101.0)
     assert d.reclaims == [] and d.pending["a-big"].reason == Reason.WAITING_FOR_BORROWABLE_QUOTA
+
+
+# a checkpointing job admitted before one that cannot checkpoint, of the same priority: most recently admitted
+# first, unless checkpointing jobs go first
+@example([("submit", "a", 1, (H100,), "normal", True), ("cycle",), ("submit", "a", 1, (H100,), "normal", False),
+          ("cycle",)])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(
+    st.tuples(st.just("submit"), st.sampled_from(["a", "b"]), st.integers(1, 4),
+              st.sampled_from([(H100,), (A100,), (H100, A100)]), st.sampled_from(["low", "normal", "high"]),
+              st.booleans()),
+    st.tuples(st.just("cycle")), st.tuples(st.just("finish"), st.integers(0, 99)),
+    st.tuples(st.just("requeue"), st.integers(0, 99)), st.tuples(st.just("loss_aware"), st.booleans())),
+    min_size=3, max_size=40))
+def test_kept_candidates_in_order_are_the_scan_of_the_admitted_jobs(ops: list[tuple]) -> None:
+    """AdmittedIndex keeps each queue's preemptible admitted jobs in candidate order as they are admitted and
+    released (and rebuilt on a new configuration); what it answers is the scan-and-sort of within_queue.py
+    `own_candidates` over the queue's admitted jobs, for every priority and need, checkpointing first or not."""
+    def cfg(loss_aware: bool) -> Any:
+        return config(queue("a", {H100: 6, A100: 2}), queue("b", {H100: 2}, cohort=None),
+                      policy={"loss_aware_reclaim": loss_aware})
+
+    s = AdmissionState(cfg(False))
+    for i, o in enumerate(ops):
+        if o[0] == "submit":
+            _, q, gpus, models, priority, checkpoints = o
+            s.submit(Workload(job(f"j{i}", q, gpus, models=models, priority=priority).model_copy(
+                update={"checkpoint": CheckpointSpec(supported=checkpoints)}), float(i)))
+        elif o[0] == "cycle":
+            admission_cycle(s, float(i))
+        elif o[0] in ("finish", "requeue") and s.admitted:
+            victim = sorted(s.admitted)[o[1] % len(s.admitted)]
+            if o[0] == "finish":
+                s.finish(victim)
+            else:
+                a = s.admitted[victim]
+                s.requeue(Workload(a.spec, a.submitted_at))
+        elif o[0] == "loss_aware":
+            s.set_config(cfg(o[1]))
+        for qq in s.book.queues.values():
+            for priority in (0, 100, 101, 500, 1000):
+                for need in ({H100: 1}, {A100: 2}, {H100: 1, A100: 1}):
+                    # the kept answer (the configuration's order), then the ordered read in either order
+                    assert s.own_candidates(qq, priority, need) == own_candidates(
+                        s.admitted_entries(qq.name), qq, priority, need, ckpt_first=s.config.policy.loss_aware_reclaim)
+                    for ckpt_first in (False, True):
+                        assert s._admitted_index._candidates(qq, priority, need, ckpt_first) == \
+                            own_candidates(s.admitted_entries(qq.name), qq, priority, need, ckpt_first=ckpt_first)
