@@ -976,10 +976,22 @@ class EtaModel:
         """`expected_ends` of every running job. The running jobs go to the predictor first (`running_now`), so
         that each job hears the others of its group started near it: how long they have run, and their limits
         (`pooled_prior`)."""
-        if self.predict:
-            self.predictor.running_now([(JobKey.of(r.spec), float(r.spec.max_runtime_s), r.started_at)
-                                        for _, r in sorted(running.items())])
-        return {job_id: self.expected_ends(r, now, median_only) for job_id, r in sorted(running.items())}
+        if not self.predict:
+            return {job_id: self.expected_ends(r, now, median_only) for job_id, r in sorted(running.items())}
+        self.predictor.running_now([(JobKey.of(r.spec), float(r.spec.max_runtime_s), r.started_at)
+                                    for _, r in sorted(running.items())])
+        # A prediction is a function of the job's group key, limit, start and progress (and of the predictor,
+        # which does not change here): jobs alike in all four (a sweep's jobs started in the same cycle with the
+        # same limit; a quarter of the predictions on Philly October) are predicted once.
+        out: dict[str, tuple[float, float, float]] = {}
+        alike: dict[tuple[JobKey, int, float, float | None], tuple[float, float, float]] = {}
+        for job_id, r in sorted(running.items()):
+            key = (JobKey.of(r.spec), r.spec.max_runtime_s, r.started_at, r.progress)
+            ends = alike.get(key)
+            if ends is None:
+                ends = alike[key] = self.expected_ends(r, now, median_only)
+            out[job_id] = ends
+        return out
 
     @property
     def median_replay_only(self) -> bool:

@@ -164,3 +164,17 @@ def test_a_calibrated_refresh_gives_the_etas_it_gave_with_every_quantile_predict
 def test_median_replay_only_is_what_the_refresh_runs(method):
     assert EtaModel(range_method=method).median_replay_only is (method == "calibrated")
     assert EtaModel(predict=False, range_method=method).median_replay_only
+
+
+def test_alike_running_jobs_are_predicted_once_each_as_on_its_own():
+    """Jobs alike in group key, limit, start and progress (a sweep started in one cycle) share one prediction; one
+    that differs in progress alone does not."""
+    model, running, now = _sweep_model()
+    limit = running["s-20"].spec.max_runtime_s
+    twins = {f"s-{100 + k}": RunningView(job(f"s-{100 + k}", 0, 10, estimate=limit).spec(), started_at=20.0,
+                                         progress=0.5 if k == 0 else None) for k in range(3)}
+    every = running | twins
+    shared = model.all_expected_ends(every, now)
+    # the path without sharing: each job predicted on its own, after the same hand-over of the running jobs
+    assert shared == {j: model.expected_ends(v, now) for j, v in sorted(every.items())}
+    assert shared["s-101"] == shared["s-102"] == shared["s-20"] != shared["s-100"]
