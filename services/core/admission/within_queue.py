@@ -4,7 +4,7 @@ may take the place of. Over the queue's entries, not the state, so the state can
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping
 
 from services.core.admission.entry import Entry
@@ -39,7 +39,7 @@ class AdmittedIndex:
     asks for the same few priorities every cycle) and the lowest priority among its preemptible admitted jobs
     (counted, not scanned each cycle)."""
 
-    __slots__ = ("_by_id", "_keys", "_memo", "_ordered", "_preemptible", "_serial")
+    __slots__ = ("_by_id", "_ids", "_keys", "_memo", "_ordered", "_preemptible", "_serial", "_uses", "_using")
 
     def __init__(self) -> None:
         # queue -> how many times its admitted jobs changed (an admission or a release): what the memo is keyed by
@@ -52,6 +52,11 @@ class AdmittedIndex:
         self._ordered: dict[str, list[tuple[int, float, str]]] = {}
         self._keys: dict[str, tuple[int, float, str]] = {}
         self._by_id: dict[str, Entry] = {}
+        # queue -> the same jobs' ids in the same order; queue -> resource -> how many of them use it (job id -> the
+        # resources it uses, for its release): when all of them use a needed resource, the answer is a prefix of ids
+        self._ids: dict[str, list[str]] = {}
+        self._using: dict[str, dict[str, int]] = {}
+        self._uses: dict[str, tuple[str, ...]] = {}
 
     def copy(self) -> AdmittedIndex:
         other = AdmittedIndex()
@@ -61,13 +66,16 @@ class AdmittedIndex:
         other._ordered = {q: list(keys) for q, keys in self._ordered.items()}
         other._keys = dict(self._keys)
         other._by_id = dict(self._by_id)
+        other._ids = {q: list(ids) for q, ids in self._ids.items()}
+        other._using = {q: dict(c) for q, c in self._using.items()}
+        other._uses = dict(self._uses)
         return other
 
     def rebuild(self, admitted: Iterable[Entry]) -> None:
         """After a configuration change (classes' values, preemptibility and the preemption rules may differ)."""
         self._memo.clear()
         self._preemptible = {}
-        self._ordered, self._keys, self._by_id = {}, {}, {}
+        self._ordered, self._keys, self._by_id, self._ids, self._using, self._uses = {}, {}, {}, {}, {}, {}
         for e in admitted:
             self._count(e, 1)
             self._order(e, 1)
@@ -97,10 +105,15 @@ class AdmittedIndex:
         ordered = self._ordered.get(qq.name)
         if not ordered or qq.config.preemption.within_queue is PreemptionPolicy.NEVER:
             return ()
+        end = bisect_left(ordered, (priority,))
+        if not ckpt_first:
+            using = self._using[qq.name]
+            if any(using.get(r, 0) == len(ordered) for r in need):  # every one of them qualifies
+                return tuple(self._ids[qq.name][:end])
         by_id = self._by_id
         needed = tuple(need)
         found: list[tuple[int, bool, float, str]] = []
-        for p, t, job_id in ordered[:bisect_left(ordered, (priority,))]:
+        for p, t, job_id in ordered[:end]:
             e = by_id[job_id]
             usage = e.admitted.usage  # type: ignore[union-attr]  # indexed while admitted
             for r in needed:
@@ -117,16 +130,29 @@ class AdmittedIndex:
         return float(min(counts)) if counts else float("inf")
 
     def _order(self, e: Entry, sign: int) -> None:
+        q = e.queue
         old = self._keys.pop(e.job_id, None)
         if old is not None:  # released (or admitted again without a release in between: the new admission counts)
-            ordered = self._ordered[e.queue]
-            del ordered[bisect_left(ordered, old)]
+            ordered = self._ordered[q]
+            i = bisect_left(ordered, old)
+            del ordered[i]
+            del self._ids[q][i]
             del self._by_id[e.job_id]
+            using = self._using[q]
+            for r in self._uses.pop(e.job_id):
+                using[r] -= 1
         if sign > 0 and e.preemptible and e.admitted is not None:
             key = (e.priority, -e.admitted.admitted_at, e.job_id)
-            insort(self._ordered.setdefault(e.queue, []), key)
+            ordered = self._ordered.setdefault(q, [])
+            i = bisect_left(ordered, key)
+            ordered.insert(i, key)
+            self._ids.setdefault(q, []).insert(i, e.job_id)
             self._keys[e.job_id] = key
             self._by_id[e.job_id] = e
+            uses = self._uses[e.job_id] = tuple(r for r, n in e.admitted.usage.items() if n > 0)
+            using = self._using.setdefault(q, {})
+            for r in uses:
+                using[r] = using.get(r, 0) + 1
 
     def _count(self, e: Entry, sign: int) -> None:
         if not e.preemptible:
