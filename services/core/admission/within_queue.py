@@ -36,17 +36,15 @@ class AdmittedIndex:
     admitted and released: each queue's preemptible admitted jobs in candidate order (priority, most recently
     admitted, job id: `own_candidates` reads a prefix of it instead of scanning and sorting every admitted job),
     the answers of `own_candidates` (valid while the queue's admitted jobs do not change: a queue with a deep backlog
-    asks for the same few priorities every cycle) and the lowest priority among its preemptible admitted jobs
-    (counted, not scanned each cycle)."""
+    asks for the same few priorities every cycle) and so the lowest priority among its preemptible admitted jobs
+    (the first of them, not a scan each cycle)."""
 
-    __slots__ = ("_by_id", "_ids", "_keys", "_memo", "_ordered", "_preemptible", "_serial", "_uses", "_using")
+    __slots__ = ("_by_id", "_ids", "_keys", "_memo", "_ordered", "_serial", "_uses", "_using")
 
     def __init__(self) -> None:
         # queue -> how many times its admitted jobs changed (an admission or a release): what the memo is keyed by
         self._serial: dict[str, int] = {}
         self._memo: dict[tuple[str, int, tuple[str, ...]], tuple[int, tuple[str, ...]]] = {}
-        # queue -> priority -> how many of its admitted jobs of that priority are preemptible
-        self._preemptible: dict[str, dict[int, int]] = {}
         # queue -> its preemptible admitted jobs' (priority, -admitted_at, job id), sorted; job id -> that key and
         # its entry (a release finds its key here: the entry's admission is gone by then)
         self._ordered: dict[str, list[tuple[int, float, str]]] = {}
@@ -62,7 +60,6 @@ class AdmittedIndex:
         other = AdmittedIndex()
         other._serial = dict(self._serial)
         other._memo = dict(self._memo)
-        other._preemptible = {q: dict(c) for q, c in self._preemptible.items()}
         other._ordered = {q: list(keys) for q, keys in self._ordered.items()}
         other._keys = dict(self._keys)
         other._by_id = dict(self._by_id)
@@ -74,16 +71,13 @@ class AdmittedIndex:
     def rebuild(self, admitted: Iterable[Entry]) -> None:
         """After a configuration change (classes' values, preemptibility and the preemption rules may differ)."""
         self._memo.clear()
-        self._preemptible = {}
         self._ordered, self._keys, self._by_id, self._ids, self._using, self._uses = {}, {}, {}, {}, {}, {}
         for e in admitted:
-            self._count(e, 1)
             self._order(e, 1)
 
     def changed(self, e: Entry, sign: int) -> None:
         """`e` was admitted (sign 1) or released (-1)."""
         self._serial[e.queue] = self._serial.get(e.queue, 0) + 1
-        self._count(e, sign)
         self._order(e, sign)
 
     def own_candidates(self, qq: QueueQuota, priority: int, need: Mapping[str, int], *,
@@ -100,8 +94,9 @@ class AdmittedIndex:
 
     def _candidates(self, qq: QueueQuota, priority: int, need: Mapping[str, int], ckpt_first: bool
                     ) -> tuple[str, ...]:
-        """`own_candidates` read off the queue's ordered preemptible jobs: those of lower priority are a prefix,
-        already in candidate order unless checkpointing ones go first (then sorted again with that flag)."""
+        """`own_candidates` over the queue's ordered preemptible jobs of lower priority (a prefix of them); all of
+        it when each of them uses a needed resource and checkpointing ones do not go first (already in candidate
+        order: no scan)."""
         ordered = self._ordered.get(qq.name)
         if not ordered or qq.config.preemption.within_queue is PreemptionPolicy.NEVER:
             return ()
@@ -110,24 +105,13 @@ class AdmittedIndex:
             using = self._using[qq.name]
             if any(using.get(r, 0) == len(ordered) for r in need):  # every one of them qualifies
                 return tuple(self._ids[qq.name][:end])
-        by_id = self._by_id
-        needed = tuple(need)
-        found: list[tuple[int, bool, float, str]] = []
-        for p, t, job_id in ordered[:end]:
-            e = by_id[job_id]
-            usage = e.admitted.usage  # type: ignore[union-attr]  # indexed while admitted
-            for r in needed:
-                if usage.get(r, 0) > 0:
-                    found.append((p, ckpt_first and e.unsaved_runtime_s > 0, t, job_id))
-                    break
-        if ckpt_first:
-            found.sort()
-        return tuple(job_id for _p, _u, _t, job_id in found)
+        return own_candidates((self._by_id[job_id] for _p, _t, job_id in ordered[:end]), qq, priority, need,
+                              ckpt_first=ckpt_first)
 
     def lowest_preemptible(self, queue: str) -> float:
         """The lowest priority among `queue`'s admitted preemptible jobs (+inf when none)."""
-        counts = self._preemptible.get(queue)
-        return float(min(counts)) if counts else float("inf")
+        ordered = self._ordered.get(queue)
+        return float(ordered[0][0]) if ordered else float("inf")
 
     def _order(self, e: Entry, sign: int) -> None:
         q = e.queue
@@ -153,15 +137,3 @@ class AdmittedIndex:
             using = self._using.setdefault(q, {})
             for r in uses:
                 using[r] = using.get(r, 0) + 1
-
-    def _count(self, e: Entry, sign: int) -> None:
-        if not e.preemptible:
-            return
-        counts = self._preemptible.setdefault(e.queue, {})
-        left = counts.get(e.priority, 0) + sign
-        if left > 0:
-            counts[e.priority] = left
-        else:
-            counts.pop(e.priority, None)
-            if not counts:
-                del self._preemptible[e.queue]
